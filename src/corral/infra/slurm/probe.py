@@ -1,0 +1,123 @@
+"""The probe: one remote script, one SSH round trip, everything placement needs.
+
+The script asks the controller whether it is up first (`scontrol ping` answers in milliseconds when
+the controller port refuses), so a dead controller is reported at once instead of after Slurm's own
+~10 s of retries; then it runs sinfo, scontrol and squeue in parallel, each under `timeout`, and
+prints their outputs as marked sections with their exit statuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.errors import ProbeParseError, SlurmControllerError
+from corral.infra.base import ClusterSnapshot
+from corral.infra.slurm.parsing import (
+    SINFO_FIELDS,
+    SQUEUE_PENDING_FIELDS,
+    controller_answered,
+    format_spec,
+    parse_partitions,
+    parse_pending,
+    parse_sinfo_nodes,
+)
+
+MARK = "@@corral"
+TIMED_OUT = 124  # timeout(1)'s exit status
+
+QUERIES = {
+    "nodes": f"sinfo -h -N -O '{format_spec(SINFO_FIELDS)}'",
+    "partitions": "scontrol show partition -o",
+    "pending": f"squeue -h -t PENDING -O '{format_spec(SQUEUE_PENDING_FIELDS)}'",
+}
+
+
+def probe_script(slurm_timeout: int) -> str:
+    """The remote bash script. Built from constants only: nothing user-supplied reaches it."""
+    seconds = int(slurm_timeout)
+    parallel = "\n".join(
+        f'( timeout {seconds} {command} >"$d/{name}" 2>&1; echo $? >"$d/{name}.rc" ) &'
+        for name, command in QUERIES.items()
+    )
+    sections = " ".join(QUERIES)
+    return f"""\
+export LC_ALL=C
+printf '\\n{MARK} version 0\\n'; sinfo --version 2>&1
+ping=$(timeout {seconds} scontrol ping 2>&1); rc=$?
+printf '\\n{MARK} ping %s\\n%s\\n' "$rc" "$ping"
+case "$ping" in *" is UP"*) ;; *) printf '\\n{MARK} end 0\\n'; exit 0 ;; esac
+d=$(mktemp -d "${{TMPDIR:-/tmp}}/corral-probe.XXXXXX") || exit 1
+trap 'rm -rf "$d"' EXIT
+{parallel}
+wait
+for s in {sections}; do printf '\\n{MARK} %s %s\\n' "$s" "$(cat "$d/$s.rc")"; cat "$d/$s"; done
+printf '\\n{MARK} end 0\\n'
+"""
+
+
+@dataclass(frozen=True)
+class Section:
+    status: int
+    text: str
+
+
+def split_sections(stdout: str) -> dict[str, Section]:
+    """Sections of the probe's output; anything a login profile printed before the first is ignored."""
+    sections: dict[str, Section] = {}
+    name: str | None = None
+    status = 0
+    lines: list[str] = []
+    for line in stdout.split("\n"):
+        if line.startswith(MARK + " "):
+            if name is not None:
+                sections[name] = Section(status, "\n".join(lines).strip("\n"))
+            _, name, raw_status = (line.split() + ["", ""])[:3]
+            status = int(raw_status) if raw_status.lstrip("-").isdigit() else -1
+            lines = []
+        elif name is not None:
+            lines.append(line)
+    if name is not None:
+        sections[name] = Section(status, "\n".join(lines).strip("\n"))
+    return sections
+
+
+def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: float = 0.0) -> ClusterSnapshot:
+    sections = split_sections(stdout)
+    if "end" not in sections:
+        raise ProbeParseError(cluster, "the probe's output ended early (was the remote shell killed?)")
+    version_text = sections.get("version", Section(0, "")).text.strip()
+    version = version_text.split()[-1] if version_text.startswith("slurm") else None
+    ping = sections.get("ping")
+    if ping is None:
+        raise ProbeParseError(cluster, "the probe's output has no controller check")
+    if not controller_answered(ping.text):
+        if ping.status == TIMED_OUT:
+            detail = f"Slurm controller did not answer `scontrol ping` within {slurm_timeout}s"
+        elif version is None:
+            detail = f"Slurm commands not found on the login node ({version_text or 'no output'})"
+        else:
+            detail = f"Slurm controller is down: {_one_line(ping.text) or 'no answer'}"
+        raise SlurmControllerError(cluster, detail)
+    for name in ("nodes", "partitions", "pending"):
+        section = sections.get(name)
+        if section is None:
+            raise ProbeParseError(cluster, f"the probe's output has no {name} section")
+        if section.status == TIMED_OUT:
+            raise SlurmControllerError(cluster, f"Slurm controller did not answer within {slurm_timeout}s ({name})")
+        if section.status != 0:
+            raise SlurmControllerError(cluster, f"{QUERIES[name].split()[0]} failed: {_one_line(section.text)}")
+    nodes, node_warnings = parse_sinfo_nodes(sections["nodes"].text)
+    pending, pending_warnings = parse_pending(sections["pending"].text)
+    return ClusterSnapshot(
+        cluster=cluster,
+        slurm_version=version,
+        nodes=tuple(nodes),
+        partitions=tuple(parse_partitions(sections["partitions"].text)),
+        pending=tuple(pending),
+        probe_seconds=seconds,
+        warnings=tuple(node_warnings + pending_warnings),
+    )
+
+
+def _one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())

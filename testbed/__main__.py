@@ -1,0 +1,59 @@
+"""python -m testbed up|down|status|install|sinfo, and the fault switches tests use."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from testbed.bed import Testbed, install_packages, sinfo_summary
+from testbed.processes import TestbedError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="apt-get install the Slurm, munge and OpenSSH packages")
+    up = sub.add_parser("up", help="start every cluster (idempotent)")
+    up.add_argument("--no-user-config", action="store_true", help="do not write ~/.slurm/config")
+    down = sub.add_parser("down", help="stop every daemon")
+    down.add_argument("--purge", action="store_true", help="also delete the testbed directory")
+    sub.add_parser("status", help="which daemons run (JSON)")
+    sub.add_parser("sinfo", help="sinfo of every cluster")
+    sub.add_parser("config-path", help="print the path of the generated cluster file")
+    for name, what in [("stop-controller", "cluster"), ("start-controller", "cluster"),
+                       ("stop-login", "cluster"), ("start-login", "cluster"),
+                       ("kill-node", "node"), ("start-node", "node"), ("drain", "node"),
+                       ("resume", "node")]:
+        sub.add_parser(name).add_argument(what)
+    args = parser.parse_args(argv)
+    bed = Testbed()
+    started = time.monotonic()
+    try:
+        if args.command == "install":
+            install_packages()
+        elif args.command == "up":
+            bed.up(install_user_config=not args.no_user_config)
+            names = ", ".join(s.name for s in bed.clusters)
+            print(f"testbed up in {time.monotonic() - started:.1f}s: {names}; "
+                  f"cluster file {bed.cluster_config}")
+        elif args.command == "down":
+            bed.down(purge=args.purge)
+        elif args.command == "status":
+            print(json.dumps(bed.status(), indent=2))
+        elif args.command == "sinfo":
+            print(sinfo_summary(bed))
+        elif args.command == "config-path":
+            print(bed.cluster_config)
+        else:
+            target = getattr(args, "cluster", None) or args.node
+            getattr(bed, args.command.replace("-", "_"))(target)
+    except TestbedError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

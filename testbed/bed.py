@@ -1,0 +1,349 @@
+"""Bring the local Slurm clusters up and down, and flip their fault switches.
+
+Every cluster gets its own munged (socket and key), slurmctld (port, state, logs), one slurmd per
+node (each in its own UTS namespace so `hostname` prints the node name) and an sshd as its login
+node. All daemons run in the foreground of their own session, so the pid we start is the pid to kill.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from testbed.layout import (
+    ClusterPaths,
+    TestbedPaths,
+    render_cluster_config,
+    render_gres_conf,
+    render_slurm_conf,
+    render_sshd_config,
+)
+from testbed.processes import (
+    TestbedError,
+    kill_tree,
+    port_open,
+    run,
+    running,
+    spawn,
+    wait_until,
+)
+from testbed.spec import TEST_USER, ClusterSpec, default_clusters, testbed_root
+
+APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "openssh-server", "openssh-client", "rsync")
+# Daemons must be started through links with exactly these names: libslurm decides what it is from
+# argv[0]'s basename, and a slurmd started as `slurmd-wlm` silently loses its node GRES.
+DAEMON_BINARIES = {"slurmctld": "/usr/sbin/slurmctld-wlm", "slurmd": "/usr/sbin/slurmd-wlm"}
+CONFIG_MARKER = "# Written by the Corral testbed"
+READY_TIMEOUT = 45.0
+
+
+def install_packages() -> None:
+    """apt-get install what the testbed needs, without letting postinst start system daemons."""
+    missing = [b for b in ("/usr/sbin/slurmctld-wlm", "/usr/sbin/slurmd-wlm", "/usr/bin/sinfo",
+                           "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync") if not Path(b).exists()]
+    if not missing:
+        return
+    policy = Path("/usr/sbin/policy-rc.d")
+    created = not policy.exists()
+    if created:
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *APT_PACKAGES], env=env)
+    finally:
+        if created:
+            policy.unlink()
+
+
+class Testbed:
+    def __init__(self, root: Path | None = None, clusters: tuple[ClusterSpec, ...] | None = None):
+        self.paths = TestbedPaths(root or testbed_root())
+        self.clusters = clusters or default_clusters()
+
+    # ---- lookup -------------------------------------------------------------------------------
+    def spec(self, cluster: str) -> ClusterSpec:
+        for spec in self.clusters:
+            if spec.name == cluster:
+                return spec
+        known = ", ".join(s.name for s in self.clusters)
+        raise TestbedError(f"no testbed cluster {cluster!r} (known: {known})")
+
+    def cluster_of_node(self, node: str) -> ClusterSpec:
+        for spec in self.clusters:
+            if any(n.name == node for n in spec.nodes):
+                return spec
+        raise TestbedError(f"no testbed node {node!r}")
+
+    def slurm_env(self, cluster: str) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.paths.cluster(cluster).slurm_conf)}
+
+    @property
+    def cluster_config(self) -> Path:
+        return self.paths.cluster_config
+
+    # ---- whole testbed ------------------------------------------------------------------------
+    def up(self, install_user_config: bool = True) -> None:
+        if os.geteuid() != 0:
+            raise TestbedError("the testbed needs root (it starts slurmd, munged and sshd)")
+        install_packages()
+        self._ensure_user()
+        self._ensure_binaries()
+        self._ensure_client_key()
+        for spec in self.clusters:
+            self._write_cluster_files(spec)
+        self._write_known_hosts()
+        self.paths.cluster_config.write_text(
+            render_cluster_config(self.clusters, self.paths.client_key, self.paths.known_hosts)
+        )
+        for spec in self.clusters:
+            self._start_cluster(spec)
+        for spec in self.clusters:
+            self.wait_ready(spec.name)
+        if install_user_config:
+            self._install_user_config()
+
+    def down(self, purge: bool = False) -> None:
+        for spec in self.clusters:
+            paths = self.paths.cluster(spec.name)
+            self.stop_login(spec.name)
+            for node in spec.nodes:
+                self._stop(paths.slurmd_pidfile(node.name))
+            self._stop(paths.ctld_pidfile())
+            self._stop(paths.run / "munged.pid")
+        if purge and self.paths.root.exists():
+            shutil.rmtree(self.paths.root)
+
+    def status(self) -> dict[str, dict[str, bool]]:
+        report: dict[str, dict[str, bool]] = {}
+        for spec in self.clusters:
+            paths = self.paths.cluster(spec.name)
+            entry = {
+                "munged": running(paths.run / "munged.pid") is not None,
+                "slurmctld": running(paths.ctld_pidfile()) is not None,
+                "login": running(paths.sshd_pidfile()) is not None,
+            }
+            for node in spec.nodes:
+                entry[f"slurmd:{node.name}"] = running(paths.slurmd_pidfile(node.name)) is not None
+            report[spec.name] = entry
+        return report
+
+    # ---- fault switches -----------------------------------------------------------------------
+    def stop_controller(self, cluster: str) -> None:
+        self._stop(self.paths.cluster(self.spec(cluster).name).ctld_pidfile())
+
+    def start_controller(self, cluster: str) -> None:
+        self._start_ctld(self.spec(cluster))
+        self.wait_ready(cluster)
+
+    def stop_login(self, cluster: str) -> None:
+        # Kill the listener and every per-connection sshd below it, so that live ControlMaster
+        # connections die too, as they would when a login node goes down.
+        self._stop(self.paths.cluster(self.spec(cluster).name).sshd_pidfile())
+
+    def start_login(self, cluster: str) -> None:
+        spec = self.spec(cluster)
+        self._start_sshd(spec)
+        wait_until(f"{cluster} login sshd", lambda: port_open(spec.ssh_port), READY_TIMEOUT)
+
+    def kill_node(self, node: str) -> None:
+        spec = self.cluster_of_node(node)
+        self._stop(self.paths.cluster(spec.name).slurmd_pidfile(node), sig=signal.SIGKILL)
+
+    def start_node(self, node: str) -> None:
+        spec = self.cluster_of_node(node)
+        self._start_slurmd(spec, node)
+        self.wait_ready(spec.name, nodes=[node])
+
+    def drain(self, node: str, reason: str = "testbed drain") -> None:
+        self.scontrol(self.cluster_of_node(node).name, "update", f"NodeName={node}", "State=DRAIN",
+                      f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        self.scontrol(self.cluster_of_node(node).name, "update", f"NodeName={node}", "State=RESUME")
+
+    def scontrol(self, cluster: str, *args: str) -> str:
+        return run(["scontrol", *args], env=self.slurm_env(cluster)).stdout
+
+    def node_states(self, cluster: str) -> dict[str, str]:
+        proc = run(["timeout", "10", "sinfo", "-h", "-N", "-o", "%N %t"], env=self.slurm_env(cluster),
+                   check=False)
+        states: dict[str, str] = {}
+        for line in proc.stdout.splitlines():
+            name, _, state = line.partition(" ")
+            states[name] = state.strip()
+        return states
+
+    def wait_ready(self, cluster: str, nodes: list[str] | None = None) -> None:
+        """Wait until the controller answers and the given nodes (default: all) have registered."""
+        spec = self.spec(cluster)
+        wanted = nodes or [n.name for n in spec.nodes]
+        bad_states = ("unk", "down", "inval", "fail", "comp")
+
+        def ready() -> bool:
+            states = self.node_states(cluster)
+            return all(
+                n in states and not states[n].endswith("*") and not states[n].startswith(bad_states)
+                for n in wanted
+            )
+
+        wait_until(f"{cluster}: nodes {','.join(wanted)} to register", ready, READY_TIMEOUT, 0.25)
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _ensure_user(self) -> None:
+        try:
+            pwd.getpwnam(TEST_USER)
+        except KeyError:
+            run(["useradd", "--create-home", "--shell", "/bin/bash", TEST_USER])
+        # sshd refuses accounts whose password field is locked ("!"); "*" means "no password".
+        run(["usermod", "-p", "*", TEST_USER])
+
+    def _ensure_binaries(self) -> None:
+        self.paths.bin.mkdir(parents=True, exist_ok=True)
+        self.paths.root.chmod(0o755)
+        for name, target in DAEMON_BINARIES.items():
+            link = self.paths.bin / name
+            if not link.is_symlink() or os.readlink(link) != target:
+                link.unlink(missing_ok=True)
+                link.symlink_to(target)
+
+    def _ensure_client_key(self) -> None:
+        key = self.paths.client_key
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.parent.chmod(0o755)
+        if not key.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "corral-testbed", "-f", str(key)])
+        authorized = key.parent / "authorized_keys"
+        authorized.write_text(Path(f"{key}.pub").read_text())
+        authorized.chmod(0o644)
+
+    def _write_cluster_files(self, spec: ClusterSpec) -> None:
+        paths = self.paths.cluster(spec.name)
+        for d in (paths.etc, paths.state, paths.spool, paths.run, paths.log, paths.dev):
+            d.mkdir(parents=True, exist_ok=True)
+        paths.root.chmod(0o755)
+        paths.munge_dir.mkdir(mode=0o755, exist_ok=True)
+        paths.munge_dir.chmod(0o755)
+        if not paths.munge_key.exists():
+            run(["mungekey", "--create", f"--keyfile={paths.munge_key}"])
+        paths.munge_key.chmod(0o600)
+        if not paths.host_key.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{spec.name}-login", "-f",
+                 str(paths.host_key)])
+        for node in spec.nodes:
+            # slurmd 22.05 drops GPU records without device files and wants character devices.
+            node_dev = paths.dev / node.name
+            node_dev.mkdir(exist_ok=True)
+            for i in range(node.gpus):
+                link = node_dev / f"nvidia{i}"
+                if not link.is_symlink():
+                    link.symlink_to("/dev/null")
+            (paths.spool / node.name).mkdir(exist_ok=True)
+        paths.slurm_conf.write_text(render_slurm_conf(spec, paths))
+        paths.gres_conf.write_text(render_gres_conf(spec, paths))
+        paths.sshd_config.write_text(
+            render_sshd_config(spec, paths, self.paths.client_key.parent / "authorized_keys")
+        )
+
+    def _write_known_hosts(self) -> None:
+        lines = []
+        for spec in self.clusters:
+            pub = Path(f"{self.paths.cluster(spec.name).host_key}.pub").read_text().split()
+            lines.append(f"[127.0.0.1]:{spec.ssh_port} {pub[0]} {pub[1]}")
+        self.paths.known_hosts.write_text("\n".join(lines) + "\n")
+
+    def _start_cluster(self, spec: ClusterSpec) -> None:
+        paths = self.paths.cluster(spec.name)
+        fresh = not any(self.status()[spec.name].values())
+        if fresh:
+            # A cluster brought up from nothing starts with an empty queue.
+            for d in (paths.state, paths.spool):
+                shutil.rmtree(d, ignore_errors=True)
+                d.mkdir()
+            for node in spec.nodes:
+                (paths.spool / node.name).mkdir()
+        if not running(paths.run / "munged.pid"):
+            proc = spawn(
+                ["munged", "--foreground", "--force", f"--socket={paths.munge_socket}",
+                 f"--key-file={paths.munge_key}", f"--pid-file={paths.run / 'munged.pid'}",
+                 f"--log-file={paths.log / 'munged.log'}", f"--seed-file={paths.munge_dir / 'seed'}"],
+                paths.log / "munged.out",
+            )
+            (paths.run / "munged.pid").write_text(f"{proc.pid}\n")
+            wait_until(f"{spec.name} munged", lambda: paths.munge_socket.exists() or proc.poll() is not None, 10)
+            if proc.poll() is not None:
+                raise TestbedError(f"{spec.name}: munged exited; see {paths.log / 'munged.out'}")
+        self._start_ctld(spec)
+        for node in spec.nodes:
+            self._start_slurmd(spec, node.name)
+        self._start_sshd(spec)
+        wait_until(f"{spec.name} login sshd", lambda: port_open(spec.ssh_port), READY_TIMEOUT)
+
+    def _start_ctld(self, spec: ClusterSpec) -> None:
+        paths = self.paths.cluster(spec.name)
+        if running(paths.ctld_pidfile()):
+            return
+        log = paths.log / "slurmctld.out"
+        self._spawn_in_uts(spec, spec.ctld_host, [str(self.paths.bin / "slurmctld"), "-D", "-i"],
+                           log, paths.ctld_pidfile())
+
+        def listening() -> bool:
+            if not running(paths.ctld_pidfile()):
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                raise TestbedError(f"{spec.name}: slurmctld exited: {' | '.join(tail)} (see {log})")
+            return port_open(spec.ctld_port)
+
+        wait_until(f"{spec.name} slurmctld port", listening, READY_TIMEOUT)
+
+    def _start_slurmd(self, spec: ClusterSpec, node: str) -> None:
+        paths = self.paths.cluster(spec.name)
+        if running(paths.slurmd_pidfile(node)):
+            return
+        self._spawn_in_uts(spec, node, [str(self.paths.bin / "slurmd"), "-D", "-N", node],
+                           paths.log / f"slurmd-{node}.out", paths.slurmd_pidfile(node))
+
+    def _spawn_in_uts(self, spec: ClusterSpec, hostname: str, cmd: list[str], log: Path,
+                      pidfile: Path) -> None:
+        script = 'hostname "$1" && shift && exec "$@"'
+        proc = spawn(["unshare", "--uts", "sh", "-c", script, "sh", hostname, *cmd], log,
+                     env=self.slurm_env(spec.name))
+        # Written by us as well as by the daemon, so that a daemon that dies before writing its
+        # own pid file is still found (and its log pointed at) by the readiness checks.
+        pidfile.write_text(f"{proc.pid}\n")
+
+    def _start_sshd(self, spec: ClusterSpec) -> None:
+        paths = self.paths.cluster(spec.name)
+        if running(paths.sshd_pidfile()):
+            return
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        run(["/usr/sbin/sshd", "-t", "-f", str(paths.sshd_config)])
+        proc = spawn(["/usr/sbin/sshd", "-D", "-e", "-f", str(paths.sshd_config)], paths.log / "sshd.log")
+        paths.sshd_pidfile().write_text(f"{proc.pid}\n")
+
+    def _stop(self, pidfile: Path, sig: int = signal.SIGTERM) -> None:
+        pid = running(pidfile)
+        if pid:
+            kill_tree(pid, sig)
+
+    def _install_user_config(self) -> None:
+        """Make the testbed the user's cluster file, unless they have a real one of their own."""
+        target = Path.home() / ".slurm" / "config"
+        if target.exists() and not target.read_text().startswith(CONFIG_MARKER):
+            print(f"note: {target} is not the testbed's; use CORRAL_SLURM_CONFIG={self.paths.cluster_config}")
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(self.paths.cluster_config.read_text())
+
+
+def sinfo_summary(bed: Testbed) -> str:
+    out = []
+    for spec in bed.clusters:
+        proc = subprocess.run(["timeout", "10", "sinfo"], env=bed.slurm_env(spec.name), capture_output=True,
+                              text=True)
+        out.append(f"== {spec.name}\n{proc.stdout or proc.stderr}")
+    return "\n".join(out)

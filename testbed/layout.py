@@ -1,0 +1,216 @@
+"""Where each cluster's files live under the testbed root, and their contents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.spec import TEST_USER, ClusterSpec
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    root: Path
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.etc / "gres.conf"
+
+    @property
+    def sshd_config(self) -> Path:
+        return self.etc / "sshd_config"
+
+    @property
+    def host_key(self) -> Path:
+        return self.etc / "ssh_host_ed25519_key"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def spool(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev"
+
+    def ctld_pidfile(self) -> Path:
+        return self.run / "slurmctld.pid"
+
+    def slurmd_pidfile(self, node: str) -> Path:
+        return self.run / f"slurmd-{node}.pid"
+
+    def sshd_pidfile(self) -> Path:
+        return self.run / "sshd.pid"
+
+
+@dataclass(frozen=True)
+class TestbedPaths:
+    root: Path
+
+    def cluster(self, name: str) -> ClusterPaths:
+        return ClusterPaths(self.root / name)
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / "client" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "client" / "known_hosts"
+
+    @property
+    def cluster_config(self) -> Path:
+        return self.root / "client" / "slurm-config"
+
+
+def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
+    lines = [
+        "# Written by the Corral testbed; regenerated on every `testbed up`.",
+        f"ClusterName={spec.name}",
+        f"SlurmctldHost={spec.ctld_host}(127.0.0.1)",
+        f"SlurmctldPort={spec.ctld_port}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={paths.munge_socket}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={paths.state}",
+        f"SlurmdSpoolDir={paths.spool}/%n",
+        f"SlurmctldPidFile={paths.ctld_pidfile()}",
+        f"SlurmdPidFile={paths.run}/slurmd-%n.pid",
+        f"SlurmctldLogFile={paths.log}/slurmctld.log",
+        f"SlurmdLogFile={paths.log}/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=5",
+        "GresTypes=gpu",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        "MinJobAge=86400",
+        "DefMemPerCPU=1000",
+        "ReturnToService=2",
+        "SlurmdTimeout=20",
+        "SlurmctldTimeout=20",
+        "MessageTimeout=5",
+        "SlurmdParameters=config_overrides",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        *spec.extra_conf,
+    ]
+    for node in spec.nodes:
+        line = (
+            f"NodeName={node.name} NodeHostname={node.name} NodeAddr=127.0.0.1 Port={node.port} "
+            f"Sockets={node.sockets} CoresPerSocket={node.cores_per_socket} ThreadsPerCore=1 "
+            f"RealMemory={node.memory_mb} State=UNKNOWN"
+        )
+        if node.gres:
+            line += f" Gres={node.gres}"
+        lines.append(line)
+    for part in spec.partitions:
+        line = f"PartitionName={part.name} MaxTime={part.max_time} State=UP"
+        line += f" Nodes={','.join(part.nodes)}" if part.nodes else ""
+        line += " Default=YES" if part.default else ""
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
+    lines = ["AutoDetect=off"]
+    for node in spec.nodes:
+        if not node.gpus:
+            continue
+        line = f"NodeName={node.name} Name=gpu"
+        if node.gpu_type:
+            line += f" Type={node.gpu_type}"
+        line += f" File={paths.dev}/{node.name}/nvidia[0-{node.gpus - 1}]"
+        if node.gpu_cores:
+            line += f" Cores={node.gpu_cores}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def render_sshd_config(spec: ClusterSpec, paths: ClusterPaths, authorized_keys: Path) -> str:
+    return "\n".join(
+        [
+            "# Written by the Corral testbed: this cluster's login node.",
+            f"Port {spec.ssh_port}",
+            "ListenAddress 127.0.0.1",
+            f"HostKey {paths.host_key}",
+            f"PidFile {paths.sshd_pidfile()}",
+            f"AuthorizedKeysFile {authorized_keys}",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            f"AllowUsers {TEST_USER}",
+            "AllowTcpForwarding yes",
+            "PrintMotd no",
+            "MaxSessions 64",
+            "MaxStartups 64:30:128",
+            "LogLevel VERBOSE",
+            f"SetEnv SLURM_CONF={paths.slurm_conf} CORRAL_TESTBED_CLUSTER={spec.name}",
+            "Subsystem sftp internal-sftp",
+            "",
+        ]
+    )
+
+
+def render_cluster_config(
+    specs: tuple[ClusterSpec, ...], client_key: Path, known_hosts: Path
+) -> str:
+    """The OpenSSH-syntax cluster file that Corral reads as ~/.slurm/config."""
+    out = ["# Written by the Corral testbed: one Host per local test cluster."]
+    for spec in specs:
+        out += [
+            f"Host {spec.name}",
+            "    HostName 127.0.0.1",
+            f"    Port {spec.ssh_port}",
+            f"    User {TEST_USER}",
+            f"    IdentityFile {client_key}",
+            "    IdentitiesOnly yes",
+            f"    UserKnownHostsFile {known_hosts}",
+            "    StrictHostKeyChecking yes",
+            "",
+        ]
+    return "\n".join(out)

@@ -1,0 +1,124 @@
+"""What the local testbed's clusters look like.
+
+The clusters differ the way real sites do: partition names, GPU types and counts, and GRES type
+spellings that are not the marketing name (``nvidia_h100_80gb_hbm3`` on one site, ``H100`` on another,
+an untyped ``gpu`` on a third), plus a CPU-only partition and an empty one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TEST_USER = "corral-test"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    port: int
+    sockets: int = 1
+    cores_per_socket: int = 8
+    memory_mb: int = 64000
+    gpu_type: str | None = None  # None with gpus > 0 means untyped GRES (gpu:N)
+    gpus: int = 0
+    gpu_cores: str | None = None  # gres.conf Cores=, which sinfo shows as (S:0-1)
+
+    @property
+    def cpus(self) -> int:
+        return self.sockets * self.cores_per_socket
+
+    @property
+    def gres(self) -> str | None:
+        if not self.gpus:
+            return None
+        if self.gpu_type is None:
+            return f"gpu:{self.gpus}"
+        return f"gpu:{self.gpu_type}:{self.gpus}"
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    name: str
+    nodes: tuple[str, ...]
+    default: bool = False
+    max_time: str = "INFINITE"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    ctld_port: int
+    ssh_port: int
+    nodes: tuple[NodeSpec, ...]
+    partitions: tuple[PartitionSpec, ...]
+    accounting: bool = False
+    extra_conf: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ctld_host(self) -> str:
+        return f"{self.name}-ctl"
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({n.gpu_type for n in self.nodes if n.gpus and n.gpu_type}))
+
+    def node(self, name: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+
+def default_clusters() -> tuple[ClusterSpec, ...]:
+    alpine = ClusterSpec(
+        name="alpine",
+        ctld_port=47017,
+        ssh_port=47022,
+        nodes=(
+            NodeSpec("a1", 47031, gpu_type="nvidia_h100_80gb_hbm3", gpus=4),
+            NodeSpec("a2", 47032, gpu_type="nvidia_h100_80gb_hbm3", gpus=4),
+            NodeSpec("a3", 47033, cores_per_socket=16),
+            NodeSpec("a4", 47034, gpu_type="nvidia_l4", gpus=2),
+        ),
+        partitions=(
+            PartitionSpec("gpu", ("a1", "a2"), default=True),
+            PartitionSpec("cpu", ("a3",)),
+            PartitionSpec("inference", ("a4",)),
+        ),
+    )
+    borealis = ClusterSpec(
+        name="borealis",
+        ctld_port=47117,
+        ssh_port=47122,
+        nodes=(
+            NodeSpec("b1", 47131, sockets=2, gpu_type="H100", gpus=8, gpu_cores="0-15"),
+            NodeSpec("b2", 47132, sockets=2, gpu_type="H100", gpus=8, gpu_cores="0-15"),
+            NodeSpec("b3", 47133, gpu_type="l40s", gpus=4),
+        ),
+        partitions=(
+            PartitionSpec("h100-cluster", ("b1", "b2"), default=True, max_time="2-00:00:00"),
+            PartitionSpec("l40s", ("b3",)),
+        ),
+    )
+    cirrus = ClusterSpec(
+        name="cirrus",
+        ctld_port=47217,
+        ssh_port=47222,
+        nodes=(
+            NodeSpec("c1", 47231, gpu_type="b300", gpus=8),
+            NodeSpec("c2", 47232, gpu_type="b300", gpus=8),
+            NodeSpec("c3", 47233, gpus=2),
+        ),
+        partitions=(
+            PartitionSpec("b300", ("c1", "c2"), default=True),
+            PartitionSpec("debug", ("c3",), max_time="01:00:00"),
+            PartitionSpec("maint", ()),
+        ),
+    )
+    return (alpine, borealis, cirrus)
+
+
+def testbed_root() -> Path:
+    return Path(os.environ.get("CORRAL_TESTBED_DIR", "/var/lib/corral-testbed"))
