@@ -1,0 +1,110 @@
+"""The SDK surface the CLI (and later the server) call: probe clusters in parallel, report per cluster.
+
+A cluster that is down never delays the others: each probe has its own timeout, and its failure
+becomes that cluster's row instead of an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from corral.config import ClusterRegistry, load_registry
+from corral.errors import ClusterError, CorralError, UnknownClusterError
+from corral.infra.base import ClusterSnapshot
+from corral.infra.selector import InfraSelector, parse_infra
+from corral.infra.slurm import SlurmInfra
+from corral.inventory import GpuAvailability, filter_rows, gpu_availability
+from corral.ssh import SshTransport
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    cluster: str
+    snapshot: ClusterSnapshot | None
+    error: CorralError | None
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.snapshot is not None
+
+    @property
+    def error_kind(self) -> str | None:
+        if self.error is None:
+            return None
+        return getattr(self.error, "reason", "config")
+
+    @property
+    def error_message(self) -> str | None:
+        return str(self.error) if self.error else None
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    rows: list[GpuAvailability]
+    failures: list[ProbeOutcome]
+
+
+class Client:
+    def __init__(self, registry: ClusterRegistry | None = None, transport: SshTransport | None = None,
+                 *, slurm_timeout: int = 5):
+        self.registry = registry or load_registry()
+        self.transport = transport or SshTransport(self.registry)
+        self.slurm_timeout = slurm_timeout
+
+    def infra(self, cluster: str) -> SlurmInfra:
+        return SlurmInfra(cluster, self.transport, slurm_timeout=self.slurm_timeout)
+
+    async def probe(self, clusters: list[str] | None = None) -> list[ProbeOutcome]:
+        names = [e.name for e in self.registry.select(clusters)]
+        return list(await asyncio.gather(*(self._probe_one(n) for n in names)))
+
+    async def _probe_one(self, cluster: str) -> ProbeOutcome:
+        started = time.monotonic()
+        try:
+            snapshot = await self.infra(cluster).probe()
+        except CorralError as exc:
+            return ProbeOutcome(cluster, None, exc, time.monotonic() - started)
+        return ProbeOutcome(cluster, snapshot, None, time.monotonic() - started)
+
+    async def gpus(self, gpu: str | None = None, infra: str | None = None) -> GpuReport:
+        selector = parse_infra(infra) if infra else InfraSelector()
+        clusters = [selector.cluster] if selector.cluster else None
+        outcomes = await self.probe(clusters)
+        rows: list[GpuAvailability] = []
+        failures: list[ProbeOutcome] = []
+        for outcome in outcomes:
+            if outcome.snapshot is None:
+                failures.append(outcome)
+                continue
+            cluster_rows = gpu_availability(outcome.snapshot)
+            if selector.partition:
+                known = [p.name for p in outcome.snapshot.partitions]
+                if selector.partition not in known:
+                    raise CorralError(
+                        f"{outcome.cluster}: no partition {selector.partition!r}; partitions: {', '.join(known)}"
+                    )
+                cluster_rows = [r for r in cluster_rows if r.partition == selector.partition]
+            rows += filter_rows(cluster_rows, gpu)
+        return GpuReport(rows, failures)
+
+
+def check_json(outcome: ProbeOutcome) -> dict[str, object]:
+    snapshot = outcome.snapshot
+    return {
+        "cluster": outcome.cluster,
+        "ok": outcome.ok,
+        "error": outcome.error_message,
+        "error_kind": outcome.error_kind,
+        "slurm_version": snapshot.slurm_version if snapshot else None,
+        "partitions": [p.name for p in snapshot.partitions] if snapshot else [],
+        "default_partition": next((p.name for p in snapshot.partitions if p.default), None) if snapshot else None,
+        "gpu_types": snapshot.gpu_types if snapshot else [],
+        "nodes": len(snapshot.nodes) if snapshot else 0,
+        "seconds": round(outcome.seconds, 3),
+    }
+
+
+__all__ = ["Client", "ClusterError", "GpuReport", "ProbeOutcome", "UnknownClusterError", "check_json"]
