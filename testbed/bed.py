@@ -165,7 +165,10 @@ class Testbed:
                       f"Reason={reason}")
 
     def resume(self, node: str) -> None:
-        self.scontrol(self.cluster_of_node(node).name, "update", f"NodeName={node}", "State=RESUME")
+        cluster = self.cluster_of_node(node).name
+        self.scontrol(cluster, "update", f"NodeName={node}", "State=RESUME")
+        # Slurm marks a resumed node not-responding ("idle*") until its next ping comes back.
+        self.wait_ready(cluster, nodes=[node])
 
     def scontrol(self, cluster: str, *args: str) -> str:
         return run(["scontrol", *args], env=self.slurm_env(cluster)).stdout

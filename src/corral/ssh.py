@@ -9,6 +9,8 @@ text is ever spliced into a remote command line. The first call to a cluster bec
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import math
 import os
 import re
 import shutil
@@ -29,7 +31,7 @@ from corral.errors import (
 )
 
 SSH_FAILURE = 255  # ssh's own exit status; anything else is the remote command's
-_CONFIG_LINE_ERROR = re.compile(r"^(?P<path>.+?) line (?P<line>\d+): (?P<msg>.+)$", re.M)
+_CONFIG_LINE_ERROR = re.compile(r"^(?P<path>.+?):? line (?P<line>\d+): (?P<msg>.+?)\s*$", re.M)
 _UNIX_SOCKET_MAX = 100
 
 
@@ -46,7 +48,8 @@ def control_dir() -> Path:
     """Where the ControlMaster sockets live; short enough for the unix socket path limit."""
     path = corral_home() / "ssh"
     if len(str(path)) + 42 > _UNIX_SOCKET_MAX:
-        path = Path(f"/tmp/corral-ssh-{os.getuid()}")
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+        path = Path(f"/tmp/corral-ssh-{os.getuid()}-{digest}")
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
@@ -97,7 +100,9 @@ class SshTransport:
         exceeds `timeout` seconds, or (with `check`) when the script exits non-zero.
         """
         entry = self.registry.get(cluster)
-        argv = self.ssh_argv(entry.name, ["bash", "--login", "-s"])
+        # The remote side enforces the limit too, so nothing we gave up on keeps running there.
+        remote_limit = str(math.ceil(timeout) + 1)
+        argv = self.ssh_argv(entry.name, ["timeout", "-k", "2", remote_limit, "bash", "--login", "-s"])
         limit = self._limits.setdefault(cluster, asyncio.Semaphore(self.max_sessions_per_cluster))
         async with limit:
             started = time.monotonic()
@@ -111,14 +116,12 @@ class SshTransport:
             try:
                 out, err = await asyncio.wait_for(proc.communicate(script.encode()), timeout)
             except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
+                await _kill(proc)
                 raise SshTimeoutError(
                     cluster, f"no answer from the login node within {timeout:g}s"
                 ) from None
             except asyncio.CancelledError:
-                if proc.returncode is None:
-                    proc.kill()
+                await _kill(proc)
                 raise
         result = RemoteResult(
             cluster=cluster,
@@ -142,10 +145,9 @@ class SshTransport:
     def classify_failure(self, cluster: str, stderr: str) -> CorralErrorLike:
         """Turn ssh's own error output into one clear error naming the cluster."""
         entry = self.registry.get(cluster)
-        text = stderr.strip()
+        text = stderr.replace("\r", "").strip()
         config_error = _CONFIG_LINE_ERROR.search(text)
-        if config_error and ("Bad configuration option" in text or "bad" in text.lower()
-                             or "missing argument" in text):
+        if config_error:
             return ConfigError(config_error.group("msg"), Path(config_error.group("path")),
                                int(config_error.group("line")))
         if "Could not resolve hostname" in text:
@@ -183,6 +185,23 @@ class SshTransport:
 
 
 CorralErrorLike = ClusterError | ConfigError
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill an ssh client without waiting for its pipes to close.
+
+    A ControlMaster client hands its stdout/stderr to the master, which keeps them open until the
+    remote command ends; waiting for EOF would wait for the very command we are giving up on.
+    """
+    if proc.returncode is None:
+        proc.kill()
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
+    try:
+        await asyncio.wait_for(proc.wait(), 1)
+    except asyncio.TimeoutError:
+        pass
 
 
 def _last_line(text: str) -> str:

@@ -1,0 +1,85 @@
+"""Shared fixtures. Integration tests use the real local testbed (root only), reached over real SSH."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def json(self) -> object:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[object]:
+    """The real multi-cluster testbed, brought up once per session (and down again if we started it)."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root")
+    from testbed import Testbed
+
+    bed = Testbed()
+    was_up = all(all(v.values()) for v in bed.status().values())
+    bed.up(install_user_config=False)
+    yield bed
+    if not was_up:
+        bed.down()
+
+
+@pytest.fixture
+def corral_env(testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Environment pointing Corral at the testbed, with its own state dir (fresh ControlMasters)."""
+    home = tmp_path / "corral-home"
+    env = {**os.environ, "CORRAL_SLURM_CONFIG": str(testbed.cluster_config), "CORRAL_HOME": str(home)}
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(testbed.cluster_config))
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    yield env
+    # Close the ControlMasters this test opened.
+    from corral.ssh import control_dir
+
+    sockets = control_dir()
+    for sock in sockets.iterdir():
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True)
+    shutil.rmtree(sockets, ignore_errors=True)
+
+
+@pytest.fixture
+def corral(corral_env) -> Callable[..., CliResult]:
+    """Run the real `corral` CLI in a subprocess."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "corral", *args], capture_output=True, text=True,
+                              env=env or corral_env, timeout=timeout)
+        return CliResult(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+    return run
+
+
+def wait_for(what: str, predicate: Callable[[], object], timeout: float = 30, interval: float = 0.2) -> object:
+    """Poll until predicate() is truthy; fail the test with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

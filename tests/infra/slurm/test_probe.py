@@ -1,0 +1,80 @@
+"""The probe's output, recorded verbatim from the testbed's clusters in various states."""
+
+import pytest
+
+from corral.errors import ProbeParseError, SlurmControllerError
+from corral.infra.slurm.probe import parse_probe_output, probe_script
+from corral.inventory import gpu_availability
+from tests.conftest import FIXTURES
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / "probe" / f"{name}.txt").read_text()
+
+
+def rows(snapshot):
+    return {(r.partition, r.gres_type): (r.free, r.total, r.nodes, r.pending) for r in gpu_availability(snapshot)}
+
+
+def test_busy_cluster():
+    snap = parse_probe_output("alpine", fixture("alpine-busy"), 5)
+    assert snap.slurm_version == "22.05.8"
+    assert [p.name for p in snap.partitions] == ["gpu", "cpu", "inference"]
+    assert [p.default for p in snap.partitions] == [True, False, False]
+    assert snap.gpu_types == ["nvidia_h100_80gb_hbm3", "nvidia_l4"]
+    # a1 has 2 of 4 in use, a2 all 4; a4 (inference) is drained; two jobs wait for 8 and 3 GPUs.
+    assert rows(snap) == {
+        ("gpu", "nvidia_h100_80gb_hbm3"): (2, 8, 2, 11),
+        ("inference", "nvidia_l4"): (0, 2, 1, 0),
+    }
+
+
+def test_draining_and_fully_used_nodes():
+    snap = parse_probe_output("borealis", fixture("borealis-draining"), 5)
+    assert snap.nodes[1].state == "draining" and not snap.nodes[1].usable
+    assert rows(snap)[("h100-cluster", "H100")] == (0, 16, 2, 0)
+    assert rows(snap)[("l40s", "l40s")] == (4, 4, 1, 0)
+
+
+def test_node_not_responding():
+    snap = parse_probe_output("borealis", fixture("borealis-node-down"), 5)
+    assert snap.nodes[2].state == "down*" and snap.nodes[2].reason == "Not responding"
+    assert rows(snap)[("l40s", "l40s")] == (0, 4, 1, 0)
+
+
+def test_untyped_gres_and_empty_partition():
+    snap = parse_probe_output("cirrus", fixture("cirrus-idle"), 5)
+    assert [p.name for p in snap.partitions] == ["b300", "debug", "maint"]
+    assert snap.partitions[2].total_nodes == 0 and snap.nodes_in("maint") == []
+    assert rows(snap) == {("b300", "b300"): (16, 16, 2, 0), ("debug", None): (2, 2, 1, 0)}
+    assert [r.gpu for r in gpu_availability(snap)] == ["B300", "gpu"]
+
+
+def test_controller_down_is_reported_from_ping():
+    with pytest.raises(SlurmControllerError, match="cirrus: Slurm controller is down: .*cirrus-ctl is DOWN"):
+        parse_probe_output("cirrus", fixture("cirrus-controller-down"), 5)
+
+
+def test_login_banner_before_the_first_section_is_ignored():
+    noisy = "Welcome to the cluster!\n@@corral is not a mark here\n" + fixture("cirrus-idle")
+    assert len(parse_probe_output("cirrus", noisy, 5).nodes) == 3
+
+
+def test_output_cut_short():
+    text = fixture("cirrus-idle")
+    with pytest.raises(ProbeParseError, match="ended early"):
+        parse_probe_output("cirrus", text[: text.index("@@corral end")], 5)
+
+
+def test_controller_timeout_and_missing_slurm():
+    timed_out = "@@corral version 0\nslurm 22.05.8\n@@corral ping 124\n\n@@corral end 0\n"
+    with pytest.raises(SlurmControllerError, match="within 5s"):
+        parse_probe_output("x", timed_out, 5)
+    no_slurm = "@@corral version 127\nbash: sinfo: command not found\n@@corral ping 127\nbash: scontrol: command not found\n@@corral end 0\n"
+    with pytest.raises(SlurmControllerError, match="Slurm commands not found"):
+        parse_probe_output("x", no_slurm, 5)
+
+
+def test_script_is_constant_apart_from_the_timeout():
+    assert probe_script(5) == probe_script(5)
+    assert "timeout 7 " in probe_script(7) and "timeout 5 " not in probe_script(7)

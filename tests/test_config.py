@@ -1,0 +1,76 @@
+from pathlib import Path
+
+import pytest
+
+from corral.config import load_registry
+from corral.errors import ConfigError, UnknownClusterError
+
+
+def write(tmp_path: Path, text: str, name: str = "config") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_hosts_are_clusters_and_patterns_are_not(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+# team clusters
+Host alpha beta
+    HostName login.alpha.example
+    User me
+Host *.internal gamma
+    Port=2222
+Host !delta *
+    ServerAliveInterval 30
+Match host foo
+    User other
+""")
+    registry = load_registry(path)
+    assert registry.names() == ["alpha", "beta", "gamma"]
+    assert registry.get("alpha").hostname == "login.alpha.example"
+    assert registry.get("gamma").hostname is None
+    assert registry.get("gamma").where == f"{path}:6"
+
+
+def test_first_block_defines_a_name(tmp_path: Path) -> None:
+    path = write(tmp_path, "Host a\n  HostName first\nHost a\n  HostName second\n")
+    assert load_registry(path).get("a").hostname == "first"
+
+
+def test_include_is_followed(tmp_path: Path) -> None:
+    write(tmp_path, "Host inc1\n  HostName x\n", name="extra.conf")
+    path = write(tmp_path, f"Include {tmp_path}/*.conf\nHost main\n  HostName y\n")
+    assert load_registry(path).names() == ["inc1", "main"]
+
+
+def test_missing_file_names_the_file_and_the_override(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_registry(tmp_path / "nope")
+    assert str(tmp_path / "nope") in str(err.value)
+    assert "CORRAL_SLURM_CONFIG" in str(err.value)
+
+
+def test_malformed_line_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "Host a\n  HostName x\n  Port\n")
+    with pytest.raises(ConfigError) as err:
+        load_registry(path)
+    assert str(err.value).startswith(f"{path}:3: malformed line 'Port'")
+
+
+def test_file_without_clusters(tmp_path: Path) -> None:
+    path = write(tmp_path, "Host *\n  User me\n")
+    with pytest.raises(ConfigError, match="no clusters defined"):
+        load_registry(path)
+
+
+def test_unknown_cluster_lists_known_ones(tmp_path: Path) -> None:
+    registry = load_registry(write(tmp_path, "Host a b\n"))
+    with pytest.raises(UnknownClusterError) as err:
+        registry.select(["a", "zzz"])
+    assert "'zzz'" in str(err.value) and "a, b" in str(err.value)
+
+
+def test_select_keeps_order_and_dedups(tmp_path: Path) -> None:
+    registry = load_registry(write(tmp_path, "Host a b c\n"))
+    assert [e.name for e in registry.select(["c", "a", "c"])] == ["c", "a"]
+    assert [e.name for e in registry.select(None)] == ["a", "b", "c"]

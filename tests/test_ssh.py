@@ -1,0 +1,123 @@
+"""The SSH transport against real sshd login nodes: errors, ControlMaster reuse, ProxyJump."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from corral.config import load_registry
+from corral.errors import ClusterUnreachableError, ConfigError, HostKeyError, RemoteCommandError, SshAuthError
+from corral.ssh import SshTransport, control_dir
+from tests.helpers import host_block, option
+
+
+def transport_for(path: Path) -> SshTransport:
+    return SshTransport(load_registry(path), connect_timeout=5)
+
+
+def run(transport: SshTransport, cluster: str, script: str, **kw):
+    return asyncio.run(transport.run(cluster, script, timeout=20, **kw))
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "slurm-config"
+    path.write_text(text)
+    return path
+
+
+def test_script_runs_on_the_login_node_with_the_clusters_slurm(testbed, corral_env):
+    transport = transport_for(testbed.cluster_config)
+    result = run(transport, "borealis", 'echo "$USER $CORRAL_TESTBED_CLUSTER"; printf "%s\\n" "$SLURM_CONF"')
+    user, cluster = result.stdout.splitlines()[0].split()
+    assert (user, cluster) == ("corral-test", "borealis")
+    assert result.stdout.splitlines()[1].endswith("/borealis/etc/slurm.conf")
+
+
+def test_control_master_is_reused(testbed, corral_env):
+    transport = transport_for(testbed.cluster_config)
+    # The remote shell runs under timeout(1), itself under the sshd process of the connection.
+    connection = "awk '/^PPid/ {print $2}' /proc/$PPID/status"
+    first = run(transport, "alpine", connection).stdout.strip()
+    second = run(transport, "alpine", connection).stdout.strip()
+    sockets = list(control_dir().iterdir())
+    assert len(sockets) == 1 and sockets[0].is_socket()
+    # Both sessions were served by one sshd connection process: the master's.
+    assert first and first == second
+    assert transport.round_trips["alpine"] == 2
+
+
+def test_remote_failure_carries_status_and_stderr(testbed, corral_env):
+    transport = transport_for(testbed.cluster_config)
+    with pytest.raises(RemoteCommandError) as err:
+        run(transport, "alpine", "echo oops >&2; exit 3")
+    assert err.value.exit_status == 3 and "oops" in str(err.value) and str(err.value).startswith("alpine: ")
+    assert run(transport, "alpine", "exit 3", check=False).exit_status == 3
+
+
+def test_wrong_key_is_an_auth_error(testbed, corral_env, tmp_path):
+    import subprocess
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    block = host_block(testbed.cluster_config.read_text(), "alpine")
+    path = write_config(tmp_path, block.replace(option(block, "IdentityFile"), str(tmp_path / "other")))
+    with pytest.raises(SshAuthError, match=r"alpine: the login node refused our key .*IdentityFile for Host alpine"):
+        run(transport_for(path), "alpine", "true")
+
+
+def test_unknown_host_key_is_a_host_key_error(testbed, corral_env, tmp_path):
+    block = host_block(testbed.cluster_config.read_text(), "alpine")
+    (tmp_path / "known_hosts").write_text("")
+    path = write_config(tmp_path, block.replace(option(block, "UserKnownHostsFile"), str(tmp_path / "known_hosts")))
+    with pytest.raises(HostKeyError, match="alpine: the login node's host key is unknown or changed"):
+        run(transport_for(path), "alpine", "true")
+
+
+def test_refused_connection(testbed, corral_env, tmp_path):
+    block = host_block(testbed.cluster_config.read_text(), "alpine")
+    path = write_config(tmp_path, block.replace(f"Port {option(block, 'Port')}", "Port 1"))
+    with pytest.raises(ClusterUnreachableError, match="alpine: login node refused the connection"):
+        run(transport_for(path), "alpine", "true")
+
+
+def test_unresolvable_host_names_the_entry(testbed, corral_env, tmp_path):
+    path = write_config(tmp_path, "# comment\nHost ghost.invalid\n    User corral-test\n")
+    with pytest.raises(ClusterUnreachableError) as err:
+        run(transport_for(path), "ghost.invalid", "true")
+    assert str(err.value) == (
+        "ghost.invalid: login node address 'ghost.invalid' does not resolve; "
+        f"set HostName for Host ghost.invalid ({path}:2)"
+    )
+
+
+def test_bad_ssh_option_names_file_and_line(testbed, corral_env, tmp_path):
+    block = host_block(testbed.cluster_config.read_text(), "alpine")
+    path = write_config(tmp_path, block + "    NoSuchOption yes\n")
+    with pytest.raises(ConfigError) as err:
+        run(transport_for(path), "alpine", "true")
+    assert str(err.value).startswith(f"{path}:{len(block.splitlines()) + 1}: Bad configuration option")
+
+
+def test_timeout_kills_the_call(testbed, corral_env):
+    transport = transport_for(testbed.cluster_config)
+    with pytest.raises(Exception) as err:
+        asyncio.run(transport.run("alpine", "sleep 30", timeout=1))
+    assert type(err.value).__name__ == "SshTimeoutError" and "within 1s" in str(err.value)
+
+
+def test_proxyjump_through_another_login_node(testbed, corral_env, tmp_path):
+    """cirrus reached only through alpine's login node, as sites with a bastion do."""
+    text = testbed.cluster_config.read_text()
+    alpine, cirrus = host_block(text, "alpine"), host_block(text, "cirrus")
+    jump = f"    ProxyJump corral-test@127.0.0.1:{option(alpine, 'Port')}\n"
+    shared = (f"Host *\n    IdentityFile {option(cirrus, 'IdentityFile')}\n"
+              f"    UserKnownHostsFile {option(cirrus, 'UserKnownHostsFile')}\n")
+    path = write_config(tmp_path, cirrus + jump + shared)
+    jump_log = testbed.paths.cluster("alpine").log / "sshd.log"
+    before = jump_log.read_text().count("Accepted publickey")
+    transport = transport_for(path)
+    for _ in range(3):
+        assert run(transport, "cirrus", "echo $CORRAL_TESTBED_CLUSTER").stdout.strip() == "cirrus"
+    # One connection through the jump host served all three calls: the master was reused.
+    assert jump_log.read_text().count("Accepted publickey") - before == 1

@@ -1,0 +1,66 @@
+"""The testbed itself: real daemons, idempotent bring-up, fault switches."""
+
+from __future__ import annotations
+
+import uuid
+
+from testbed.processes import read_pid
+from tests.conftest import wait_for
+from tests.helpers import ssh_login
+
+
+def daemon_pids(testbed):
+    paths = {spec.name: testbed.paths.cluster(spec.name) for spec in testbed.clusters}
+    return {
+        name: [read_pid(p.ctld_pidfile()), read_pid(p.sshd_pidfile()), read_pid(p.run / "munged.pid")]
+        for name, p in paths.items()
+    }
+
+
+def test_up_is_idempotent(testbed):
+    before = daemon_pids(testbed)
+    testbed.up(install_user_config=False)
+    assert daemon_pids(testbed) == before
+
+
+def test_clusters_are_independent(testbed):
+    ports = [s.ctld_port for s in testbed.clusters] + [s.ssh_port for s in testbed.clusters]
+    assert len(set(ports)) == len(ports)
+    sockets = {testbed.paths.cluster(s.name).munge_socket for s in testbed.clusters}
+    assert len(sockets) == 3 and all(s.is_socket() for s in sockets)
+    # A job on one cluster is invisible to the others.
+    config = testbed.cluster_config
+    name = f"indep-{uuid.uuid4().hex[:8]}"
+    ssh_login(config, "alpine", f"sbatch --hold -J {name} --wrap true")
+    try:
+        assert ssh_login(config, "alpine", f"squeue -h -n {name} -o %j").strip() == name
+        assert ssh_login(config, "borealis", f"squeue -h -n {name} -o %j").strip() == ""
+        assert ssh_login(config, "borealis", "scontrol show config | grep ^ClusterName").split()[-1] == "borealis"
+    finally:
+        ssh_login(config, "alpine", f"scancel -n {name}")
+
+
+def test_job_runs_on_a_named_node_with_fake_gpus(testbed):
+    out = ssh_login(testbed.cluster_config, "borealis",
+                    "srun -p l40s -w b3 --gres=gpu:l40s:2 bash -c 'echo $(hostname) $CUDA_VISIBLE_DEVICES'")
+    assert out.split() == ["b3", "0,1"]
+
+
+def test_kill_and_restart_a_node_daemon(testbed):
+    pidfile = testbed.paths.cluster("cirrus").slurmd_pidfile("c3")
+    old = read_pid(pidfile)
+    testbed.kill_node("c3")
+    assert testbed.status()["cirrus"]["slurmd:c3"] is False
+    testbed.start_node("c3")
+    assert testbed.status()["cirrus"]["slurmd:c3"] is True and read_pid(pidfile) != old
+    wait_for("c3 to take jobs again", lambda: ssh_login(
+        testbed.cluster_config, "cirrus", "srun -p debug -w c3 -t 1 hostname").strip() == "c3", timeout=60)
+
+
+def test_drain_and_resume(testbed):
+    testbed.drain("a4", reason="testing drain")
+    try:
+        assert testbed.node_states("alpine")["a4"] == "drain"
+    finally:
+        testbed.resume("a4")
+    assert testbed.node_states("alpine")["a4"] == "idle"
