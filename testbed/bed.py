@@ -14,6 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from testbed.accounting import Accounting
 from testbed.layout import (
     ClusterPaths,
     TestbedPaths,
@@ -33,7 +34,8 @@ from testbed.processes import (
 )
 from testbed.spec import TEST_USER, ClusterSpec, default_clusters, testbed_root
 
-APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "openssh-server", "openssh-client", "rsync")
+APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "openssh-server", "openssh-client",
+                "rsync", "mariadb-server", "mariadb-client")
 # Daemons must be started through links with exactly these names: libslurm decides what it is from
 # argv[0]'s basename, and a slurmd started as `slurmd-wlm` silently loses its node GRES.
 DAEMON_BINARIES = {"slurmctld": "/usr/sbin/slurmctld-wlm", "slurmd": "/usr/sbin/slurmd-wlm"}
@@ -43,8 +45,9 @@ READY_TIMEOUT = 45.0
 
 def install_packages() -> None:
     """apt-get install what the testbed needs, without letting postinst start system daemons."""
-    missing = [b for b in ("/usr/sbin/slurmctld-wlm", "/usr/sbin/slurmd-wlm", "/usr/bin/sinfo",
-                           "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync") if not Path(b).exists()]
+    missing = [b for b in ("/usr/sbin/slurmctld-wlm", "/usr/sbin/slurmd-wlm", "/usr/bin/sinfo", "/usr/sbin/slurmdbd",
+                           "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync", "/usr/sbin/mariadbd")
+               if not Path(b).exists()]
     if not missing:
         return
     policy = Path("/usr/sbin/policy-rc.d")
@@ -79,6 +82,13 @@ class Testbed:
             if any(n.name == node for n in spec.nodes):
                 return spec
         raise TestbedError(f"no testbed node {node!r}")
+
+    def accounting(self, spec: ClusterSpec) -> Accounting | None:
+        if not spec.accounting:
+            return None
+        paths = self.paths.cluster(spec.name)
+        return Accounting(spec, paths.root / "accounting", paths.etc, paths.munge_socket, self.paths.bin,
+                          self.slurm_env(spec.name))
 
     def slurm_env(self, cluster: str) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.paths.cluster(cluster).slurm_conf)}
@@ -115,6 +125,9 @@ class Testbed:
             for node in spec.nodes:
                 self._stop(paths.slurmd_pidfile(node.name))
             self._stop(paths.ctld_pidfile())
+            accounting = self.accounting(spec)
+            for pidfile in accounting.pidfiles() if accounting else []:
+                self._stop(pidfile)
             self._stop(paths.run / "munged.pid")
         if purge and self.paths.root.exists():
             shutil.rmtree(self.paths.root)
@@ -130,6 +143,10 @@ class Testbed:
             }
             for node in spec.nodes:
                 entry[f"slurmd:{node.name}"] = running(paths.slurmd_pidfile(node.name)) is not None
+            accounting = self.accounting(spec)
+            if accounting:
+                entry["mariadbd"] = running(accounting.db_pidfile) is not None
+                entry["slurmdbd"] = running(accounting.dbd_pidfile) is not None
             report[spec.name] = entry
         return report
 
@@ -281,6 +298,11 @@ class Testbed:
             wait_until(f"{spec.name} munged", lambda: paths.munge_socket.exists() or proc.poll() is not None, 10)
             if proc.poll() is not None:
                 raise TestbedError(f"{spec.name}: munged exited; see {paths.log / 'munged.out'}")
+        accounting = self.accounting(spec)
+        if accounting:
+            if fresh:
+                accounting.wipe()  # job ids restart at 1: old records would collide
+            accounting.start()
         self._start_ctld(spec)
         for node in spec.nodes:
             self._start_slurmd(spec, node.name)

@@ -122,8 +122,7 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
         "SchedulerType=sched/backfill",
         "SchedulerParameters=bf_interval=5",
         "GresTypes=gpu",
-        "AccountingStorageType=accounting_storage/none",
-        "JobAcctGatherType=jobacct_gather/none",
+        *accounting_lines(spec, paths),
         "JobCompType=jobcomp/none",
         "MpiDefault=none",
         "MailProg=/bin/true",
@@ -153,6 +152,23 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
         line += " Default=YES" if part.default else ""
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def accounting_lines(spec: ClusterSpec, paths: ClusterPaths) -> list[str]:
+    if not spec.accounting:
+        # Without slurmdbd there is no sacct: finished jobs are only visible while MinJobAge lasts.
+        return ["AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none"]
+    gres_types = ",".join(["gres/gpu", *(f"gres/gpu:{t}" for t in spec.gpu_types)])
+    return [
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=127.0.0.1",
+        f"AccountingStoragePort={spec.dbd_port}",
+        # For slurmdbd this names the munge socket to authenticate with, not a password.
+        f"AccountingStoragePass={paths.munge_socket}",
+        f"AccountingStorageTRES={gres_types}",
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=30",
+    ]
 
 
 def render_gres_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:

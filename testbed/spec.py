@@ -53,7 +53,9 @@ class ClusterSpec:
     ssh_port: int
     nodes: tuple[NodeSpec, ...]
     partitions: tuple[PartitionSpec, ...]
-    accounting: bool = False
+    accounting: bool = False  # run slurmdbd + MariaDB, so `sacct` works on this cluster
+    dbd_port: int | None = None
+    db_port: int | None = None
     extra_conf: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -92,6 +94,9 @@ def default_clusters() -> tuple[ClusterSpec, ...]:
         name="borealis",
         ctld_port=47117,
         ssh_port=47122,
+        accounting=True,
+        dbd_port=47119,
+        db_port=47106,
         nodes=(
             NodeSpec("b1", 47131, sockets=2, gpu_type="H100", gpus=8, gpu_cores="0-15"),
             NodeSpec("b2", 47132, sockets=2, gpu_type="H100", gpus=8, gpu_cores="0-15"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 
 from testbed.processes import read_pid
@@ -64,3 +65,16 @@ def test_drain_and_resume(testbed):
     finally:
         testbed.resume("a4")
     assert testbed.node_states("alpine")["a4"] == "idle"
+
+
+def test_one_cluster_has_accounting_and_one_has_not(testbed):
+    config = testbed.cluster_config
+    job = ssh_login(config, "borealis", "sbatch --parsable --gres=gpu:H100:2 --wrap true").strip()
+
+    def accounted() -> str:
+        return ssh_login(config, "borealis", f"sacct -n -X -P -j {job} -o State,AllocTRES").strip()
+
+    record = wait_for("sacct to record the job", lambda: accounted().startswith("COMPLETED") and accounted())
+    assert "gres/gpu=2" in record and "gres/gpu:h100=2" in record
+    alpine = subprocess.run(["ssh", "-F", str(config), "alpine", "sacct"], capture_output=True, text=True)
+    assert "accounting storage is disabled" in alpine.stdout + alpine.stderr
