@@ -147,7 +147,7 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
             line += f" Gres={node.gres}"
         lines.append(line)
     for part in spec.partitions:
-        line = f"PartitionName={part.name} MaxTime={part.max_time} State=UP"
+        line = f"PartitionName={part.name} MaxTime={part.max_time} DefaultTime={part.default_time} State=UP"
         line += f" Nodes={','.join(part.nodes)}" if part.nodes else ""
         line += " Default=YES" if part.default else ""
         lines.append(line)

@@ -44,6 +44,8 @@ class PartitionSpec:
     nodes: tuple[str, ...]
     default: bool = False
     max_time: str = "INFINITE"
+    # Real sites give jobs a time limit; without one Slurm cannot predict start times.
+    default_time: str = "01:00:00"
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def default_clusters() -> tuple[ClusterSpec, ...]:
         ),
         partitions=(
             PartitionSpec("b300", ("c1", "c2"), default=True),
-            PartitionSpec("debug", ("c3",), max_time="01:00:00"),
+            PartitionSpec("debug", ("c3",), max_time="01:00:00", default_time="00:30:00"),
             PartitionSpec("maint", ()),
         ),
     )

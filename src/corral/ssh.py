@@ -13,9 +13,11 @@ import hashlib
 import math
 import os
 import re
+import shlex
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +26,19 @@ from corral.errors import (
     ClusterError,
     ClusterUnreachableError,
     ConfigError,
+    CorralError,
     HostKeyError,
     RemoteCommandError,
     SshAuthError,
     SshTimeoutError,
 )
 
-SSH_FAILURE = 255  # ssh's own exit status; anything else is the remote command's
+SSH_FAILURE = 255
+
+
+class CorralFileError(CorralError):
+    """A local file the task names does not exist or cannot be read."""
+  # ssh's own exit status; anything else is the remote command's
 _CONFIG_LINE_ERROR = re.compile(r"^(?P<path>.+?):? line (?P<line>\d+): (?P<msg>.+?)\s*$", re.M)
 _UNIX_SOCKET_MAX = 100
 
@@ -173,6 +181,59 @@ class SshTransport:
         if "timed out" in text.lower():
             return ClusterUnreachableError(cluster, f"connection to the login node timed out ({_last_line(text)})")
         return ClusterUnreachableError(cluster, f"ssh failed: {_last_line(text) or 'no error output'}")
+
+    async def stream(self, cluster: str, script: str, on_output: Callable[[bytes], None]) -> int:
+        """Run a long script (e.g. following a log), passing its stdout to `on_output` as it comes.
+
+        No timeout: the script decides when to end. Returns the remote exit status.
+        """
+        self.registry.get(cluster)
+        argv = self.ssh_argv(cluster, ["bash", "--login", "-s"])
+        self.round_trips[cluster] += 1
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        assert proc.stdin and proc.stdout and proc.stderr
+        proc.stdin.write(script.encode())
+        proc.stdin.close()
+        try:
+            while chunk := await proc.stdout.read(65536):
+                on_output(chunk)
+            err = await proc.stderr.read()
+            status = await proc.wait()
+        except asyncio.CancelledError:
+            await _kill(proc)
+            raise
+        if status == SSH_FAILURE:
+            raise self.classify_failure(cluster, err.decode(errors="replace"))
+        return status
+
+    async def rsync(self, cluster: str, source: Path, destination: str, *, timeout: float = 600) -> None:
+        """Copy a local file or directory to the cluster over the cluster's ControlMaster.
+
+        `destination` is relative to the remote home (or absolute); a directory's contents are copied
+        into it.
+        """
+        if not source.exists():
+            raise CorralFileError(f"{source}: no such file or directory to sync to {cluster}")
+        ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
+        src = f"{source}/" if source.is_dir() else str(source)
+        argv = ["rsync", "-a", "--mkpath", "-e", ssh, src, f"{cluster}:{destination}"]
+        self.round_trips[cluster] += 1
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            _out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            await _kill(proc)
+            raise SshTimeoutError(cluster, f"copying {source} took longer than {timeout:g}s") from None
+        if proc.returncode != 0:
+            text = err.decode(errors="replace")
+            if proc.returncode == 255 or "connection unexpectedly closed" in text:
+                raise self.classify_failure(cluster, text)
+            raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}",
+                                     exit_status=proc.returncode, stderr=text)
 
     async def close(self, cluster: str) -> None:
         """Stop the cluster's ControlMaster, if any (the next call opens a new one)."""

@@ -100,5 +100,191 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: int) -> Non
         sys.exit(1)
 
 
+def _load_task(paths: tuple[str, ...], command: tuple[str, ...]) -> list[tuple[Any, str]]:
+    from pathlib import Path
+
+    from corral.task import TaskError, load_task, parse_task
+
+    if command and paths:
+        raise TaskError("give either task files or `-- COMMAND`, not both")
+    if command:  # joined like a shell line, as `sky launch -- CMD` does: it becomes run.sh, not argv
+        return [(parse_task({"run": " ".join(command)}, "command line"), "command line")]
+    if not paths:
+        raise TaskError("nothing to launch: give a task YAML or `-- COMMAND…`")
+    return [(load_task(Path(p)), p) for p in paths]
+
+
+@cli.command(context_settings={"allow_interspersed_args": True})
+@click.argument("args", nargs=-1)
+@click.option("-n", "--name", help="Job name (default: the task's name).")
+@click.option("--gpus", help="Accelerators per node, e.g. H100:8 (overrides resources.accelerators).")
+@click.option("--infra", help="slurm, slurm/<cluster> or slurm/<cluster>/<partition>.")
+@click.option("--num-nodes", type=int, help="Number of nodes.")
+@click.option("--cpus", help="CPUs per node: N or N+.")
+@click.option("--memory", help="Memory per node in GB: N or N+.")
+@click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable.")
+@click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N copies (a sweep); CORRAL_JOB_RANK tells them apart.")
+@click.option("-d", "--detach", is_flag=True, help="Return once Slurm has accepted the job.")
+@click.option("--dryrun", is_flag=True, help="Show the placement plan; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_reports_errors
+def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None,
+           cpus: str | None, memory: str | None, envs: tuple[str, ...], num_jobs: int, detach: bool, dryrun: bool,
+           as_json: bool) -> None:
+    """Run a task on the cluster that can start it soonest.
+
+    ARGS: task YAML file(s), or `-- COMMAND…` for a one-liner. Without -d, follows the job's output and
+    exits with its exit code.
+    """
+    import asyncio
+
+    from corral.cli import render
+    from corral.client import Client
+    from corral.launch import LaunchEvents, Launcher
+    from corral.state import open_store
+    from corral.task import TaskError, apply_overrides
+
+    separator = "--" in sys.argv
+    paths, command = (args, ()) if not separator else _split_command(args)
+    if num_jobs < 1:
+        raise TaskError("--num-jobs must be at least 1")
+    tasks = [
+        (apply_overrides(task, source, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
+                         memory=memory, envs=envs), source)
+        for task, source in _load_task(paths, command)
+    ]
+    client = Client()
+    store = open_store()
+    events = LaunchEvents() if as_json else render.launch_events()
+    launcher = Launcher(client, store, events)
+    if dryrun:
+        plans = [asyncio.run(launcher.plan(task, predict_all=True)) for task, _ in tasks]
+        if as_json:
+            _print_json([render.plan_json(p) for p in plans] if len(plans) > 1 else render.plan_json(plans[0]))
+        else:
+            for plan in plans:
+                render.render_plan(plan, full=True)
+        return
+    results = [asyncio.run(launcher.launch(task, source, num_jobs=num_jobs)) for task, source in tasks]
+    if as_json:
+        out = [render.submitted_json(r) for r in results]
+        _print_json(out[0] if len(out) == 1 else out)
+    if detach or len(results) > 1 or num_jobs > 1:
+        if not as_json:
+            for r in results:
+                for job_id in r.job_ids:
+                    click.echo(job_id)
+        return
+    from corral.tracker import Tracker
+
+    code = asyncio.run(_follow_to_end(Tracker(client, store), store, results[0].job_ids[0]))
+    sys.exit(code)
+
+
+def _split_command(args: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """click drops `--`; recover where it was from sys.argv."""
+    after = sys.argv[sys.argv.index("--") + 1:]
+    before = args[: len(args) - len(after)] if after else args
+    return before, tuple(after)
+
+
+async def _follow_to_end(tracker: Any, store: Any, job_id: str) -> int:
+    view = store.resolve(job_id)
+    await tracker.logs(view, True, _write_bytes)
+    for _ in range(30):
+        await tracker.refresh()
+        view = store.resolve(job_id)
+        if view.attempt.state in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"):
+            break
+        await __import__("asyncio").sleep(1)
+    attempt = view.attempt
+    click.echo(f"corral: {job_id} {attempt.state} on slurm/{attempt.cluster}/{attempt.partition}"
+               f" (exit code {attempt.exit_code})", err=True)
+    if attempt.state == "SUCCEEDED":
+        return 0
+    return attempt.exit_code or 1
+
+
+def _write_bytes(chunk: bytes) -> None:
+    sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.flush()
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Include finished jobs (default: live and recent).")
+@_reports_errors
+def queue(as_json: bool, show_all: bool) -> None:
+    """Every job across all clusters, refreshed with one Slurm query per cluster."""
+    import asyncio
+
+    from corral.cli import render
+    from corral.client import Client
+    from corral.state import open_store
+    from corral.tracker import Tracker
+
+    store = open_store()
+    report = asyncio.run(Tracker(Client(), store).refresh())
+    views = store.views()
+    if not show_all:
+        views = render.recent(views)
+    if as_json:
+        _print_json([render.job_json(v) for v in views])
+    else:
+        render.render_queue(views)
+    for cluster, error in report.errors.items():
+        click.echo(f"corral: warning: could not refresh {cluster}: {error}", err=True)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@_reports_errors
+def logs(job: str, follow: bool) -> None:
+    """Print a job's output (all nodes)."""
+    import asyncio
+
+    from corral.client import Client
+    from corral.state import open_store
+    from corral.tracker import Tracker
+
+    store = open_store()
+    tracker = Tracker(Client(), store)
+    asyncio.run(tracker.logs(store.resolve(job), follow, _write_bytes))
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1)
+@click.option("--all", "cancel_all", is_flag=True, help="Cancel every live job.")
+@_reports_errors
+def cancel(jobs: tuple[str, ...], cancel_all: bool) -> None:
+    """Cancel jobs (one scancel per cluster)."""
+    import asyncio
+
+    from corral.client import Client
+    from corral.errors import CorralError
+    from corral.state import open_store
+    from corral.tracker import Tracker
+
+    if not jobs and not cancel_all:
+        raise CorralError("name the jobs to cancel, or use --all")
+    store = open_store()
+    tracker = Tracker(Client(), store)
+    asyncio.run(tracker.refresh())
+    views = store.views() if cancel_all else [store.resolve(j) for j in jobs]
+    cancelled = asyncio.run(tracker.cancel(views))
+    for view in views:
+        word = "cancelled" if view in cancelled else f"already {view.attempt.state.lower()}"
+        click.echo(f"{view.job.id}: {word}")
+
+
+@cli.command()
+def schema() -> None:
+    """Print the task YAML's JSON Schema."""
+    from corral.task import task_json_schema
+
+    _print_json(task_json_schema())
+
+
 def main() -> None:
     cli(prog_name="corral")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from rich.console import Console
 from rich.table import Table
 
 from corral.client import GpuReport, ProbeOutcome
+from corral.launch import LaunchEvents, Submitted
+from corral.placement import Candidate, Plan
+from corral.state.store import TERMINAL_STATES, JobView
 
 # Piped output (scripts, CI logs) is not cut to 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -48,3 +52,131 @@ def render_gpus(report: GpuReport, gpu: str | None) -> None:
         console.print(f"No GPUs{' matching ' + repr(gpu) if gpu else ''} on any cluster.")
     for f in report.failures:
         err_console.print(f"[red]✗[/red] {f.error_message}", highlight=False)
+
+
+# ---- launch, queue --------------------------------------------------------------------------------
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def _start(candidate: Candidate) -> str:
+    if candidate.startable_now:
+        return "now"
+    if candidate.predicted_start is None:
+        return (candidate.prediction_note or "-")[:60] if candidate.feasible else "-"
+    delta = candidate.predicted_start - time.time()
+    if delta > 86400 * 365:
+        return "not foreseeable"
+    return "now" if delta < 60 else f"in {_duration(delta)}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d{(seconds % 86400) // 3600}h"
+
+
+def plan_json(plan: Plan) -> list[dict[str, object]]:
+    ranked = plan.ranked()
+    chosen = next((c for c in ranked if c.feasible), None)
+    rows: list[dict[str, object]] = [
+        {
+            "cluster": c.cluster,
+            "partition": c.partition,
+            "feasible": c.feasible,
+            "reason": c.reason,
+            "accelerators": str(c.option.accelerator) if c.option.accelerator else None,
+            "gres": c.gres,
+            "free_gpus": c.free_gpus,
+            "can_start_now": c.startable_now,
+            "predicted_start": c.predicted_start,
+            "prediction": c.prediction_note,
+            "pressure": round(c.pressure, 3),
+            "chosen": c is chosen,
+        }
+        for c in ranked
+    ]
+    rows += [{"cluster": cluster, "partition": None, "feasible": False, "reason": error, "free_gpus": 0,
+              "predicted_start": None, "chosen": False} for cluster, error in plan.unreachable.items()]
+    return rows
+
+
+def render_plan(plan: Plan, full: bool) -> None:
+    ranked = plan.ranked()
+    chosen = next((c for c in ranked if c.feasible), None)
+    table = Table(box=None, header_style="bold")
+    for column in ("", "INFRA", "RESOURCES", "FREE GPUS", "START", "WHY NOT"):
+        table.add_column(column)
+    shown = ranked if full else [c for c in ranked if c.feasible][:5]
+    for c in shown:
+        mark = "[green]→[/green]" if c is chosen else ""
+        table.add_row(mark, c.infra, c.option.describe(), str(c.free_gpus) if c.feasible else "-",
+                      _start(c), "" if c.feasible else f"[dim]{c.reason}[/dim]")
+    for cluster, error in plan.unreachable.items():
+        table.add_row("", f"slurm/{cluster}", "-", "-", "-", f"[red]{error}[/red]")
+    target = console if full else err_console
+    target.print(table)
+
+
+class _LaunchPrinter:
+    def plan(self, plan: Plan) -> None:
+        render_plan(plan, full=False)
+
+    def skipped(self, infra: str, why: str) -> None:
+        err_console.print(f"[yellow]↷[/yellow] {infra} skipped: {why}", highlight=False)
+
+    def submitted(self, submitted: Submitted) -> None:
+        ids = ", ".join(submitted.job_ids[:3]) + (" …" if len(submitted.job_ids) > 3 else "")
+        err_console.print(f"[green]✓[/green] {ids} submitted to slurm/{submitted.cluster}/{submitted.partition} "
+                          f"as Slurm job {submitted.slurm_job_id}", highlight=False)
+
+
+def launch_events() -> LaunchEvents:
+    printer = _LaunchPrinter()
+    return LaunchEvents(plan=printer.plan, skipped=printer.skipped, submitted=printer.submitted)
+
+
+def submitted_json(s: Submitted) -> dict[str, object]:
+    return {"job_id": s.job_ids[0], "job_ids": s.job_ids, "cluster": s.cluster, "partition": s.partition,
+            "slurm_job_id": s.slurm_job_id, "skipped": [{"infra": i, "reason": r} for i, r in s.tries]}
+
+
+def job_json(view: JobView) -> dict[str, object]:
+    a = view.attempt
+    return {
+        "job_id": view.job.id, "name": view.job.name, "cluster": a.cluster, "partition": a.partition,
+        "slurm_job_id": a.slurm_job_id, "state": a.state, "reason": a.reason, "attempt": a.number,
+        "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
+        "exit_code": a.exit_code, "job_rank": view.job.job_rank,
+    }
+
+
+def recent(views: list[JobView], keep_seconds: float = 86400) -> list[JobView]:
+    cutoff = time.time() - keep_seconds
+    return [v for v in views if v.attempt.state not in TERMINAL_STATES or (v.attempt.ended_at or 0) > cutoff]
+
+
+_STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "SUCCEEDED": "dim", "FAILED": "red",
+                "CANCELLED": "dim", "SUBMIT_FAILED": "red", "LOST": "red"}
+
+
+def render_queue(views: list[JobView]) -> None:
+    if not views:
+        console.print("No jobs.")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITTED", "STARTED", "ENDED"):
+        table.add_column(column)
+    for v in views:
+        a = v.attempt
+        style = _STATE_STYLE.get(a.state, "")
+        table.add_row(v.job.id, v.job.name, f"{a.cluster}/{a.partition}", a.slurm_job_id or "-",
+                      f"[{style}]{a.state}[/{style}]" if style else a.state, a.reason or "",
+                      _when(a.submitted_at), _when(a.started_at), _when(a.ended_at))
+    console.print(table)

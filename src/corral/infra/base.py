@@ -75,6 +75,7 @@ class ClusterSnapshot:
     nodes: tuple[Node, ...]
     partitions: tuple[Partition, ...]
     pending: tuple[PendingDemand, ...] = ()
+    container_runtimes: tuple[str, ...] = ()  # enroot, apptainer, singularity found on the login node
     probe_seconds: float = 0.0
     warnings: tuple[str, ...] = field(default_factory=tuple)
 

@@ -43,6 +43,7 @@ def probe_script(slurm_timeout: int) -> str:
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} version 0\\n'; sinfo --version 2>&1
+printf '\\n{MARK} runtimes 0\\n'; for r in enroot apptainer singularity; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
 ping=$(timeout {seconds} scontrol ping 2>&1); rc=$?
 printf '\\n{MARK} ping %s\\n%s\\n' "$rc" "$ping"
 case "$ping" in *" is UP"*) ;; *) printf '\\n{MARK} end 0\\n'; exit 0 ;; esac
@@ -108,9 +109,11 @@ def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: f
             raise SlurmControllerError(cluster, f"{QUERIES[name].split()[0]} failed: {_one_line(section.text)}")
     nodes, node_warnings = parse_sinfo_nodes(sections["nodes"].text)
     pending, pending_warnings = parse_pending(sections["pending"].text)
+    runtimes = sections.get("runtimes", Section(0, "")).text.split()
     return ClusterSnapshot(
         cluster=cluster,
         slurm_version=version,
+        container_runtimes=tuple(runtimes),
         nodes=tuple(nodes),
         partitions=tuple(parse_partitions(sections["partitions"].text)),
         pending=tuple(pending),

@@ -1,0 +1,244 @@
+"""Job operations on one Slurm cluster, each one SSH round trip: predict, submit, status, cancel, logs."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from datetime import datetime
+
+from corral.errors import ProbeParseError
+from corral.infra.slurm.jobscript import JOB_NAME_PREFIX, SlurmJobSpec, sbatch_options, submit_script
+from corral.infra.slurm.parsing import FIELD_SEPARATOR, format_spec
+from corral.infra.slurm.probe import MARK, split_sections
+from corral.ssh import SshTransport
+
+_START_AT = re.compile(r"to start at (\S+)")
+_JOB_ID = re.compile(r"^\d+(_\d+)?$")
+CLOCK = (f"printf '{MARK} clock 0\\n'; date +%s; date +%Y-%m-%dT%H:%M:%S\n")
+
+# Slurm job states → Corral's.
+STATE_MAP = {
+    "PENDING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
+    "RESV_DEL_HOLD": "PENDING", "CONFIGURING": "STARTING", "RUNNING": "RUNNING", "COMPLETING": "RUNNING",
+    "SUSPENDED": "RUNNING", "STOPPED": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING",
+    "RESIZING": "RUNNING", "COMPLETED": "SUCCEEDED", "CANCELLED": "CANCELLED", "FAILED": "FAILED",
+    "TIMEOUT": "FAILED", "NODE_FAIL": "FAILED", "BOOT_FAIL": "FAILED", "PREEMPTED": "FAILED",
+    "OUT_OF_MEMORY": "FAILED", "DEADLINE": "FAILED", "SPECIAL_EXIT": "FAILED", "REVOKED": "CANCELLED",
+}
+SQUEUE_FIELDS = ("JobArrayID", "Name", "State", "Reason", "SubmitTime", "StartTime", "EndTime", "exit_code",
+                 "Partition")
+SACCT_FIELDS = "JobID,JobName,State,Reason,Submit,Start,End,ExitCode,Partition"
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    accepted: bool
+    slurm_job_id: str | None
+    already_existed: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    slurm_job_id: str  # "123" or "123_4"
+    token: str | None  # from the job name, for Corral's jobs
+    slurm_state: str
+    state: str  # Corral's
+    reason: str | None
+    submitted_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The cluster's clock: Slurm prints local times without a zone."""
+
+    epoch: float
+    local: datetime
+
+    def to_epoch(self, text: str) -> float | None:
+        text = text.strip()
+        if not text or text in ("N/A", "Unknown", "None", "(null)"):
+            return None
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        return self.epoch + (when - self.local).total_seconds()
+
+
+def parse_clock(text: str) -> Clock:
+    lines = text.split()
+    if len(lines) < 2:
+        raise ValueError(f"no clock in {text!r}")
+    return Clock(float(lines[0]), datetime.fromisoformat(lines[1]))
+
+
+def test_only_script(specs: list[SlurmJobSpec]) -> str:
+    """`sbatch --test-only` for several candidates at once, in parallel."""
+    out = [CLOCK, 'd=$(mktemp -d "${TMPDIR:-/tmp}/corral-test.XXXXXX") || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
+    for i, spec in enumerate(specs):
+        opts = " ".join(shlex.quote(o) for o in sbatch_options(spec))
+        out.append(f"( cd /tmp && timeout 20 sbatch --test-only {opts} --wrap true >\"$d/{i}\" 2>&1 ) &")
+    out.append("wait")
+    out += [f"printf '\\n{MARK} test{i} 0\\n'; cat \"$d/{i}\"" for i in range(len(specs))]
+    return "\n".join(out) + "\n"
+
+
+def parse_test_only(stdout: str, count: int) -> list[tuple[float | None, str]]:
+    """(predicted start in epoch seconds or None, Slurm's words) for each candidate."""
+    sections = split_sections(stdout)
+    clock = parse_clock(sections["clock"].text)
+    out = []
+    for i in range(count):
+        text = sections.get(f"test{i}")
+        words = " ".join(text.text.split()) if text else "no answer"
+        match = _START_AT.search(words)
+        out.append((clock.to_epoch(match.group(1)) if match else None, words))
+    return out
+
+
+def parse_submit(stdout: str) -> SubmitResult:
+    for i, line in enumerate(stdout.splitlines()):
+        if line.startswith(f"{MARK} submitted "):
+            parts = line.split()
+            return SubmitResult(True, parts[2], len(parts) > 3 and parts[3] == "existing", "")
+        if line.startswith(f"{MARK} rejected"):
+            message = " ".join(stdout.splitlines()[i + 1:]).strip()
+            return SubmitResult(False, None, False, message.removeprefix("sbatch: error: ") or "sbatch failed")
+    raise ProbeParseError("?", f"unexpected answer from sbatch: {stdout.strip()[-300:]!r}")
+
+
+def status_script(tracked_ids: list[str], with_sacct: bool = True) -> str:
+    """All of the user's jobs from one squeue; sacct (if the site has it) for tracked ids squeue forgot."""
+    for job_id in tracked_ids:
+        if not _JOB_ID.match(job_id):
+            raise ValueError(f"not a Slurm job id: {job_id!r}")
+    ids = " ".join(tracked_ids)
+    lines = [
+        CLOCK,
+        f"sq=$(squeue --me -h -r -t all -O '{format_spec(SQUEUE_FIELDS)}' 2>&1); rc=$?",
+        f"printf '\\n{MARK} squeue %s\\n%s\\n' \"$rc\" \"$sq\"",
+    ]
+    if with_sacct and tracked_ids:
+        lines += [
+            "missing=",
+            f"for id in {ids}; do case \"\n$sq\" in *\"\n$id|\"*) ;; *) missing=\"$missing,$id\" ;; esac; done",
+            'if [ -n "$missing" ] && command -v sacct >/dev/null 2>&1; then',
+            f"  printf '\\n{MARK} sacct 0\\n'",
+            f"  sacct -X -n -P -j \"${{missing#,}}\" -o {SACCT_FIELDS} 2>&1 | grep -v 'accounting storage is disabled'",
+            "fi",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _exit_code(raw: str) -> int | None:
+    raw = raw.strip()
+    if ":" in raw:  # sacct: "3:0" (code:signal)
+        code, _, signal = raw.partition(":")
+        if signal.isdigit() and int(signal):
+            return 128 + int(signal)
+        return int(code) if code.isdigit() else None
+    if raw.isdigit():  # squeue: the raw wait status
+        status = int(raw)
+        return 128 + (status & 0x7F) if status & 0x7F else status >> 8
+    return None
+
+
+def _status(fields: list[str], clock: Clock) -> JobStatus:
+    job_id, name, state, reason, submit, start, end, exit_raw, _partition = (f.strip() for f in fields)
+    slurm_state = state.split()[0].rstrip("+") if state else "UNKNOWN"
+    token = name[len(JOB_NAME_PREFIX):] if name.startswith(JOB_NAME_PREFIX) else None
+    corral_state = STATE_MAP.get(slurm_state, "UNKNOWN")
+    return JobStatus(
+        slurm_job_id=job_id,
+        token=token,
+        slurm_state=slurm_state,
+        state=corral_state,
+        reason=None if reason in ("None", "", "(null)") else reason,
+        submitted_at=clock.to_epoch(submit),
+        started_at=clock.to_epoch(start),
+        ended_at=clock.to_epoch(end) if corral_state not in ("PENDING", "STARTING", "RUNNING") else None,
+        exit_code=_exit_code(exit_raw) if corral_state not in ("PENDING", "STARTING", "RUNNING") else None,
+    )
+
+
+def parse_status(cluster: str, stdout: str) -> list[JobStatus]:
+    sections = split_sections(stdout)
+    if "clock" not in sections or "squeue" not in sections:
+        raise ProbeParseError(cluster, "the status query's output is incomplete")
+    clock = parse_clock(sections["clock"].text)
+    squeue = sections["squeue"]
+    if squeue.status != 0:
+        from corral.errors import SlurmControllerError
+
+        raise SlurmControllerError(cluster, f"squeue failed: {' | '.join(squeue.text.splitlines()[-2:])}")
+    out = []
+    for line in squeue.text.splitlines():
+        fields = line.split(FIELD_SEPARATOR)
+        if len(fields) == len(SQUEUE_FIELDS):
+            out.append(_status(fields, clock))
+    seen = {s.slurm_job_id for s in out}
+    for line in sections.get("sacct", None).text.splitlines() if "sacct" in sections else []:
+        fields = line.split("|")
+        if len(fields) == 9 and fields[0] not in seen:
+            out.append(_status(fields, clock))
+    return out
+
+
+def cancel_script(job_ids: list[str]) -> str:
+    for job_id in job_ids:
+        if not _JOB_ID.match(job_id):
+            raise ValueError(f"not a Slurm job id: {job_id!r}")
+    return f"scancel {' '.join(job_ids)} 2>&1 | grep -v 'already completed' ; exit 0\n"
+
+
+def follow_script(log_path: str, slurm_job_id: str, follow: bool) -> str:
+    """Print a job's log; with `follow`, keep printing until the job has ended."""
+    if not _JOB_ID.match(slurm_job_id):
+        raise ValueError(f"not a Slurm job id: {slurm_job_id!r}")
+    path = f'"$HOME"/{shlex.quote(log_path)}'
+    if not follow:
+        return f"cat {path} 2>/dev/null; exit 0\n"
+    alive = f"squeue -h -j {slurm_job_id} -t PD,CF,R,CG,S,RQ,RS,RH,SO -o %T 2>/dev/null | grep -q ."
+    return (
+        f"f={path}\n"
+        f'while [ ! -e "$f" ] && {alive}; do sleep 1; done\n'
+        '[ -e "$f" ] || exit 0\n'
+        'tail -n +1 -F "$f" 2>/dev/null & t=$!\n'
+        f"while {alive}; do sleep 2; done\n"
+        "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n"
+    )
+
+
+class SlurmJobs:
+    """Job operations on one cluster."""
+
+    def __init__(self, cluster: str, transport: SshTransport, timeout: float = 30):
+        self.cluster = cluster
+        self.transport = transport
+        self.timeout = timeout
+
+    async def predict(self, specs: list[SlurmJobSpec]) -> list[tuple[float | None, str]]:
+        if not specs:
+            return []
+        result = await self.transport.run(self.cluster, test_only_script(specs), timeout=self.timeout)
+        return parse_test_only(result.stdout, len(specs))
+
+    async def submit(self, spec: SlurmJobSpec) -> SubmitResult:
+        result = await self.transport.run(self.cluster, submit_script(spec), timeout=self.timeout)
+        try:
+            return parse_submit(result.stdout)
+        except ProbeParseError as exc:
+            raise ProbeParseError(self.cluster, exc.detail) from None
+
+    async def status(self, tracked_ids: list[str]) -> list[JobStatus]:
+        result = await self.transport.run(self.cluster, status_script(tracked_ids), timeout=self.timeout)
+        return parse_status(self.cluster, result.stdout)
+
+    async def cancel(self, job_ids: list[str]) -> None:
+        if job_ids:
+            await self.transport.run(self.cluster, cancel_script(job_ids), timeout=self.timeout)

@@ -1,0 +1,200 @@
+"""The files a Corral job consists of on a Slurm cluster, and the script that submits them.
+
+A job's run directory (`~/.corral/runs/<token>/`) holds:
+- `job.sbatch`: the batch script (golden-file tested): sbatch options, the CORRAL_*/SKYPILOT_*
+  environment, and one `srun` step across the allocation running `task.sh` on every node;
+- `task.sh`: per node: rank, then `setup.sh`, then `run.sh`, from the job's `workdir/`;
+- `env.sh`: the task's envs, each value quoted with shlex.quote, so it arrives byte for byte;
+- `setup.sh`, `run.sh`: the user's commands, verbatim; `task_ids` for job arrays.
+
+Nothing is installed on the cluster: bash, coreutils, getent and the Slurm commands are all it needs.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from dataclasses import dataclass, field
+
+RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
+JOB_NAME_PREFIX = "corral-"
+
+
+@dataclass(frozen=True)
+class SlurmJobSpec:
+    """Everything needed to write and submit one sbatch job (or one job array)."""
+
+    token: str
+    task_ids: tuple[str, ...]  # one Corral job id per array task (one element: no array)
+    cluster: str
+    partition: str
+    num_nodes: int
+    gres: str | None  # e.g. "gpu:nvidia_h100_80gb_hbm3:2"
+    gpus_per_node: int
+    cpus_per_node: int | None
+    memory_mb: int | None
+    envs: dict[str, str]
+    setup: str | None
+    run: str | None
+    time: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    reservation: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    first_rank: int = 0  # CORRAL_JOB_RANK of array task 0
+    num_jobs: int = 1  # CORRAL_NUM_JOBS
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_array(self) -> bool:
+        return len(self.task_ids) > 1
+
+    @property
+    def job_name(self) -> str:
+        return JOB_NAME_PREFIX + self.token
+
+    @property
+    def run_dir(self) -> str:
+        return f"{RUNS_DIR}/{self.token}"
+
+    def log_path(self, index: int | None = None) -> str:
+        return f"{self.run_dir}/log-{index}.txt" if index is not None else f"{self.run_dir}/log.txt"
+
+
+def new_token() -> str:
+    return secrets.token_hex(6)
+
+
+def sbatch_options(spec: SlurmJobSpec) -> list[str]:
+    """The job's sbatch options (also used for `sbatch --test-only`)."""
+    opts = [
+        f"--nodes={spec.num_nodes}",
+        "--ntasks-per-node=1",
+        f"--partition={spec.partition}",
+    ]
+    if spec.gres:
+        opts.append(f"--gres={spec.gres}")
+    if spec.cpus_per_node:
+        opts.append(f"--cpus-per-task={spec.cpus_per_node}")
+    if spec.memory_mb:
+        opts.append(f"--mem={spec.memory_mb}M")
+    for flag, value in (("time", spec.time), ("account", spec.account), ("qos", spec.qos),
+                        ("constraint", spec.constraint), ("reservation", spec.reservation)):
+        if value:
+            opts.append(f"--{flag}={value}")
+    opts.extend(spec.sbatch_args)
+    return opts
+
+
+def render_sbatch(spec: SlurmJobSpec) -> str:
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.job_name}"]
+    lines += [f"#SBATCH {opt}" for opt in sbatch_options(spec)]
+    if spec.is_array:
+        lines += [f"#SBATCH --array=0-{len(spec.task_ids) - 1}", "#SBATCH --output=log-%a.txt"]
+    else:
+        lines.append("#SBATCH --output=log.txt")
+    lines.append("#SBATCH --open-mode=append")
+    env = {
+        "CORRAL_CLUSTER": spec.cluster,
+        "CORRAL_NUM_GPUS_PER_NODE": str(spec.gpus_per_node),
+        "CORRAL_NUM_JOBS": str(spec.num_jobs),
+        **spec.extra_env,
+    }
+    lines += [
+        "# Written by Corral. Runs setup then run on every node, in one srun step.",
+        "set -u",
+        'export CORRAL_RUN_DIR="$SLURM_SUBMIT_DIR"',
+        "cd \"$CORRAL_RUN_DIR\"",
+        ". ./env.sh",
+    ]
+    if spec.is_array:
+        lines += [
+            'export CORRAL_TASK_ID="$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" task_ids)"',
+            f"export CORRAL_JOB_RANK=$(({spec.first_rank} + SLURM_ARRAY_TASK_ID))",
+        ]
+    else:
+        lines += [
+            f"export CORRAL_TASK_ID={shlex.quote(spec.task_ids[0])}",
+            f"export CORRAL_JOB_RANK={spec.first_rank}",
+        ]
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
+    lines += [
+        'export CORRAL_NUM_NODES="$SLURM_JOB_NUM_NODES"',
+        "# Node addresses in rank order (Slurm's NodeAddr, resolved to an IPv4 address where possible).",
+        "CORRAL_NODE_IPS=",
+        'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
+        '  addr=$(scontrol show node -o "$node" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")',
+        '  ip=$(getent ahostsv4 "${addr:-$node}" 2>/dev/null | awk "NR == 1 {print \\$1}")',
+        '  CORRAL_NODE_IPS="${CORRAL_NODE_IPS:+$CORRAL_NODE_IPS$\'\\n\'}${ip:-${addr:-$node}}"',
+        "done",
+        "export CORRAL_NODE_IPS",
+        'export SKYPILOT_TASK_ID="$CORRAL_TASK_ID" SKYPILOT_NODE_IPS="$CORRAL_NODE_IPS"',
+        'export SKYPILOT_NUM_NODES="$CORRAL_NUM_NODES" SKYPILOT_NUM_GPUS_PER_NODE="$CORRAL_NUM_GPUS_PER_NODE"',
+        f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash \"$CORRAL_RUN_DIR/task.sh\"",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+TASK_SH = """\
+# Written by Corral: runs on every node of the job.
+set -u
+export CORRAL_NODE_RANK="$SLURM_NODEID" SKYPILOT_NODE_RANK="$SLURM_NODEID"
+cd "$CORRAL_RUN_DIR/workdir"
+if [ -s "$CORRAL_RUN_DIR/setup.sh" ]; then
+  bash "$CORRAL_RUN_DIR/setup.sh"
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "corral: setup failed on $(hostname) with exit code $rc" >&2
+    exit "$rc"
+  fi
+fi
+exec bash "$CORRAL_RUN_DIR/run.sh"
+"""
+
+
+def render_env(envs: dict[str, str]) -> str:
+    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in envs.items())
+
+
+def job_files(spec: SlurmJobSpec) -> dict[str, str]:
+    files = {
+        "job.sbatch": render_sbatch(spec),
+        "task.sh": TASK_SH,
+        "env.sh": render_env(spec.envs),
+        "setup.sh": spec.setup or "",
+        "run.sh": spec.run or "",
+    }
+    if spec.is_array:
+        files["task_ids"] = "".join(f"{tid}\n" for tid in spec.task_ids)
+    return files
+
+
+def write_files_script(run_dir: str, files: dict[str, str]) -> str:
+    """Bash that creates the run directory and writes each file exactly (quoted heredocs)."""
+    out = [f'd="$HOME"/{shlex.quote(run_dir)}', 'mkdir -p "$d/workdir"']
+    for name, content in files.items():
+        delimiter = "CORRAL_EOF_" + secrets.token_hex(8)
+        while delimiter in content:
+            delimiter = "CORRAL_EOF_" + secrets.token_hex(8)
+        if content and not content.endswith("\n"):
+            # A heredoc always ends with a newline; strip it again so the file is byte-exact.
+            out.append(f"head -c -1 > \"$d\"/{shlex.quote(name)} <<'{delimiter}'\n{content}\n{delimiter}")
+        else:
+            out.append(f"cat > \"$d\"/{shlex.quote(name)} <<'{delimiter}'\n{content}{delimiter}")
+    return "\n".join(out) + "\n"
+
+
+def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None) -> str:
+    """Write the job's files and submit it, unless a job with its token already exists (idempotent)."""
+    files = job_files(spec) if files is None else files
+    return (
+        "umask 077\n"
+        + write_files_script(spec.run_dir, files)
+        + 'cd "$d" || exit 1\n'
+        + f"existing=$(squeue -h --me -t all --name={shlex.quote(spec.job_name)} -o %A 2>/dev/null | head -n 1)\n"
+        + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
+        + 'out=$(sbatch --parsable job.sbatch 2>"$d/sbatch.err"); rc=$?\n'
+        + 'if [ "$rc" -eq 0 ]; then echo "@@corral submitted ${out%%;*} new"; '
+        + 'else echo "@@corral rejected $rc"; cat "$d/sbatch.err"; fi\n'
+    )

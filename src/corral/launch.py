@@ -1,0 +1,232 @@
+"""`corral launch`: probe, plan, predict, submit with failover, record.
+
+Submission is idempotent: each attempt's token is written to the state store before anything reaches
+Slurm and is part of the Slurm job name (`corral-<token>`). If the process dies between sbatch and
+recording the job id, the next refresh finds the job by its name and adopts it; a retried submit of
+the same attempt finds it too and does not submit twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.client import Client, ProbeOutcome
+from corral.errors import ClusterError, CorralError
+from corral.infra.slurm.jobs import SlurmJobs
+from corral.infra.slurm.jobscript import SlurmJobSpec, new_token
+from corral.placement import Candidate, Plan, build_plan
+from corral.state import Store
+from corral.state.models import AttemptRow, JobRow
+from corral.task import Task, TaskError, resolved_envs, resource_options
+
+CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
+
+
+class NoFeasibleClusterError(CorralError):
+    pass
+
+
+class LaunchFailedError(CorralError):
+    pass
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_ids: list[str]
+    cluster: str
+    partition: str
+    slurm_job_id: str
+    log_path: str
+    tries: list[tuple[str, str]]  # (infra, why it was skipped)
+
+
+@dataclass
+class LaunchEvents:
+    """Callbacks the CLI uses to tell the user what is happening; all optional."""
+
+    plan: Callable[[Plan], None] = lambda plan: None
+    skipped: Callable[[str, str], None] = lambda infra, why: None
+    submitted: Callable[[Submitted], None] = lambda submitted: None
+
+
+def new_job_id() -> str:
+    return "c-" + secrets.token_hex(4)
+
+
+@dataclass
+class Launcher:
+    client: Client
+    store: Store
+    events: LaunchEvents = field(default_factory=LaunchEvents)
+
+    async def plan(self, task: Task, *, predict_all: bool) -> Plan:
+        options = resource_options(task.resources)
+        pinned = {o.infra.cluster for o in options}
+        clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
+        outcomes: list[ProbeOutcome] = await self.client.probe(clusters)
+        snapshots = {o.cluster: o.snapshot for o in outcomes if o.snapshot}
+        unreachable = {o.cluster: o.error_message or "" for o in outcomes if o.snapshot is None}
+        runtimes = {c: bool(s.container_runtimes) for c, s in snapshots.items()}
+        order = [o.cluster for o in outcomes]
+        plan = build_plan(task, options, snapshots, order, unreachable, runtimes)
+        for option in options:
+            sel = option.infra
+            if sel.partition and sel.cluster in snapshots and not any(
+                    c.cluster == sel.cluster and c.partition == sel.partition for c in plan.candidates):
+                known = ", ".join(p.name for p in snapshots[sel.cluster].partitions)
+                raise NoFeasibleClusterError(f"{sel.cluster}: no partition {sel.partition!r}; partitions: {known}")
+        feasible = plan.feasible()
+        if predict_all or (feasible and not any(c.startable_now for c in feasible)):
+            await self._predict(task, plan, [c for c in feasible if not c.startable_now])
+        now = time.time()
+        plan.candidates = [c.with_prediction(now, "can start now") if c.startable_now else c
+                           for c in plan.candidates]
+        return plan
+
+    async def _predict(self, task: Task, plan: Plan, candidates: list[Candidate]) -> None:
+        by_cluster: dict[str, list[Candidate]] = {}
+        for c in candidates:
+            by_cluster.setdefault(c.cluster, []).append(c)
+
+        async def one(cluster: str, group: list[Candidate]) -> dict[tuple[str, str], tuple[float | None, str]]:
+            specs = [self._spec(task, c, "testonly0000", ("c-test",), {}) for c in group]
+            try:
+                answers = await SlurmJobs(cluster, self.client.transport).predict(specs)
+            except CorralError as exc:
+                return {(c.cluster, c.partition): (None, f"prediction failed: {exc}") for c in group}
+            return {(c.cluster, c.partition): a for c, a in zip(group, answers)}
+
+        results: dict[tuple[str, str], tuple[float | None, str]] = {}
+        for part in await asyncio.gather(*(one(k, v) for k, v in by_cluster.items())):
+            results.update(part)
+        plan.candidates = [c.with_prediction(*results[(c.cluster, c.partition)])
+                           if (c.cluster, c.partition) in results else c for c in plan.candidates]
+
+    def _spec(self, task: Task, candidate: Candidate, token: str, job_ids: tuple[str, ...],
+              envs: dict[str, str], first_rank: int = 0, num_jobs: int = 1) -> SlurmJobSpec:
+        option = candidate.option
+        return SlurmJobSpec(
+            token=token,
+            task_ids=job_ids,
+            cluster=candidate.cluster,
+            partition=candidate.partition,
+            num_nodes=task.num_nodes,
+            gres=candidate.gres,
+            gpus_per_node=option.accelerator.count if option.accelerator else 0,
+            cpus_per_node=math.ceil(option.cpus.value) if option.cpus else None,
+            memory_mb=math.ceil(option.memory_gb.value * 1024) if option.memory_gb else None,
+            envs=envs,
+            setup=task.setup,
+            run=task.run,
+            time=task.slurm.time,
+            account=task.slurm.account,
+            qos=task.slurm.qos,
+            constraint=task.slurm.constraint,
+            reservation=task.slurm.reservation,
+            sbatch_args=tuple(task.slurm.sbatch_args),
+            first_rank=first_rank,
+            num_jobs=num_jobs,
+        )
+
+    async def launch(self, task: Task, source: str, *, num_jobs: int = 1, base_dir: Path | None = None) -> Submitted:
+        envs = resolved_envs(task, source)
+        self._check_local_files(task, base_dir or Path.cwd())
+        plan = await self.plan(task, predict_all=False)
+        self.events.plan(plan)
+        feasible = plan.feasible()
+        if not feasible:
+            raise NoFeasibleClusterError(_no_candidate_message(plan))
+        name = task.name or "task"
+        jobs = [JobRow(id=new_job_id(), name=name, task_json=json.dumps(task.model_dump(mode="json")),
+                       created_at=time.time(), job_rank=i, num_jobs=num_jobs) for i in range(num_jobs)]
+        job_ids = tuple(j.id for j in jobs)
+        tries: list[tuple[str, str]] = []
+        dead_clusters: set[str] = set()
+        recorded = False
+        for number, candidate in enumerate(feasible, start=1):
+            if candidate.cluster in dead_clusters:
+                continue
+            token = new_token()
+            spec = self._spec(task, candidate, token, job_ids, envs, num_jobs=num_jobs)
+            attempts = [
+                AttemptRow(token=token if num_jobs == 1 else f"{token}.{i}", job_id=jid, number=number,
+                           cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",
+                           created_at=time.time(),
+                           run_dir=spec.run_dir, log_path=spec.log_path(i if spec.is_array else None),
+                           array_index=i if spec.is_array else None)
+                for i, jid in enumerate(job_ids)
+            ]
+            if not recorded:
+                self.store.add_jobs(jobs, attempts)
+                recorded = True
+            else:
+                self.store.add_jobs([], attempts)
+            try:
+                await self._sync_files(task, candidate.cluster, spec, base_dir or Path.cwd())
+                result = await SlurmJobs(candidate.cluster, self.client.transport).submit(spec)
+            except ClusterError as exc:
+                why = str(exc)
+                dead_clusters.add(candidate.cluster)
+                self._mark(attempts, state="SUBMIT_FAILED", reason=why, ended_at=time.time())
+                tries.append((candidate.infra, why))
+                self.events.skipped(candidate.infra, why)
+                continue
+            if not result.accepted:
+                why = f"{candidate.cluster}: sbatch rejected the job: {result.message}"
+                self._mark(attempts, state="SUBMIT_FAILED", reason=why, ended_at=time.time())
+                tries.append((candidate.infra, why))
+                self.events.skipped(candidate.infra, why)
+                continue
+            if os.environ.get(CRASH_HOOK_ENV):
+                os._exit(137)
+            assert result.slurm_job_id is not None
+            now = time.time()
+            self.store.update_attempts({
+                a.token: {"slurm_job_id": result.slurm_job_id if not spec.is_array
+                          else f"{result.slurm_job_id}_{a.array_index}",
+                          "state": "PENDING", "submitted_at": now}
+                for a in attempts
+            })
+            submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.slurm_job_id,
+                                  spec.log_path(0 if spec.is_array else None), tries)
+            self.events.submitted(submitted)
+            return submitted
+        details = "; ".join(f"{infra}: {why}" for infra, why in tries)
+        raise LaunchFailedError(f"no cluster accepted the job ({details})")
+
+    def _mark(self, attempts: list[AttemptRow], **fields: object) -> None:
+        self.store.update_attempts({a.token: dict(fields) for a in attempts})
+
+    def _check_local_files(self, task: Task, base: Path) -> None:
+        if task.workdir and not (base / os.path.expanduser(task.workdir)).is_dir():
+            raise TaskError(f"workdir {task.workdir!r} is not a directory (relative to {base})")
+        for remote, local in task.file_mounts.items():
+            if not (base / os.path.expanduser(local)).exists():
+                raise TaskError(f"file_mounts[{remote!r}]: local path {local!r} does not exist")
+
+    async def _sync_files(self, task: Task, cluster: str, spec: SlurmJobSpec, base: Path) -> None:
+        transport = self.client.transport
+        if task.workdir:
+            await transport.rsync(cluster, base / os.path.expanduser(task.workdir), f"{spec.run_dir}/workdir/")
+        for remote, local in task.file_mounts.items():
+            if remote.startswith("/") or remote.startswith("~/"):
+                destination = remote.removeprefix("~/")
+            else:
+                destination = f"{spec.run_dir}/workdir/{remote}"
+            await transport.rsync(cluster, base / os.path.expanduser(local), destination)
+
+
+def _no_candidate_message(plan: Plan) -> str:
+    reasons = [f"{c.infra}: {c.reason}" for c in plan.ranked()]
+    reasons += [f"slurm/{cluster}: {error}" for cluster, error in plan.unreachable.items()]
+    if not reasons:
+        return "no cluster matches the task's infra"
+    return "no cluster can run this task: " + "; ".join(reasons)

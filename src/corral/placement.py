@@ -1,0 +1,213 @@
+"""Placement: which (cluster, partition) can run a task, and which should.
+
+1. Feasibility per (cluster, partition, resource option): GPU type present (tolerant matching), enough
+   nodes of the right shape, CPUs, memory, time limit, container runtime. Infeasible candidates carry
+   the reason.
+2. Ranking, deterministic: can start now (enough free GPUs, CPUs and memory on enough usable nodes)
+   first; then earliest predicted start (`sbatch --test-only`); then no GPUs wasted on a CPU-only
+   task; then queue pressure; then the user's `ordered` preference; then cluster file order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from corral.gpu_names import gpu_matches, normalize_gpu_name
+from corral.infra.base import ClusterSnapshot, Node, Partition
+from corral.task import ResourceOption, Task
+
+GENERIC_GPU = "gpu"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    cluster: str
+    partition: str
+    option: ResourceOption
+    feasible: bool
+    reason: str | None = None
+    gres_type: str | None = None  # the site's GRES type chosen for the request
+    gres: str | None = None  # what goes to --gres
+    free_gpus: int = 0
+    startable_now: bool = False
+    pressure: float = 0.0  # GPUs wanted by pending jobs / GPUs in the partition
+    wastes_gpus: bool = False
+    predicted_start: float | None = None  # epoch seconds, from sbatch --test-only
+    prediction_note: str | None = None
+    cluster_index: int = 0
+    partition_index: int = 0
+
+    def with_prediction(self, start: float | None, note: str | None) -> Candidate:
+        return replace(self, predicted_start=start, prediction_note=note)
+
+    def rank_key(self) -> tuple[object, ...]:
+        return (
+            not self.feasible,
+            not self.startable_now,
+            self.predicted_start if self.predicted_start is not None else math.inf,
+            self.wastes_gpus,
+            round(self.pressure, 3),
+            self.option.preference,
+            self.cluster_index,
+            self.partition_index,
+        )
+
+    @property
+    def infra(self) -> str:
+        return f"slurm/{self.cluster}/{self.partition}"
+
+
+@dataclass
+class Plan:
+    candidates: list[Candidate]
+    unreachable: dict[str, str] = field(default_factory=dict)  # cluster -> error
+
+    def ranked(self) -> list[Candidate]:
+        return sorted(self.candidates, key=Candidate.rank_key)
+
+    def feasible(self) -> list[Candidate]:
+        return [c for c in self.ranked() if c.feasible]
+
+
+def slurm_minutes(text: str | None) -> float | None:
+    """Minutes in a Slurm time string (`90`, `4:00:00`, `2-00:00:00`, `UNLIMITED`); None if unset."""
+    if text is None:
+        return None
+    text = text.strip().upper()
+    if text in ("UNLIMITED", "INFINITE", "NONE"):
+        return math.inf
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+        parts = [int(p) for p in text.split(":")] + [0, 0]
+        hours, minutes, seconds = parts[0], parts[1], parts[2]
+    else:
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:
+            return float(parts[0])
+        if len(parts) == 2:
+            return parts[0] + parts[1] / 60
+        hours, minutes, seconds = parts
+    return days * 1440 + hours * 60 + minutes + seconds / 60
+
+
+def _gpu_pool_types(nodes: list[Node], name: str) -> list[str | None]:
+    types = {p.gres_type for n in nodes for p in n.gpus}
+    if name.lower() == GENERIC_GPU:
+        return sorted(types, key=lambda t: (t is None, t or ""))
+    return sorted(t for t in types if t is not None and gpu_matches(name, t))
+
+
+def _fits(node: Node, gres_type: str | None, gpus: int, cpus: int, memory_mb: int, any_type: bool) -> bool:
+    if gpus:
+        pools = [p for p in node.gpus if any_type or p.gres_type == gres_type]
+        if not any(p.total >= gpus for p in pools):
+            return False
+    return node.cpus_total >= cpus and node.memory_mb >= memory_mb
+
+
+def _free_now(node: Node, gres_type: str | None, gpus: int, cpus: int, memory_mb: int, any_type: bool) -> bool:
+    if not node.usable or node.cpus_free < max(cpus, 1):
+        return False
+    if node.memory_mb - node.memory_alloc_mb < memory_mb:
+        return False
+    if gpus:
+        if any_type:
+            return any(node.gpus_free(p.gres_type) >= gpus for p in node.gpus)
+        return node.gpus_free(gres_type) >= gpus
+    return True
+
+
+def evaluate(
+    task: Task,
+    option: ResourceOption,
+    snapshot: ClusterSnapshot,
+    partition: Partition,
+    cluster_index: int,
+    partition_index: int,
+    has_container_runtime: bool = False,
+) -> Candidate:
+    """One candidate: is it feasible, can it start now, what would it ask Slurm for."""
+    base = Candidate(snapshot.cluster, partition.name, option, feasible=False,
+                     cluster_index=cluster_index, partition_index=partition_index)
+    nodes = snapshot.nodes_in(partition.name)
+    if not partition.up:
+        return replace(base, reason=f"partition is {partition.state}")
+    if not nodes:
+        return replace(base, reason="partition has no nodes")
+    if option.image_id and not has_container_runtime:
+        return replace(base, reason="image_id needs a container runtime (pyxis/enroot, apptainer), none found")
+    limit = slurm_minutes(partition.max_time if partition.max_time != "UNLIMITED" else None)
+    wanted = slurm_minutes(task.slurm.time)
+    if wanted is not None and limit is not None and wanted > limit:
+        return replace(base, reason=f"time {task.slurm.time} exceeds the partition's limit {partition.max_time}")
+    if partition.max_nodes is not None and task.num_nodes > partition.max_nodes:
+        return replace(base, reason=f"{task.num_nodes} nodes exceed the partition's MaxNodes={partition.max_nodes}")
+    cpus = math.ceil(option.cpus.value) if option.cpus else 0
+    memory_mb = math.ceil(option.memory_gb.value * 1024) if option.memory_gb else 0
+    accel = option.accelerator
+    gpus = accel.count if accel else 0
+    any_type = bool(accel and accel.name.lower() == GENERIC_GPU)
+    gres_type: str | None = None
+    if accel:
+        types = _gpu_pool_types(nodes, accel.name)
+        if not types:
+            present = sorted({normalize_gpu_name(p.gres_type) if p.gres_type else GENERIC_GPU
+                              for n in nodes for p in n.gpus})
+            has = f"has {', '.join(present)}" if present else "has no GPUs"
+            return replace(base, reason=f"no {accel.name} GPUs ({has})")
+        # Among matching types, the one with the most free GPUs.
+        gres_type = max(types, key=lambda t: sum(n.gpus_free(t) for n in nodes)) if not any_type else None
+    shaped = [n for n in nodes if _fits(n, gres_type, gpus, cpus, memory_mb, any_type)]
+    if len(shaped) < task.num_nodes:
+        need = f"{task.num_nodes} node(s) with {option.describe()}"
+        return replace(base, reason=f"needs {need}; partition has {len(shaped)}")
+    free_nodes = [n for n in shaped if _free_now(n, gres_type, gpus, cpus, memory_mb, any_type)]
+    partition_gpus = sum(p.total for n in nodes for p in n.gpus if any_type or p.gres_type == gres_type)
+    pending = sum(d.gpus for d in snapshot.pending if partition.name in d.partitions
+                  and (any_type or d.gres_type in (None, gres_type)))
+    free_gpus = sum(n.gpus_free(gres_type) if not any_type else sum(n.gpus_free(p.gres_type) for p in n.gpus)
+                    for n in nodes) if accel else 0
+    if accel:
+        gres = f"gpu:{gres_type}:{gpus}" if gres_type else f"gpu:{gpus}"
+    else:
+        gres = None
+    return replace(
+        base,
+        feasible=True,
+        gres_type=gres_type,
+        gres=gres,
+        free_gpus=free_gpus,
+        startable_now=len(free_nodes) >= task.num_nodes,
+        pressure=pending / partition_gpus if partition_gpus else 0.0,
+        wastes_gpus=not accel and any(n.gpus for n in nodes),
+    )
+
+
+def build_plan(
+    task: Task,
+    options: list[ResourceOption],
+    snapshots: dict[str, ClusterSnapshot],
+    cluster_order: list[str],
+    unreachable: dict[str, str] | None = None,
+    container_runtimes: dict[str, bool] | None = None,
+) -> Plan:
+    candidates: list[Candidate] = []
+    runtimes = container_runtimes or {}
+    for option in options:
+        for cluster_index, cluster in enumerate(cluster_order):
+            snapshot = snapshots.get(cluster)
+            if snapshot is None or (option.infra.cluster and option.infra.cluster != cluster):
+                continue
+            for partition_index, partition in enumerate(snapshot.partitions):
+                if option.infra.partition and option.infra.partition != partition.name:
+                    continue
+                candidates.append(evaluate(task, option, snapshot, partition, cluster_index, partition_index,
+                                           runtimes.get(cluster, False)))
+    # One candidate per place: the best option for it (an `ordered` list may name a place twice).
+    best: dict[tuple[str, str], Candidate] = {}
+    for candidate in sorted(candidates, key=Candidate.rank_key):
+        best.setdefault((candidate.cluster, candidate.partition), candidate)
+    return Plan(sorted(best.values(), key=Candidate.rank_key), dict(unreachable or {}))

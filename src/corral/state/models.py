@@ -1,0 +1,42 @@
+"""Tables. A job has a stable Corral id and one or more attempts; an attempt is one Slurm job."""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    task_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    job_rank: Mapped[int] = mapped_column(Integer, default=0)
+    num_jobs: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class AttemptRow(Base):
+    __tablename__ = "attempts"
+
+    token: Mapped[str] = mapped_column(String(64), primary_key=True)  # also in the Slurm job name
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer, default=1)
+    cluster: Mapped[str] = mapped_column(String(256))
+    partition: Mapped[str] = mapped_column(String(256))
+    slurm_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # "123" or "123_4"
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    created_at: Mapped[float] = mapped_column(Float, default=0.0)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    run_dir: Mapped[str] = mapped_column(Text)  # on the cluster, relative to the user's home
+    log_path: Mapped[str] = mapped_column(Text)  # on the cluster, relative to the user's home
+    submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)

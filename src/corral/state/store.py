@@ -1,0 +1,119 @@
+"""The state store. Every write commits at once: a crash loses nothing that was acknowledged."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from corral.config import corral_home
+from corral.errors import CorralError
+from corral.state.models import AttemptRow, Base, JobRow
+
+DB_URL_ENV = "CORRAL_DB_URL"
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "SUBMIT_FAILED", "LOST"})
+
+
+class JobNotFoundError(CorralError):
+    pass
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job with its current (latest) attempt."""
+
+    job: JobRow
+    attempt: AttemptRow
+
+
+def default_url() -> str:
+    url = os.environ.get(DB_URL_ENV)
+    if url:
+        return url
+    home = corral_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'state.db'}"
+
+
+def open_store(url: str | None = None) -> Store:
+    return Store(url or default_url())
+
+
+class Store:
+    def __init__(self, url: str):
+        self.url = url
+        self.engine: Engine = create_engine(url, future=True)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def session(self) -> Session:
+        return self._sessions()
+
+    def add_jobs(self, jobs: Iterable[JobRow], attempts: Iterable[AttemptRow]) -> None:
+        """Record jobs and their first attempts (state SUBMITTING) before anything reaches Slurm."""
+        with self.session() as s, s.begin():
+            s.add_all(list(jobs))
+            s.flush()
+            s.add_all(list(attempts))
+
+    def update_attempt(self, token: str, **fields: object) -> None:
+        with self.session() as s, s.begin():
+            row = s.get(AttemptRow, token)
+            if row is None:
+                raise JobNotFoundError(f"no attempt {token}")
+            for key, value in fields.items():
+                setattr(row, key, value)
+
+    def update_attempts(self, updates: dict[str, dict[str, object]]) -> None:
+        if not updates:
+            return
+        with self.session() as s, s.begin():
+            for row in s.scalars(select(AttemptRow).where(AttemptRow.token.in_(list(updates)))):
+                for key, value in updates[row.token].items():
+                    setattr(row, key, value)
+
+    def views(self, job_ids: Iterable[str] | None = None) -> list[JobView]:
+        """Jobs with their latest attempt, oldest first."""
+        with self.session() as s:
+            query = select(JobRow).order_by(JobRow.created_at, JobRow.job_rank)
+            if job_ids is not None:
+                query = query.where(JobRow.id.in_(list(job_ids)))
+            jobs = list(s.scalars(query))
+            attempts = list(s.scalars(select(AttemptRow).where(AttemptRow.job_id.in_([j.id for j in jobs]))))
+        latest: dict[str, AttemptRow] = {}
+        for attempt in attempts:
+            if attempt.job_id not in latest or attempt.number > latest[attempt.job_id].number:
+                latest[attempt.job_id] = attempt
+        return [JobView(j, latest[j.id]) for j in jobs if j.id in latest]
+
+    def active_attempts(self) -> list[AttemptRow]:
+        with self.session() as s:
+            return list(s.scalars(select(AttemptRow).where(AttemptRow.state.not_in(TERMINAL_STATES))))
+
+    def resolve(self, job_ref: str) -> JobView:
+        """A job by id or unique id prefix, or by name if unique."""
+        views = self.views()
+        exact = [v for v in views if v.job.id == job_ref]
+        if exact:
+            return exact[0]
+        prefixed = [v for v in views if v.job.id.startswith(job_ref)] or [v for v in views if v.job.name == job_ref]
+        if len(prefixed) == 1:
+            return prefixed[0]
+        if not prefixed:
+            raise JobNotFoundError(f"no job {job_ref!r}; see `corral queue` for job ids")
+        ids = ", ".join(v.job.id for v in prefixed[:5])
+        raise JobNotFoundError(f"{job_ref!r} matches several jobs ({ids}…); give more of the id")
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()

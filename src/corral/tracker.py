@@ -1,0 +1,124 @@
+"""Keeping the state store in step with Slurm: refresh, cancel, logs.
+
+A refresh costs one SSH round trip per cluster that has live jobs, whatever their number: one
+`squeue --me` for all of the user's jobs (plus `sacct`, in the same script, for jobs squeue has
+forgotten on sites with accounting). Jobs are matched to attempts by their Slurm job name
+(`corral-<token>`), which is also how a submission interrupted before its id was recorded is found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from corral.client import Client
+from corral.errors import CorralError
+from corral.infra.slurm.jobs import JobStatus, SlurmJobs, follow_script
+from corral.state import Store
+from corral.state.models import AttemptRow
+from corral.state.store import TERMINAL_STATES, JobView
+
+SUBMIT_GRACE_SECONDS = 120  # an attempt still SUBMITTING after this, and unknown to Slurm, never got there
+
+
+@dataclass(frozen=True)
+class RefreshReport:
+    errors: dict[str, str]  # cluster -> why it could not be refreshed
+    round_trips: dict[str, int]
+
+
+class Tracker:
+    def __init__(self, client: Client, store: Store):
+        self.client = client
+        self.store = store
+
+    async def refresh(self) -> RefreshReport:
+        active = self.store.active_attempts()
+        by_cluster: dict[str, list[AttemptRow]] = {}
+        for attempt in active:
+            by_cluster.setdefault(attempt.cluster, []).append(attempt)
+        known = set(self.client.registry.names())
+        errors: dict[str, str] = {}
+        before = dict(self.client.transport.round_trips)
+
+        async def one(cluster: str, attempts: list[AttemptRow]) -> None:
+            if cluster not in known:
+                errors[cluster] = f"cluster {cluster!r} is no longer in {self.client.registry.path}"
+                return
+            ids = [a.slurm_job_id for a in attempts if a.slurm_job_id]
+            try:
+                statuses = await SlurmJobs(cluster, self.client.transport).status(ids)
+            except CorralError as exc:
+                errors[cluster] = str(exc)
+                return
+            self.store.update_attempts(_updates(attempts, statuses))
+
+        await asyncio.gather(*(one(c, a) for c, a in by_cluster.items()))
+        trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
+                 if n - before.get(c, 0)}
+        return RefreshReport(errors, trips)
+
+    async def cancel(self, views: list[JobView]) -> list[JobView]:
+        """Cancel live jobs (one scancel per cluster); returns those that were live."""
+        live = [v for v in views if v.attempt.state not in TERMINAL_STATES]
+        by_cluster: dict[str, list[JobView]] = {}
+        for view in live:
+            by_cluster.setdefault(view.attempt.cluster, []).append(view)
+
+        async def one(cluster: str, group: list[JobView]) -> None:
+            ids = [v.attempt.slurm_job_id for v in group if v.attempt.slurm_job_id]
+            await SlurmJobs(cluster, self.client.transport).cancel(ids)
+            now = time.time()
+            self.store.update_attempts({v.attempt.token: {"state": "CANCELLED", "reason": "cancelled by user",
+                                                          "ended_at": now} for v in group})
+
+        await asyncio.gather(*(one(c, g) for c, g in by_cluster.items()))
+        return live
+
+    async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None]) -> None:
+        attempt = view.attempt
+        if not attempt.slurm_job_id:
+            raise CorralError(f"{view.job.id} has not reached Slurm yet ({attempt.state}); no logs")
+        script = follow_script(attempt.log_path, attempt.slurm_job_id, follow)
+        await self.client.transport.stream(attempt.cluster, script, on_output)
+
+
+def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str, dict[str, object]]:
+    by_id = {s.slurm_job_id: s for s in statuses}
+    by_name: dict[str, JobStatus] = {}
+    for status in statuses:
+        if status.token:
+            index = status.slurm_job_id.partition("_")[2]
+            by_name[f"{status.token}.{index}" if index else status.token] = status
+    now = time.time()
+    updates: dict[str, dict[str, object]] = {}
+    for attempt in attempts:
+        status = by_id.get(attempt.slurm_job_id or "") or by_name.get(attempt.token)
+        if status is None:
+            if attempt.slurm_job_id is None:
+                if now - attempt.created_at > SUBMIT_GRACE_SECONDS:
+                    updates[attempt.token] = {"state": "SUBMIT_FAILED", "ended_at": now,
+                                              "reason": "interrupted before Slurm accepted the job"}
+            else:
+                updates[attempt.token] = {"state": "LOST", "ended_at": now,
+                                          "reason": "Slurm no longer knows this job (purged after MinJobAge; "
+                                                    "the cluster has no accounting)"}
+            continue
+        fields: dict[str, object] = {
+            "state": status.state,
+            "reason": status.reason if status.state not in ("SUCCEEDED",) else None,
+            "submitted_at": status.submitted_at or attempt.submitted_at,
+            "started_at": status.started_at,
+            "ended_at": status.ended_at,
+            "exit_code": status.exit_code,
+        }
+        if attempt.slurm_job_id is None:  # adopted after an interrupted submission
+            fields["slurm_job_id"] = status.slurm_job_id
+        if attempt.state == "CANCELLED" and status.state in ("PENDING", "STARTING", "RUNNING"):
+            fields["state"] = "CANCELLED"  # scancel sent; Slurm has not caught up yet
+        if status.slurm_state != "COMPLETED" and status.state == "FAILED" and not status.reason:
+            fields["reason"] = status.slurm_state
+        updates[attempt.token] = fields
+    return updates
