@@ -145,6 +145,8 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
         )
         if node.gres:
             line += f" Gres={node.gres}"
+        if node.features:
+            line += f" Features={node.features}"
         lines.append(line)
     for part in spec.partitions:
         line = f"PartitionName={part.name} MaxTime={part.max_time} DefaultTime={part.default_time} State=UP"

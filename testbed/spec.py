@@ -24,6 +24,7 @@ class NodeSpec:
     gpu_type: str | None = None  # None with gpus > 0 means untyped GRES (gpu:N)
     gpus: int = 0
     gpu_cores: str | None = None  # gres.conf Cores=, which sinfo shows as (S:0-1)
+    features: str | None = None  # node features, for --constraint
 
     @property
     def cpus(self) -> int:
@@ -100,8 +101,8 @@ def default_clusters() -> tuple[ClusterSpec, ...]:
         dbd_port=47119,
         db_port=47106,
         nodes=(
-            NodeSpec("b1", 47131, sockets=2, gpu_type="H100", gpus=8, gpu_cores="0-15"),
-            NodeSpec("b2", 47132, sockets=2, gpu_type="H100", gpus=8, gpu_cores="0-15"),
+            NodeSpec("b1", 47131, sockets=2, gpu_type="H100", gpus=8, gpu_cores="0-15", features="ib"),
+            NodeSpec("b2", 47132, sockets=2, gpu_type="H100", gpus=8, gpu_cores="0-15", features="ib"),
             NodeSpec("b3", 47133, gpu_type="l40s", gpus=4),
         ),
         partitions=(

@@ -193,7 +193,7 @@ class Task(BaseModel):
     @classmethod
     def _env_names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key in value:
-            if not _ENV_NAME.match(key):
+            if not _ENV_NAME.match(key) or key == "_":
                 raise ValueError(f"invalid environment variable name {key!r}")
         return value
 

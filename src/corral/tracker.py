@@ -95,7 +95,8 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str,
     now = time.time()
     updates: dict[str, dict[str, object]] = {}
     for attempt in attempts:
-        status = by_id.get(attempt.slurm_job_id or "") or by_name.get(attempt.token)
+        # By name first: tokens are unique, while job ids restart when a cluster's state is reset.
+        status = by_name.get(attempt.token) or by_id.get(attempt.slurm_job_id or "")
         if status is None:
             if attempt.slurm_job_id is None:
                 if now - attempt.created_at > SUBMIT_GRACE_SECONDS:

@@ -165,7 +165,12 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
             for plan in plans:
                 render.render_plan(plan, full=True)
         return
-    results = [asyncio.run(launcher.launch(task, source, num_jobs=num_jobs)) for task, source in tasks]
+    from pathlib import Path
+
+    # Relative workdir and file_mounts paths are relative to the task file, as in the file itself.
+    results = [asyncio.run(launcher.launch(task, source, num_jobs=num_jobs,
+                                           base_dir=Path(source).parent if source != "command line" else None))
+               for task, source in tasks]
     if as_json:
         out = [render.submitted_json(r) for r in results]
         _print_json(out[0] if len(out) == 1 else out)

@@ -1,0 +1,253 @@
+"""`corral launch`, `queue`, `logs`, `cancel` against the real testbed over real SSH."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.helpers import job_state, ssh_login
+
+
+def launch(corral, *args: str, env=None) -> dict:
+    result = corral("launch", "-d", "--json", *args, env=env)
+    assert result.exit_code == 0, result.stderr
+    return result.json()
+
+
+def queue(corral, env=None) -> dict[str, dict]:
+    result = corral("queue", "--json", "--all", env=env)
+    assert result.exit_code == 0, result.stderr
+    return {job["job_id"]: job for job in result.json()}
+
+
+def wait_state(corral, job_id: str, states: set[str], timeout: float = 60) -> dict:
+    return wait_for(f"{job_id} to reach {states}",
+                    lambda: (job := queue(corral).get(job_id)) and job["state"] in states and job, timeout)
+
+
+@pytest.fixture
+def clean_queues(testbed):
+    yield
+    for spec in testbed.clusters:
+        subprocess.run(["ssh", "-F", str(testbed.cluster_config), spec.name, "scancel -u corral-test"],
+                       capture_output=True)
+
+
+@pytest.fixture
+def alpine_h100_full(testbed, clean_queues):
+    """Every H100 of alpine taken by a job submitted outside Corral."""
+    job = ssh_login(testbed.cluster_config, "alpine",
+                    "sbatch --parsable -p gpu -N2 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 600'").strip()
+    wait_for("alpine's H100s to be taken", lambda: job_state(testbed.cluster_config, "alpine", job) == "RUNNING")
+    yield job
+
+
+def test_gpus_only_one_cluster_has(corral, clean_queues):
+    submitted = launch(corral, "--gpus", "B300:1", "--", "true")
+    assert (submitted["cluster"], submitted["partition"]) == ("cirrus", "b300")
+    assert submitted["job_id"].startswith("c-") and submitted["slurm_job_id"].isdigit()
+    job = wait_state(corral, submitted["job_id"], {"SUCCEEDED", "FAILED"})
+    assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0
+
+
+def test_more_gpus_than_free_on_the_first_cluster(corral, alpine_h100_full):
+    plan = corral("launch", "--dryrun", "--json", "--gpus", "H100:4", "--", "true").json()
+    by_place = {(c["cluster"], c["partition"]): c for c in plan}
+    assert by_place[("alpine", "gpu")]["free_gpus"] == 0 and not by_place[("alpine", "gpu")]["can_start_now"]
+    assert by_place[("borealis", "h100-cluster")]["chosen"] is True
+    submitted = launch(corral, "--gpus", "H100:4", "--", "true")
+    assert submitted["cluster"] == "borealis"
+
+
+def test_nothing_free_anywhere_goes_to_the_earliest_predicted_start(corral, testbed, alpine_h100_full):
+    # borealis: fill its H100s with a job that ends sooner than alpine's.
+    job = ssh_login(testbed.cluster_config, "borealis",
+                    "sbatch --parsable -p h100-cluster -N2 --gres=gpu:H100:8 -t 30 --wrap 'sleep 600'").strip()
+    wait_for("borealis' H100s to be taken", lambda: job_state(testbed.cluster_config, "borealis", job) == "RUNNING")
+    plan = corral("launch", "--dryrun", "--json", "--gpus", "H100:4", "--", "true").json()
+    feasible = [c for c in plan if c["feasible"]]
+    assert all(not c["can_start_now"] and c["predicted_start"] for c in feasible)
+    chosen = next(c for c in plan if c["chosen"])
+    assert chosen["cluster"] == "borealis"  # its job ends in 30 min; alpine's has the 1 h default
+    assert chosen["predicted_start"] == min(c["predicted_start"] for c in feasible)
+
+
+def test_pinned_with_infra(corral, clean_queues):
+    submitted = launch(corral, "--infra", "slurm/cirrus/debug", "--", "true")
+    assert (submitted["cluster"], submitted["partition"]) == ("cirrus", "debug")
+    bad = corral("launch", "-d", "--infra", "slurm/cirrus/nope", "--", "true")
+    assert bad.exit_code == 1 and "cirrus: no partition 'nope'; partitions: b300, debug, maint" in bad.stderr
+
+
+def test_stopped_controller_fails_over_and_says_why(corral, testbed, clean_queues):
+    testbed.stop_controller("alpine")
+    try:
+        result = corral("launch", "-d", "--gpus", "H100:1", "--", "true")
+    finally:
+        testbed.start_controller("alpine")
+    assert result.exit_code == 0, result.stderr
+    assert "alpine: Slurm controller is down" in result.stderr
+    assert "submitted to slurm/borealis/h100-cluster" in result.stderr
+
+
+def test_rejected_submission_fails_over_at_once(corral, clean_queues, tmp_path):
+    # Only borealis' nodes have the feature "ib": alpine ranks first, its sbatch says no.
+    task = tmp_path / "ib.yaml"
+    task.write_text("resources:\n  accelerators: gpu:1\nslurm:\n  constraint: ib\nrun: echo on-ib\n")
+    result = corral("launch", "-d", "--json", str(task))
+    assert result.exit_code == 0, result.stderr
+    submitted = result.json()
+    assert submitted["cluster"] == "borealis"
+    skipped = {s["infra"]: s["reason"] for s in submitted["skipped"]}
+    assert "Invalid feature specification" in skipped["slurm/alpine/gpu"]
+
+
+def test_two_node_task_sees_its_environment_on_both_nodes(corral, clean_queues):
+    script = ('echo "rank=$CORRAL_NODE_RANK host=$(hostname) n=$CORRAL_NUM_NODES gpus=$CORRAL_NUM_GPUS_PER_NODE '
+              'ips=$(echo $CORRAL_NODE_IPS | tr " " ,) id=$CORRAL_TASK_ID sky=$SKYPILOT_NODE_RANK '
+              'cluster=$CORRAL_CLUSTER"')
+    result = corral("launch", "--gpus", "B300:2", "--num-nodes", "2", "--", script)
+    assert result.exit_code == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
+    job_id = next(word.split("=")[1] for word in lines[0].split() if word.startswith("id="))
+    assert lines == [
+        f"rank=0 host=c1 n=2 gpus=2 ips=127.0.0.1,127.0.0.1 id={job_id} sky=0 cluster=cirrus",
+        f"rank=1 host=c2 n=2 gpus=2 ips=127.0.0.1,127.0.0.1 id={job_id} sky=1 cluster=cirrus",
+    ]
+    assert f"{job_id} SUCCEEDED on slurm/cirrus/b300" in result.stderr
+
+
+def test_exit_code_and_setup_failure(corral, clean_queues, tmp_path):
+    assert corral("launch", "--infra", "slurm/alpine/cpu", "--", "exit 7").exit_code == 7
+    task = tmp_path / "t.yaml"
+    task.write_text("setup: exit 5\nrun: echo never\nresources:\n  infra: slurm/alpine/cpu\n")
+    result = corral("launch", str(task))
+    assert result.exit_code == 5
+    assert "corral: setup failed on a3 with exit code 5" in result.stdout and "never" not in result.stdout
+
+
+def test_logs_follow_a_running_job_and_cancel_stops_it(corral, corral_env, clean_queues):
+    submitted = launch(corral, "--infra", "slurm/cirrus/debug", "--",
+                       "for i in 1 2 3; do echo line-$i; sleep 1; done; sleep 600")
+    job_id = submitted["job_id"]
+    follower = subprocess.Popen([sys.executable, "-m", "corral", "logs", "-f", job_id], env=corral_env,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout is not None
+        seen = [follower.stdout.readline().strip() for _ in range(3)]
+        assert seen == ["line-1", "line-2", "line-3"]
+        assert queue(corral)[job_id]["state"] == "RUNNING"  # followed while running
+        cancelled = corral("cancel", job_id)
+        assert cancelled.exit_code == 0 and cancelled.stdout.strip() == f"{job_id}: cancelled"
+        assert follower.wait(timeout=30) == 0  # the follower ends when the job does
+    finally:
+        follower.kill()
+    job = wait_state(corral, job_id, {"CANCELLED"})
+    assert job["state"] == "CANCELLED"
+    assert corral("cancel", job_id).stdout.strip() == f"{job_id}: already cancelled"
+    assert corral("logs", job_id).stdout.splitlines()[:3] == ["line-1", "line-2", "line-3"]
+
+
+def test_queue_matches_slurm_on_every_cluster_with_one_query_each(corral, corral_env, testbed, clean_queues, tmp_path):
+    jobs = {
+        "alpine": launch(corral, "--infra", "slurm/alpine/cpu", "--", "sleep 600"),
+        "borealis": launch(corral, "--infra", "slurm/borealis", "--gpus", "H100:8", "--num-nodes", "2", "--",
+                           "sleep 600"),
+        "cirrus": launch(corral, "--infra", "slurm/cirrus/debug", "--", "exit 3"),
+    }
+    extra = launch(corral, "--infra", "slurm/borealis", "--gpus", "H100:8", "--num-nodes", "2", "--", "true")
+    wait_state(corral, jobs["cirrus"]["job_id"], {"FAILED"})
+    wait_state(corral, jobs["alpine"]["job_id"], {"RUNNING"})
+    # Count ssh processes through a PATH shim: one per cluster with live jobs.
+    shim_dir = tmp_path / "bin"
+    shim_dir.mkdir()
+    log = tmp_path / "calls"
+    (shim_dir / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec /usr/bin/ssh "$@"\n')
+    (shim_dir / "ssh").chmod(0o755 | stat.S_IXUSR)
+    env = {**corral_env, "PATH": f"{shim_dir}{os.pathsep}{os.environ['PATH']}"}
+    listed = queue(corral, env=env)
+    calls = sorted(line.split(" -- ")[1].split()[0] for line in log.read_text().splitlines())
+    assert calls == ["alpine", "borealis"]  # cirrus' only job has ended: nothing to ask there
+    slurm_state = {"RUNNING": "RUNNING", "PENDING": "PENDING", "FAILED": "FAILED"}
+    for cluster, submitted in [*jobs.items(), ("borealis", extra)]:
+        row = listed[submitted["job_id"]]
+        assert row["cluster"] == cluster and row["slurm_job_id"] == submitted["slurm_job_id"]
+        truth = job_state(testbed.cluster_config, cluster, submitted["slurm_job_id"])
+        assert slurm_state[row["state"]] == truth, (row, truth)
+    assert listed[extra["job_id"]]["state"] == "PENDING"
+    wait_for("the Slurm pending reason", lambda: queue(corral)[extra["job_id"]]["reason"] == "Resources")
+    assert listed[jobs["cirrus"]["job_id"]]["exit_code"] == 3
+
+
+def test_crash_between_sbatch_and_the_database_write(corral, corral_env, testbed, clean_queues):
+    crashed = corral("launch", "-d", "--infra", "slurm/cirrus/debug", "--", "sleep 600",
+                     env={**corral_env, "CORRAL_TEST_CRASH_AFTER_SBATCH": "1"})
+    assert crashed.exit_code == 137
+    listed = list(queue(corral).values())
+    assert len(listed) == 1
+    job = listed[0]
+    assert job["slurm_job_id"] and job["state"] in ("PENDING", "RUNNING")
+    in_slurm = ssh_login(testbed.cluster_config, "cirrus", "squeue -h -u corral-test -o '%i %j'").split("\n")
+    corral_jobs = [line for line in in_slurm if "corral-" in line]
+    assert len(corral_jobs) == 1 and corral_jobs[0].split()[0] == job["slurm_job_id"]
+
+
+def test_values_arrive_byte_for_byte_through_slurm(corral, testbed, clean_queues):
+    awkward = "it's a \"test\" $(whoami) `id` \\ $HOME\nsecond line\ttab ünïcode"
+    result = corral("launch", "--infra", "slurm/alpine/cpu", "--env", f"AWKWARD={awkward}", "-n", "name $(x) 'q'",
+                    "--", 'printf "%s" "$AWKWARD" > "$CORRAL_TASK_ID.out"')
+    assert result.exit_code == 0, result.stderr
+    job = next(iter(queue(corral).values()))
+    assert job["name"] == "name $(x) 'q'"
+    out = ssh_login(testbed.cluster_config, "alpine", f"cat .corral/runs/*/workdir/{job['job_id']}.out")
+    assert out == awkward
+
+
+def test_workdir_and_file_mounts_are_synced(corral, clean_queues, tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print('hello from workdir')\n")
+    (tmp_path / "data.txt").write_text("mounted data\n")
+    task = tmp_path / "task.yaml"
+    task.write_text(
+        "workdir: src\nfile_mounts:\n  inputs/data.txt: data.txt\n"
+        "resources:\n  infra: slurm/borealis/l40s\nrun: cat train.py inputs/data.txt\n"
+    )
+    result = corral("launch", str(task))
+    assert result.exit_code == 0, result.stderr
+    assert "print('hello from workdir')\nmounted data\n" in result.stdout
+
+
+def test_bad_task_input_is_clear_and_submits_nothing(corral, tmp_path):
+    task = tmp_path / "t.yaml"
+    task.write_text("resources:\n  acelerators: H100:1\nrun: echo\n")
+    result = corral("launch", "-d", str(task))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"corral: error: {task}: invalid task: resources.acelerators: unknown field; did you mean 'accelerators'?")
+    (tmp_path / "img.yaml").write_text("resources:\n  accelerators: H100:1\n  image_id: docker:pytorch\nrun: echo\n")
+    no_runtime = corral("launch", "-d", str(tmp_path / "img.yaml"))
+    assert no_runtime.exit_code == 1
+    assert "image_id needs a container runtime" in no_runtime.stderr
+    impossible = corral("launch", "-d", "--gpus", "H100:16", "--", "true")
+    assert impossible.exit_code == 1
+    assert "slurm/borealis/h100-cluster: needs 1 node(s) with H100:16; partition has 0" in impossible.stderr
+    assert queue(corral) == {}  # nothing was recorded, nothing submitted
+
+
+def test_schema(corral):
+    result = corral("schema")
+    assert result.exit_code == 0 and "accelerators" in result.json()["$defs"]["Resources"]["properties"]
+
+
+def test_dryrun_plan_json(corral):
+    plan = corral("launch", "--dryrun", "--json", "--gpus", "L4:1", "--", "true").json()
+    assert {"cluster", "partition", "feasible", "reason", "free_gpus", "predicted_start", "chosen"} <= set(plan[0])
+    chosen = [c for c in plan if c["chosen"]]
+    assert [(c["cluster"], c["partition"]) for c in chosen] == [("alpine", "inference")]
+    assert time.time() - 120 < chosen[0]["predicted_start"] <= time.time() + 5

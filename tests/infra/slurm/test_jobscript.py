@@ -1,0 +1,99 @@
+"""What Corral sends to Slurm: golden files for the batch script, and byte-exact quoting through bash."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corral.infra.slurm.jobscript import SlurmJobSpec, job_files, render_sbatch, submit_script, write_files_script
+from tests.conftest import FIXTURES
+
+GOLDEN = FIXTURES / "golden"
+
+
+def spec(**overrides) -> SlurmJobSpec:
+    base = dict(
+        token="0123456789ab", task_ids=("c-deadbeef",), cluster="borealis", partition="h100-cluster",
+        num_nodes=2, gres="gpu:H100:8", gpus_per_node=8, cpus_per_node=16, memory_mb=65536,
+        envs={"LR": "0.001"}, setup="pip list", run="python train.py", time="2-00:00:00", account="research",
+        qos="high", constraint="ib", reservation=None, sbatch_args=("--exclusive",),
+    )
+    base.update(overrides)
+    return SlurmJobSpec(**base)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("CORRAL_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; review it and rerun with CORRAL_UPDATE_GOLDEN=1"
+
+
+def test_sbatch_multi_node_gpu_job():
+    check_golden("multinode.sbatch", render_sbatch(spec()))
+
+
+def test_sbatch_cpu_job_without_options():
+    check_golden("cpu.sbatch", render_sbatch(spec(num_nodes=1, gres=None, gpus_per_node=0, cpus_per_node=None,
+                                                 memory_mb=None, time=None, account=None, qos=None,
+                                                 constraint=None, sbatch_args=(), partition="cpu")))
+
+
+def test_sbatch_job_array():
+    check_golden("array.sbatch", render_sbatch(spec(task_ids=("c-1", "c-2", "c-3"), first_rank=3, num_jobs=6,
+                                                   num_nodes=1)))
+
+
+def run_bash(script: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True,
+                          env={"HOME": str(home), "PATH": os.environ["PATH"]})
+
+
+awkward_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files=st.dictionaries(st.sampled_from(["setup.sh", "run.sh", "a b", "it's"]), awkward_text, min_size=1))
+def test_files_arrive_byte_for_byte(tmp_path, files):
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    result = run_bash(write_files_script(".corral/runs/x y", files), home)
+    assert result.returncode == 0, result.stderr
+    for name, content in files.items():
+        assert (home / ".corral/runs/x y" / name).read_text() == content
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.dictionaries(st.from_regex(r"V[A-Z0-9_]{0,8}", fullmatch=True), awkward_text, max_size=4))
+def test_env_values_arrive_byte_for_byte(tmp_path, values):
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env_sh = job_files(spec(envs=values))["env.sh"]
+    names = " ".join(values) or "NONE"
+    script = env_sh + f'for n in {names}; do printf "%s\\0" "${{!n-}}"; done\n'
+    result = subprocess.run(["bash", "-c", script], capture_output=True, env={"PATH": os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr
+    got = result.stdout.split(b"\0")[:-1]
+    assert [g.decode() for g in got] == (list(values.values()) or [""])
+
+
+def test_submit_script_skips_a_job_that_already_exists():
+    script = submit_script(spec())
+    assert "squeue -h --me -t all --name=corral-0123456789ab -o %A" in script
+    assert script.index("existing") < script.index("sbatch --parsable")
+
+
+@pytest.mark.parametrize("bad", ["1;rm -rf /", "$(id)", "12 13"])
+def test_job_ids_are_validated_before_reaching_a_shell(bad):
+    from corral.infra.slurm.jobs import cancel_script, follow_script, status_script
+
+    for make in (lambda: cancel_script([bad]), lambda: status_script([bad]), lambda: follow_script("x", bad, True)):
+        with pytest.raises(ValueError, match="not a Slurm job id"):
+            make()

@@ -1,0 +1,111 @@
+"""Placement on snapshots parsed from recorded real probe output."""
+
+from __future__ import annotations
+
+import math
+
+from corral.infra.slurm.probe import parse_probe_output
+from corral.placement import build_plan, slurm_minutes
+from corral.task import parse_task, resource_options
+from tests.conftest import FIXTURES
+
+
+def snapshot(name: str, cluster: str):
+    return parse_probe_output(cluster, (FIXTURES / "probe" / f"{name}.txt").read_text(), 5)
+
+
+SNAPSHOTS = {
+    "alpine": snapshot("alpine-busy", "alpine"),  # gpu: 2 of 8 H100 free (a1); inference drained
+    "borealis": snapshot("borealis-draining", "borealis"),  # h100: none free; l40s: 4 free
+    "cirrus": snapshot("cirrus-idle", "cirrus"),  # all free; untyped gpu on debug
+}
+ORDER = ["alpine", "borealis", "cirrus"]
+
+
+def plan_for(data: dict, snapshots=SNAPSHOTS):
+    task = parse_task(data, "t")
+    return build_plan(task, resource_options(task.resources), snapshots, ORDER)
+
+
+def places(candidates):
+    return [(c.cluster, c.partition) for c in candidates]
+
+
+def test_gpus_only_one_cluster_has():
+    plan = plan_for({"resources": {"accelerators": "B300:8"}})
+    assert places(plan.feasible()) == [("cirrus", "b300")]
+    assert plan.feasible()[0].gres == "gpu:b300:8" and plan.feasible()[0].startable_now
+
+
+def test_site_spellings_map_to_the_sites_gres_type():
+    plan = plan_for({"resources": {"accelerators": "H100:2"}})
+    gres = {(c.cluster, c.partition): c.gres for c in plan.feasible()}
+    assert gres == {("alpine", "gpu"): "gpu:nvidia_h100_80gb_hbm3:2", ("borealis", "h100-cluster"): "gpu:H100:2"}
+    # alpine has 2 free on a1: can start now; borealis has none free.
+    assert [c.startable_now for c in plan.feasible()] == [True, False]
+
+
+def test_more_than_free_goes_where_capacity_is():
+    plan = plan_for({"resources": {"accelerators": "H100:4"}})
+    # Neither can start now; borealis has no queue pressure, alpine has 11 GPUs wanted for its 8.
+    assert [(c.cluster, c.startable_now) for c in plan.feasible()] == [("borealis", False), ("alpine", False)]
+    free = dict(SNAPSHOTS)
+    free["borealis"] = snapshot("borealis-node-down", "borealis")
+    # A node that stopped responding still belongs to the cluster: feasible, but not startable now.
+    [l40s] = plan_for({"resources": {"accelerators": "L40S:2"}}, free).feasible()
+    assert (l40s.cluster, l40s.startable_now, l40s.free_gpus) == ("borealis", False, 0)
+
+
+def test_infeasible_reasons():
+    plan = plan_for({"num_nodes": 3, "resources": {"accelerators": "H100:8"}})
+    reasons = {(c.cluster, c.partition): c.reason for c in plan.candidates}
+    assert reasons[("alpine", "gpu")] == "needs 3 node(s) with H100:8; partition has 0"
+    assert reasons[("borealis", "h100-cluster")] == "needs 3 node(s) with H100:8; partition has 2"
+    assert reasons[("alpine", "inference")] == "no H100 GPUs (has L4)"
+    assert reasons[("cirrus", "maint")] == "partition has no nodes"
+    assert reasons[("cirrus", "debug")] == "no H100 GPUs (has gpu)"
+
+
+def test_l4_is_not_l40s_and_generic_gpu_takes_any():
+    assert places(plan_for({"resources": {"accelerators": "L4:1"}}).feasible()) == [("alpine", "inference")]
+    generic = plan_for({"resources": {"accelerators": "gpu:2"}}).feasible()
+    assert ("cirrus", "debug") in places(generic)
+    assert {c.gres for c in generic if c.cluster == "cirrus"} >= {"gpu:2"}
+
+
+def test_cpu_task_prefers_cpu_partitions_and_checks_cpus():
+    # Only alpine: no partition can start 8 CPUs now, so the CPU-only partition comes first.
+    plan = plan_for({"resources": {"cpus": 8}}, {"alpine": SNAPSHOTS["alpine"]})
+    assert [(c.partition, c.wastes_gpus) for c in plan.feasible()] == [("cpu", False), ("gpu", True),
+                                                                      ("inference", True)]
+    assert plan_for({"resources": {"cpus": 64}}).feasible() == []
+
+
+def test_time_limit_and_pinning():
+    plan = plan_for({"resources": {"accelerators": "gpu:1"}, "slurm": {"time": "2:00:00"}})
+    reasons = {(c.cluster, c.partition): c.reason for c in plan.candidates}
+    assert reasons[("cirrus", "debug")] == "time 2:00:00 exceeds the partition's limit 01:00:00"
+    pinned = plan_for({"resources": {"accelerators": "H100:1", "infra": "slurm/borealis"}})
+    assert {c.cluster for c in pinned.candidates} == {"borealis"}
+
+
+def test_ordered_preference_breaks_ties():
+    data = {"resources": {"ordered": [{"accelerators": "B300:1"}, {"accelerators": "L40S:1"}]}}
+    assert places(plan_for(data).feasible()) == [("cirrus", "b300"), ("borealis", "l40s")]
+    data = {"resources": {"ordered": [{"accelerators": "L40S:1"}, {"accelerators": "B300:1"}]}}
+    assert places(plan_for(data).feasible()) == [("borealis", "l40s"), ("cirrus", "b300")]
+
+
+def test_image_needs_a_container_runtime():
+    plan = plan_for({"resources": {"accelerators": "B300:1", "image_id": "docker:nvcr.io/nvidia/pytorch:24.01"}})
+    assert plan.feasible() == []
+    assert {c.reason for c in plan.candidates if c.partition == "b300"} == {
+        "image_id needs a container runtime (pyxis/enroot, apptainer), none found"}
+
+
+def test_slurm_minutes():
+    assert slurm_minutes("90") == 90
+    assert slurm_minutes("4:00:00") == 240
+    assert slurm_minutes("2-00:00:00") == 2880
+    assert slurm_minutes("1-12") == 2160
+    assert slurm_minutes("UNLIMITED") == math.inf
