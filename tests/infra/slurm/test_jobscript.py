@@ -59,7 +59,7 @@ awkward_text = st.text(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(files=st.dictionaries(st.sampled_from(["setup.sh", "run.sh", "a b", "it's"]), awkward_text, min_size=1))
 def test_files_arrive_byte_for_byte(tmp_path, files):
     home = tmp_path / "home"
@@ -67,7 +67,7 @@ def test_files_arrive_byte_for_byte(tmp_path, files):
     result = run_bash(write_files_script(".corral/runs/x y", files), home)
     assert result.returncode == 0, result.stderr
     for name, content in files.items():
-        assert (home / ".corral/runs/x y" / name).read_text() == content
+        assert (home / ".corral/runs/x y" / name).read_bytes().decode() == content
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
