@@ -136,54 +136,64 @@ class Launcher:
             num_jobs=num_jobs,
         )
 
-    async def launch(self, task: Task, source: str, *, num_jobs: int = 1, base_dir: Path | None = None) -> Submitted:
+    async def launch(self, task: Task, source: str, *, num_jobs: int = 1,
+                     base_dir: Path | None = None) -> list[Submitted]:
+        """Submit `num_jobs` copies of the task (one for a plain launch); returns one entry per share.
+
+        A sweep is split over the candidates that can start copies now, in rank order, and whatever
+        is left goes to the best one; each share is one Slurm job array, so a 300-job sweep is a
+        handful of sbatch calls, not 300.
+        """
         envs = resolved_envs(task, source)
-        self._check_local_files(task, base_dir or Path.cwd())
+        base = base_dir or Path.cwd()
+        self._check_local_files(task, base)
         plan = await self.plan(task, predict_all=False)
         self.events.plan(plan)
         feasible = plan.feasible()
         if not feasible:
             raise NoFeasibleClusterError(_no_candidate_message(plan))
-        name = task.name or "task"
-        jobs = [JobRow(id=new_job_id(), name=name, task_json=json.dumps(task.model_dump(mode="json")),
+        jobs = [JobRow(id=new_job_id(), name=task.name or "task", task_json=json.dumps(task.model_dump(mode="json")),
                        created_at=time.time(), job_rank=i, num_jobs=num_jobs) for i in range(num_jobs)]
+        self.store.add_jobs(jobs, [])
+        shares = split_sweep(feasible, num_jobs)
+        dead: set[str] = set()
+        results = await asyncio.gather(*(
+            self._submit_share(task, envs, base, feasible, start, jobs[start:start + count], num_jobs, first, dead)
+            for first, start, count in shares
+        ))
+        return list(results)
+
+    async def _submit_share(self, task: Task, envs: dict[str, str], base: Path, feasible: list[Candidate],
+                            start: int, jobs: list[JobRow], num_jobs: int, first: Candidate,
+                            dead: set[str]) -> Submitted:
+        """Submit one share (one job, or one array), failing over along the ranked candidates."""
         job_ids = tuple(j.id for j in jobs)
+        order = [first] + [c for c in feasible if c is not first]
         tries: list[tuple[str, str]] = []
-        dead_clusters: set[str] = set()
-        recorded = False
-        for number, candidate in enumerate(feasible, start=1):
-            if candidate.cluster in dead_clusters:
+        for number, candidate in enumerate(order, start=1):
+            if candidate.cluster in dead:
                 continue
             token = new_token()
-            spec = self._spec(task, candidate, token, job_ids, envs, num_jobs=num_jobs)
+            spec = self._spec(task, candidate, token, job_ids, envs, first_rank=start, num_jobs=num_jobs)
             attempts = [
-                AttemptRow(token=token if num_jobs == 1 else f"{token}.{i}", job_id=jid, number=number,
+                AttemptRow(token=token if not spec.is_array else f"{token}.{i}", job_id=jid, number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",
-                           created_at=time.time(),
-                           run_dir=spec.run_dir, log_path=spec.log_path(i if spec.is_array else None),
+                           created_at=time.time(), run_dir=spec.run_dir,
+                           log_path=spec.log_path(i if spec.is_array else None),
                            array_index=i if spec.is_array else None)
                 for i, jid in enumerate(job_ids)
             ]
-            if not recorded:
-                self.store.add_jobs(jobs, attempts)
-                recorded = True
-            else:
-                self.store.add_jobs([], attempts)
+            self.store.add_jobs([], attempts)
             try:
-                await self._sync_files(task, candidate.cluster, spec, base_dir or Path.cwd())
+                await self._sync_files(task, candidate.cluster, spec, base)
                 result = await SlurmJobs(candidate.cluster, self.client.transport).submit(spec)
             except ClusterError as exc:
-                why = str(exc)
-                dead_clusters.add(candidate.cluster)
-                self._mark(attempts, state="SUBMIT_FAILED", reason=why, ended_at=time.time())
-                tries.append((candidate.infra, why))
-                self.events.skipped(candidate.infra, why)
+                dead.add(candidate.cluster)
+                self._skip(attempts, tries, candidate, str(exc))
                 continue
             if not result.accepted:
-                why = f"{candidate.cluster}: sbatch rejected the job: {result.message}"
-                self._mark(attempts, state="SUBMIT_FAILED", reason=why, ended_at=time.time())
-                tries.append((candidate.infra, why))
-                self.events.skipped(candidate.infra, why)
+                self._skip(attempts, tries, candidate,
+                           f"{candidate.cluster}: sbatch rejected the job: {result.message}")
                 continue
             if os.environ.get(CRASH_HOOK_ENV):
                 os._exit(137)
@@ -201,6 +211,12 @@ class Launcher:
             return submitted
         details = "; ".join(f"{infra}: {why}" for infra, why in tries)
         raise LaunchFailedError(f"no cluster accepted the job ({details})")
+
+    def _skip(self, attempts: list[AttemptRow], tries: list[tuple[str, str]], candidate: Candidate,
+              why: str) -> None:
+        self._mark(attempts, state="SUBMIT_FAILED", reason=why, ended_at=time.time())
+        tries.append((candidate.infra, why))
+        self.events.skipped(candidate.infra, why)
 
     def _mark(self, attempts: list[AttemptRow], **fields: object) -> None:
         self.store.update_attempts({a.token: dict(fields) for a in attempts})
@@ -222,6 +238,27 @@ class Launcher:
             else:
                 destination = f"{spec.run_dir}/workdir/{remote}"
             await transport.rsync(cluster, base / os.path.expanduser(local), destination)
+
+
+def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidate, int, int]]:
+    """(candidate, first rank, count) shares: fill what can start now in rank order, rest to the best."""
+    shares: list[tuple[Candidate, int, int]] = []
+    remaining, rank = num_jobs, 0
+    for candidate in feasible:
+        if remaining == 0:
+            break
+        take = min(remaining, candidate.startable_copies)
+        if take:
+            shares.append((candidate, rank, take))
+            rank += take
+            remaining -= take
+    if remaining:
+        best = feasible[0]
+        if shares and shares[-1][0] is best:
+            shares[-1] = (best, shares[-1][1], shares[-1][2] + remaining)
+        else:
+            shares.append((best, rank, remaining))
+    return shares
 
 
 def _no_candidate_message(plan: Plan) -> str:

@@ -31,6 +31,7 @@ class Candidate:
     gres: str | None = None  # what goes to --gres
     free_gpus: int = 0
     startable_now: bool = False
+    startable_copies: int = 0  # how many copies of the task could start now (for sweeps)
     pressure: float = 0.0  # GPUs wanted by pending jobs / GPUs in the partition
     wastes_gpus: bool = False
     predicted_start: float | None = None  # epoch seconds, from sbatch --test-only
@@ -120,6 +121,17 @@ def _free_now(node: Node, gres_type: str | None, gpus: int, cpus: int, memory_mb
     return True
 
 
+def _copies(node: Node, gres_type: str | None, gpus: int, cpus: int, memory_mb: int, any_type: bool) -> int:
+    """How many one-node copies fit on a node now."""
+    limits = [node.cpus_free // max(cpus, 1)]
+    if memory_mb:
+        limits.append((node.memory_mb - node.memory_alloc_mb) // memory_mb)
+    if gpus:
+        free = sum(node.gpus_free(p.gres_type) // gpus for p in node.gpus) if any_type else node.gpus_free(gres_type) // gpus
+        limits.append(free)
+    return max(0, min(limits))
+
+
 def evaluate(
     task: Task,
     option: ResourceOption,
@@ -165,6 +177,8 @@ def evaluate(
         need = f"{task.num_nodes} node(s) with {option.describe()}"
         return replace(base, reason=f"needs {need}; partition has {len(shaped)}")
     free_nodes = [n for n in shaped if _free_now(n, gres_type, gpus, cpus, memory_mb, any_type)]
+    per_node = [_copies(n, gres_type, gpus, cpus, memory_mb, any_type) for n in free_nodes]
+    copies = sum(per_node) if task.num_nodes == 1 else len(free_nodes) // task.num_nodes
     partition_gpus = sum(p.total for n in nodes for p in n.gpus if any_type or p.gres_type == gres_type)
     pending = sum(d.gpus for d in snapshot.pending if partition.name in d.partitions
                   and (any_type or d.gres_type in (None, gres_type)))
@@ -181,6 +195,7 @@ def evaluate(
         gres=gres,
         free_gpus=free_gpus,
         startable_now=len(free_nodes) >= task.num_nodes,
+        startable_copies=copies,
         pressure=pending / partition_gpus if partition_gpus else 0.0,
         wastes_gpus=not accel and any(n.gpus for n in nodes),
     )

@@ -251,3 +251,35 @@ def test_dryrun_plan_json(corral):
     chosen = [c for c in plan if c["chosen"]]
     assert [(c["cluster"], c["partition"]) for c in chosen] == [("alpine", "inference")]
     assert time.time() - 120 < chosen[0]["predicted_start"] <= time.time() + 5
+
+
+def test_sweep_is_spread_over_clusters_as_job_arrays(corral, clean_queues):
+    result = corral("launch", "-d", "--json", "--num-jobs", "12", "--gpus", "gpu:2", "--",
+                    'echo "rank=$CORRAL_JOB_RANK of=$CORRAL_NUM_JOBS id=$CORRAL_TASK_ID"')
+    assert result.exit_code == 0, result.stderr
+    jobs = result.json()
+    assert len(jobs) == 12 and len({j["job_id"] for j in jobs}) == 12
+    places = {(j["cluster"], j["partition"]) for j in jobs}
+    assert len({c for c, _ in places}) >= 2  # more than one cluster's free GPUs were used
+    # One sbatch per (cluster, partition): array tasks share their array's base id.
+    bases = {(j["cluster"], j["slurm_job_id"].split("_")[0]) for j in jobs}
+    assert len(bases) == len(places)
+    for job in jobs:
+        wait_state(corral, job["job_id"], {"SUCCEEDED"})
+    seen = {}
+    for rank, job in enumerate(jobs):
+        out = corral("logs", job["job_id"]).stdout.strip()
+        assert out == f"rank={rank} of=12 id={job['job_id']}"
+        seen[rank] = job["job_id"]
+    assert sorted(seen) == list(range(12))
+
+
+def test_several_task_files_in_one_launch(corral, clean_queues, tmp_path):
+    (tmp_path / "a.yaml").write_text("name: a\nresources:\n  infra: slurm/alpine/cpu\nrun: echo a\n")
+    (tmp_path / "b.yaml").write_text("name: b\nresources:\n  accelerators: L40S:1\nrun: echo b\n")
+    result = corral("launch", "-d", "--json", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"))
+    assert result.exit_code == 0, result.stderr
+    jobs = result.json()
+    assert [(j["cluster"], j["partition"]) for j in jobs] == [("alpine", "cpu"), ("borealis", "l40s")]
+    names = {queue(corral)[j["job_id"]]["name"] for j in jobs}
+    assert names == {"a", "b"}

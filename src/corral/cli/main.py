@@ -168,13 +168,14 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
     from pathlib import Path
 
     # Relative workdir and file_mounts paths are relative to the task file, as in the file itself.
-    results = [asyncio.run(launcher.launch(task, source, num_jobs=num_jobs,
-                                           base_dir=Path(source).parent if source != "command line" else None))
-               for task, source in tasks]
+    results = [share for task, source in tasks
+               for share in asyncio.run(launcher.launch(
+                   task, source, num_jobs=num_jobs,
+                   base_dir=Path(source).parent if source != "command line" else None))]
+    sweep = len(results) > 1 or num_jobs > 1
     if as_json:
-        out = [render.submitted_json(r) for r in results]
-        _print_json(out[0] if len(out) == 1 else out)
-    if detach or len(results) > 1 or num_jobs > 1:
+        _print_json(render.sweep_json(results) if sweep else render.submitted_json(results[0]))
+    if detach or sweep:
         if not as_json:
             for r in results:
                 for job_id in r.job_ids:

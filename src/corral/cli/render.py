@@ -147,6 +147,17 @@ def submitted_json(s: Submitted) -> dict[str, object]:
             "slurm_job_id": s.slurm_job_id, "skipped": [{"infra": i, "reason": r} for i, r in s.tries]}
 
 
+def sweep_json(shares: list[Submitted]) -> list[dict[str, object]]:
+    """One object per job of a sweep, with its array task's Slurm id."""
+    out: list[dict[str, object]] = []
+    for share in shares:
+        array = len(share.job_ids) > 1
+        for i, job_id in enumerate(share.job_ids):
+            out.append({"job_id": job_id, "cluster": share.cluster, "partition": share.partition,
+                        "slurm_job_id": f"{share.slurm_job_id}_{i}" if array else share.slurm_job_id})
+    return out
+
+
 def job_json(view: JobView) -> dict[str, object]:
     a = view.attempt
     return {

@@ -124,12 +124,15 @@ def status_script(tracked_ids: list[str], with_sacct: bool = True) -> str:
         f"printf '\\n{MARK} squeue %s\\n%s\\n' \"$rc\" \"$sq\"",
     ]
     if with_sacct and tracked_ids:
+        # Ids squeue no longer shows (one awk pass, not a loop per id); sacct for those, if the site has it.
         lines += [
-            "missing=",
-            f"for id in {ids}; do case \"\n$sq\" in *\"\n$id|\"*) ;; *) missing=\"$missing,$id\" ;; esac; done",
-            'if [ -n "$missing" ] && command -v sacct >/dev/null 2>&1; then',
-            f"  printf '\\n{MARK} sacct 0\\n'",
-            f"  sacct -X -n -P -j \"${{missing#,}}\" -o {SACCT_FIELDS} 2>&1 | grep -v 'accounting storage is disabled'",
+            "if command -v sacct >/dev/null 2>&1; then",
+            "  missing=$(printf '%s\\n' \"$sq\" | awk -F'|' -v ids=" + shlex.quote(ids) + " "
+            "'{seen[$1]=1} END {n=split(ids, a, \" \"); for (i=1; i<=n; i++) if (!(a[i] in seen)) printf \"%s,\", a[i]}')",
+            '  if [ -n "$missing" ]; then',
+            f"    printf '\\n{MARK} sacct 0\\n'",
+            f"    sacct -X -n -P -j \"${{missing%,}}\" -o {SACCT_FIELDS} 2>&1 | grep -v 'accounting storage is disabled'",
+            "  fi",
             "fi",
         ]
     return "\n".join(lines) + "\n"
