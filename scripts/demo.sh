@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job, end to end on the local testbed: three real Slurm clusters behind their own SSH
-# login nodes, then Corral looking at all of them at once.
+# login nodes, Corral looking at all of them at once, then a real two-node GPU job launched
+# wherever capacity is, and the queue across all clusters.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,3 +11,8 @@ set -x
 corral check
 corral gpus
 corral gpus H100
+corral launch --dryrun --gpus H100:4 -- true
+corral launch -n demo --gpus H100:2 --num-nodes 2 -- \
+  'echo "rank $CORRAL_NODE_RANK of $CORRAL_NUM_NODES on $(hostname): GPUs $CUDA_VISIBLE_DEVICES, job $CORRAL_TASK_ID"'
+corral launch -d -n demo-sweep --num-jobs 6 --gpus gpu:1 -- 'echo "sweep rank $CORRAL_JOB_RANK"'
+corral queue
