@@ -35,7 +35,8 @@ from testbed.processes import (
 from testbed.spec import TEST_USER, ClusterSpec, default_clusters, testbed_root
 
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "openssh-server", "openssh-client",
-                "rsync", "mariadb-server", "mariadb-client")
+                "rsync", "mariadb-server", "mariadb-client",
+                "postgresql")  # not Slurm's: the team-mode state store, tested against a real server
 # Daemons must be started through links with exactly these names: libslurm decides what it is from
 # argv[0]'s basename, and a slurmd started as `slurmd-wlm` silently loses its node GRES.
 DAEMON_BINARIES = {"slurmctld": "/usr/sbin/slurmctld-wlm", "slurmd": "/usr/sbin/slurmd-wlm"}
@@ -46,7 +47,8 @@ READY_TIMEOUT = 45.0
 def install_packages() -> None:
     """apt-get install what the testbed needs, without letting postinst start system daemons."""
     missing = [b for b in ("/usr/sbin/slurmctld-wlm", "/usr/sbin/slurmd-wlm", "/usr/bin/sinfo", "/usr/sbin/slurmdbd",
-                           "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync", "/usr/sbin/mariadbd")
+                           "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync", "/usr/sbin/mariadbd",
+                           "/usr/share/postgresql-common")
                if not Path(b).exists()]
     if not missing:
         return

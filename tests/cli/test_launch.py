@@ -283,3 +283,12 @@ def test_several_task_files_in_one_launch(corral, clean_queues, tmp_path):
     assert [(j["cluster"], j["partition"]) for j in jobs] == [("alpine", "cpu"), ("borealis", "l40s")]
     names = {queue(corral)[j["job_id"]]["name"] for j in jobs}
     assert names == {"a", "b"}
+
+
+def test_state_in_postgresql(corral, corral_env, postgres_url, clean_queues):
+    env = {**corral_env, "CORRAL_DB_URL": postgres_url}
+    submitted = launch(corral, "-n", "on-postgres", "--infra", "slurm/cirrus/debug", "--", "true", env=env)
+    job = wait_for("the job to finish", lambda: (
+        row := queue(corral, env=env).get(submitted["job_id"])) and row["state"] == "SUCCEEDED" and row)
+    assert job["name"] == "on-postgres"
+    assert submitted["job_id"] not in queue(corral)  # not in the default SQLite store

@@ -1,0 +1,59 @@
+"""The state store on SQLite and on a real PostgreSQL server, through the same SQLAlchemy layer."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from corral.state import Store
+from corral.state.models import AttemptRow, JobRow
+from corral.state.store import JobNotFoundError
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path) -> Store:
+    if request.param == "sqlite":
+        return Store(f"sqlite:///{tmp_path / 'state.db'}")
+    url = request.getfixturevalue("postgres_url")
+    store = Store(url)
+    with store.engine.begin() as conn:  # each test starts empty
+        conn.exec_driver_sql("TRUNCATE attempts, jobs")
+    return store
+
+
+def job(job_id: str, name: str = "train", rank: int = 0) -> JobRow:
+    return JobRow(id=job_id, name=name, task_json="{}", created_at=time.time() + rank, job_rank=rank, num_jobs=1)
+
+
+def attempt(token: str, job_id: str, number: int = 1, state: str = "SUBMITTING") -> AttemptRow:
+    return AttemptRow(token=token, job_id=job_id, number=number, cluster="alpine", partition="gpu", state=state,
+                      created_at=time.time(), run_dir=f".corral/runs/{token}", log_path=f".corral/runs/{token}/log.txt")
+
+
+def test_jobs_attempts_and_the_latest_attempt(store):
+    store.add_jobs([job("c-1"), job("c-2", "eval", rank=1)], [attempt("t1", "c-1"), attempt("t2", "c-2")])
+    store.add_jobs([], [attempt("t3", "c-1", number=2)])
+    store.update_attempt("t1", state="SUBMIT_FAILED")
+    store.update_attempts({"t3": {"state": "RUNNING", "slurm_job_id": "42"}, "t2": {"state": "SUCCEEDED"}})
+    views = {v.job.id: v for v in store.views()}
+    assert (views["c-1"].attempt.token, views["c-1"].attempt.state, views["c-1"].attempt.slurm_job_id) == (
+        "t3", "RUNNING", "42")
+    assert {a.token for a in store.active_attempts()} == {"t3"}
+
+
+def test_resolve_by_id_prefix_or_name(store):
+    store.add_jobs([job("c-abc1"), job("c-abd2", "eval", rank=1)], [attempt("t1", "c-abc1"), attempt("t2", "c-abd2")])
+    assert store.resolve("c-abc1").job.id == "c-abc1"
+    assert store.resolve("c-abd").job.id == "c-abd2"
+    assert store.resolve("eval").job.id == "c-abd2"
+    with pytest.raises(JobNotFoundError, match="matches several jobs"):
+        store.resolve("c-ab")
+    with pytest.raises(JobNotFoundError, match="no job 'zzz'; see `corral queue`"):
+        store.resolve("zzz")
+
+
+def test_a_second_store_on_the_same_url_sees_committed_writes(store):
+    store.add_jobs([job("c-1")], [attempt("t1", "c-1")])
+    other = Store(store.url)
+    assert [v.job.id for v in other.views()] == ["c-1"]
