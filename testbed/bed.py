@@ -185,7 +185,11 @@ class Testbed:
 
     def resume(self, node: str) -> None:
         cluster = self.cluster_of_node(node).name
-        self.scontrol(cluster, "update", f"NodeName={node}", "State=RESUME")
+        proc = run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=self.slurm_env(cluster),
+                   check=False)
+        # A node that is not drained or down (e.g. back by ReturnToService) cannot be resumed: fine.
+        if proc.returncode != 0 and "Invalid node state" not in proc.stderr:
+            raise TestbedError(f"resume {node} failed: {proc.stderr.strip()}")
         # Slurm marks a resumed node not-responding ("idle*") until its next ping comes back.
         self.wait_ready(cluster, nodes=[node])
 

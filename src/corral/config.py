@@ -127,3 +127,27 @@ def load_registry(path: Path | None = None) -> ClusterRegistry:
     if not entries:
         raise ConfigError("no clusters defined: add a `Host <cluster>` entry per login node", path)
     return ClusterRegistry(path=path, entries=tuple(entries))
+
+
+USER_SETTINGS_KEYS = {"idle_minutes": (int, float)}
+
+
+def load_user_settings() -> dict[str, object]:
+    """`~/.corral/config.yaml` (under CORRAL_HOME): defaults such as `idle_minutes: 60`."""
+    path = corral_home() / "config.yaml"
+    if not path.exists():
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", path) from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping of settings, e.g. `idle_minutes: 60`", path)
+    for key, value in data.items():
+        if key not in USER_SETTINGS_KEYS:
+            raise ConfigError(f"unknown setting {key!r}; known: {', '.join(USER_SETTINGS_KEYS)}", path)
+        if not isinstance(value, USER_SETTINGS_KEYS[key]) or isinstance(value, bool):
+            raise ConfigError(f"setting {key!r} must be a number", path)
+    return data

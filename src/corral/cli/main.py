@@ -127,10 +127,13 @@ def _load_task(paths: tuple[str, ...], command: tuple[str, ...]) -> list[tuple[A
 @click.option("-d", "--detach", is_flag=True, help="Return once Slurm has accepted the job.")
 @click.option("--dryrun", is_flag=True, help="Show the placement plan; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-c", "--cluster-name", "dev_name", help="Hold a named dev allocation (or reuse it) and run the task in it.")
+@click.option("--idle-minutes", type=float, default=None, help="With -c: release the allocation after M idle minutes.")
+@click.option("--time", "walltime", help="Walltime (sbatch --time), e.g. 4:00:00.")
 @_reports_errors
 def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None,
            cpus: str | None, memory: str | None, envs: tuple[str, ...], num_jobs: int, detach: bool, dryrun: bool,
-           as_json: bool) -> None:
+           as_json: bool, dev_name: str | None, idle_minutes: float | None, walltime: str | None) -> None:
     """Run a task on the cluster that can start it soonest.
 
     ARGS: task YAML file(s), or `-- COMMAND…` for a one-liner. Without -d, follows the job's output and
@@ -148,15 +151,28 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
     paths, command = (args, ()) if not separator else _split_command(args)
     if num_jobs < 1:
         raise TaskError("--num-jobs must be at least 1")
+    loaded = _load_task(paths, command) if (paths or command or not dev_name) else []
+    if dev_name and not loaded:
+        from corral.task import parse_task
+
+        loaded = [(parse_task({}, "command line"), "command line")]
     tasks = [
         (apply_overrides(task, source, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                          memory=memory, envs=envs), source)
-        for task, source in _load_task(paths, command)
+        for task, source in loaded
     ]
+    if walltime and not dev_name:
+        tasks = [(t.model_copy(update={"slurm": t.slurm.model_copy(update={"time": walltime})}), s)
+                 for t, s in tasks]
     client = Client()
     store = open_store()
     events = LaunchEvents() if as_json else render.launch_events()
     launcher = Launcher(client, store, events)
+    if dev_name and not dryrun:
+        if len(tasks) != 1 or num_jobs != 1:
+            raise TaskError("a dev allocation runs one task at a time (no sweeps with -c)")
+        sys.exit(_launch_dev(client, store, launcher, dev_name, *tasks[0], idle_minutes, walltime, detach,
+                             as_json))
     if dryrun:
         plans = [asyncio.run(launcher.plan(task, predict_all=True)) for task, _ in tasks]
         if as_json:
@@ -185,6 +201,42 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
 
     code = asyncio.run(_follow_to_end(Tracker(client, store), store, results[0].job_ids[0]))
     sys.exit(code)
+
+
+def _launch_dev(client: Any, store: Any, launcher: Any, name: str, task: Any, source: str,
+                idle_minutes: float | None, walltime: str | None, detach: bool, as_json: bool) -> int:
+    import asyncio
+
+    from corral.config import load_user_settings
+    from corral.dev import DevAllocations
+
+    dev = DevAllocations(client, store, launcher)
+    if idle_minutes is None:
+        idle_minutes = load_user_settings().get("idle_minutes")
+    row, new = asyncio.run(dev.launch(name, task, source, idle_minutes, walltime))
+
+    def show(status: Any) -> None:
+        if not as_json:
+            click.echo(f"corral: {name}: {status.state}" + (f" ({status.reason})" if status.reason else ""), err=True)
+
+    if detach:
+        if as_json:
+            _print_json({"name": name, "cluster": row.cluster, "partition": row.partition,
+                         "slurm_job_id": row.slurm_job_id, "new": new})
+        return 0
+    status = asyncio.run(dev.wait_ready(row, on_state=show))
+    alias = asyncio.run(dev.write_ssh_alias(row, status.nodes[0]))
+    if new and not as_json:
+        click.echo(f"corral: {name} is ready on slurm/{row.cluster}/{row.partition} (nodes: {', '.join(status.nodes)}); "
+                   f"`corral exec {name} -- CMD`, `corral ssh {name}`, or `ssh {name}` with `Include {alias}` "
+                   "in ~/.ssh/config", err=True)
+    if as_json:
+        _print_json({"name": name, "cluster": row.cluster, "partition": row.partition,
+                     "slurm_job_id": row.slurm_job_id, "new": new, "nodes": status.nodes})
+    if not task.run:
+        return 0
+    _job_id, code = asyncio.run(dev.exec(name, task, source, _write_bytes))
+    return code
 
 
 def _split_command(args: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -217,10 +269,11 @@ def _write_bytes(chunk: bytes) -> None:
 
 
 @cli.command()
+@click.argument("allocation", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs.")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Include finished jobs (default: live and recent).")
 @_reports_errors
-def queue(as_json: bool, show_all: bool) -> None:
+def queue(allocation: str | None, as_json: bool, show_all: bool) -> None:
     """Every job across all clusters, refreshed with one Slurm query per cluster."""
     import asyncio
 
@@ -232,6 +285,12 @@ def queue(as_json: bool, show_all: bool) -> None:
     store = open_store()
     report = asyncio.run(Tracker(Client(), store).refresh())
     views = store.views()
+    if allocation:
+        from corral.dev import AllocationNotFoundError
+
+        if store.allocation(allocation) is None and not any(v.job.allocation == allocation for v in views):
+            raise AllocationNotFoundError(allocation, [r.name for r in store.allocations()])
+        views = [v for v in views if v.job.allocation == allocation]
     if not show_all:
         views = render.recent(views)
     if as_json:
@@ -282,6 +341,90 @@ def cancel(jobs: tuple[str, ...], cancel_all: bool) -> None:
     for view in views:
         word = "cancelled" if view in cancelled else f"already {view.attempt.state.lower()}"
         click.echo(f"{view.job.id}: {word}")
+
+
+def _dev(store: Any = None) -> Any:
+    from corral.client import Client
+    from corral.dev import DevAllocations
+    from corral.launch import Launcher
+    from corral.state import open_store
+
+    client = Client()
+    store = store or open_store()
+    return DevAllocations(client, store, Launcher(client, store))
+
+
+@cli.command(name="exec", context_settings={"allow_interspersed_args": True})
+@click.argument("name")
+@click.argument("args", nargs=-1)
+@click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable.")
+@_reports_errors
+def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...]) -> None:
+    """Run a task or `-- COMMAND` on every node of dev allocation NAME; exits with its exit code."""
+    import asyncio
+
+    from corral.task import apply_overrides
+
+    dev = _dev()
+    dev.get(name)  # unknown names fail before anything else
+    separator = "--" in sys.argv
+    paths, command = (args, ()) if not separator else _split_command(args)
+    [(task, source)] = _load_task(paths, command)
+    task = apply_overrides(task, source, envs=envs)
+    _job_id, code = asyncio.run(dev.exec(name, task, source, _write_bytes))
+    sys.exit(code)
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.argument("name")
+@click.argument("command", nargs=-1)
+@_reports_errors
+def ssh(name: str, command: tuple[str, ...]) -> None:
+    """A shell on the head node of dev allocation NAME (through its login node), or run COMMAND there."""
+    import asyncio
+    import os
+
+    if command and command[0] == "--":
+        command = command[1:]
+    argv = asyncio.run(_dev().ssh_argv(name, " ".join(command) if command else None))
+    os.execvp(argv[0], argv)
+
+
+@cli.command()
+@click.argument("names", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of allocations.")
+@_reports_errors
+def status(names: tuple[str, ...], as_json: bool) -> None:
+    """Dev allocations across all clusters: state, age, idle time, walltime left."""
+    import asyncio
+
+    dev = _dev()
+    rows = [dev.get(n) for n in names] if names else None
+    statuses = asyncio.run(dev.status(rows))
+    if as_json:
+        import time
+
+        now = time.time()
+        _print_json([s.to_json(now) for s in statuses])
+    else:
+        from corral.cli.render import render_status
+
+        render_status(statuses)
+
+
+@cli.command()
+@click.argument("names", nargs=-1, required=True)
+@_reports_errors
+def down(names: tuple[str, ...]) -> None:
+    """Release dev allocations (scancel), clean their files and ssh aliases."""
+    import asyncio
+
+    dev = _dev()
+    for name in names:
+        if asyncio.run(dev.down(name)):
+            click.echo(f"{name}: released")
+        else:
+            click.echo(f"{name}: no such allocation (already down)", err=True)
 
 
 @cli.command()

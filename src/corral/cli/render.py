@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from corral.client import GpuReport, ProbeOutcome
+from corral.dev import AllocationStatus
 from corral.launch import LaunchEvents, Submitted
 from corral.placement import Candidate, Plan
 from corral.state.store import TERMINAL_STATES, JobView
@@ -75,6 +76,8 @@ def _start(candidate: Candidate) -> str:
 
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
     if seconds < 3600:
         return f"{seconds // 60}m"
     if seconds < 86400:
@@ -190,4 +193,23 @@ def render_queue(views: list[JobView]) -> None:
         table.add_row(v.job.id, v.job.name, f"{a.cluster}/{a.partition}", a.slurm_job_id or "-",
                       f"[{style}]{a.state}[/{style}]" if style else a.state, a.reason or "",
                       _when(a.submitted_at), _when(a.started_at), _when(a.ended_at))
+    console.print(table)
+
+
+def render_status(statuses: list[AllocationStatus]) -> None:
+    if not statuses:
+        console.print("No dev allocations. Create one with `corral launch -c NAME --gpus H100:1`.")
+        return
+    now = time.time()
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "INFRA", "RESOURCES", "STATE", "AGE", "IDLE", "TIME LEFT", "NODES"):
+        table.add_column(column)
+    for st in statuses:
+        r = st.row
+        resources = f"{r.num_nodes}x {r.gres or 'cpu'}"
+        state = st.state + (f" ({st.reason})" if st.reason else "")
+        idle = _duration(now - st.last_active) if st.last_active and st.state == "READY" else "-"
+        limit = f"/{_duration(r.idle_seconds)}" if r.idle_seconds else ""
+        table.add_row(r.name, f"{r.cluster}/{r.partition}", resources, state, _duration(now - r.created_at),
+                      idle + limit, st.time_left or "-", ",".join(st.nodes) or "-")
     console.print(table)

@@ -19,6 +19,7 @@ class JobRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     job_rank: Mapped[int] = mapped_column(Integer, default=0)
     num_jobs: Mapped[int] = mapped_column(Integer, default=1)
+    allocation: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # exec jobs
 
 
 class AttemptRow(Base):
@@ -40,3 +41,22 @@ class AttemptRow(Base):
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class AllocationRow(Base):
+    """A dev allocation (`corral launch -c NAME`): a named holder job and its jobs run by exec."""
+
+    __tablename__ = "allocations"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    token: Mapped[str] = mapped_column(String(64))
+    cluster: Mapped[str] = mapped_column(String(256))
+    partition: Mapped[str] = mapped_column(String(256))
+    slurm_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    num_nodes: Mapped[int] = mapped_column(Integer)
+    gres: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    gpus_per_node: Mapped[int] = mapped_column(Integer, default=0)
+    resources: Mapped[str] = mapped_column(Text)  # what was asked for, to compare with a relaunch
+    run_dir: Mapped[str] = mapped_column(Text)
+    idle_seconds: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import corral_home
 from corral.errors import CorralError
-from corral.state.models import AttemptRow, Base, JobRow
+from corral.state.models import AllocationRow, AttemptRow, Base, JobRow
 
 DB_URL_ENV = "CORRAL_DB_URL"
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "SUBMIT_FAILED", "LOST"})
@@ -50,6 +50,7 @@ class Store:
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         Base.metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def session(self) -> Session:
@@ -93,8 +94,30 @@ class Store:
         return [JobView(j, latest[j.id]) for j in jobs if j.id in latest]
 
     def active_attempts(self) -> list[AttemptRow]:
+        """Live attempts of batch jobs (exec jobs in dev allocations are tracked by `corral exec`)."""
         with self.session() as s:
-            return list(s.scalars(select(AttemptRow).where(AttemptRow.state.not_in(TERMINAL_STATES))))
+            query = (select(AttemptRow).join(JobRow, JobRow.id == AttemptRow.job_id)
+                     .where(AttemptRow.state.not_in(TERMINAL_STATES), JobRow.allocation.is_(None)))
+            return list(s.scalars(query))
+
+    # ---- dev allocations ----
+    def allocations(self) -> list[AllocationRow]:
+        with self.session() as s:
+            return list(s.scalars(select(AllocationRow).order_by(AllocationRow.created_at)))
+
+    def allocation(self, name: str) -> AllocationRow | None:
+        with self.session() as s:
+            return s.get(AllocationRow, name)
+
+    def put_allocation(self, row: AllocationRow) -> None:
+        with self.session() as s, s.begin():
+            s.merge(row)
+
+    def delete_allocation(self, name: str) -> None:
+        with self.session() as s, s.begin():
+            row = s.get(AllocationRow, name)
+            if row is not None:
+                s.delete(row)
 
     def resolve(self, job_ref: str) -> JobView:
         """A job by id or unique id prefix, or by name if unique."""
@@ -117,3 +140,17 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.close()
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Additive schema changes for stores made by an older Corral: add new (nullable) columns."""
+    from sqlalchemy import inspect
+
+    inspector = inspect(engine)
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            present = {c["name"] for c in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in present:
+                    kind = column.type.compile(dialect=engine.dialect)
+                    conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')

@@ -119,37 +119,48 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
             f"export CORRAL_JOB_RANK={spec.first_rank}",
         ]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
-    lines += [
-        'export CORRAL_NUM_NODES="$SLURM_JOB_NUM_NODES"',
-        "# Node addresses in rank order (Slurm's NodeAddr, resolved to an IPv4 address where possible).",
-        "CORRAL_NODE_IPS=",
-        'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
-        '  addr=$(scontrol show node -o "$node" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")',
-        '  ip=$(getent ahostsv4 "${addr:-$node}" 2>/dev/null | awk "NR == 1 {print \\$1}")',
-        '  CORRAL_NODE_IPS="${CORRAL_NODE_IPS:+$CORRAL_NODE_IPS$\'\\n\'}${ip:-${addr:-$node}}"',
-        "done",
-        "export CORRAL_NODE_IPS",
-        'export SKYPILOT_TASK_ID="$CORRAL_TASK_ID" SKYPILOT_NODE_IPS="$CORRAL_NODE_IPS"',
-        'export SKYPILOT_NUM_NODES="$CORRAL_NUM_NODES" SKYPILOT_NUM_GPUS_PER_NODE="$CORRAL_NUM_GPUS_PER_NODE"',
-        f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash \"$CORRAL_RUN_DIR/task.sh\"",
-    ]
+    lines += node_env_lines('"$SLURM_JOB_NODELIST"')
+    lines.append(f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+                 "bash \"$CORRAL_RUN_DIR/task.sh\"")
     return "\n".join(lines) + "\n"
 
 
+def node_env_lines(nodelist: str) -> list[str]:
+    """Bash exporting CORRAL_NUM_NODES and CORRAL_NODE_IPS (rank order) for a Slurm node list
+    expression, plus their SKYPILOT_* twins. Needs CORRAL_TASK_ID and CORRAL_NUM_GPUS_PER_NODE set."""
+    return [
+        "# Node addresses in rank order (Slurm's NodeAddr, resolved to an IPv4 address where possible).",
+        "CORRAL_NODE_IPS=",
+        "CORRAL_NUM_NODES=0",
+        f"for node in $(scontrol show hostnames {nodelist}); do",
+        '  addr=$(scontrol show node -o "$node" | tr " " "\\n" | sed -n "s/^NodeAddr=//p")',
+        '  ip=$(getent ahostsv4 "${addr:-$node}" 2>/dev/null | awk "NR == 1 {print \\$1}")',
+        '  CORRAL_NODE_IPS="${CORRAL_NODE_IPS:+$CORRAL_NODE_IPS$\'\\n\'}${ip:-${addr:-$node}}"',
+        "  CORRAL_NUM_NODES=$((CORRAL_NUM_NODES + 1))",
+        "done",
+        "export CORRAL_NODE_IPS CORRAL_NUM_NODES",
+        'export SKYPILOT_TASK_ID="$CORRAL_TASK_ID" SKYPILOT_NODE_IPS="$CORRAL_NODE_IPS"',
+        'export SKYPILOT_NUM_NODES="$CORRAL_NUM_NODES" SKYPILOT_NUM_GPUS_PER_NODE="$CORRAL_NUM_GPUS_PER_NODE"',
+    ]
+
+
 TASK_SH = """\
-# Written by Corral: runs on every node of the job.
+# Written by Corral: runs on every node of the job: task.sh [SETUP_FILE [RUN_FILE]] ("" skips one).
 set -u
+setup="${1-$CORRAL_RUN_DIR/setup.sh}"
+run="${2-$CORRAL_RUN_DIR/run.sh}"
 export CORRAL_NODE_RANK="$SLURM_NODEID" SKYPILOT_NODE_RANK="$SLURM_NODEID"
 cd "$CORRAL_RUN_DIR/workdir"
-if [ -s "$CORRAL_RUN_DIR/setup.sh" ]; then
-  bash "$CORRAL_RUN_DIR/setup.sh"
+if [ -n "$setup" ] && [ -s "$setup" ]; then
+  bash "$setup"
   rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "corral: setup failed on $(hostname) with exit code $rc" >&2
     exit "$rc"
   fi
 fi
-exec bash "$CORRAL_RUN_DIR/run.sh"
+[ -n "$run" ] || exit 0
+exec bash "$run"
 """
 
 
@@ -173,6 +184,8 @@ def job_files(spec: SlurmJobSpec) -> dict[str, str]:
 def write_files_script(run_dir: str, files: dict[str, str]) -> str:
     """Bash that creates the run directory and writes each file exactly (quoted heredocs)."""
     out = [f'd="$HOME"/{shlex.quote(run_dir)}', 'mkdir -p "$d/workdir"']
+    for folder in sorted({name.rsplit("/", 1)[0] for name in files if "/" in name}):
+        out.append(f'mkdir -p "$d"/{shlex.quote(folder)}')
     for name, content in files.items():
         delimiter = "CORRAL_EOF_" + secrets.token_hex(8)
         while delimiter in content:

@@ -1,0 +1,368 @@
+"""Dev allocations: `corral launch -c NAME`, `exec`, `ssh`, `status`, `down`.
+
+An allocation is placed like any job (the same plan, failover and idempotent token), but its batch
+job holds the nodes until it is taken down, its walltime ends, or it has been idle for its idle limit
+(the holder script decides that on the cluster itself; see `infra/slurm/devscript.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.client import Client
+from corral.config import corral_home
+from corral.errors import ClusterError, CorralError
+from corral.infra.slurm import devscript
+from corral.infra.slurm.jobs import STATE_MAP, parse_submit
+from corral.infra.slurm.jobscript import new_token
+from corral.infra.slurm.parsing import FIELD_SEPARATOR
+from corral.infra.slurm.probe import split_sections
+from corral.launch import Launcher, NoFeasibleClusterError, _no_candidate_message, new_job_id
+from corral.state import Store
+from corral.state.models import AllocationRow, AttemptRow, JobRow
+from corral.task import Task, resolved_envs, resource_options
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}$")
+EXIT_NOT_READY = 75
+
+
+class AllocationNotFoundError(CorralError):
+    def __init__(self, name: str, known: list[str]):
+        listed = ", ".join(known) if known else "none"
+        super().__init__(f"no dev allocation {name!r}; allocations: {listed} (create one with `corral launch -c {name}`)")
+
+
+class AllocationMismatchError(CorralError):
+    pass
+
+
+@dataclass(frozen=True)
+class AllocationStatus:
+    row: AllocationRow
+    state: str  # PENDING, STARTING, READY, ENDED, FAILED, DOWN, UNKNOWN
+    reason: str | None
+    nodes: list[str]
+    started_at: float | None
+    last_active: float | None
+    time_left: str | None
+
+    def to_json(self, now: float) -> dict[str, object]:
+        r = self.row
+        return {
+            "name": r.name, "cluster": r.cluster, "partition": r.partition, "state": self.state,
+            "reason": self.reason, "slurm_job_id": r.slurm_job_id, "num_nodes": r.num_nodes, "gres": r.gres,
+            "nodes": self.nodes, "age_seconds": round(now - r.created_at),
+            "idle_seconds": round(now - self.last_active) if self.last_active else None,
+            "idle_limit_seconds": r.idle_seconds or None, "time_left": self.time_left,
+        }
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise CorralError(f"invalid allocation name {name!r}: use letters, digits, '-', '_' or '.', starting with a letter")
+    return name
+
+
+def resources_key(task: Task) -> str:
+    """What identifies an allocation's shape: GPUs, nodes, CPUs, memory, infra."""
+    option = resource_options(task.resources)[0]
+    return json.dumps({"accelerator": str(option.accelerator) if option.accelerator else None,
+                       "num_nodes": task.num_nodes, "cpus": str(option.cpus) if option.cpus else None,
+                       "memory": str(option.memory_gb) if option.memory_gb else None,
+                       "infra": str(option.infra) if option.infra.cluster else None}, sort_keys=True)
+
+
+class DevAllocations:
+    def __init__(self, client: Client, store: Store, launcher: Launcher):
+        self.client = client
+        self.store = store
+        self.launcher = launcher
+
+    # ---- launch -c ----------------------------------------------------------------------------
+    async def launch(self, name: str, task: Task, source: str, idle_minutes: float | None,
+                     walltime: str | None) -> tuple[AllocationRow, bool]:
+        """Place and hold the allocation, or reuse a live one of the same shape. Returns (row, new)."""
+        check_name(name)
+        existing = self.store.allocation(name)
+        wanted = resources_key(task)
+        if existing is not None:
+            [status] = await self.status([existing])
+            if status.state in ("PENDING", "STARTING", "READY"):
+                if existing.resources != wanted:
+                    raise AllocationMismatchError(
+                        f"allocation {name!r} exists with other resources ({_describe(existing.resources)}); "
+                        f"asked for {_describe(wanted)}. Use another name, or `corral down {name}` first")
+                return existing, False
+            self.store.delete_allocation(name)  # ended: a new one takes the name
+        if walltime:
+            task = task.model_copy(update={"slurm": task.slurm.model_copy(update={"time": walltime})})
+        envs = resolved_envs(task, source)
+        plan = await self.launcher.plan(task, predict_all=False)
+        self.launcher.events.plan(plan)
+        feasible = plan.feasible()
+        if not feasible:
+            raise NoFeasibleClusterError(_no_candidate_message(plan))
+        idle_seconds = int(round((idle_minutes or 0) * 60))
+        dead: set[str] = set()
+        tries: list[tuple[str, str]] = []
+        for candidate in feasible:
+            if candidate.cluster in dead:
+                continue
+            token = new_token()
+            spec = self.launcher._spec(task, candidate, token, (name,), envs)
+            row = AllocationRow(name=name, token=token, cluster=candidate.cluster, partition=candidate.partition,
+                                slurm_job_id=None, num_nodes=task.num_nodes, gres=candidate.gres,
+                                gpus_per_node=spec.gpus_per_node, resources=wanted, run_dir=spec.run_dir,
+                                idle_seconds=idle_seconds, created_at=time.time())
+            self.store.put_allocation(row)  # before sbatch: the token makes a retry find the job
+            script = devscript.holder_submit_script(spec, idle_seconds, envs, task.setup)
+            try:
+                result = await self.client.transport.run(candidate.cluster, script, timeout=30)
+                answer = parse_submit(result.stdout)
+            except ClusterError as exc:
+                dead.add(candidate.cluster)
+                tries.append((candidate.infra, str(exc)))
+                self.launcher.events.skipped(candidate.infra, str(exc))
+                continue
+            if not answer.accepted:
+                why = f"{candidate.cluster}: sbatch rejected the allocation: {answer.message}"
+                tries.append((candidate.infra, why))
+                self.launcher.events.skipped(candidate.infra, why)
+                continue
+            row.slurm_job_id = answer.slurm_job_id
+            self.store.put_allocation(row)
+            return row, True
+        self.store.delete_allocation(name)
+        raise CorralError("no cluster accepted the allocation (" + "; ".join(f"{i}: {w}" for i, w in tries) + ")")
+
+    async def wait_ready(self, row: AllocationRow, timeout: float | None = None,
+                         on_state: Callable[[AllocationStatus], None] = lambda s: None) -> AllocationStatus:
+        started = time.monotonic()
+        last = None
+        while True:
+            [status] = await self.status([row])
+            if status.state != last:
+                on_state(status)
+                last = status.state
+            if status.state == "READY":
+                return status
+            if status.state not in ("PENDING", "STARTING"):
+                raise CorralError(f"allocation {row.name!r} is {status.state}"
+                                  + (f": {status.reason}" if status.reason else ""))
+            if timeout is not None and time.monotonic() - started > timeout:
+                raise CorralError(f"allocation {row.name!r} is still {status.state} after {timeout:g}s")
+            await _sleep(1.0)
+
+    # ---- status -------------------------------------------------------------------------------
+    async def status(self, rows: list[AllocationRow] | None = None) -> list[AllocationStatus]:
+        """One round trip per cluster, for all its allocations."""
+        import asyncio
+
+        rows = self.store.allocations() if rows is None else rows
+        by_cluster: dict[str, list[AllocationRow]] = {}
+        for row in rows:
+            by_cluster.setdefault(row.cluster, []).append(row)
+        results: dict[str, AllocationStatus] = {}
+
+        async def one(cluster: str, group: list[AllocationRow]) -> None:
+            submitted = [r for r in group if r.slurm_job_id]
+            for r in group:
+                if not r.slurm_job_id:
+                    results[r.name] = AllocationStatus(r, "UNKNOWN", "never reached Slurm", [], None, None, None)
+            if not submitted:
+                return
+            try:
+                result = await self.client.transport.run(
+                    cluster, devscript.status_script([(r.slurm_job_id or "", r.run_dir) for r in submitted]),
+                    timeout=20)
+            except CorralError as exc:
+                for r in submitted:
+                    results[r.name] = AllocationStatus(r, "UNKNOWN", str(exc), [], None, None, None)
+                return
+            for r in submitted:
+                results[r.name] = _parse_status(r, result.stdout)
+
+        await asyncio.gather(*(one(c, g) for c, g in by_cluster.items()))
+        return [results[r.name] for r in rows]
+
+    # ---- exec ---------------------------------------------------------------------------------
+    def get(self, name: str) -> AllocationRow:
+        row = self.store.allocation(name)
+        if row is None:
+            raise AllocationNotFoundError(name, [r.name for r in self.store.allocations()])
+        return row
+
+    async def exec(self, name: str, task: Task, source: str, on_output: Callable[[bytes], None]) -> tuple[str, int]:
+        """Run the task's `run` on every node of the allocation; returns (job id, exit status)."""
+        row = self.get(name)
+        if not row.slurm_job_id:
+            raise CorralError(f"allocation {name!r} never reached Slurm; `corral down {name}` and launch it again")
+        envs = resolved_envs(task, source)
+        job_id = new_job_id()
+        token = f"exec-{secrets.token_hex(6)}"
+        self.store.add_jobs(
+            [JobRow(id=job_id, name=task.name or "exec", task_json=json.dumps(task.model_dump(mode="json")),
+                    created_at=time.time(), allocation=name)],
+            [AttemptRow(token=token, job_id=job_id, number=1, cluster=row.cluster, partition=row.partition,
+                        slurm_job_id=row.slurm_job_id, state="RUNNING", created_at=time.time(),
+                        run_dir=row.run_dir, log_path=f"{row.run_dir}/exec/{job_id}/run.sh",
+                        started_at=time.time(), submitted_at=time.time())],
+        )
+        script = devscript.exec_script(row.run_dir, row.slurm_job_id, job_id, row.num_nodes, row.gpus_per_node,
+                                       row.cluster, envs, task.run or "")
+        try:
+            status = await self.client.transport.stream(row.cluster, script, on_output)
+        except BaseException:
+            self.store.update_attempt(token, state="FAILED", reason="interrupted", ended_at=time.time())
+            raise
+        state = "SUCCEEDED" if status == 0 else "FAILED"
+        reason = "allocation not ready" if status == EXIT_NOT_READY else None
+        self.store.update_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
+        if status == EXIT_NOT_READY:
+            raise CorralError(f"allocation {name!r} is not ready; see `corral status {name}`")
+        return job_id, status
+
+    # ---- ssh ----------------------------------------------------------------------------------
+    async def ssh_argv(self, name: str, command: str | None) -> list[str]:
+        row = self.get(name)
+        [status] = await self.status([row])
+        if status.state != "READY" or not status.nodes:
+            raise CorralError(f"allocation {name!r} is {status.state}; cannot open a shell in it")
+        remote = devscript.shell_command(row.slurm_job_id or "", status.nodes[0], command)
+        argv = self.client.transport.ssh_argv(row.cluster, [remote])
+        if command is None:
+            argv.insert(1, "-t")
+            argv[argv.index("BatchMode=yes")] = "BatchMode=no"
+        return argv
+
+    async def write_ssh_alias(self, row: AllocationRow, head_node: str) -> Path:
+        """An ssh config Include so that plain `ssh NAME` opens a shell on the head node.
+
+        The entry copies the login node's effective settings (`ssh -G`), so it works from any ssh
+        that includes the file, with or without Corral's cluster file.
+        """
+        import asyncio
+
+        proc = await asyncio.create_subprocess_exec(
+            "ssh", "-G", "-F", str(self.client.registry.path), row.cluster,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        settings: dict[str, list[str]] = {}
+        for line in out.decode().splitlines():
+            key, _, value = line.partition(" ")
+            settings.setdefault(key, []).append(value)
+        keep = ["hostname", "port", "user", "identityfile", "identitiesonly", "proxyjump", "userknownhostsfile",
+                "stricthostkeychecking"]
+        lines = [f"Host {row.name}",
+                 f"    # corral dev allocation on slurm/{row.cluster}/{row.partition}, Slurm job {row.slurm_job_id}"]
+        for key in keep:
+            for value in settings.get(key, []):
+                if key == "proxyjump" and value == "none":
+                    continue
+                lines.append(f"    {key} {value}")
+        lines += ["    RequestTTY yes",
+                  f"    RemoteCommand {devscript.shell_command(row.slurm_job_id or '', head_node, None)}"]
+        path = ssh_alias_file()
+        entries = _read_aliases(path)
+        entries[row.name] = "\n".join(lines)
+        _write_aliases(path, entries, self.client.registry.path)
+        return path
+
+    # ---- down ---------------------------------------------------------------------------------
+    async def down(self, name: str) -> bool:
+        """Release the allocation and clean its files. False if there was none (already down)."""
+        row = self.store.allocation(name)
+        if row is None:
+            return False
+        try:
+            await self.client.transport.run(row.cluster, devscript.down_script(row.slurm_job_id, row.run_dir),
+                                            timeout=30)
+        except ClusterError as exc:
+            raise CorralError(f"could not take {name!r} down: {exc}") from exc
+        self.store.delete_allocation(name)
+        path = ssh_alias_file()
+        entries = _read_aliases(path)
+        if entries.pop(name, None) is not None:
+            _write_aliases(path, entries, self.client.registry.path)
+        return True
+
+
+def _describe(resources: str) -> str:
+    data = json.loads(resources)
+    return ", ".join(f"{k}={v}" for k, v in data.items() if v is not None)
+
+
+def _parse_status(row: AllocationRow, stdout: str) -> AllocationStatus:
+    sections = split_sections(stdout)
+    files: dict[str, str] = {}
+    for line in sections.get(f"files-{row.slurm_job_id}", None).text.splitlines() if f"files-{row.slurm_job_id}" in sections else []:
+        key, _, value = line.partition("=")
+        files[key] = value
+    slurm = None
+    for line in sections["squeue"].text.splitlines() if "squeue" in sections else []:
+        fields = line.split(FIELD_SEPARATOR)
+        if fields and fields[0] == row.slurm_job_id and len(fields) == 6:
+            slurm = fields
+    nodes = files["nodes"].split(",") if files.get("nodes") else []
+    last_active = float(files["last_active"]) if files.get("last_active", "").isdigit() else None
+    if slurm is None:
+        return AllocationStatus(row, "ENDED", "Slurm no longer knows the job", nodes, None, last_active, None)
+    _, state, reason, time_left, _start, nodelist = slurm
+    corral_state = STATE_MAP.get(state, "UNKNOWN")
+    reason = None if reason in ("None", "") else reason
+    if corral_state in ("RUNNING", "STARTING"):
+        shown = "READY" if "ready" in files else "STARTING"
+        return AllocationStatus(row, shown, None if shown == "READY" else "running setup", nodes,
+                                None, last_active, time_left)
+    if corral_state == "PENDING":
+        return AllocationStatus(row, "PENDING", reason, [], None, None, time_left)
+    why = {"TIMEOUT": "walltime ended", "NODE_FAIL": "a node failed", "CANCELLED": "cancelled",
+           "PREEMPTED": "preempted", "BOOT_FAIL": "a node failed to boot"}.get(state, state.lower())
+    if files.get("ended") == "idle":
+        why = "released after being idle"
+    if "setup_failed" in files:
+        why = f"setup failed with exit code {files['setup_failed']}"
+    return AllocationStatus(row, "FAILED" if state in ("NODE_FAIL", "BOOT_FAIL", "FAILED") or "setup_failed" in files
+                            else "ENDED", why, nodes, None, last_active, None)
+
+
+def ssh_alias_file() -> Path:
+    return corral_home() / "ssh_config"
+
+
+def _read_aliases(path: Path) -> dict[str, str]:
+    entries: dict[str, str] = {}
+    if not path.exists():
+        return entries
+    current: list[str] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("Host "):
+            if current:
+                entries[current[0].split()[1]] = "\n".join(current)
+            current = [line]
+        elif current and line.strip():
+            current.append(line)
+    if current:
+        entries[current[0].split()[1]] = "\n".join(current)
+    return entries
+
+
+def _write_aliases(path: Path, entries: dict[str, str], cluster_file: Path) -> None:
+    header = (f"# Written by Corral: one Host per dev allocation. Add `Include {path}` to ~/.ssh/config.\n"
+              f"# Each connects to its cluster's login node (from {cluster_file}) and opens a shell on the\n"
+              "# allocation's head node.\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + "\n\n".join(entries.values()) + ("\n" if entries else ""))
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+

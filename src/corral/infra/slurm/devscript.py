@@ -1,0 +1,146 @@
+"""Dev allocations on Slurm: a holder batch job, and the scripts that exec into it, watch it, end it.
+
+The holder is a native batch job named `corral-dev-<token>`. It runs the task's `setup` once on
+every node (one srun step), marks itself ready, then waits for its walltime. Every exec and every
+`corral ssh` session is a job step (`srun --jobid … --overlap`), so the holder itself can tell when
+the allocation is idle: if no step but its own has run for the idle limit, it exits and the nodes
+are released. No server has to be up for autodown to work.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from corral.infra.slurm.jobscript import (
+    JOB_NAME_PREFIX,
+    TASK_SH,
+    SlurmJobSpec,
+    node_env_lines,
+    render_env,
+    sbatch_options,
+    write_files_script,
+)
+from corral.infra.slurm.probe import MARK
+
+DEV_PREFIX = JOB_NAME_PREFIX + "dev-"
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+_JOB_ID = re.compile(r"^\d+$")
+
+
+def _check_id(job_id: str) -> str:
+    if not _JOB_ID.match(job_id):
+        raise ValueError(f"not a Slurm job id: {job_id!r}")
+    return job_id
+
+
+def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
+    """The allocation's batch script. `spec.task_ids[0]` is the allocation's name."""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={DEV_PREFIX}{spec.token}"]
+    lines += [f"#SBATCH {opt}" for opt in sbatch_options(spec)]
+    lines += [
+        "#SBATCH --output=log.txt",
+        "#SBATCH --open-mode=append",
+        # A requeued allocation would come back empty on other nodes: better to end and say why.
+        "#SBATCH --no-requeue",
+        "# Written by Corral: holds a dev allocation; releases it after the idle limit.",
+        "set -u",
+        'export CORRAL_RUN_DIR="$SLURM_SUBMIT_DIR"',
+        'cd "$CORRAL_RUN_DIR"',
+        ". ./env.sh",
+        f"export CORRAL_TASK_ID={shlex.quote(spec.task_ids[0])} CORRAL_CLUSTER={shlex.quote(spec.cluster)}",
+        f"export CORRAL_NUM_GPUS_PER_NODE={spec.gpus_per_node}",
+        *node_env_lines('"$SLURM_JOB_NODELIST"'),
+        'scontrol show hostnames "$SLURM_JOB_NODELIST" > nodes',
+        "if [ -s setup.sh ]; then",
+        f"  srun --overlap --nodes={spec.num_nodes} --ntasks-per-node=1 bash task.sh \"$CORRAL_RUN_DIR/setup.sh\" \"\"",
+        '  rc=$?; if [ "$rc" -ne 0 ]; then echo "corral: setup failed ($rc)"; echo "$rc" > setup_failed; exit "$rc"; fi',
+        "fi",
+        "date +%s > last_active",
+        "touch ready",
+        f"idle_limit={int(idle_seconds)}",
+        'poll=15; if [ "$idle_limit" -gt 0 ] && [ "$idle_limit" -lt 45 ]; then poll=$(( (idle_limit + 2) / 3 )); fi',
+        "while true; do",
+        '  sleep "$poll"',
+        "  # Any step but the holder's own (batch, extern) is an exec job or an ssh session.",
+        '  if squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -qv -e "\\.batch$" -e "\\.extern$"; then',
+        "    date +%s > last_active",
+        '  elif [ "$idle_limit" -gt 0 ] && [ $(( $(date +%s) - $(cat last_active) )) -ge "$idle_limit" ]; then',
+        '    echo "corral: idle for ${idle_limit}s: releasing the allocation"; echo idle > ended; exit 0',
+        "  fi",
+        "done",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def holder_submit_script(spec: SlurmJobSpec, idle_seconds: int, envs: dict[str, str], setup: str | None) -> str:
+    files = {"job.sbatch": holder_sbatch(spec, idle_seconds), "task.sh": TASK_SH, "env.sh": render_env(envs),
+             "setup.sh": setup or ""}
+    return (
+        "umask 077\n"
+        + write_files_script(spec.run_dir, files)
+        + 'cd "$d" || exit 1\n'
+        + f"existing=$(squeue -h --me -t all --name={DEV_PREFIX}{spec.token} -o %A 2>/dev/null | head -n 1)\n"
+        + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
+        + 'out=$(sbatch --parsable job.sbatch 2>"$d/sbatch.err"); rc=$?\n'
+        + 'if [ "$rc" -eq 0 ]; then echo "@@corral submitted ${out%%;*} new"; '
+        + 'else echo "@@corral rejected $rc"; cat "$d/sbatch.err"; fi\n'
+    )
+
+
+def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
+                envs: dict[str, str], run: str) -> str:
+    """Run `run` on every node of the allocation as one step, from the login node; exits with its status."""
+    _check_id(job_id)
+    exec_dir = f"exec/{exec_id}"
+    files = {f"{exec_dir}/run.sh": run, f"{exec_dir}/env.sh": render_env(envs)}
+    return (
+        write_files_script(run_dir, files)
+        + 'cd "$d" || exit 1\n'
+        + f'state=$(squeue -h -j {job_id} -o %T 2>/dev/null)\n'
+        + 'if [ "$state" != RUNNING ] || [ ! -e ready ]; then '
+        + 'echo "corral: the allocation is not ready (${state:-gone})" >&2; exit 75; fi\n'
+        + 'export CORRAL_RUN_DIR="$d"\n'
+        + f". ./{exec_dir}/env.sh\n"
+        + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
+        + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
+        + "\n".join(node_env_lines(f'"$(squeue -h -j {job_id} -o %N)"')) + "\n"
+        + f'srun --jobid={job_id} --overlap --nodes={num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 '
+        + f'bash task.sh "" "$d/{exec_dir}/run.sh"\n'
+    )
+
+
+def status_script(allocations: list[tuple[str, str]]) -> str:
+    """For (job id, run dir) pairs: Slurm's view and the holder's own files, in one round trip."""
+    out = [f"printf '{MARK} clock 0\\n'; date +%s"]
+    for job_id, _ in allocations:
+        _check_id(job_id)
+    # All of the user's jobs, not `-j ids`: squeue refuses the whole list if one id was purged.
+    out.append(f"printf '\\n{MARK} squeue 0\\n'")
+    out.append("squeue --me -h -t all -O 'JobID:0|,State:0|,Reason:0|,TimeLeft:0|,StartTime:0|,"
+               "NodeList:0' 2>/dev/null")
+    for job_id, run_dir in allocations:
+        path = f'"$HOME"/{shlex.quote(run_dir)}'
+        out.append(f"printf '\\n{MARK} files-{job_id} 0\\n'")
+        out.append(f"for f in ready last_active ended setup_failed nodes; do if [ -e {path}/$f ]; then "
+                   f"printf '%s=%s\\n' \"$f\" \"$(paste -sd, {path}/$f)\"; fi; done")
+    return "\n".join(out) + "\nexit 0\n"
+
+
+def down_script(job_id: str | None, run_dir: str) -> str:
+    parts = []
+    if job_id:
+        parts.append(f"scancel {_check_id(job_id)} 2>/dev/null")
+    parts.append(f'rm -rf "$HOME"/{shlex.quote(run_dir)}')
+    return "\n".join(parts) + "\nexit 0\n"
+
+
+def shell_command(job_id: str, head_node: str, command: str | None) -> str:
+    """The remote command of `corral ssh`: a step on the head node, interactive or running `command`."""
+    _check_id(job_id)
+    if not _NODE_NAME.match(head_node):
+        raise ValueError(f"not a node name: {head_node!r}")
+    base = f"srun --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node}"
+    if command is None:
+        return f"{base} --pty bash -l"
+    return f"{base} bash -lc {shlex.quote(command)}"

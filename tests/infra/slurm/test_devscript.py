@@ -1,0 +1,48 @@
+"""What a dev allocation sends to Slurm (golden file) and how its status is read."""
+
+import pytest
+
+from corral.dev import _parse_status
+from corral.infra.slurm.devscript import holder_sbatch, shell_command
+from corral.state.models import AllocationRow
+from tests.infra.slurm.test_jobscript import check_golden, spec
+
+
+def test_holder_script():
+    check_golden("dev-holder.sbatch", holder_sbatch(spec(task_ids=("dev",), sbatch_args=(), time="4:00:00"), 3600))
+
+
+def test_shell_command_is_validated_and_quoted():
+    assert shell_command("42", "b1", None) == "srun --jobid=42 --overlap --nodes=1 --ntasks=1 -w b1 --pty bash -l"
+    assert shell_command("42", "b1", "echo 'x' $(y)").endswith("bash -lc 'echo '\"'\"'x'\"'\"' $(y)'")
+    for job_id, node in (("42;rm", "b1"), ("42", "b1;rm"), ("42", "$(x)")):
+        with pytest.raises(ValueError):
+            shell_command(job_id, node, None)
+
+
+def row() -> AllocationRow:
+    return AllocationRow(name="dev", token="t", cluster="alpine", partition="gpu", slurm_job_id="7", num_nodes=2,
+                         gres="gpu:h100:1", gpus_per_node=1, resources="{}", run_dir=".corral/runs/t",
+                         idle_seconds=60, created_at=0.0)
+
+
+def answer(squeue: str, files: str) -> str:
+    return f"@@corral clock 0\n1796015347\n\n@@corral squeue 0\n{squeue}\n@@corral files-7 0\n{files}\n"
+
+
+@pytest.mark.parametrize(("squeue", "files", "expected"), [
+    ("7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]", "ready=\nlast_active=1796015300\nnodes=a1,a2",
+     ("READY", None, ["a1", "a2"])),
+    ("7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]", "", ("STARTING", "running setup", [])),
+    ("7|PENDING|Resources|1:00:00|N/A|", "", ("PENDING", "Resources", [])),
+    ("7|TIMEOUT|TimeLimit|0:00|2026-11-30T05:27:13|c3", "ready=\nnodes=c3", ("ENDED", "walltime ended", ["c3"])),
+    ("7|NODE_FAIL|NodeDown|0:00|2026-11-30T05:27:13|a4", "ready=\nnodes=a4", ("FAILED", "a node failed", ["a4"])),
+    ("7|COMPLETED|None|0:00|2026-11-30T05:27:13|a4", "ended=idle\nnodes=a4",
+     ("ENDED", "released after being idle", ["a4"])),
+    ("7|FAILED|NonZeroExitCode|0:00|2026-11-30T05:27:13|a4", "setup_failed=3",
+     ("FAILED", "setup failed with exit code 3", [])),
+    ("8|RUNNING|None|1:00|2026-11-30T05:27:13|a1", "", ("ENDED", "Slurm no longer knows the job", [])),
+])
+def test_status(squeue, files, expected):
+    status = _parse_status(row(), answer(squeue, files))
+    assert (status.state, status.reason, status.nodes) == expected
