@@ -13,17 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import corral_argv, median_of, print_table, time_command  # noqa: E402
-from testbed import Testbed  # noqa: E402
+from bench.common import bench_testbed, corral_argv, median_of, print_table, time_command  # noqa: E402
 
 HELD_TASK = "resources:\n  cpus: 1\nslurm:\n  sbatch_args: [--hold]\nrun: 'true'\n"
 
@@ -34,58 +31,47 @@ def main() -> None:
     parser.add_argument("--sweep", type=int, default=300)
     parser.add_argument("--tracked", type=int, default=1000)
     args = parser.parse_args()
+    n = args.sweep
+    with bench_testbed() as bench:
+        config, clusters, env = bench.config, bench.clusters, bench.env
+        task = bench.scratch / "held.yaml"
+        task.write_text(HELD_TASK)
+        try:
+            _cancel_all(config, clusters)
+            # 1. one launch
+            time_command(corral_argv("check"), env=env)  # ControlMasters up, as after any earlier command
+            raw_one = median_of(args.runs, lambda: time_command(
+                [*bench.raw_ssh("alpine"), "sbatch --parsable --hold -p cpu --wrap true"]))
+            raw_new = median_of(args.runs, lambda: time_command(
+                [*bench.raw_ssh("alpine", mux=False), "sbatch --parsable --hold -p cpu --wrap true"]))
+            pinned = median_of(args.runs, lambda: time_command(
+                corral_argv("launch", "-d", "--infra", "slurm/alpine/cpu", str(task)), env=env))
+            anywhere = median_of(args.runs, lambda: time_command(corral_argv("launch", "-d", str(task)), env=env))
+            _cancel_all(config, clusters)
 
-    bed = Testbed()
-    bed.up(install_user_config=False)
-    config = str(bed.cluster_config)
-    clusters = [s.name for s in bed.clusters]
-    scratch = Path(tempfile.mkdtemp(prefix="corral-bench-"))
-    task = scratch / "held.yaml"
-    task.write_text(HELD_TASK)
-    env = {**os.environ, "CORRAL_SLURM_CONFIG": config, "CORRAL_HOME": str(scratch / "home")}
-    raw_ssh = ["ssh", "-F", config, "-o", "BatchMode=yes", "-o", "ControlMaster=auto",
-               "-o", f"ControlPath={scratch}/raw-%C", "-o", "ControlPersist=300"]
-    try:
-        _cancel_all(config, clusters)
-        # 1. one launch
-        time_command(corral_argv("check"), env=env)  # ControlMasters up, as after any earlier command
-        raw_one = median_of(args.runs, lambda: time_command(
-            [*raw_ssh, "alpine", "sbatch --parsable --hold -p cpu --wrap true"]))
-        raw_new = median_of(args.runs, lambda: time_command(
-            ["ssh", "-F", config, "-o", "ControlPath=none", "alpine", "sbatch --parsable --hold -p cpu --wrap true"]))
-        pinned = median_of(args.runs, lambda: time_command(
-            corral_argv("launch", "-d", "--infra", "slurm/alpine/cpu", str(task)), env=env))
-        anywhere = median_of(args.runs, lambda: time_command(corral_argv("launch", "-d", str(task)), env=env))
-        _cancel_all(config, clusters)
+            # 2. a sweep
+            started = time.perf_counter()
+            subprocess.run([*bench.raw_ssh("alpine"), f"for i in $(seq {n}); do sbatch --hold -p cpu --wrap true; done"],
+                           check=True, capture_output=True)
+            raw_loop = time.perf_counter() - started
+            _cancel_all(config, clusters)
+            few = min(n, 60)  # separate ssh calls are slow: time 60 and scale
+            started = time.perf_counter()
+            for i in range(few):
+                subprocess.run([*bench.raw_ssh(clusters[i % len(clusters)]), "sbatch --hold --wrap true"],
+                               check=True, capture_output=True)
+            raw_calls = (time.perf_counter() - started) * n / few
+            _cancel_all(config, clusters)
+            sweep = time_command(corral_argv("launch", "-d", "--num-jobs", str(n), str(task)), env=env)
+            _cancel_all(config, clusters)
 
-        # 2. a sweep
-        n = args.sweep
-        started = time.perf_counter()
-        subprocess.run([*raw_ssh, "alpine", f"for i in $(seq {n}); do sbatch --hold -p cpu --wrap true; done"],
-                       check=True, capture_output=True)
-        raw_loop = time.perf_counter() - started
-        _cancel_all(config, clusters)
-        few = min(n, 60)  # separate ssh calls are slow: time 60 and scale
-        started = time.perf_counter()
-        for i in range(few):
-            subprocess.run([*raw_ssh, clusters[i % len(clusters)], "sbatch --hold --wrap true"], check=True,
-                           capture_output=True)
-        raw_calls = (time.perf_counter() - started) * n / few
-        _cancel_all(config, clusters)
-        sweep = time_command(corral_argv("launch", "-d", "--num-jobs", str(n), str(task)), env=env)
-        _cancel_all(config, clusters)
-
-        # 3. queue refresh with many tracked jobs
-        time_command(corral_argv("launch", "-d", "--num-jobs", str(args.tracked), str(task)), env=env)
-        trips, refresh = _refresh(env)
-        raw_squeue = max(time_command([*raw_ssh, c, "squeue --me -h -t all -r"]) for c in clusters)
-        queue_cli = median_of(3, lambda: time_command(corral_argv("queue", "--json"), env=env), warmup=0)
-    finally:
-        _cancel_all(config, clusters)
-        for sock in scratch.glob("raw-*"):
-            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True)
-        subprocess.run(corral_argv("check"), env={**env}, capture_output=True)
-        shutil.rmtree(scratch, ignore_errors=True)
+            # 3. queue refresh with many tracked jobs
+            time_command(corral_argv("launch", "-d", "--num-jobs", str(args.tracked), str(task)), env=env)
+            trips, refresh = _refresh(env)
+            raw_squeue = max(time_command([*bench.raw_ssh(c), "squeue --me -h -t all -r"]) for c in clusters)
+            queue_cli = median_of(3, lambda: time_command(corral_argv("queue", "--json"), env=env), warmup=0)
+        finally:
+            _cancel_all(config, clusters)
 
     print_table(f"launch latency (median of {args.runs})", [
         ("corral launch -d --infra slurm/alpine/cpu (vs ssh sbatch, mux)", pinned, raw_one, "<= 2x"),

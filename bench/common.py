@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 
 def time_command(argv: Sequence[str], env: dict[str, str] | None = None, check: bool = True) -> float:
@@ -39,3 +44,48 @@ def print_table(title: str, rows: list[tuple[str, float, float | None, str]]) ->
         base = f"{baseline:9.3f}" if baseline is not None else f"{'-':>9}"
         ratio = f"{seconds / baseline:6.2f}x" if baseline else f"{'-':>7}"
         print(f"{what:66} {seconds:9.3f} {base} {ratio}  {goal}")
+
+
+@dataclass
+class BenchSetup:
+    """The testbed, a scratch dir, Corral's environment, and a raw ssh over a ControlMaster of its own."""
+
+    config: str
+    clusters: list[str]
+    scratch: Path
+    env: dict[str, str]
+
+    def raw_ssh(self, cluster: str, *, mux: bool = True) -> list[str]:
+        control = (["-o", "ControlMaster=auto", "-o", f"ControlPath={self.scratch}/raw-%C",
+                    "-o", "ControlPersist=300"] if mux else ["-o", "ControlMaster=no", "-o", "ControlPath=none"])
+        return ["ssh", "-F", self.config, "-o", "BatchMode=yes", *control, cluster]
+
+
+@contextmanager
+def bench_testbed() -> Iterator[BenchSetup]:
+    """Bring the testbed up; afterwards close every ControlMaster the benchmark opened."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from testbed import Testbed
+
+    bed = Testbed()
+    bed.up(install_user_config=False)
+    scratch = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    env = {**os.environ, "CORRAL_SLURM_CONFIG": str(bed.cluster_config), "CORRAL_HOME": str(scratch / "home")}
+    try:
+        yield BenchSetup(str(bed.cluster_config), [s.name for s in bed.clusters], scratch, env)
+    finally:
+        close_masters(scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def close_masters(root: Path) -> None:
+    """`ssh -O exit` every ControlMaster socket below root (and Corral's own for a CORRAL_HOME there)."""
+    sockets = list(root.glob("raw-*"))
+    for home in root.glob("*home*"):
+        code = "from corral.ssh import control_dir; print(control_dir())"
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CORRAL_HOME": str(home)},
+                             capture_output=True, text=True).stdout.strip()
+        if out:
+            sockets += list(Path(out).glob("*"))
+    for sock in sockets:
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from testbed.accounting import Accounting
 from testbed.layout import (
-    ClusterPaths,
     TestbedPaths,
     render_cluster_config,
     render_gres_conf,

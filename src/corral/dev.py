@@ -115,7 +115,7 @@ class DevAllocations:
             if candidate.cluster in dead:
                 continue
             token = new_token()
-            spec = self.launcher._spec(task, candidate, token, (name,), envs)
+            spec = self.launcher.job_spec(task, candidate, token, (name,), envs)
             row = AllocationRow(name=name, token=token, cluster=candidate.cluster, partition=candidate.partition,
                                 slurm_job_id=None, num_nodes=task.num_nodes, gres=candidate.gres,
                                 gpus_per_node=spec.gpus_per_node, resources=wanted, run_dir=spec.run_dir,

@@ -97,7 +97,7 @@ class Launcher:
             by_cluster.setdefault(c.cluster, []).append(c)
 
         async def one(cluster: str, group: list[Candidate]) -> dict[tuple[str, str], tuple[float | None, str]]:
-            specs = [self._spec(task, c, "testonly0000", ("c-test",), {}) for c in group]
+            specs = [self.job_spec(task, c, "testonly0000", ("c-test",), {}) for c in group]
             try:
                 answers = await SlurmJobs(cluster, self.client.transport).predict(specs)
             except CorralError as exc:
@@ -110,7 +110,7 @@ class Launcher:
         plan.candidates = [c.with_prediction(*results[(c.cluster, c.partition)])
                            if (c.cluster, c.partition) in results else c for c in plan.candidates]
 
-    def _spec(self, task: Task, candidate: Candidate, token: str, job_ids: tuple[str, ...],
+    def job_spec(self, task: Task, candidate: Candidate, token: str, job_ids: tuple[str, ...],
               envs: dict[str, str], first_rank: int = 0, num_jobs: int = 1) -> SlurmJobSpec:
         option = candidate.option
         return SlurmJobSpec(
@@ -174,7 +174,7 @@ class Launcher:
             if candidate.cluster in dead:
                 continue
             token = new_token()
-            spec = self._spec(task, candidate, token, job_ids, envs, first_rank=start, num_jobs=num_jobs)
+            spec = self.job_spec(task, candidate, token, job_ids, envs, first_rank=start, num_jobs=num_jobs)
             attempts = [
                 AttemptRow(token=token if not spec.is_array else f"{token}.{i}", job_id=jid, number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",

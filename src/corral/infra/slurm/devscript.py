@@ -19,6 +19,7 @@ from corral.infra.slurm.jobscript import (
     node_env_lines,
     render_env,
     sbatch_options,
+    submit_script,
     write_files_script,
 )
 from corral.infra.slurm.probe import MARK
@@ -76,16 +77,7 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
 def holder_submit_script(spec: SlurmJobSpec, idle_seconds: int, envs: dict[str, str], setup: str | None) -> str:
     files = {"job.sbatch": holder_sbatch(spec, idle_seconds), "task.sh": TASK_SH, "env.sh": render_env(envs),
              "setup.sh": setup or ""}
-    return (
-        "umask 077\n"
-        + write_files_script(spec.run_dir, files)
-        + 'cd "$d" || exit 1\n'
-        + f"existing=$(squeue -h --me -t all --name={DEV_PREFIX}{spec.token} -o %A 2>/dev/null | head -n 1)\n"
-        + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
-        + 'out=$(sbatch --parsable job.sbatch 2>"$d/sbatch.err"); rc=$?\n'
-        + 'if [ "$rc" -eq 0 ]; then echo "@@corral submitted ${out%%;*} new"; '
-        + 'else echo "@@corral rejected $rc"; cat "$d/sbatch.err"; fi\n'
-    )
+    return submit_script(spec, files, job_name=DEV_PREFIX + spec.token)
 
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,

@@ -198,14 +198,16 @@ def write_files_script(run_dir: str, files: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None) -> str:
-    """Write the job's files and submit it, unless a job with its token already exists (idempotent)."""
+def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None, job_name: str | None = None) -> str:
+    """Write the job's files and submit `job.sbatch`, unless a job with its name (and so its token)
+    already exists: a retried or interrupted submission never makes a second job."""
     files = job_files(spec) if files is None else files
     return (
         "umask 077\n"
         + write_files_script(spec.run_dir, files)
         + 'cd "$d" || exit 1\n'
-        + f"existing=$(squeue -h --me -t all --name={shlex.quote(spec.job_name)} -o %A 2>/dev/null | head -n 1)\n"
+        + f"existing=$(squeue -h --me -t all --name={shlex.quote(job_name or spec.job_name)} -o %A 2>/dev/null"
+        + " | head -n 1)\n"
         + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
         + 'out=$(sbatch --parsable job.sbatch 2>"$d/sbatch.err"); rc=$?\n'
         + 'if [ "$rc" -eq 0 ]; then echo "@@corral submitted ${out%%;*} new"; '
