@@ -44,6 +44,14 @@ def testbed() -> Iterator[object]:
 
 
 @pytest.fixture
+def controller_stopped(testbed) -> Iterator[str]:
+    """cirrus' slurmctld stopped for the test (its login node still answers)."""
+    testbed.stop_controller("cirrus")
+    yield "cirrus"
+    testbed.start_controller("cirrus")
+
+
+@pytest.fixture
 def corral_env(testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Environment pointing Corral at the testbed, with its own state dir (fresh ControlMasters)."""
     home = tmp_path / "corral-home"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from corral.errors import CorralError
 from corral.infra.selector import InfraSelector, parse_infra
@@ -119,18 +119,11 @@ class Resources(BaseModel):
             parse_accelerator(item)
         return value
 
-    @field_validator("cpus")
+    @field_validator("cpus", "memory")
     @classmethod
-    def _cpus(cls, value: Any) -> Any:
+    def _amount(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None:
-            parse_amount(value, "cpus")
-        return value
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, value: Any) -> Any:
-        if value is not None:
-            parse_amount(value, "memory")
+            parse_amount(value, info.field_name or "amount")
         return value
 
     @field_validator("infra")

@@ -41,13 +41,6 @@ def test_unknown_cluster_lists_known_ones(corral):
 
 
 @pytest.fixture
-def controller_stopped(testbed):
-    testbed.stop_controller("cirrus")
-    yield "cirrus"
-    testbed.start_controller("cirrus")
-
-
-@pytest.fixture
 def login_stopped(testbed):
     testbed.stop_login("alpine")
     yield "alpine"
