@@ -121,3 +121,34 @@ def test_proxyjump_through_another_login_node(testbed, corral_env, tmp_path):
         assert run(transport, "cirrus", "echo $CORRAL_TESTBED_CLUSTER").stdout.strip() == "cirrus"
     # One connection through the jump host served all three calls: the master was reused.
     assert jump_log.read_text().count("Accepted publickey") - before == 1
+
+
+@pytest.mark.parametrize("remote_rsync", ["rsync", "/nonexistent/rsync"])
+def test_sync_with_rsync_or_a_tar_stream(testbed, corral_env, tmp_path, monkeypatch, remote_rsync):
+    """Files arrive byte for byte whether the cluster has rsync or only tar."""
+    import uuid
+
+    from tests.helpers import ssh_login
+
+    monkeypatch.setenv("CORRAL_REMOTE_RSYNC", remote_rsync)
+    src = tmp_path / "src dir"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_bytes(b"line\r\n\x00binary \xff")
+    (src / "sub" / "it's.py").write_text("print('x')\n")
+    single = tmp_path / "one file"
+    single.write_text("single\n")
+    dest = f".corral/test-sync/{uuid.uuid4().hex[:8]} x"
+    transport = transport_for(testbed.cluster_config)
+
+    async def go():
+        await transport.sync("borealis", src, f"{dest}/tree/")
+        await transport.sync("borealis", single, f"{dest}/deep/one")
+
+    asyncio.run(go())
+    quoted = dest.replace(" ", "\\ ")
+    listing = ssh_login(testbed.cluster_config, "borealis",
+                        f"cd {quoted} && find . -type f | sort && od -An -c tree/a.txt && cat deep/one")
+    assert listing.splitlines()[:3] == ["./deep/one", "./tree/a.txt", "./tree/sub/it's.py"]
+    assert "\\r  \\n  \\0   b   i   n" in listing and listing.endswith("single\n")
+    assert ("borealis" in transport._no_remote_rsync) is (remote_rsync != "rsync")
+    ssh_login(testbed.cluster_config, "borealis", f"rm -rf {quoted}")

@@ -67,11 +67,16 @@ class Launcher:
     store: Store
     events: LaunchEvents = field(default_factory=LaunchEvents)
 
-    async def plan(self, task: Task, *, predict_all: bool) -> Plan:
-        options = resource_options(task.resources)
-        pinned = {o.infra.cluster for o in options}
+    async def probe_for(self, tasks: list[Task]) -> list[ProbeOutcome]:
+        """One probe of every cluster any of the tasks may run on."""
+        pinned = {o.infra.cluster for task in tasks for o in resource_options(task.resources)}
         clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
-        outcomes: list[ProbeOutcome] = await self.client.probe(clusters)
+        return await self.client.probe(clusters)
+
+    async def plan(self, task: Task, *, predict_all: bool, outcomes: list[ProbeOutcome] | None = None) -> Plan:
+        options = resource_options(task.resources)
+        if outcomes is None:
+            outcomes = await self.probe_for([task])
         snapshots = {o.cluster: o.snapshot for o in outcomes if o.snapshot}
         unreachable = {o.cluster: o.error_message or "" for o in outcomes if o.snapshot is None}
         runtimes = {c: bool(s.container_runtimes) for c, s in snapshots.items()}
@@ -138,16 +143,34 @@ class Launcher:
 
     async def launch(self, task: Task, source: str, *, num_jobs: int = 1,
                      base_dir: Path | None = None) -> list[Submitted]:
-        """Submit `num_jobs` copies of the task (one for a plain launch); returns one entry per share.
+        """Submit `num_jobs` copies of the task (one for a plain launch); returns one entry per share."""
+        [shares] = await self.launch_many([(task, source, base_dir)], num_jobs=num_jobs)
+        return shares
 
-        A sweep is split over the candidates that can start copies now, in rank order, and whatever
+    async def launch_many(self, tasks: list[tuple[Task, str, Path | None]], *,
+                          num_jobs: int = 1) -> list[list[Submitted]]:
+        """Launch several task files at once: one probe round trip per cluster for all of them, then
+        their submissions side by side. Returns, per task, one entry per share."""
+        for task, source, base_dir in tasks:
+            resolved_envs(task, source)
+            self._check_local_files(task, base_dir or Path.cwd())
+        outcomes = await self.probe_for([task for task, _, _ in tasks])
+        plans = [await self.plan(task, predict_all=False, outcomes=outcomes) for task, _, _ in tasks]
+        for (_task, source, _base), plan in zip(tasks, plans):  # all or nothing: check before submitting any
+            if not plan.feasible():
+                prefix = f"{source}: " if len(tasks) > 1 else ""
+                raise NoFeasibleClusterError(prefix + _no_candidate_message(plan))
+        return list(await asyncio.gather(*(
+            self._launch_planned(task, source, plan, num_jobs, base_dir or Path.cwd())
+            for (task, source, base_dir), plan in zip(tasks, plans)
+        )))
+
+    async def _launch_planned(self, task: Task, source: str, plan: Plan, num_jobs: int,
+                              base: Path) -> list[Submitted]:
+        """A sweep is split over the candidates that can start copies now, in rank order, and whatever
         is left goes to the best one; each share is one Slurm job array, so a 300-job sweep is a
-        handful of sbatch calls, not 300.
-        """
+        handful of sbatch calls, not 300."""
         envs = resolved_envs(task, source)
-        base = base_dir or Path.cwd()
-        self._check_local_files(task, base)
-        plan = await self.plan(task, predict_all=False)
         self.events.plan(plan)
         feasible = plan.feasible()
         if not feasible:
@@ -231,13 +254,13 @@ class Launcher:
     async def _sync_files(self, task: Task, cluster: str, spec: SlurmJobSpec, base: Path) -> None:
         transport = self.client.transport
         if task.workdir:
-            await transport.rsync(cluster, base / os.path.expanduser(task.workdir), f"{spec.run_dir}/workdir/")
+            await transport.sync(cluster, base / os.path.expanduser(task.workdir), f"{spec.run_dir}/workdir/")
         for remote, local in task.file_mounts.items():
             if remote.startswith("/") or remote.startswith("~/"):
                 destination = remote.removeprefix("~/")
             else:
                 destination = f"{spec.run_dir}/workdir/{remote}"
-            await transport.rsync(cluster, base / os.path.expanduser(local), destination)
+            await transport.sync(cluster, base / os.path.expanduser(local), destination)
 
 
 def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidate, int, int]]:

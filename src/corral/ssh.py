@@ -79,6 +79,9 @@ class SshTransport:
         self.max_sessions_per_cluster = max_sessions_per_cluster
         self.round_trips: Counter[str] = Counter()
         self._limits: dict[str, asyncio.Semaphore] = {}
+        self._no_remote_rsync: set[str] = set()
+        # Where rsync lives on the clusters (sites with it outside PATH set CORRAL_REMOTE_RSYNC).
+        self.remote_rsync = os.environ.get("CORRAL_REMOTE_RSYNC", "rsync")
         self._control_dir: Path | None = None
 
     def ssh_argv(self, cluster: str, remote: list[str]) -> list[str]:
@@ -208,32 +211,71 @@ class SshTransport:
             raise self.classify_failure(cluster, err.decode(errors="replace"))
         return status
 
-    async def rsync(self, cluster: str, source: Path, destination: str, *, timeout: float = 600) -> None:
+    async def sync(self, cluster: str, source: Path, destination: str, *, timeout: float = 600) -> None:
         """Copy a local file or directory to the cluster over the cluster's ControlMaster.
 
         `destination` is relative to the remote home (or absolute); a directory's contents are copied
-        into it.
+        into it. rsync when both sides have it (only changes travel), else a tar stream, which every
+        site has.
         """
         if not source.exists():
             raise CorralFileError(f"{source}: no such file or directory to sync to {cluster}")
+        if shutil.which("rsync") and cluster not in self._no_remote_rsync:
+            if await self._rsync(cluster, source, destination, timeout):
+                return
+            self._no_remote_rsync.add(cluster)
+        await self._tar(cluster, source, destination, timeout)
+
+    async def _rsync(self, cluster: str, source: Path, destination: str, timeout: float) -> bool:
+        """False if the cluster has no rsync; raises on any other failure."""
         ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
         src = f"{source}/" if source.is_dir() else str(source)
-        argv = ["rsync", "-a", "--mkpath", "-e", ssh, src, f"{cluster}:{destination}"]
+        argv = ["rsync", "-a", "--mkpath", "-e", ssh, f"--rsync-path={self.remote_rsync}", src,
+                f"{cluster}:{destination}"]
+        text, status = await self._transfer(cluster, argv, None, source, timeout)
+        if status == 0:
+            return True
+        if "command not found" in text or ("No such file or directory" in text and "rsync" in text):
+            return False
+        if status == 255 or "connection unexpectedly closed" in text:
+            raise self.classify_failure(cluster, text)
+        raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}", exit_status=status,
+                                 stderr=text)
+
+    async def _tar(self, cluster: str, source: Path, destination: str, timeout: float) -> None:
+        dest = destination.rstrip("/") or "."
+        target = shlex.quote(dest) if dest.startswith("/") else f'"$HOME"/{shlex.quote(dest)}'
+        if source.is_dir():
+            remote = f"mkdir -p {target} && tar -xf - -C {target}"
+            local = ["tar", "-cf", "-", "-C", str(source), "."]
+        else:
+            remote = f'mkdir -p "$(dirname {target})" && cat > {target}'
+            local = ["cat", str(source)]
+        packer = await asyncio.create_subprocess_exec(*local, stdout=asyncio.subprocess.PIPE)
+        assert packer.stdout is not None
+        data = await packer.stdout.read()
+        if await packer.wait() != 0:
+            raise CorralFileError(f"{source}: could not be read for copying to {cluster}")
+        text, status = await self._transfer(cluster, self.ssh_argv(cluster, [remote]), data, source, timeout)
+        if status == 255:
+            raise self.classify_failure(cluster, text)
+        if status != 0:
+            raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}", exit_status=status,
+                                     stderr=text)
+
+    async def _transfer(self, cluster: str, argv: list[str], stdin: bytes | None, source: Path,
+                        timeout: float) -> tuple[str, int]:
         self.round_trips[cluster] += 1
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         try:
-            _out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            _out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
         except asyncio.TimeoutError:
             await _kill(proc)
             raise SshTimeoutError(cluster, f"copying {source} took longer than {timeout:g}s") from None
-        if proc.returncode != 0:
-            text = err.decode(errors="replace")
-            if proc.returncode == 255 or "connection unexpectedly closed" in text:
-                raise self.classify_failure(cluster, text)
-            raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}",
-                                     exit_status=proc.returncode, stderr=text)
+        return err.decode(errors="replace"), proc.returncode if proc.returncode is not None else -1
 
     async def close(self, cluster: str) -> None:
         """Stop the cluster's ControlMaster, if any (the next call opens a new one)."""

@@ -184,10 +184,10 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
     from pathlib import Path
 
     # Relative workdir and file_mounts paths are relative to the task file, as in the file itself.
-    results = [share for task, source in tasks
-               for share in asyncio.run(launcher.launch(
-                   task, source, num_jobs=num_jobs,
-                   base_dir=Path(source).parent if source != "command line" else None))]
+    per_task = asyncio.run(launcher.launch_many(
+        [(task, source, Path(source).parent if source != "command line" else None) for task, source in tasks],
+        num_jobs=num_jobs))
+    results = [share for shares in per_task for share in shares]
     sweep = len(results) > 1 or num_jobs > 1
     if as_json:
         _print_json(render.sweep_json(results) if sweep else render.submitted_json(results[0]))
