@@ -57,6 +57,16 @@ class LaunchEvents:
     submitted: Callable[[Submitted], None] = lambda submitted: None
 
 
+@dataclass(frozen=True)
+class AttemptOptions:
+    """What differs between a plain job's submission and a managed job's later attempts."""
+
+    first_number: int = 1  # attempt number of the first try (failover tries count up from it)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    checkpoint_dir: str | None = None
+
+
 def new_job_id() -> str:
     return "c-" + secrets.token_hex(4)
 
@@ -116,7 +126,9 @@ class Launcher:
                            if (c.cluster, c.partition) in results else c for c in plan.candidates]
 
     def job_spec(self, task: Task, candidate: Candidate, token: str, job_ids: tuple[str, ...],
-              envs: dict[str, str], first_rank: int = 0, num_jobs: int = 1) -> SlurmJobSpec:
+                 envs: dict[str, str], first_rank: int = 0, num_jobs: int = 1,
+                 options: AttemptOptions | None = None) -> SlurmJobSpec:
+        options = options or AttemptOptions()
         option = candidate.option
         return SlurmJobSpec(
             token=token,
@@ -136,9 +148,11 @@ class Launcher:
             qos=task.slurm.qos,
             constraint=task.slurm.constraint,
             reservation=task.slurm.reservation,
-            sbatch_args=tuple(task.slurm.sbatch_args),
+            sbatch_args=tuple(task.slurm.sbatch_args) + options.extra_args,
             first_rank=first_rank,
             num_jobs=num_jobs,
+            extra_env=dict(options.extra_env),
+            checkpoint_dir=options.checkpoint_dir,
         )
 
     async def launch(self, task: Task, source: str, *, num_jobs: int = 1,
@@ -178,26 +192,33 @@ class Launcher:
         jobs = [JobRow(id=new_job_id(), name=task.name or "task", task_json=json.dumps(task.model_dump(mode="json")),
                        created_at=time.time(), job_rank=i, num_jobs=num_jobs) for i in range(num_jobs)]
         self.store.add_jobs(jobs, [])
-        shares = split_sweep(feasible, num_jobs)
+        return await self.submit_jobs(task, envs, base, feasible, jobs)
+
+    async def submit_jobs(self, task: Task, envs: dict[str, str], base: Path, feasible: list[Candidate],
+                          jobs: list[JobRow], options: AttemptOptions | None = None) -> list[Submitted]:
+        """New attempts for recorded jobs of one task (contiguous ranks): split into shares, one array each."""
+        shares = split_sweep(feasible, len(jobs))
         dead: set[str] = set()
         results = await asyncio.gather(*(
-            self._submit_share(task, envs, base, feasible, start, jobs[start:start + count], num_jobs, first, dead)
+            self._submit_share(task, envs, base, feasible, jobs[start:start + count], first, dead,
+                               options or AttemptOptions())
             for first, start, count in shares
         ))
         return list(results)
 
     async def _submit_share(self, task: Task, envs: dict[str, str], base: Path, feasible: list[Candidate],
-                            start: int, jobs: list[JobRow], num_jobs: int, first: Candidate,
-                            dead: set[str]) -> Submitted:
+                            jobs: list[JobRow], first: Candidate, dead: set[str],
+                            options: AttemptOptions) -> Submitted:
         """Submit one share (one job, or one array), failing over along the ranked candidates."""
         job_ids = tuple(j.id for j in jobs)
         order = [first] + [c for c in feasible if c is not first]
         tries: list[tuple[str, str]] = []
-        for number, candidate in enumerate(order, start=1):
+        for number, candidate in enumerate(order, start=options.first_number):
             if candidate.cluster in dead:
                 continue
             token = new_token()
-            spec = self.job_spec(task, candidate, token, job_ids, envs, first_rank=start, num_jobs=num_jobs)
+            spec = self.job_spec(task, candidate, token, job_ids, envs, first_rank=jobs[0].job_rank,
+                                 num_jobs=jobs[0].num_jobs, options=options)
             attempts = [
                 AttemptRow(token=token if not spec.is_array else f"{token}.{i}", job_id=jid, number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",

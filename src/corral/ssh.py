@@ -263,6 +263,35 @@ class SshTransport:
             raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}", exit_status=status,
                                      stderr=text)
 
+    async def fetch(self, cluster: str, remote_dir: str, local_dir: Path, *, timeout: float = 600) -> bool:
+        """Copy a remote directory's contents into `local_dir` (a tar stream). False if it does not exist."""
+        path = remote_dir.rstrip("/")
+        target = shlex.quote(path) if path.startswith("/") else f'"$HOME"/{shlex.quote(path)}'
+        script = f"[ -d {target} ] || exit 3\ntar -cf - -C {target} .\n"
+        argv = self.ssh_argv(cluster, ["bash", "-c", shlex.quote(script)])
+        self.round_trips[cluster] += 1
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            data, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            await _kill(proc)
+            raise SshTimeoutError(cluster, f"fetching {remote_dir} took longer than {timeout:g}s") from None
+        if proc.returncode == 3:
+            return False
+        if proc.returncode == 255:
+            raise self.classify_failure(cluster, err.decode(errors="replace"))
+        if proc.returncode != 0:
+            raise RemoteCommandError(cluster, f"fetching {remote_dir} failed: {_last_line(err.decode())}",
+                                     exit_status=proc.returncode)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        unpack = await asyncio.create_subprocess_exec("tar", "-xf", "-", "-C", str(local_dir),
+                                                      stdin=asyncio.subprocess.PIPE)
+        await unpack.communicate(data)
+        if unpack.returncode != 0:
+            raise CorralFileError(f"could not unpack {remote_dir} from {cluster} into {local_dir}")
+        return True
+
     async def _transfer(self, cluster: str, argv: list[str], stdin: bytes | None, source: Path,
                         timeout: float) -> tuple[str, int]:
         self.round_trips[cluster] += 1

@@ -97,6 +97,27 @@ class SlurmOptions(BaseModel):
         return value
 
 
+class JobRecovery(BaseModel):
+    """How a managed job (`corral jobs launch`) recovers. Infrastructure failures (node failure,
+    preemption, an unreachable cluster) are always recovered; failures of the task itself only so."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_restarts_on_errors: int = Field(0, ge=0, description="Restart this many times when the task itself fails.")
+    recover_on_exit_codes: list[int] = Field(default_factory=list,
+                                             description="Exit codes that always mean 'restart' (e.g. 75).")
+
+
+class Checkpoint(BaseModel):
+    """Where a managed job keeps its checkpoints (CORRAL_CHECKPOINT_DIR) and whether a recovery on
+    another cluster copies them there first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(None, description="Directory on the clusters; default ~/.corral/checkpoints/<job id>.")
+    sync: bool = Field(True, description="Copy the latest checkpoint when recovery moves the job to another cluster.")
+
+
 class Resources(BaseModel):
     """What the task needs on each node."""
 
@@ -109,6 +130,7 @@ class Resources(BaseModel):
     memory: int | float | str | None = Field(None, description="Memory per node in GB: N, or N+ for at least N.")
     infra: str | None = Field(None, description="slurm, slurm/<cluster> or slurm/<cluster>/<partition>.")
     image_id: str | None = Field(None, description="Container image (docker:<image>); needs a container runtime on the cluster.")
+    job_recovery: JobRecovery | None = Field(None, description="Managed jobs: when to restart after a failure.")
     any_of: list[Resources] | None = Field(None, description="Alternatives, any of which will do.")
     ordered: list[Resources] | None = Field(None, description="Alternatives in order of preference.")
 
@@ -181,6 +203,7 @@ class Task(BaseModel):
     setup: str | None = Field(None, description="Commands run on every node before run.")
     run: str | None = Field(None, description="Commands run on every node.")
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
+    checkpoint: Checkpoint | None = Field(None, description="Managed jobs: checkpoint directory and its sync.")
 
     @field_validator("envs")
     @classmethod
@@ -251,8 +274,8 @@ def resource_options(resources: Resources) -> list[ResourceOption]:
 def _merge(base: Resources | None, override: Resources) -> Resources:
     if base is None:
         return override
-    data = base.model_dump(exclude={"any_of", "ordered"}, exclude_none=True)
-    data.update(override.model_dump(exclude={"any_of", "ordered"}, exclude_none=True))
+    data = base.model_dump(exclude={"any_of", "ordered", "job_recovery"}, exclude_none=True)
+    data.update(override.model_dump(exclude={"any_of", "ordered", "job_recovery"}, exclude_none=True))
     return Resources(**data)
 
 

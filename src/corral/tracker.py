@@ -117,9 +117,11 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str,
         }
         if attempt.slurm_job_id is None:  # adopted after an interrupted submission
             fields["slurm_job_id"] = status.slurm_job_id
-        if attempt.state == "CANCELLED" and status.state in ("PENDING", "STARTING", "RUNNING"):
-            fields["state"] = "CANCELLED"  # scancel sent; Slurm has not caught up yet
-        if status.slurm_state != "COMPLETED" and status.state == "FAILED" and not status.reason:
-            fields["reason"] = status.slurm_state
+        if attempt.state in ("CANCELLED", "CANCELLING") and status.state in ("PENDING", "STARTING", "RUNNING"):
+            fields["state"] = attempt.state  # scancel sent (or due); Slurm has not caught up yet
+            fields["reason"] = attempt.reason
+        if status.state == "FAILED" and status.slurm_state != "FAILED":
+            # NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY…: Slurm's word first, its reason after.
+            fields["reason"] = status.slurm_state + (f" ({status.reason})" if status.reason else "")
         updates[attempt.token] = fields
     return updates

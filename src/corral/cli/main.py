@@ -427,6 +427,204 @@ def down(names: tuple[str, ...]) -> None:
             click.echo(f"{name}: no such allocation (already down)", err=True)
 
 
+@cli.group()
+def server() -> None:
+    """The background controller that drives managed jobs (one per state store)."""
+
+
+@server.command(name="start")
+@_reports_errors
+def server_start() -> None:
+    """Start the controller unless it runs."""
+    from corral.controller import server as controller
+
+    click.echo(f"controller running (pid {controller.start()}); log: {controller.log_file()}")
+
+
+@server.command(name="stop")
+@_reports_errors
+def server_stop() -> None:
+    """Stop the controller (managed jobs keep running in Slurm; a restart carries on)."""
+    from corral.controller import server as controller
+
+    click.echo("controller stopped" if controller.stop() else "controller was not running")
+
+
+@server.command(name="status")
+@_reports_errors
+def server_status() -> None:
+    """Is the controller running, and who holds the store's lease."""
+    import time
+
+    from corral.controller import server as controller
+    from corral.controller.engine import LEASE
+    from corral.state import open_store
+
+    pid = controller.running_pid()
+    lease = open_store().lease(LEASE)
+    held = f"; lease held by {lease.holder} for {max(0, lease.expires_at - time.time()):.0f}s more" if lease else ""
+    click.echo((f"controller running (pid {pid})" if pid else "controller not running") + held)
+    if not pid:
+        sys.exit(1)
+
+
+@cli.group()
+def jobs() -> None:
+    """Managed jobs: recovered from node failures and outages, re-routed while pending."""
+
+
+@jobs.command(name="launch", context_settings={"allow_interspersed_args": True})
+@click.argument("args", nargs=-1)
+@click.option("-n", "--name", help="Job name.")
+@click.option("--gpus", help="Accelerators per node, e.g. H100:8.")
+@click.option("--infra", help="slurm, slurm/<cluster> or slurm/<cluster>/<partition>.")
+@click.option("--num-nodes", type=int, help="Number of nodes.")
+@click.option("--cpus", help="CPUs per node: N or N+.")
+@click.option("--memory", help="Memory per node in GB: N or N+.")
+@click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable.")
+@click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep).")
+@click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids}.")
+@_reports_errors
+def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None,
+                num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
+                num_jobs: int, as_json: bool) -> None:
+    """Record a managed job and return its id at once; the controller places and watches it."""
+    from corral import managed
+    from corral.controller import server as controller
+    from corral.state import open_store
+    from corral.task import TaskError, apply_overrides
+
+    if num_jobs < 1:
+        raise TaskError("--num-jobs must be at least 1")
+    separator = "--" in sys.argv
+    paths, command = (args, ()) if not separator else _split_command(args)
+    [(task, source)] = _load_task(paths, command)
+    task = apply_overrides(task, source, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
+                           memory=memory, envs=envs)
+    ids = managed.record(open_store(), task, source, num_jobs)
+    controller.start()
+    if as_json:
+        _print_json({"job_id": ids[0], "job_ids": ids})
+    else:
+        click.echo("\n".join(ids))
+
+
+@jobs.command(name="queue")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Include finished jobs.")
+@_reports_errors
+def jobs_queue(as_json: bool, show_all: bool) -> None:
+    """Managed jobs with their state, attempts and reason (as of the controller's last tick)."""
+    from corral import managed
+    from corral.state import open_store
+
+    views = managed.views(open_store())
+    if not show_all:
+        views = [v for v in views if v.managed.state not in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")]
+    if as_json:
+        _print_json([v.to_json() for v in views])
+    else:
+        from corral.cli.render import render_managed
+
+        render_managed(views)
+
+
+@jobs.command(name="logs")
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Follow the current attempt until it ends.")
+@_reports_errors
+def jobs_logs(job: str, follow: bool) -> None:
+    """A managed job's output across its attempts."""
+    import asyncio
+
+    from corral import managed
+    from corral.client import Client
+    from corral.infra.slurm.jobs import follow_script
+    from corral.state import open_store
+
+    view = managed.resolve(open_store(), job)
+    client = Client()
+    submitted = [a for a in view.attempts if a.slurm_job_id]
+    for attempt in submitted:
+        last = attempt is submitted[-1]
+        click.echo(f"== attempt {attempt.number} on slurm/{attempt.cluster}/{attempt.partition} "
+                   f"(Slurm job {attempt.slurm_job_id}, {attempt.state}) ==", err=True)
+        script = follow_script(attempt.log_path, attempt.slurm_job_id or "", follow and last)
+        try:
+            asyncio.run(client.transport.stream(attempt.cluster, script, _write_bytes))
+        except Exception as exc:  # one unreachable cluster must not hide the other attempts' logs
+            click.echo(f"corral: could not read attempt {attempt.number}'s log: {exc}", err=True)
+
+
+@jobs.command(name="cancel")
+@click.argument("job_refs", nargs=-1)
+@click.option("--all", "cancel_all", is_flag=True, help="Cancel every live managed job.")
+@_reports_errors
+def jobs_cancel(job_refs: tuple[str, ...], cancel_all: bool) -> None:
+    """Ask the controller to cancel managed jobs (it scancels their attempts on its next tick)."""
+    from corral import managed
+    from corral.controller import server as controller
+    from corral.errors import CorralError
+    from corral.state import open_store
+
+    if not job_refs and not cancel_all:
+        raise CorralError("name the jobs to cancel, or use --all")
+    store = open_store()
+    views = managed.views(store) if cancel_all else [managed.resolve(store, j) for j in job_refs]
+    live = [v for v in views if v.managed.state not in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")]
+    managed.request_cancel(store, [v.job.id for v in live])
+    controller.start()
+    for v in views:
+        click.echo(f"{v.job.id}: " + ("cancelling" if v in live else f"already {v.managed.state.lower()}"))
+
+
+@jobs.command(name="events")
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True)
+@_reports_errors
+def jobs_events(job: str, as_json: bool) -> None:
+    """A managed job's history: every state change and why."""
+    import time
+
+    from corral import managed
+    from corral.state import open_store
+
+    store = open_store()
+    view = managed.resolve(store, job)
+    events = store.events(view.job.id)
+    if as_json:
+        _print_json([{"at": e.at, "state": e.state, "reason": e.reason} for e in events])
+        return
+    for e in events:
+        click.echo(f"{time.strftime('%H:%M:%S', time.localtime(e.at))}  {e.state:<11} {e.reason or ''}")
+
+
+@jobs.command(name="why")
+@click.argument("job")
+@_reports_errors
+def jobs_why(job: str) -> None:
+    """Why a pending managed job waits where it is: its Slurm reason, predicted starts here and on the
+    best alternative, and why it has not moved."""
+    import asyncio
+
+    from corral import managed
+    from corral.cli.render import explain_pending
+    from corral.client import Client
+    from corral.controller.engine import ControllerSettings, _task
+    from corral.launch import Launcher
+    from corral.state import open_store
+
+    store = open_store()
+    view = managed.resolve(store, job)
+    latest = view.latest
+    if latest is None or latest.state not in ("PENDING", "SUBMITTING"):
+        click.echo(f"{view.job.id} is {view.managed.state}: {view.managed.reason or ''}")
+        return
+    client = Client()
+    plan = asyncio.run(Launcher(client, None).plan(_task(view.job), predict_all=True))
+    explain_pending(view, plan, ControllerSettings.from_env())
+
+
 @cli.command()
 def schema() -> None:
     """Print the task YAML's JSON Schema."""

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from corral.client import GpuReport, ProbeOutcome
 from corral.dev import AllocationStatus
+from corral.managed import ManagedView
 from corral.launch import LaunchEvents, Submitted
 from corral.placement import Candidate, Plan
 from corral.state.store import TERMINAL_STATES, JobView
@@ -213,3 +214,46 @@ def render_status(statuses: list[AllocationStatus]) -> None:
         table.add_row(r.name, f"{r.cluster}/{r.partition}", resources, state, _duration(now - r.created_at),
                       idle + limit, st.time_left or "-", ",".join(st.nodes) or "-")
     console.print(table)
+
+
+_MANAGED_STYLE = {"RUNNING": "green", "PENDING": "yellow", "RECOVERING": "yellow", "SUCCEEDED": "dim",
+                  "FAILED": "red", "CANCELLED": "dim", "CANCELLING": "dim"}
+
+
+def render_managed(views: list[ManagedView]) -> None:
+    if not views:
+        console.print("No managed jobs.")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "REASON"):
+        table.add_column(column)
+    for v in views:
+        latest = v.latest
+        style = _MANAGED_STYLE.get(v.managed.state, "")
+        state = f"[{style}]{v.managed.state}[/{style}]" if style else v.managed.state
+        table.add_row(v.job.id, v.job.name, state, f"{latest.cluster}/{latest.partition}" if latest else "-",
+                      (latest.slurm_job_id or "-") if latest else "-", str(len(v.attempts)),
+                      (v.managed.reason or "")[:90])
+    console.print(table)
+
+
+def explain_pending(view: ManagedView, plan: Plan, settings: object) -> None:
+    latest = view.latest
+    assert latest is not None
+    here = next((c for c in plan.candidates if (c.cluster, c.partition) == (latest.cluster, latest.partition)), None)
+    best = next((c for c in plan.feasible() if (c.cluster, c.partition) != (latest.cluster, latest.partition)), None)
+    console.print(f"{view.job.id} is pending on slurm/{latest.cluster}/{latest.partition}: "
+                  f"{latest.reason or 'waiting for the scheduler'}", highlight=False)
+    console.print(f"  start there: {_start(here) if here else 'unknown'}", highlight=False)
+    if best is None:
+        console.print("  no other cluster can run it", highlight=False)
+        return
+    console.print(f"  best alternative: {best.infra}, start {_start(best)}", highlight=False)
+    if here is not None and here.startable_now:
+        why = "its own cluster can start it now"
+    elif not best.startable_now:
+        why = "no other cluster can start it now either (jobs move only to a cluster that can start them at once)"
+    else:
+        why = (f"it will move on the controller's next tick (pending ≥ {getattr(settings, 'reroute_after', 0):g}s, "
+               f"no move in the last {getattr(settings, 'reroute_cooldown', 0):g}s)")
+    console.print(f"  not moved because: {why}", highlight=False)

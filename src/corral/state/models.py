@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Float, ForeignKey, Integer, String, Text
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -60,3 +60,48 @@ class AllocationRow(Base):
     run_dir: Mapped[str] = mapped_column(Text)
     idle_seconds: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class ManagedJobRow(Base):
+    """A managed job's own state, driven by the controller across attempts."""
+
+    __tablename__ = "managed_jobs"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    restarts_on_errors: Mapped[int] = mapped_column(Integer, default=0)
+    recoveries: Mapped[int] = mapped_column(Integer, default=0)
+    moves: Mapped[int] = mapped_column(Integer, default=0)
+    last_move_at: Mapped[float] = mapped_column(Float, default=0.0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class JobEventRow(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class LeaseRow(Base):
+    """Who drives managed jobs: one controller per store holds the lease, renewing it every tick."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class ClusterHealthRow(Base):
+    __tablename__ = "cluster_health"
+
+    cluster: Mapped[str] = mapped_column(String(256), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    unhealthy_until: Mapped[float] = mapped_column(Float, default=0.0)
+    unreachable_since: Mapped[float | None] = mapped_column(Float, nullable=True)

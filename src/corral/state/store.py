@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -12,7 +13,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import corral_home
 from corral.errors import CorralError
-from corral.state.models import AllocationRow, AttemptRow, Base, JobRow
+from corral.state.models import (
+    AllocationRow,
+    AttemptRow,
+    Base,
+    ClusterHealthRow,
+    JobEventRow,
+    JobRow,
+    LeaseRow,
+    ManagedJobRow,
+)
+
+MANAGED_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"})
 
 DB_URL_ENV = "CORRAL_DB_URL"
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "SUBMIT_FAILED", "LOST"})
@@ -99,6 +111,97 @@ class Store:
             query = (select(AttemptRow).join(JobRow, JobRow.id == AttemptRow.job_id)
                      .where(AttemptRow.state.not_in(TERMINAL_STATES), JobRow.allocation.is_(None)))
             return list(s.scalars(query))
+
+    # ---- managed jobs ----
+    def add_managed(self, job_ids: Iterable[str]) -> None:
+        now = time.time()
+        with self.session() as s, s.begin():
+            for job_id in job_ids:
+                s.add(ManagedJobRow(job_id=job_id, state="PENDING", updated_at=now))
+                s.add(JobEventRow(job_id=job_id, at=now, state="PENDING", reason="submitted"))
+
+    def managed(self, job_ids: Iterable[str] | None = None, live_only: bool = False) -> list[ManagedJobRow]:
+        with self.session() as s:
+            query = select(ManagedJobRow)
+            if job_ids is not None:
+                query = query.where(ManagedJobRow.job_id.in_(list(job_ids)))
+            if live_only:
+                query = query.where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))
+            return list(s.scalars(query))
+
+    def set_managed(self, job_id: str, state: str | None = None, reason: str | None = None,
+                    **fields: object) -> None:
+        """Change a managed job; a change of state is recorded as an event with its reason."""
+        now = time.time()
+        with self.session() as s, s.begin():
+            row = s.get(ManagedJobRow, job_id)
+            if row is None:
+                raise JobNotFoundError(f"no managed job {job_id}")
+            if state is not None and (state, reason) != (row.state, row.reason):
+                row.state = state
+                row.reason = reason
+                s.add(JobEventRow(job_id=job_id, at=now, state=state, reason=reason))
+            elif reason is not None and state is None:  # a note that keeps the state
+                s.add(JobEventRow(job_id=job_id, at=now, state=row.state, reason=reason))
+            for key, value in fields.items():
+                setattr(row, key, value)
+            row.updated_at = now
+
+    def events(self, job_id: str) -> list[JobEventRow]:
+        with self.session() as s:
+            return list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)))
+
+    def attempts_of(self, job_ids: Iterable[str]) -> dict[str, list[AttemptRow]]:
+        with self.session() as s:
+            rows = s.scalars(select(AttemptRow).where(AttemptRow.job_id.in_(list(job_ids)))
+                             .order_by(AttemptRow.number))
+            out: dict[str, list[AttemptRow]] = {}
+            for row in rows:
+                out.setdefault(row.job_id, []).append(row)
+            return out
+
+    def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
+        """Take or renew the lease; False while another holder's lease has not expired."""
+        from sqlalchemy import or_, update
+        from sqlalchemy.exc import IntegrityError
+
+        now = time.time()
+        with self.session() as s, s.begin():
+            result = s.execute(update(LeaseRow).where(LeaseRow.name == name,
+                                                      or_(LeaseRow.holder == holder, LeaseRow.expires_at < now))
+                               .values(holder=holder, expires_at=now + ttl))
+            if result.rowcount:
+                return True
+            if s.get(LeaseRow, name) is not None:
+                return False
+        try:
+            with self.session() as s, s.begin():
+                s.add(LeaseRow(name=name, holder=holder, expires_at=now + ttl))
+            return True
+        except IntegrityError:
+            return False
+
+    def release_lease(self, name: str, holder: str) -> None:
+        from sqlalchemy import delete
+
+        with self.session() as s, s.begin():
+            s.execute(delete(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder))
+
+    def lease(self, name: str) -> LeaseRow | None:
+        with self.session() as s:
+            return s.get(LeaseRow, name)
+
+    def health(self) -> dict[str, ClusterHealthRow]:
+        with self.session() as s:
+            return {r.cluster: r for r in s.scalars(select(ClusterHealthRow))}
+
+    def set_health(self, cluster: str, **fields: object) -> None:
+        with self.session() as s, s.begin():
+            row = s.get(ClusterHealthRow, cluster) or ClusterHealthRow(cluster=cluster, failures=0,
+                                                                        unhealthy_until=0.0)
+            for key, value in fields.items():
+                setattr(row, key, value)
+            s.merge(row)
 
     # ---- dev allocations ----
     def allocations(self) -> list[AllocationRow]:

@@ -17,6 +17,8 @@ import shlex
 from dataclasses import dataclass, field
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
+# Managed jobs' default CORRAL_CHECKPOINT_DIR: ~/.corral/checkpoints/<job id> (per job, also in arrays).
+DEFAULT_CHECKPOINT_DIR = "@default"
 JOB_NAME_PREFIX = "corral-"
 
 
@@ -45,6 +47,7 @@ class SlurmJobSpec:
     first_rank: int = 0  # CORRAL_JOB_RANK of array task 0
     num_jobs: int = 1  # CORRAL_NUM_JOBS
     extra_env: dict[str, str] = field(default_factory=dict)
+    checkpoint_dir: str | None = None  # managed jobs: relative to the remote home unless absolute
 
     @property
     def is_array(self) -> bool:
@@ -119,6 +122,13 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
             f"export CORRAL_JOB_RANK={spec.first_rank}",
         ]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
+    if spec.checkpoint_dir:
+        path = spec.checkpoint_dir
+        if path == DEFAULT_CHECKPOINT_DIR:
+            where = '"$HOME"/.corral/checkpoints/"$CORRAL_TASK_ID"'
+        else:
+            where = shlex.quote(path) if path.startswith("/") else f'"$HOME"/{shlex.quote(path)}'
+        lines += [f"export CORRAL_CHECKPOINT_DIR={where}", 'mkdir -p "$CORRAL_CHECKPOINT_DIR"']
     lines += node_env_lines('"$SLURM_JOB_NODELIST"')
     lines.append(f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
                  "bash \"$CORRAL_RUN_DIR/task.sh\"")

@@ -1,0 +1,1 @@
+"""The controller: managed jobs' recovery and re-routing, run by `corral server`."""

@@ -1,0 +1,355 @@
+"""The controller: drives every managed job's state machine, one tick at a time.
+
+A tick costs, per cluster, one status query (all jobs, batched) and, only when some managed job
+needs placing or is pending, one probe; submissions and cancels come on top only for jobs that move.
+So the Slurm RPCs per cluster per tick do not grow with the number of jobs.
+
+State is in the store, not in this process: kill -9 it at any point and a new controller carries on.
+A lease in the store makes sure two controllers on one store never drive jobs at the same time, and
+submissions stay idempotent through their tokens (see `launch.py`).
+
+Rules, per managed job and tick:
+- no live attempt yet, or the last one failed for infrastructure reasons (node failure, preemption,
+  boot failure, a job Slurm lost, a cluster unreachable beyond the grace period): a new attempt on the
+  best cluster (unhealthy clusters avoided), with the latest checkpoint copied over if it moves;
+- the task itself failed: FAILED, unless `max_restarts_on_errors` or `recover_on_exit_codes` say retry;
+- pending while another cluster can start it now and its own cannot: submit there first, cancel the old
+  attempt only once the new one is accepted (hysteresis: pending for `reroute_after` seconds, and not
+  moved within `reroute_cooldown`);
+- two attempts running at once (a re-route race): keep the one that started first, cancel the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.client import Client
+from corral.errors import CorralError
+from corral.infra.slurm.jobs import SlurmJobs
+from corral.infra.slurm.jobscript import DEFAULT_CHECKPOINT_DIR
+from corral.launch import AttemptOptions, Launcher, LaunchEvents
+from corral.placement import Plan
+from corral.state import Store
+from corral.state.models import AttemptRow, JobRow, ManagedJobRow
+from corral.state.store import TERMINAL_STATES
+from corral.task import Task, resolved_envs
+from corral.tracker import Tracker
+
+LEASE = "controller"
+INFRA_FAILURES = {"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"}  # Slurm states that are not the task's fault
+CHECKPOINTS_DIR = ".corral/checkpoints"
+
+
+@dataclass
+class ControllerSettings:
+    grace_seconds: float = 60.0  # a cluster unreachable this long: its jobs recover elsewhere
+    reroute_after: float = 10.0  # pending at least this long before a move is considered
+    reroute_cooldown: float = 60.0  # no second move of one job within this
+    unhealthy_after_failures: int = 3  # infrastructure failures in a row that mark a cluster unhealthy
+    unhealthy_seconds: float = 300.0  # how long an unhealthy cluster is avoided
+    lease_seconds: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> ControllerSettings:
+        settings = cls()
+        for name in ("grace_seconds", "reroute_after", "reroute_cooldown", "unhealthy_seconds", "lease_seconds"):
+            value = os.environ.get(f"CORRAL_CONTROLLER_{name.upper()}")
+            if value:
+                setattr(settings, name, float(value))
+        return settings
+
+
+@dataclass
+class TickReport:
+    drove: bool
+    jobs: int = 0
+    submitted: int = 0
+    moved: int = 0
+    cancelled: int = 0
+    round_trips: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+class Controller:
+    def __init__(self, client: Client, store: Store, holder: str, settings: ControllerSettings | None = None):
+        self.client = client
+        self.store = store
+        self.holder = holder
+        self.settings = settings or ControllerSettings()
+        self.launcher = Launcher(client, store, LaunchEvents())
+
+    async def tick(self) -> TickReport:
+        if not self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds):
+            return TickReport(drove=False)
+        before = dict(self.client.transport.round_trips)
+        report = TickReport(drove=True)
+        refresh = await Tracker(self.client, self.store).refresh()
+        report.errors = dict(refresh.errors)
+        now = time.time()
+        self._track_reachability(refresh.errors, now)
+        managed = self.store.managed(live_only=True)
+        report.jobs = len(managed)
+        if managed:
+            await self._drive(managed, now, report)
+        report.round_trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
+                              if n - before.get(c, 0)}
+        return report
+
+    # ---- one tick over all managed jobs ---------------------------------------------------------
+    async def _drive(self, managed: list[ManagedJobRow], now: float, report: TickReport) -> None:
+        ids = [m.job_id for m in managed]
+        attempts = self.store.attempts_of(ids)
+        jobs = {v.job.id: v.job for v in self.store.views(ids)}
+        jobs.update({j: self._job(j) for j in ids if j not in jobs})
+        unreachable = self._unreachable_beyond_grace(now)
+        to_place: list[tuple[JobRow, str]] = []
+        pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]] = []
+        to_cancel: list[AttemptRow] = []
+        for m in managed:
+            job = jobs[m.job_id]
+            mine = attempts.get(m.job_id, [])
+            live = [a for a in mine if a.state not in TERMINAL_STATES]
+            latest = mine[-1] if mine else None
+            if m.cancel_requested:
+                to_cancel += live
+                self.store.set_managed(m.job_id, "CANCELLED", "cancelled by user")
+                continue
+            running = sorted((a for a in live if a.state in ("RUNNING", "STARTING")),
+                             key=lambda a: (a.started_at or now, a.number))
+            if len(running) > 1:  # a re-route raced with the old attempt starting: keep the first
+                for extra in running[1:]:
+                    to_cancel.append(extra)
+                    self.store.update_attempt(extra.token, state="CANCELLED", ended_at=now,
+                                              reason=f"duplicate of attempt {running[0].number}")
+                self.store.set_managed(m.job_id, reason=f"attempts {', '.join(str(a.number) for a in running)} "
+                                       f"both started; kept attempt {running[0].number}")
+                latest = running[0]
+            if latest is None:
+                to_place.append((job, "first attempt"))
+                continue
+            if latest.cluster in unreachable and latest.state in ("PENDING", "STARTING", "RUNNING", "SUBMITTING"):
+                why = f"{latest.cluster} unreachable for more than {self.settings.grace_seconds:g}s"
+                # Cancelled in Slurm as soon as the cluster answers again, so it never runs twice for long.
+                self.store.update_attempt(latest.token, state="CANCELLING", reason=why)
+                self.store.set_managed(m.job_id, "RECOVERING", why, recoveries=m.recoveries + 1)
+                to_place.append((job, why))
+                continue
+            state = latest.state
+            if state in ("SUBMITTING", "CANCELLING"):
+                continue
+            if state == "PENDING":
+                self.store.set_managed(m.job_id, "PENDING" if m.recoveries == 0 else "RECOVERING",
+                                       latest.reason or "pending")
+                if now - (latest.submitted_at or now) >= self.settings.reroute_after:
+                    pending.append((m, job, latest))
+            elif state in ("STARTING", "RUNNING"):
+                self.store.set_managed(m.job_id, state, f"on slurm/{latest.cluster}/{latest.partition} "
+                                       f"(attempt {latest.number})")
+                self.store.set_health(latest.cluster, failures=0)
+            elif state == "SUCCEEDED":
+                self.store.set_managed(m.job_id, "SUCCEEDED", f"attempt {latest.number} succeeded")
+            elif state == "CANCELLED":
+                if latest.reason and latest.reason.startswith(("re-routed", "duplicate")):
+                    continue  # replaced by a newer attempt, which is the latest once recorded
+                self.store.set_managed(m.job_id, "CANCELLED", latest.reason or "cancelled in Slurm")
+            elif state in ("SUBMIT_FAILED", "LOST") or _infra_failure(latest):
+                why = f"attempt {latest.number} on {latest.cluster}: {latest.reason or state}"
+                self._note_failure(latest.cluster, now)
+                self.store.set_managed(m.job_id, "RECOVERING", why, recoveries=m.recoveries + 1)
+                to_place.append((job, why))
+            elif state == "FAILED":
+                task = _task(job)
+                recovery = task.resources.job_recovery
+                code = latest.exit_code
+                if recovery and code is not None and code in recovery.recover_on_exit_codes:
+                    self.store.set_managed(m.job_id, "RECOVERING", f"exit code {code} is listed to recover")
+                    to_place.append((job, f"exit code {code}"))
+                elif recovery and m.restarts_on_errors < recovery.max_restarts_on_errors:
+                    self.store.set_managed(m.job_id, "RECOVERING",
+                                           f"exit code {code}: restart {m.restarts_on_errors + 1} of "
+                                           f"{recovery.max_restarts_on_errors}",
+                                           restarts_on_errors=m.restarts_on_errors + 1)
+                    to_place.append((job, f"exit code {code}"))
+                else:
+                    self.store.set_managed(m.job_id, "FAILED", f"attempt {latest.number} failed "
+                                           f"(exit code {code}, {latest.reason or 'FAILED'})")
+        abandoned = [a for mine in attempts.values() for a in mine
+                     if a.state == "CANCELLING" and a.cluster not in unreachable and a not in to_cancel]
+        report.cancelled += await self._cancel(to_cancel + abandoned)
+        if not to_place and not pending:
+            return
+        outcomes = await self.launcher.probe_for([_task(job) for job, _ in to_place] +
+                                                 [_task(job) for _, job, _ in pending])
+        report.submitted += await self._place(to_place, attempts, outcomes, unreachable, now)
+        report.moved += await self._reroute(pending, attempts, outcomes, unreachable, now)
+
+    # ---- placing new attempts -------------------------------------------------------------------
+    async def _place(self, to_place: list[tuple[JobRow, str]], attempts: dict[str, list[AttemptRow]],
+                     outcomes: list, unreachable: set[str], now: float) -> int:
+        submitted = 0
+        avoid = unreachable | self._unhealthy(now)
+        for number, jobs in _batches(to_place, attempts):
+            task = _task(jobs[0])
+            plan = await self.launcher.plan(task, predict_all=False, outcomes=outcomes)
+            feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
+            if not feasible:
+                for job in jobs:
+                    self.store.set_managed(job.id, "PENDING", "no cluster can run it now: " + _reasons(plan))
+                continue
+            for job in jobs:
+                previous = attempts.get(job.id, [])
+                await self._carry_checkpoint(job, task, previous[-1] if previous else None, feasible[0].cluster)
+            try:
+                shares = await self.launcher.submit_jobs(task, resolved_envs(task, "managed job"), Path.cwd(),
+                                                         feasible, jobs, _attempt_options(task, number))
+            except CorralError as exc:
+                for job in jobs:
+                    self.store.set_managed(job.id, reason=f"submission failed: {exc}")
+                continue
+            for share in shares:
+                for job_id in share.job_ids:
+                    self.store.set_managed(job_id, reason=f"attempt {number} submitted to "
+                                           f"slurm/{share.cluster}/{share.partition} as {share.slurm_job_id}")
+                submitted += len(share.job_ids)
+        return submitted
+
+    async def _carry_checkpoint(self, job: JobRow, task: Task, previous: AttemptRow | None, target: str) -> None:
+        """Copy the checkpoint directory from the previous attempt's cluster to the new one."""
+        if previous is None or previous.cluster == target or (task.checkpoint and not task.checkpoint.sync):
+            return
+        remote = _checkpoint_dir(job, task)
+        with tempfile.TemporaryDirectory(prefix="corral-ckpt-") as tmp:
+            try:
+                found = await self.client.transport.fetch(previous.cluster, remote, Path(tmp))
+                if found:
+                    await self.client.transport.sync(target, Path(tmp), remote + "/")
+                    self.store.set_managed(job.id, reason=f"checkpoint copied from {previous.cluster} to {target}")
+            except CorralError as exc:
+                self.store.set_managed(job.id, reason=f"checkpoint not copied from {previous.cluster}: {exc}")
+
+    # ---- re-routing pending jobs ----------------------------------------------------------------
+    async def _reroute(self, pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]],
+                       attempts: dict[str, list[AttemptRow]], outcomes: list, unreachable: set[str],
+                       now: float) -> int:
+        moved = 0
+        avoid = unreachable | self._unhealthy(now)
+        for m, job, current in pending:
+            if now - m.last_move_at < self.settings.reroute_cooldown:
+                continue
+            task = _task(job)
+            plan = await self.launcher.plan(task, predict_all=False, outcomes=outcomes)
+            here = next((c for c in plan.candidates if (c.cluster, c.partition) == (current.cluster,
+                                                                                   current.partition)), None)
+            if here is not None and here.startable_now:
+                continue  # Slurm will start it where it is
+            best = next((c for c in plan.feasible() if c.startable_now and c.cluster not in avoid
+                         and (c.cluster, c.partition) != (current.cluster, current.partition)), None)
+            if best is None:
+                continue
+            number = max(a.number for a in attempts.get(job.id, [current])) + 1
+            try:
+                await self.launcher.submit_jobs(task, resolved_envs(task, "managed job"), Path.cwd(),
+                                                [best], [job], _attempt_options(task, number))
+            except CorralError as exc:
+                self.store.set_managed(job.id, reason=f"could not move to {best.infra}: {exc}")
+                continue
+            # The new attempt is accepted: only now cancel the old one.
+            why = (f"re-routed to {best.infra}: it can start now; {current.cluster} had it pending "
+                   f"({current.reason or 'pending'})")
+            await self._cancel([current])
+            self.store.update_attempt(current.token, state="CANCELLED", ended_at=time.time(), reason=why)
+            self.store.set_managed(job.id, "PENDING", why, moves=m.moves + 1, last_move_at=time.time())
+            moved += 1
+        return moved
+
+    async def _cancel(self, attempts: list[AttemptRow]) -> int:
+        by_cluster: dict[str, list[str]] = {}
+        for a in attempts:
+            if a.slurm_job_id:
+                by_cluster.setdefault(a.cluster, []).append(a.slurm_job_id)
+        failed: set[str] = set()
+        for cluster, ids in by_cluster.items():
+            try:
+                await SlurmJobs(cluster, self.client.transport).cancel(ids)
+            except CorralError:
+                failed.add(cluster)  # unreachable: stays CANCELLING, retried next tick
+        done = [a for a in attempts if a.cluster not in failed]
+        for a in done:
+            if a.state not in TERMINAL_STATES:
+                self.store.update_attempt(a.token, state="CANCELLED", ended_at=time.time(),
+                                          reason=a.reason or "cancelled by Corral")
+        return len(done)
+
+    # ---- cluster health -------------------------------------------------------------------------
+    def _track_reachability(self, errors: dict[str, str], now: float) -> None:
+        health = self.store.health()
+        for cluster in self.client.registry.names():
+            row = health.get(cluster)
+            if cluster in errors:
+                if row is None or row.unreachable_since is None:
+                    self.store.set_health(cluster, unreachable_since=now)
+            elif row is not None and row.unreachable_since is not None:
+                self.store.set_health(cluster, unreachable_since=None)
+
+    def _unreachable_beyond_grace(self, now: float) -> set[str]:
+        return {c for c, row in self.store.health().items()
+                if row.unreachable_since is not None and now - row.unreachable_since > self.settings.grace_seconds}
+
+    def _note_failure(self, cluster: str, now: float) -> None:
+        row = self.store.health().get(cluster)
+        failures = (row.failures if row else 0) + 1
+        until = now + self.settings.unhealthy_seconds if failures >= self.settings.unhealthy_after_failures else 0.0
+        self.store.set_health(cluster, failures=failures, unhealthy_until=until or (row.unhealthy_until if row else 0))
+
+    def _unhealthy(self, now: float) -> set[str]:
+        return {c for c, row in self.store.health().items() if row.unhealthy_until > now}
+
+    def _job(self, job_id: str) -> JobRow:
+        with self.store.session() as s:
+            job = s.get(JobRow, job_id)
+            assert job is not None
+            return job
+
+
+def _task(job: JobRow) -> Task:
+    return Task.model_validate(json.loads(job.task_json))
+
+
+def _checkpoint_dir(job: JobRow, task: Task) -> str:
+    if task.checkpoint and task.checkpoint.path:
+        return task.checkpoint.path
+    return f"{CHECKPOINTS_DIR}/{job.id}"
+
+
+def _attempt_options(task: Task, number: int) -> AttemptOptions:
+    """Managed attempts: CORRAL_ATTEMPT, CORRAL_CHECKPOINT_DIR, and no Slurm requeue (Corral recovers)."""
+    path = task.checkpoint.path if task.checkpoint and task.checkpoint.path else DEFAULT_CHECKPOINT_DIR
+    return AttemptOptions(first_number=number, extra_env={"CORRAL_ATTEMPT": str(number)},
+                          extra_args=("--no-requeue",), checkpoint_dir=path)
+
+
+def _batches(to_place: list[tuple[JobRow, str]],
+             attempts: dict[str, list[AttemptRow]]) -> list[tuple[int, list[JobRow]]]:
+    """Jobs of one task with the same next attempt number and contiguous ranks: one array each."""
+    out: list[tuple[int, list[JobRow]]] = []
+    for job, _why in sorted(to_place, key=lambda p: (p[0].task_json, p[0].job_rank)):
+        number = max((a.number for a in attempts.get(job.id, [])), default=0) + 1
+        if out and out[-1][0] == number and out[-1][1][-1].task_json == job.task_json \
+                and out[-1][1][-1].job_rank + 1 == job.job_rank:
+            out[-1][1].append(job)
+        else:
+            out.append((number, [job]))
+    return out
+
+
+def _infra_failure(attempt: AttemptRow) -> bool:
+    return attempt.state == "FAILED" and (attempt.reason or "").split(" ")[0] in INFRA_FAILURES
+
+
+def _reasons(plan: Plan) -> str:
+    return "; ".join(f"{c.infra}: {c.reason}" for c in plan.ranked()[:4] if c.reason) or "none feasible"

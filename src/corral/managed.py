@@ -1,0 +1,80 @@
+"""Managed jobs, as users see them: launch (record), queue, cancel, events, why.
+
+`corral jobs launch` only records the job and makes sure the controller runs; the controller places
+and submits every attempt, the first one included, so there is one code path for first placement,
+recovery and re-routing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from corral.launch import new_job_id
+from corral.state import Store
+from corral.state.models import AttemptRow, JobRow, ManagedJobRow
+from corral.task import Task, resolved_envs
+
+
+@dataclass(frozen=True)
+class ManagedView:
+    job: JobRow
+    managed: ManagedJobRow
+    attempts: list[AttemptRow]
+
+    @property
+    def latest(self) -> AttemptRow | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def to_json(self) -> dict[str, object]:
+        latest = self.latest
+        return {
+            "job_id": self.job.id, "name": self.job.name, "state": self.managed.state,
+            "reason": self.managed.reason, "cluster": latest.cluster if latest else None,
+            "partition": latest.partition if latest else None,
+            "slurm_job_id": latest.slurm_job_id if latest else None, "attempts": len(self.attempts),
+            "attempt_state": latest.state if latest else None, "restarts_on_errors": self.managed.restarts_on_errors,
+            "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,
+            "created_at": self.job.created_at,
+        }
+
+
+def record(store: Store, task: Task, source: str, num_jobs: int = 1) -> list[str]:
+    resolved_envs(task, source)  # a null env without --env fails here, not in the controller
+    now = time.time()
+    task_json = json.dumps(task.model_dump(mode="json"))
+    jobs = [JobRow(id=new_job_id(), name=task.name or "task", task_json=task_json, created_at=now,
+                   job_rank=i, num_jobs=num_jobs) for i in range(num_jobs)]
+    store.add_jobs(jobs, [])
+    store.add_managed(j.id for j in jobs)
+    return [j.id for j in jobs]
+
+
+def views(store: Store, job_ids: list[str] | None = None) -> list[ManagedView]:
+    managed = {m.job_id: m for m in store.managed(job_ids)}
+    with store.session() as s:
+        from sqlalchemy import select
+
+        jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(list(managed))))}
+    attempts = store.attempts_of(list(managed))
+    out = [ManagedView(jobs[i], managed[i], attempts.get(i, [])) for i in managed if i in jobs]
+    return sorted(out, key=lambda v: (v.job.created_at, v.job.job_rank))
+
+
+def resolve(store: Store, ref: str) -> ManagedView:
+    from corral.state.store import JobNotFoundError
+
+    all_views = views(store)
+    matches = [v for v in all_views if v.job.id == ref] or [v for v in all_views if v.job.id.startswith(ref)] \
+        or [v for v in all_views if v.job.name == ref]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise JobNotFoundError(f"no managed job {ref!r}; see `corral jobs queue`")
+    raise JobNotFoundError(f"{ref!r} matches several managed jobs; give more of the id")
+
+
+def request_cancel(store: Store, job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        store.set_managed(job_id, "CANCELLING", "cancel requested", cancel_requested=True)

@@ -1,0 +1,208 @@
+"""Managed jobs and the controller, on the real testbed: recovery, checkpoints, re-routing, restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.helpers import job_state, ssh_login
+
+FAST = {"CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_GRACE_SECONDS": "6",
+        "CORRAL_CONTROLLER_REROUTE_AFTER": "2", "CORRAL_CONTROLLER_REROUTE_COOLDOWN": "60"}
+
+
+@pytest.fixture
+def env(corral_env, testbed):
+    env = {**corral_env, **FAST}
+    yield env
+    subprocess.run(["corral", "server", "stop"], env=env, capture_output=True)
+    for spec in testbed.clusters:
+        subprocess.run(["ssh", "-F", str(testbed.cluster_config), spec.name, "scancel -u corral-test"],
+                       capture_output=True)
+
+
+def jobs(corral, env) -> dict[str, dict]:
+    result = corral("jobs", "queue", "-a", "--json", env=env)
+    assert result.exit_code == 0, result.stderr
+    return {j["job_id"]: j for j in result.json()}
+
+
+def wait_job(corral, env, job_id: str, states: set[str], timeout: float = 90) -> dict:
+    return wait_for(f"{job_id} to be {states}", lambda: (j := jobs(corral, env).get(job_id)) and
+                    j["state"] in states and j, timeout)
+
+
+def events(corral, env, job_id: str) -> list[dict]:
+    return corral("jobs", "events", job_id, "--json", env=env).json()
+
+
+def launch(corral, env, *args) -> str:
+    result = corral("jobs", "launch", "--json", *args, env=env)
+    assert result.exit_code == 0, result.stderr
+    return result.json()["job_id"]
+
+
+COUNTER_TASK = """\
+name: {name}
+resources:
+  accelerators: {gpus}
+  {extra}
+run: |
+  f="$CORRAL_CHECKPOINT_DIR/count"
+  n=$(cat "$f" 2>/dev/null || echo 0)
+  echo "attempt $CORRAL_ATTEMPT starts at $n on $(hostname) in $CORRAL_CLUSTER"
+  for i in $(seq {steps}); do n=$((n + 1)); echo $n > "$f"; sleep 1; done
+  echo "attempt $CORRAL_ATTEMPT done at $n"
+"""
+
+
+def test_a_managed_job_runs_once_and_tells_its_story(corral, env):
+    job = launch(corral, env, "--gpus", "H100:1", "--", "echo attempt=$CORRAL_ATTEMPT id=$CORRAL_TASK_ID; sleep 4")
+    done = wait_job(corral, env, job, {"SUCCEEDED", "FAILED"})
+    assert (done["state"], done["attempts"]) == ("SUCCEEDED", 1)
+    states = [e["state"] for e in events(corral, env, job)]
+    assert states[0] == "PENDING" and states[-1] == "SUCCEEDED" and "RUNNING" in states
+    assert f"attempt=1 id={job}" in corral("jobs", "logs", job, env=env).stdout
+    status = corral("server", "status", env=env)
+    assert status.exit_code == 0 and "controller running" in status.stdout
+
+
+def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
+    task = tmp_path / "retry.yaml"
+    task.write_text("resources:\n  infra: slurm/cirrus/debug\n  job_recovery:\n    max_restarts_on_errors: 1\n"
+                    "run: |\n  echo attempt $CORRAL_ATTEMPT\n  exit 3\n")
+    job = launch(corral, env, str(task))
+    done = wait_job(corral, env, job, {"FAILED"})
+    assert done["attempts"] == 2 and done["restarts_on_errors"] == 1
+    assert "exit code 3" in done["reason"]
+    logs = corral("jobs", "logs", job, env=env).stdout
+    assert "attempt 1" in logs and "attempt 2" in logs
+
+
+def test_node_failure_resumes_from_the_checkpoint(corral, env, testbed, tmp_path):
+    task = tmp_path / "counter.yaml"
+    task.write_text(COUNTER_TASK.format(name="counter", gpus="gpu:2", extra="", steps=60))
+    job = launch(corral, env, str(task))
+    running = wait_job(corral, env, job, {"RUNNING"})
+    cluster, slurm_id = running["cluster"], running["slurm_job_id"]
+    node = ssh_login(testbed.cluster_config, cluster, f"squeue -h -j {slurm_id} -o %N").strip()
+    wait_for("a few checkpoints", lambda: "starts at 0" in corral("jobs", "logs", job, env=env).stdout, 30)
+    wait_for("progress", lambda: ssh_login(testbed.cluster_config, cluster,
+                                           f"cat .corral/checkpoints/{job}/count 2>/dev/null || echo 0").strip()
+             not in ("0", "1", "2"), 30)
+    testbed.kill_node(node)
+    try:
+        second = wait_for("attempt 2 to run", lambda: (j := jobs(corral, env)[job])["attempts"] >= 2 and
+                          j["state"] == "RUNNING" and j, timeout=120, interval=1)
+        assert second["slurm_job_id"] != slurm_id
+        logs = wait_for("attempt 2 to report", lambda: (out := corral("jobs", "logs", job, env=env).stdout)
+                        and "attempt 2 starts at" in out and out, 60)
+        resumed_at = int(logs.split("attempt 2 starts at ")[1].split()[0])
+        assert resumed_at >= 3  # resumed from the checkpoint, not from zero
+        story = " | ".join(f"{e['state']}: {e['reason']}" for e in events(corral, env, job))
+        assert "RECOVERING" in story and "NODE_FAIL" in story, story
+    finally:
+        testbed.start_node(node)
+        testbed.resume(node)
+
+
+def test_pending_job_moves_to_the_cluster_that_frees_up(corral, env, testbed, tmp_path):
+    config = testbed.cluster_config
+    blocker_a = ssh_login(config, "alpine", "sbatch --parsable -p gpu -N2 -t 60 "
+                                            "--gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'").strip()
+    blocker_b = ssh_login(config, "borealis", "sbatch --parsable -p h100-cluster -N2 -t 600 "
+                                              "--gres=gpu:H100:8 --wrap 'sleep 900'").strip()
+    for cluster, blocker in (("alpine", blocker_a), ("borealis", blocker_b)):
+        wait_for(f"{cluster} to be full", lambda c=cluster, b=blocker: job_state(config, c, b) == "RUNNING")
+    task = tmp_path / "moving.yaml"
+    task.write_text("name: moving\nresources:\n  ordered:\n    - {accelerators: 'H100:4', infra: slurm/alpine}\n"
+                    "    - {accelerators: 'H100:4', infra: slurm/borealis}\nrun: echo ran on $CORRAL_CLUSTER\n")
+    job = launch(corral, env, str(task))
+    pending = wait_for("the job to wait on alpine", lambda: (j := jobs(corral, env)[job])["slurm_job_id"] and
+                       j["state"] == "PENDING" and j, 60)
+    assert pending["cluster"] == "alpine"  # alpine's blocker ends sooner: predicted to start there first
+    why = corral("jobs", "why", job, env=env)
+    assert "pending on slurm/alpine/gpu" in why.stdout and "not moved because" in why.stdout
+    old_slurm_id = pending["slurm_job_id"]
+    ssh_login(config, "borealis", f"scancel {blocker_b}")
+    done = wait_job(corral, env, job, {"SUCCEEDED"}, timeout=90)
+    assert done["cluster"] == "borealis" and done["moves"] == 1
+    assert job_state(config, "alpine", old_slurm_id) == "CANCELLED"
+    assert corral("jobs", "logs", job, env=env).stdout.count("ran on") == 1  # ran once, on borealis
+    assert "ran on borealis" in corral("jobs", "logs", job, env=env).stdout
+    assert any("re-routed to slurm/borealis/h100-cluster" in (e["reason"] or "") for e in events(corral, env, job))
+
+
+def test_cluster_outage_recovers_elsewhere(corral, env, testbed, tmp_path):
+    task = tmp_path / "outage.yaml"
+    task.write_text(COUNTER_TASK.format(name="outage", gpus="H100:1", extra="", steps=40))
+    job = launch(corral, env, str(task))
+    running = wait_job(corral, env, job, {"RUNNING"})
+    first = running["cluster"]
+    wait_for("progress", lambda: ssh_login(testbed.cluster_config, first,
+                                           f"cat .corral/checkpoints/{job}/count 2>/dev/null || echo 0").strip()
+             not in ("0", "1", "2"), 30)
+    testbed.stop_controller(first)
+    try:
+        moved = wait_for("recovery on another cluster", lambda: (j := jobs(corral, env)[job])["cluster"] != first
+                         and j["state"] == "RUNNING" and j, timeout=90, interval=1)
+        assert moved["attempts"] == 2
+        logs = wait_for("attempt 2 output", lambda: (out := corral("jobs", "logs", job, env=env).stdout)
+                        and "attempt 2 starts at" in out and out, 60)
+        assert int(logs.split("attempt 2 starts at ")[1].split()[0]) >= 3  # checkpoint copied across clusters
+    finally:
+        testbed.start_controller(first)
+    # Once the first cluster answers again, its abandoned attempt is cancelled.
+    old = running["slurm_job_id"]
+    wait_for("the abandoned attempt to be cancelled",
+             lambda: job_state(testbed.cluster_config, first, old) in ("CANCELLED", "COMPLETED", "FAILED"), 60)
+    assert wait_job(corral, env, job, {"SUCCEEDED"}, timeout=90)["attempts"] == 2
+
+
+def test_kill_9_the_controller_during_a_sweep(corral, env, testbed):
+    tag = uuid.uuid4().hex[:8]
+    out_dir = f"sweep-{tag}"
+    ssh_login(testbed.cluster_config, "alpine", f"mkdir -p {out_dir}")
+    n = 200
+    result = corral("jobs", "launch", "--json", "--num-jobs", str(n), "--cpus", "1", "--infra", "slurm/alpine",
+                    "--", f'echo "$CORRAL_TASK_ID $CORRAL_ATTEMPT" >> ~/{out_dir}/ran', env=env)
+    assert result.exit_code == 0, result.stderr
+    ids = result.json()["job_ids"]
+    wait_for("the controller to start submitting",
+             lambda: any(j["slurm_job_id"] for j in jobs(corral, env).values()), 30, interval=0.1)
+    pid = int(open(os.path.join(env["CORRAL_HOME"], "controller.pid")).read())
+    os.kill(pid, signal.SIGKILL)
+    restarted = corral("server", "start", env=env)
+    assert restarted.exit_code == 0, restarted.stderr
+    wait_for("all jobs to succeed", lambda: all(jobs(corral, env)[i]["state"] == "SUCCEEDED" for i in ids),
+             timeout=240, interval=2)
+    ran = ssh_login(testbed.cluster_config, "alpine", f"cat {out_dir}/ran").split("\n")
+    runs = [line.split()[0] for line in ran if line.strip()]
+    assert sorted(runs) == sorted(ids)  # every job exactly once
+    ssh_login(testbed.cluster_config, "alpine", f"rm -rf {out_dir}")
+
+
+def test_two_controllers_never_drive_at_once(env, monkeypatch):
+    import asyncio
+
+    from corral.client import Client
+    from corral.controller.engine import Controller
+    from corral.state import open_store
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    store = open_store()
+    first = Controller(Client(), store, "first")
+    second = Controller(Client(), store, "second")
+    assert asyncio.run(first.tick()).drove
+    assert not asyncio.run(second.tick()).drove
+    assert asyncio.run(first.tick()).drove  # the holder renews
+    store.release_lease("controller", "first")
+    assert asyncio.run(second.tick()).drove
+    assert json.dumps({"ok": True})
