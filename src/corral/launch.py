@@ -27,6 +27,7 @@ from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
 from corral.task import Task, TaskError, resolved_envs, resource_options
 
+MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
 
 
@@ -197,7 +198,9 @@ class Launcher:
     async def submit_jobs(self, task: Task, envs: dict[str, str], base: Path, feasible: list[Candidate],
                           jobs: list[JobRow], options: AttemptOptions | None = None) -> list[Submitted]:
         """New attempts for recorded jobs of one task (contiguous ranks): split into shares, one array each."""
-        shares = split_sweep(feasible, len(jobs))
+        shares = [(candidate, start + offset, min(MAX_ARRAY_TASKS, count - offset))
+                  for candidate, start, count in split_sweep(feasible, len(jobs))
+                  for offset in range(0, count, MAX_ARRAY_TASKS)]
         dead: set[str] = set()
         results = await asyncio.gather(*(
             self._submit_share(task, envs, base, feasible, jobs[start:start + count], first, dead,

@@ -53,10 +53,7 @@ def record(store: Store, task: Task, source: str, num_jobs: int = 1) -> list[str
 
 def views(store: Store, job_ids: list[str] | None = None) -> list[ManagedView]:
     managed = {m.job_id: m for m in store.managed(job_ids)}
-    with store.session() as s:
-        from sqlalchemy import select
-
-        jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(list(managed))))}
+    jobs = store.jobs(managed)
     attempts = store.attempts_of(list(managed))
     out = [ManagedView(jobs[i], managed[i], attempts.get(i, [])) for i in managed if i in jobs]
     return sorted(out, key=lambda v: (v.job.created_at, v.job.job_rank))

@@ -104,8 +104,7 @@ class Controller:
     async def _drive(self, managed: list[ManagedJobRow], now: float, report: TickReport) -> None:
         ids = [m.job_id for m in managed]
         attempts = self.store.attempts_of(ids)
-        jobs = {v.job.id: v.job for v in self.store.views(ids)}
-        jobs.update({j: self._job(j) for j in ids if j not in jobs})
+        jobs = self.store.jobs(ids)
         unreachable = self._unreachable_beyond_grace(now)
         to_place: list[tuple[JobRow, str]] = []
         pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]] = []
@@ -117,7 +116,7 @@ class Controller:
             latest = mine[-1] if mine else None
             if m.cancel_requested:
                 to_cancel += live
-                self.store.set_managed(m.job_id, "CANCELLED", "cancelled by user")
+                self._set(m, "CANCELLED", "cancelled by user")
                 continue
             running = sorted((a for a in live if a.state in ("RUNNING", "STARTING")),
                              key=lambda a: (a.started_at or now, a.number))
@@ -136,47 +135,47 @@ class Controller:
                 why = f"{latest.cluster} unreachable for more than {self.settings.grace_seconds:g}s"
                 # Cancelled in Slurm as soon as the cluster answers again, so it never runs twice for long.
                 self.store.update_attempt(latest.token, state="CANCELLING", reason=why)
-                self.store.set_managed(m.job_id, "RECOVERING", why, recoveries=m.recoveries + 1)
+                self._set(m, "RECOVERING", why, recoveries=m.recoveries + 1)
                 to_place.append((job, why))
                 continue
             state = latest.state
             if state in ("SUBMITTING", "CANCELLING"):
                 continue
             if state == "PENDING":
-                self.store.set_managed(m.job_id, "PENDING" if m.recoveries == 0 else "RECOVERING",
+                self._set(m, "PENDING" if m.recoveries == 0 else "RECOVERING",
                                        latest.reason or "pending")
                 if now - (latest.submitted_at or now) >= self.settings.reroute_after:
                     pending.append((m, job, latest))
             elif state in ("STARTING", "RUNNING"):
-                self.store.set_managed(m.job_id, state, f"on slurm/{latest.cluster}/{latest.partition} "
+                self._set(m, state, f"on slurm/{latest.cluster}/{latest.partition} "
                                        f"(attempt {latest.number})")
                 self.store.set_health(latest.cluster, failures=0)
             elif state == "SUCCEEDED":
-                self.store.set_managed(m.job_id, "SUCCEEDED", f"attempt {latest.number} succeeded")
+                self._set(m, "SUCCEEDED", f"attempt {latest.number} succeeded")
             elif state == "CANCELLED":
                 if latest.reason and latest.reason.startswith(("re-routed", "duplicate")):
                     continue  # replaced by a newer attempt, which is the latest once recorded
-                self.store.set_managed(m.job_id, "CANCELLED", latest.reason or "cancelled in Slurm")
+                self._set(m, "CANCELLED", latest.reason or "cancelled in Slurm")
             elif state in ("SUBMIT_FAILED", "LOST") or _infra_failure(latest):
                 why = f"attempt {latest.number} on {latest.cluster}: {latest.reason or state}"
                 self._note_failure(latest.cluster, now)
-                self.store.set_managed(m.job_id, "RECOVERING", why, recoveries=m.recoveries + 1)
+                self._set(m, "RECOVERING", why, recoveries=m.recoveries + 1)
                 to_place.append((job, why))
             elif state == "FAILED":
                 task = _task(job)
                 recovery = task.resources.job_recovery
                 code = latest.exit_code
                 if recovery and code is not None and code in recovery.recover_on_exit_codes:
-                    self.store.set_managed(m.job_id, "RECOVERING", f"exit code {code} is listed to recover")
+                    self._set(m, "RECOVERING", f"exit code {code} is listed to recover")
                     to_place.append((job, f"exit code {code}"))
                 elif recovery and m.restarts_on_errors < recovery.max_restarts_on_errors:
-                    self.store.set_managed(m.job_id, "RECOVERING",
+                    self._set(m, "RECOVERING",
                                            f"exit code {code}: restart {m.restarts_on_errors + 1} of "
                                            f"{recovery.max_restarts_on_errors}",
                                            restarts_on_errors=m.restarts_on_errors + 1)
                     to_place.append((job, f"exit code {code}"))
                 else:
-                    self.store.set_managed(m.job_id, "FAILED", f"attempt {latest.number} failed "
+                    self._set(m, "FAILED", f"attempt {latest.number} failed "
                                            f"(exit code {code}, {latest.reason or 'FAILED'})")
         abandoned = [a for mine in attempts.values() for a in mine
                      if a.state == "CANCELLING" and a.cluster not in unreachable and a not in to_cancel]
@@ -187,6 +186,13 @@ class Controller:
                                                  [_task(job) for _, job, _ in pending])
         report.submitted += await self._place(to_place, attempts, outcomes, unreachable, now)
         report.moved += await self._reroute(pending, attempts, outcomes, unreachable, now)
+
+    def _set(self, m: ManagedJobRow, state: str, reason: str | None, **fields: object) -> None:
+        """Write a managed job only when something changed: a quiet tick writes nothing."""
+        if (state, reason) == (m.state, m.reason) and all(getattr(m, k) == v for k, v in fields.items()):
+            return
+        self.store.set_managed(m.job_id, state, reason, **fields)
+        m.state, m.reason = state, reason
 
     # ---- placing new attempts -------------------------------------------------------------------
     async def _place(self, to_place: list[tuple[JobRow, str]], attempts: dict[str, list[AttemptRow]],
@@ -211,11 +217,12 @@ class Controller:
                 for job in jobs:
                     self.store.set_managed(job.id, reason=f"submission failed: {exc}")
                 continue
-            for share in shares:
-                for job_id in share.job_ids:
-                    self.store.set_managed(job_id, reason=f"attempt {number} submitted to "
-                                           f"slurm/{share.cluster}/{share.partition} as {share.slurm_job_id}")
-                submitted += len(share.job_ids)
+            self.store.note_managed({
+                job_id: f"attempt {number} submitted to slurm/{share.cluster}/{share.partition} as "
+                        f"{share.slurm_job_id}" + (f"_{i}" if len(share.job_ids) > 1 else "")
+                for share in shares for i, job_id in enumerate(share.job_ids)
+            })
+            submitted += sum(len(share.job_ids) for share in shares)
         return submitted
 
     async def _carry_checkpoint(self, job: JobRow, task: Task, previous: AttemptRow | None, target: str) -> None:
@@ -308,12 +315,6 @@ class Controller:
 
     def _unhealthy(self, now: float) -> set[str]:
         return {c for c, row in self.store.health().items() if row.unhealthy_until > now}
-
-    def _job(self, job_id: str) -> JobRow:
-        with self.store.session() as s:
-            job = s.get(JobRow, job_id)
-            assert job is not None
-            return job
 
 
 def _task(job: JobRow) -> Task:

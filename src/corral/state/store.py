@@ -147,9 +147,25 @@ class Store:
                 setattr(row, key, value)
             row.updated_at = now
 
+    def note_managed(self, notes: dict[str, str]) -> None:
+        """Events that keep each job's state (e.g. "attempt 2 submitted …"), in one transaction."""
+        if not notes:
+            return
+        now = time.time()
+        with self.session() as s, s.begin():
+            rows = {r.job_id: r for r in s.scalars(select(ManagedJobRow).where(ManagedJobRow.job_id.in_(list(notes))))}
+            for job_id, reason in notes.items():
+                if job_id in rows:
+                    s.add(JobEventRow(job_id=job_id, at=now, state=rows[job_id].state, reason=reason))
+                    rows[job_id].updated_at = now
+
     def events(self, job_id: str) -> list[JobEventRow]:
         with self.session() as s:
             return list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)))
+
+    def jobs(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
+        with self.session() as s:
+            return {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(list(job_ids))))}
 
     def attempts_of(self, job_ids: Iterable[str]) -> dict[str, list[AttemptRow]]:
         with self.session() as s:
