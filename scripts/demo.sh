@@ -21,3 +21,8 @@ corral exec demo-dev -- 'echo "exec on $(hostname), rank $CORRAL_NODE_RANK"'
 corral ssh demo-dev -- hostname
 corral status
 corral down demo-dev
+job=$(corral jobs launch -n demo-managed --gpus gpu:1 -- 'echo "managed attempt $CORRAL_ATTEMPT on $CORRAL_CLUSTER"')
+for i in $(seq 60); do corral jobs events "$job" | grep -q SUCCEEDED && break; sleep 1; done
+corral jobs events "$job"
+corral jobs logs "$job"
+corral server stop

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from corral.state import Store
-from corral.state.models import AttemptRow, JobRow
+from corral.state.models import AttemptRow, Base, JobRow
 from corral.state.store import JobNotFoundError
 
 
@@ -18,7 +18,8 @@ def store(request, tmp_path) -> Store:
     url = request.getfixturevalue("postgres_url")
     store = Store(url)
     with store.engine.begin() as conn:  # each test starts empty
-        conn.exec_driver_sql("TRUNCATE attempts, jobs")
+        tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+        conn.exec_driver_sql(f"TRUNCATE {tables} CASCADE")
     return store
 
 
