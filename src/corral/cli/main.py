@@ -518,9 +518,11 @@ def jobs_queue(as_json: bool, show_all: bool) -> None:
     from corral import managed
     from corral.state import open_store
 
+    from corral.state.store import MANAGED_TERMINAL
+
     views = managed.views(open_store())
     if not show_all:
-        views = [v for v in views if v.managed.state not in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")]
+        views = [v for v in views if v.managed.state not in MANAGED_TERMINAL]
     if as_json:
         _print_json([v.to_json() for v in views])
     else:
@@ -566,12 +568,13 @@ def jobs_cancel(job_refs: tuple[str, ...], cancel_all: bool) -> None:
     from corral.controller import server as controller
     from corral.errors import CorralError
     from corral.state import open_store
+    from corral.state.store import MANAGED_TERMINAL
 
     if not job_refs and not cancel_all:
         raise CorralError("name the jobs to cancel, or use --all")
     store = open_store()
     views = managed.views(store) if cancel_all else [managed.resolve(store, j) for j in job_refs]
-    live = [v for v in views if v.managed.state not in ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")]
+    live = [v for v in views if v.managed.state not in MANAGED_TERMINAL]
     managed.request_cancel(store, [v.job.id for v in live])
     controller.start()
     for v in views:
