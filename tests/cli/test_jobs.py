@@ -85,6 +85,16 @@ def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
     assert "attempt 1" in logs and "attempt 2" in logs
 
 
+def test_setup_failure_is_not_retried(corral, env, tmp_path):
+    task = tmp_path / "setup.yaml"
+    task.write_text("resources:\n  infra: slurm/cirrus/debug\n  job_recovery:\n    max_restarts_on_errors: 3\n"
+                    "setup: exit 5\nrun: echo never\n")
+    job = launch(corral, env, str(task))
+    done = wait_job(corral, env, job, {"FAILED_SETUP", "FAILED"})
+    assert (done["state"], done["attempts"]) == ("FAILED_SETUP", 1)
+    assert done["reason"] == "setup failed on attempt 1 (exit code 5)"
+
+
 def test_node_failure_resumes_from_the_checkpoint(corral, env, testbed, tmp_path):
     task = tmp_path / "counter.yaml"
     task.write_text(COUNTER_TASK.format(name="counter", gpus="gpu:2", extra="", steps=60))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -165,7 +166,9 @@ class Controller:
                 task = _task(job)
                 recovery = task.resources.job_recovery
                 code = latest.exit_code
-                if recovery and code is not None and code in recovery.recover_on_exit_codes:
+                if await self._setup_failed(latest):  # not retried: the same setup would fail again
+                    self._set(m, "FAILED_SETUP", f"setup failed on attempt {latest.number} (exit code {code})")
+                elif recovery and code is not None and code in recovery.recover_on_exit_codes:
                     self._set(m, "RECOVERING", f"exit code {code} is listed to recover")
                     to_place.append((job, f"exit code {code}"))
                 elif recovery and m.restarts_on_errors < recovery.max_restarts_on_errors:
@@ -273,6 +276,15 @@ class Controller:
             self.store.set_managed(job.id, "PENDING", why, moves=m.moves + 1, last_move_at=time.time())
             moved += 1
         return moved
+
+    async def _setup_failed(self, attempt: AttemptRow) -> bool:
+        """Did the attempt fail in `setup`? (task.sh leaves a marker; one round trip, only on failure.)"""
+        script = f'test -e "$HOME"/{shlex.quote(attempt.run_dir)}/setup_failed\n'
+        try:
+            result = await self.client.transport.run(attempt.cluster, script, timeout=15, check=False)
+        except CorralError:
+            return False
+        return result.exit_status == 0
 
     async def _cancel(self, attempts: list[AttemptRow]) -> int:
         by_cluster: dict[str, list[str]] = {}

@@ -166,6 +166,7 @@ if [ -n "$setup" ] && [ -s "$setup" ]; then
   rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "corral: setup failed on $(hostname) with exit code $rc" >&2
+    echo "$rc" > "$CORRAL_RUN_DIR/setup_failed"
     exit "$rc"
   fi
 fi
