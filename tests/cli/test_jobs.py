@@ -215,3 +215,51 @@ def test_two_controllers_never_drive_at_once(env, monkeypatch):
     assert asyncio.run(first.tick()).drove  # the holder renews
     store.release_lease("controller", "first")
     assert asyncio.run(second.tick()).drove
+
+
+def test_churn_never_runs_a_job_twice(corral, env, testbed):
+    """100 managed jobs while other users' jobs take and free GPUs on all three clusters."""
+    import random
+    import threading
+    import time
+
+    env = {**env, "CORRAL_CONTROLLER_REROUTE_COOLDOWN": "10"}
+    config = testbed.cluster_config
+    out = f"churn-{uuid.uuid4().hex[:8]}"
+    ssh_login(config, "alpine", f"mkdir -p {out}")
+    script = (f'echo "start $CORRAL_TASK_ID $CORRAL_ATTEMPT" >> ~/{out}/log; sleep 3; '
+              f'echo "end $CORRAL_TASK_ID $CORRAL_ATTEMPT" >> ~/{out}/log')
+    result = corral("jobs", "launch", "--json", "--num-jobs", "100", "--gpus", "gpu:2", "--", script, env=env)
+    assert result.exit_code == 0, result.stderr
+    ids = result.json()["job_ids"]
+    fillers = [(spec.name, part.name, len(part.nodes), spec.node(part.nodes[0]))
+               for spec in testbed.clusters for part in spec.partitions
+               if part.nodes and spec.node(part.nodes[0]).gpus]
+    stop = threading.Event()
+    rng = random.Random(7)
+
+    def churn() -> None:  # bounded: ends with the test, at most 150 s
+        deadline = time.monotonic() + 150
+        while not stop.is_set() and time.monotonic() < deadline:
+            cluster, partition, nodes, node = rng.choice(fillers)
+            gres = f"gpu:{node.gpu_type}:{node.gpus}" if node.gpu_type else f"gpu:{node.gpus}"
+            if rng.random() < 0.6:
+                subprocess.run(["ssh", "-F", str(config), cluster,
+                                f"sbatch -J filler -p {partition} -N{nodes} --gres={gres} -t 1 --wrap 'sleep 20'"],
+                               capture_output=True)
+            else:
+                subprocess.run(["ssh", "-F", str(config), cluster, "scancel -n filler"], capture_output=True)
+            stop.wait(2)
+
+    churner = threading.Thread(target=churn, daemon=True)
+    churner.start()
+    try:
+        wait_for("every job to succeed", lambda: all(jobs(corral, env)[i]["state"] == "SUCCEEDED" for i in ids),
+                 timeout=420, interval=3)
+    finally:
+        stop.set()
+        churner.join(timeout=10)
+    log = ssh_login(config, "alpine", f"cat {out}/log").split("\n")
+    ends = [line.split()[1] for line in log if line.startswith("end ")]
+    assert sorted(ends) == sorted(ids)  # every job completed exactly once: zero double runs
+    ssh_login(config, "alpine", f"rm -rf {out}")

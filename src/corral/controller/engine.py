@@ -248,6 +248,7 @@ class Controller:
                        now: float) -> int:
         moved = 0
         avoid = unreachable | self._unhealthy(now)
+        taken: dict[tuple[str, str], int] = {}  # copies moved to each place this tick: its capacity is shared
         for m, job, current in pending:
             if now - m.last_move_at < self.settings.reroute_cooldown:
                 continue
@@ -258,9 +259,11 @@ class Controller:
             if here is not None and here.startable_now:
                 continue  # Slurm will start it where it is
             best = next((c for c in plan.feasible() if c.startable_now and c.cluster not in avoid
-                         and (c.cluster, c.partition) != (current.cluster, current.partition)), None)
+                         and (c.cluster, c.partition) != (current.cluster, current.partition)
+                         and taken.get((c.cluster, c.partition), 0) < c.startable_copies), None)
             if best is None:
                 continue
+            taken[(best.cluster, best.partition)] = taken.get((best.cluster, best.partition), 0) + 1
             number = max(a.number for a in attempts.get(job.id, [current])) + 1
             try:
                 await self.launcher.submit_jobs(task, resolved_envs(task, "managed job"), Path.cwd(),
