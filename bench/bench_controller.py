@@ -28,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--ticks", type=int, default=5)
+    parser.add_argument("--intervals", type=float, nargs="+", default=[1.0, 5.0])
     args = parser.parse_args()
     with bench_testbed() as bench:
         for key in ("CORRAL_SLURM_CONFIG", "CORRAL_HOME"):
@@ -55,12 +56,71 @@ def main() -> None:
                 trips.append(sum(report.round_trips.values()))
             rows.append((n, first.submitted, first_seconds, sorted(cpu)[len(cpu) // 2], max(trips)))
         raw = max(time_command([*bench.raw_ssh(c), "squeue --me -h -t all -r"]) for c in bench.clusters)
-        _cancel_all(bench)
+        move_seconds = []
+        for interval in args.intervals:
+            _cancel_all(bench)
+            try:
+                move_seconds.append(_time_to_move(bench, interval))
+            finally:
+                _cancel_all(bench)
     print("\ncontroller ticks with many managed jobs (jobs held in Slurm)")
     print(f"{'managed jobs':>13} {'submitted':>10} {'first tick s':>13} {'CPU s/tick':>11} {'SSH calls/tick':>15}")
     for n, submitted, first_seconds, cpu, trips in rows:
         print(f"{n:>13} {submitted:>10} {first_seconds:>13.2f} {cpu:>11.3f} {trips:>15}")
     print(f"  clusters: {len(bench.clusters)}; raw ssh squeue (slowest cluster, mux): {raw:.3f} s")
+    print("\ntime from capacity freeing on another cluster to the moved job running there")
+    for interval, seconds in zip(args.intervals, move_seconds):
+        print(f"  tick interval {interval:g} s (reroute_after 2 s): {seconds:.1f} s")
+
+
+def _time_to_move(bench, interval: float) -> float:
+    """alpine and borealis full; a managed job waits on alpine; free borealis; until it runs there."""
+    from corral import managed
+    from corral.client import Client
+    from corral.controller.engine import Controller, ControllerSettings
+    from corral.state import Store
+    from corral.task import parse_task
+
+    def sbatch(cluster: str, args: str) -> str:
+        return subprocess.run([*bench.raw_ssh(cluster), f"sbatch --parsable {args} --wrap 'sleep 600'"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    blockers = {"alpine": sbatch("alpine", "-p gpu -N2 -t 60 --gres=gpu:nvidia_h100_80gb_hbm3:4"),
+                "borealis": sbatch("borealis", "-p h100-cluster -N2 -t 600 --gres=gpu:H100:8")}
+    blocker = blockers["borealis"]
+    for cluster, job in blockers.items():  # both clusters full before the managed job arrives
+        deadline = time.monotonic() + 60
+        while subprocess.run([*bench.raw_ssh(cluster), f"squeue -h -j {job} -o %T"], capture_output=True,
+                             text=True).stdout.strip() != "RUNNING":
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{cluster}'s blocker never started")
+            time.sleep(0.2)
+    store = Store(f"sqlite:///{bench.scratch / f'move-{interval}.db'}")
+    task = parse_task({"resources": {"ordered": [{"accelerators": "H100:4", "infra": "slurm/alpine"},
+                                                 {"accelerators": "H100:4", "infra": "slurm/borealis"}]},
+                       "run": "sleep 30"}, "bench")
+    [job_id] = managed.record(store, task, "bench")
+    controller = Controller(Client(), store, f"move-{interval}", ControllerSettings(reroute_after=2))
+
+    def state() -> tuple[str, str | None]:
+        view = managed.views(store, [job_id])[0]
+        return view.managed.state, view.latest.cluster if view.latest else None
+
+    deadline = time.monotonic() + 120
+    while state() != ("PENDING", "alpine") or not managed.views(store, [job_id])[0].latest.slurm_job_id:
+        asyncio.run(controller.tick())
+        if time.monotonic() > deadline:
+            raise SystemExit("the job never waited on alpine")
+    time.sleep(2.5)  # past reroute_after, as in steady state
+    subprocess.run([*bench.raw_ssh("borealis"), f"scancel {blocker}"], check=True)
+    freed = time.monotonic()
+    while state() != ("RUNNING", "borealis"):
+        started = time.monotonic()
+        asyncio.run(controller.tick())
+        time.sleep(max(0.0, interval - (time.monotonic() - started)))
+        if time.monotonic() - freed > 120:
+            raise SystemExit("the job did not move")
+    return time.monotonic() - freed
 
 
 def _cancel_all(bench) -> None:
