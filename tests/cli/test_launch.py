@@ -292,3 +292,17 @@ def test_state_in_postgresql(corral, corral_env, postgres_url, clean_queues):
         row := queue(corral, env=env).get(submitted["job_id"])) and row["state"] == "SUCCEEDED" and row)
     assert job["name"] == "on-postgres"
     assert submitted["job_id"] not in queue(corral)  # not in the default SQLite store
+
+
+@pytest.mark.parametrize("cluster", ["alpine", "borealis"])  # without and with accounting
+def test_status_of_jobs_slurm_has_forgotten(corral_env, cluster):
+    """Tracked ids that squeue no longer shows are looked up in sacct where there is one; no error."""
+    import asyncio
+
+    from corral.config import load_registry
+    from corral.infra.slurm.jobs import SlurmJobs
+    from corral.ssh import SshTransport
+
+    transport = SshTransport(load_registry())
+    statuses = asyncio.run(SlurmJobs(cluster, transport).status(["999999", "999998_3"]))
+    assert all(s.slurm_job_id not in ("999999", "999998_3") for s in statuses)

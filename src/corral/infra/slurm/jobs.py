@@ -135,7 +135,8 @@ def status_script(tracked_ids: list[str], with_sacct: bool = True) -> str:
             "  fi",
             "fi",
         ]
-    return "\n".join(lines) + "\n"
+    # The statuses are in the sections; a filter that found nothing must not fail the call.
+    return "\n".join(lines) + "\nexit 0\n"
 
 
 def _exit_code(raw: str) -> int | None:
