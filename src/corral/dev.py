@@ -301,11 +301,13 @@ def _describe(resources: str) -> str:
 def _parse_status(row: AllocationRow, stdout: str) -> AllocationStatus:
     sections = split_sections(stdout)
     files: dict[str, str] = {}
-    for line in sections.get(f"files-{row.slurm_job_id}", None).text.splitlines() if f"files-{row.slurm_job_id}" in sections else []:
+    marker_section = sections.get(f"files-{row.slurm_job_id}")
+    for line in marker_section.text.splitlines() if marker_section else []:
         key, _, value = line.partition("=")
         files[key] = value
     slurm = None
-    for line in sections["squeue"].text.splitlines() if "squeue" in sections else []:
+    squeue = sections.get("squeue")
+    for line in squeue.text.splitlines() if squeue else []:
         fields = line.split(FIELD_SEPARATOR)
         if fields and fields[0] == row.slurm_job_id and len(fields) == 6:
             slurm = fields

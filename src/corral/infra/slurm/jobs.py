@@ -186,7 +186,8 @@ def parse_status(cluster: str, stdout: str) -> list[JobStatus]:
         if len(fields) == len(SQUEUE_FIELDS):
             out.append(_status(fields, clock))
     seen = {s.slurm_job_id for s in out}
-    for line in sections.get("sacct", None).text.splitlines() if "sacct" in sections else []:
+    sacct = sections.get("sacct")
+    for line in sacct.text.splitlines() if sacct else []:
         fields = line.split("|")
         if len(fields) == 9 and fields[0] not in seen:
             out.append(_status(fields, clock))
