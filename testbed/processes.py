@@ -105,6 +105,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None, check: bool = True) -
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start a daemon detached from us; it outlives this process."""
     with open(log, "ab") as out:
+        # cwd "/": a daemon must not keep (and hand its job steps) a directory that may be deleted.
         return subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True, cwd="/"
         )

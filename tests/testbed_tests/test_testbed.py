@@ -78,3 +78,11 @@ def test_one_cluster_has_accounting_and_one_has_not(testbed):
     assert "gres/gpu=2" in record and "gres/gpu:h100=2" in record
     alpine = subprocess.run(["ssh", "-F", str(config), "alpine", "sacct"], capture_output=True, text=True)
     assert "accounting storage is disabled" in alpine.stdout + alpine.stderr
+
+
+def test_daemons_do_not_hold_a_working_directory(testbed):
+    """Job steps inherit slurmd's cwd: a deleted one would print errors into every job's output."""
+    import os
+
+    pids = [read_pid(testbed.paths.cluster(s.name).slurmd_pidfile(n.name)) for s in testbed.clusters for n in s.nodes]
+    assert pids and all(os.readlink(f"/proc/{pid}/cwd") == "/" for pid in pids)
