@@ -10,7 +10,7 @@ import secrets
 import shutil
 from pathlib import Path
 
-from testbed.processes import TestbedError, port_open, run, running, spawn, wait_until
+from testbed.processes import TestbedError, port_open, run, running, spawn, spawn_as_host, wait_until
 from testbed.spec import TEST_USER, ClusterSpec
 
 DB_NAME = "slurm_acct_db"
@@ -129,10 +129,8 @@ class Accounting:
         link = self.bin_dir / "slurmdbd"
         if not link.is_symlink():
             link.symlink_to("/usr/sbin/slurmdbd")
-        script = 'hostname "$1" && shift && exec "$@"'
-        proc = spawn(["unshare", "--uts", "sh", "-c", script, "sh", host, str(link), "-D"],
-                     self.root / "slurmdbd.out", env=self.slurm_env)
-        self.dbd_pidfile.write_text(f"{proc.pid}\n")
+        proc = spawn_as_host(host, [str(link), "-D"], self.root / "slurmdbd.out", self.dbd_pidfile,
+                             env=self.slurm_env)
 
         def up() -> bool:
             if proc.poll() is not None:

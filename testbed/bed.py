@@ -29,6 +29,7 @@ from testbed.processes import (
     run,
     running,
     spawn,
+    spawn_as_host,
     wait_until,
 )
 from testbed.spec import TEST_USER, ClusterSpec, default_clusters, testbed_root
@@ -339,12 +340,7 @@ class Testbed:
 
     def _spawn_in_uts(self, spec: ClusterSpec, hostname: str, cmd: list[str], log: Path,
                       pidfile: Path) -> None:
-        script = 'hostname "$1" && shift && exec "$@"'
-        proc = spawn(["unshare", "--uts", "sh", "-c", script, "sh", hostname, *cmd], log,
-                     env=self.slurm_env(spec.name))
-        # Written by us as well as by the daemon, so that a daemon that dies before writing its
-        # own pid file is still found (and its log pointed at) by the readiness checks.
-        pidfile.write_text(f"{proc.pid}\n")
+        spawn_as_host(hostname, cmd, log, pidfile, env=self.slurm_env(spec.name))
 
     def _start_sshd(self, spec: ClusterSpec) -> None:
         paths = self.paths.cluster(spec.name)

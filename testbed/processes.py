@@ -109,3 +109,16 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
         return subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True, cwd="/"
         )
+
+
+def spawn_as_host(hostname: str, cmd: list[str], log: Path, pidfile: Path,
+                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a daemon in its own UTS namespace, so `hostname` there prints `hostname`.
+
+    The pid is written by us as well as by the daemon, so that a daemon that dies before writing its
+    own pid file is still found (and its log pointed at) by the readiness checks.
+    """
+    script = 'hostname "$1" && shift && exec "$@"'
+    proc = spawn(["unshare", "--uts", "sh", "-c", script, "sh", hostname, *cmd], log, env=env)
+    pidfile.write_text(f"{proc.pid}\n")
+    return proc

@@ -247,6 +247,8 @@ def _split_command(args: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, .
 
 
 async def _follow_to_end(tracker: Any, store: Any, job_id: str) -> int:
+    import asyncio
+
     view = store.resolve(job_id)
     await tracker.logs(view, True, _write_bytes)
     for _ in range(30):
@@ -254,7 +256,7 @@ async def _follow_to_end(tracker: Any, store: Any, job_id: str) -> int:
         view = store.resolve(job_id)
         if view.attempt.state in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"):
             break
-        await __import__("asyncio").sleep(1)
+        await asyncio.sleep(1)
     attempt = view.attempt
     click.echo(f"corral: {job_id} {attempt.state} on slurm/{attempt.cluster}/{attempt.partition}"
                f" (exit code {attempt.exit_code})", err=True)
