@@ -320,8 +320,8 @@ class Testbed:
         if running(paths.ctld_pidfile()):
             return
         log = paths.log / "slurmctld.out"
-        self._spawn_in_uts(spec, spec.ctld_host, [str(self.paths.bin / "slurmctld"), "-D", "-i"],
-                           log, paths.ctld_pidfile())
+        spawn_as_host(spec.ctld_host, [str(self.paths.bin / "slurmctld"), "-D", "-i"], log, paths.ctld_pidfile(),
+                      env=self.slurm_env(spec.name))
 
         def listening() -> bool:
             if not running(paths.ctld_pidfile()):
@@ -335,12 +335,8 @@ class Testbed:
         paths = self.paths.cluster(spec.name)
         if running(paths.slurmd_pidfile(node)):
             return
-        self._spawn_in_uts(spec, node, [str(self.paths.bin / "slurmd"), "-D", "-N", node],
-                           paths.log / f"slurmd-{node}.out", paths.slurmd_pidfile(node))
-
-    def _spawn_in_uts(self, spec: ClusterSpec, hostname: str, cmd: list[str], log: Path,
-                      pidfile: Path) -> None:
-        spawn_as_host(hostname, cmd, log, pidfile, env=self.slurm_env(spec.name))
+        spawn_as_host(node, [str(self.paths.bin / "slurmd"), "-D", "-N", node], paths.log / f"slurmd-{node}.out",
+                      paths.slurmd_pidfile(node), env=self.slurm_env(spec.name), own_ptys=True)
 
     def _start_sshd(self, spec: ClusterSpec) -> None:
         paths = self.paths.cluster(spec.name)

@@ -112,13 +112,22 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
 
 
 def spawn_as_host(hostname: str, cmd: list[str], log: Path, pidfile: Path,
-                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                  env: dict[str, str] | None = None, own_ptys: bool = False) -> subprocess.Popen[bytes]:
     """Start a daemon in its own UTS namespace, so `hostname` there prints `hostname`.
+
+    With `own_ptys`, it also gets its own /dev/pts mounted as a distribution mounts it (group tty,
+    mode 620). Container runtimes often mount it without `gid=5`, and then an sshd run as a user on
+    a "compute node" cannot hand out terminals (it must chown them to group tty); real nodes can.
 
     The pid is written by us as well as by the daemon, so that a daemon that dies before writing its
     own pid file is still found (and its log pointed at) by the readiness checks.
     """
     script = 'hostname "$1" && shift && exec "$@"'
-    proc = spawn(["unshare", "--uts", "sh", "-c", script, "sh", hostname, *cmd], log, env=env)
+    namespaces = ["--uts"]
+    if own_ptys:
+        namespaces.append("--mount")
+        script = ("mount -t devpts -o newinstance,gid=5,mode=620,ptmxmode=666 devpts /dev/pts && "
+                  "mount --bind /dev/pts/ptmx /dev/ptmx && " + script)
+    proc = spawn(["unshare", *namespaces, "sh", "-c", script, "sh", hostname, *cmd], log, env=env)
     pidfile.write_text(f"{proc.pid}\n")
     return proc

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral import devssh
 from corral.client import Client
-from corral.config import corral_home
 from corral.errors import ClusterError, CorralError
 from corral.infra.slurm import devscript
 from corral.infra.slurm.jobs import STATE_MAP, parse_submit
@@ -51,6 +51,7 @@ class AllocationStatus:
     started_at: float | None
     last_active: float | None
     time_left: str | None
+    sshd: bool = False  # the head node has an sshd, so the ssh alias can serve editors
 
     def to_json(self, now: float) -> dict[str, object]:
         r = self.row
@@ -100,6 +101,7 @@ class DevAllocations:
                         f"asked for {_describe(wanted)}. Use another name, or `corral down {name}` first")
                 return existing, False
             self.store.delete_allocation(name)  # ended: a new one takes the name
+            devssh.forget_host_key(existing.token)
         if walltime:
             task = task.model_copy(update={"slurm": task.slurm.model_copy(update={"time": walltime})})
         envs = resolved_envs(task, source)
@@ -109,6 +111,7 @@ class DevAllocations:
         if not feasible:
             raise NoFeasibleClusterError(_no_candidate_message(plan))
         idle_seconds = int(round((idle_minutes or 0) * 60))
+        session_keys, host_public_key = devssh.new_session_keys()
         dead: set[str] = set()
         tries: list[tuple[str, str]] = []
         for candidate in feasible:
@@ -121,16 +124,19 @@ class DevAllocations:
                                 gpus_per_node=spec.gpus_per_node, resources=wanted, run_dir=spec.run_dir,
                                 idle_seconds=idle_seconds, created_at=time.time())
             self.store.put_allocation(row)  # before sbatch: the token makes a retry find the job
-            script = devscript.holder_submit_script(spec, idle_seconds, envs, task.setup)
+            devssh.remember_host_key(token, host_public_key)
+            script = devscript.holder_submit_script(spec, idle_seconds, envs, task.setup, session_keys)
             try:
                 result = await self.client.transport.run(candidate.cluster, script, timeout=30)
                 answer = parse_submit(result.stdout)
             except ClusterError as exc:
+                devssh.forget_host_key(token)
                 dead.add(candidate.cluster)
                 tries.append((candidate.infra, str(exc)))
                 self.launcher.events.skipped(candidate.infra, str(exc))
                 continue
             if not answer.accepted:
+                devssh.forget_host_key(token)
                 why = f"{candidate.cluster}: sbatch rejected the allocation: {answer.message}"
                 tries.append((candidate.infra, why))
                 self.launcher.events.skipped(candidate.infra, why)
@@ -241,12 +247,8 @@ class DevAllocations:
             argv[argv.index("BatchMode=yes")] = "BatchMode=no"
         return argv
 
-    async def write_ssh_alias(self, row: AllocationRow, head_node: str) -> Path:
-        """An ssh config Include so that plain `ssh NAME` opens a shell on the head node.
-
-        The entry copies the login node's effective settings (`ssh -G`), so it works from any ssh
-        that includes the file, with or without Corral's cluster file.
-        """
+    async def write_ssh_alias(self, row: AllocationRow, status: AllocationStatus) -> Path:
+        """An ssh config Include so that plain `ssh NAME` and editors' remote-SSH reach the head node."""
         import asyncio
 
         proc = await asyncio.create_subprocess_exec(
@@ -257,22 +259,16 @@ class DevAllocations:
         for line in out.decode().splitlines():
             key, _, value = line.partition(" ")
             settings.setdefault(key, []).append(value)
-        keep = ["hostname", "port", "user", "identityfile", "identitiesonly", "proxyjump", "userknownhostsfile",
-                "stricthostkeychecking"]
-        lines = [f"Host {row.name}",
-                 f"    # corral dev allocation on slurm/{row.cluster}/{row.partition}, Slurm job {row.slurm_job_id}"]
-        for key in keep:
-            for value in settings.get(key, []):
-                if key == "proxyjump" and value == "none":
-                    continue
-                lines.append(f"    {key} {value}")
-        lines += ["    RequestTTY yes",
-                  f"    RemoteCommand {devscript.shell_command(row.slurm_job_id or '', head_node, None)}"]
-        path = ssh_alias_file()
-        entries = _read_aliases(path)
-        entries[row.name] = "\n".join(lines)
-        _write_aliases(path, entries, self.client.registry.path)
-        return path
+        head = status.nodes[0]
+        job_id = row.slurm_job_id or ""
+        proxy = None
+        if status.sshd:
+            proxy = self.client.transport.ssh_argv(
+                row.cluster, [devscript.session_proxy_command(row.name, job_id, head, row.run_dir)])
+        entry = devssh.alias_entry(name=row.name, token=row.token, cluster=row.cluster, partition=row.partition,
+                                   slurm_job_id=job_id, head_node=head, login_settings=settings, proxy_argv=proxy,
+                                   remote_command=devscript.shell_command(job_id, head, None))
+        return devssh.set_alias(row.name, entry, self.client.registry.path)
 
     # ---- down ---------------------------------------------------------------------------------
     async def down(self, name: str) -> bool:
@@ -286,10 +282,8 @@ class DevAllocations:
         except ClusterError as exc:
             raise CorralError(f"could not take {name!r} down: {exc}") from exc
         self.store.delete_allocation(name)
-        path = ssh_alias_file()
-        entries = _read_aliases(path)
-        if entries.pop(name, None) is not None:
-            _write_aliases(path, entries, self.client.registry.path)
+        devssh.set_alias(name, None, self.client.registry.path)
+        devssh.forget_host_key(row.token)
         return True
 
 
@@ -321,7 +315,7 @@ def _parse_status(row: AllocationRow, stdout: str) -> AllocationStatus:
     if corral_state in ("RUNNING", "STARTING"):
         shown = "READY" if "ready" in files else "STARTING"
         return AllocationStatus(row, shown, None if shown == "READY" else "running setup", nodes,
-                                None, last_active, time_left)
+                                None, last_active, time_left, sshd="sshd_ok" in files)
     if corral_state == "PENDING":
         return AllocationStatus(row, "PENDING", reason, [], None, None, time_left)
     why = {"TIMEOUT": "walltime ended", "NODE_FAIL": "a node failed", "CANCELLED": "cancelled",
@@ -332,35 +326,6 @@ def _parse_status(row: AllocationRow, stdout: str) -> AllocationStatus:
         why = f"setup failed with exit code {files['setup_failed']}"
     return AllocationStatus(row, "FAILED" if state in ("NODE_FAIL", "BOOT_FAIL", "FAILED") or "setup_failed" in files
                             else "ENDED", why, nodes, None, last_active, None)
-
-
-def ssh_alias_file() -> Path:
-    return corral_home() / "ssh_config"
-
-
-def _read_aliases(path: Path) -> dict[str, str]:
-    entries: dict[str, str] = {}
-    if not path.exists():
-        return entries
-    current: list[str] = []
-    for line in path.read_text().splitlines():
-        if line.startswith("Host "):
-            if current:
-                entries[current[0].split()[1]] = "\n".join(current)
-            current = [line]
-        elif current and line.strip():
-            current.append(line)
-    if current:
-        entries[current[0].split()[1]] = "\n".join(current)
-    return entries
-
-
-def _write_aliases(path: Path, entries: dict[str, str], cluster_file: Path) -> None:
-    header = (f"# Written by Corral: one Host per dev allocation. Add `Include {path}` to ~/.ssh/config.\n"
-              f"# Each connects to its cluster's login node (from {cluster_file}) and opens a shell on the\n"
-              "# allocation's head node.\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + "\n\n".join(entries.values()) + ("\n" if entries else ""))
 
 
 async def _sleep(seconds: float) -> None:

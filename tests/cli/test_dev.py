@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import urllib.request
 
 import pexpect
 import pytest
@@ -63,7 +65,7 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert gone.exit_code == 0 and gone.stderr.strip() == "dev: no such allocation (already down)"
 
 
-def test_ssh_into_the_head_node(corral, corral_env, clean):
+def test_ssh_into_the_head_node(corral, corral_env, testbed, clean, tmp_path):
     up = corral("launch", "-c", "box", "--infra", "slurm/cirrus/b300", "--num-nodes", "2", "--json")
     assert up.exit_code == 0, up.stderr
     result = corral("ssh", "box", "--", "hostname")
@@ -77,20 +79,95 @@ def test_ssh_into_the_head_node(corral, corral_env, clean):
         shell.expect(pexpect.EOF)
     finally:
         shell.close(force=True)
-    # The ssh alias file for plain `ssh box`.
-    alias = (corral_env["CORRAL_HOME"] + "/ssh_config")
+    # The ssh alias file for plain `ssh box`: a real sshd on the head node, through the login node.
+    alias = corral_env["CORRAL_HOME"] + "/ssh_config"
     text = open(alias).read()
-    assert "Host box" in text and f"srun --jobid={up.json()['slurm_job_id']} --overlap" in text
+    assert "Host box" in text and "ProxyCommand " in text and "RemoteCommand" not in text
     plain = pexpect.spawn("ssh", ["-F", alias, "box"], encoding="utf-8", timeout=30)
     try:
-        plain.sendline("hostname")
-        plain.expect("c1")
+        plain.sendline("echo marker-$(hostname)-$SLURM_JOB_ID-$CORRAL_TASK_ID")
+        plain.expect(rf"marker-c1-{up.json()['slurm_job_id']}-box")
         plain.sendline("exit")
         plain.expect(pexpect.EOF)
     finally:
         plain.close(force=True)
+    check_editor_connections(alias, tmp_path)
+    job = up.json()["slurm_job_id"]
+    ssh_login(testbed.cluster_config, "cirrus", f"scancel {job}")
+    wait_for("the allocation to end", lambda: status(corral, "box")["state"] == "ENDED")
+    gone = subprocess.run(["ssh", "-F", alias, "box", "true"], capture_output=True, text=True, timeout=30)
+    assert gone.returncode == 255
+    assert f"corral: dev allocation box (Slurm job {job}) is not running; see `corral status box`" in gone.stderr
     assert corral("down", "box").exit_code == 0
     assert "Host box" not in open(alias).read()
+    assert "corral-dev-" not in open(corral_env["CORRAL_HOME"] + "/known_hosts").read()
+
+
+def check_editor_connections(alias: str, tmp_path) -> None:
+    """What editors' remote-SSH does over the alias: a script on stdin without a tty (how VS Code
+    installs and starts its server), file transfer over sftp, and local and dynamic port forwarding."""
+    ssh = ["ssh", "-F", alias]
+    script = subprocess.run([*ssh, "-T", "box", "bash"], input="echo on-$(hostname)\nexit 3\n", capture_output=True,
+                            text=True, timeout=30)
+    assert (script.returncode, script.stdout) == (3, "on-c1\n"), script.stderr
+    blob = tmp_path / "blob"
+    blob.write_bytes(bytes(range(256)) * 4096)
+    back = tmp_path / "back"
+    sftp = subprocess.run(["sftp", "-F", alias, "-b", "-", "box"], capture_output=True, text=True, timeout=30,
+                          input=f"put {blob} corral-blob\nget corral-blob {back}\nrm corral-blob\n")
+    assert sftp.returncode == 0, sftp.stderr
+    assert back.read_bytes() == blob.read_bytes()
+    # A web server on the head node, reached through `-L` and through `-D` (SOCKS), as editors do.
+    remote_port, local_port, socks_port = free_port(), free_port(), free_port()
+    server = subprocess.Popen(
+        [*ssh, "-L", f"{local_port}:127.0.0.1:{remote_port}", "box",
+         f"mkdir -p corral-www && hostname > corral-www/who && cd corral-www && "
+         f"exec timeout 60 python3 -m http.server {remote_port} --bind 127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    socks = subprocess.Popen([*ssh, "-N", "-D", f"127.0.0.1:{socks_port}", "box"], stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for("the forwarded port to answer", lambda: fetch(f"http://127.0.0.1:{local_port}/who")) == "c1\n"
+        via_socks = wait_for("the SOCKS proxy to answer", lambda: fetch_via_socks(socks_port, remote_port, "/who"))
+        assert via_socks.endswith(b"\r\n\r\nc1\n")
+    finally:
+        server.terminate()
+        socks.terminate()
+        server.wait(10)
+        socks.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fetch_via_socks(socks_port: int, port: int, path: str) -> bytes | None:
+    """HTTP GET 127.0.0.1:port through a SOCKS5 proxy (RFC 1928, no authentication)."""
+    try:
+        with socket.create_connection(("127.0.0.1", socks_port), timeout=5) as conn:
+            conn.sendall(b"\x05\x01\x00")
+            if conn.recv(2) != b"\x05\x00":
+                return None
+            conn.sendall(b"\x05\x01\x00\x01" + socket.inet_aton("127.0.0.1") + port.to_bytes(2, "big"))
+            reply = conn.recv(10)
+            if len(reply) < 2 or reply[1] != 0:
+                return None
+            conn.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+            chunks = []
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except OSError:
+        return None
+
+
+def fetch(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.read().decode()
+    except OSError:
+        return None
 
 
 def test_idle_autodown_but_not_while_an_exec_job_runs(corral, clean):

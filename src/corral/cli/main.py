@@ -225,7 +225,7 @@ def _launch_dev(client: Any, store: Any, launcher: Any, name: str, task: Any, so
                          "slurm_job_id": row.slurm_job_id, "new": new})
         return 0
     status = asyncio.run(dev.wait_ready(row, on_state=show))
-    alias = asyncio.run(dev.write_ssh_alias(row, status.nodes[0]))
+    alias = asyncio.run(dev.write_ssh_alias(row, status))
     if new and not as_json:
         click.echo(f"corral: {name} is ready on slurm/{row.cluster}/{row.partition} (nodes: {', '.join(status.nodes)}); "
                    f"`corral exec {name} -- CMD`, `corral ssh {name}`, or `ssh {name}` with `Include {alias}` "

@@ -3,13 +3,27 @@
 import pytest
 
 from corral.dev import _parse_status
-from corral.infra.slurm.devscript import holder_sbatch, shell_command
+from corral.infra.slurm.devscript import holder_sbatch, session_proxy_command, session_proxy_script, shell_command
 from corral.state.models import AllocationRow
 from tests.infra.slurm.test_jobscript import check_golden, spec
 
 
 def test_holder_script():
     check_golden("dev-holder.sbatch", holder_sbatch(spec(task_ids=("dev",), sbatch_args=(), time="4:00:00"), 3600))
+
+
+def test_session_proxy_script():
+    check_golden("dev-session-proxy.sh", session_proxy_script("dev", "alpine", ["HF_TOKEN", "WANDB_PROJECT"]))
+
+
+def test_session_proxy_command_is_validated_and_quoted():
+    assert session_proxy_command("dev", "42", "b1", ".corral/runs/a b") == (
+        'if [ "$(squeue -h -j 42 -o %T 2>/dev/null)" != RUNNING ]; then echo \'corral: dev allocation dev (Slurm job '
+        "42) is not running; see `corral status dev`' >&2; exit 1; fi; "
+        "exec srun -u --jobid=42 --overlap --nodes=1 --ntasks=1 -w b1 bash \"$HOME\"/'.corral/runs/a b'/sshd/proxy.sh")
+    for job_id, node in (("42;rm", "b1"), ("42", "b1;rm")):
+        with pytest.raises(ValueError):
+            session_proxy_command("dev", job_id, node, ".corral/runs/x")
 
 
 def test_shell_command_is_validated_and_quoted():
@@ -46,3 +60,9 @@ def answer(squeue: str, files: str) -> str:
 def test_status(squeue, files, expected):
     status = _parse_status(row(), answer(squeue, files))
     assert (status.state, status.reason, status.nodes) == expected
+
+
+def test_status_says_whether_the_head_node_has_sshd():
+    running = "7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]"
+    assert _parse_status(row(), answer(running, "ready=\nnodes=a1,a2\nsshd_ok=")).sshd
+    assert not _parse_status(row(), answer(running, "ready=\nnodes=a1,a2")).sshd

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 
 from corral.infra.slurm.jobscript import (
     JOB_NAME_PREFIX,
@@ -57,6 +58,8 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
         f"  srun --overlap --nodes={spec.num_nodes} --ntasks-per-node=1 bash task.sh \"$CORRAL_RUN_DIR/setup.sh\" \"\"",
         '  rc=$?; if [ "$rc" -ne 0 ]; then echo "corral: setup failed ($rc)"; echo "$rc" > setup_failed; exit "$rc"; fi',
         "fi",
+        "# Editors' remote-SSH needs a real sshd on the head node (see session_proxy_script).",
+        "if command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; then touch sshd_ok; fi",
         "date +%s > last_active",
         "touch ready",
         f"idle_limit={int(idle_seconds)}",
@@ -74,10 +77,77 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def holder_submit_script(spec: SlurmJobSpec, idle_seconds: int, envs: dict[str, str], setup: str | None) -> str:
+def holder_submit_script(spec: SlurmJobSpec, idle_seconds: int, envs: dict[str, str], setup: str | None,
+                         session_keys: SessionKeys) -> str:
     files = {"job.sbatch": holder_sbatch(spec, idle_seconds), "task.sh": TASK_SH, "env.sh": render_env(envs),
-             "setup.sh": setup or ""}
+             "setup.sh": setup or "", f"{SESSION_DIR}/host_key": session_keys.host_private_key,
+             f"{SESSION_DIR}/authorized_keys": session_keys.authorized_key,
+             f"{SESSION_DIR}/proxy.sh": session_proxy_script(spec.task_ids[0], spec.cluster, sorted(envs))}
     return submit_script(spec, files, job_name=DEV_PREFIX + spec.token)
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    """What the allocation's per-connection sshd needs: its host key, and the one client key it accepts."""
+
+    host_private_key: str
+    authorized_key: str
+
+
+SESSION_DIR = "sshd"
+_PASSED_PATTERNS = "SLURM_*|CUDA_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL|ROCR_VISIBLE_DEVICES|CORRAL_*|SKYPILOT_*"
+
+
+def session_proxy_script(name: str, cluster: str, env_names: list[str]) -> str:
+    """Serves one ssh connection inside the allocation: `sshd -i` as the user, speaking SSH on the
+    step's stdin/stdout. An ssh `ProxyCommand` runs it through the login node with `srun -u`, so the
+    client talks to a real sshd on the head node: port forwarding, sftp and remote commands all work,
+    which editors' remote-SSH needs, without the compute node being reachable or an sshd port open."""
+    names = " ".join(env_names)
+    return f"""\
+# Written by Corral: one ssh session in dev allocation {name} (sshd -i on this step's stdin/stdout).
+d=$(cd "$(dirname "$0")" && pwd)
+run=$(dirname "$d")
+sshd=$(command -v sshd 2>/dev/null)
+if [ -z "$sshd" ] && [ -x /usr/sbin/sshd ]; then sshd=/usr/sbin/sshd; fi
+if [ -z "$sshd" ]; then
+  echo "corral: no sshd on $(hostname): \\`corral ssh {name}\\` works without it; editors' remote-SSH does not" >&2
+  exit 1
+fi
+. "$run/env.sh"
+export CORRAL_RUN_DIR="$run" CORRAL_TASK_ID={shlex.quote(name)} CORRAL_CLUSTER={shlex.quote(cluster)}
+extra=" {names} "
+setenv=""
+tmp=$(mktemp "$d/session.env.XXXXXX")
+while IFS= read -r -d '' kv; do
+  key=${{kv%%=*}}
+  case "$key" in {_PASSED_PATTERNS}) ;; *) case "$extra" in *" $key "*) ;; *) continue;; esac;; esac
+  printf 'export %s=%q\\n' "$key" "${{kv#*=}}"
+  case "$kv" in *'"'*|*'\\'*|*$'\\n'*) continue;; esac
+  setenv="$setenv \\"$kv\\""
+done < <(env -0) > "$tmp"
+mv -f "$tmp" "$d/session.env"
+options=(-f /dev/null -o HostKey="$d/host_key" -o AuthorizedKeysFile="$d/authorized_keys" -o PidFile=none
+         -o UsePAM=no -o LogLevel=ERROR -o X11Forwarding=no -o PermitUserEnvironment=no
+         -o "Subsystem sftp internal-sftp")
+# SetEnv needs OpenSSH 8.7; older sshd still serves the session, and $d/session.env has the variables.
+if [ -n "$setenv" ] && "$sshd" -t "${{options[@]}}" -o "SetEnv$setenv" 2>/dev/null; then
+  options+=(-o "SetEnv$setenv")
+fi
+exec "$sshd" -i -e "${{options[@]}}"
+"""
+
+
+def session_proxy_command(name: str, job_id: str, head_node: str, run_dir: str) -> str:
+    """The login-node command that starts one ssh session's sshd as a step on the head node."""
+    _check_id(job_id)
+    if not _NODE_NAME.match(head_node):
+        raise ValueError(f"not a node name: {head_node!r}")
+    gone = shlex.quote(f"corral: dev allocation {name} (Slurm job {job_id}) is not running; see `corral status {name}`")
+    # -u: unbuffered step I/O, or slurmstepd holds SSH packets back waiting for a newline.
+    return (f'if [ "$(squeue -h -j {job_id} -o %T 2>/dev/null)" != RUNNING ]; then echo {gone} >&2; exit 1; fi; '
+            f"exec srun -u --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node} "
+            f'bash "$HOME"/{shlex.quote(run_dir)}/{SESSION_DIR}/proxy.sh')
 
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
@@ -114,7 +184,7 @@ def status_script(allocations: list[tuple[str, str]]) -> str:
     for job_id, run_dir in allocations:
         path = f'"$HOME"/{shlex.quote(run_dir)}'
         out.append(f"printf '\\n{MARK} files-{job_id} 0\\n'")
-        out.append(f"for f in ready last_active ended setup_failed nodes; do if [ -e {path}/$f ]; then "
+        out.append(f"for f in ready last_active ended setup_failed nodes sshd_ok; do if [ -e {path}/$f ]; then "
                    f"printf '%s=%s\\n' \"$f\" \"$(paste -sd, {path}/$f)\"; fi; done")
     return "\n".join(out) + "\nexit 0\n"
 
