@@ -170,12 +170,17 @@ def fetch(url: str) -> str | None:
         return None
 
 
-def test_idle_autodown_but_not_while_an_exec_job_runs(corral, clean):
+def test_idle_autodown_but_not_while_an_exec_job_or_ssh_session_runs(corral, corral_env, clean):
     up = corral("launch", "-c", "idler", "--infra", "slurm/alpine/cpu", "--idle-minutes", "0.25", "--json")
     assert up.exit_code == 0, up.stderr
-    busy = corral("exec", "idler", "--", "sleep 35; echo done")  # longer than the 15 s idle limit
+    # Each longer than the 15 s idle limit: an exec job, then a plain ssh session through the alias.
+    busy = corral("exec", "idler", "--", "sleep 20; echo done")
     assert busy.exit_code == 0 and busy.stdout.strip() == "done"
-    assert status(corral, "idler")["state"] == "READY"  # it did not go down under the exec job
+    assert status(corral, "idler")["state"] == "READY"
+    session = subprocess.run(["ssh", "-F", corral_env["CORRAL_HOME"] + "/ssh_config", "idler", "sleep 20; echo in"],
+                             capture_output=True, text=True, timeout=60)
+    assert (session.returncode, session.stdout) == (0, "in\n"), session.stderr
+    assert status(corral, "idler")["state"] == "READY"
     ended = wait_for("the idle allocation to be released",
                      lambda: (s := status(corral, "idler"))["state"] == "ENDED" and s, timeout=60)
     assert ended["reason"] == "released after being idle"
