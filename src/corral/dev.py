@@ -105,7 +105,7 @@ class DevAllocations:
         if walltime:
             task = task.model_copy(update={"slurm": task.slurm.model_copy(update={"time": walltime})})
         envs = resolved_envs(task, source)
-        plan = await self.launcher.plan(task, predict_all=False)
+        plan = await self.launcher.plan(task, predict="when_full")
         self.launcher.events.plan(plan)
         feasible = plan.feasible()
         if not feasible:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from corral.client import Client, ProbeOutcome
 from corral.errors import ClusterError, CorralError
@@ -26,6 +27,8 @@ from corral.placement import Candidate, Plan, build_plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
 from corral.task import Task, TaskError, resolved_envs, resource_options
+
+Prediction = Literal["all", "when_full", "never"]
 
 MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
@@ -84,7 +87,9 @@ class Launcher:
         clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
         return await self.client.probe(clusters)
 
-    async def plan(self, task: Task, *, predict_all: bool, outcomes: list[ProbeOutcome] | None = None) -> Plan:
+    async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None) -> Plan:
+        """Where the task can run, ranked. `predict`: ask Slurm for start times (`sbatch --test-only`) of
+        every candidate that cannot start now ("all"), only when none can ("when_full"), or not at all."""
         options = resource_options(task.resources)
         if outcomes is None:
             outcomes = await self.probe_for([task])
@@ -100,31 +105,37 @@ class Launcher:
                 known = ", ".join(p.name for p in snapshots[sel.cluster].partitions)
                 raise NoFeasibleClusterError(f"{sel.cluster}: no partition {sel.partition!r}; partitions: {known}")
         feasible = plan.feasible()
-        if predict_all or (feasible and not any(c.startable_now for c in feasible)):
-            await self._predict(task, plan, [c for c in feasible if not c.startable_now])
+        if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):
+            await self.predict([(task, plan)])
         now = time.time()
         plan.candidates = [c.with_prediction(now, "can start now") if c.startable_now else c
                            for c in plan.candidates]
         return plan
 
-    async def _predict(self, task: Task, plan: Plan, candidates: list[Candidate]) -> None:
-        by_cluster: dict[str, list[Candidate]] = {}
-        for c in candidates:
-            by_cluster.setdefault(c.cluster, []).append(c)
+    async def predict(self, plans: list[tuple[Task, Plan]]) -> None:
+        """Predicted starts (`sbatch --test-only`) for the feasible candidates that cannot start now,
+        for several tasks at once: one round trip per cluster, whatever the number of tasks."""
+        by_cluster: dict[str, list[tuple[int, Candidate]]] = {}
+        for index, (_task, plan) in enumerate(plans):
+            for c in plan.feasible():
+                if not c.startable_now:
+                    by_cluster.setdefault(c.cluster, []).append((index, c))
 
-        async def one(cluster: str, group: list[Candidate]) -> dict[tuple[str, str], tuple[float | None, str]]:
-            specs = [self.job_spec(task, c, "testonly0000", ("c-test",), {}) for c in group]
+        async def one(cluster: str, group: list[tuple[int, Candidate]]) -> list[tuple[float | None, str]]:
+            specs = [self.job_spec(plans[i][0], c, "testonly0000", ("c-test",), {}) for i, c in group]
             try:
-                answers = await SlurmJobs(cluster, self.client.transport).predict(specs)
+                return await SlurmJobs(cluster, self.client.transport).predict(specs)
             except CorralError as exc:
-                return {(c.cluster, c.partition): (None, f"prediction failed: {exc}") for c in group}
-            return {(c.cluster, c.partition): a for c, a in zip(group, answers)}
+                return [(None, f"prediction failed: {exc}")] * len(group)
 
-        results: dict[tuple[str, str], tuple[float | None, str]] = {}
-        for part in await asyncio.gather(*(one(k, v) for k, v in by_cluster.items())):
-            results.update(part)
-        plan.candidates = [c.with_prediction(*results[(c.cluster, c.partition)])
-                           if (c.cluster, c.partition) in results else c for c in plan.candidates]
+        answers = await asyncio.gather(*(one(k, v) for k, v in by_cluster.items()))
+        results: list[dict[tuple[str, str], tuple[float | None, str]]] = [{} for _ in plans]
+        for group, group_answers in zip(by_cluster.values(), answers):
+            for (index, c), answer in zip(group, group_answers):
+                results[index][(c.cluster, c.partition)] = answer
+        for (_task, plan), found in zip(plans, results):
+            plan.candidates = [c.with_prediction(*found[(c.cluster, c.partition)])
+                               if (c.cluster, c.partition) in found else c for c in plan.candidates]
 
     def job_spec(self, task: Task, candidate: Candidate, token: str, job_ids: tuple[str, ...],
                  envs: dict[str, str], first_rank: int = 0, num_jobs: int = 1,
@@ -170,7 +181,7 @@ class Launcher:
             resolved_envs(task, source)
             self._check_local_files(task, base_dir or Path.cwd())
         outcomes = await self.probe_for([task for task, _, _ in tasks])
-        plans = [await self.plan(task, predict_all=False, outcomes=outcomes) for task, _, _ in tasks]
+        plans = [await self.plan(task, predict="when_full", outcomes=outcomes) for task, _, _ in tasks]
         for (_task, source, _base), plan in zip(tasks, plans):  # all or nothing: check before submitting any
             if not plan.feasible():
                 prefix = f"{source}: " if len(tasks) > 1 else ""

@@ -37,6 +37,7 @@ class ManagedView:
             "attempt_state": latest.state if latest else None, "restarts_on_errors": self.managed.restarts_on_errors,
             "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,
             "created_at": self.job.created_at,
+            "expected_start": latest.expected_start if latest and latest.state == "PENDING" else None,
         }
 
 

@@ -112,6 +112,7 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str,
             "reason": status.reason if status.state not in ("SUCCEEDED",) else None,
             "submitted_at": status.submitted_at or attempt.submitted_at,
             "started_at": status.started_at,
+            "expected_start": status.expected_start,
             "ended_at": status.ended_at,
             "exit_code": status.exit_code,
         }

@@ -6,6 +6,7 @@ import os
 import sys
 import signal
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -147,6 +148,43 @@ def test_pending_job_moves_to_the_cluster_that_frees_up(corral, env, testbed, tm
     assert corral("jobs", "logs", job, env=env).stdout.count("ran on") == 1  # ran once, on borealis
     assert "ran on borealis" in corral("jobs", "logs", job, env=env).stdout
     assert any("re-routed to slurm/borealis/h100-cluster" in (e["reason"] or "") for e in events(corral, env, job))
+
+
+def test_pending_job_moves_to_the_cluster_predicted_to_start_it_much_sooner(corral, env, testbed, tmp_path):
+    config = testbed.cluster_config
+    blocker_a = ssh_login(config, "alpine", "sbatch --parsable -p gpu -N2 -t 60 "
+                                            "--gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'").strip()
+    blocker_b = ssh_login(config, "borealis", "sbatch --parsable -p h100-cluster -N2 -t 600 "
+                                              "--gres=gpu:H100:8 --wrap 'sleep 900'").strip()
+    for cluster, blocker in (("alpine", blocker_a), ("borealis", blocker_b)):
+        wait_for(f"{cluster} to be full", lambda c=cluster, b=blocker: job_state(config, c, b) == "RUNNING")
+    task = tmp_path / "predicted.yaml"
+    task.write_text("name: predicted\nresources:\n  accelerators: 'H100:4'\nrun: echo ran\n")
+    fast = {**env, "CORRAL_CONTROLLER_PREDICT_INTERVAL": "2"}
+    job = launch(corral, fast, str(task))
+    pending = wait_for("the job to wait on alpine", lambda: (j := jobs(corral, fast)[job])["slurm_job_id"] and
+                       j["state"] == "PENDING" and j["expected_start"] and j, 60)
+    assert pending["cluster"] == "alpine"  # its blocker ends in 1 h, borealis's in 10 h
+    assert 50 * 60 < pending["expected_start"] - time.time() < 61 * 60  # Slurm's own estimate, from squeue
+    why = corral("jobs", "why", job, env=fast).stdout
+    assert "start there: " in why and "(Slurm's estimate for this job)" in why
+    assert "the alternative is not sooner" in why
+    # borealis's blocker will now end within 3 minutes: 57 min sooner, beyond the 12 min margin (20 % of 1 h).
+    ssh_login(config, "borealis", f"scontrol update JobId={blocker_b} TimeLimit=3")
+    moved = wait_for("the job to move to borealis", lambda: (j := jobs(corral, fast)[job])["cluster"] == "borealis"
+                     and j["state"] == "PENDING" and j, 60)
+    assert moved["moves"] == 1 and moved["attempts"] == 2
+    reason = next(e["reason"] for e in events(corral, fast, job) if "re-routed" in (e["reason"] or ""))
+    assert reason.startswith("re-routed to slurm/borealis/h100-cluster: predicted to start there at ")
+    assert "sooner than on alpine" in reason
+    wait_for("alpine's attempt to be cancelled", lambda: job_state(config, "alpine", pending["slurm_job_id"])
+             == "CANCELLED")
+    # Hysteresis: alpine stays an hour away, so the job stays put, tick after tick.
+    for _ in range(5):
+        ticks = int(corral("server", "status", "--json", env=fast).json()["ticks"])
+        wait_for("another tick", lambda: int(corral("server", "status", "--json", env=fast).json()["ticks"]) > ticks)
+    assert jobs(corral, fast)[job]["moves"] == 1 and jobs(corral, fast)[job]["cluster"] == "borealis"
+    corral("jobs", "cancel", job, env=fast)
 
 
 def test_cluster_outage_recovers_elsewhere(corral, env, testbed, tmp_path):

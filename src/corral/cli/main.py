@@ -174,7 +174,7 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
         sys.exit(_launch_dev(client, store, launcher, dev_name, *tasks[0], idle_minutes, walltime, detach,
                              as_json))
     if dryrun:
-        plans = [asyncio.run(launcher.plan(task, predict_all=True)) for task, _ in tasks]
+        plans = [asyncio.run(launcher.plan(task, predict="all")) for task, _ in tasks]
         if as_json:
             _print_json([render.plan_json(p) for p in plans] if len(plans) > 1 else render.plan_json(plans[0]))
         else:
@@ -453,20 +453,39 @@ def server_stop() -> None:
 
 
 @server.command(name="status")
+@click.option("--json", "as_json", is_flag=True, help="Print the controller's health as JSON.")
 @_reports_errors
-def server_status() -> None:
-    """Is the controller running, and who holds the store's lease."""
+def server_status(as_json: bool) -> None:
+    """Is the controller running, its last tick, and who holds the store's lease."""
     import time
 
     from corral.controller import server as controller
     from corral.controller.engine import LEASE
     from corral.state import open_store
 
-    pid = controller.running_pid()
     lease = open_store().lease(LEASE)
-    held = f"; lease held by {lease.holder} for {max(0, lease.expires_at - time.time()):.0f}s more" if lease else ""
-    click.echo((f"controller running (pid {pid})" if pid else "controller not running") + held)
-    if not pid:
+    try:
+        health = controller.call("/health")
+    except controller.ControllerUnavailable as exc:
+        health = None
+        pid = controller.running_pid()
+        problem = f"pid {pid} runs, but {exc}" if pid else "not running"
+    if as_json:
+        _print_json({"running": health is not None, **(health or {"problem": problem}),
+                     "lease": {"holder": lease.holder, "expires_at": lease.expires_at} if lease else None})
+    elif health is None:
+        click.echo(f"controller {problem}")
+    else:
+        last = health["last_tick"]
+        click.echo(f"controller running (pid {health['pid']}, up {health['uptime_seconds']:.0f}s, "
+                   f"{health['ticks']} ticks, every {health['interval']:g}s)")
+        if last:
+            click.echo(f"last tick {time.time() - last['at']:.1f}s ago: {last['jobs']} live jobs, "
+                       f"{last['seconds']:.3f}s, SSH calls {last['round_trips'] or {}}"
+                       + (f", errors {last['errors']}" if last["errors"] else ""))
+        if lease:
+            click.echo(f"lease held by {lease.holder} for {max(0, lease.expires_at - time.time()):.0f}s more")
+    if health is None:
         sys.exit(1)
 
 
@@ -626,7 +645,7 @@ def jobs_why(job: str) -> None:
         click.echo(f"{view.job.id} is {view.managed.state}: {view.managed.reason or ''}")
         return
     client = Client()
-    plan = asyncio.run(Launcher(client, None).plan(_task(view.job), predict_all=True))
+    plan = asyncio.run(Launcher(client, None).plan(_task(view.job), predict="all"))
     explain_pending(view, plan, ControllerSettings.from_env())
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -14,6 +16,9 @@ from corral.managed import ManagedView
 from corral.launch import LaunchEvents, Submitted
 from corral.placement import Candidate, Plan
 from corral.state.store import TERMINAL_STATES, JobView
+
+if TYPE_CHECKING:
+    from corral.controller.engine import ControllerSettings
 
 # Piped output (scripts, CI logs) is not cut to 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -168,6 +173,7 @@ def job_json(view: JobView) -> dict[str, object]:
         "job_id": view.job.id, "name": view.job.name, "cluster": a.cluster, "partition": a.partition,
         "slurm_job_id": a.slurm_job_id, "state": a.state, "reason": a.reason, "attempt": a.number,
         "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
+        "expected_start": a.expected_start if a.state == "PENDING" else None,
         "exit_code": a.exit_code, "job_rank": view.job.job_rank,
     }
 
@@ -225,35 +231,64 @@ def render_managed(views: list[ManagedView]) -> None:
         console.print("No managed jobs.")
         return
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "REASON"):
+    for column in ("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "STARTS", "REASON"):
         table.add_column(column)
+    now = time.time()
     for v in views:
         latest = v.latest
         style = _MANAGED_STYLE.get(v.managed.state, "")
         state = f"[{style}]{v.managed.state}[/{style}]" if style else v.managed.state
+        expected = latest.expected_start if latest and latest.state == "PENDING" else None
         table.add_row(v.job.id, v.job.name, state, f"{latest.cluster}/{latest.partition}" if latest else "-",
                       (latest.slurm_job_id or "-") if latest else "-", str(len(v.attempts)),
+                      f"in {_minutes(expected - now)}" if expected and expected > now else "-",
                       (v.managed.reason or "")[:90])
     console.print(table)
 
 
-def explain_pending(view: ManagedView, plan: Plan, settings: object) -> None:
+def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings) -> None:
     latest = view.latest
     assert latest is not None
+    now = time.time()
     here = next((c for c in plan.candidates if (c.cluster, c.partition) == (latest.cluster, latest.partition)), None)
-    best = next((c for c in plan.feasible() if (c.cluster, c.partition) != (latest.cluster, latest.partition)), None)
+    others = [c for c in plan.feasible() if (c.cluster, c.partition) != (latest.cluster, latest.partition)]
+    best = min(others, key=lambda c: c.predicted_start if c.predicted_start is not None else math.inf, default=None)
     console.print(f"{view.job.id} is pending on slurm/{latest.cluster}/{latest.partition}: "
                   f"{latest.reason or 'waiting for the scheduler'}", highlight=False)
-    console.print(f"  start there: {_start(here) if here else 'unknown'}", highlight=False)
+    here_start = latest.expected_start or (here.predicted_start if here else None)
+    source = "Slurm's estimate for this job" if latest.expected_start else "predicted by sbatch --test-only"
+    console.print(f"  start there: {_at(here_start, now)} ({source})" if here_start else
+                  f"  start there: {_start(here) if here else 'unknown'}", highlight=False)
     if best is None:
         console.print("  no other cluster can run it", highlight=False)
         return
     console.print(f"  best alternative: {best.infra}, start {_start(best)}", highlight=False)
     if here is not None and here.startable_now:
         why = "its own cluster can start it now"
-    elif not best.startable_now:
-        why = "no other cluster can start it now either (jobs move only to a cluster that can start them at once)"
+    elif best.startable_now:
+        why = (f"it will move on the controller's next tick (pending ≥ {settings.reroute_after:g}s, "
+               f"no move in the last {settings.reroute_cooldown:g}s)")
+    elif here_start is None or best.predicted_start is None:
+        why = "no start time is known for both, so there is nothing to compare"
     else:
-        why = (f"it will move on the controller's next tick (pending ≥ {getattr(settings, 'reroute_after', 0):g}s, "
-               f"no move in the last {getattr(settings, 'reroute_cooldown', 0):g}s)")
+        gain, needed = here_start - best.predicted_start, settings.margin(here_start, now)
+        if gain < needed:
+            sooner = f"only {_minutes(gain)} sooner" if gain > 0 else "not sooner"
+            why = (f"the alternative is {sooner}; a move needs "
+                   f"{_minutes(needed)} (at least {settings.reroute_margin:g}s and "
+                   f"{settings.reroute_margin_fraction:.0%} of the wait)")
+        else:
+            why = (f"it will move: {_minutes(gain)} sooner is more than the {_minutes(needed)} margin "
+                   f"(predictions are refreshed every {settings.predict_interval:g}s)")
     console.print(f"  not moved because: {why}", highlight=False)
+
+
+def _at(epoch: float, now: float) -> str:
+    return f"{time.strftime('%H:%M:%S', time.localtime(epoch))} (in {_minutes(epoch - now)})"
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 0:
+        return f"{_minutes(-seconds)} later"
+    minutes = seconds / 60
+    return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"

@@ -1,8 +1,10 @@
 """The controller: drives every managed job's state machine, one tick at a time.
 
 A tick costs, per cluster, one status query (all jobs, batched) and, only when some managed job
-needs placing or is pending, one probe; submissions and cancels come on top only for jobs that move.
-So the Slurm RPCs per cluster per tick do not grow with the number of jobs.
+needs placing or is pending, one probe; when pending jobs can start nowhere now, one prediction
+round trip (`sbatch --test-only`, at most every `predict_interval` per task and for at most
+`max_predicted_tasks` tasks); submissions and cancels come on top only for jobs that move. So the
+Slurm RPCs per cluster per tick do not grow with the number of jobs.
 
 State is in the store, not in this process: kill -9 it at any point and a new controller carries on.
 A lease in the store makes sure two controllers on one store never drive jobs at the same time, and
@@ -13,15 +15,17 @@ Rules, per managed job and tick:
   boot failure, a job Slurm lost, a cluster unreachable beyond the grace period): a new attempt on the
   best cluster (unhealthy clusters avoided), with the latest checkpoint copied over if it moves;
 - the task itself failed: FAILED, unless `max_restarts_on_errors` or `recover_on_exit_codes` say retry;
-- pending while another cluster can start it now and its own cannot: submit there first, cancel the old
-  attempt only once the new one is accepted (hysteresis: pending for `reroute_after` seconds, and not
-  moved within `reroute_cooldown`);
+- pending while another cluster can start it now and its own cannot, or (when none can) while another
+  cluster is predicted to start it sooner by a clear margin: submit there first, cancel the old
+  attempt only once the new one is accepted (hysteresis: pending for `reroute_after` seconds, not
+  moved within `reroute_cooldown`, and for predictions the margin; see `_reroute_by_prediction`);
 - two attempts running at once (a re-route race): keep the one that started first, cancel the other.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import tempfile
@@ -34,7 +38,7 @@ from corral.errors import CorralError
 from corral.infra.slurm.jobs import SlurmJobs
 from corral.infra.slurm.jobscript import DEFAULT_CHECKPOINT_DIR
 from corral.launch import AttemptOptions, Launcher, LaunchEvents
-from corral.placement import Plan
+from corral.placement import Candidate, Plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow
 from corral.state.store import TERMINAL_STATES
@@ -51,14 +55,23 @@ class ControllerSettings:
     grace_seconds: float = 60.0  # a cluster unreachable this long: its jobs recover elsewhere
     reroute_after: float = 10.0  # pending at least this long before a move is considered
     reroute_cooldown: float = 60.0  # no second move of one job within this
+    reroute_margin: float = 300.0  # a predicted start must beat the current one by this many seconds…
+    reroute_margin_fraction: float = 0.2  # …and by this fraction of the current wait
+    predict_interval: float = 60.0  # how often a pending task's start times are predicted on every cluster
+    max_predicted_tasks: int = 16  # distinct tasks predicted per tick (each is one sbatch --test-only per place)
     unhealthy_after_failures: int = 3  # infrastructure failures in a row that mark a cluster unhealthy
     unhealthy_seconds: float = 300.0  # how long an unhealthy cluster is avoided
     lease_seconds: float = 30.0
 
+    def margin(self, here_start: float, now: float) -> float:
+        """How much sooner another cluster must be predicted to start a job before it moves there."""
+        return max(self.reroute_margin, self.reroute_margin_fraction * max(0.0, here_start - now))
+
     @classmethod
     def from_env(cls) -> ControllerSettings:
         settings = cls()
-        for name in ("grace_seconds", "reroute_after", "reroute_cooldown", "unhealthy_seconds", "lease_seconds"):
+        for name in ("grace_seconds", "reroute_after", "reroute_cooldown", "reroute_margin", "reroute_margin_fraction",
+                     "predict_interval", "unhealthy_seconds", "lease_seconds"):
             value = os.environ.get(f"CORRAL_CONTROLLER_{name.upper()}")
             if value:
                 setattr(settings, name, float(value))
@@ -83,6 +96,7 @@ class Controller:
         self.holder = holder
         self.settings = settings or ControllerSettings()
         self.launcher = Launcher(client, store, LaunchEvents())
+        self._predictions: dict[str, tuple[float, Plan]] = {}  # task JSON -> (when, plan with predicted starts)
 
     async def tick(self) -> TickReport:
         if not self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds):
@@ -204,7 +218,7 @@ class Controller:
         avoid = unreachable | self._unhealthy(now)
         for number, jobs in _batches(to_place, attempts):
             task = _task(jobs[0])
-            plan = await self.launcher.plan(task, predict_all=False, outcomes=outcomes)
+            plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes)
             feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
             if not feasible:
                 for job in jobs:
@@ -246,39 +260,99 @@ class Controller:
     async def _reroute(self, pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]],
                        attempts: dict[str, list[AttemptRow]], outcomes: list, unreachable: set[str],
                        now: float) -> int:
+        """Move pending jobs: to a cluster that can start them now; failing that, to one predicted to
+        start them sooner by a clear margin."""
         moved = 0
         avoid = unreachable | self._unhealthy(now)
         taken: dict[tuple[str, str], int] = {}  # copies moved to each place this tick: its capacity is shared
+        plans: dict[str, Plan] = {}  # one plan per task (a sweep's jobs share it)
+        waiting: list[tuple[ManagedJobRow, JobRow, AttemptRow, Task]] = []
         for m, job, current in pending:
             if now - m.last_move_at < self.settings.reroute_cooldown:
                 continue
             task = _task(job)
-            plan = await self.launcher.plan(task, predict_all=False, outcomes=outcomes)
-            here = next((c for c in plan.candidates if (c.cluster, c.partition) == (current.cluster,
-                                                                                   current.partition)), None)
+            if job.task_json not in plans:
+                plans[job.task_json] = await self.launcher.plan(task, predict="never", outcomes=outcomes)
+            plan = plans[job.task_json]
+            here = _candidate_at(plan, current)
             if here is not None and here.startable_now:
                 continue  # Slurm will start it where it is
             best = next((c for c in plan.feasible() if c.startable_now and c.cluster not in avoid
                          and (c.cluster, c.partition) != (current.cluster, current.partition)
                          and taken.get((c.cluster, c.partition), 0) < c.startable_copies), None)
             if best is None:
+                waiting.append((m, job, current, task))
                 continue
             taken[(best.cluster, best.partition)] = taken.get((best.cluster, best.partition), 0) + 1
-            number = max(a.number for a in attempts.get(job.id, [current])) + 1
-            try:
-                await self.launcher.submit_jobs(task, resolved_envs(task, "managed job"), Path.cwd(),
-                                                [best], [job], _attempt_options(task, number))
-            except CorralError as exc:
-                self.store.set_managed(job.id, reason=f"could not move to {best.infra}: {exc}")
-                continue
-            # The new attempt is accepted: only now cancel the old one.
             why = (f"re-routed to {best.infra}: it can start now; {current.cluster} had it pending "
                    f"({current.reason or 'pending'})")
-            await self._cancel([current])
-            self.store.update_attempt(current.token, state="CANCELLED", ended_at=time.time(), reason=why)
-            self.store.set_managed(job.id, "PENDING", why, moves=m.moves + 1, last_move_at=time.time())
-            moved += 1
+            moved += await self._move(m, job, current, task, best, attempts, why)
+        if waiting:
+            moved += await self._reroute_by_prediction(waiting, plans, attempts, avoid, now)
         return moved
+
+    async def _reroute_by_prediction(self, waiting: list[tuple[ManagedJobRow, JobRow, AttemptRow, Task]],
+                                     plans: dict[str, Plan], attempts: dict[str, list[AttemptRow]],
+                                     avoid: set[str], now: float) -> int:
+        """Nowhere can start them now: compare predicted starts. Predictions (`sbatch --test-only` on
+        every candidate, one round trip per cluster for all tasks) are made per task at most every
+        `predict_interval` seconds, for at most `max_predicted_tasks` tasks per tick. A job moves only
+        when the best alternative beats its current start by `reroute_margin` seconds and by
+        `reroute_margin_fraction` of its current wait, and only one job per task and target per
+        prediction: the next prediction sees the jobs already moved there."""
+        tasks: dict[str, Task] = {}
+        for _m, job, _current, task in waiting:
+            tasks.setdefault(job.task_json, task)
+        due = [key for key in tasks if key not in self._predictions
+               or now - self._predictions[key][0] >= self.settings.predict_interval][:self.settings.max_predicted_tasks]
+        if due:
+            fresh = [(tasks[key], plans[key]) for key in due]
+            await self.launcher.predict(fresh)
+            for key, (_task, plan) in zip(due, fresh):
+                self._predictions[key] = (now, plan)
+        moved = 0
+        moved_to: set[tuple[str, str, str]] = set()
+        for m, job, current, task in waiting:
+            cached = self._predictions.get(job.task_json)
+            if cached is None:
+                continue
+            plan = cached[1]
+            here = _candidate_at(plan, current)
+            here_start = current.expected_start or (here.predicted_start if here else None)
+            alternatives = [c for c in plan.feasible() if c.predicted_start is not None and c.cluster not in avoid
+                            and (c.cluster, c.partition) != (current.cluster, current.partition)]
+            if here_start is None or not alternatives:
+                continue
+            best = min(alternatives, key=lambda c: c.predicted_start or math.inf)
+            gain = here_start - (best.predicted_start or math.inf)
+            if gain < self.settings.margin(here_start, now):
+                continue
+            target = (job.task_json, best.cluster, best.partition)
+            if target in moved_to:
+                continue
+            why = (f"re-routed to {best.infra}: predicted to start there at {_clock(best.predicted_start)}, "
+                   f"{_duration(gain)} sooner than on {current.cluster} ({_clock(here_start)}, "
+                   f"{current.reason or 'pending'})")
+            if await self._move(m, job, current, task, best, attempts, why):
+                moved += 1
+                moved_to.add(target)
+                self._predictions.pop(job.task_json, None)  # re-predict with the moved job in its new queue
+        return moved
+
+    async def _move(self, m: ManagedJobRow, job: JobRow, current: AttemptRow, task: Task, target: Candidate,
+                    attempts: dict[str, list[AttemptRow]], why: str) -> int:
+        """Submit the new attempt first; cancel the old one only once the new one is accepted."""
+        number = max(a.number for a in attempts.get(job.id, [current])) + 1
+        try:
+            await self.launcher.submit_jobs(task, resolved_envs(task, "managed job"), Path.cwd(),
+                                            [target], [job], _attempt_options(task, number))
+        except CorralError as exc:
+            self.store.set_managed(job.id, reason=f"could not move to {target.infra}: {exc}")
+            return 0
+        await self._cancel([current])
+        self.store.update_attempt(current.token, state="CANCELLED", ended_at=time.time(), reason=why)
+        self.store.set_managed(job.id, "PENDING", why, moves=m.moves + 1, last_move_at=time.time())
+        return 1
 
     async def _setup_failed(self, attempt: AttemptRow) -> bool:
         """Did the attempt fail in `setup`? (task.sh leaves a marker; one round trip, only on failure.)"""
@@ -369,3 +443,16 @@ def _infra_failure(attempt: AttemptRow) -> bool:
 
 def _reasons(plan: Plan) -> str:
     return "; ".join(f"{c.infra}: {c.reason}" for c in plan.ranked()[:4] if c.reason) or "none feasible"
+
+
+def _candidate_at(plan: Plan, attempt: AttemptRow) -> Candidate | None:
+    return next((c for c in plan.candidates if (c.cluster, c.partition) == (attempt.cluster, attempt.partition)), None)
+
+
+def _clock(epoch: float | None) -> str:
+    return time.strftime("%H:%M", time.localtime(epoch)) if epoch else "unknown"
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes} min"

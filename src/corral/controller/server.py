@@ -1,22 +1,27 @@
 """`corral server`: the controller loop as a background process on this machine, one per state store.
 
-Commands that need it (`corral jobs launch`) start it on demand; `corral server stop` ends it. It
-needs no port yet: the CLI and the controller meet in the state store (the HTTP API for team mode
-comes with the shared server). Its pid and log live under CORRAL_HOME.
+Commands that need it (`corral jobs launch`) start it on demand, or wake it; `corral server stop`
+ends it. It serves a small HTTP API on loopback (`controller/api.py`) on an ephemeral port; the port
+and a bearer token are in `controller.json` (mode 600), its pid and log beside it, under CORRAL_HOME.
+Jobs themselves go through the state store, so nothing is lost while the controller is down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from corral.config import corral_home
+from corral.errors import CorralError
 
 MAX_INTERVAL = 10.0
 
@@ -43,11 +48,42 @@ def running_pid() -> int | None:
     return pid
 
 
+def endpoint_file() -> Path:
+    return corral_home() / "controller.json"
+
+
+def call(path: str, method: str = "GET", timeout: float = 3.0) -> Any:
+    """One request to the running controller's API; raises ControllerUnavailable if there is none."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        endpoint = json.loads(endpoint_file().read_text())
+    except (OSError, ValueError) as exc:
+        raise ControllerUnavailable("the controller is not running") from exc
+    if running_pid() != endpoint.get("pid"):
+        raise ControllerUnavailable("the controller is not running")
+    request = urllib.request.Request(f"http://127.0.0.1:{endpoint['port']}{path}", method=method,
+                                     headers={"Authorization": f"Bearer {endpoint['token']}"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ControllerUnavailable(f"its API did not answer: {exc}") from exc
+
+
+class ControllerUnavailable(CorralError):
+    pass
+
+
 def start() -> int:
     """Start the controller in the background unless it runs (then wake it); returns its pid."""
     pid = running_pid()
     if pid:
-        os.kill(pid, signal.SIGUSR1)
+        try:
+            call("/wake", "POST")
+        except ControllerUnavailable:
+            os.kill(pid, signal.SIGUSR1)  # still starting, or busy: the signal wakes it as well
         return pid
     home = corral_home()
     home.mkdir(parents=True, exist_ok=True)
@@ -78,58 +114,103 @@ def stop(timeout: float = 20) -> bool:
 
 
 def run() -> None:
-    """The loop: tick, then wait; faster while jobs are on the move, slower when idle or on errors."""
+    asyncio.run(_run())
+
+
+async def _run() -> None:
+    """The loop: tick, then wait; faster while jobs are on the move, slower when idle or on errors.
+    The API serves on the same event loop, between and during ticks' remote calls."""
+    import secrets
+
+    import uvicorn
+
     from corral.client import Client
+    from corral.controller.api import ControllerStatus, TickFigures, create_app
     from corral.controller.engine import LEASE, Controller, ControllerSettings
     from corral.state import open_store
 
     store = open_store()
     holder = f"{socket.gethostname()}:{os.getpid()}"
     controller = Controller(Client(), store, holder, ControllerSettings.from_env())
-    stopping = False
-
-    def on_term(_sig: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    woken = False
-
-    def on_wake(_sig: int, _frame: object) -> None:
-        nonlocal woken
-        woken = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGUSR1, on_wake)  # new work: tick now
-    pid_file().write_text(f"{os.getpid()}\n")  # only now: a wake-up signal before the handler would kill us
     base = float(os.environ.get("CORRAL_CONTROLLER_INTERVAL", "5"))
+    status = ControllerStatus(pid=os.getpid(), holder=holder, started_at=time.time(), interval=base,
+                              wake=asyncio.Event())
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    loop.add_signal_handler(signal.SIGINT, stopping.set)
+    loop.add_signal_handler(signal.SIGUSR1, status.wake.set)  # new work: tick now
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    token = secrets.token_urlsafe(32)
+    config = uvicorn.Config(create_app(status, store, token), log_level="warning", access_log=False,
+                            lifespan="off")
+    api = _api_server(config)
+    serving = asyncio.create_task(api.serve(sockets=[listener]))
+    endpoint = endpoint_file()
+    endpoint.unlink(missing_ok=True)
+    fd = os.open(endpoint, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "port": listener.getsockname()[1], "token": token}, f)
+    pid_file().write_text(f"{os.getpid()}\n")  # last: `start` waits for it, so the API is up by then
+    print(f"corral controller {holder} started (interval {base:g}s, API on 127.0.0.1:{listener.getsockname()[1]})",
+          flush=True)
     interval = base
-    print(f"corral controller {holder} started (interval {base:g}s)", flush=True)
+    longest = max(MAX_INTERVAL, base)
     try:
-        while not stopping:
+        while not stopping.is_set():
             started = time.monotonic()
             try:
-                report = asyncio.run(controller.tick())
+                report = await controller.tick()
+                status.ticks += 1
+                status.last_tick = TickFigures(at=time.time(), seconds=round(time.monotonic() - started, 4),
+                                               drove=report.drove, jobs=report.jobs, submitted=report.submitted,
+                                               moved=report.moved, cancelled=report.cancelled,
+                                               round_trips=report.round_trips, errors=report.errors)
                 if report.errors:  # back off while clusters fail
-                    interval = min(MAX_INTERVAL, interval * 1.5)
+                    interval = min(longest, interval * 1.5)
                 elif report.jobs:  # live managed jobs: the configured pace
                     interval = base
                 else:  # nothing to drive: slow down
-                    interval = min(MAX_INTERVAL, max(base, interval * 1.5))
+                    interval = min(longest, max(base, interval * 1.5))
                 if report.drove and (report.submitted or report.moved or report.cancelled or report.errors):
                     print(f"tick: jobs={report.jobs} submitted={report.submitted} moved={report.moved} "
                           f"cancelled={report.cancelled} trips={report.round_trips} errors={report.errors}",
                           flush=True)
             except Exception as exc:  # one bad tick must not stop recovery of every job
                 print(f"tick failed: {exc!r}", flush=True)
-                interval = min(MAX_INTERVAL, interval * 2)
-            remaining = interval - (time.monotonic() - started)
-            end = time.monotonic() + max(0.0, remaining)
-            while not stopping and not woken and time.monotonic() < end:
-                time.sleep(0.1)
-            if woken:
-                woken = False
+                interval = min(longest, interval * 2)
+            status.interval = interval
+            remaining = max(0.0, interval - (time.monotonic() - started))
+            woken = asyncio.ensure_future(status.wake.wait())
+            stop = asyncio.ensure_future(stopping.wait())
+            await asyncio.wait([woken, stop], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
+            stop.cancel()
+            if status.wake.is_set():
+                status.wake.clear()
                 interval = base
     finally:
+        api.should_exit = True
+        await serving
         store.release_lease(LEASE, holder)
         if running_pid() == os.getpid():
             pid_file().unlink(missing_ok=True)
+            endpoint.unlink(missing_ok=True)
+
+
+def _api_server(config: Any) -> Any:
+    """uvicorn's server without its signal handling: SIGTERM must end the tick loop (which then
+    releases the lease), not just the API."""
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)

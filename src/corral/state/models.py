@@ -41,6 +41,7 @@ class AttemptRow(Base):
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    expected_start: Mapped[float | None] = mapped_column(Float, nullable=True)  # while pending: Slurm's estimate
 
 
 class AllocationRow(Base):

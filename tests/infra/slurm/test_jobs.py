@@ -38,3 +38,13 @@ def test_submit_answers():
 def test_exit_codes():
     assert _exit_code("768") == 3 and _exit_code("0") == 0 and _exit_code("9") == 137
     assert _exit_code("3:0") == 3 and _exit_code("0:15") == 143 and _exit_code("") is None
+
+
+def test_a_pending_job_has_an_expected_start_and_no_start():
+    statuses = {s.slurm_job_id: s for s in parse_status("alpine", fixture("alpine-pending-status"))}
+    pending, blocker = statuses["7"], statuses["6"]
+    assert pending.state == "PENDING" and pending.started_at is None
+    # Backfill expects it to start when the 60-minute blocker ends.
+    assert pending.expected_start == blocker.started_at + 3600 == 1796024619 + 3600 - 20
+    assert blocker.expected_start is None
+    assert statuses["3"].state == "FAILED" and statuses["3"].reason == "NodeDown"

@@ -50,6 +50,7 @@ class JobStatus:
     started_at: float | None
     ended_at: float | None
     exit_code: int | None
+    expected_start: float | None = None  # a pending job's: the scheduler's estimate (squeue StartTime)
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,8 @@ def _status(fields: list[str], clock: Clock) -> JobStatus:
         state=corral_state,
         reason=None if reason in ("None", "", "(null)") else reason,
         submitted_at=clock.to_epoch(submit),
-        started_at=clock.to_epoch(start),
+        started_at=clock.to_epoch(start) if corral_state != "PENDING" else None,
+        expected_start=clock.to_epoch(start) if corral_state == "PENDING" else None,
         ended_at=clock.to_epoch(end) if corral_state not in ("PENDING", "STARTING", "RUNNING") else None,
         exit_code=_exit_code(exit_raw) if corral_state not in ("PENDING", "STARTING", "RUNNING") else None,
     )

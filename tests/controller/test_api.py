@@ -1,0 +1,70 @@
+"""The controller's loopback HTTP API: token, health and tick figures, wake-up, managed jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+
+
+@pytest.fixture
+def slow_controller(corral_env):
+    # A tick a minute: any tick within a test's wait comes from a wake-up.
+    env = {**corral_env, "CORRAL_CONTROLLER_INTERVAL": "60"}
+    yield env
+    subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env=env, capture_output=True)
+
+
+def request(endpoint: dict, path: str, method: str = "GET", token: str | None = None) -> tuple[int, object]:
+    headers = {"Authorization": f"Bearer {endpoint['token'] if token is None else token}"}
+    req = urllib.request.Request(f"http://127.0.0.1:{endpoint['port']}{path}", method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_api_on_loopback_with_a_token(corral, slow_controller):
+    env = slow_controller
+    assert corral("server", "start", env=env).exit_code == 0
+    path = Path(env["CORRAL_HOME"]) / "controller.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    endpoint = json.loads(path.read_text())
+    assert request(endpoint, "/health", token="wrong")[0] == 401
+    assert request(endpoint, "/health", token="")[0] == 401
+    code, health = request(endpoint, "/health")
+    assert code == 200 and health["pid"] == endpoint["pid"]
+    first = wait_for("the first tick", lambda: request(endpoint, "/health")[1]["ticks"] >= 1)
+    assert first
+    ticks = request(endpoint, "/health")[1]["ticks"]
+    # `jobs launch` wakes it through the API: the job is submitted long before the 60 s interval.
+    launched = corral("jobs", "launch", "--json", "--cpus", "1", "--infra", "slurm/alpine/cpu", "--", "true", env=env)
+    assert launched.exit_code == 0, launched.stderr
+    job_id = launched.json()["job_id"]
+    wait_for("a tick caused by the wake-up", lambda: request(endpoint, "/health")[1]["ticks"] > ticks, timeout=10)
+    code, jobs = request(endpoint, "/jobs?all=true")
+    assert code == 200 and [j["job_id"] for j in jobs] == [job_id]
+    code, job = request(endpoint, f"/jobs/{job_id}")
+    assert code == 200 and job["events"][0]["state"] == "PENDING"
+    assert request(endpoint, "/jobs/nope")[0] == 404
+    woken = request(endpoint, "/wake", "POST")
+    assert woken[0] == 200 and woken[1]["woken"] is True
+    status = corral("server", "status", "--json", env=env).json()
+    assert status["running"] and status["ticks"] >= ticks + 1 and status["lease"]["holder"].endswith(
+        f":{endpoint['pid']}")
+    corral("jobs", "cancel", job_id, env=env)
+    assert corral("server", "stop", env=env).exit_code == 0
+    assert not path.exists()
+    stopped = corral("server", "status", env=env)
+    assert stopped.exit_code == 1 and stopped.stdout.strip() == "controller not running"
+    assert os.path.exists(Path(env["CORRAL_HOME"]) / "controller.log")
