@@ -124,5 +124,6 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str,
         if status.state == "FAILED" and status.slurm_state != "FAILED":
             # NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY…: Slurm's word first, its reason after.
             fields["reason"] = status.slurm_state + (f" ({status.reason})" if status.reason else "")
-        updates[attempt.token] = fields
+        if any(getattr(attempt, key) != value for key, value in fields.items()):
+            updates[attempt.token] = fields  # a quiet tick writes nothing
     return updates

@@ -58,3 +58,29 @@ def test_a_second_store_on_the_same_url_sees_committed_writes(store):
     store.add_jobs([job("c-1")], [attempt("t1", "c-1")])
     other = Store(store.url)
     assert [v.job.id for v in other.views()] == ["c-1"]
+
+
+def test_managed_changes_in_one_transaction_keep_their_order_and_events(store):
+    store.add_jobs([job(f"c-{i}", rank=i) for i in range(3)], [attempt(f"t{i}", f"c-{i}") for i in range(3)])
+    store.add_managed(["c-0", "c-1", "c-2"])
+    store.set_managed_many([
+        ("c-0", "RUNNING", "on slurm/alpine/gpu", {}),
+        ("c-0", None, "checkpoint copied", {"moves": 1}),
+        ("c-0", "RUNNING", "on slurm/alpine/gpu", {"recoveries": 2}),  # same state and reason: no event
+        ("c-1", "RECOVERING", "NODE_FAIL", {"recoveries": 1}),
+    ])
+    assert [(e.state, e.reason) for e in store.events("c-0")] == [
+        ("PENDING", "submitted"), ("RUNNING", "on slurm/alpine/gpu"), ("RUNNING", "checkpoint copied")]
+    rows = {m.job_id: m for m in store.managed()}
+    assert (rows["c-0"].state, rows["c-0"].moves, rows["c-0"].recoveries) == ("RUNNING", 1, 2)
+    assert (rows["c-1"].state, rows["c-1"].reason, rows["c-1"].recoveries) == ("RECOVERING", "NODE_FAIL", 1)
+    assert (rows["c-2"].state, rows["c-2"].reason) == ("PENDING", None)
+    with pytest.raises(JobNotFoundError):
+        store.set_managed_many([("c-2", "RUNNING", "x", {}), ("c-9", "RUNNING", "x", {})])
+    assert store.managed(["c-2"])[0].state == "PENDING"  # all or nothing
+
+
+def test_attempt_updates_for_unknown_tokens_are_ignored(store):
+    store.add_jobs([job("c-1")], [attempt("t1", "c-1")])
+    store.update_attempts({"t1": {"state": "RUNNING"}, "gone": {"state": "RUNNING"}})
+    assert store.views()[0].attempt.state == "RUNNING"

@@ -96,7 +96,8 @@ class Controller:
         self.holder = holder
         self.settings = settings or ControllerSettings()
         self.launcher = Launcher(client, store, LaunchEvents())
-        self._predictions: dict[str, tuple[float, Plan]] = {}  # task JSON -> (when, plan with predicted starts)
+        self._predictions: dict[str, tuple[float, Plan]] = {}
+        self._changes: list[tuple[str, str | None, str | None, dict[str, object]]] = []  # task JSON -> (when, plan with predicted starts)
 
     async def tick(self) -> TickReport:
         if not self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds):
@@ -140,8 +141,8 @@ class Controller:
                     to_cancel.append(extra)
                     self.store.update_attempt(extra.token, state="CANCELLED", ended_at=now,
                                               reason=f"duplicate of attempt {running[0].number}")
-                self.store.set_managed(m.job_id, reason=f"attempts {', '.join(str(a.number) for a in running)} "
-                                       f"both started; kept attempt {running[0].number}")
+                self._changes.append((m.job_id, None, f"attempts {', '.join(str(a.number) for a in running)} "
+                                      f"both started; kept attempt {running[0].number}", {}))
                 latest = running[0]
             if latest is None:
                 to_place.append((job, "first attempt"))
@@ -194,6 +195,7 @@ class Controller:
                 else:
                     self._set(m, "FAILED", f"attempt {latest.number} failed "
                                            f"(exit code {code}, {latest.reason or 'FAILED'})")
+        self._write_changes()
         abandoned = [a for mine in attempts.values() for a in mine
                      if a.state == "CANCELLING" and a.cluster not in unreachable and a not in to_cancel]
         report.cancelled += await self._cancel(to_cancel + abandoned)
@@ -205,11 +207,18 @@ class Controller:
         report.moved += await self._reroute(pending, attempts, outcomes, unreachable, now)
 
     def _set(self, m: ManagedJobRow, state: str, reason: str | None, **fields: object) -> None:
-        """Write a managed job only when something changed: a quiet tick writes nothing."""
+        """Note a change of a managed job, written with the others in one transaction (`_write_changes`);
+        only when something changed: a quiet tick writes nothing."""
         if (state, reason) == (m.state, m.reason) and all(getattr(m, k) == v for k, v in fields.items()):
             return
-        self.store.set_managed(m.job_id, state, reason, **fields)
+        self._changes.append((m.job_id, state, reason, fields))
         m.state, m.reason = state, reason
+        for key, value in fields.items():
+            setattr(m, key, value)
+
+    def _write_changes(self) -> None:
+        changes, self._changes = self._changes, []
+        self.store.set_managed_many(changes)
 
     # ---- placing new attempts -------------------------------------------------------------------
     async def _place(self, to_place: list[tuple[JobRow, str]], attempts: dict[str, list[AttemptRow]],
@@ -221,8 +230,8 @@ class Controller:
             plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes)
             feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
             if not feasible:
-                for job in jobs:
-                    self.store.set_managed(job.id, "PENDING", "no cluster can run it now: " + _reasons(plan))
+                self.store.set_managed_many([(job.id, "PENDING", "no cluster can run it now: " + _reasons(plan), {})
+                                             for job in jobs])
                 continue
             for job in jobs:
                 previous = attempts.get(job.id, [])
@@ -231,8 +240,7 @@ class Controller:
                 shares = await self.launcher.submit_jobs(task, resolved_envs(task, "managed job"), Path.cwd(),
                                                          feasible, jobs, _attempt_options(task, number))
             except CorralError as exc:
-                for job in jobs:
-                    self.store.set_managed(job.id, reason=f"submission failed: {exc}")
+                self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
                 continue
             self.store.note_managed({
                 job_id: f"attempt {number} submitted to slurm/{share.cluster}/{share.partition} as "

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import create_engine, event, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -84,12 +84,16 @@ class Store:
                 setattr(row, key, value)
 
     def update_attempts(self, updates: dict[str, dict[str, object]]) -> None:
+        """Change many attempts at once (one executemany per set of changed columns)."""
         if not updates:
             return
         with self.session() as s, s.begin():
-            for row in s.scalars(select(AttemptRow).where(AttemptRow.token.in_(list(updates)))):
-                for key, value in updates[row.token].items():
-                    setattr(row, key, value)
+            tokens = list(updates)
+            known = {t for chunk in _chunks(tokens, 5000)
+                     for t in s.scalars(select(AttemptRow.token).where(AttemptRow.token.in_(chunk)))}
+            rows = [{"token": token, **fields} for token, fields in updates.items() if token in known]
+            if rows:
+                s.execute(update(AttemptRow), rows)
 
     def views(self, job_ids: Iterable[str] | None = None) -> list[JobView]:
         """Jobs with their latest attempt, oldest first."""
@@ -132,32 +136,45 @@ class Store:
     def set_managed(self, job_id: str, state: str | None = None, reason: str | None = None,
                     **fields: object) -> None:
         """Change a managed job; a change of state is recorded as an event with its reason."""
-        now = time.time()
-        with self.session() as s, s.begin():
-            row = s.get(ManagedJobRow, job_id)
-            if row is None:
-                raise JobNotFoundError(f"no managed job {job_id}")
-            if state is not None and (state, reason) != (row.state, row.reason):
-                row.state = state
-                row.reason = reason
-                s.add(JobEventRow(job_id=job_id, at=now, state=state, reason=reason))
-            elif reason is not None and state is None:  # a note that keeps the state
-                s.add(JobEventRow(job_id=job_id, at=now, state=row.state, reason=reason))
-            for key, value in fields.items():
-                setattr(row, key, value)
-            row.updated_at = now
+        self.set_managed_many([(job_id, state, reason, fields)])
 
-    def note_managed(self, notes: dict[str, str]) -> None:
-        """Events that keep each job's state (e.g. "attempt 2 submitted …"), in one transaction."""
-        if not notes:
+    def set_managed_many(self, changes: list[tuple[str, str | None, str | None, dict[str, object]]]) -> None:
+        """Several `set_managed` (job id, state, reason, other fields), applied in order, in one transaction."""
+        if not changes:
             return
         now = time.time()
         with self.session() as s, s.begin():
-            rows = {r.job_id: r for r in s.scalars(select(ManagedJobRow).where(ManagedJobRow.job_id.in_(list(notes))))}
-            for job_id, reason in notes.items():
-                if job_id in rows:
-                    s.add(JobEventRow(job_id=job_id, at=now, state=rows[job_id].state, reason=reason))
-                    rows[job_id].updated_at = now
+            current = self._managed_states(s, list(dict.fromkeys(job_id for job_id, *_ in changes)))
+            rows: dict[str, dict[str, object]] = {}
+            events: list[dict[str, object]] = []
+            for job_id, state, reason, fields in changes:
+                if job_id not in current:
+                    raise JobNotFoundError(f"no managed job {job_id}")
+                row = rows.setdefault(job_id, {"job_id": job_id})
+                had_state, had_reason = current[job_id]
+                if state is not None and (state, reason) != (had_state, had_reason):
+                    row.update(state=state, reason=reason)
+                    current[job_id] = (state, reason)
+                    events.append({"job_id": job_id, "at": now, "state": state, "reason": reason})
+                elif reason is not None and state is None:  # a note that keeps the state
+                    events.append({"job_id": job_id, "at": now, "state": had_state, "reason": reason})
+                row.update(fields, updated_at=now)
+            s.execute(update(ManagedJobRow), list(rows.values()))
+            if events:
+                s.execute(insert(JobEventRow), events)
+
+    @staticmethod
+    def _managed_states(s: Session, job_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        found: dict[str, tuple[str, str | None]] = {}
+        for chunk in _chunks(job_ids, 5000):  # within every database's limit on bound parameters
+            query = select(ManagedJobRow.job_id, ManagedJobRow.state, ManagedJobRow.reason).where(
+                ManagedJobRow.job_id.in_(chunk))
+            found.update((job_id, (state, reason)) for job_id, state, reason in s.execute(query))
+        return found
+
+    def note_managed(self, notes: dict[str, str]) -> None:
+        """Events that keep each job's state (e.g. "attempt 2 submitted …"), in one transaction."""
+        self.set_managed_many([(job_id, None, reason, {}) for job_id, reason in notes.items()])
 
     def events(self, job_id: str) -> list[JobEventRow]:
         with self.session() as s:
@@ -273,3 +290,8 @@ def _add_missing_columns(engine: Engine) -> None:
                 if column.name not in present:
                     kind = column.type.compile(dialect=engine.dialect)
                     conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
