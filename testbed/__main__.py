@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
                        ("kill-node", "node"), ("start-node", "node"), ("drain", "node"),
                        ("resume", "node")]:
         sub.add_parser(name).add_argument(what)
+    limit = sub.add_parser("limit-jobs", help="restart a controller with MaxJobCount=COUNT (0: the default)")
+    limit.add_argument("cluster")
+    limit.add_argument("count", type=int)
     args = parser.parse_args(argv)
     bed = Testbed()
     started = time.monotonic()
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             print(sinfo_summary(bed))
         elif args.command == "config-path":
             print(bed.cluster_config)
+        elif args.command == "limit-jobs":
+            bed.limit_jobs(args.cluster, args.count or None)
         else:
             target = getattr(args, "cluster", None) or args.node
             getattr(bed, args.command.replace("-", "_"))(target)

@@ -160,6 +160,17 @@ class Testbed:
         self._start_ctld(self.spec(cluster))
         self.wait_ready(cluster)
 
+    def limit_jobs(self, cluster: str, count: int | None) -> None:
+        """Restart the controller with `MaxJobCount=count` (None: Slurm's default, 10000). A controller
+        that holds that many job records (MinJobAge keeps finished ones a day) refuses new jobs, and
+        sbatch sleeps and retries: what a busy site's full job table looks like."""
+        spec = self.spec(cluster)
+        paths = self.paths.cluster(spec.name)
+        paths.slurm_conf.write_text(render_slurm_conf(spec, paths, max_job_count=count))
+        self.stop_controller(cluster)
+        wait_until(f"{cluster} slurmctld to stop", lambda: running(paths.ctld_pidfile()) is None, READY_TIMEOUT)
+        self.start_controller(cluster)
+
     def stop_login(self, cluster: str) -> None:
         # Kill the listener and every per-connection sshd below it, so that live ControlMaster
         # connections die too, as they would when a login node goes down.

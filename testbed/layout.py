@@ -98,7 +98,7 @@ class TestbedPaths:
         return self.root / "client" / "slurm-config"
 
 
-def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
+def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, max_job_count: int | None = None) -> str:
     lines = [
         "# Written by the Corral testbed; regenerated on every `testbed up`.",
         f"ClusterName={spec.name}",
@@ -136,6 +136,7 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
         *spec.extra_conf,
+        *([f"MaxJobCount={max_job_count}"] if max_job_count else []),
     ]
     for node in spec.nodes:
         line = (

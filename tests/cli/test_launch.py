@@ -108,6 +108,25 @@ def test_rejected_submission_fails_over_at_once(corral, clean_queues, tmp_path):
     assert "Invalid feature specification" in skipped["slurm/alpine/gpu"]
 
 
+def test_a_full_job_table_is_a_clear_rejection_not_a_hang(corral, testbed, clean_queues):
+    # Slurm refuses jobs beyond MaxJobCount (finished ones count while MinJobAge keeps them); sbatch
+    # would then sleep and retry for minutes.
+    config = testbed.cluster_config
+    records = int(ssh_login(config, "cirrus", "squeue -h -t all | wc -l").strip())
+    testbed.limit_jobs("cirrus", records + 1)
+    try:
+        wait_for("cirrus's job table to be full", lambda: subprocess.run(
+            ["ssh", "-F", str(config), "cirrus", "timeout 3 sbatch -H -p debug --wrap true"],
+            capture_output=True).returncode == 124, timeout=60, interval=0)
+        before = ssh_login(config, "cirrus", "squeue -h -t all -o %i | sort").split()
+        result = corral("launch", "-d", "--infra", "slurm/cirrus", "--cpus", "1", "--", "true")
+        assert result.exit_code == 1
+        assert "Slurm is not accepting jobs now" in result.stderr and "MaxJobCount" in result.stderr
+        assert ssh_login(config, "cirrus", "squeue -h -t all -o %i | sort").split() == before  # nothing got in
+    finally:
+        testbed.limit_jobs("cirrus", None)
+
+
 def test_two_node_task_sees_its_environment_on_both_nodes(corral, clean_queues):
     script = ('echo "rank=$CORRAL_NODE_RANK host=$(hostname) n=$CORRAL_NUM_NODES gpus=$CORRAL_NUM_GPUS_PER_NODE '
               'ips=$(echo $CORRAL_NODE_IPS | tr " " ,) id=$CORRAL_TASK_ID sky=$SKYPILOT_NODE_RANK '

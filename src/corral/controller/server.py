@@ -149,6 +149,11 @@ async def _run() -> None:
                             lifespan="off")
     api = _api_server(config)
     serving = asyncio.create_task(api.serve(sockets=[listener]))
+    while not api.started:  # `start` returns once the pid file is there: by then the API answers
+        if serving.done():
+            serving.result()  # raises why it could not serve
+            raise RuntimeError("the API server stopped during start-up")
+        await asyncio.sleep(0.01)
     endpoint = endpoint_file()
     endpoint.unlink(missing_ok=True)
     fd = os.open(endpoint, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

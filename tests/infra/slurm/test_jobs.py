@@ -33,6 +33,9 @@ def test_submit_answers():
     assert parse_submit("@@corral submitted 42 existing\n").already_existed
     rejected = parse_submit("@@corral rejected 1\nsbatch: error: Batch job submission failed: Invalid account\n")
     assert not rejected.accepted and rejected.message == "Batch job submission failed: Invalid account"
+    busy = parse_submit("@@corral rejected busy\nsbatch: error: Slurm temporarily unable to accept job, sleeping and "
+                        "retrying\n")
+    assert not busy.accepted and busy.message.startswith("Slurm is not accepting jobs now")
 
 
 def test_exit_codes():

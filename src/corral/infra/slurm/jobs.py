@@ -108,6 +108,10 @@ def parse_submit(stdout: str) -> SubmitResult:
             parts = line.split()
             return SubmitResult(True, parts[2], len(parts) > 3 and parts[3] == "existing", "")
         if line.startswith(f"{MARK} rejected"):
+            if line.split()[2:] == ["busy"]:
+                return SubmitResult(False, None, False, "Slurm is not accepting jobs now (sbatch: \"Slurm "
+                                    "temporarily unable to accept job\"): its job table is full (MaxJobCount) "
+                                    "or the controller is overloaded")
             message = " ".join(stdout.splitlines()[i + 1:]).strip()
             return SubmitResult(False, None, False, message.removeprefix("sbatch: error: ") or "sbatch failed")
     raise ProbeParseError("?", f"unexpected answer from sbatch: {stdout.strip()[-300:]!r}")

@@ -209,18 +209,38 @@ def write_files_script(run_dir: str, files: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
+SBATCH_BUSY = "temporarily unable to accept job"
+
+
 def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None, job_name: str | None = None) -> str:
     """Write the job's files and submit `job.sbatch`, unless a job with its name (and so its token)
     already exists: a retried or interrupted submission never makes a second job."""
     files = job_files(spec) if files is None else files
+    find = (f"squeue -h --me -t all --name={shlex.quote(job_name or spec.job_name)} -o %A 2>/dev/null"
+            " | head -n 1")
     return (
         "umask 077\n"
         + write_files_script(spec.run_dir, files)
         + 'cd "$d" || exit 1\n'
-        + f"existing=$(squeue -h --me -t all --name={shlex.quote(job_name or spec.job_name)} -o %A 2>/dev/null"
-        + " | head -n 1)\n"
+        + f"existing=$({find})\n"
         + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
-        + 'out=$(sbatch --parsable job.sbatch 2>"$d/sbatch.err"); rc=$?\n'
+        # A controller that refuses jobs (job table full at MaxJobCount, or overloaded) makes sbatch
+        # sleep and retry for minutes; seen at once, that is a rejection and the job fails over. The
+        # job may have got in on a retry before sbatch was stopped: its name says so.
+        + 'sbatch --parsable job.sbatch >"$d/sbatch.out" 2>"$d/sbatch.err" & pid=$!\n'
+        + "busy=\n"
+        + 'while kill -0 "$pid" 2>/dev/null; do\n'
+        + f'  if grep -qs "{SBATCH_BUSY}" "$d/sbatch.err"; then busy=1; kill "$pid" 2>/dev/null; break; fi\n'
+        + "  sleep 0.02\n"
+        + "done\n"
+        + 'wait "$pid"; rc=$?\n'
+        + 'if [ -n "$busy" ]; then\n'
+        + f"  existing=$({find})\n"
+        + '  if [ -n "$existing" ]; then echo "@@corral submitted $existing new"; else '
+        + 'echo "@@corral rejected busy"; cat "$d/sbatch.err"; fi\n'
+        + "  exit 0\n"
+        + "fi\n"
+        + 'out=$(cat "$d/sbatch.out")\n'
         + 'if [ "$rc" -eq 0 ]; then echo "@@corral submitted ${out%%;*} new"; '
         + 'else echo "@@corral rejected $rc"; cat "$d/sbatch.err"; fi\n'
     )
