@@ -19,11 +19,12 @@ from corral import devssh
 from corral.client import Client
 from corral.errors import ClusterError, CorralError
 from corral.infra.slurm import devscript
-from corral.infra.slurm.jobs import STATE_MAP, parse_submit
+from corral.infra.slurm.jobs import STATE_MAP, SubmitResult, parse_submit
 from corral.infra.slurm.jobscript import new_token
 from corral.infra.slurm.parsing import FIELD_SEPARATOR
 from corral.infra.slurm.probe import split_sections
-from corral.launch import Launcher, NoFeasibleClusterError, _no_candidate_message, new_job_id
+from corral.launch import Failover, Launcher, NoFeasibleClusterError, _no_candidate_message, new_job_id
+from corral.placement import Candidate
 from corral.state import Store
 from corral.state.models import AllocationRow, AttemptRow, JobRow
 from corral.task import Task, resolved_envs, resource_options
@@ -112,40 +113,37 @@ class DevAllocations:
             raise NoFeasibleClusterError(_no_candidate_message(plan))
         idle_seconds = int(round((idle_minutes or 0) * 60))
         session_keys, host_public_key = devssh.new_session_keys()
-        dead: set[str] = set()
-        tries: list[tuple[str, str]] = []
-        for candidate in feasible:
-            if candidate.cluster in dead:
-                continue
+        rows: dict[int, AllocationRow] = {}  # by id(candidate)
+
+        async def submit(candidate: Candidate) -> SubmitResult:
             token = new_token()
             spec = self.launcher.job_spec(task, candidate, token, (name,), envs)
             row = AllocationRow(name=name, token=token, cluster=candidate.cluster, partition=candidate.partition,
                                 slurm_job_id=None, num_nodes=task.num_nodes, gres=candidate.gres,
                                 gpus_per_node=spec.gpus_per_node, resources=wanted, run_dir=spec.run_dir,
                                 idle_seconds=idle_seconds, created_at=time.time())
+            rows[id(candidate)] = row
             self.store.put_allocation(row)  # before sbatch: the token makes a retry find the job
             devssh.remember_host_key(token, host_public_key)
             script = devscript.holder_submit_script(spec, idle_seconds, envs, task.setup, session_keys)
-            try:
-                result = await self.client.transport.run(candidate.cluster, script, timeout=30)
-                answer = parse_submit(result.stdout)
-            except ClusterError as exc:
-                devssh.forget_host_key(token)
-                dead.add(candidate.cluster)
-                tries.append((candidate.infra, str(exc)))
-                self.launcher.events.skipped(candidate.infra, str(exc))
-                continue
-            if not answer.accepted:
-                devssh.forget_host_key(token)
-                why = f"{candidate.cluster}: sbatch rejected the allocation: {answer.message}"
-                tries.append((candidate.infra, why))
-                self.launcher.events.skipped(candidate.infra, why)
-                continue
-            row.slurm_job_id = answer.slurm_job_id
-            self.store.put_allocation(row)
-            return row, True
-        self.store.delete_allocation(name)
-        raise CorralError("no cluster accepted the allocation (" + "; ".join(f"{i}: {w}" for i, w in tries) + ")")
+            result = await self.client.transport.run(candidate.cluster, script, timeout=30)
+            return parse_submit(result.stdout)
+
+        def skipped(candidate: Candidate, why: str) -> None:
+            if id(candidate) in rows:
+                devssh.forget_host_key(rows[id(candidate)].token)
+            self.launcher.events.skipped(candidate.infra, why)
+
+        failover = Failover()
+        accepted = await failover.first_accepting(feasible, submit, skipped)
+        if accepted is None:
+            self.store.delete_allocation(name)
+            raise CorralError(f"no cluster accepted the allocation ({failover.summary()})")
+        candidate, answer = accepted
+        row = rows[id(candidate)]
+        row.slurm_job_id = answer.slurm_job_id
+        self.store.put_allocation(row)
+        return row, True
 
     async def wait_ready(self, row: AllocationRow, timeout: float | None = None,
                          on_state: Callable[[AllocationStatus], None] = lambda s: None) -> AllocationStatus:

@@ -9,19 +9,20 @@ the same attempt finds it too and does not submit twice.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from corral.client import Client, ProbeOutcome
 from corral.errors import ClusterError, CorralError
-from corral.infra.slurm.jobs import SlurmJobs
+from corral.infra.slurm.jobs import SlurmJobs, SubmitResult
 from corral.infra.slurm.jobscript import SlurmJobSpec, new_token
 from corral.placement import Candidate, Plan, build_plan
 from corral.state import Store
@@ -50,6 +51,38 @@ class Submitted:
     slurm_job_id: str
     log_path: str
     tries: list[tuple[str, str]]  # (infra, why it was skipped)
+
+
+@dataclass
+class Failover:
+    """The walk along ranked candidates until one cluster's sbatch accepts. A rejection moves on to
+    the next candidate at once; an unreachable cluster is skipped with all its partitions (`dead` may
+    be shared by submissions running side by side)."""
+
+    dead: set[str] = field(default_factory=set)
+    tries: list[tuple[str, str]] = field(default_factory=list)  # (infra, why it was skipped)
+
+    async def first_accepting(self, candidates: list[Candidate],
+                              submit: Callable[[Candidate], Awaitable[SubmitResult]],
+                              skipped: Callable[[Candidate, str], None]) -> tuple[Candidate, SubmitResult] | None:
+        for candidate in candidates:
+            if candidate.cluster in self.dead:
+                continue
+            try:
+                result = await submit(candidate)
+            except ClusterError as exc:
+                self.dead.add(candidate.cluster)
+                why = str(exc)
+            else:
+                if result.accepted:
+                    return candidate, result
+                why = f"{candidate.cluster}: sbatch rejected the job: {result.message}"
+            self.tries.append((candidate.infra, why))
+            skipped(candidate, why)
+        return None
+
+    def summary(self) -> str:
+        return "; ".join(f"{infra}: {why}" for infra, why in self.tries)
 
 
 @dataclass
@@ -177,8 +210,8 @@ class Launcher:
                           num_jobs: int = 1) -> list[list[Submitted]]:
         """Launch several task files at once: one probe round trip per cluster for all of them, then
         their submissions side by side. Returns, per task, one entry per share."""
-        for task, source, base_dir in tasks:
-            resolved_envs(task, source)
+        envs = [resolved_envs(task, source) for task, source, _ in tasks]  # all checked before any is sent
+        for task, _, base_dir in tasks:
             self._check_local_files(task, base_dir or Path.cwd())
         outcomes = await self.probe_for([task for task, _, _ in tasks])
         plans = [await self.plan(task, predict="when_full", outcomes=outcomes) for task, _, _ in tasks]
@@ -187,16 +220,15 @@ class Launcher:
                 prefix = f"{source}: " if len(tasks) > 1 else ""
                 raise NoFeasibleClusterError(prefix + _no_candidate_message(plan))
         return list(await asyncio.gather(*(
-            self._launch_planned(task, source, plan, num_jobs, base_dir or Path.cwd())
-            for (task, source, base_dir), plan in zip(tasks, plans)
+            self._launch_planned(task, task_envs, plan, num_jobs, base_dir or Path.cwd())
+            for (task, _, base_dir), task_envs, plan in zip(tasks, envs, plans)
         )))
 
-    async def _launch_planned(self, task: Task, source: str, plan: Plan, num_jobs: int,
+    async def _launch_planned(self, task: Task, envs: dict[str, str], plan: Plan, num_jobs: int,
                               base: Path) -> list[Submitted]:
         """A sweep is split over the candidates that can start copies now, in rank order, and whatever
         is left goes to the best one; each share is one Slurm job array, so a 300-job sweep is a
         handful of sbatch calls, not 300."""
-        envs = resolved_envs(task, source)
         self.events.plan(plan)
         feasible = plan.feasible()
         if not feasible:
@@ -225,11 +257,11 @@ class Launcher:
                             options: AttemptOptions) -> Submitted:
         """Submit one share (one job, or one array), failing over along the ranked candidates."""
         job_ids = tuple(j.id for j in jobs)
-        order = [first] + [c for c in feasible if c is not first]
-        tries: list[tuple[str, str]] = []
-        for number, candidate in enumerate(order, start=options.first_number):
-            if candidate.cluster in dead:
-                continue
+        numbers = itertools.count(options.first_number)
+        tried: dict[int, tuple[SlurmJobSpec, list[AttemptRow]]] = {}  # by id(candidate)
+
+        async def submit(candidate: Candidate) -> SubmitResult:
+            number = next(numbers)
             token = new_token()
             spec = self.job_spec(task, candidate, token, job_ids, envs, first_rank=jobs[0].job_rank,
                                  num_jobs=jobs[0].num_jobs, options=options)
@@ -241,40 +273,36 @@ class Launcher:
                            array_index=i if spec.is_array else None)
                 for i, jid in enumerate(job_ids)
             ]
+            tried[id(candidate)] = (spec, attempts)
             self.store.add_jobs([], attempts)
-            try:
-                await self._sync_files(task, candidate.cluster, spec, base)
-                result = await SlurmJobs(candidate.cluster, self.client.transport).submit(spec)
-            except ClusterError as exc:
-                dead.add(candidate.cluster)
-                self._skip(attempts, tries, candidate, str(exc))
-                continue
-            if not result.accepted:
-                self._skip(attempts, tries, candidate,
-                           f"{candidate.cluster}: sbatch rejected the job: {result.message}")
-                continue
-            if os.environ.get(CRASH_HOOK_ENV):
-                os._exit(137)
-            assert result.slurm_job_id is not None
-            now = time.time()
-            self.store.update_attempts({
-                a.token: {"slurm_job_id": result.slurm_job_id if not spec.is_array
-                          else f"{result.slurm_job_id}_{a.array_index}",
-                          "state": "PENDING", "submitted_at": now}
-                for a in attempts
-            })
-            submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.slurm_job_id,
-                                  spec.log_path(0 if spec.is_array else None), tries)
-            self.events.submitted(submitted)
-            return submitted
-        details = "; ".join(f"{infra}: {why}" for infra, why in tries)
-        raise LaunchFailedError(f"no cluster accepted the job ({details})")
+            await self._sync_files(task, candidate.cluster, spec, base)
+            return await SlurmJobs(candidate.cluster, self.client.transport).submit(spec)
 
-    def _skip(self, attempts: list[AttemptRow], tries: list[tuple[str, str]], candidate: Candidate,
-              why: str) -> None:
-        self._mark(attempts, state="SUBMIT_FAILED", reason=why, ended_at=time.time())
-        tries.append((candidate.infra, why))
-        self.events.skipped(candidate.infra, why)
+        def skipped(candidate: Candidate, why: str) -> None:
+            if id(candidate) in tried:
+                self._mark(tried[id(candidate)][1], state="SUBMIT_FAILED", reason=why, ended_at=time.time())
+            self.events.skipped(candidate.infra, why)
+
+        failover = Failover(dead)
+        accepted = await failover.first_accepting([first] + [c for c in feasible if c is not first], submit, skipped)
+        if accepted is None:
+            raise LaunchFailedError(f"no cluster accepted the job ({failover.summary()})")
+        candidate, result = accepted
+        spec, attempts = tried[id(candidate)]
+        if os.environ.get(CRASH_HOOK_ENV):
+            os._exit(137)
+        assert result.slurm_job_id is not None
+        now = time.time()
+        self.store.update_attempts({
+            a.token: {"slurm_job_id": result.slurm_job_id if not spec.is_array
+                      else f"{result.slurm_job_id}_{a.array_index}",
+                      "state": "PENDING", "submitted_at": now}
+            for a in attempts
+        })
+        submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.slurm_job_id,
+                              spec.log_path(0 if spec.is_array else None), failover.tries)
+        self.events.submitted(submitted)
+        return submitted
 
     def _mark(self, attempts: list[AttemptRow], **fields: object) -> None:
         self.store.update_attempts({a.token: dict(fields) for a in attempts})
