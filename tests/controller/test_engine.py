@@ -1,0 +1,49 @@
+"""The controller's tick in-process on the real testbed: what it costs in SSH round trips."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import yaml
+
+from tests.conftest import wait_for
+from tests.helpers import job_state, ssh_login
+
+
+def test_pending_jobs_cost_a_bounded_number_of_round_trips(corral_env, testbed):
+    from corral import managed
+    from corral.client import Client
+    from corral.controller.engine import Controller, ControllerSettings
+    from corral.state import open_store
+    from corral.task import parse_task
+
+    config = testbed.cluster_config
+    blockers = {"alpine": ssh_login(config, "alpine", "sbatch --parsable -p gpu -N2 -t 60 "
+                                    "--gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'").strip(),
+                "borealis": ssh_login(config, "borealis", "sbatch --parsable -p h100-cluster -N2 -t 600 "
+                                      "--gres=gpu:H100:8 --wrap 'sleep 900'").strip()}
+    try:
+        for cluster, job in blockers.items():
+            wait_for(f"{cluster} to be full", lambda c=cluster, j=job: job_state(config, c, j) == "RUNNING")
+        store = open_store()
+        task = parse_task(yaml.safe_load("resources:\n  accelerators: H100:4\nrun: 'true'\n"), "test")
+        managed.record(store, task, "test", 40)
+        controller = Controller(Client(), store, "test", ControllerSettings(reroute_after=0, predict_interval=3600))
+        first = asyncio.run(controller.tick())
+        assert first.submitted == 40
+        # Pending everywhere, nowhere can start them: each tick is one status query per cluster with jobs
+        # and one probe per cluster; the first of these also predicts start times (one round trip per
+        # cluster for all 40 jobs), the next does not (predict_interval). None of it grows with the jobs.
+        predicting = asyncio.run(controller.tick())
+        quiet = asyncio.run(controller.tick())
+        clusters_with_jobs = {v.latest.cluster for v in managed.views(store) if v.latest}
+        assert clusters_with_jobs <= {"alpine", "borealis"}
+        for cluster in clusters_with_jobs:
+            assert quiet.round_trips[cluster] == 2, quiet.round_trips  # status + probe
+            assert predicting.round_trips[cluster] == 3, predicting.round_trips  # + sbatch --test-only
+        assert quiet.round_trips.get("cirrus", 0) <= 1 and predicting.round_trips.get("cirrus", 0) <= 1
+        assert predicting.moved == quiet.moved == 0  # the other cluster is 10 h away: no margin to move
+    finally:
+        for cluster in blockers:
+            subprocess.run(["ssh", "-F", str(config), cluster, "scancel -u corral-test"], capture_output=True)
