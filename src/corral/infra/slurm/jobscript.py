@@ -225,15 +225,20 @@ def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None, job_n
         + f"existing=$({find})\n"
         + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
         # A controller that refuses jobs (job table full at MaxJobCount, or overloaded) makes sbatch
-        # sleep and retry for minutes; seen at once, that is a rejection and the job fails over. The
-        # job may have got in on a retry before sbatch was stopped: its name says so.
-        + 'sbatch --parsable job.sbatch >"$d/sbatch.out" 2>"$d/sbatch.err" & pid=$!\n'
-        + "busy=\n"
-        + 'while kill -0 "$pid" 2>/dev/null; do\n'
-        + f'  if grep -qs "{SBATCH_BUSY}" "$d/sbatch.err"; then busy=1; kill "$pid" 2>/dev/null; break; fi\n'
-        + "  sleep 0.02\n"
+        # sleep and retry for minutes; seen at once (sbatch's stderr is read as it comes), that is a
+        # rejection and the job fails over. The job may have got in on a retry before sbatch was
+        # stopped: its name says so.
+        + 'exec 3< <(sbatch --parsable job.sbatch 2>&1 >"$d/sbatch.out" & echo "@@pid $!"; wait $!; echo "@@rc $?")\n'
+        + 'rc=1; busy=; pid=; : > "$d/sbatch.err"\n'
+        + "while IFS= read -r line <&3; do\n"
+        + '  case "$line" in\n'
+        + '    "@@pid "*) pid=${line#@@pid }; if [ -n "$busy" ]; then kill "$pid" 2>/dev/null; fi ;;\n'
+        + '    "@@rc "*) rc=${line#@@rc } ;;\n'
+        + f'    *"{SBATCH_BUSY}"*) busy=1; printf \'%s\\n\' "$line" >> "$d/sbatch.err"; kill "$pid" 2>/dev/null ;;\n'
+        + '    *) printf \'%s\\n\' "$line" >> "$d/sbatch.err" ;;\n'
+        + "  esac\n"
         + "done\n"
-        + 'wait "$pid"; rc=$?\n'
+        + "exec 3<&-\n"
         + 'if [ -n "$busy" ]; then\n'
         + f"  existing=$({find})\n"
         + '  if [ -n "$existing" ]; then echo "@@corral submitted $existing new"; else '
