@@ -33,6 +33,8 @@ Prediction = Literal["all", "when_full", "never"]
 
 MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
+# Tests only: on this cluster, sbatch's answer is lost after Slurm accepted the job (a dropped connection).
+LOST_ANSWER_HOOK_ENV = "CORRAL_TEST_LOSE_SUBMIT_ANSWER"
 
 
 class NoFeasibleClusterError(CorralError):
@@ -276,7 +278,10 @@ class Launcher:
             tried[id(candidate)] = (spec, attempts)
             self.store.add_jobs([], attempts)
             await self._sync_files(task, candidate.cluster, spec, base)
-            return await SlurmJobs(candidate.cluster, self.client.transport).submit(spec)
+            result = await SlurmJobs(candidate.cluster, self.client.transport).submit(spec)
+            if result.accepted and os.environ.get(LOST_ANSWER_HOOK_ENV) == candidate.cluster:
+                raise ClusterError(candidate.cluster, "no answer (test hook: the answer was lost)")
+            return result
 
         def skipped(candidate: Candidate, why: str) -> None:
             if id(candidate) in tried:

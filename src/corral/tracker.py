@@ -4,6 +4,11 @@ A refresh costs one SSH round trip per cluster that has live jobs, whatever thei
 `squeue --me` for all of the user's jobs (plus `sacct`, in the same script, for jobs squeue has
 forgotten on sites with accounting). Jobs are matched to attempts by their Slurm job name
 (`corral-<token>`), which is also how a submission interrupted before its id was recorded is found.
+
+The same answer catches orphans: a job Slurm runs under the token of an attempt Corral holds as
+failed to submit (its submission got no answer, so the job went on elsewhere) or cancelled (a cancel
+crossed a start) is cancelled, so that a lost answer never makes a job run twice. Clusters where a submission failed in
+the last hour are queried for that, even with no live job there.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from corral.client import Client
 from corral.errors import CorralError
@@ -21,12 +26,15 @@ from corral.state.models import AttemptRow
 from corral.state.store import TERMINAL_STATES, JobView
 
 SUBMIT_GRACE_SECONDS = 120  # an attempt still SUBMITTING after this, and unknown to Slurm, never got there
+ORPHAN_WATCH_SECONDS = 3600  # how long a cluster where a submission failed is watched for orphans
+LIVE = ("PENDING", "STARTING", "RUNNING")
 
 
 @dataclass(frozen=True)
 class RefreshReport:
     errors: dict[str, str]  # cluster -> why it could not be refreshed
     round_trips: dict[str, int]
+    reaped: dict[str, list[str]] = field(default_factory=dict)  # cluster -> Slurm ids of orphans cancelled
 
 
 class Tracker:
@@ -39,8 +47,11 @@ class Tracker:
         by_cluster: dict[str, list[AttemptRow]] = {}
         for attempt in active:
             by_cluster.setdefault(attempt.cluster, []).append(attempt)
+        for attempt in self.store.failed_submissions(since=time.time() - ORPHAN_WATCH_SECONDS):
+            by_cluster.setdefault(attempt.cluster, [])
         known = set(self.client.registry.names())
         errors: dict[str, str] = {}
+        reaped: dict[str, list[str]] = {}
         before = dict(self.client.transport.round_trips)
 
         async def one(cluster: str, attempts: list[AttemptRow]) -> None:
@@ -54,11 +65,38 @@ class Tracker:
                 errors[cluster] = str(exc)
                 return
             self.store.update_attempts(_updates(attempts, statuses))
+            try:
+                cancelled = await self._reap(cluster, attempts, statuses)
+            except CorralError as exc:
+                errors[cluster] = f"could not cancel an orphaned job: {exc}"
+                return
+            if cancelled:
+                reaped[cluster] = cancelled
 
         await asyncio.gather(*(one(c, a) for c, a in by_cluster.items()))
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
-        return RefreshReport(errors, trips)
+        return RefreshReport(errors, trips, reaped)
+
+    async def _reap(self, cluster: str, attempts: list[AttemptRow], statuses: list[JobStatus]) -> list[str]:
+        """Cancel live Slurm jobs whose attempt Corral holds as ended; returns their Slurm ids."""
+        live = {_attempt_key(s): s for s in statuses if s.token and s.state in LIVE}
+        for attempt in attempts:
+            live.pop(attempt.token, None)
+        if not live:
+            return []
+        # Only what Corral decided must not run; a FAILED job that Slurm requeued is Slurm's business.
+        orphans = [a for a in self.store.attempts_by_token(list(live)) if a.state in ("SUBMIT_FAILED", "CANCELLED")]
+        if not orphans:
+            return []  # in flight from another process, or not this store's job
+        ids = [live[a.token].slurm_job_id for a in orphans]
+        await SlurmJobs(cluster, self.client.transport).cancel(ids)
+        self.store.update_attempts({
+            a.token: {"slurm_job_id": live[a.token].slurm_job_id,
+                      "reason": f"{a.reason or a.state}; Slurm had the job after all, running on its own: "
+                                "cancelled it there"}
+            for a in orphans})
+        return ids
 
     async def cancel(self, views: list[JobView]) -> list[JobView]:
         """Cancel live jobs (one scancel per cluster); returns those that were live."""
@@ -85,13 +123,15 @@ class Tracker:
         await self.client.transport.stream(attempt.cluster, script, on_output)
 
 
+def _attempt_key(status: JobStatus) -> str:
+    """The attempt token a Slurm job stands for: its name's token, plus the array index for array tasks."""
+    index = status.slurm_job_id.partition("_")[2]
+    return f"{status.token}.{index}" if index else status.token or ""
+
+
 def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str, dict[str, object]]:
     by_id = {s.slurm_job_id: s for s in statuses}
-    by_name: dict[str, JobStatus] = {}
-    for status in statuses:
-        if status.token:
-            index = status.slurm_job_id.partition("_")[2]
-            by_name[f"{status.token}.{index}" if index else status.token] = status
+    by_name = {_attempt_key(s): s for s in statuses if s.token}
     now = time.time()
     updates: dict[str, dict[str, object]] = {}
     for attempt in attempts:

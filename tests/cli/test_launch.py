@@ -217,6 +217,24 @@ def test_crash_between_sbatch_and_the_database_write(corral, corral_env, testbed
     assert len(corral_jobs) == 1 and corral_jobs[0].split()[0] == job["slurm_job_id"]
 
 
+def test_a_lost_submit_answer_never_runs_the_job_twice(corral, corral_env, testbed, clean_queues):
+    # alpine accepts the job but its answer is lost (a dropped connection): Corral fails over to
+    # another cluster. The copy alpine holds is an orphan; the next refresh finds it and cancels it.
+    config = testbed.cluster_config
+    lost = corral("launch", "-d", "--json", "--cpus", "1", "--", "sleep 600",
+                  env={**corral_env, "CORRAL_TEST_LOSE_SUBMIT_ANSWER": "alpine"})
+    assert lost.exit_code == 0, lost.stderr
+    submitted = lost.json()
+    assert submitted["cluster"] != "alpine"
+    assert any(s["infra"].startswith("slurm/alpine/") and "the answer was lost" in s["reason"]
+               for s in submitted["skipped"])
+    orphan = ssh_login(config, "alpine", "squeue -h --me -o '%i %j'").split()
+    assert len(orphan) == 2 and orphan[1].startswith("corral-")  # Slurm did take it
+    listed = queue(corral)  # a refresh: alpine is watched because a submission there failed
+    assert [j["cluster"] for j in listed.values()] == [submitted["cluster"]]
+    assert job_state(config, "alpine", orphan[0]) == "CANCELLED"
+
+
 def test_values_arrive_byte_for_byte_through_slurm(corral, testbed, clean_queues):
     awkward = "it's a \"test\" $(whoami) `id` \\ $HOME\nsecond line\ttab ünïcode"
     result = corral("launch", "--infra", "slurm/alpine/cpu", "--env", f"AWKWARD={awkward}", "-n", "name $(x) 'q'",

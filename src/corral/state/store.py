@@ -184,6 +184,17 @@ class Store:
         with self.session() as s:
             return {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(list(job_ids))))}
 
+    def attempts_by_token(self, tokens: list[str]) -> list[AttemptRow]:
+        with self.session() as s:
+            return [a for chunk in _chunks(tokens, 5000)
+                    for a in s.scalars(select(AttemptRow).where(AttemptRow.token.in_(chunk)))]
+
+    def failed_submissions(self, since: float) -> list[AttemptRow]:
+        """Attempts whose submission failed since `since`: Slurm may have some after all (a lost answer)."""
+        with self.session() as s:
+            return list(s.scalars(select(AttemptRow).where(AttemptRow.state == "SUBMIT_FAILED",
+                                                           AttemptRow.ended_at >= since)))
+
     def attempts_of(self, job_ids: Iterable[str]) -> dict[str, list[AttemptRow]]:
         with self.session() as s:
             rows = s.scalars(select(AttemptRow).where(AttemptRow.job_id.in_(list(job_ids)))
