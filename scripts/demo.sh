@@ -19,10 +19,12 @@ corral queue
 corral launch -c demo-dev --gpus H100:1 --num-nodes 2 --idle-minutes 5
 corral exec demo-dev -- 'echo "exec on $(hostname), rank $CORRAL_NODE_RANK"'
 corral ssh demo-dev -- hostname
+ssh -F "${CORRAL_HOME:-$HOME/.corral}/ssh_config" demo-dev 'echo "plain ssh (as editors use it) on $(hostname), job $SLURM_JOB_ID"'
 corral status
 corral down demo-dev
 job=$(corral jobs launch -n demo-managed --gpus gpu:1 -- 'echo "managed attempt $CORRAL_ATTEMPT on $CORRAL_CLUSTER"')
 for i in $(seq 60); do corral jobs events "$job" | grep -q SUCCEEDED && break; sleep 1; done
 corral jobs events "$job"
 corral jobs logs "$job"
+corral server status
 corral server stop
