@@ -33,3 +33,21 @@ def option(block: str, key: str) -> str:
         if parts and parts[0] == key:
             return parts[1]
     raise KeyError(key)
+
+
+# Every H100 of alpine taken for 1 h and every H100 of borealis for 10 h, by jobs submitted outside
+# Corral: nothing can start an H100 job now, and alpine is predicted to start one first.
+H100_BLOCKERS = {
+    "alpine": "sbatch --parsable -p gpu -N2 -t 60 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'",
+    "borealis": "sbatch --parsable -p h100-cluster -N2 -t 600 --gres=gpu:H100:8 --wrap 'sleep 900'",
+}
+
+
+def fill_h100s(config: Path) -> dict[str, str]:
+    """Submit the H100 blockers and wait until they run; returns their Slurm ids by cluster."""
+    from tests.conftest import wait_for
+
+    blockers = {cluster: ssh_login(config, cluster, command).strip() for cluster, command in H100_BLOCKERS.items()}
+    for cluster, job in blockers.items():
+        wait_for(f"{cluster} to be full", lambda c=cluster, j=job: job_state(config, c, j) == "RUNNING")
+    return blockers

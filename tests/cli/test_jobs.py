@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from tests.conftest import wait_for
-from tests.helpers import job_state, ssh_login
+from tests.helpers import fill_h100s, job_state, ssh_login
 
 FAST = {"CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_GRACE_SECONDS": "6",
         "CORRAL_CONTROLLER_REROUTE_AFTER": "2", "CORRAL_CONTROLLER_REROUTE_COOLDOWN": "60"}
@@ -125,12 +125,7 @@ def test_node_failure_resumes_from_the_checkpoint(corral, env, testbed, tmp_path
 
 def test_pending_job_moves_to_the_cluster_that_frees_up(corral, env, testbed, tmp_path):
     config = testbed.cluster_config
-    blocker_a = ssh_login(config, "alpine", "sbatch --parsable -p gpu -N2 -t 60 "
-                                            "--gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'").strip()
-    blocker_b = ssh_login(config, "borealis", "sbatch --parsable -p h100-cluster -N2 -t 600 "
-                                              "--gres=gpu:H100:8 --wrap 'sleep 900'").strip()
-    for cluster, blocker in (("alpine", blocker_a), ("borealis", blocker_b)):
-        wait_for(f"{cluster} to be full", lambda c=cluster, b=blocker: job_state(config, c, b) == "RUNNING")
+    blocker_b = fill_h100s(config)["borealis"]
     task = tmp_path / "moving.yaml"
     task.write_text("name: moving\nresources:\n  ordered:\n    - {accelerators: 'H100:4', infra: slurm/alpine}\n"
                     "    - {accelerators: 'H100:4', infra: slurm/borealis}\nrun: echo ran on $CORRAL_CLUSTER\n")
@@ -152,12 +147,7 @@ def test_pending_job_moves_to_the_cluster_that_frees_up(corral, env, testbed, tm
 
 def test_pending_job_moves_to_the_cluster_predicted_to_start_it_much_sooner(corral, env, testbed, tmp_path):
     config = testbed.cluster_config
-    blocker_a = ssh_login(config, "alpine", "sbatch --parsable -p gpu -N2 -t 60 "
-                                            "--gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'").strip()
-    blocker_b = ssh_login(config, "borealis", "sbatch --parsable -p h100-cluster -N2 -t 600 "
-                                              "--gres=gpu:H100:8 --wrap 'sleep 900'").strip()
-    for cluster, blocker in (("alpine", blocker_a), ("borealis", blocker_b)):
-        wait_for(f"{cluster} to be full", lambda c=cluster, b=blocker: job_state(config, c, b) == "RUNNING")
+    blocker_b = fill_h100s(config)["borealis"]
     task = tmp_path / "predicted.yaml"
     task.write_text("name: predicted\nresources:\n  accelerators: 'H100:4'\nrun: echo ran\n")
     fast = {**env, "CORRAL_CONTROLLER_PREDICT_INTERVAL": "2"}

@@ -7,8 +7,7 @@ import subprocess
 
 import yaml
 
-from tests.conftest import wait_for
-from tests.helpers import job_state, ssh_login
+from tests.helpers import H100_BLOCKERS, fill_h100s
 
 
 def test_pending_jobs_cost_a_bounded_number_of_round_trips(corral_env, testbed):
@@ -19,13 +18,8 @@ def test_pending_jobs_cost_a_bounded_number_of_round_trips(corral_env, testbed):
     from corral.task import parse_task
 
     config = testbed.cluster_config
-    blockers = {"alpine": ssh_login(config, "alpine", "sbatch --parsable -p gpu -N2 -t 60 "
-                                    "--gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'").strip(),
-                "borealis": ssh_login(config, "borealis", "sbatch --parsable -p h100-cluster -N2 -t 600 "
-                                      "--gres=gpu:H100:8 --wrap 'sleep 900'").strip()}
     try:
-        for cluster, job in blockers.items():
-            wait_for(f"{cluster} to be full", lambda c=cluster, j=job: job_state(config, c, j) == "RUNNING")
+        fill_h100s(config)
         store = open_store()
         task = parse_task(yaml.safe_load("resources:\n  accelerators: H100:4\nrun: 'true'\n"), "test")
         managed.record(store, task, "test", 40)
@@ -45,5 +39,5 @@ def test_pending_jobs_cost_a_bounded_number_of_round_trips(corral_env, testbed):
         assert quiet.round_trips.get("cirrus", 0) <= 1 and predicting.round_trips.get("cirrus", 0) <= 1
         assert predicting.moved == quiet.moved == 0  # the other cluster is 10 h away: no margin to move
     finally:
-        for cluster in blockers:
+        for cluster in H100_BLOCKERS:
             subprocess.run(["ssh", "-F", str(config), cluster, "scancel -u corral-test"], capture_output=True)

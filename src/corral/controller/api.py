@@ -33,7 +33,8 @@ class TickFigures:
 
 @dataclass
 class ControllerStatus:
-    """What the loop shares with the API (both run on one event loop: no locking needed)."""
+    """What the loop shares with the API. Both run on one event loop (the endpoints are `async def`,
+    so Starlette does not move them to threads): no locking needed, and `wake` is an asyncio.Event."""
 
     pid: int
     holder: str
@@ -47,29 +48,29 @@ class ControllerStatus:
 def create_app(status: ControllerStatus, store: Store, token: str) -> FastAPI:
     app = FastAPI(title="Corral controller", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def authorized(authorization: str = Header(default="")) -> None:
+    async def authorized(authorization: str = Header(default="")) -> None:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
             raise HTTPException(status_code=401, detail="missing or wrong token (see controller.json)")
 
     @app.get("/health", dependencies=[Depends(authorized)])
-    def health() -> dict[str, object]:
+    async def health() -> dict[str, object]:
         return {"pid": status.pid, "holder": status.holder, "started_at": status.started_at,
                 "uptime_seconds": round(time.time() - status.started_at, 3), "interval": status.interval,
                 "ticks": status.ticks, "last_tick": asdict(status.last_tick) if status.last_tick else None}
 
     @app.post("/wake", dependencies=[Depends(authorized)])
-    def wake() -> dict[str, object]:
+    async def wake() -> dict[str, object]:
         status.wake.set()
         return {"woken": True, "ticks": status.ticks}
 
     @app.get("/jobs", dependencies=[Depends(authorized)])
-    def jobs(all: bool = False) -> list[dict[str, object]]:
+    async def jobs(all: bool = False) -> list[dict[str, object]]:
         views = managed.views(store)
         return [v.to_json() for v in views if all or v.managed.state not in MANAGED_TERMINAL]
 
     @app.get("/jobs/{job_id}", dependencies=[Depends(authorized)])
-    def job(job_id: str) -> dict[str, object]:
+    async def job(job_id: str) -> dict[str, object]:
         try:
             view = managed.resolve(store, job_id)
         except JobNotFoundError as exc:

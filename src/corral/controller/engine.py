@@ -306,8 +306,8 @@ class Controller:
         every candidate, one round trip per cluster for all tasks) are made per task at most every
         `predict_interval` seconds, for at most `max_predicted_tasks` tasks per tick. A job moves only
         when the best alternative beats its current start by `reroute_margin` seconds and by
-        `reroute_margin_fraction` of its current wait, and only one job per task and target per
-        prediction: the next prediction sees the jobs already moved there."""
+        `reroute_margin_fraction` of its current wait, and only one job per task per prediction: the
+        next prediction sees the job already moved."""
         tasks: dict[str, Task] = {}
         for _m, job, _current, task in waiting:
             tasks.setdefault(job.task_json, task)
@@ -319,7 +319,6 @@ class Controller:
             for key, (_task, plan) in zip(due, fresh):
                 self._predictions[key] = (now, plan)
         moved = 0
-        moved_to: set[tuple[str, str, str]] = set()
         for m, job, current, task in waiting:
             cached = self._predictions.get(job.task_json)
             if cached is None:
@@ -327,7 +326,9 @@ class Controller:
             plan = cached[1]
             here = _candidate_at(plan, current)
             here_start = current.expected_start or (here.predicted_start if here else None)
-            alternatives = [c for c in plan.feasible() if c.predicted_start is not None and c.cluster not in avoid
+            # Places that can start it now are the first rule's, with this tick's capacity count.
+            alternatives = [c for c in plan.feasible() if c.predicted_start is not None and not c.startable_now
+                            and c.cluster not in avoid
                             and (c.cluster, c.partition) != (current.cluster, current.partition)]
             if here_start is None or not alternatives:
                 continue
@@ -335,16 +336,13 @@ class Controller:
             gain = here_start - (best.predicted_start or math.inf)
             if gain < self.settings.margin(here_start, now):
                 continue
-            target = (job.task_json, best.cluster, best.partition)
-            if target in moved_to:
-                continue
             why = (f"re-routed to {best.infra}: predicted to start there at {_clock(best.predicted_start)}, "
                    f"{_duration(gain)} sooner than on {current.cluster} ({_clock(here_start)}, "
                    f"{current.reason or 'pending'})")
             if await self._move(m, job, current, task, best, attempts, why):
                 moved += 1
-                moved_to.add(target)
-                self._predictions.pop(job.task_json, None)  # re-predict with the moved job in its new queue
+                # One move per task per prediction: the next one sees the moved job in its new queue.
+                self._predictions.pop(job.task_json, None)
         return moved
 
     async def _move(self, m: ManagedJobRow, job: JobRow, current: AttemptRow, task: Task, target: Candidate,
