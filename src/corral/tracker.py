@@ -6,9 +6,9 @@ forgotten on sites with accounting). Jobs are matched to attempts by their Slurm
 (`corral-<token>`), which is also how a submission interrupted before its id was recorded is found.
 
 The same answer catches orphans: a job Slurm runs under the token of an attempt Corral holds as
-failed to submit (its submission got no answer, so the job went on elsewhere) or cancelled (a cancel
-crossed a start) is cancelled, so that a lost answer never makes a job run twice. Clusters where a submission failed in
-the last hour are queried for that, even with no live job there.
+failed to submit (its submission got no answer, so the job went on elsewhere) or cancelled (a
+cancel crossed a start) is cancelled, so that a lost answer never makes a job run twice. Clusters
+where a submission failed in the last hour are queried for that, even with no live job there.
 """
 
 from __future__ import annotations

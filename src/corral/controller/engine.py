@@ -96,8 +96,8 @@ class Controller:
         self.holder = holder
         self.settings = settings or ControllerSettings()
         self.launcher = Launcher(client, store, LaunchEvents())
-        self._predictions: dict[str, tuple[float, Plan]] = {}
-        self._changes: list[tuple[str, str | None, str | None, dict[str, object]]] = []  # task JSON -> (when, plan with predicted starts)
+        self._predictions: dict[str, tuple[float, Plan]] = {}  # task JSON -> (when, plan with predicted starts)
+        self._changes: list[tuple[str, str | None, str | None, dict[str, object]]] = []  # written once per tick
 
     async def tick(self) -> TickReport:
         if not self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds):
