@@ -41,3 +41,13 @@ def test_pending_jobs_cost_a_bounded_number_of_round_trips(corral_env, testbed):
     finally:
         for cluster in H100_BLOCKERS:
             subprocess.run(["ssh", "-F", str(config), cluster, "scancel -u corral-test"], capture_output=True)
+
+
+def test_a_predicted_move_needs_a_margin_that_grows_with_the_wait():
+    from corral.controller.engine import ControllerSettings
+
+    settings = ControllerSettings()  # at least 300 s, and 20 % of the wait
+    assert settings.margin(here_start=1000 + 600, now=1000) == 300  # 10 min away: 5 min sooner needed
+    assert settings.margin(here_start=1000 + 3600, now=1000) == 720  # 1 h away: 12 min
+    assert settings.margin(here_start=1000 + 36000, now=1000) == 7200  # 10 h away: 2 h
+    assert settings.margin(here_start=900, now=1000) == 300  # an estimate already past
