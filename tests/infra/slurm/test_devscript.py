@@ -1,5 +1,7 @@
 """What a dev allocation sends to Slurm (golden file) and how its status is read."""
 
+import shlex
+
 import pytest
 
 from corral.dev import _parse_status
@@ -17,7 +19,9 @@ def test_session_proxy_script():
 
 
 def test_session_proxy_command_is_validated_and_quoted():
-    assert session_proxy_command("dev", "42", "b1", ".corral/runs/a b") == (
+    command = session_proxy_command("dev", "42", "b1", ".corral/runs/a b")  # run by bash, whatever the login shell
+    assert shlex.split(command)[:2] == ["bash", "-c"] and len(shlex.split(command)) == 3
+    assert shlex.split(command)[2] == (
         'if [ "$(squeue -h -j 42 -o %T 2>/dev/null)" != RUNNING ]; then echo \'corral: dev allocation dev (Slurm job '
         "42) is not running; see `corral status dev`' >&2; exit 1; fi; "
         "exec srun -u --jobid=42 --overlap --nodes=1 --ntasks=1 -w b1 bash \"$HOME\"/'.corral/runs/a b'/sshd/proxy.sh")

@@ -145,9 +145,10 @@ def session_proxy_command(name: str, job_id: str, head_node: str, run_dir: str) 
         raise ValueError(f"not a node name: {head_node!r}")
     gone = shlex.quote(f"corral: dev allocation {name} (Slurm job {job_id}) is not running; see `corral status {name}`")
     # -u: unbuffered step I/O, or slurmstepd holds SSH packets back waiting for a newline.
-    return (f'if [ "$(squeue -h -j {job_id} -o %T 2>/dev/null)" != RUNNING ]; then echo {gone} >&2; exit 1; fi; '
-            f"exec srun -u --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node} "
-            f'bash "$HOME"/{shlex.quote(run_dir)}/{SESSION_DIR}/proxy.sh')
+    script = (f'if [ "$(squeue -h -j {job_id} -o %T 2>/dev/null)" != RUNNING ]; then echo {gone} >&2; exit 1; fi; '
+              f"exec srun -u --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node} "
+              f'bash "$HOME"/{shlex.quote(run_dir)}/{SESSION_DIR}/proxy.sh')
+    return f"bash -c {shlex.quote(script)}"  # whatever the user's login shell is
 
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
