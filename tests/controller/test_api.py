@@ -24,6 +24,21 @@ def slow_controller(corral_env):
     subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env=env, capture_output=True)
 
 
+# Runs the CLI in-process with sys.argv[1:], then says whether SQLAlchemy was imported.
+LOADS_SQLALCHEMY = """
+import sys
+from corral.cli.main import cli
+try:
+    cli(sys.argv[1:], prog_name="corral")
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+print("sqlalchemy loaded:", "sqlalchemy" in sys.modules, file=sys.stderr)
+sys.exit(code)
+"""
+
+
 def request(endpoint: dict, path: str, method: str = "GET", token: str | None = None) -> tuple[int, object]:
     headers = {"Authorization": f"Bearer {endpoint['token'] if token is None else token}"}
     req = urllib.request.Request(f"http://127.0.0.1:{endpoint['port']}{path}", method=method, headers=headers)
@@ -62,8 +77,21 @@ def test_api_on_loopback_with_a_token(corral, slow_controller):
     status = corral("server", "status", "--json", env=env).json()
     assert status["running"] and status["ticks"] >= ticks + 1 and status["lease"]["holder"].endswith(
         f":{endpoint['pid']}")
+    # While it runs, `jobs queue` and `server status` are answered by it: the CLI process loads
+    # neither the engine nor the database, and prints what the store would give.
+    light = subprocess.run([sys.executable, "-c", LOADS_SQLALCHEMY, "jobs", "queue", "--json", "--all"], env=env,
+                           capture_output=True, text=True, timeout=30)
+    assert light.returncode == 0, light.stderr
+    assert light.stderr.strip() == "sqlalchemy loaded: False"
+    via_api = json.loads(light.stdout)
+    status_light = subprocess.run([sys.executable, "-c", LOADS_SQLALCHEMY, "server", "status"], env=env,
+                                  capture_output=True, text=True, timeout=30)
+    assert status_light.stderr.strip() == "sqlalchemy loaded: False" and "ticks" in status_light.stdout
     corral("jobs", "cancel", job_id, env=env)
     assert corral("server", "stop", env=env).exit_code == 0
+    from_store = corral("jobs", "queue", "--json", "--all", env=env).json()
+    assert [(j["job_id"], j["name"], j["attempts"]) for j in via_api] == \
+           [(j["job_id"], j["name"], j["attempts"]) for j in from_store]
     assert not path.exists()
     stopped = corral("server", "status", env=env)
     assert stopped.exit_code == 1 and stopped.stdout.strip() == "controller not running"

@@ -460,19 +460,21 @@ def server_status(as_json: bool) -> None:
     import time
 
     from corral.controller import server as controller
-    from corral.controller.engine import LEASE
-    from corral.state import open_store
 
-    lease = open_store().lease(LEASE)
-    try:
+    try:  # answered by the controller: this process loads neither the engine nor the database
         health = controller.call("/health")
+        lease = health["lease"]
     except controller.ControllerUnavailable as exc:
+        from corral.controller.engine import LEASE
+        from corral.state import open_store
+
         health = None
         pid = controller.running_pid()
         problem = f"pid {pid} runs, but {exc}" if pid else "not running"
+        row = open_store().lease(LEASE)
+        lease = {"holder": row.holder, "expires_at": row.expires_at} if row else None
     if as_json:
-        _print_json({"running": health is not None, **(health or {"problem": problem}),
-                     "lease": {"holder": lease.holder, "expires_at": lease.expires_at} if lease else None})
+        _print_json({"running": health is not None, **(health or {"problem": problem}), "lease": lease})
     elif health is None:
         click.echo(f"controller {problem}")
     else:
@@ -484,7 +486,7 @@ def server_status(as_json: bool) -> None:
                        f"{last['seconds']:.3f}s, SSH calls {last['round_trips'] or {}}"
                        + (f", errors {last['errors']}" if last["errors"] else ""))
         if lease:
-            click.echo(f"lease held by {lease.holder} for {max(0, lease.expires_at - time.time()):.0f}s more")
+            click.echo(f"lease held by {lease['holder']} for {max(0, lease['expires_at'] - time.time()):.0f}s more")
     if health is None:
         sys.exit(1)
 
@@ -536,20 +538,22 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
 @_reports_errors
 def jobs_queue(as_json: bool, show_all: bool) -> None:
     """Managed jobs with their state, attempts and reason (as of the controller's last tick)."""
-    from corral import managed
-    from corral.state import open_store
+    from corral.cli.managed_table import render_managed
+    from corral.controller import server
 
-    from corral.state.store import MANAGED_TERMINAL
+    try:  # the running controller answers without this process loading the engine and the database
+        rows = server.call("/jobs" + ("?all=true" if show_all else ""))
+    except server.ControllerUnavailable:
+        from corral import managed
+        from corral.state import open_store
+        from corral.state.store import MANAGED_TERMINAL
 
-    views = managed.views(open_store())
-    if not show_all:
-        views = [v for v in views if v.managed.state not in MANAGED_TERMINAL]
+        views = managed.views(open_store())
+        rows = [v.to_json() for v in views if show_all or v.managed.state not in MANAGED_TERMINAL]
     if as_json:
-        _print_json([v.to_json() for v in views])
+        _print_json(rows)
     else:
-        from corral.cli.render import render_managed
-
-        render_managed(views)
+        render_managed(rows)
 
 
 @jobs.command(name="logs")

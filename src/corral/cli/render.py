@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
 from typing import TYPE_CHECKING
 
-from rich.console import Console
 from rich.table import Table
+
+from corral.cli.consoles import console, err_console, minutes
 
 from corral.client import GpuReport, ProbeOutcome
 from corral.dev import AllocationStatus
@@ -20,9 +20,6 @@ from corral.state.store import TERMINAL_STATES, JobView
 if TYPE_CHECKING:
     from corral.controller.engine import ControllerSettings
 
-# Piped output (scripts, CI logs) is not cut to 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def render_check(outcomes: list[ProbeOutcome]) -> None:
@@ -222,30 +219,6 @@ def render_status(statuses: list[AllocationStatus]) -> None:
     console.print(table)
 
 
-_MANAGED_STYLE = {"RUNNING": "green", "PENDING": "yellow", "RECOVERING": "yellow", "SUCCEEDED": "dim",
-                  "FAILED": "red", "CANCELLED": "dim", "CANCELLING": "dim"}
-
-
-def render_managed(views: list[ManagedView]) -> None:
-    if not views:
-        console.print("No managed jobs.")
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "STARTS", "REASON"):
-        table.add_column(column)
-    now = time.time()
-    for v in views:
-        latest = v.latest
-        style = _MANAGED_STYLE.get(v.managed.state, "")
-        state = f"[{style}]{v.managed.state}[/{style}]" if style else v.managed.state
-        expected = latest.expected_start if latest and latest.state == "PENDING" else None
-        table.add_row(v.job.id, v.job.name, state, f"{latest.cluster}/{latest.partition}" if latest else "-",
-                      (latest.slurm_job_id or "-") if latest else "-", str(len(v.attempts)),
-                      f"in {_minutes(expected - now)}" if expected and expected > now else "-",
-                      (v.managed.reason or "")[:90])
-    console.print(table)
-
-
 def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings) -> None:
     latest = view.latest
     assert latest is not None
@@ -273,22 +246,16 @@ def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings)
     else:
         gain, needed = here_start - best.predicted_start, settings.margin(here_start, now)
         if gain < needed:
-            sooner = f"only {_minutes(gain)} sooner" if gain > 0 else "not sooner"
+            sooner = f"only {minutes(gain)} sooner" if gain > 0 else "not sooner"
             why = (f"the alternative is {sooner}; a move needs "
-                   f"{_minutes(needed)} (at least {settings.reroute_margin:g}s and "
+                   f"{minutes(needed)} (at least {settings.reroute_margin:g}s and "
                    f"{settings.reroute_margin_fraction:.0%} of the wait)")
         else:
-            why = (f"it will move: {_minutes(gain)} sooner is more than the {_minutes(needed)} margin "
+            why = (f"it will move: {minutes(gain)} sooner is more than the {minutes(needed)} margin "
                    f"(predictions are refreshed every {settings.predict_interval:g}s)")
     console.print(f"  not moved because: {why}", highlight=False)
 
 
 def _at(epoch: float, now: float) -> str:
-    return f"{time.strftime('%H:%M:%S', time.localtime(epoch))} (in {_minutes(epoch - now)})"
+    return f"{time.strftime('%H:%M:%S', time.localtime(epoch))} (in {minutes(epoch - now)})"
 
-
-def _minutes(seconds: float) -> str:
-    if seconds < 0:
-        return f"{_minutes(-seconds)} later"
-    minutes = seconds / 60
-    return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"

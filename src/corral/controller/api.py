@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Header, HTTPException
 
 from corral import managed
+from corral.controller.engine import LEASE
 from corral.state import Store
 from corral.state.store import MANAGED_TERMINAL, JobNotFoundError
 
@@ -55,9 +56,11 @@ def create_app(status: ControllerStatus, store: Store, token: str) -> FastAPI:
 
     @app.get("/health", dependencies=[Depends(authorized)])
     async def health() -> dict[str, object]:
+        lease = store.lease(LEASE)
         return {"pid": status.pid, "holder": status.holder, "started_at": status.started_at,
                 "uptime_seconds": round(time.time() - status.started_at, 3), "interval": status.interval,
-                "ticks": status.ticks, "last_tick": asdict(status.last_tick) if status.last_tick else None}
+                "ticks": status.ticks, "last_tick": asdict(status.last_tick) if status.last_tick else None,
+                "lease": {"holder": lease.holder, "expires_at": lease.expires_at} if lease else None}
 
     @app.post("/wake", dependencies=[Depends(authorized)])
     async def wake() -> dict[str, object]:

@@ -8,7 +8,6 @@ Jobs themselves go through the state store, so nothing is lost while the control
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -114,12 +113,15 @@ def stop(timeout: float = 20) -> bool:
 
 
 def run() -> None:
+    import asyncio
+
     asyncio.run(_run())
 
 
 async def _run() -> None:
     """The loop: tick, then wait; faster while jobs are on the move, slower when idle or on errors.
     The API serves on the same event loop, between and during ticks' remote calls."""
+    import asyncio
     import secrets
 
     import uvicorn

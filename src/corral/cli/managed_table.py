@@ -1,0 +1,34 @@
+"""`corral jobs queue` as a table, from the managed jobs' JSON (the store's or the controller API's),
+so that the command needs neither the engine nor the database when the controller answers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from rich.table import Table
+
+from corral.cli.consoles import console, minutes
+
+_STYLE = {"RUNNING": "green", "PENDING": "yellow", "RECOVERING": "yellow", "SUCCEEDED": "dim",
+          "FAILED": "red", "CANCELLED": "dim", "CANCELLING": "dim"}
+
+
+def render_managed(jobs: list[Mapping[str, object]]) -> None:
+    if not jobs:
+        console.print("No managed jobs.")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "STARTS", "REASON"):
+        table.add_column(column)
+    now = time.time()
+    for job in jobs:
+        state = str(job["state"])
+        style = _STYLE.get(state, "")
+        expected = job.get("expected_start")
+        starts = f"in {minutes(expected - now)}" if isinstance(expected, (int, float)) and expected > now else "-"
+        table.add_row(str(job["job_id"]), str(job["name"]), f"[{style}]{state}[/{style}]" if style else state,
+                      f"{job['cluster']}/{job['partition']}" if job.get("cluster") else "-",
+                      str(job.get("slurm_job_id") or "-"), str(job["attempts"]), starts,
+                      str(job.get("reason") or "")[:90])
+    console.print(table)
