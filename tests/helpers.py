@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -51,3 +53,19 @@ def fill_h100s(config: Path) -> dict[str, str]:
     for cluster, job in blockers.items():
         wait_for(f"{cluster} to be full", lambda c=cluster, j=job: job_state(config, c, j) == "RUNNING")
     return blockers
+
+
+def counting_ssh(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], Callable[[], list[str]]]:
+    """An environment whose `ssh` is a PATH shim that logs each call, and a function giving the
+    cluster of every call made so far, in order: SSH round trips counted, not timed."""
+    shim_dir = tmp_path / "bin"
+    shim_dir.mkdir(exist_ok=True)
+    log = tmp_path / "ssh-calls"
+    (shim_dir / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec /usr/bin/ssh "$@"\n')
+    (shim_dir / "ssh").chmod(0o755)
+
+    def calls() -> list[str]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [line.split(" -- ")[1].split()[0] for line in lines]
+
+    return {**env, "PATH": f"{shim_dir}{os.pathsep}{env.get('PATH', os.environ['PATH'])}"}, calls

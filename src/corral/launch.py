@@ -22,7 +22,7 @@ from typing import Literal
 
 from corral.client import Client, ProbeOutcome
 from corral.errors import ClusterError, CorralError
-from corral.infra.slurm.jobs import SlurmJobs, SubmitResult
+from corral.infra.slurm.jobs import SlurmJobs, SubmitResult, rejection_reason
 from corral.infra.slurm.jobscript import SlurmJobSpec, new_token
 from corral.placement import Candidate, Plan, build_plan
 from corral.state import Store
@@ -78,7 +78,7 @@ class Failover:
             else:
                 if result.accepted:
                     return candidate, result
-                why = f"{candidate.cluster}: sbatch rejected the job: {result.message}"
+                why = rejection_reason(candidate.cluster, result.message)
             self.tries.append((candidate.infra, why))
             skipped(candidate, why)
         return None

@@ -8,7 +8,7 @@ forgotten on sites with accounting). Jobs are matched to attempts by their Slurm
 The same answer catches orphans: a job Slurm runs under the token of an attempt Corral holds as
 failed to submit (its submission got no answer, so the job went on elsewhere) or cancelled (a
 cancel crossed a start) is cancelled, so that a lost answer never makes a job run twice. Clusters
-where a submission failed in the last hour are queried for that, even with no live job there.
+where a submission got no answer in the last hour are queried for that, even with no live job there.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from corral.client import Client
 from corral.errors import CorralError
-from corral.infra.slurm.jobs import JobStatus, SlurmJobs, follow_script
+from corral.infra.slurm.jobs import JobStatus, SlurmJobs, follow_script, is_rejection
 from corral.state import Store
 from corral.state.models import AttemptRow
 from corral.state.store import TERMINAL_STATES, JobView
@@ -48,7 +48,8 @@ class Tracker:
         for attempt in active:
             by_cluster.setdefault(attempt.cluster, []).append(attempt)
         for attempt in self.store.failed_submissions(since=time.time() - ORPHAN_WATCH_SECONDS):
-            by_cluster.setdefault(attempt.cluster, [])
+            if not is_rejection(attempt.reason):  # sbatch said no: Slurm holds no copy to watch for
+                by_cluster.setdefault(attempt.cluster, [])
         known = set(self.client.registry.names())
         errors: dict[str, str] = {}
         reaped: dict[str, list[str]] = {}

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import stat
-
 import pytest
 
 from tests.conftest import wait_for
-from tests.helpers import job_state, ssh_login
+from tests.helpers import counting_ssh, job_state, ssh_login
 
 ROW_KEYS = {"cluster", "partition", "gpu", "gres_type", "total", "free", "nodes", "pending"}
 
@@ -111,16 +108,9 @@ def test_unreachable_cluster_row_does_not_hide_the_others(corral, controller_sto
 
 def test_one_ssh_round_trip_per_cluster(corral, corral_env, tmp_path):
     """Count real ssh processes through a PATH shim: `corral gpus` starts exactly one per cluster."""
-    shim_dir = tmp_path / "bin"
-    shim_dir.mkdir()
-    log = tmp_path / "ssh-calls"
-    shim = shim_dir / "ssh"
-    shim.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec /usr/bin/ssh "$@"\n')
-    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
-    env = {**corral_env, "PATH": f"{shim_dir}{os.pathsep}{os.environ['PATH']}"}
+    env, calls = counting_ssh(tmp_path, corral_env)
     for attempt in ("cold", "warm"):  # without, then with, ControlMasters already up
-        log.write_text("")
+        before = len(calls())
         result = corral("gpus", "--json", env=env)
         assert result.exit_code == 0, result.stderr
-        calls = log.read_text().splitlines()
-        assert sorted(c.split(" -- ")[1].split()[0] for c in calls) == ["alpine", "borealis", "cirrus"], attempt
+        assert sorted(calls()[before:]) == ["alpine", "borealis", "cirrus"], attempt

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import stat
 import subprocess
 import sys
 import time
@@ -11,7 +9,7 @@ import time
 import pytest
 
 from tests.conftest import wait_for
-from tests.helpers import job_state, ssh_login
+from tests.helpers import counting_ssh, job_state, ssh_login
 
 
 def launch(corral, *args: str, env=None) -> dict:
@@ -96,7 +94,7 @@ def test_stopped_controller_fails_over_and_says_why(corral, testbed, clean_queue
     assert "submitted to slurm/borealis/h100-cluster" in result.stderr
 
 
-def test_rejected_submission_fails_over_at_once(corral, clean_queues, tmp_path):
+def test_rejected_submission_fails_over_at_once(corral, corral_env, clean_queues, tmp_path):
     # Only borealis' nodes have the feature "ib": alpine ranks first, its sbatch says no.
     task = tmp_path / "ib.yaml"
     task.write_text("resources:\n  accelerators: gpu:1\nslurm:\n  constraint: ib\nrun: echo on-ib\n")
@@ -106,6 +104,10 @@ def test_rejected_submission_fails_over_at_once(corral, clean_queues, tmp_path):
     assert submitted["cluster"] == "borealis"
     skipped = {s["infra"]: s["reason"] for s in submitted["skipped"]}
     assert "Invalid feature specification" in skipped["slurm/alpine/gpu"]
+    # sbatch said no, so alpine holds no copy: refreshes do not watch it for orphans.
+    env, calls = counting_ssh(tmp_path, corral_env)
+    assert submitted["job_id"] in queue(corral, env=env)
+    assert calls() == ["borealis"]
 
 
 def test_a_full_job_table_is_a_clear_rejection_not_a_hang(corral, testbed, clean_queues):
@@ -183,16 +185,10 @@ def test_queue_matches_slurm_on_every_cluster_with_one_query_each(corral, corral
     extra = launch(corral, "--infra", "slurm/borealis", "--gpus", "H100:8", "--num-nodes", "2", "--", "true")
     wait_state(corral, jobs["cirrus"]["job_id"], {"FAILED"})
     wait_state(corral, jobs["alpine"]["job_id"], {"RUNNING"})
-    # Count ssh processes through a PATH shim: one per cluster with live jobs.
-    shim_dir = tmp_path / "bin"
-    shim_dir.mkdir()
-    log = tmp_path / "calls"
-    (shim_dir / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec /usr/bin/ssh "$@"\n')
-    (shim_dir / "ssh").chmod(0o755 | stat.S_IXUSR)
-    env = {**corral_env, "PATH": f"{shim_dir}{os.pathsep}{os.environ['PATH']}"}
+    # One ssh call per cluster with live jobs.
+    env, calls = counting_ssh(tmp_path, corral_env)
     listed = queue(corral, env=env)
-    calls = sorted(line.split(" -- ")[1].split()[0] for line in log.read_text().splitlines())
-    assert calls == ["alpine", "borealis"]  # cirrus' only job has ended: nothing to ask there
+    assert sorted(calls()) == ["alpine", "borealis"]  # cirrus' only job has ended: nothing to ask there
     slurm_state = {"RUNNING": "RUNNING", "PENDING": "PENDING", "FAILED": "FAILED"}
     for cluster, submitted in [*jobs.items(), ("borealis", extra)]:
         row = listed[submitted["job_id"]]

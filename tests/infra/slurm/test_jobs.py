@@ -51,3 +51,11 @@ def test_a_pending_job_has_an_expected_start_and_no_start():
     assert pending.expected_start == blocker.started_at + 3600 == 1796024619 + 3600 - 20
     assert blocker.expected_start is None
     assert statuses["3"].state == "FAILED" and statuses["3"].reason == "NodeDown"
+
+
+def test_rejections_are_told_apart_from_lost_answers():
+    from corral.infra.slurm.jobs import is_rejection, rejection_reason
+
+    assert is_rejection(rejection_reason("alpine", "Invalid feature specification"))
+    assert not is_rejection("alpine: no answer from the login node within 30s")
+    assert not is_rejection(None)

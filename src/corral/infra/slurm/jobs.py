@@ -39,6 +39,18 @@ class SubmitResult:
     message: str
 
 
+_REJECTED = "sbatch rejected the job"
+
+
+def rejection_reason(cluster: str, message: str) -> str:
+    """Why a submission was skipped when sbatch answered no (so Slurm holds no copy of the job)."""
+    return f"{cluster}: {_REJECTED}: {message}"
+
+
+def is_rejection(reason: str | None) -> bool:
+    return bool(reason) and f": {_REJECTED}: " in (reason or "")
+
+
 @dataclass(frozen=True)
 class JobStatus:
     slurm_job_id: str  # "123" or "123_4"
