@@ -91,7 +91,7 @@ class Tracker:
         if not orphans:
             return []  # in flight from another process, or not this store's job
         ids = [live[a.token].slurm_job_id for a in orphans]
-        await SlurmJobs(cluster, self.client.transport).cancel(ids)
+        await SlurmJobs(cluster, self.client.transport).cancel(ids, [a.run_dir for a in orphans])
         self.store.update_attempts({
             a.token: {"slurm_job_id": live[a.token].slurm_job_id,
                       "reason": f"{a.reason or a.state}; Slurm had the job after all, running on its own: "
@@ -107,8 +107,9 @@ class Tracker:
             by_cluster.setdefault(view.attempt.cluster, []).append(view)
 
         async def one(cluster: str, group: list[JobView]) -> None:
-            ids = [v.attempt.slurm_job_id for v in group if v.attempt.slurm_job_id]
-            await SlurmJobs(cluster, self.client.transport).cancel(ids)
+            sent = [v.attempt for v in group if v.attempt.slurm_job_id]
+            await SlurmJobs(cluster, self.client.transport).cancel([a.slurm_job_id or "" for a in sent],
+                                                                   [a.run_dir for a in sent])
             now = time.time()
             self.store.update_attempts({v.attempt.token: {"state": "CANCELLED", "reason": "cancelled by user",
                                                           "ended_at": now} for v in group})

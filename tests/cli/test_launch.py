@@ -231,6 +231,23 @@ def test_a_lost_submit_answer_never_runs_the_job_twice(corral, corral_env, testb
     assert job_state(config, "alpine", orphan[0]) == "CANCELLED"
 
 
+def test_a_job_cancelled_as_it_starts_never_runs_its_task(corral, testbed, clean_queues, tmp_path):
+    # Corral leaves a marker in the run dir before it scancels a job. A kill that reaches the node
+    # while the job is being launched can find nothing to kill (the churn test caught a moved job
+    # whose cancelled attempt ran to the end); the job's script sees the marker and stops.
+    config = testbed.cluster_config
+    task = tmp_path / "held.yaml"
+    task.write_text("resources:\n  cpus: 1\nslurm:\n  sbatch_args: [--hold]\nrun: echo the task ran\n")
+    held = corral("launch", "-d", "--json", "--infra", "slurm/alpine/cpu", str(task))
+    assert held.exit_code == 0, held.stderr
+    job = held.json()["slurm_job_id"]
+    run_dir = ssh_login(config, "alpine", f"squeue -h -j {job} -o %Z").strip()
+    ssh_login(config, "alpine", f": > {run_dir}/cancelled && scontrol release {job}")  # the lost-kill case
+    wait_for("the job to end", lambda: job_state(config, "alpine", job) == "COMPLETED")
+    log = ssh_login(config, "alpine", f"cat {run_dir}/log.txt")
+    assert "corral: cancelled before it started" in log and "the task ran" not in log
+
+
 def test_values_arrive_byte_for_byte_through_slurm(corral, testbed, clean_queues):
     awkward = "it's a \"test\" $(whoami) `id` \\ $HOME\nsecond line\ttab ünïcode"
     result = corral("launch", "--infra", "slurm/alpine/cpu", "--env", f"AWKWARD={awkward}", "-n", "name $(x) 'q'",

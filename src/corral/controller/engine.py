@@ -355,8 +355,10 @@ class Controller:
         except CorralError as exc:
             self.store.set_managed(job.id, reason=f"could not move to {target.infra}: {exc}")
             return 0
-        await self._cancel([current])
-        self.store.update_attempt(current.token, state="CANCELLED", ended_at=time.time(), reason=why)
+        if await self._cancel([current]):
+            self.store.update_attempt(current.token, state="CANCELLED", ended_at=time.time(), reason=why)
+        else:  # its cluster did not answer: cancelled on a later tick, as abandoned attempts are
+            self.store.update_attempt(current.token, state="CANCELLING", reason=why)
         self.store.set_managed(job.id, "PENDING", why, moves=m.moves + 1, last_move_at=time.time())
         return 1
 
@@ -370,14 +372,15 @@ class Controller:
         return result.exit_status == 0
 
     async def _cancel(self, attempts: list[AttemptRow]) -> int:
-        by_cluster: dict[str, list[str]] = {}
+        by_cluster: dict[str, list[AttemptRow]] = {}
         for a in attempts:
             if a.slurm_job_id:
-                by_cluster.setdefault(a.cluster, []).append(a.slurm_job_id)
+                by_cluster.setdefault(a.cluster, []).append(a)
         failed: set[str] = set()
-        for cluster, ids in by_cluster.items():
+        for cluster, group in by_cluster.items():
             try:
-                await SlurmJobs(cluster, self.client.transport).cancel(ids)
+                await SlurmJobs(cluster, self.client.transport).cancel([a.slurm_job_id or "" for a in group],
+                                                                       [a.run_dir for a in group])
             except CorralError:
                 failed.add(cluster)  # unreachable: stays CANCELLING, retried next tick
         done = [a for a in attempts if a.cluster not in failed]

@@ -97,3 +97,14 @@ def test_job_ids_are_validated_before_reaching_a_shell(bad):
     for make in (lambda: cancel_script([bad]), lambda: status_script([bad]), lambda: follow_script("x", bad, True)):
         with pytest.raises(ValueError, match="not a Slurm job id"):
             make()
+
+
+def test_cancel_leaves_each_job_its_marker_before_scancel():
+    from corral.infra.slurm.jobs import cancel_script
+
+    script = cancel_script(["41", "42_3"], [".corral/runs/a", ".corral/runs/b c"])
+    lines = script.splitlines()
+    assert lines[0] == '[ -d "$HOME"/.corral/runs/a ] && : > "$HOME"/.corral/runs/a/cancelled'
+    assert lines[1] == """[ -d "$HOME"/'.corral/runs/b c' ] && : > "$HOME"/'.corral/runs/b c'/cancelled.3"""
+    assert lines[2].startswith("scancel 41 42_3 ")
+    assert cancel_script(["41"]).startswith("scancel 41 ")  # without run dirs: scancel alone

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from corral.errors import ProbeParseError
-from corral.infra.slurm.jobscript import JOB_NAME_PREFIX, SlurmJobSpec, sbatch_options, submit_script
+from corral.infra.slurm.jobscript import CANCEL_MARKER, JOB_NAME_PREFIX, SlurmJobSpec, sbatch_options, submit_script
 from corral.infra.slurm.parsing import FIELD_SEPARATOR, format_spec
 from corral.infra.slurm.probe import MARK, split_sections
 from corral.ssh import SshTransport
@@ -212,11 +212,20 @@ def parse_status(cluster: str, stdout: str) -> list[JobStatus]:
     return out
 
 
-def cancel_script(job_ids: list[str]) -> str:
+def cancel_script(job_ids: list[str], run_dirs: list[str] | None = None) -> str:
+    """scancel the jobs. With their run dirs (relative to home, one per job id), first leave the
+    cancel marker each job's script checks before it starts its task: a kill that reaches a node
+    while the job is being launched can find nothing to kill, and the task would run anyway."""
     for job_id in job_ids:
         if not _JOB_ID.match(job_id):
             raise ValueError(f"not a Slurm job id: {job_id!r}")
-    return f"scancel {' '.join(job_ids)} 2>&1 | grep -v 'already completed' ; exit 0\n"
+    lines = []
+    for job_id, run_dir in zip(job_ids, run_dirs or []):
+        index = job_id.partition("_")[2]
+        marker = CANCEL_MARKER + (f".{index}" if index else "")
+        lines.append(f'[ -d "$HOME"/{shlex.quote(run_dir)} ] && : > "$HOME"/{shlex.quote(run_dir)}/{marker}')
+    lines.append(f"scancel {' '.join(job_ids)} 2>&1 | grep -v 'already completed' ; exit 0")
+    return "\n".join(lines) + "\n"
 
 
 def follow_script(log_path: str, slurm_job_id: str, follow: bool) -> str:
@@ -262,6 +271,6 @@ class SlurmJobs:
         result = await self.transport.run(self.cluster, status_script(tracked_ids), timeout=self.timeout)
         return parse_status(self.cluster, result.stdout)
 
-    async def cancel(self, job_ids: list[str]) -> None:
+    async def cancel(self, job_ids: list[str], run_dirs: list[str] | None = None) -> None:
         if job_ids:
-            await self.transport.run(self.cluster, cancel_script(job_ids), timeout=self.timeout)
+            await self.transport.run(self.cluster, cancel_script(job_ids, run_dirs), timeout=self.timeout)

@@ -109,6 +109,11 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         "set -u",
         'export CORRAL_RUN_DIR="$SLURM_SUBMIT_DIR"',
         "cd \"$CORRAL_RUN_DIR\"",
+        # Corral writes this marker before it scancels the job (see jobs.cancel_script): a kill that
+        # reached the node while the job was still being launched, and so found nothing to kill,
+        # must not let the task run anyway.
+        f'if [ -e "{CANCEL_MARKER}${{SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}}" ]; then '
+        'echo "corral: cancelled before it started"; exit 0; fi',
         ". ./env.sh",
     ]
     if spec.is_array:
@@ -210,6 +215,7 @@ def write_files_script(run_dir: str, files: dict[str, str]) -> str:
 
 
 SBATCH_BUSY = "temporarily unable to accept job"
+CANCEL_MARKER = "cancelled"  # in the run dir; "cancelled.<array index>" for an array task
 
 
 def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None, job_name: str | None = None) -> str:
