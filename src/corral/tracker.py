@@ -160,7 +160,7 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str,
         }
         if attempt.slurm_job_id is None:  # adopted after an interrupted submission
             fields["slurm_job_id"] = status.slurm_job_id
-        if attempt.state in ("CANCELLED", "CANCELLING") and status.state in ("PENDING", "STARTING", "RUNNING"):
+        if attempt.state in ("CANCELLED", "CANCELLING") and status.state in LIVE:
             fields["state"] = attempt.state  # scancel sent (or due); Slurm has not caught up yet
             fields["reason"] = attempt.reason
         if status.state == "FAILED" and status.slurm_state != "FAILED":

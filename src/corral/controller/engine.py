@@ -24,6 +24,7 @@ Rules, per managed job and tick:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -98,6 +99,7 @@ class Controller:
         self.launcher = Launcher(client, store, LaunchEvents())
         self._predictions: dict[str, tuple[float, Plan]] = {}  # task JSON -> (when, plan with predicted starts)
         self._changes: list[tuple[str, str | None, str | None, dict[str, object]]] = []  # written once per tick
+        self._health_resets: set[str] = set()  # clusters with a running job this tick
 
     async def tick(self) -> TickReport:
         if not self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds):
@@ -165,7 +167,7 @@ class Controller:
             elif state in ("STARTING", "RUNNING"):
                 self._set(m, state, f"on slurm/{latest.cluster}/{latest.partition} "
                                        f"(attempt {latest.number})")
-                self.store.set_health(latest.cluster, failures=0)
+                self._health_resets.add(latest.cluster)  # written once per cluster, below
             elif state == "SUCCEEDED":
                 self._set(m, "SUCCEEDED", f"attempt {latest.number} succeeded")
             elif state == "CANCELLED":
@@ -196,6 +198,7 @@ class Controller:
                     self._set(m, "FAILED", f"attempt {latest.number} failed "
                                            f"(exit code {code}, {latest.reason or 'FAILED'})")
         self._write_changes()
+        self._write_health_resets()
         abandoned = [a for mine in attempts.values() for a in mine
                      if a.state == "CANCELLING" and a.cluster not in unreachable and a not in to_cancel]
         report.cancelled += await self._cancel(to_cancel + abandoned)
@@ -405,7 +408,19 @@ class Controller:
         return {c for c, row in self.store.health().items()
                 if row.unreachable_since is not None and now - row.unreachable_since > self.settings.grace_seconds}
 
+    def _write_health_resets(self) -> None:
+        """A job running on a cluster resets its count of failures in a row: one write per cluster
+        and tick (and none when the count is already 0), not one per running job."""
+        resets, self._health_resets = self._health_resets, set()
+        health = self.store.health() if resets else {}
+        for cluster in resets:
+            if cluster in health and health[cluster].failures:
+                self.store.set_health(cluster, failures=0)
+
     def _note_failure(self, cluster: str, now: float) -> None:
+        if cluster in self._health_resets:  # a running job came first in this tick: its reset first
+            self._health_resets.discard(cluster)
+            self.store.set_health(cluster, failures=0)
         row = self.store.health().get(cluster)
         failures = (row.failures if row else 0) + 1
         until = now + self.settings.unhealthy_seconds if failures >= self.settings.unhealthy_after_failures else 0.0
@@ -416,7 +431,14 @@ class Controller:
 
 
 def _task(job: JobRow) -> Task:
-    return Task.model_validate(json.loads(job.task_json))
+    return _parse_task(job.task_json)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_task(task_json: str) -> Task:
+    """Validated once per distinct task, not once per job and tick: a sweep's jobs share their task
+    (tasks are read, never changed, by the controller)."""
+    return Task.model_validate(json.loads(task_json))
 
 
 def _checkpoint_dir(job: JobRow, task: Task) -> str:
