@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("config-path", help="print the path of the generated cluster file")
     for name, what in [("stop-controller", "cluster"), ("start-controller", "cluster"),
                        ("stop-login", "cluster"), ("start-login", "cluster"),
+                       ("freeze-login", "cluster"), ("thaw-login", "cluster"),
                        ("kill-node", "node"), ("start-node", "node"), ("drain", "node"),
                        ("resume", "node")]:
         sub.add_parser(name).add_argument(what)

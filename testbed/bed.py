@@ -28,6 +28,7 @@ from testbed.processes import (
     port_open,
     run,
     running,
+    signal_tree,
     spawn,
     spawn_as_host,
     wait_until,
@@ -175,6 +176,19 @@ class Testbed:
         # Kill the listener and every per-connection sshd below it, so that live ControlMaster
         # connections die too, as they would when a login node goes down.
         self._stop(self.paths.cluster(self.spec(cluster).name).sshd_pidfile())
+
+    def freeze_login(self, cluster: str) -> None:
+        """The login node stops answering, connections stay open: SIGSTOP its sshd and every
+        connection (and session) under it, as a hung or overloaded login node looks from outside."""
+        pid = running(self.paths.cluster(self.spec(cluster).name).sshd_pidfile())
+        if pid is None:
+            raise TestbedError(f"{cluster}'s login sshd is not running")
+        signal_tree(pid, signal.SIGSTOP)
+
+    def thaw_login(self, cluster: str) -> None:
+        pid = running(self.paths.cluster(self.spec(cluster).name).sshd_pidfile())
+        if pid is not None:
+            signal_tree(pid, signal.SIGCONT)
 
     def start_login(self, cluster: str) -> None:
         spec = self.spec(cluster)

@@ -95,6 +95,15 @@ def kill_tree(pid: int, sig: int = signal.SIGTERM, timeout: float = 10.0) -> Non
         wait_until(f"pid {pid} to die", lambda: not any(alive(v) for v in victims), 5)
 
 
+def signal_tree(pid: int, sig: int) -> None:
+    """Send a signal to a process and all its descendants, without waiting (SIGSTOP, SIGCONT)."""
+    for victim in [pid, *descendants(pid)]:
+        try:
+            os.kill(victim, sig)
+        except ProcessLookupError:
+            pass
+
+
 def run(cmd: list[str], env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:

@@ -14,7 +14,7 @@ from tests.helpers import host_block, option
 
 
 def transport_for(path: Path) -> SshTransport:
-    return SshTransport(load_registry(path), connect_timeout=5)
+    return SshTransport(load_registry(path), timeout=10)
 
 
 def run(transport: SshTransport, cluster: str, script: str, **kw):
@@ -152,3 +152,58 @@ def test_sync_with_rsync_or_a_tar_stream(testbed, corral_env, tmp_path, monkeypa
     assert "\\r  \\n  \\0   b   i   n" in listing and listing.endswith("single\n")
     assert ("borealis" in transport._no_remote_rsync) is (remote_rsync != "rsync")
     ssh_login(testbed.cluster_config, "borealis", f"rm -rf {quoted}")
+
+
+def effective_options(transport: SshTransport, host: str) -> dict[str, str]:
+    """What ssh itself will use for `host` with Corral's config (`ssh -G`: no connection made)."""
+    import subprocess
+
+    out = subprocess.run(["ssh", "-G", "-F", str(transport.config_file), "--", host], capture_output=True,
+                         text=True, check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def test_the_users_ssh_settings_win_over_corrals_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path / "home"))
+    path = write_config(tmp_path, "Host mine\n    HostName 127.0.0.1\n    ConnectTimeout 2\n"
+                                  "    ServerAliveInterval 30\n    BatchMode no\n    ControlPersist 60\n"
+                                  "Host plain\n    HostName 127.0.0.1\n")
+    transport = SshTransport(load_registry(path), timeout=12)
+    mine, plain = effective_options(transport, "mine"), effective_options(transport, "plain")
+    assert (mine["connecttimeout"], mine["serveraliveinterval"], mine["batchmode"], mine["controlpersist"]) == (
+        "2", "30", "no", "60")
+    # Where the user said nothing, Corral's defaults, all derived from the one timeout.
+    assert (plain["connecttimeout"], plain["serveraliveinterval"], plain["serveralivecountmax"],
+            plain["batchmode"]) == ("5", "4", "2", "yes")
+    assert plain["controlpath"].startswith(str(control_dir()))
+    assert "-o" not in transport.ssh_argv("plain", ["true"])  # nothing on the command line to override them
+    assert oct(transport.config_file.stat().st_mode & 0o777) == "0o600"
+
+
+def test_an_option_like_local_name_is_copied_not_run(testbed, corral_env, tmp_path, monkeypatch):
+    """A directory or file named like an rsync/tar option is a path, never an option: nothing runs
+    locally, and the files arrive."""
+    from tests.helpers import ssh_login
+
+    canary = tmp_path / "pwned"
+    for remote_rsync in ("rsync", "/nonexistent/rsync"):  # rsync, then the tar stream fallback
+        monkeypatch.setenv("CORRAL_REMOTE_RSYNC", remote_rsync)
+        monkeypatch.chdir(tmp_path)
+        folder = tmp_path / "-esh -c 'touch pwned' #"  # run from tmp_path, it would make the canary
+        folder.mkdir(exist_ok=True)
+        (folder / "inside.txt").write_text("inside\n")
+        single = tmp_path / "--rsh=sh -c 'touch pwned' #"
+        single.write_text("single\n")
+        transport = transport_for(testbed.cluster_config)
+
+        async def go():
+            # Relative names, as a task's workdir and file_mounts give them.
+            await transport.sync("alpine", Path(folder.name), ".corral/test-inject/tree/")
+            await transport.sync("alpine", Path(single.name), ".corral/test-inject/one; touch ~/pwned-remote")
+
+        asyncio.run(go())
+        assert not canary.exists()
+        listing = ssh_login(testbed.cluster_config, "alpine",
+                            "cat .corral/test-inject/tree/inside.txt '.corral/test-inject/one; touch ~/pwned-remote'; "
+                            "test -e ~/pwned-remote && echo REMOTE-CANARY; rm -rf .corral/test-inject")
+        assert listing == "inside\nsingle\n"

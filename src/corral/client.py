@@ -49,13 +49,12 @@ class GpuReport:
 
 class Client:
     def __init__(self, registry: ClusterRegistry | None = None, transport: SshTransport | None = None,
-                 *, slurm_timeout: int = 5):
+                 *, timeout: float | None = None):
         self.registry = registry or load_registry()
-        self.transport = transport or SshTransport(self.registry)
-        self.slurm_timeout = slurm_timeout
+        self.transport = transport or SshTransport(self.registry, timeout=timeout)
 
     def infra(self, cluster: str) -> SlurmInfra:
-        return SlurmInfra(cluster, self.transport, slurm_timeout=self.slurm_timeout)
+        return SlurmInfra(cluster, self.transport)
 
     async def probe(self, clusters: list[str] | None = None) -> list[ProbeOutcome]:
         names = [e.name for e in self.registry.select(clusters)]

@@ -8,6 +8,7 @@ concrete Host name is a cluster; patterns (`*`, `?`, `!`) only carry options for
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -17,12 +18,69 @@ from corral.errors import ConfigError, UnknownClusterError
 
 CLUSTER_FILE_ENV = "CORRAL_SLURM_CONFIG"
 HOME_ENV = "CORRAL_HOME"
+TIMEOUT_ENV = "CORRAL_TIMEOUT"
+DEFAULT_TIMEOUT = 10.0  # seconds: the most Corral waits for a login node that stops answering
+# A cluster name is also a path component (`slurm/<cluster>/<partition>`) and an ssh/rsync argument.
+_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+\-]*\Z", re.ASCII)
 _KEYWORD = re.compile(r"^\s*([A-Za-z][A-Za-z0-9]*)(?:\s*=\s*|\s+)(.*?)\s*$")
 _MAX_INCLUDE_DEPTH = 8
+_MAX_CONFIG_BYTES = 1024 * 1024
 
 
 def corral_home() -> Path:
     return Path(os.environ.get(HOME_ENV) or Path.home() / ".corral")
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and missing parents) for Corral's own files: mode 700 whatever the umask, and
+    an existing directory made private too. Everything under Corral's home is the user's alone."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def private_home() -> Path:
+    """Corral's home, created private (mode 700)."""
+    return private_dir(corral_home())
+
+
+def private_file(path: Path) -> Path:
+    """Make sure `path` exists and is mode 600 (created so, never briefly readable by others)."""
+    private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.close(fd)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+    return path
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Replace `path` with `text` atomically, mode 600 (its folder 700)."""
+    private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def default_timeout() -> float:
+    """`CORRAL_TIMEOUT` seconds (default 10): the bound on every wait for a login node's answer."""
+    raw = os.environ.get(TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        return check_timeout(float(raw), TIMEOUT_ENV)
+    except ValueError:
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+
+
+def check_timeout(value: float, what: str = "--timeout") -> float:
+    if not (math.isfinite(value) and 1 <= value <= 3600):
+        raise ConfigError(f"{what} {value!r}: give between 1 and 3600 seconds")
+    return value
 
 
 def cluster_file_path() -> Path:
@@ -70,6 +128,8 @@ def _is_pattern(name: str) -> bool:
 
 def _parse(path: Path, entries: list[ClusterEntry], depth: int) -> None:
     try:
+        if path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"cluster file is larger than {_MAX_CONFIG_BYTES // 1024} KiB", path)
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError("cluster file not found", path) from None
@@ -92,6 +152,10 @@ def _parse(path: Path, entries: list[ClusterEntry], depth: int) -> None:
             for name in value.split():
                 if _is_pattern(name):
                     continue
+                if not _CLUSTER_NAME.match(name):
+                    raise ConfigError(
+                        f"cluster name {name!r} cannot be used: a cluster's Host name may hold letters, digits "
+                        "and '_', '.', '-', '@', '+', and may not start with '-'", path, lineno)
                 if any(e.name == name for e in entries):
                     continue  # as in OpenSSH, the first block for a name defines it
                 current.append(len(entries))
@@ -140,9 +204,13 @@ def load_user_settings() -> dict[str, object]:
     import yaml
 
     try:
+        if path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"larger than {_MAX_CONFIG_BYTES // 1024} KiB", path)
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", path) from None
+        raise ConfigError(f"invalid YAML: {' '.join(str(exc).split())}", path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", path) from None
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping of settings, e.g. `idle_minutes: 60`", path)
     for key, value in data.items():

@@ -23,13 +23,14 @@ from corral.infra.slurm.jobs import STATE_MAP, SubmitResult, parse_submit
 from corral.infra.slurm.jobscript import new_token
 from corral.infra.slurm.parsing import FIELD_SEPARATOR
 from corral.infra.slurm.probe import split_sections
-from corral.launch import Failover, Launcher, NoFeasibleClusterError, _no_candidate_message, new_job_id
+from corral.launch import Failover, Launcher, NoFeasibleClusterError, _no_candidate_message
 from corral.placement import Candidate
 from corral.state import Store
 from corral.state.models import AllocationRow, AttemptRow, JobRow
-from corral.task import Task, resolved_envs, resource_options
+from corral.state.sealed import seal
+from corral.task import Task, job_environment, redacted_json, resolved_secrets, resource_options
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}$")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}\Z", re.ASCII)
 EXIT_NOT_READY = 75
 
 
@@ -105,7 +106,7 @@ class DevAllocations:
             devssh.forget_host_key(existing.token)
         if walltime:
             task = task.model_copy(update={"slurm": task.slurm.model_copy(update={"time": walltime})})
-        envs = resolved_envs(task, source)
+        envs = job_environment(task, source)
         plan = await self.launcher.plan(task, predict="when_full")
         self.launcher.events.plan(plan)
         feasible = plan.feasible()
@@ -207,11 +208,12 @@ class DevAllocations:
         row = self.get(name)
         if not row.slurm_job_id:
             raise CorralError(f"allocation {name!r} never reached Slurm; `corral down {name}` and launch it again")
-        envs = resolved_envs(task, source)
-        job_id = new_job_id()
+        envs = job_environment(task, source)
+        [job_id] = self.store.new_job_ids(1)
         token = f"exec-{secrets.token_hex(6)}"
         self.store.add_jobs(
-            [JobRow(id=job_id, name=task.name or "exec", task_json=json.dumps(task.model_dump(mode="json")),
+            [JobRow(id=job_id, name=task.name or "exec", task_json=redacted_json(task),
+                    secrets_sealed=seal(resolved_secrets(task, source)),
                     created_at=time.time(), allocation=name)],
             [AttemptRow(token=token, job_id=job_id, number=1, cluster=row.cluster, partition=row.partition,
                         slurm_job_id=row.slurm_job_id, state="RUNNING", created_at=time.time(),
@@ -239,18 +241,16 @@ class DevAllocations:
         if status.state != "READY" or not status.nodes:
             raise CorralError(f"allocation {name!r} is {status.state}; cannot open a shell in it")
         remote = devscript.shell_command(row.slurm_job_id or "", status.nodes[0], command)
-        argv = self.client.transport.ssh_argv(row.cluster, [remote])
-        if command is None:
-            argv.insert(1, "-t")
-            argv[argv.index("BatchMode=yes")] = "BatchMode=no"
-        return argv
+        # An interactive shell may prompt (a password, MFA): the one place Corral lifts BatchMode.
+        options = ("-t", "-o", "BatchMode=no") if command is None else ()
+        return self.client.transport.ssh_argv(row.cluster, [remote], options)
 
     async def write_ssh_alias(self, row: AllocationRow, status: AllocationStatus) -> Path:
         """An ssh config Include so that plain `ssh NAME` and editors' remote-SSH reach the head node."""
         import asyncio
 
         proc = await asyncio.create_subprocess_exec(
-            "ssh", "-G", "-F", str(self.client.registry.path), row.cluster,
+            "ssh", "-G", "-F", str(self.client.registry.path), "--", row.cluster,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         out, _ = await proc.communicate()
         settings: dict[str, list[str]] = {}

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from corral.config import corral_home
+from corral.config import corral_home, private_dir, write_private
 from corral.errors import CorralError
 from corral.infra.slurm.devscript import SessionKeys
 
@@ -50,8 +50,7 @@ def dev_identity() -> Path:
     """The client key for dev allocations' sshd, created on first use."""
     path = corral_home() / "keys" / "dev_ed25519"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.parent.chmod(0o700)
+        private_dir(path.parent)
         _keygen(path, "corral-dev")
     return path
 
@@ -93,8 +92,7 @@ def _known_hosts(path: Path) -> dict[str, str]:
 
 
 def _write_known_hosts(path: Path, entries: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{host} {key}\n" for host, key in entries.items()))
+    write_private(path, "".join(f"{host} {key}\n" for host, key in entries.items()))
 
 
 def _ssh_config_value(value: str) -> str:
@@ -142,8 +140,7 @@ def set_alias(name: str, entry: str | None, cluster_file: Path) -> Path:
         entries[name] = entry
     header = (f"# Written by Corral: one Host per dev allocation. Add `Include {path}` to ~/.ssh/config.\n"
               f"# Each reaches its allocation's head node through its cluster's login node (from {cluster_file}).\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + "\n\n".join(entries.values()) + ("\n" if entries else ""))
+    write_private(path, header + "\n\n".join(entries.values()) + ("\n" if entries else ""))
     return path
 
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import math
 import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,11 +25,14 @@ from corral.infra.slurm.jobscript import SlurmJobSpec, new_token
 from corral.placement import Candidate, Plan, build_plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
-from corral.task import Task, TaskError, resolved_envs, resource_options
+from corral.state.sealed import seal
+from corral.task import Task, TaskError, job_environment, redacted_json, resolved_secrets, resource_options
 
 Prediction = Literal["all", "when_full", "never"]
 
 MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
+# A sweep's size: Slurm's default MaxJobCount is 10,000 jobs for a whole cluster.
+MAX_SWEEP_JOBS = 10_000
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
 # Tests only: on this cluster, sbatch's answer is lost after Slurm accepted the job (a dropped connection).
 LOST_ANSWER_HOOK_ENV = "CORRAL_TEST_LOSE_SUBMIT_ANSWER"
@@ -39,6 +40,13 @@ LOST_ANSWER_HOOK_ENV = "CORRAL_TEST_LOSE_SUBMIT_ANSWER"
 
 class NoFeasibleClusterError(CorralError):
     pass
+
+
+def check_num_jobs(num_jobs: int) -> int:
+    if not 1 <= num_jobs <= MAX_SWEEP_JOBS:
+        raise TaskError(f"--num-jobs {num_jobs}: a sweep has 1 to {MAX_SWEEP_JOBS:,} jobs (Slurm's default "
+                        "MaxJobCount holds 10,000 jobs per cluster); launch larger sweeps in parts")
+    return num_jobs
 
 
 class LaunchFailedError(CorralError):
@@ -106,10 +114,6 @@ class AttemptOptions:
     checkpoint_dir: str | None = None
 
 
-def new_job_id() -> str:
-    return "c-" + secrets.token_hex(4)
-
-
 @dataclass
 class Launcher:
     client: Client
@@ -119,6 +123,8 @@ class Launcher:
     async def probe_for(self, tasks: list[Task]) -> list[ProbeOutcome]:
         """One probe of every cluster any of the tasks may run on."""
         pinned = {o.infra.cluster for task in tasks for o in resource_options(task.resources)}
+        for cluster in pinned - {None}:
+            self.client.registry.get(cluster)  # an unknown name fails here, naming the known ones
         clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
         return await self.client.probe(clusters)
 
@@ -212,7 +218,8 @@ class Launcher:
                           num_jobs: int = 1) -> list[list[Submitted]]:
         """Launch several task files at once: one probe round trip per cluster for all of them, then
         their submissions side by side. Returns, per task, one entry per share."""
-        envs = [resolved_envs(task, source) for task, source, _ in tasks]  # all checked before any is sent
+        check_num_jobs(num_jobs)
+        envs = [job_environment(task, source) for task, source, _ in tasks]  # all checked before any is sent
         for task, _, base_dir in tasks:
             self._check_local_files(task, base_dir or Path.cwd())
         outcomes = await self.probe_for([task for task, _, _ in tasks])
@@ -235,8 +242,10 @@ class Launcher:
         feasible = plan.feasible()
         if not feasible:
             raise NoFeasibleClusterError(_no_candidate_message(plan))
-        jobs = [JobRow(id=new_job_id(), name=task.name or "task", task_json=json.dumps(task.model_dump(mode="json")),
-                       created_at=time.time(), job_rank=i, num_jobs=num_jobs) for i in range(num_jobs)]
+        sealed = seal(resolved_secrets(task, "task"))
+        jobs = [JobRow(id=job_id, name=task.name or "task", task_json=redacted_json(task), secrets_sealed=sealed,
+                       created_at=time.time(), job_rank=i, num_jobs=num_jobs)
+                for i, job_id in enumerate(self.store.new_job_ids(num_jobs))]
         self.store.add_jobs(jobs, [])
         return await self.submit_jobs(task, envs, base, feasible, jobs)
 

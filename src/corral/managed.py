@@ -7,14 +7,14 @@ recovery and re-routing.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
-from corral.launch import new_job_id
+from corral.launch import check_num_jobs
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow
-from corral.task import Task, resolved_envs
+from corral.state.sealed import seal
+from corral.task import Task, job_environment, redacted_json, resolved_secrets
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,13 @@ class ManagedView:
 
 
 def record(store: Store, task: Task, source: str, num_jobs: int = 1) -> list[str]:
-    resolved_envs(task, source)  # a null env without --env fails here, not in the controller
+    check_num_jobs(num_jobs)
+    job_environment(task, source)  # a null env without --env fails here, not in the controller
     now = time.time()
-    task_json = json.dumps(task.model_dump(mode="json"))
-    jobs = [JobRow(id=new_job_id(), name=task.name or "task", task_json=task_json, created_at=now,
-                   job_rank=i, num_jobs=num_jobs) for i in range(num_jobs)]
+    task_json = redacted_json(task)
+    sealed = seal(resolved_secrets(task, source))
+    jobs = [JobRow(id=job_id, name=task.name or "task", task_json=task_json, secrets_sealed=sealed, created_at=now,
+                   job_rank=i, num_jobs=num_jobs) for i, job_id in enumerate(store.new_job_ids(num_jobs))]
     store.add_jobs(jobs, [])
     store.add_managed(j.id for j in jobs)
     return [j.id for j in jobs]

@@ -1,9 +1,14 @@
 """The SSH transport: the system OpenSSH client, one ControlMaster connection per cluster.
 
-Every call is `ssh -F <cluster file> <cluster> bash --login -s` with the script on stdin, so no user
-text is ever spliced into a remote command line. The first call to a cluster becomes the master
+Every call is `ssh -F <corral ssh config> -- <cluster> bash --login -s` with the script on stdin, so no
+user text is ever spliced into a remote command line. The first call to a cluster becomes the master
 (`ControlMaster=auto`, `ControlPersist`), later calls reuse its socket for ~25 ms round trips instead of
 ~300 ms handshakes, and it works the same behind ProxyJump because ssh multiplexes the final hop.
+
+Corral's ssh options are defaults, never overrides: the config file handed to `ssh -F` includes the
+user's cluster file first and Corral's `Host *` block after it, and ssh keeps the first value it reads
+for each option. One timeout (`CORRAL_TIMEOUT`, default 10 s) bounds every wait on a login node that
+stops answering: the connect timeout and the keepalives (which end a stuck ControlMaster) derive from it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.config import ClusterRegistry, corral_home
+from corral.config import (
+    ClusterRegistry,
+    check_timeout,
+    corral_home,
+    default_timeout,
+    private_dir,
+    write_private,
+)
 from corral.errors import (
     ClusterError,
     ClusterUnreachableError,
@@ -58,8 +70,46 @@ def control_dir() -> Path:
     if len(str(path)) + 42 > _UNIX_SOCKET_MAX:
         digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
         path = Path(f"/tmp/corral-ssh-{os.getuid()}-{digest}")
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    return private_dir(path)
+
+
+def ssh_defaults(timeout: float, control_persist_seconds: int, sockets: Path) -> dict[str, str]:
+    """Corral's ssh options, all overridable per host in the user's own file. A login node that stops
+    answering behind an open master is found by the master's keepalives: ServerAliveInterval x
+    (ServerAliveCountMax + 1) stays within `timeout`."""
+    seconds = max(1, math.floor(timeout))
+    return {
+        "BatchMode": "yes",
+        "LogLevel": "ERROR",
+        "ConnectTimeout": str(min(5, seconds)),
+        "ServerAliveInterval": str(max(1, seconds // 3)),
+        "ServerAliveCountMax": "2",
+        "ControlMaster": "auto",
+        "ControlPath": _config_word(f"{sockets}/%C", tokens=True),
+        "ControlPersist": str(control_persist_seconds),
+    }
+
+
+def _config_word(value: str, tokens: bool = False) -> str:
+    """A value for an ssh_config line. `tokens`: the value's own %-tokens are meant (ControlPath)."""
+    if '"' in value or any(c in value for c in "\r\n"):
+        raise ConfigError(f"path {value!r} cannot be written into an ssh config (it holds a quote or newline)")
+    if not tokens:
+        value = value.replace("%", "%%")
+    return f'"{value}"' if any(c.isspace() for c in value) else value
+
+
+def write_ssh_config(cluster_file: Path, defaults: dict[str, str], where: Path) -> Path:
+    """The file handed to `ssh -F`: the user's cluster file first, so its settings win, then Corral's
+    defaults for every host. Written once per distinct content (mode 600), atomically."""
+    text = (
+        "# Written by Corral. Your cluster file comes first: ssh keeps the first value it reads for each\n"
+        "# option, so your settings win and the block below only fills in what you did not set.\n"
+        f"Include {_config_word(str(cluster_file.resolve()))}\n"
+        "Host *\n" + "".join(f"    {key} {value}\n" for key, value in defaults.items())
+    )
+    path = where / f"config-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    return path if path.exists() else write_private(path, text)
 
 
 class SshTransport:
@@ -69,12 +119,12 @@ class SshTransport:
         self,
         registry: ClusterRegistry,
         *,
-        connect_timeout: float = 5.0,
+        timeout: float | None = None,
         control_persist_seconds: int = 600,
         max_sessions_per_cluster: int = 8,
     ):
         self.registry = registry
-        self.connect_timeout = connect_timeout
+        self.timeout = check_timeout(float(timeout)) if timeout is not None else default_timeout()
         self.control_persist_seconds = control_persist_seconds
         self.max_sessions_per_cluster = max_sessions_per_cluster
         self.round_trips: Counter[str] = Counter()
@@ -82,27 +132,21 @@ class SshTransport:
         self._no_remote_rsync: set[str] = set()
         # Where rsync lives on the clusters (sites with it outside PATH set CORRAL_REMOTE_RSYNC).
         self.remote_rsync = os.environ.get("CORRAL_REMOTE_RSYNC", "rsync")
-        self._control_dir: Path | None = None
+        self._config: Path | None = None
 
-    def ssh_argv(self, cluster: str, remote: list[str]) -> list[str]:
-        if self._control_dir is None:
-            self._control_dir = control_dir()
+    @property
+    def config_file(self) -> Path:
+        """The ssh config Corral hands to `ssh -F` (the user's cluster file, then Corral's defaults)."""
+        if self._config is None:
+            sockets = control_dir()
+            defaults = ssh_defaults(self.timeout, self.control_persist_seconds, sockets)
+            self._config = write_ssh_config(self.registry.path, defaults, private_dir(corral_home() / "transport"))
+        return self._config
+
+    def ssh_argv(self, cluster: str, remote: list[str], options: tuple[str, ...] = ()) -> list[str]:
+        """`ssh [options] -- CLUSTER REMOTE…`. The cluster comes after `--`, so no name is read as an option."""
         ssh = shutil.which("ssh") or "ssh"
-        return [
-            ssh,
-            "-F", str(self.registry.path),
-            "-o", "BatchMode=yes",
-            "-o", "LogLevel=ERROR",
-            "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
-            "-o", "ServerAliveInterval=5",
-            "-o", "ServerAliveCountMax=2",
-            "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={self._control_dir}/%C",
-            "-o", f"ControlPersist={self.control_persist_seconds}",
-            "--",
-            cluster,
-            *remote,
-        ]
+        return [ssh, "-F", str(self.config_file), *options, "--", cluster, *remote]
 
     async def run(self, cluster: str, script: str, *, timeout: float, check: bool = True) -> RemoteResult:
         """Run a bash script on the cluster's login node in one round trip.
@@ -128,6 +172,7 @@ class SshTransport:
                 out, err = await asyncio.wait_for(proc.communicate(script.encode()), timeout)
             except asyncio.TimeoutError:
                 await _kill(proc)
+                await self.stop_master(cluster)
                 raise SshTimeoutError(
                     cluster, f"no answer from the login node within {timeout:g}s"
                 ) from None
@@ -229,8 +274,10 @@ class SshTransport:
     async def _rsync(self, cluster: str, source: Path, destination: str, timeout: float) -> bool:
         """False if the cluster has no rsync; raises on any other failure."""
         ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
-        src = f"{source}/" if source.is_dir() else str(source)
-        argv = ["rsync", "-a", "--mkpath", "-e", ssh, f"--rsync-path={self.remote_rsync}", src,
+        # An absolute source after `--`: a local name can never be read as an rsync option, and -s
+        # (--protect-args) sends the remote path over the protocol, never through the remote shell.
+        src = os.path.abspath(source) + ("/" if source.is_dir() else "")
+        argv = ["rsync", "-a", "-s", "--mkpath", "-e", ssh, f"--rsync-path={self.remote_rsync}", "--", src,
                 f"{cluster}:{destination}"]
         text, status = await self._transfer(cluster, argv, None, source, timeout)
         if status == 0:
@@ -247,10 +294,10 @@ class SshTransport:
         target = shlex.quote(dest) if dest.startswith("/") else f'"$HOME"/{shlex.quote(dest)}'
         if source.is_dir():
             remote = f"mkdir -p {target} && tar -xf - -C {target}"
-            local = ["tar", "-cf", "-", "-C", str(source), "."]
+            local = ["tar", "-cf", "-", "-C", os.path.abspath(source), "--", "."]
         else:
             remote = f'mkdir -p "$(dirname {target})" && cat > {target}'
-            local = ["cat", str(source)]
+            local = ["cat", "--", os.path.abspath(source)]
         packer = await asyncio.create_subprocess_exec(*local, stdout=asyncio.subprocess.PIPE)
         assert packer.stdout is not None
         data = await packer.stdout.read()
@@ -285,7 +332,7 @@ class SshTransport:
             raise RemoteCommandError(cluster, f"fetching {remote_dir} failed: {_last_line(err.decode())}",
                                      exit_status=proc.returncode)
         local_dir.mkdir(parents=True, exist_ok=True)
-        unpack = await asyncio.create_subprocess_exec("tar", "-xf", "-", "-C", str(local_dir),
+        unpack = await asyncio.create_subprocess_exec("tar", "-xf", "-", "-C", os.path.abspath(local_dir),
                                                       stdin=asyncio.subprocess.PIPE)
         await unpack.communicate(data)
         if unpack.returncode != 0:
@@ -308,12 +355,22 @@ class SshTransport:
 
     async def close(self, cluster: str) -> None:
         """Stop the cluster's ControlMaster, if any (the next call opens a new one)."""
-        argv = self.ssh_argv(cluster, [])
-        argv[argv.index("--"):argv.index("--")] = ["-O", "exit"]
+        await self._control(cluster, "exit")
+
+    async def stop_master(self, cluster: str) -> None:
+        """Make the cluster's ControlMaster take no new sessions (those running go on), so that the
+        next call connects afresh instead of queueing behind a master whose login node went silent."""
+        await self._control(cluster, "stop")
+
+    async def _control(self, cluster: str, command: str) -> None:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+            *self.ssh_argv(cluster, [], ("-O", command)), stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL
         )
-        await proc.wait()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except asyncio.TimeoutError:
+            await _kill(proc)
 
 
 CorralErrorLike = ClusterError | ConfigError

@@ -9,6 +9,8 @@ no portable meaning go under `slurm:`.
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +21,31 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from corral.errors import CorralError
 from corral.infra.selector import InfraSelector, parse_infra
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)$", re.I)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
+# Values that land on an `#SBATCH` line: one word of Slurm's own syntax, never a line end or a space
+# (sbatch splits `#SBATCH` lines on whitespace, and a newline ends the directives).
+_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%=\-]{1,256}\Z", re.ASCII)
+_SLURM_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:+@%=\-&|\[\]*()!]{1,1024}\Z", re.ASCII)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_WORD_CHARS = "letters, digits and _ . , : + @ % = -"
+_SLURM_SYNTAX = {"account": (_SLURM_WORD, _WORD_CHARS), "qos": (_SLURM_WORD, _WORD_CHARS),
+                 "reservation": (_SLURM_WORD, _WORD_CHARS),
+                 "constraint": (_SLURM_CONSTRAINT, "node features joined with & | , * [ ] ( ) !")}
+# sbatch options Corral sets itself (job name = token, log file, array, working directory) or that
+# take a job out of Corral's hands (another cluster, a wrapped command).
+RESERVED_SBATCH_OPTIONS = {
+    "--job-name": "-J", "--output": "-o", "--error": "-e", "--array": "-a", "--open-mode": None,
+    "--chdir": "-D", "--wrap": None, "--parsable": None, "--test-only": None, "--clusters": "-M",
+}
+RESERVED_ENV_PREFIX = "CORRAL_"  # Corral's own variables (CORRAL_TASK_ID, CORRAL_NODE_RANK, …)
+MAX_TASK_FILE_BYTES = 1024 * 1024
+MAX_YAML_NODES = 20_000  # every scalar, list and mapping, aliases counted each time they are used
+MAX_YAML_DEPTH = 32
+MAX_RESOURCE_OPTIONS = 64  # alternatives after expanding any_of/ordered and accelerator lists
+MAX_NAME_LENGTH = 200
+_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)\Z", re.I | re.ASCII)
 _AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(\+?)\s*$")
-_IMAGE = re.compile(r"^(docker:)?[a-z0-9][a-z0-9._\-/:@]*$", re.I)
+_IMAGE = re.compile(r"^(docker:)?[a-z0-9][a-z0-9._\-/:@]*\Z", re.I | re.ASCII)
 
 
 class TaskError(CorralError):
@@ -67,6 +90,29 @@ def parse_amount(value: Any, what: str) -> Amount:
     return Amount(float(match.group(1)), bool(match.group(2)))
 
 
+def check_sbatch_arg(arg: str) -> str:
+    """One pass-through sbatch option: an option, one word, and not one Corral sets itself."""
+    if not arg.startswith("-") or len(arg) < 2:
+        raise ValueError(f"sbatch option {arg!r} must start with '-' (one option per item, e.g. --exclusive)")
+    if _CONTROL.search(arg) or any(c.isspace() for c in arg) or any(c in arg for c in "'\"\\"):
+        raise ValueError(f"sbatch option {arg!r} must be one word: no spaces, quotes or line breaks "
+                         "(one option per item, e.g. --comment=nightly)")
+    name = arg.split("=", 1)[0]
+    for long, short in RESERVED_SBATCH_OPTIONS.items():
+        if (len(name) > 2 and len(long) >= len(name) and long.startswith(name) and name.startswith("--")) or (
+                short and not arg.startswith("--") and arg.startswith(short)):
+            raise ValueError(f"sbatch option {arg!r} cannot be passed through: Corral sets {long} itself")
+    return arg
+
+
+def check_line(value: str, what: str, *, max_length: int = 4096) -> str:
+    """A value that must stay one line of text (names, paths)."""
+    if not value.strip() or _CONTROL.search(value) or len(value) > max_length:
+        raise ValueError(f"{what} {value!r} must be one non-empty line of at most {max_length} characters, "
+                         "without control characters")
+    return value
+
+
 class SlurmOptions(BaseModel):
     """Slurm options passed through to sbatch unchanged, for clusters that need them."""
 
@@ -86,14 +132,19 @@ class SlurmOptions(BaseModel):
             raise ValueError(f"invalid time {value!r}: use minutes, HH:MM:SS or D-HH:MM:SS")
         return None if value is None else str(value).strip()
 
+    @field_validator("account", "qos", "reservation", "constraint")
+    @classmethod
+    def _word(cls, value: str | None, info: ValidationInfo) -> str | None:
+        syntax, allowed = _SLURM_SYNTAX[info.field_name or ""]
+        if value is not None and not syntax.match(value):
+            raise ValueError(f"invalid {info.field_name} {value!r}: use {allowed} (no spaces or line breaks)")
+        return value
+
     @field_validator("sbatch_args")
     @classmethod
     def _args(cls, value: list[str]) -> list[str]:
         for arg in value:
-            if not arg.startswith("-"):
-                raise ValueError(f"sbatch option {arg!r} must start with '-' (one option per item, e.g. --exclusive)")
-            if "\n" in arg:
-                raise ValueError(f"sbatch option {arg!r} must be one line")
+            check_sbatch_arg(arg)
         return value
 
 
@@ -116,6 +167,11 @@ class Checkpoint(BaseModel):
 
     path: str | None = Field(None, description="Directory on the clusters; default ~/.corral/checkpoints/<job id>.")
     sync: bool = Field(True, description="Copy the latest checkpoint when recovery moves the job to another cluster.")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        return None if value is None else check_line(value, "checkpoint path")
 
 
 class Resources(BaseModel):
@@ -153,7 +209,7 @@ class Resources(BaseModel):
     def _infra(cls, value: str | None) -> str | None:
         if value is not None:
             try:
-                parse_infra(value)
+                return str(parse_infra(value))
             except CorralError as exc:
                 raise ValueError(str(exc)) from None
         return value
@@ -169,6 +225,10 @@ class Resources(BaseModel):
     def _one_kind_of_alternatives(self) -> Resources:
         if self.any_of and self.ordered:
             raise ValueError("use either any_of or ordered, not both")
+        for alternative in (self.any_of or []) + (self.ordered or []):
+            if alternative.any_of or alternative.ordered:
+                raise ValueError("any_of and ordered take one level of alternatives: an alternative cannot "
+                                 "have its own any_of or ordered")
         return self
 
     def accelerator_requests(self) -> list[AcceleratorRequest]:
@@ -197,6 +257,12 @@ class Task(BaseModel):
     envs: dict[str, str | int | float | bool | None] = Field(
         default_factory=dict, description="Environment variables; a null value must be given with --env."
     )
+    secrets: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict,
+        description="Environment variables whose values are secret: never stored in plain text, redacted in "
+                    "every listing; a null value must be given with --secret KEY=VALUE (or --secret KEY, "
+                    "from your environment).",
+    )
     file_mounts: dict[str, str] = Field(
         default_factory=dict, description="Remote path: local path. Relative remote paths are under the job's directory."
     )
@@ -205,20 +271,55 @@ class Task(BaseModel):
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     checkpoint: Checkpoint | None = Field(None, description="Managed jobs: checkpoint directory and its sync.")
 
-    @field_validator("envs")
+    @field_validator("envs", "secrets")
     @classmethod
     def _env_names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
+        for key, item in value.items():
             if not _ENV_NAME.match(key) or key == "_":
                 raise ValueError(f"invalid environment variable name {key!r}")
+            if key.startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"{key}: names starting with {RESERVED_ENV_PREFIX} are Corral's own variables")
+            if isinstance(item, str) and "\x00" in item:
+                raise ValueError(f"{key}: an environment value cannot hold a NUL character")
         return value
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or "\n" in value):
-            raise ValueError("name must be one non-empty line")
+        if value is not None:
+            check_line(value, "name", max_length=MAX_NAME_LENGTH)
         return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        return None if value is None else check_line(value, "workdir")
+
+    @field_validator("file_mounts")
+    @classmethod
+    def _mounts(cls, value: dict[str, str]) -> dict[str, str]:
+        for remote, local in value.items():
+            check_line(remote, "file_mounts remote path")
+            check_line(local, f"file_mounts[{remote!r}] local path")
+        return value
+
+    @field_validator("setup", "run")
+    @classmethod
+    def _commands(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError(f"{info.field_name} cannot hold a NUL character")
+        return value
+
+    @model_validator(mode="after")
+    def _bounded_alternatives(self) -> Task:
+        count = len(resource_options(self.resources))
+        if count > MAX_RESOURCE_OPTIONS:
+            raise ValueError(f"resources: {count} alternatives after expanding any_of/ordered and accelerator "
+                             f"lists; at most {MAX_RESOURCE_OPTIONS}")
+        overlap = set(self.envs) & set(self.secrets)
+        if overlap:
+            raise ValueError(f"{', '.join(sorted(overlap))}: in both envs and secrets; keep each in one")
+        return self
 
 
 @dataclass(frozen=True)
@@ -299,20 +400,26 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
     return model
 
 
+def _loc_part(part: Any) -> str:
+    """A field name as is; a user's key (any text) quoted, so that it cannot break the line."""
+    text = str(part)
+    return text if isinstance(part, int) or text.isidentifier() else repr(text)
+
+
 def format_validation_error(exc: ValidationError, source: str) -> str:
     problems = []
     for error in exc.errors():
         loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p in ("str", "int", "float", "bool",
                                                                                    "list[str]", "dict[str,int]")))
-        path = ".".join(str(p) for p in loc) or "(top level)"
+        path = ".".join(_loc_part(p) for p in loc) or "(top level)"
         if error["type"] == "extra_forbidden":
-            field = str(loc[-1])
+            field = _loc_part(loc[-1]).strip("'\"")
             known = _field_names(_model_at(loc[:-1]))
             close = difflib.get_close_matches(field, known, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(known)}"
             problems.append(f"{path}: unknown field; {hint}")
         else:
-            message = error["msg"].removeprefix("Value error, ")
+            message = " ".join(error["msg"].removeprefix("Value error, ").split())
             problems.append(f"{path}: {message}")
     # One line per distinct problem (a union type reports each branch).
     unique = list(dict.fromkeys(problems))
@@ -331,22 +438,67 @@ def parse_task(data: Any, source: str) -> Task:
 
 
 def load_task(path: Path) -> Task:
-    import yaml
-
+    """Read a task file, in bounded time and memory: at most MAX_TASK_FILE_BYTES, UTF-8, and a YAML
+    document of at most MAX_YAML_NODES nodes (aliases counted at each use) nested MAX_YAML_DEPTH deep."""
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TASK_FILE_BYTES + 1)
     except FileNotFoundError:
         raise TaskError(f"{path}: task file not found") from None
+    except IsADirectoryError:
+        raise TaskError(f"{path}: is a directory, not a task file") from None
     except OSError as exc:
-        raise TaskError(f"{path}: cannot read task file: {exc.strerror}") from None
+        raise TaskError(f"{path}: cannot read task file: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TASK_FILE_BYTES:
+        raise TaskError(f"{path}: task file is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
+                        "keep data in file_mounts, not in the task")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"{path}: not UTF-8 text (byte {exc.start}); save the task file as UTF-8") from None
+    return parse_task(parse_yaml(text, str(path)), str(path))
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """One YAML document, refused when it would expand beyond MAX_YAML_NODES or MAX_YAML_DEPTH."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where PyYAML was built with it
+    try:
+        root = yaml.compose(text, Loader=loader)
+        if root is None:
+            return None
+        _check_yaml_size(root, source)
+        return yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise TaskError(f"{where}: invalid YAML: {problem}") from None
-    return parse_task(data, str(path))
+    except RecursionError:
+        raise TaskError(f"{source}: YAML nested deeper than {MAX_YAML_DEPTH} levels") from None
+
+
+def _check_yaml_size(root: Any, source: str) -> None:
+    import yaml
+
+    count = 0
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_YAML_NODES:
+            raise TaskError(f"{source}: YAML too large: more than {MAX_YAML_NODES} values (aliases counted "
+                            "each time they are used)")
+        if depth > MAX_YAML_DEPTH:
+            mark = node.start_mark
+            raise TaskError(f"{source}:{mark.line + 1}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack.append((key, depth + 1))
+                stack.append((value, depth + 1))
 
 
 def apply_overrides(
@@ -360,8 +512,10 @@ def apply_overrides(
     cpus: str | None = None,
     memory: str | None = None,
     envs: list[str] | tuple[str, ...] = (),
+    secrets: list[str] | tuple[str, ...] = (),
 ) -> Task:
-    """Command-line overrides on top of a task; validated like the file itself."""
+    """Command-line overrides on top of a task; validated like the file itself. `--secret KEY=VALUE`,
+    or `--secret KEY` for the value of KEY in this process's environment."""
     data = task.model_dump(exclude_none=True)
     resources = data.setdefault("resources", {})
     if name is not None:
@@ -389,21 +543,49 @@ def apply_overrides(
             raise TaskError(f"--env {item!r}: expected KEY=VALUE")
         env[key] = value
     data["envs"] = env
+    hidden = dict(data.get("secrets", {}))
+    for item in secrets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            if key not in os.environ:
+                raise TaskError(f"--secret {key!r}: {key} is not set in your environment; pass --secret {key}=VALUE")
+            value = os.environ[key]
+        hidden[key] = value
+        env.pop(key, None)  # a secret given on the command line replaces an env of the same name
+    data["secrets"] = hidden
     return parse_task(data, source)
+
+
+def _as_strings(values: dict[str, Any], source: str, what: str, flag: str) -> dict[str, str]:
+    """Env values as strings (YAML booleans as true/false); a null one must have been given with `flag`."""
+    missing = [k for k, v in values.items() if v is None]
+    if missing:
+        raise TaskError(f"{source}: {what} {', '.join(missing)} must be given a value: pass "
+                        + " ".join(flag.format(k=k) for k in missing))
+    return {k: ("true" if v else "false") if isinstance(v, bool) else str(v) for k, v in values.items()}
 
 
 def resolved_envs(task: Task, source: str) -> dict[str, str]:
     """The task's environment as strings; a variable declared null must have been given with --env."""
-    missing = [k for k, v in task.envs.items() if v is None]
-    if missing:
-        raise TaskError(
-            f"{source}: envs {', '.join(missing)} must be given a value: pass "
-            + " ".join(f"--env {k}=…" for k in missing)
-        )
-    out = {}
-    for key, value in task.envs.items():
-        out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
-    return out
+    return _as_strings(task.envs, source, "envs", "--env {k}=…")
+
+
+def resolved_secrets(task: Task, source: str) -> dict[str, str]:
+    """The task's secret values as strings; a secret declared null must have been given with --secret."""
+    return _as_strings(task.secrets, source, "secrets",
+                       "--secret {k}=… (or --secret {k} to take it from your environment)")
+
+
+def job_environment(task: Task, source: str) -> dict[str, str]:
+    """Everything the job's environment gets from the task: envs, then secrets."""
+    return {**resolved_envs(task, source), **resolved_secrets(task, source)}
+
+
+def redacted_json(task: Task) -> str:
+    """The task as the state store keeps it: secret values left out (they are sealed apart)."""
+    data = task.model_dump(mode="json")
+    data["secrets"] = {key: None for key in task.secrets}
+    return json.dumps(data)
 
 
 def task_json_schema() -> dict[str, Any]:

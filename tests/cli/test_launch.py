@@ -30,14 +30,6 @@ def wait_state(corral, job_id: str, states: set[str], timeout: float = 60) -> di
 
 
 @pytest.fixture
-def clean_queues(testbed):
-    yield
-    for spec in testbed.clusters:
-        subprocess.run(["ssh", "-F", str(testbed.cluster_config), spec.name, "scancel -u corral-test"],
-                       capture_output=True)
-
-
-@pytest.fixture
 def alpine_h100_full(testbed, clean_queues):
     """Every H100 of alpine taken by a job submitted outside Corral."""
     job = ssh_login(testbed.cluster_config, "alpine",

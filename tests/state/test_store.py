@@ -84,3 +84,41 @@ def test_attempt_updates_for_unknown_tokens_are_ignored(store):
     store.add_jobs([job("c-1")], [attempt("t1", "c-1")])
     store.update_attempts({"t1": {"state": "RUNNING"}, "gone": {"state": "RUNNING"}})
     assert store.views()[0].attempt.state == "RUNNING"
+
+
+def test_new_job_ids_are_unique_even_when_random_ids_collide(store, monkeypatch):
+    import corral.state.store as store_module
+
+    store.add_jobs([job("c-000000000001")], [])
+    pool = iter(["c-000000000001", "c-000000000002", "c-000000000002", "c-000000000003"] * 10)
+    monkeypatch.setattr(store_module, "new_job_id", lambda: next(pool))
+    assert store.new_job_ids(2) == ["c-000000000002", "c-000000000003"]
+
+
+def test_job_ids_carry_48_random_bits():
+    from corral.state.store import new_job_id
+
+    ids = {new_job_id() for _ in range(100_000)}
+    assert len(ids) == 100_000 and all(len(i) == 14 and i.startswith("c-") for i in ids)
+
+
+def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path):
+    """Two commands that first open a new store at the same moment: neither fails on CREATE TABLE."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    start_at = time.time() + 1.5
+    script = (
+        "import sys, time\n"
+        "from corral.state import Store\n"
+        "from corral.state.models import JobRow\n"
+        f"time.sleep(max(0, {start_at} - time.time()))\n"
+        f"s = Store({url!r})\n"
+        "s.add_jobs([JobRow(id='c-' + sys.argv[1], name='x', task_json='{}', created_at=0.0)], [])\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, f"{i:012d}"], stderr=subprocess.PIPE, text=True)
+             for i in range(6)]
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, errors
+    assert len(Store(url).views()) == 0 and len(Store(url).jobs([f"c-{i:012d}" for i in range(6)])) == 6

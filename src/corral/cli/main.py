@@ -24,10 +24,16 @@ def _reports_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return func(*args, **kwargs)
         except CorralError as exc:
-            click.echo(f"corral: error: {exc}", err=True)
+            click.echo(f"corral: error: {one_line(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
     return wrapper
+
+
+def one_line(text: str) -> str:
+    """An error message as one line: a line break or other control character from a user's value
+    (a file name, a key) is shown escaped, never written out."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _print_json(value: object) -> None:
@@ -46,9 +52,10 @@ def cli() -> None:
 @cli.command()
 @click.argument("clusters", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per cluster.")
-@click.option("--timeout", default=5, show_default=True, help="Seconds to wait for each Slurm controller.")
+@click.option("--timeout", type=click.FloatRange(1, 3600), default=None,
+              help="Most seconds to wait for each cluster's answer [default: CORRAL_TIMEOUT or 10].")
 @_reports_errors
-def check(clusters: tuple[str, ...], as_json: bool, timeout: int) -> None:
+def check(clusters: tuple[str, ...], as_json: bool, timeout: float | None) -> None:
     """Check that each cluster's login node and Slurm controller answer.
 
     Exits non-zero if any cluster fails, with the reason per cluster.
@@ -57,7 +64,7 @@ def check(clusters: tuple[str, ...], as_json: bool, timeout: int) -> None:
 
     from corral.client import Client, check_json
 
-    client = Client(slurm_timeout=timeout)
+    client = Client(timeout=timeout)
     outcomes = asyncio.run(client.probe(list(clusters)))
     if as_json:
         _print_json([check_json(o) for o in outcomes])
@@ -73,9 +80,10 @@ def check(clusters: tuple[str, ...], as_json: bool, timeout: int) -> None:
 @click.argument("gpu", required=False)
 @click.option("--infra", help="Only this infra: slurm/<cluster>[/<partition>].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows (and of unreachable clusters).")
-@click.option("--timeout", default=5, show_default=True, help="Seconds to wait for each Slurm controller.")
+@click.option("--timeout", type=click.FloatRange(1, 3600), default=None,
+              help="Most seconds to wait for each cluster's answer [default: CORRAL_TIMEOUT or 10].")
 @_reports_errors
-def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: int) -> None:
+def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | None) -> None:
     """GPUs across every cluster: type, free/total, nodes and pending demand.
 
     GPU filters by name tolerantly: H100 matches the GRES type nvidia_h100_80gb_hbm3; L4 does not
@@ -85,7 +93,7 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: int) -> Non
 
     from corral.client import Client
 
-    report = asyncio.run(Client(slurm_timeout=timeout).gpus(gpu, infra))
+    report = asyncio.run(Client(timeout=timeout).gpus(gpu, infra))
     if as_json:
         _print_json(
             [r.to_json() for r in report.rows]
@@ -123,7 +131,10 @@ def _load_task(paths: tuple[str, ...], command: tuple[str, ...]) -> list[tuple[A
 @click.option("--cpus", help="CPUs per node: N or N+.")
 @click.option("--memory", help="Memory per node in GB: N or N+.")
 @click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable.")
-@click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N copies (a sweep); CORRAL_JOB_RANK tells them apart.")
+@click.option("--secret", "secret_values", multiple=True,
+              help="KEY=VALUE, or KEY to take it from your environment: an env kept out of the store in clear text.")
+@click.option("--num-jobs", type=int, default=1, show_default=True,
+              help="Launch N copies (a sweep, at most 10,000); CORRAL_JOB_RANK tells them apart.")
 @click.option("-d", "--detach", is_flag=True, help="Return once Slurm has accepted the job.")
 @click.option("--dryrun", is_flag=True, help="Show the placement plan; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -132,7 +143,8 @@ def _load_task(paths: tuple[str, ...], command: tuple[str, ...]) -> list[tuple[A
 @click.option("--time", "walltime", help="Walltime (sbatch --time), e.g. 4:00:00.")
 @_reports_errors
 def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None,
-           cpus: str | None, memory: str | None, envs: tuple[str, ...], num_jobs: int, detach: bool, dryrun: bool,
+           cpus: str | None, memory: str | None, envs: tuple[str, ...], secret_values: tuple[str, ...], num_jobs: int,
+           detach: bool, dryrun: bool,
            as_json: bool, dev_name: str | None, idle_minutes: float | None, walltime: str | None) -> None:
     """Run a task on the cluster that can start it soonest.
 
@@ -143,14 +155,13 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
 
     from corral.cli import render
     from corral.client import Client
-    from corral.launch import LaunchEvents, Launcher
+    from corral.launch import LaunchEvents, Launcher, check_num_jobs
     from corral.state import open_store
     from corral.task import TaskError, apply_overrides
 
     separator = "--" in sys.argv
     paths, command = (args, ()) if not separator else _split_command(args)
-    if num_jobs < 1:
-        raise TaskError("--num-jobs must be at least 1")
+    check_num_jobs(num_jobs)
     loaded = _load_task(paths, command) if (paths or command or not dev_name) else []
     if dev_name and not loaded:
         from corral.task import parse_task
@@ -158,7 +169,7 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
         loaded = [(parse_task({}, "command line"), "command line")]
     tasks = [
         (apply_overrides(task, source, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
-                         memory=memory, envs=envs), source)
+                         memory=memory, envs=envs, secrets=secret_values), source)
         for task, source in loaded
     ]
     if walltime and not dev_name:
@@ -360,8 +371,9 @@ def _dev(store: Any = None) -> Any:
 @click.argument("name")
 @click.argument("args", nargs=-1)
 @click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable.")
+@click.option("--secret", "secret_values", multiple=True, help="KEY=VALUE or KEY: a secret env, repeatable.")
 @_reports_errors
-def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...]) -> None:
+def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values: tuple[str, ...]) -> None:
     """Run a task or `-- COMMAND` on every node of dev allocation NAME; exits with its exit code."""
     import asyncio
 
@@ -372,7 +384,7 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...]) -> None:
     separator = "--" in sys.argv
     paths, command = (args, ()) if not separator else _split_command(args)
     [(task, source)] = _load_task(paths, command)
-    task = apply_overrides(task, source, envs=envs)
+    task = apply_overrides(task, source, envs=envs, secrets=secret_values)
     _job_id, code = asyncio.run(dev.exec(name, task, source, _write_bytes))
     sys.exit(code)
 
@@ -505,25 +517,26 @@ def jobs() -> None:
 @click.option("--cpus", help="CPUs per node: N or N+.")
 @click.option("--memory", help="Memory per node in GB: N or N+.")
 @click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable.")
-@click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep).")
+@click.option("--secret", "secret_values", multiple=True, help="KEY=VALUE or KEY: a secret env, repeatable.")
+@click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep, at most 10,000).")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids}.")
 @_reports_errors
 def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None,
                 num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
-                num_jobs: int, as_json: bool) -> None:
+                secret_values: tuple[str, ...], num_jobs: int, as_json: bool) -> None:
     """Record a managed job and return its id at once; the controller places and watches it."""
     from corral import managed
     from corral.controller import server as controller
+    from corral.launch import check_num_jobs
     from corral.state import open_store
-    from corral.task import TaskError, apply_overrides
+    from corral.task import apply_overrides
 
-    if num_jobs < 1:
-        raise TaskError("--num-jobs must be at least 1")
+    check_num_jobs(num_jobs)
     separator = "--" in sys.argv
     paths, command = (args, ()) if not separator else _split_command(args)
     [(task, source)] = _load_task(paths, command)
     task = apply_overrides(task, source, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
-                           memory=memory, envs=envs)
+                           memory=memory, envs=envs, secrets=secret_values)
     ids = managed.record(open_store(), task, source, num_jobs)
     controller.start()
     if as_json:
@@ -661,5 +674,60 @@ def schema() -> None:
     _print_json(task_json_schema())
 
 
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in Corral, never the user's input
+
+
 def main() -> None:
-    cli(prog_name="corral")
+    import os
+
+    os.umask(0o077)  # Corral's files (store, keys, logs, sockets) are the user's alone on a shared machine
+    try:
+        code = cli(prog_name="corral", standalone_mode=False)  # returns an exit code for --help and ctx.exit
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except click.exceptions.Abort:
+        click.echo("corral: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        _report_usage_error(exc)
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        click.echo("corral: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+        _report_internal_error(exc)
+        sys.exit(EXIT_INTERNAL)
+
+
+def _report_usage_error(exc: click.ClickException) -> None:
+    """A bad flag or argument: one line that says what and where to look, as CorralErrors do."""
+    message = one_line(" ".join(exc.format_message().split()))
+    context = getattr(exc, "ctx", None)
+    hint = f" (see `{context.command_path} --help`)" if context is not None else ""
+    click.echo(f"corral: error: {message}{hint}", err=True)
+
+
+def _report_internal_error(exc: BaseException) -> None:
+    """A bug: one line for the user, the traceback in ~/.corral/crash.log for the report."""
+    import os
+    import traceback
+
+    where = "the traceback could not be saved"
+    try:
+        from corral.config import corral_home, private_dir
+
+        log = private_dir(corral_home()) / "crash.log"
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write("".join(traceback.format_exception(exc)) + "\n")
+        where = f"details in {log}"
+    except OSError:
+        pass
+    if os.environ.get("CORRAL_DEBUG"):
+        traceback.print_exception(exc)
+    click.echo(f"corral: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]} "
+               f"(a bug in Corral; {where})", err=True)

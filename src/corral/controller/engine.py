@@ -43,6 +43,7 @@ from corral.placement import Candidate, Plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow
 from corral.state.store import TERMINAL_STATES
+from corral.state.sealed import unseal
 from corral.task import Task, resolved_envs
 from corral.tracker import Tracker
 
@@ -240,7 +241,7 @@ class Controller:
                 previous = attempts.get(job.id, [])
                 await self._carry_checkpoint(job, task, previous[-1] if previous else None, feasible[0].cluster)
             try:
-                shares = await self.launcher.submit_jobs(task, resolved_envs(task, "managed job"), Path.cwd(),
+                shares = await self.launcher.submit_jobs(task, _environment(jobs[0], task), Path.cwd(),
                                                          feasible, jobs, _attempt_options(task, number))
             except CorralError as exc:
                 self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
@@ -353,7 +354,7 @@ class Controller:
         """Submit the new attempt first; cancel the old one only once the new one is accepted."""
         number = max(a.number for a in attempts.get(job.id, [current])) + 1
         try:
-            await self.launcher.submit_jobs(task, resolved_envs(task, "managed job"), Path.cwd(),
+            await self.launcher.submit_jobs(task, _environment(job, task), Path.cwd(),
                                             [target], [job], _attempt_options(task, number))
         except CorralError as exc:
             self.store.set_managed(job.id, reason=f"could not move to {target.infra}: {exc}")
@@ -432,6 +433,11 @@ class Controller:
 
 def _task(job: JobRow) -> Task:
     return _parse_task(job.task_json)
+
+
+def _environment(job: JobRow, task: Task) -> dict[str, str]:
+    """The job's envs, and its secrets unsealed from the store (a sweep's jobs share both)."""
+    return {**resolved_envs(task, "managed job"), **unseal(job.secrets_sealed)}
 
 
 @functools.lru_cache(maxsize=256)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from corral.config import corral_home
+from corral.config import corral_home, private_file, private_home, write_private
 from corral.errors import CorralError
 
 MAX_INTERVAL = 10.0
@@ -84,9 +84,8 @@ def start() -> int:
         except ControllerUnavailable:
             os.kill(pid, signal.SIGUSR1)  # still starting, or busy: the signal wakes it as well
         return pid
-    home = corral_home()
-    home.mkdir(parents=True, exist_ok=True)
-    with open(log_file(), "ab") as log:
+    private_home()
+    with open(private_file(log_file()), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
     deadline = time.monotonic() + 10
@@ -161,7 +160,7 @@ async def _run() -> None:
     fd = os.open(endpoint, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"pid": os.getpid(), "port": listener.getsockname()[1], "token": token}, f)
-    pid_file().write_text(f"{os.getpid()}\n")  # last: `start` waits for it, so the API is up by then
+    write_private(pid_file(), f"{os.getpid()}\n")  # last: `start` waits for it, so the API is up by then
     print(f"corral controller {holder} started (interval {base:g}s, API on 127.0.0.1:{listener.getsockname()[1]})",
           flush=True)
     interval = base

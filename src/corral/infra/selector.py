@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from corral.errors import InvalidInfraError
 
 SUPPORTED_KINDS = ("slurm",)
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+\-]{0,255}\Z", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,10 @@ def parse_infra(text: str) -> InfraSelector:
         raise InvalidInfraError(
             f"invalid infra {text!r}: expected slurm, slurm/<cluster> or slurm/<cluster>/<partition>"
         )
+    for part in parts[1:]:
+        if not _NAME.match(part):
+            raise InvalidInfraError(f"invalid infra {text!r}: {part!r} is not a cluster or partition name "
+                                    "(letters, digits, '_', '.', '-', '@', '+')")
     kind = parts[0].lower()
     if kind not in SUPPORTED_KINDS:
         raise InvalidInfraError(

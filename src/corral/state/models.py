@@ -20,6 +20,7 @@ class JobRow(Base):
     job_rank: Mapped[int] = mapped_column(Integer, default=0)
     num_jobs: Mapped[int] = mapped_column(Integer, default=1)
     allocation: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # exec jobs
+    secrets_sealed: Mapped[str | None] = mapped_column(Text, nullable=True)  # state/sealed.py; never clear text
 
 
 class AttemptRow(Base):

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import create_engine, event, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from corral.config import corral_home
+from corral.config import private_file, private_home
 from corral.errors import CorralError
 from corral.state.models import (
     AllocationRow,
@@ -42,13 +45,17 @@ class JobView:
     attempt: AttemptRow
 
 
+def new_job_id() -> str:
+    """A job id: 48 random bits, so that even a store of millions of jobs rarely meets a collision
+    (and `Store.new_job_ids` checks the store as well)."""
+    return "c-" + secrets.token_hex(6)
+
+
 def default_url() -> str:
     url = os.environ.get(DB_URL_ENV)
     if url:
         return url
-    home = corral_home()
-    home.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{home / 'state.db'}"
+    return f"sqlite:///{private_home() / 'state.db'}"
 
 
 def open_store(url: str | None = None) -> Store:
@@ -59,11 +66,25 @@ class Store:
     def __init__(self, url: str):
         self.url = url
         self.engine: Engine = create_engine(url, future=True)
-        if url.startswith("sqlite"):
+        sqlite_path = _sqlite_path(url)
+        if sqlite_path is not None:
+            _private_sqlite_files(sqlite_path)
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        Base.metadata.create_all(self.engine)
-        _add_missing_columns(self.engine)
+        with _schema_lock(self.engine, sqlite_path):
+            Base.metadata.create_all(self.engine)
+            _add_missing_columns(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def new_job_ids(self, count: int) -> list[str]:
+        """`count` fresh job ids, distinct from each other and from every id in the store."""
+        ids: set[str] = set()
+        while len(ids) < count:
+            fresh = {new_job_id() for _ in range(count - len(ids))} - ids
+            with self.session() as s:
+                taken = {i for chunk in _chunks(sorted(fresh), 5000)
+                         for i in s.scalars(select(JobRow.id).where(JobRow.id.in_(chunk)))}
+            ids |= fresh - taken
+        return sorted(ids)
 
     def session(self) -> Session:
         return self._sessions()
@@ -279,6 +300,54 @@ class Store:
             raise JobNotFoundError(f"no job {job_ref!r}; see `corral queue` for job ids")
         ids = ", ".join(v.job.id for v in prefixed[:5])
         raise JobNotFoundError(f"{job_ref!r} matches several jobs ({ids}…); give more of the id")
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The database file of a file-backed SQLite URL (None for other databases and :memory:)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+def _private_sqlite_files(path: Path) -> None:
+    """The database and its -wal/-shm files are the user's alone: SQLite gives the journal files the
+    database file's mode, so creating that one 600 first is enough; older stores are tightened."""
+    private_file(path)
+    for suffix in ("-wal", "-shm", "-journal"):
+        extra = path.with_name(path.name + suffix)
+        if extra.exists() and extra.stat().st_mode & 0o077:
+            extra.chmod(0o600)
+
+
+@contextmanager
+def _schema_lock(engine: Engine, sqlite_path: Path | None) -> Iterator[None]:
+    """One process at a time creates or upgrades the schema: two commands opening a new store at the
+    same moment would otherwise both try CREATE TABLE, and one would fail."""
+    if sqlite_path is not None:
+        import fcntl
+
+        lock = private_file(sqlite_path.with_name(sqlite_path.name + ".lock"))
+        with open(lock, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    elif engine.dialect.name == "postgresql":
+        from sqlalchemy import text
+
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(7316520841)"))  # any constant: Corral's schema lock
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(7316520841)"))
+                conn.commit()
+    else:
+        yield
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]

@@ -26,8 +26,8 @@ from corral.infra.slurm.jobscript import (
 from corral.infra.slurm.probe import MARK
 
 DEV_PREFIX = JOB_NAME_PREFIX + "dev-"
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
-_JOB_ID = re.compile(r"^\d+$")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*\Z", re.ASCII)
+_JOB_ID = re.compile(r"^\d+\Z", re.ASCII)
 
 
 def _check_id(job_id: str) -> str:
@@ -49,7 +49,6 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
         "set -u",
         'export CORRAL_RUN_DIR="$SLURM_SUBMIT_DIR"',
         'cd "$CORRAL_RUN_DIR"',
-        ". ./env.sh",
         f"export CORRAL_TASK_ID={shlex.quote(spec.task_ids[0])} CORRAL_CLUSTER={shlex.quote(spec.cluster)}",
         f"export CORRAL_NUM_GPUS_PER_NODE={spec.gpus_per_node}",
         *node_env_lines('"$SLURM_JOB_NODELIST"'),
@@ -114,18 +113,18 @@ if [ -z "$sshd" ]; then
   echo "corral: no sshd on $(hostname): \\`corral ssh {name}\\` works without it; editors' remote-SSH does not" >&2
   exit 1
 fi
-. "$run/env.sh"
 export CORRAL_RUN_DIR="$run" CORRAL_TASK_ID={shlex.quote(name)} CORRAL_CLUSTER={shlex.quote(cluster)}
 extra=" {names} "
 setenv=""
 tmp=$(mktemp "$d/session.env.XXXXXX")
+envbin=$(command -v env)
 while IFS= read -r -d '' kv; do
   key=${{kv%%=*}}
   case "$key" in {_PASSED_PATTERNS}) ;; *) case "$extra" in *" $key "*) ;; *) continue;; esac;; esac
   printf 'export %s=%q\\n' "$key" "${{kv#*=}}"
   case "$kv" in *'"'*|*'\\'*|*$'\\n'*) continue;; esac
   setenv="$setenv \\"$kv\\""
-done < <(env -0) > "$tmp"
+done < <(. "$run/env.sh"; exec "$envbin" -0) > "$tmp"  # the task's envs, read in a subshell only
 mv -f "$tmp" "$d/session.env"
 options=(-f /dev/null -o HostKey="$d/host_key" -o AuthorizedKeysFile="$d/authorized_keys" -o PidFile=none
          -o UsePAM=no -o LogLevel=ERROR -o X11Forwarding=no -o PermitUserEnvironment=no
@@ -164,12 +163,11 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + 'if [ "$state" != RUNNING ] || [ ! -e ready ]; then '
         + 'echo "corral: the allocation is not ready (${state:-gone})" >&2; exit 75; fi\n'
         + 'export CORRAL_RUN_DIR="$d"\n'
-        + f". ./{exec_dir}/env.sh\n"
         + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
         + "\n".join(node_env_lines(f'"$(squeue -h -j {job_id} -o %N)"')) + "\n"
         + f'srun --jobid={job_id} --overlap --nodes={num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 '
-        + f'bash task.sh "" "$d/{exec_dir}/run.sh"\n'
+        + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh"\n'
     )
 
 

@@ -14,7 +14,7 @@ from corral.infra.slurm.probe import MARK, split_sections
 from corral.ssh import SshTransport
 
 _START_AT = re.compile(r"to start at (\S+)")
-_JOB_ID = re.compile(r"^\d+(_\d+)?$")
+_JOB_ID = re.compile(r"^\d+(_\d+)?\Z", re.ASCII)
 CLOCK = (f"printf '{MARK} clock 0\\n'; date +%s; date +%Y-%m-%dT%H:%M:%S\n")
 
 # Slurm job states → Corral's.

@@ -4,7 +4,9 @@ A job's run directory (`~/.corral/runs/<token>/`) holds:
 - `job.sbatch`: the batch script (golden-file tested): sbatch options, the CORRAL_*/SKYPILOT_*
   environment, and one `srun` step across the allocation running `task.sh` on every node;
 - `task.sh`: per node: rank, then `setup.sh`, then `run.sh`, from the job's `workdir/`;
-- `env.sh`: the task's envs, each value quoted with shlex.quote, so it arrives byte for byte;
+- `env.sh`: the task's envs, each value quoted with shlex.quote, so it arrives byte for byte. Only the
+  processes that run `setup.sh` and `run.sh` source it: Corral's own commands (srun, scontrol, …)
+  never run under the task's environment, so `PATH=/x` in a task cannot break them;
 - `setup.sh`, `run.sh`: the user's commands, verbatim; `task_ids` for job arrays.
 
 Nothing is installed on the cluster: bash, coreutils, getent and the Slurm commands are all it needs.
@@ -12,9 +14,12 @@ Nothing is installed on the cluster: bash, coreutils, getent and the Slurm comma
 
 from __future__ import annotations
 
+import re
 import secrets
 import shlex
 from dataclasses import dataclass, field
+
+from corral.errors import CorralError
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
 # Managed jobs' default CORRAL_CHECKPOINT_DIR: ~/.corral/checkpoints/<job id> (per job, also in arrays).
@@ -69,8 +74,25 @@ def new_token() -> str:
     return secrets.token_hex(6)
 
 
+class UnsafeScriptValueError(CorralError):
+    """A value that would end its line in a job script (the task model refuses these first)."""
+
+
+_LINE_BREAKERS = re.compile(r"[\x00-\x1f\x7f\s]")
+
+
 def sbatch_options(spec: SlurmJobSpec) -> list[str]:
-    """The job's sbatch options (also used for `sbatch --test-only`)."""
+    """The job's sbatch options (also used for `sbatch --test-only`). Each is one `#SBATCH` word:
+    nothing in them may end the line or split it."""
+    options = _sbatch_options(spec)
+    for option in options:
+        if _LINE_BREAKERS.search(option):
+            raise UnsafeScriptValueError(f"sbatch option {option!r} holds a space or control character; "
+                                         "it cannot go into a job script")
+    return options
+
+
+def _sbatch_options(spec: SlurmJobSpec) -> list[str]:
     opts = [
         f"--nodes={spec.num_nodes}",
         "--ntasks-per-node=1",
@@ -114,7 +136,6 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         # must not let the task run anyway.
         f'if [ -e "{CANCEL_MARKER}${{SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}}" ]; then '
         'echo "corral: cancelled before it started"; exit 0; fi',
-        ". ./env.sh",
     ]
     if spec.is_array:
         lines += [
@@ -160,14 +181,17 @@ def node_env_lines(nodelist: str) -> list[str]:
 
 
 TASK_SH = """\
-# Written by Corral: runs on every node of the job: task.sh [SETUP_FILE [RUN_FILE]] ("" skips one).
+# Written by Corral: runs on every node of the job: task.sh [SETUP_FILE [RUN_FILE [ENV_FILE]]] ("" skips one).
+# The task's envs (ENV_FILE) are sourced only by the bash that runs setup or run, never by this script.
 set -u
 setup="${1-$CORRAL_RUN_DIR/setup.sh}"
 run="${2-$CORRAL_RUN_DIR/run.sh}"
+envfile="${3-$CORRAL_RUN_DIR/env.sh}"
 export CORRAL_NODE_RANK="$SLURM_NODEID" SKYPILOT_NODE_RANK="$SLURM_NODEID"
 cd "$CORRAL_RUN_DIR/workdir"
+with_task_env() { "$BASH" -c '. "$1" || exit 1; shift; exec "$@"' task-env "$envfile" "$BASH" "$@"; }
 if [ -n "$setup" ] && [ -s "$setup" ]; then
-  bash "$setup"
+  with_task_env "$setup"
   rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "corral: setup failed on $(hostname) with exit code $rc" >&2
@@ -176,7 +200,7 @@ if [ -n "$setup" ] && [ -s "$setup" ]; then
   fi
 fi
 [ -n "$run" ] || exit 0
-exec bash "$run"
+exec "$BASH" -c '. "$1" || exit 1; shift; exec "$@"' task-env "$envfile" "$BASH" "$run"
 """
 
 

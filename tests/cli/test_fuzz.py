@@ -1,0 +1,129 @@
+"""Property: no argument list, for any command, ends in a traceback. Each ends with exit 0, or with
+one `corral: error:` line and a non-zero exit (a command's own report, such as `check`'s table of
+failed clusters, may come before it). The clusters refuse connections at once, so every command
+runs its whole path without a testbed."""
+
+from __future__ import annotations
+
+import io
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import click
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corral.cli.main import EXIT_INTERNAL, cli, main
+
+# Commands that start the background controller on valid input are left out: `jobs launch`,
+# `jobs cancel` and `server start` (their argument handling is `launch`'s and `cancel`'s).
+COMMANDS = [["check"], ["gpus"], ["launch"], ["queue"], ["logs"], ["cancel"], ["exec"], ["ssh"], ["status"],
+            ["down"], ["schema"], ["jobs", "queue"], ["jobs", "logs"], ["jobs", "events"], ["jobs", "why"],
+            ["server", "status"], []]
+VALUES = ["--", "-", "H100:8", "0", "-1", "100000000", "1e400", "nan", "slurm/alpine", "slurm/nope/x", "k8s/a",
+          "A=1", "=", "CORRAL_X=1", "PATH", "c-", "c-0", "task.yaml", "missing.yaml", "bad.yaml", "latin1.yaml",
+          "/", "", " ", "\n", "x\ny", "-esh -c 'touch /tmp/p' #", "--help", "é", "4:00:00", "dev", "all"]
+
+
+def flags(path: list[str]) -> list[str]:
+    command: click.Command = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    return [opt for param in command.params for opt in getattr(param, "opts", []) if opt.startswith("-")]
+
+
+def argv_for(path: list[str]) -> st.SearchStrategy[list[str]]:
+    words = st.one_of(st.sampled_from(flags(path) or ["--help"]), st.sampled_from(VALUES), st.text(max_size=12))
+    return st.lists(words, max_size=8).map(lambda rest: [*path, *rest])
+
+
+def with_values(path: list[str], targets: list[list[str]]) -> st.SearchStrategy[list[str]]:
+    """Well-formed shapes (each flag with a value where it takes one), so that parsing succeeds and the
+    values reach the task model, placement and the probe."""
+    command: click.Command = cli
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    options = [p for p in command.params if isinstance(p, click.Option)]
+    pair = st.sampled_from(options).flatmap(
+        lambda o: st.just([o.opts[0]]) if o.is_flag else st.sampled_from(VALUES).map(lambda v: [o.opts[0], v]))
+    return st.builds(lambda pairs, target: [*path, *sum(pairs, []), *target],
+                     st.lists(pair, max_size=5), st.sampled_from(targets))
+
+
+TARGETS = [["task.yaml"], ["bad.yaml"], ["--", "echo", "hi"], ["--", "true"], []]
+argvs = st.one_of(st.sampled_from(COMMANDS).flatmap(argv_for), with_values(["launch"], TARGETS),
+                  with_values(["exec"], [["dev", "--", "true"], ["dev", "task.yaml"]]),
+                  with_values(["gpus"], [[], ["H100"]]), with_values(["check"], [[], ["alpine"], ["nope"]]))
+
+
+@pytest.fixture
+def refusing_clusters(tmp_path_factory, monkeypatch) -> Path:
+    work = tmp_path_factory.mktemp("fuzz")
+    config = work / "slurm-config"
+    config.write_text("Host alpine\n    HostName 127.0.0.1\n    Port 1\nHost borealis\n    HostName 127.0.0.1\n"
+                      "    Port 1\n")
+    (work / "task.yaml").write_text("resources:\n  accelerators: H100:1\nrun: echo hi\n")
+    (work / "bad.yaml").write_text("resources:\n  acelerators: H100\n")
+    (work / "latin1.yaml").write_bytes(b"run: caf\xe9\n")
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(config))
+    monkeypatch.setenv("CORRAL_HOME", str(work / "home"))
+    monkeypatch.chdir(work)
+    return work
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.TextIOWrapper(io.BytesIO(), write_through=True), io.StringIO()
+    saved = sys.argv
+    sys.argv = ["corral", *argv]
+    code = 0
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    out.seek(0)
+    return code, out.read(), err.getvalue()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(argv=argvs)
+def test_no_argument_list_ends_in_a_traceback(refusing_clusters, argv):
+    code, _out, err = run_cli(argv)
+    assert "Traceback" not in err and code != EXIT_INTERNAL, (argv, err)
+    errors = [line for line in err.splitlines() if line.startswith("corral: error:")]
+    assert len(errors) <= 1, (argv, err)
+    if code == 2:  # a usage error: exactly one line
+        assert err.count("\n") == 1 and errors, (argv, err)
+    if errors:
+        assert code != 0 and err.endswith(errors[0] + "\n"), (argv, err)
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["launch", "--infra", "slurm/nope", "--", "true"], "unknown cluster 'nope'; known clusters: alpine, borealis"),
+    (["launch", "latin1.yaml"], "latin1.yaml: not UTF-8 text"),
+    (["launch", "--num-jobs", "100000000", "--", "true"], "a sweep has 1 to 10,000 jobs"),
+    (["launch", "--num-jobs", "0", "--", "true"], "a sweep has 1 to 10,000 jobs"),
+    (["gpus", "--infra", "slurm/nope"], "unknown cluster 'nope'"),
+    (["launch", "--env", "CORRAL_TASK_ID=1", "--", "true"], "Corral's own variables"),
+    (["launch", "--secret", "NOT_IN_ENV_FOR_SURE", "--", "true"], "is not set in your environment"),
+])
+def test_regressions_are_one_line_errors(refusing_clusters, argv, fragment):
+    code, _out, err = run_cli(argv)
+    assert code == 1 and err.startswith("corral: error: ") and err.count("\n") == 1 and fragment in err, err
+
+
+def test_a_bug_is_one_line_and_a_crash_log(refusing_clusters, monkeypatch):
+    import corral.client
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(corral.client.Client, "gpus", broken)
+    code, _out, err = run_cli(["gpus"])
+    assert code == EXIT_INTERNAL and err.count("\n") == 1 and "internal error: ZeroDivisionError: boom" in err
+    assert "Traceback" in (refusing_clusters / "home" / "crash.log").read_text()

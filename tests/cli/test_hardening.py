@@ -1,0 +1,169 @@
+"""Issue: security and input hardening, end to end on the real testbed. Each test fails on the code
+before the fix: a canary file appeared, a job broke, or a secret sat in the store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.helpers import ssh_login
+
+
+def test_option_like_workdir_and_mounts_run_nothing_locally(corral, corral_env, tmp_path, clean_queues):
+    work = tmp_path / "project"
+    workdir = work / "-esh -c 'touch pwned' #"
+    workdir.mkdir(parents=True)
+    (workdir / "code.txt").write_text("code\n")
+    (work / "--rsh=sh -c 'touch pwned' #").write_text("data\n")
+    (work / "task.yaml").write_text(
+        "workdir: \"-esh -c 'touch pwned' #\"\n"
+        "file_mounts:\n  data.txt: \"--rsh=sh -c 'touch pwned' #\"\n"
+        "run: cat code.txt data.txt\n")
+    result = subprocess.run([sys.executable, "-m", "corral", "launch", "task.yaml"], cwd=work, env=corral_env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "code\ndata\n"
+    assert not (work / "pwned").exists() and not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("slurm", [{"account": "x\ntouch ~/CANARY"}, {"qos": "normal\ntouch ~/CANARY"},
+                                   {"sbatch_args": ["--comment=x\ntouch ~/CANARY"]},
+                                   {"sbatch_args": ["--exclusive --output=/tmp/CANARY"]}])
+def test_sbatch_values_cannot_inject_lines(corral, testbed, tmp_path, clean_queues, slurm):
+    import yaml
+
+    canary = f"canary-{uuid.uuid4().hex[:8]}"
+    text = yaml.safe_dump({"run": "true", "slurm": {k: (v.replace("CANARY", canary) if isinstance(v, str)
+                                                         else [a.replace("CANARY", canary) for a in v])
+                                                     for k, v in slurm.items()}})
+    (tmp_path / "task.yaml").write_text(text)
+    result = corral("launch", "-d", str(tmp_path / "task.yaml"))
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1 and "invalid task: slurm." in result.stderr
+    for cluster in ("alpine", "borealis", "cirrus"):
+        assert ssh_login(testbed.cluster_config, cluster, f"ls ~ /tmp | grep -c {canary} || true").strip() == "0"
+
+
+def test_a_task_env_cannot_break_corrals_own_commands(corral, clean_queues):
+    result = corral("launch", "--num-nodes", "2", "--gpus", "H100:1", "--env", "PATH=/nowhere", "--env",
+                    "LD_LIBRARY_PATH=/nowhere", "--", 'echo "rank $CORRAL_NODE_RANK path=$PATH"')
+    assert result.exit_code == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["rank 0 path=/nowhere", "rank 1 path=/nowhere"]
+
+
+def store_bytes(home: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in home.glob("state.db*") if p.is_file())
+
+
+def test_secrets_reach_the_job_but_never_the_store_in_clear(corral, corral_env, testbed, clean_queues):
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    home = Path(corral_env["CORRAL_HOME"])
+    env = {**corral_env, "WANDB_API_KEY": secret + "-env"}
+    result = corral("launch", "--secret", f"HF_TOKEN={secret}", "--secret", "WANDB_API_KEY", "--",
+                    'echo "$HF_TOKEN $WANDB_API_KEY"', env=env)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{secret} {secret}-env\n"
+    managed = corral("jobs", "launch", "--secret", f"HF_TOKEN={secret}", "--", 'echo "managed $HF_TOKEN"')
+    assert managed.exit_code == 0, managed.stderr
+    job = managed.stdout.strip()
+    try:
+        wait_for("the managed job to succeed",
+                 lambda: "SUCCEEDED" in corral("jobs", "events", job).stdout, timeout=90)
+        assert corral("jobs", "logs", job).stdout.strip().endswith(f"managed {secret}")
+    finally:
+        corral("server", "stop")
+    listings = [corral(*args).stdout for args in (["queue", "--json", "--all"], ["jobs", "queue", "--json", "--all"],
+                                                  ["jobs", "events", job])]
+    stored = store_bytes(home)
+    assert stored and secret.encode() not in stored
+    assert all(secret not in text for text in listings)
+    # On the cluster, the job's env file is the user's alone.
+    modes = ssh_login(testbed.cluster_config, "alpine", "stat -c %a ~/.corral/runs/*/env.sh 2>/dev/null | sort -u")
+    assert set(modes.split()) <= {"600"}
+
+
+OTHER_USER = "corral-other"
+
+
+@pytest.fixture(scope="module")
+def other_user() -> str:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second local user")
+    if subprocess.run(["id", OTHER_USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                       check=True)
+    return OTHER_USER
+
+
+def test_another_local_user_can_read_nothing_of_corrals_home(corral_env, testbed, other_user, clean_queues):
+    """Run Corral as a careless user would (umask 022, a world-readable store left by an old version),
+    then try, as a second local user, to open everything under the first user's Corral home."""
+    import sqlite3
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="corral-perm-", dir="/tmp"))
+    base.chmod(0o755)  # the second user can reach the home: only its own modes protect it
+    home = base / "home"
+    home.mkdir(mode=0o755)
+    sqlite3.connect(home / "state.db").close()
+    (home / "state.db").chmod(0o644)
+    env = {**corral_env, "CORRAL_HOME": str(home)}
+
+    def corral(*args: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "corral", *args], env=env, capture_output=True, text=True,
+                              timeout=120, preexec_fn=lambda: os.umask(0o022))
+        assert proc.returncode == 0, proc.stderr
+
+    try:
+        corral("launch", "--env", "TOKEN=plain-env", "--secret", "KEY=secret", "--", "true")
+        corral("jobs", "launch", "--", "true")
+        corral("server", "status")
+        corral("gpus")
+        paths = [home, *home.rglob("*")]
+        assert len(paths) > 8, paths
+        loose = [(str(p), oct(p.stat().st_mode & 0o777)) for p in paths
+                 if p.stat().st_mode & 0o077]
+        assert loose == []
+        # The second user tries to list every folder and read every file (sockets included) by path.
+        probe = ('n=0; for p in "$@"; do if [ -d "$p" ]; then ls "$p" >/dev/null 2>&1 && n=$((n+1)) && echo "$p"; '
+                 'elif head -c 1 "$p" >/dev/null 2>&1; then n=$((n+1)); echo "$p"; fi; done; echo "opened $n"')
+        seen = subprocess.run(["runuser", "-u", other_user, "--", "sh", "-c", probe, "probe", *map(str, paths)],
+                              capture_output=True, text=True, timeout=60)
+        assert seen.returncode == 0, seen.stderr
+        assert seen.stdout == "opened 0\n", seen.stdout
+        # The same probe on a folder of that user's reach does open things: the test can fail.
+        control = subprocess.run(["runuser", "-u", other_user, "--", "sh", "-c", probe, "probe", str(base)],
+                                 capture_output=True, text=True, timeout=60)
+        assert control.stdout.endswith("opened 1\n"), control.stdout
+    finally:
+        subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env=env, capture_output=True)
+        subprocess.run(["rm", "-rf", str(base)])
+
+
+def test_a_login_node_that_stops_answering_costs_one_timeout(corral, corral_env, testbed):
+    """A hung login node behind an open ControlMaster: `gpus` answers within CORRAL_TIMEOUT, with the
+    other clusters' rows and that cluster's failure, and the next call is bounded the same way."""
+    assert corral("gpus", "--json").exit_code == 0  # opens the masters
+    env = {**corral_env, "CORRAL_TIMEOUT": "6"}
+    testbed.freeze_login("alpine")
+    try:
+        kinds = []
+        for _ in range(2):
+            result = corral("gpus", "--json", env=env)
+            rows = result.json()
+            failures = {r["cluster"]: r for r in rows if "error" in r}
+            # Behind the stuck master: "no answer within 6s"; then, with that master stopped, a new
+            # connection that never gets the login node's banner (ConnectTimeout).
+            assert set(failures) == {"alpine"} and failures["alpine"]["error_kind"] in ("timeout", "unreachable"), rows
+            assert {r["cluster"] for r in rows if "error" not in r} == {"borealis", "cirrus"}
+            assert result.seconds < 6 + 4, result.seconds  # the bound, plus process start-up
+            kinds.append(failures["alpine"]["error_kind"])
+        assert kinds == ["timeout", "unreachable"]
+    finally:
+        testbed.thaw_login("alpine")
+    wait_for("alpine to answer again", lambda: corral("check", "alpine").exit_code == 0, timeout=30)

@@ -1,0 +1,88 @@
+"""Property: any task file, of any shape, either plans or is refused with one line, in bounded time
+and memory. Planning runs on snapshots parsed from recorded real probe output."""
+
+from __future__ import annotations
+
+import string
+import time
+import tracemalloc
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corral.placement import build_plan
+from corral.task import Task, TaskError, load_task, resource_options
+from tests.test_placement import ORDER, SNAPSHOTS
+
+FIELDS = {
+    None: ["name", "workdir", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup", "run", "slurm",
+           "checkpoint", "nmae"],
+    "resources": ["accelerators", "cpus", "memory", "infra", "image_id", "job_recovery", "any_of", "ordered"],
+    "slurm": ["time", "account", "qos", "constraint", "reservation", "sbatch_args"],
+}
+WORDS = ["H100:8", "H100", "l4:1", "gpu:2", "B300:0", "8+", "-1", "slurm", "slurm/alpine/gpu", "slurm/nope",
+         "k8s/x", "4:00:00", "--exclusive", "--output=/tmp/x", "x\ntouch /tmp/p", "-esh -c 'touch /tmp/p' #",
+         "docker:ubuntu", "CORRAL_X", "", " ", "\x00", "é", "1e309", "nan"]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                    st.sampled_from(WORDS), st.text(max_size=20))
+
+
+def values(depth: int = 3) -> st.SearchStrategy:
+    if depth == 0:
+        return scalars
+    inner = values(depth - 1)
+    keys = st.one_of(st.sampled_from(sum(FIELDS.values(), [])), st.text(max_size=8))
+    return st.one_of(scalars, st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4))
+
+
+def section(name: str | None) -> st.SearchStrategy:
+    return st.dictionaries(st.sampled_from(FIELDS[name]), values(), max_size=6)
+
+
+tasks = st.builds(lambda top, res, slurm: {**top, **({"resources": res} if res else {}),
+                                           **({"slurm": slurm} if slurm else {})},
+                  section(None), section("resources"), section("slurm"))
+yaml_text = st.text(alphabet=string.printable + "é\x00\x85\ufeff", max_size=300)
+
+
+def plans_or_refuses(path: Path) -> None:
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        task = load_task(path)
+    except TaskError as exc:
+        assert str(exc) and "\n" not in str(exc), repr(str(exc))
+    else:
+        assert isinstance(task, Task)
+        build_plan(task, resource_options(task.resources), SNAPSHOTS, ORDER)
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert time.monotonic() - started < 2.0
+    assert peak < 64 * 2**20
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=tasks)
+def test_structured_task_files(tmp_path, data):
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    plans_or_refuses(path)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=yaml_text)
+def test_any_text(tmp_path, text):
+    path = tmp_path / "task.yaml"
+    path.write_bytes(text.encode("utf-8", errors="surrogatepass"))
+    plans_or_refuses(path)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=200))
+def test_any_bytes(tmp_path, raw):
+    path = tmp_path / "task.yaml"
+    path.write_bytes(raw)
+    plans_or_refuses(path)
