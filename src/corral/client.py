@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from corral.config import ClusterRegistry, load_registry
 from corral.errors import ClusterError, CorralError, UnknownClusterError
-from corral.infra.base import ClusterSnapshot
+from corral.infra import connect
+from corral.infra.base import ClusterSnapshot, Infra
 from corral.infra.selector import InfraSelector, parse_infra
-from corral.infra.slurm import SlurmInfra
 from corral.inventory import GpuAvailability, filter_rows, gpu_availability
 from corral.ssh import SshTransport
 
@@ -52,9 +52,15 @@ class Client:
                  *, timeout: float | None = None):
         self.registry = registry or load_registry()
         self.transport = transport or SshTransport(self.registry, timeout=timeout)
+        self._infras: dict[str, Infra] = {}
 
-    def infra(self, cluster: str) -> SlurmInfra:
-        return SlurmInfra(cluster, self.transport)
+    def infra(self, cluster: str) -> Infra:
+        """The cluster's Infra (one per cluster; they share the transport and its ControlMasters)."""
+        found = self._infras.get(cluster)
+        if found is None:
+            self.registry.get(cluster)  # an unknown name fails here, naming the known ones
+            found = self._infras[cluster] = connect(cluster, self.transport)
+        return found
 
     async def probe(self, clusters: list[str] | None = None) -> list[ProbeOutcome]:
         names = [e.name for e in self.registry.select(clusters)]

@@ -2,7 +2,8 @@
 
 An allocation is placed like any job (the same plan, failover and idempotent token), but its batch
 job holds the nodes until it is taken down, its walltime ends, or it has been idle for its idle limit
-(the holder script decides that on the cluster itself; see `infra/slurm/devscript.py`).
+(the holder decides that on the cluster itself). Everything backend-specific is behind the infra's
+`HoldsAllocations` capability (for Slurm, `infra/slurm/devscript.py`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,7 @@ from pathlib import Path
 from corral import devssh
 from corral.client import Client
 from corral.errors import ClusterError, CorralError
-from corral.infra.slurm import devscript
-from corral.infra.slurm.jobs import STATE_MAP, SubmitResult, parse_submit
-from corral.infra.slurm.jobscript import new_token
-from corral.infra.slurm.parsing import FIELD_SEPARATOR
-from corral.infra.slurm.probe import split_sections
+from corral.infra.base import EXIT_NOT_READY, FailureClass, HoldsAllocations, SubmitResult, new_token
 from corral.launch import Failover, Launcher, NoFeasibleClusterError, _no_candidate_message
 from corral.placement import Candidate
 from corral.state import Store
@@ -31,7 +28,6 @@ from corral.state.sealed import seal
 from corral.task import Task, job_environment, redacted_json, resolved_secrets, resource_options
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}\Z", re.ASCII)
-EXIT_NOT_READY = 75
 
 
 class AllocationNotFoundError(CorralError):
@@ -109,7 +105,7 @@ class DevAllocations:
         envs = job_environment(task, source)
         plan = await self.launcher.plan(task, predict="when_full")
         self.launcher.events.plan(plan)
-        feasible = plan.feasible()
+        feasible = [c for c in plan.feasible() if isinstance(self.client.infra(c.cluster), HoldsAllocations)]
         if not feasible:
             raise NoFeasibleClusterError(_no_candidate_message(plan))
         idle_seconds = int(round((idle_minutes or 0) * 60))
@@ -118,19 +114,20 @@ class DevAllocations:
 
         async def submit(candidate: Candidate) -> SubmitResult:
             token = new_token()
-            spec = self.launcher.job_spec(task, candidate, token, (name,), envs)
+            infra = self.client.infra(candidate.cluster)
+            assert isinstance(infra, HoldsAllocations)
+            request = self.launcher.job_request(task, candidate, token, (name,), envs)
             row = AllocationRow(name=name, token=token, cluster=candidate.cluster, partition=candidate.partition,
                                 slurm_job_id=None, num_nodes=task.num_nodes, gres=candidate.gres,
-                                gpus_per_node=spec.gpus_per_node, resources=wanted, run_dir=spec.run_dir,
-                                idle_seconds=idle_seconds, created_at=time.time())
+                                gpus_per_node=request.accelerators_per_node, resources=wanted,
+                                run_dir=infra.attempt_files(request).run_dir, idle_seconds=idle_seconds,
+                                created_at=time.time())
             rows[id(candidate)] = row
-            self.store.put_allocation(row)  # before sbatch: the token makes a retry find the job
+            self.store.put_allocation(row)  # before submitting: the token makes a retry find the job
             devssh.remember_host_key(token, host_public_key)
-            script = devscript.holder_submit_script(spec, idle_seconds, envs, task.setup, session_keys)
-            result = await self.client.transport.run(candidate.cluster, script, timeout=30)
-            return parse_submit(result.stdout)
+            return await infra.hold(request, idle_seconds, session_keys)
 
-        def skipped(candidate: Candidate, why: str) -> None:
+        def skipped(candidate: Candidate, why: str, failure: FailureClass) -> None:
             if id(candidate) in rows:
                 devssh.forget_host_key(rows[id(candidate)].token)
             self.launcher.events.skipped(candidate.infra, why)
@@ -142,7 +139,7 @@ class DevAllocations:
             raise CorralError(f"no cluster accepted the allocation ({failover.summary()})")
         candidate, answer = accepted
         row = rows[id(candidate)]
-        row.slurm_job_id = answer.slurm_job_id
+        row.slurm_job_id = answer.handle
         self.store.put_allocation(row)
         return row, True
 
@@ -183,20 +180,29 @@ class DevAllocations:
             if not submitted:
                 return
             try:
-                result = await self.client.transport.run(
-                    cluster, devscript.status_script([(r.slurm_job_id or "", r.run_dir) for r in submitted]),
-                    timeout=20)
+                infra = self._holder(cluster)
             except CorralError as exc:
-                for r in submitted:
-                    results[r.name] = AllocationStatus(r, "UNKNOWN", str(exc), [], None, None, None)
-                return
+                states = {}
+                why = str(exc)
+            else:
+                states = await infra.allocation_states([(r.slurm_job_id or "", r.run_dir) for r in submitted])
+                why = "no answer"
             for r in submitted:
-                results[r.name] = _parse_status(r, result.stdout)
+                state = states.get(r.slurm_job_id or "")
+                results[r.name] = (AllocationStatus(r, state.phase.value, state.reason, state.nodes, None,
+                                                    state.last_active, state.time_left, sshd=state.sshd)
+                                   if state else AllocationStatus(r, "UNKNOWN", why, [], None, None, None))
 
         await asyncio.gather(*(one(c, g) for c, g in by_cluster.items()))
         return [results[r.name] for r in rows]
 
     # ---- exec ---------------------------------------------------------------------------------
+    def _holder(self, cluster: str) -> HoldsAllocations:
+        infra = self.client.infra(cluster)
+        if not isinstance(infra, HoldsAllocations):
+            raise CorralError(f"{infra.name} cannot hold dev allocations")
+        return infra
+
     def get(self, name: str) -> AllocationRow:
         row = self.store.allocation(name)
         if row is None:
@@ -220,10 +226,10 @@ class DevAllocations:
                         run_dir=row.run_dir, log_path=f"{row.run_dir}/exec/{job_id}/run.sh",
                         started_at=time.time(), submitted_at=time.time())],
         )
-        script = devscript.exec_script(row.run_dir, row.slurm_job_id, job_id, row.num_nodes, row.gpus_per_node,
-                                       row.cluster, envs, task.run or "")
+        infra = self._holder(row.cluster)
         try:
-            status = await self.client.transport.stream(row.cluster, script, on_output)
+            status = await infra.exec_in(row.slurm_job_id, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
+                                         envs, task.run or "", on_output)
         except BaseException:
             self.store.update_attempt(token, state="FAILED", reason="interrupted", ended_at=time.time())
             raise
@@ -240,32 +246,16 @@ class DevAllocations:
         [status] = await self.status([row])
         if status.state != "READY" or not status.nodes:
             raise CorralError(f"allocation {name!r} is {status.state}; cannot open a shell in it")
-        remote = devscript.shell_command(row.slurm_job_id or "", status.nodes[0], command)
-        # An interactive shell may prompt (a password, MFA): the one place Corral lifts BatchMode.
-        options = ("-t", "-o", "BatchMode=no") if command is None else ()
-        return self.client.transport.ssh_argv(row.cluster, [remote], options)
+        return self._holder(row.cluster).shell_argv(row.slurm_job_id or "", status.nodes[0], command)
 
     async def write_ssh_alias(self, row: AllocationRow, status: AllocationStatus) -> Path:
         """An ssh config Include so that plain `ssh NAME` and editors' remote-SSH reach the head node."""
-        import asyncio
-
-        proc = await asyncio.create_subprocess_exec(
-            "ssh", "-G", "-F", str(self.client.registry.path), "--", row.cluster,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        out, _ = await proc.communicate()
-        settings: dict[str, list[str]] = {}
-        for line in out.decode().splitlines():
-            key, _, value = line.partition(" ")
-            settings.setdefault(key, []).append(value)
         head = status.nodes[0]
         job_id = row.slurm_job_id or ""
-        proxy = None
-        if status.sshd:
-            proxy = self.client.transport.ssh_argv(
-                row.cluster, [devscript.session_proxy_command(row.name, job_id, head, row.run_dir)])
+        route = await self._holder(row.cluster).ssh_route(row.name, job_id, head, row.run_dir, status.sshd)
         entry = devssh.alias_entry(name=row.name, token=row.token, cluster=row.cluster, partition=row.partition,
-                                   slurm_job_id=job_id, head_node=head, login_settings=settings, proxy_argv=proxy,
-                                   remote_command=devscript.shell_command(job_id, head, None))
+                                   slurm_job_id=job_id, head_node=head, login_settings=route.login_settings,
+                                   proxy_argv=route.proxy_argv, remote_command=route.remote_command)
         return devssh.set_alias(row.name, entry, self.client.registry.path)
 
     # ---- down ---------------------------------------------------------------------------------
@@ -275,8 +265,7 @@ class DevAllocations:
         if row is None:
             return False
         try:
-            await self.client.transport.run(row.cluster, devscript.down_script(row.slurm_job_id, row.run_dir),
-                                            timeout=30)
+            await self._holder(row.cluster).release(row.slurm_job_id, row.run_dir)
         except ClusterError as exc:
             raise CorralError(f"could not take {name!r} down: {exc}") from exc
         self.store.delete_allocation(name)
@@ -288,42 +277,6 @@ class DevAllocations:
 def _describe(resources: str) -> str:
     data = json.loads(resources)
     return ", ".join(f"{k}={v}" for k, v in data.items() if v is not None)
-
-
-def _parse_status(row: AllocationRow, stdout: str) -> AllocationStatus:
-    sections = split_sections(stdout)
-    files: dict[str, str] = {}
-    marker_section = sections.get(f"files-{row.slurm_job_id}")
-    for line in marker_section.text.splitlines() if marker_section else []:
-        key, _, value = line.partition("=")
-        files[key] = value
-    slurm = None
-    squeue = sections.get("squeue")
-    for line in squeue.text.splitlines() if squeue else []:
-        fields = line.split(FIELD_SEPARATOR)
-        if fields and fields[0] == row.slurm_job_id and len(fields) == 6:
-            slurm = fields
-    nodes = files["nodes"].split(",") if files.get("nodes") else []
-    last_active = float(files["last_active"]) if files.get("last_active", "").isdigit() else None
-    if slurm is None:
-        return AllocationStatus(row, "ENDED", "Slurm no longer knows the job", nodes, None, last_active, None)
-    _, state, reason, time_left, _start, nodelist = slurm
-    corral_state = STATE_MAP.get(state, "UNKNOWN")
-    reason = None if reason in ("None", "") else reason
-    if corral_state in ("RUNNING", "STARTING"):
-        shown = "READY" if "ready" in files else "STARTING"
-        return AllocationStatus(row, shown, None if shown == "READY" else "running setup", nodes,
-                                None, last_active, time_left, sshd="sshd_ok" in files)
-    if corral_state == "PENDING":
-        return AllocationStatus(row, "PENDING", reason, [], None, None, time_left)
-    why = {"TIMEOUT": "walltime ended", "NODE_FAIL": "a node failed", "CANCELLED": "cancelled",
-           "PREEMPTED": "preempted", "BOOT_FAIL": "a node failed to boot"}.get(state, state.lower())
-    if files.get("ended") == "idle":
-        why = "released after being idle"
-    if "setup_failed" in files:
-        why = f"setup failed with exit code {files['setup_failed']}"
-    return AllocationStatus(row, "FAILED" if state in ("NODE_FAIL", "BOOT_FAIL", "FAILED") or "setup_failed" in files
-                            else "ENDED", why, nodes, None, last_active, None)
 
 
 async def _sleep(seconds: float) -> None:

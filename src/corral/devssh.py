@@ -16,7 +16,7 @@ from pathlib import Path
 
 from corral.config import corral_home, private_dir, write_private
 from corral.errors import CorralError
-from corral.infra.slurm.devscript import SessionKeys
+from corral.infra.base import SessionKeys
 
 # What the alias copies from the login node's effective ssh settings when it falls back to a
 # RemoteCommand entry (a head node without sshd).

@@ -1,9 +1,9 @@
-"""`corral launch`: probe, plan, predict, submit with failover, record.
+"""`corral launch`: probe, plan, predict, submit with failover, record; over the Infra seam only.
 
 Submission is idempotent: each attempt's token is written to the state store before anything reaches
-Slurm and is part of the Slurm job name (`corral-<token>`). If the process dies between sbatch and
-recording the job id, the next refresh finds the job by its name and adopts it; a retried submit of
-the same attempt finds it too and does not submit twice.
+the infra, which puts it on the job (on Slurm, the job name `corral-<token>`). If the process dies
+between the submission and recording the job's handle, the next refresh finds the job by its token
+and adopts it; a retried submit of the same attempt finds it too and does not submit twice.
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ from typing import Literal
 
 from corral.client import Client, ProbeOutcome
 from corral.errors import ClusterError, CorralError
-from corral.infra.slurm.jobs import SlurmJobs, SubmitResult, rejection_reason
-from corral.infra.slurm.jobscript import SlurmJobSpec, new_token
+from corral.infra.base import (
+    FailureClass,
+    Infra,
+    JobRequest,
+    PredictsStart,
+    RunsArrays,
+    SubmitResult,
+    new_token,
+)
 from corral.placement import Candidate, Plan, build_plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
@@ -30,7 +37,6 @@ from corral.task import Task, TaskError, job_environment, redacted_json, resolve
 
 Prediction = Literal["all", "when_full", "never"]
 
-MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 # A sweep's size: Slurm's default MaxJobCount is 10,000 jobs for a whole cluster.
 MAX_SWEEP_JOBS = 10_000
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
@@ -58,9 +64,10 @@ class Submitted:
     job_ids: list[str]
     cluster: str
     partition: str
-    slurm_job_id: str
+    handle: str  # the infra's (a Slurm job id; an array's id for a sweep's share)
     log_path: str
     tries: list[tuple[str, str]]  # (infra, why it was skipped)
+    handles: list[str] = field(default_factory=list)  # one per job: its array task's handle in a share
 
 
 @dataclass
@@ -72,9 +79,11 @@ class Failover:
     dead: set[str] = field(default_factory=set)
     tries: list[tuple[str, str]] = field(default_factory=list)  # (infra, why it was skipped)
 
-    async def first_accepting(self, candidates: list[Candidate],
-                              submit: Callable[[Candidate], Awaitable[SubmitResult]],
-                              skipped: Callable[[Candidate, str], None]) -> tuple[Candidate, SubmitResult] | None:
+    async def first_accepting(
+            self, candidates: list[Candidate], submit: Callable[[Candidate], Awaitable[SubmitResult]],
+            skipped: Callable[[Candidate, str, FailureClass], None]) -> tuple[Candidate, SubmitResult] | None:
+        """`skipped` learns why, and whether the infra refused the job (REJECTED: it holds no copy) or
+        did not answer (LOST: it may hold one, which the tracker watches for)."""
         for candidate in candidates:
             if candidate.cluster in self.dead:
                 continue
@@ -82,13 +91,13 @@ class Failover:
                 result = await submit(candidate)
             except ClusterError as exc:
                 self.dead.add(candidate.cluster)
-                why = str(exc)
+                why, failure = str(exc), FailureClass.LOST
             else:
                 if result.accepted:
                     return candidate, result
-                why = rejection_reason(candidate.cluster, result.message)
+                why, failure = f"{candidate.cluster}: {result.message}", FailureClass.REJECTED
             self.tries.append((candidate.infra, why))
-            skipped(candidate, why)
+            skipped(candidate, why, failure)
         return None
 
     def summary(self) -> str:
@@ -110,7 +119,7 @@ class AttemptOptions:
 
     first_number: int = 1  # attempt number of the first try (failover tries count up from it)
     extra_env: dict[str, str] = field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
+    requeue: bool = True  # may the infra requeue the job itself (managed jobs: no, the controller recovers)
     checkpoint_dir: str | None = None
 
 
@@ -163,9 +172,12 @@ class Launcher:
                     by_cluster.setdefault(c.cluster, []).append((index, c))
 
         async def one(cluster: str, group: list[tuple[int, Candidate]]) -> list[tuple[float | None, str]]:
-            specs = [self.job_spec(plans[i][0], c, "testonly0000", ("c-test",), {}) for i, c in group]
+            infra = self.client.infra(cluster)
+            if not isinstance(infra, PredictsStart):
+                return [(None, f"{infra.name} does not predict start times")] * len(group)
+            requests = [self.job_request(plans[i][0], c, "testonly0000", ("c-test",), {}) for i, c in group]
             try:
-                return await SlurmJobs(cluster, self.client.transport).predict(specs)
+                return await infra.predict(requests)
             except CorralError as exc:
                 return [(None, f"prediction failed: {exc}")] * len(group)
 
@@ -178,34 +190,31 @@ class Launcher:
             plan.candidates = [c.with_prediction(*found[(c.cluster, c.partition)])
                                if (c.cluster, c.partition) in found else c for c in plan.candidates]
 
-    def job_spec(self, task: Task, candidate: Candidate, token: str, job_ids: tuple[str, ...],
-                 envs: dict[str, str], first_rank: int = 0, num_jobs: int = 1,
-                 options: AttemptOptions | None = None) -> SlurmJobSpec:
+    @staticmethod
+    def job_request(task: Task, candidate: Candidate, token: str, job_ids: tuple[str, ...],
+                    envs: dict[str, str], first_rank: int = 0, num_jobs: int = 1,
+                    options: AttemptOptions | None = None) -> JobRequest:
+        """The generic request for one submission of `task` to `candidate`."""
         options = options or AttemptOptions()
         option = candidate.option
-        return SlurmJobSpec(
+        return JobRequest(
             token=token,
             task_ids=job_ids,
-            cluster=candidate.cluster,
-            partition=candidate.partition,
+            place=candidate.partition,
             num_nodes=task.num_nodes,
-            gres=candidate.gres,
-            gpus_per_node=option.accelerator.count if option.accelerator else 0,
+            accelerator_type=candidate.gres_type,
+            accelerators_per_node=option.accelerator.count if option.accelerator else 0,
             cpus_per_node=math.ceil(option.cpus.value) if option.cpus else None,
             memory_mb=math.ceil(option.memory_gb.value * 1024) if option.memory_gb else None,
             envs=envs,
             setup=task.setup,
             run=task.run,
-            time=task.slurm.time,
-            account=task.slurm.account,
-            qos=task.slurm.qos,
-            constraint=task.slurm.constraint,
-            reservation=task.slurm.reservation,
-            sbatch_args=tuple(task.slurm.sbatch_args) + options.extra_args,
             first_rank=first_rank,
             num_jobs=num_jobs,
             extra_env=dict(options.extra_env),
             checkpoint_dir=options.checkpoint_dir,
+            scheduler_options=task.slurm.model_dump(exclude_none=True),
+            requeue=options.requeue,
         )
 
     async def launch(self, task: Task, source: str, *, num_jobs: int = 1,
@@ -252,9 +261,10 @@ class Launcher:
     async def submit_jobs(self, task: Task, envs: dict[str, str], base: Path, feasible: list[Candidate],
                           jobs: list[JobRow], options: AttemptOptions | None = None) -> list[Submitted]:
         """New attempts for recorded jobs of one task (contiguous ranks): split into shares, one array each."""
-        shares = [(candidate, start + offset, min(MAX_ARRAY_TASKS, count - offset))
+        shares = [(candidate, start + offset, min(limit, count - offset))
                   for candidate, start, count in split_sweep(feasible, len(jobs))
-                  for offset in range(0, count, MAX_ARRAY_TASKS)]
+                  for limit in [self._array_limit(candidate.cluster)]
+                  for offset in range(0, count, limit)]
         dead: set[str] = set()
         results = await asyncio.gather(*(
             self._submit_share(task, envs, base, feasible, jobs[start:start + count], first, dead,
@@ -263,38 +273,44 @@ class Launcher:
         ))
         return list(results)
 
+    def _array_limit(self, cluster: str) -> int:
+        infra = self.client.infra(cluster)
+        return infra.max_array_size if isinstance(infra, RunsArrays) else 1
+
     async def _submit_share(self, task: Task, envs: dict[str, str], base: Path, feasible: list[Candidate],
                             jobs: list[JobRow], first: Candidate, dead: set[str],
                             options: AttemptOptions) -> Submitted:
         """Submit one share (one job, or one array), failing over along the ranked candidates."""
         job_ids = tuple(j.id for j in jobs)
         numbers = itertools.count(options.first_number)
-        tried: dict[int, tuple[SlurmJobSpec, list[AttemptRow]]] = {}  # by id(candidate)
+        tried: dict[int, tuple[JobRequest, list[AttemptRow]]] = {}  # by id(candidate)
 
         async def submit(candidate: Candidate) -> SubmitResult:
             number = next(numbers)
             token = new_token()
-            spec = self.job_spec(task, candidate, token, job_ids, envs, first_rank=jobs[0].job_rank,
-                                 num_jobs=jobs[0].num_jobs, options=options)
+            infra = self.client.infra(candidate.cluster)
+            request = self.job_request(task, candidate, token, job_ids, envs, first_rank=jobs[0].job_rank,
+                                       num_jobs=jobs[0].num_jobs, options=options)
+            files = infra.attempt_files(request)
             attempts = [
-                AttemptRow(token=token if not spec.is_array else f"{token}.{i}", job_id=jid, number=number,
+                AttemptRow(token=token if not request.is_array else f"{token}.{i}", job_id=jid, number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",
-                           created_at=time.time(), run_dir=spec.run_dir,
-                           log_path=spec.log_path(i if spec.is_array else None),
-                           array_index=i if spec.is_array else None)
+                           created_at=time.time(), run_dir=files.run_dir, log_path=files.log_paths[i],
+                           array_index=i if request.is_array else None)
                 for i, jid in enumerate(job_ids)
             ]
-            tried[id(candidate)] = (spec, attempts)
+            tried[id(candidate)] = (request, attempts)
             self.store.add_jobs([], attempts)
-            await self._sync_files(task, candidate.cluster, spec, base)
-            result = await SlurmJobs(candidate.cluster, self.client.transport).submit(spec)
+            await self._upload_files(task, infra, files.run_dir, base)
+            result = await infra.submit(request)
             if result.accepted and os.environ.get(LOST_ANSWER_HOOK_ENV) == candidate.cluster:
                 raise ClusterError(candidate.cluster, "no answer (test hook: the answer was lost)")
             return result
 
-        def skipped(candidate: Candidate, why: str) -> None:
+        def skipped(candidate: Candidate, why: str, failure: FailureClass) -> None:
             if id(candidate) in tried:
-                self._mark(tried[id(candidate)][1], state="SUBMIT_FAILED", reason=why, ended_at=time.time())
+                self._mark(tried[id(candidate)][1], state="SUBMIT_FAILED", reason=why, failure=failure.value,
+                           ended_at=time.time())
             self.events.skipped(candidate.infra, why)
 
         failover = Failover(dead)
@@ -302,19 +318,18 @@ class Launcher:
         if accepted is None:
             raise LaunchFailedError(f"no cluster accepted the job ({failover.summary()})")
         candidate, result = accepted
-        spec, attempts = tried[id(candidate)]
+        request, attempts = tried[id(candidate)]
         if os.environ.get(CRASH_HOOK_ENV):
             os._exit(137)
-        assert result.slurm_job_id is not None
+        assert result.handle is not None
+        infra = self.client.infra(candidate.cluster)
         now = time.time()
-        self.store.update_attempts({
-            a.token: {"slurm_job_id": result.slurm_job_id if not spec.is_array
-                      else f"{result.slurm_job_id}_{a.array_index}",
-                      "state": "PENDING", "submitted_at": now}
-            for a in attempts
-        })
-        submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.slurm_job_id,
-                              spec.log_path(0 if spec.is_array else None), failover.tries)
+        handles = [infra.array_handle(result.handle, i) if request.is_array and isinstance(infra, RunsArrays)
+                   else result.handle for i in range(len(attempts))]
+        self.store.update_attempts({a.token: {"slurm_job_id": handle, "state": "PENDING", "submitted_at": now}
+                                    for a, handle in zip(attempts, handles)})
+        submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.handle,
+                              attempts[0].log_path, failover.tries, handles)
         self.events.submitted(submitted)
         return submitted
 
@@ -328,16 +343,15 @@ class Launcher:
             if not (base / os.path.expanduser(local)).exists():
                 raise TaskError(f"file_mounts[{remote!r}]: local path {local!r} does not exist")
 
-    async def _sync_files(self, task: Task, cluster: str, spec: SlurmJobSpec, base: Path) -> None:
-        transport = self.client.transport
+    async def _upload_files(self, task: Task, infra: Infra, run_dir: str, base: Path) -> None:
         if task.workdir:
-            await transport.sync(cluster, base / os.path.expanduser(task.workdir), f"{spec.run_dir}/workdir/")
+            await infra.upload(base / os.path.expanduser(task.workdir), f"{run_dir}/workdir/")
         for remote, local in task.file_mounts.items():
             if remote.startswith("/") or remote.startswith("~/"):
                 destination = remote.removeprefix("~/")
             else:
-                destination = f"{spec.run_dir}/workdir/{remote}"
-            await transport.sync(cluster, base / os.path.expanduser(local), destination)
+                destination = f"{run_dir}/workdir/{remote}"
+            await infra.upload(base / os.path.expanduser(local), destination)
 
 
 def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidate, int, int]]:

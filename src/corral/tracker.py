@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 
 from corral.client import Client
 from corral.errors import CorralError
-from corral.infra.slurm.jobs import JobStatus, SlurmJobs, follow_script, is_rejection
+from corral.infra.base import FailureClass, Infra, JobState, JobStatus, RunsArrays
 from corral.state import Store
 from corral.state.models import AttemptRow
 from corral.state.store import TERMINAL_STATES, JobView
 
 SUBMIT_GRACE_SECONDS = 120  # an attempt still SUBMITTING after this, and unknown to Slurm, never got there
 ORPHAN_WATCH_SECONDS = 3600  # how long a cluster where a submission failed is watched for orphans
-LIVE = ("PENDING", "STARTING", "RUNNING")
+LIVE = (JobState.PENDING, JobState.STARTING, JobState.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Tracker:
         for attempt in active:
             by_cluster.setdefault(attempt.cluster, []).append(attempt)
         for attempt in self.store.failed_submissions(since=time.time() - ORPHAN_WATCH_SECONDS):
-            if not is_rejection(attempt.reason):  # sbatch said no: Slurm holds no copy to watch for
+            if attempt.failure != FailureClass.REJECTED:  # the infra said no: it holds no copy to watch for
                 by_cluster.setdefault(attempt.cluster, [])
         known = set(self.client.registry.names())
         errors: dict[str, str] = {}
@@ -61,11 +61,11 @@ class Tracker:
                 return
             ids = [a.slurm_job_id for a in attempts if a.slurm_job_id]
             try:
-                statuses = await SlurmJobs(cluster, self.client.transport).status(ids)
+                statuses = await self.client.infra(cluster).status(ids)
             except CorralError as exc:
                 errors[cluster] = str(exc)
                 return
-            self.store.update_attempts(_updates(attempts, statuses))
+            self.store.update_attempts(_updates(attempts, statuses, self.client.infra(cluster)))
             try:
                 cancelled = await self._reap(cluster, attempts, statuses)
             except CorralError as exc:
@@ -81,7 +81,8 @@ class Tracker:
 
     async def _reap(self, cluster: str, attempts: list[AttemptRow], statuses: list[JobStatus]) -> list[str]:
         """Cancel live Slurm jobs whose attempt Corral holds as ended; returns their Slurm ids."""
-        live = {_attempt_key(s): s for s in statuses if s.token and s.state in LIVE}
+        infra = self.client.infra(cluster)
+        live = {_attempt_key(s, infra): s for s in statuses if s.token and s.state in LIVE}
         for attempt in attempts:
             live.pop(attempt.token, None)
         if not live:
@@ -90,10 +91,10 @@ class Tracker:
         orphans = [a for a in self.store.attempts_by_token(list(live)) if a.state in ("SUBMIT_FAILED", "CANCELLED")]
         if not orphans:
             return []  # in flight from another process, or not this store's job
-        ids = [live[a.token].slurm_job_id for a in orphans]
-        await SlurmJobs(cluster, self.client.transport).cancel(ids, [a.run_dir for a in orphans])
+        ids = [live[a.token].handle for a in orphans]
+        await infra.cancel(ids, [a.run_dir for a in orphans])
         self.store.update_attempts({
-            a.token: {"slurm_job_id": live[a.token].slurm_job_id,
+            a.token: {"slurm_job_id": live[a.token].handle,
                       "reason": f"{a.reason or a.state}; Slurm had the job after all, running on its own: "
                                 "cancelled it there"}
             for a in orphans})
@@ -108,8 +109,7 @@ class Tracker:
 
         async def one(cluster: str, group: list[JobView]) -> None:
             sent = [v.attempt for v in group if v.attempt.slurm_job_id]
-            await SlurmJobs(cluster, self.client.transport).cancel([a.slurm_job_id or "" for a in sent],
-                                                                   [a.run_dir for a in sent])
+            await self.client.infra(cluster).cancel([a.slurm_job_id or "" for a in sent], [a.run_dir for a in sent])
             now = time.time()
             self.store.update_attempts({v.attempt.token: {"state": "CANCELLED", "reason": "cancelled by user",
                                                           "ended_at": now} for v in group})
@@ -120,20 +120,20 @@ class Tracker:
     async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None]) -> None:
         attempt = view.attempt
         if not attempt.slurm_job_id:
-            raise CorralError(f"{view.job.id} has not reached Slurm yet ({attempt.state}); no logs")
-        script = follow_script(attempt.log_path, attempt.slurm_job_id, follow)
-        await self.client.transport.stream(attempt.cluster, script, on_output)
+            raise CorralError(f"{view.job.id} has not reached its cluster yet ({attempt.state}); no logs")
+        infra = self.client.infra(attempt.cluster)
+        await infra.logs(attempt.slurm_job_id, attempt.log_path, follow, on_output)
 
 
-def _attempt_key(status: JobStatus) -> str:
-    """The attempt token a Slurm job stands for: its name's token, plus the array index for array tasks."""
-    index = status.slurm_job_id.partition("_")[2]
-    return f"{status.token}.{index}" if index else status.token or ""
+def _attempt_key(status: JobStatus, infra: Infra) -> str:
+    """The attempt token a job stands for: its own token, plus the copy's index for an array's copies."""
+    index = infra.array_index(status.handle) if isinstance(infra, RunsArrays) else None
+    return f"{status.token}.{index}" if index is not None else status.token or ""
 
 
-def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str, dict[str, object]]:
-    by_id = {s.slurm_job_id: s for s in statuses}
-    by_name = {_attempt_key(s): s for s in statuses if s.token}
+def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra) -> dict[str, dict[str, object]]:
+    by_id = {s.handle: s for s in statuses}
+    by_name = {_attempt_key(s, infra): s for s in statuses if s.token}
     now = time.time()
     updates: dict[str, dict[str, object]] = {}
     for attempt in attempts:
@@ -143,29 +143,31 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus]) -> dict[str,
             if attempt.slurm_job_id is None:
                 if now - attempt.created_at > SUBMIT_GRACE_SECONDS:
                     updates[attempt.token] = {"state": "SUBMIT_FAILED", "ended_at": now,
+                                              "failure": FailureClass.LOST.value,
                                               "reason": "interrupted before Slurm accepted the job"}
             else:
-                updates[attempt.token] = {"state": "LOST", "ended_at": now,
+                updates[attempt.token] = {"state": "LOST", "ended_at": now, "failure": FailureClass.LOST.value,
                                           "reason": "Slurm no longer knows this job (purged after MinJobAge; "
                                                     "the cluster has no accounting)"}
             continue
         fields: dict[str, object] = {
-            "state": status.state,
-            "reason": status.reason if status.state not in ("SUCCEEDED",) else None,
+            "state": status.state.value,
+            "reason": status.reason if status.state is not JobState.SUCCEEDED else None,
             "submitted_at": status.submitted_at or attempt.submitted_at,
             "started_at": status.started_at,
             "expected_start": status.expected_start,
             "ended_at": status.ended_at,
             "exit_code": status.exit_code,
+            "failure": status.failure.value if status.failure else None,
         }
         if attempt.slurm_job_id is None:  # adopted after an interrupted submission
-            fields["slurm_job_id"] = status.slurm_job_id
+            fields["slurm_job_id"] = status.handle
         if attempt.state in ("CANCELLED", "CANCELLING") and status.state in LIVE:
-            fields["state"] = attempt.state  # scancel sent (or due); Slurm has not caught up yet
+            fields["state"] = attempt.state  # cancel sent (or due); the infra has not caught up yet
             fields["reason"] = attempt.reason
-        if status.state == "FAILED" and status.slurm_state != "FAILED":
-            # NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY…: Slurm's word first, its reason after.
-            fields["reason"] = status.slurm_state + (f" ({status.reason})" if status.reason else "")
+        if status.state is JobState.FAILED and status.native_state != JobState.FAILED.value:
+            # NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY…: the infra's word first, its reason after.
+            fields["reason"] = status.native_state + (f" ({status.reason})" if status.reason else "")
         if any(getattr(attempt, key) != value for key, value in fields.items()):
             updates[attempt.token] = fields  # a quiet tick writes nothing
     return updates

@@ -341,10 +341,7 @@ def test_status_of_jobs_slurm_has_forgotten(corral_env, cluster):
     """Tracked ids that squeue no longer shows are looked up in sacct where there is one; no error."""
     import asyncio
 
-    from corral.config import load_registry
-    from corral.infra.slurm.jobs import SlurmJobs
-    from corral.ssh import SshTransport
+    from corral.client import Client
 
-    transport = SshTransport(load_registry())
-    statuses = asyncio.run(SlurmJobs(cluster, transport).status(["999999", "999998_3"]))
-    assert all(s.slurm_job_id not in ("999999", "999998_3") for s in statuses)
+    statuses = asyncio.run(Client().infra(cluster).status(["999999", "999998_3"]))
+    assert all(s.handle not in ("999999", "999998_3") for s in statuses)

@@ -579,7 +579,6 @@ def jobs_logs(job: str, follow: bool) -> None:
 
     from corral import managed
     from corral.client import Client
-    from corral.infra.slurm.jobs import follow_script
     from corral.state import open_store
 
     view = managed.resolve(open_store(), job)
@@ -589,9 +588,9 @@ def jobs_logs(job: str, follow: bool) -> None:
         last = attempt is submitted[-1]
         click.echo(f"== attempt {attempt.number} on slurm/{attempt.cluster}/{attempt.partition} "
                    f"(Slurm job {attempt.slurm_job_id}, {attempt.state}) ==", err=True)
-        script = follow_script(attempt.log_path, attempt.slurm_job_id or "", follow and last)
+        infra = client.infra(attempt.cluster)
         try:
-            asyncio.run(client.transport.stream(attempt.cluster, script, _write_bytes))
+            asyncio.run(infra.logs(attempt.slurm_job_id or "", attempt.log_path, follow and last, _write_bytes))
         except Exception as exc:  # one unreachable cluster must not hide the other attempts' logs
             click.echo(f"corral: could not read attempt {attempt.number}'s log: {exc}", err=True)
 

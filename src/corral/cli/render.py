@@ -140,7 +140,7 @@ class _LaunchPrinter:
     def submitted(self, submitted: Submitted) -> None:
         ids = ", ".join(submitted.job_ids[:3]) + (" …" if len(submitted.job_ids) > 3 else "")
         err_console.print(f"[green]✓[/green] {ids} submitted to slurm/{submitted.cluster}/{submitted.partition} "
-                          f"as Slurm job {submitted.slurm_job_id}", highlight=False)
+                          f"as Slurm job {submitted.handle}", highlight=False)
 
 
 def launch_events() -> LaunchEvents:
@@ -150,17 +150,16 @@ def launch_events() -> LaunchEvents:
 
 def submitted_json(s: Submitted) -> dict[str, object]:
     return {"job_id": s.job_ids[0], "job_ids": s.job_ids, "cluster": s.cluster, "partition": s.partition,
-            "slurm_job_id": s.slurm_job_id, "skipped": [{"infra": i, "reason": r} for i, r in s.tries]}
+            "slurm_job_id": s.handle, "skipped": [{"infra": i, "reason": r} for i, r in s.tries]}
 
 
 def sweep_json(shares: list[Submitted]) -> list[dict[str, object]]:
     """One object per job of a sweep, with its array task's Slurm id."""
     out: list[dict[str, object]] = []
     for share in shares:
-        array = len(share.job_ids) > 1
-        for i, job_id in enumerate(share.job_ids):
+        for job_id, handle in zip(share.job_ids, share.handles):
             out.append({"job_id": job_id, "cluster": share.cluster, "partition": share.partition,
-                        "slurm_job_id": f"{share.slurm_job_id}_{i}" if array else share.slurm_job_id})
+                        "slurm_job_id": handle})
     return out
 
 

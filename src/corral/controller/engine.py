@@ -28,7 +28,6 @@ import functools
 import json
 import math
 import os
-import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -36,8 +35,7 @@ from pathlib import Path
 
 from corral.client import Client
 from corral.errors import CorralError
-from corral.infra.slurm.jobs import SlurmJobs
-from corral.infra.slurm.jobscript import DEFAULT_CHECKPOINT_DIR
+from corral.infra.base import DEFAULT_CHECKPOINT_DIR, CopiesCheckpoints, FailureClass, ReportsSetupFailure
 from corral.launch import AttemptOptions, Launcher, LaunchEvents
 from corral.placement import Candidate, Plan
 from corral.state import Store
@@ -48,7 +46,6 @@ from corral.task import Task, resolved_envs
 from corral.tracker import Tracker
 
 LEASE = "controller"
-INFRA_FAILURES = {"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"}  # Slurm states that are not the task's fault
 CHECKPOINTS_DIR = ".corral/checkpoints"
 
 
@@ -248,7 +245,7 @@ class Controller:
                 continue
             self.store.note_managed({
                 job_id: f"attempt {number} submitted to slurm/{share.cluster}/{share.partition} as "
-                        f"{share.slurm_job_id}" + (f"_{i}" if len(share.job_ids) > 1 else "")
+                        f"{share.handles[i]}"
                 for share in shares for i, job_id in enumerate(share.job_ids)
             })
             submitted += sum(len(share.job_ids) for share in shares)
@@ -259,11 +256,15 @@ class Controller:
         if previous is None or previous.cluster == target or (task.checkpoint and not task.checkpoint.sync):
             return
         remote = _checkpoint_dir(job, task)
+        source = self.client.infra(previous.cluster)
+        if not isinstance(source, CopiesCheckpoints):
+            self.store.set_managed(job.id, reason=f"checkpoint not copied: {source.name} cannot copy it out")
+            return
         with tempfile.TemporaryDirectory(prefix="corral-ckpt-") as tmp:
             try:
-                found = await self.client.transport.fetch(previous.cluster, remote, Path(tmp))
+                found = await source.fetch_dir(remote, Path(tmp))
                 if found:
-                    await self.client.transport.sync(target, Path(tmp), remote + "/")
+                    await self.client.infra(target).upload(Path(tmp), remote + "/")
                     self.store.set_managed(job.id, reason=f"checkpoint copied from {previous.cluster} to {target}")
             except CorralError as exc:
                 self.store.set_managed(job.id, reason=f"checkpoint not copied from {previous.cluster}: {exc}")
@@ -367,13 +368,9 @@ class Controller:
         return 1
 
     async def _setup_failed(self, attempt: AttemptRow) -> bool:
-        """Did the attempt fail in `setup`? (task.sh leaves a marker; one round trip, only on failure.)"""
-        script = f'test -e "$HOME"/{shlex.quote(attempt.run_dir)}/setup_failed\n'
-        try:
-            result = await self.client.transport.run(attempt.cluster, script, timeout=15, check=False)
-        except CorralError:
-            return False
-        return result.exit_status == 0
+        """Did the attempt fail in `setup`? (one round trip, only on failure, where the infra can tell)"""
+        infra = self.client.infra(attempt.cluster)
+        return isinstance(infra, ReportsSetupFailure) and await infra.setup_failed(attempt.run_dir)
 
     async def _cancel(self, attempts: list[AttemptRow]) -> int:
         by_cluster: dict[str, list[AttemptRow]] = {}
@@ -383,8 +380,8 @@ class Controller:
         failed: set[str] = set()
         for cluster, group in by_cluster.items():
             try:
-                await SlurmJobs(cluster, self.client.transport).cancel([a.slurm_job_id or "" for a in group],
-                                                                       [a.run_dir for a in group])
+                await self.client.infra(cluster).cancel([a.slurm_job_id or "" for a in group],
+                                                        [a.run_dir for a in group])
             except CorralError:
                 failed.add(cluster)  # unreachable: stays CANCELLING, retried next tick
         done = [a for a in attempts if a.cluster not in failed]
@@ -454,10 +451,10 @@ def _checkpoint_dir(job: JobRow, task: Task) -> str:
 
 
 def _attempt_options(task: Task, number: int) -> AttemptOptions:
-    """Managed attempts: CORRAL_ATTEMPT, CORRAL_CHECKPOINT_DIR, and no Slurm requeue (Corral recovers)."""
+    """Managed attempts: CORRAL_ATTEMPT, CORRAL_CHECKPOINT_DIR, and no requeue by the infra (Corral recovers)."""
     path = task.checkpoint.path if task.checkpoint and task.checkpoint.path else DEFAULT_CHECKPOINT_DIR
-    return AttemptOptions(first_number=number, extra_env={"CORRAL_ATTEMPT": str(number)},
-                          extra_args=("--no-requeue",), checkpoint_dir=path)
+    return AttemptOptions(first_number=number, extra_env={"CORRAL_ATTEMPT": str(number)}, requeue=False,
+                          checkpoint_dir=path)
 
 
 def _batches(to_place: list[tuple[JobRow, str]],
@@ -475,7 +472,7 @@ def _batches(to_place: list[tuple[JobRow, str]],
 
 
 def _infra_failure(attempt: AttemptRow) -> bool:
-    return attempt.state == "FAILED" and (attempt.reason or "").split(" ")[0] in INFRA_FAILURES
+    return attempt.state == "FAILED" and attempt.failure == FailureClass.INFRA
 
 
 def _reasons(plan: Plan) -> str:

@@ -1,13 +1,22 @@
-"""The Infra interface and the snapshot a probe returns.
+"""The Infra seam: the one interface every backend implements, and the generic types that cross it.
 
-An Infra is one place that can run work (`slurm/<cluster>`). It stays narrow: what placement needs
-to know (`probe`) now, and submit/status/cancel/logs as later issues add them.
+An Infra is one place that can run work (`slurm/<cluster>`; later `k8s/<context>`, `ssh/<pool>`). Like
+submitit's `Executor` and dstack's `Compute`, the base is narrow: `probe` (a capacity snapshot),
+`submit` (a generic request in, an opaque handle out), `status` (many handles, one round trip),
+`cancel` and `logs`. What only some backends can do is a capability mixin that callers test with
+`isinstance`: `PredictsStart`, `RunsArrays`, `HoldsAllocations`, `CopiesCheckpoints`. Statuses carry a
+generic `JobState` and `FailureClass`, so that rules above the seam never read a backend's words.
+Nothing outside `corral/infra/` imports a backend's module (a test asserts it); `connect` makes one.
 """
 
 from __future__ import annotations
 
+import enum
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -87,14 +96,265 @@ class ClusterSnapshot:
         return sorted({p.gres_type for n in self.nodes for p in n.gpus if p.gres_type})
 
 
-class Infra(Protocol):
-    """One place that runs work."""
+class JobState(enum.StrEnum):
+    """A job attempt's state, whatever runs it."""
+
+    SUBMITTING = "SUBMITTING"  # recorded, not yet accepted (or its answer was lost)
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLING = "CANCELLING"  # cancel decided, not yet confirmed by the backend
+    CANCELLED = "CANCELLED"
+    SUBMIT_FAILED = "SUBMIT_FAILED"
+    LOST = "LOST"  # the backend no longer knows the job
+    UNKNOWN = "UNKNOWN"
 
     @property
-    def name(self) -> str:
-        """`slurm/<cluster>`."""
-        ...
+    def live(self) -> bool:
+        return self in LIVE_STATES
 
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_JOB_STATES
+
+
+LIVE_STATES = frozenset({JobState.PENDING, JobState.STARTING, JobState.RUNNING})
+TERMINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.SUBMIT_FAILED,
+                                 JobState.LOST})
+
+
+class FailureClass(enum.StrEnum):
+    """Why an attempt did not succeed, in the terms the controller's rules need."""
+
+    TASK = "task"  # the task itself failed (its exit code, its memory, its walltime)
+    INFRA = "infra"  # the infrastructure failed it: a node died, it was preempted, a node did not boot
+    REJECTED = "rejected"  # the backend refused the submission: it holds no copy of the job
+    LOST = "lost"  # the backend no longer knows the job, or its submission's answer never came
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One job (or array task) as a backend's batched status query saw it."""
+
+    handle: str  # opaque to everything above the seam (a Slurm job id such as "123" or "123_4")
+    token: str | None  # the attempt token the backend found on the job, for Corral's own jobs
+    state: JobState
+    native_state: str  # the backend's own word, shown to people (e.g. NODE_FAIL)
+    reason: str | None
+    submitted_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    exit_code: int | None
+    expected_start: float | None = None  # a pending job's: the scheduler's own estimate
+    failure: FailureClass | None = None  # set when state is FAILED
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    accepted: bool
+    handle: str | None  # for an array: the array's handle; task i's is `array_handle(handle, i)`
+    already_existed: bool  # a retried submission found the job its first try made
+    message: str  # why it was refused
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One submission (one job, or one array of copies), in generic terms."""
+
+    token: str  # unique per attempt; the backend puts it on the job so a lost answer can be found again
+    task_ids: tuple[str, ...]  # one Corral job id per copy (one element: not an array)
+    place: str  # where inside the infra (a Slurm partition)
+    num_nodes: int
+    accelerator_type: str | None  # as the place spells it (a GRES type), None for untyped or none
+    accelerators_per_node: int
+    cpus_per_node: int | None
+    memory_mb: int | None
+    envs: dict[str, str]
+    setup: str | None
+    run: str | None
+    first_rank: int = 0  # CORRAL_JOB_RANK of copy 0
+    num_jobs: int = 1  # CORRAL_NUM_JOBS
+    extra_env: dict[str, str] = field(default_factory=dict)
+    checkpoint_dir: str | None = None  # relative to the user's home, or DEFAULT_CHECKPOINT_DIR
+    # The task's own section for this kind of infra (for Slurm, `slurm:`: time, account, qos, …).
+    scheduler_options: Mapping[str, Any] = field(default_factory=dict)
+    requeue: bool = True  # may the infra requeue the job itself (False: Corral's controller recovers it)
+
+    @property
+    def is_array(self) -> bool:
+        return len(self.task_ids) > 1
+
+
+@dataclass(frozen=True)
+class AttemptFiles:
+    """Where an attempt's files will be on the infra, known before it is submitted (so that the
+    attempt can be recorded first): its run directory and one log per copy."""
+
+    run_dir: str
+    log_paths: tuple[str, ...]
+
+
+OutputSink = Callable[[bytes], None]
+# A managed job's checkpoint folder when the task names none: the backend's own per-job default.
+DEFAULT_CHECKPOINT_DIR = "@default"
+
+
+def new_token() -> str:
+    """An attempt's token: 48 random bits, put on the job so that a lost answer can be found again."""
+    return secrets.token_hex(6)
+
+
+class Infra(ABC):
+    """One place that runs work."""
+
+    kind: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """`<kind>/<name>`, e.g. `slurm/alpine`."""
+
+    @abstractmethod
     async def probe(self) -> ClusterSnapshot:
         """Everything placement needs, in one round trip. Raises ClusterError."""
-        ...
+
+    @abstractmethod
+    def attempt_files(self, request: JobRequest) -> AttemptFiles:
+        """Where `submit` will put the request's files and logs (pure: no I/O)."""
+
+    @abstractmethod
+    async def upload(self, local: Any, remote: str) -> None:
+        """Copy a local file or folder's contents to `remote` (relative to the user's home there), so
+        that the job sees it; only what changed travels where the backend can tell."""
+
+    @abstractmethod
+    async def submit(self, request: JobRequest) -> SubmitResult:
+        """Submit, idempotently: a request whose token the infra already holds is not submitted twice."""
+
+    @abstractmethod
+    async def status(self, handles: list[str]) -> list[JobStatus]:
+        """The statuses of these handles and of every job of this user the infra shows (its jobs are
+        matched by token), in one round trip."""
+
+    @abstractmethod
+    async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
+        """Cancel these jobs; each job's run dir gets the cancel fence first (see the backend)."""
+
+    @abstractmethod
+    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
+        """A job's output; with `follow`, until the job ends."""
+
+
+class PredictsStart(ABC):
+    """The infra can say when a job would start (Slurm: `sbatch --test-only`)."""
+
+    @abstractmethod
+    async def predict(self, requests: list[JobRequest]) -> list[tuple[float | None, str]]:
+        """(predicted start in epoch seconds or None, the infra's words) per request, one round trip."""
+
+
+class RunsArrays(ABC):
+    """The infra submits many copies of one task as one array job."""
+
+    max_array_size: ClassVar[int]
+
+    @staticmethod
+    @abstractmethod
+    def array_handle(handle: str, index: int) -> str:
+        """The handle of copy `index` of an array submitted as `handle`."""
+
+    @staticmethod
+    @abstractmethod
+    def array_index(handle: str) -> int | None:
+        """The copy's index if `handle` is one copy of an array, else None."""
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    """What a dev allocation's per-connection sshd needs: its host key, and the one client key it accepts."""
+
+    host_private_key: str
+    authorized_key: str
+
+
+class AllocationPhase(enum.StrEnum):
+    PENDING = "PENDING"
+    STARTING = "STARTING"  # running its setup
+    READY = "READY"
+    ENDED = "ENDED"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class AllocationState:
+    """A dev allocation's holder job as the infra sees it."""
+
+    phase: AllocationPhase
+    reason: str | None
+    nodes: list[str]
+    last_active: float | None
+    time_left: str | None
+    sshd: bool = False  # the head node has an sshd, so editors' remote-SSH can reach it
+
+
+@dataclass(frozen=True)
+class SshRoute:
+    """How plain `ssh NAME` reaches an allocation's head node: the login node's own ssh settings,
+    the ProxyCommand argv that starts an sshd inside the allocation (None without sshd there), and
+    the remote command of the fallback (a shell step)."""
+
+    login_settings: dict[str, list[str]]
+    proxy_argv: list[str] | None
+    remote_command: str
+
+
+EXIT_NOT_READY = 75  # `exec_in`'s exit status when the allocation is not ready
+
+
+class HoldsAllocations(ABC):
+    """The infra can hold nodes for a user to exec and ssh into (`corral launch -c NAME`)."""
+
+    @abstractmethod
+    async def hold(self, request: JobRequest, idle_seconds: int, session_keys: SessionKeys) -> SubmitResult:
+        """Submit the holder job (idempotently, by the request's token); it runs `setup` once, then
+        holds the nodes until released, its walltime ends, or it has been idle `idle_seconds` (0: never)."""
+
+    @abstractmethod
+    async def allocation_states(self, held: list[tuple[str, str]]) -> dict[str, AllocationState]:
+        """For (handle, run dir) pairs, each allocation's state by handle, in one round trip."""
+
+    @abstractmethod
+    async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
+                      envs: dict[str, str], run: str, on_output: OutputSink) -> int:
+        """Run `run` on every node of the allocation; its exit status (EXIT_NOT_READY if not ready)."""
+
+    @abstractmethod
+    async def release(self, handle: str | None, run_dir: str) -> None:
+        """End the holder job and remove its files."""
+
+    @abstractmethod
+    def shell_argv(self, handle: str, head_node: str, command: str | None) -> list[str]:
+        """The local argv of `corral ssh`: a shell on the head node, interactive, or running `command`."""
+
+    @abstractmethod
+    async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
+        """What the ssh alias of the allocation needs."""
+
+
+class ReportsSetupFailure(ABC):
+    """The infra can tell whether a failed attempt failed in the task's `setup` (not worth retrying)."""
+
+    @abstractmethod
+    async def setup_failed(self, run_dir: str) -> bool:
+        """True if the attempt whose files are in `run_dir` failed in setup; False when unsure."""
+
+
+class CopiesCheckpoints(ABC):
+    """The infra can copy a directory out (a managed job's checkpoints, to another infra's `upload`)."""
+
+    @abstractmethod
+    async def fetch_dir(self, remote_dir: str, local_dir: Any) -> bool:
+        """Copy `remote_dir` (relative to the user's home) into `local_dir`; False if it does not exist."""

@@ -43,6 +43,7 @@ class AttemptRow(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     expected_start: Mapped[float | None] = mapped_column(Float, nullable=True)  # while pending: Slurm's estimate
+    failure: Mapped[str | None] = mapped_column(String(16), nullable=True)  # infra.base.FailureClass, once it failed
 
 
 class AllocationRow(Base):

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import create_engine, event, insert, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import create_engine, event, insert, select, text, update
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import private_file, private_home
@@ -370,6 +370,20 @@ def _add_missing_columns(engine: Engine) -> None:
                 if column.name not in present:
                     kind = column.type.compile(dialect=engine.dialect)
                     conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
+                    if (table.name, column.name) == ("attempts", "failure"):
+                        _classify_old_failures(conn)
+
+
+def _classify_old_failures(conn: Connection) -> None:
+    """Stores written before attempts had a failure class kept Slurm's word in the reason; classify
+    those rows once, so that the controller's rules read the class, never the words."""
+    conn.execute(text("UPDATE attempts SET failure = 'infra' WHERE state = 'FAILED' AND (reason LIKE 'NODE_FAIL%' "
+                      "OR reason LIKE 'BOOT_FAIL%' OR reason LIKE 'PREEMPTED%')"))
+    conn.execute(text("UPDATE attempts SET failure = 'task' WHERE state = 'FAILED' AND failure IS NULL"))
+    conn.execute(text("UPDATE attempts SET failure = 'rejected' WHERE state = 'SUBMIT_FAILED' "
+                      "AND reason LIKE '%: sbatch rejected the job: %'"))
+    conn.execute(text("UPDATE attempts SET failure = 'lost' WHERE state IN ('SUBMIT_FAILED', 'LOST') "
+                      "AND failure IS NULL"))
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:

@@ -4,8 +4,7 @@ import shlex
 
 import pytest
 
-from corral.dev import _parse_status
-from corral.infra.slurm.devscript import holder_sbatch, session_proxy_command, session_proxy_script, shell_command
+from corral.infra.slurm.devscript import holder_sbatch, parse_allocation_status, session_proxy_command, session_proxy_script, shell_command
 from corral.state.models import AllocationRow
 from tests.infra.slurm.test_jobscript import check_golden, spec
 
@@ -62,11 +61,11 @@ def answer(squeue: str, files: str) -> str:
     ("8|RUNNING|None|1:00|2026-11-30T05:27:13|a1", "", ("ENDED", "Slurm no longer knows the job", [])),
 ])
 def test_status(squeue, files, expected):
-    status = _parse_status(row(), answer(squeue, files))
-    assert (status.state, status.reason, status.nodes) == expected
+    status = parse_allocation_status("7", answer(squeue, files))
+    assert (status.phase.value, status.reason, status.nodes) == expected
 
 
 def test_status_says_whether_the_head_node_has_sshd():
     running = "7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]"
-    assert _parse_status(row(), answer(running, "ready=\nnodes=a1,a2\nsshd_ok=")).sshd
-    assert not _parse_status(row(), answer(running, "ready=\nnodes=a1,a2")).sshd
+    assert parse_allocation_status("7", answer(running, "ready=\nnodes=a1,a2\nsshd_ok=")).sshd
+    assert not parse_allocation_status("7", answer(running, "ready=\nnodes=a1,a2")).sshd

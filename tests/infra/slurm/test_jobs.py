@@ -9,7 +9,7 @@ def fixture(name: str) -> str:
 
 
 def test_status_of_all_my_jobs_from_one_squeue():
-    statuses = {s.slurm_job_id: s for s in parse_status("alpine", fixture("alpine-status"))}
+    statuses = {s.handle: s for s in parse_status("alpine", fixture("alpine-status"))}
     assert statuses["5"].token == "aaaa11112222" and statuses["5"].state == "RUNNING"
     assert statuses["5"].ended_at is None and statuses["5"].started_at is not None
     assert statuses["6"].state == "PENDING" and statuses["6"].reason == "Resources"
@@ -29,13 +29,13 @@ def test_predictions():
 
 
 def test_submit_answers():
-    assert parse_submit("@@corral submitted 42 new\n").slurm_job_id == "42"
+    assert parse_submit("@@corral submitted 42 new\n").handle == "42"
     assert parse_submit("@@corral submitted 42 existing\n").already_existed
     rejected = parse_submit("@@corral rejected 1\nsbatch: error: Batch job submission failed: Invalid account\n")
-    assert not rejected.accepted and rejected.message == "Batch job submission failed: Invalid account"
+    assert not rejected.accepted and rejected.message == "sbatch rejected the job: Batch job submission failed: Invalid account"
     busy = parse_submit("@@corral rejected busy\nsbatch: error: Slurm temporarily unable to accept job, sleeping and "
                         "retrying\n")
-    assert not busy.accepted and busy.message.startswith("Slurm is not accepting jobs now")
+    assert not busy.accepted and busy.message.startswith("sbatch rejected the job: Slurm is not accepting jobs now")
 
 
 def test_exit_codes():
@@ -44,7 +44,7 @@ def test_exit_codes():
 
 
 def test_a_pending_job_has_an_expected_start_and_no_start():
-    statuses = {s.slurm_job_id: s for s in parse_status("alpine", fixture("alpine-pending-status"))}
+    statuses = {s.handle: s for s in parse_status("alpine", fixture("alpine-pending-status"))}
     pending, blocker = statuses["7"], statuses["6"]
     assert pending.state == "PENDING" and pending.started_at is None
     # Backfill expects it to start when the 60-minute blocker ends.
@@ -53,9 +53,18 @@ def test_a_pending_job_has_an_expected_start_and_no_start():
     assert statuses["3"].state == "FAILED" and statuses["3"].reason == "NodeDown"
 
 
-def test_rejections_are_told_apart_from_lost_answers():
-    from corral.infra.slurm.jobs import is_rejection, rejection_reason
+def test_failed_states_carry_a_failure_class():
+    """The controller's rules read the class: the task's own failure, or the infrastructure's."""
+    from corral.infra.base import FailureClass, JobState
+    from corral.infra.slurm.jobs import _status, parse_clock
 
-    assert is_rejection(rejection_reason("alpine", "Invalid feature specification"))
-    assert not is_rejection("alpine: no answer from the login node within 30s")
-    assert not is_rejection(None)
+    clock = parse_clock("1796015347 2026-12-01T10:00:00")
+
+    def status(state: str):
+        return _status(["9", "corral-aaaa11112222", state, "None", "", "", "", "0:0", "gpu"], clock)
+
+    assert status("NODE_FAIL").failure is FailureClass.INFRA and status("PREEMPTED").failure is FailureClass.INFRA
+    assert status("BOOT_FAIL").state is JobState.FAILED and status("BOOT_FAIL").failure is FailureClass.INFRA
+    assert status("TIMEOUT").failure is FailureClass.TASK and status("OUT_OF_MEMORY").failure is FailureClass.TASK
+    assert status("FAILED").failure is FailureClass.TASK and status("FAILED").native_state == "FAILED"
+    assert status("COMPLETED").failure is None and status("RUNNING").failure is None

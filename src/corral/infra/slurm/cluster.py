@@ -1,18 +1,60 @@
-"""SlurmInfra: one Slurm cluster behind its login node."""
+"""SlurmInfra: one Slurm cluster behind its login node, the first implementation of the Infra seam.
+
+Every operation is one SSH round trip over the cluster's ControlMaster (see `ssh.py`): the probe,
+a submission (files written and `sbatch` in one script), a batched status (`squeue` plus `sacct`
+for what squeue forgot), a cancel, a prediction for many requests (`sbatch --test-only` in parallel).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import shlex
+from pathlib import Path
+from typing import ClassVar
 
-from corral.infra.base import ClusterSnapshot
+from corral.errors import CorralError, ProbeParseError
+from corral.infra.base import (
+    AttemptFiles,
+    ClusterSnapshot,
+    CopiesCheckpoints,
+    Infra,
+    JobRequest,
+    JobStatus,
+    OutputSink,
+    AllocationPhase,
+    AllocationState,
+    HoldsAllocations,
+    PredictsStart,
+    ReportsSetupFailure,
+    SessionKeys,
+    SshRoute,
+    RunsArrays,
+    SubmitResult,
+)
+from corral.infra.slurm.jobs import (
+    cancel_script,
+    follow_script,
+    parse_status,
+    parse_submit,
+    parse_test_only,
+    status_script,
+    test_only_script,
+)
+from corral.infra.slurm import devscript
+from corral.infra.slurm.jobscript import spec_for, submit_script
 from corral.infra.slurm.probe import parse_probe_output, probe_script
 from corral.ssh import SshTransport
 
 # What the login node keeps for itself out of the transport's timeout: connecting and answering.
 _SSH_MARGIN = 3
+JOB_TIMEOUT = 30  # seconds for a submission, a status query, a cancel (sbatch may wait on a busy controller)
 
 
-class SlurmInfra:
+class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations):
+    kind: ClassVar[str] = "slurm"
+    max_array_size: ClassVar[int] = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
+
     def __init__(self, cluster: str, transport: SshTransport):
         self.cluster = cluster
         self.transport = transport
@@ -28,3 +70,105 @@ class SlurmInfra:
         result = await self.transport.run(self.cluster, probe_script(self.slurm_timeout),
                                           timeout=self.transport.timeout)
         return parse_probe_output(self.cluster, result.stdout, self.slurm_timeout, result.seconds)
+
+    def attempt_files(self, request: JobRequest) -> AttemptFiles:
+        spec = spec_for(request, self.cluster)
+        logs = (tuple(spec.log_path(i) for i in range(len(request.task_ids))) if spec.is_array
+                else (spec.log_path(None),))
+        return AttemptFiles(spec.run_dir, logs)
+
+    async def upload(self, local: Path, remote: str) -> None:
+        await self.transport.sync(self.cluster, local, remote)
+
+    async def submit(self, request: JobRequest) -> SubmitResult:
+        script = submit_script(spec_for(request, self.cluster))
+        result = await self.transport.run(self.cluster, script, timeout=JOB_TIMEOUT)
+        try:
+            return parse_submit(result.stdout)
+        except ProbeParseError as exc:
+            raise ProbeParseError(self.cluster, exc.detail) from None
+
+    async def status(self, handles: list[str]) -> list[JobStatus]:
+        result = await self.transport.run(self.cluster, status_script(handles), timeout=JOB_TIMEOUT)
+        return parse_status(self.cluster, result.stdout)
+
+    async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
+        if handles:
+            await self.transport.run(self.cluster, cancel_script(handles, run_dirs), timeout=JOB_TIMEOUT)
+
+    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
+        await self.transport.stream(self.cluster, follow_script(log_path, handle, follow), on_output)
+
+    async def predict(self, requests: list[JobRequest]) -> list[tuple[float | None, str]]:
+        if not requests:
+            return []
+        specs = [spec_for(r, self.cluster) for r in requests]
+        result = await self.transport.run(self.cluster, test_only_script(specs), timeout=JOB_TIMEOUT)
+        return parse_test_only(result.stdout, len(specs))
+
+    @staticmethod
+    def array_handle(handle: str, index: int) -> str:
+        return f"{handle}_{index}"
+
+    @staticmethod
+    def array_index(handle: str) -> int | None:
+        index = handle.partition("_")[2]
+        return int(index) if index.isdigit() else None
+
+    async def fetch_dir(self, remote_dir: str, local_dir: Path) -> bool:
+        return await self.transport.fetch(self.cluster, remote_dir, local_dir)
+
+    async def setup_failed(self, run_dir: str) -> bool:
+        # task.sh leaves this marker when setup exits non-zero.
+        script = f'test -e "$HOME"/{shlex.quote(run_dir)}/setup_failed\n'
+        try:
+            result = await self.transport.run(self.cluster, script, timeout=15, check=False)
+        except CorralError:
+            return False
+        return result.exit_status == 0
+
+    # ---- dev allocations ----------------------------------------------------------------------
+    async def hold(self, request: JobRequest, idle_seconds: int, session_keys: SessionKeys) -> SubmitResult:
+        spec = spec_for(request, self.cluster)
+        script = devscript.holder_submit_script(spec, idle_seconds, request.envs, request.setup, session_keys)
+        result = await self.transport.run(self.cluster, script, timeout=JOB_TIMEOUT)
+        return parse_submit(result.stdout)
+
+    async def allocation_states(self, held: list[tuple[str, str]]) -> dict[str, AllocationState]:
+        if not held:
+            return {}
+        try:
+            result = await self.transport.run(self.cluster, devscript.status_script(held), timeout=20)
+        except CorralError as exc:
+            return {handle: AllocationState(AllocationPhase.UNKNOWN, str(exc), [], None, None) for handle, _ in held}
+        return {handle: devscript.parse_allocation_status(handle, result.stdout) for handle, _ in held}
+
+    async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
+                      envs: dict[str, str], run: str, on_output: OutputSink) -> int:
+        script = devscript.exec_script(run_dir, handle, exec_id, num_nodes, accelerators_per_node, self.cluster,
+                                       envs, run)
+        return await self.transport.stream(self.cluster, script, on_output)
+
+    async def release(self, handle: str | None, run_dir: str) -> None:
+        await self.transport.run(self.cluster, devscript.down_script(handle, run_dir), timeout=JOB_TIMEOUT)
+
+    def shell_argv(self, handle: str, head_node: str, command: str | None) -> list[str]:
+        remote = devscript.shell_command(handle, head_node, command)
+        # An interactive shell may prompt (a password, MFA): the one place Corral lifts BatchMode.
+        options = ("-t", "-o", "BatchMode=no") if command is None else ()
+        return self.transport.ssh_argv(self.cluster, [remote], options)
+
+    async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
+        proc = await asyncio.create_subprocess_exec(
+            "ssh", "-G", "-F", str(self.transport.registry.path), "--", self.cluster,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        settings: dict[str, list[str]] = {}
+        for line in out.decode().splitlines():
+            key, _, value = line.partition(" ")
+            settings.setdefault(key, []).append(value)
+        proxy = None
+        if sshd:
+            proxy = self.transport.ssh_argv(
+                self.cluster, [devscript.session_proxy_command(name, handle, head_node, run_dir)])
+        return SshRoute(settings, proxy, devscript.shell_command(handle, head_node, None))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
 
+from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
+from corral.infra.slurm.jobs import STATE_MAP
 from corral.infra.slurm.jobscript import (
     JOB_NAME_PREFIX,
     TASK_SH,
@@ -23,7 +24,8 @@ from corral.infra.slurm.jobscript import (
     submit_script,
     write_files_script,
 )
-from corral.infra.slurm.probe import MARK
+from corral.infra.slurm.parsing import FIELD_SEPARATOR
+from corral.infra.slurm.probe import MARK, split_sections
 
 DEV_PREFIX = JOB_NAME_PREFIX + "dev-"
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*\Z", re.ASCII)
@@ -83,14 +85,6 @@ def holder_submit_script(spec: SlurmJobSpec, idle_seconds: int, envs: dict[str, 
              f"{SESSION_DIR}/authorized_keys": session_keys.authorized_key,
              f"{SESSION_DIR}/proxy.sh": session_proxy_script(spec.task_ids[0], spec.cluster, sorted(envs))}
     return submit_script(spec, files, job_name=DEV_PREFIX + spec.token)
-
-
-@dataclass(frozen=True)
-class SessionKeys:
-    """What the allocation's per-connection sshd needs: its host key, and the one client key it accepts."""
-
-    host_private_key: str
-    authorized_key: str
 
 
 SESSION_DIR = "sshd"
@@ -205,3 +199,44 @@ def shell_command(job_id: str, head_node: str, command: str | None) -> str:
     if command is None:
         return f"{base} --pty bash -l"
     return f"{base} bash -lc {shlex.quote(command)}"
+
+
+_ENDED_BECAUSE = {"TIMEOUT": "walltime ended", "NODE_FAIL": "a node failed", "CANCELLED": "cancelled",
+                  "PREEMPTED": "preempted", "BOOT_FAIL": "a node failed to boot"}
+
+
+def parse_allocation_status(job_id: str, stdout: str) -> AllocationState:
+    """One allocation's state from `status_script`'s answer: Slurm's view and the holder's files."""
+    sections = split_sections(stdout)
+    files: dict[str, str] = {}
+    marker_section = sections.get(f"files-{job_id}")
+    for line in marker_section.text.splitlines() if marker_section else []:
+        key, _, value = line.partition("=")
+        files[key] = value
+    slurm = None
+    squeue = sections.get("squeue")
+    for line in squeue.text.splitlines() if squeue else []:
+        fields = line.split(FIELD_SEPARATOR)
+        if fields and fields[0] == job_id and len(fields) == 6:
+            slurm = fields
+    nodes = files["nodes"].split(",") if files.get("nodes") else []
+    last_active = float(files["last_active"]) if files.get("last_active", "").isdigit() else None
+    if slurm is None:
+        return AllocationState(AllocationPhase.ENDED, "Slurm no longer knows the job", nodes, last_active, None)
+    _, state, reason, time_left, _start, _nodelist = slurm
+    generic = STATE_MAP.get(state)
+    reason = None if reason in ("None", "") else reason
+    if generic is not None and generic.value in ("RUNNING", "STARTING"):
+        ready = "ready" in files
+        return AllocationState(AllocationPhase.READY if ready else AllocationPhase.STARTING,
+                               None if ready else "running setup", nodes, last_active, time_left,
+                               sshd="sshd_ok" in files)
+    if generic is not None and generic.value == "PENDING":
+        return AllocationState(AllocationPhase.PENDING, reason, [], None, time_left)
+    why = _ENDED_BECAUSE.get(state, state.lower())
+    if files.get("ended") == "idle":
+        why = "released after being idle"
+    if "setup_failed" in files:
+        why = f"setup failed with exit code {files['setup_failed']}"
+    failed = state in ("NODE_FAIL", "BOOT_FAIL", "FAILED") or "setup_failed" in files
+    return AllocationState(AllocationPhase.FAILED if failed else AllocationPhase.ENDED, why, nodes, last_active, None)

@@ -8,61 +8,33 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from corral.errors import ProbeParseError
-from corral.infra.slurm.jobscript import CANCEL_MARKER, JOB_NAME_PREFIX, SlurmJobSpec, sbatch_options, submit_script
+from corral.infra.base import FailureClass, JobState, JobStatus, SubmitResult
+from corral.infra.slurm.jobscript import CANCEL_MARKER, JOB_NAME_PREFIX, SlurmJobSpec, sbatch_options
 from corral.infra.slurm.parsing import FIELD_SEPARATOR, format_spec
 from corral.infra.slurm.probe import MARK, split_sections
-from corral.ssh import SshTransport
 
 _START_AT = re.compile(r"to start at (\S+)")
 _JOB_ID = re.compile(r"^\d+(_\d+)?\Z", re.ASCII)
 CLOCK = (f"printf '{MARK} clock 0\\n'; date +%s; date +%Y-%m-%dT%H:%M:%S\n")
 
-# Slurm job states → Corral's.
-STATE_MAP = {
-    "PENDING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
-    "RESV_DEL_HOLD": "PENDING", "CONFIGURING": "STARTING", "RUNNING": "RUNNING", "COMPLETING": "RUNNING",
-    "SUSPENDED": "RUNNING", "STOPPED": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING",
-    "RESIZING": "RUNNING", "COMPLETED": "SUCCEEDED", "CANCELLED": "CANCELLED", "FAILED": "FAILED",
-    "TIMEOUT": "FAILED", "NODE_FAIL": "FAILED", "BOOT_FAIL": "FAILED", "PREEMPTED": "FAILED",
-    "OUT_OF_MEMORY": "FAILED", "DEADLINE": "FAILED", "SPECIAL_EXIT": "FAILED", "REVOKED": "CANCELLED",
+# Slurm job states → the generic ones.
+_P, _S, _R = JobState.PENDING, JobState.STARTING, JobState.RUNNING
+STATE_MAP: dict[str, JobState] = {
+    "PENDING": _P, "REQUEUED": _P, "REQUEUE_HOLD": _P, "REQUEUE_FED": _P, "RESV_DEL_HOLD": _P,
+    "CONFIGURING": _S, "RUNNING": _R, "COMPLETING": _R, "SUSPENDED": _R, "STOPPED": _R, "SIGNALING": _R,
+    "STAGE_OUT": _R, "RESIZING": _R, "COMPLETED": JobState.SUCCEEDED, "CANCELLED": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED, "FAILED": JobState.FAILED, "TIMEOUT": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED, "BOOT_FAIL": JobState.FAILED, "PREEMPTED": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED, "DEADLINE": JobState.FAILED, "SPECIAL_EXIT": JobState.FAILED,
 }
+# Failed states that are the infrastructure's doing, not the task's: the controller recovers these.
+INFRA_FAILURE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
 SQUEUE_FIELDS = ("JobArrayID", "Name", "State", "Reason", "SubmitTime", "StartTime", "EndTime", "exit_code",
                  "Partition")
 SACCT_FIELDS = "JobID,JobName,State,Reason,Submit,Start,End,ExitCode,Partition"
 
 
-@dataclass(frozen=True)
-class SubmitResult:
-    accepted: bool
-    slurm_job_id: str | None
-    already_existed: bool
-    message: str
-
-
 _REJECTED = "sbatch rejected the job"
-
-
-def rejection_reason(cluster: str, message: str) -> str:
-    """Why a submission was skipped when sbatch answered no (so Slurm holds no copy of the job)."""
-    return f"{cluster}: {_REJECTED}: {message}"
-
-
-def is_rejection(reason: str | None) -> bool:
-    return bool(reason) and f": {_REJECTED}: " in (reason or "")
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    slurm_job_id: str  # "123" or "123_4"
-    token: str | None  # from the job name, for Corral's jobs
-    slurm_state: str
-    state: str  # Corral's
-    reason: str | None
-    submitted_at: float | None
-    started_at: float | None
-    ended_at: float | None
-    exit_code: int | None
-    expected_start: float | None = None  # a pending job's: the scheduler's estimate (squeue StartTime)
 
 
 @dataclass(frozen=True)
@@ -121,11 +93,12 @@ def parse_submit(stdout: str) -> SubmitResult:
             return SubmitResult(True, parts[2], len(parts) > 3 and parts[3] == "existing", "")
         if line.startswith(f"{MARK} rejected"):
             if line.split()[2:] == ["busy"]:
-                return SubmitResult(False, None, False, "Slurm is not accepting jobs now (sbatch: \"Slurm "
-                                    "temporarily unable to accept job\"): its job table is full (MaxJobCount) "
-                                    "or the controller is overloaded")
+                return SubmitResult(False, None, False, f"{_REJECTED}: Slurm is not accepting jobs now (sbatch: "
+                                    "\"Slurm temporarily unable to accept job\"): its job table is full "
+                                    "(MaxJobCount) or the controller is overloaded")
             message = " ".join(stdout.splitlines()[i + 1:]).strip()
-            return SubmitResult(False, None, False, message.removeprefix("sbatch: error: ") or "sbatch failed")
+            return SubmitResult(False, None, False,
+                                f"{_REJECTED}: {message.removeprefix('sbatch: error: ') or 'sbatch failed'}")
     raise ProbeParseError("?", f"unexpected answer from sbatch: {stdout.strip()[-300:]!r}")
 
 
@@ -173,18 +146,23 @@ def _status(fields: list[str], clock: Clock) -> JobStatus:
     job_id, name, state, reason, submit, start, end, exit_raw, _partition = (f.strip() for f in fields)
     slurm_state = state.split()[0].rstrip("+") if state else "UNKNOWN"
     token = name[len(JOB_NAME_PREFIX):] if name.startswith(JOB_NAME_PREFIX) else None
-    corral_state = STATE_MAP.get(slurm_state, "UNKNOWN")
+    generic = STATE_MAP.get(slurm_state, JobState.UNKNOWN)
+    ended = generic not in (JobState.PENDING, JobState.STARTING, JobState.RUNNING)
+    failure = None
+    if generic is JobState.FAILED:
+        failure = FailureClass.INFRA if slurm_state in INFRA_FAILURE_STATES else FailureClass.TASK
     return JobStatus(
-        slurm_job_id=job_id,
+        handle=job_id,
         token=token,
-        slurm_state=slurm_state,
-        state=corral_state,
+        state=generic,
+        native_state=slurm_state,
         reason=None if reason in ("None", "", "(null)") else reason,
         submitted_at=clock.to_epoch(submit),
-        started_at=clock.to_epoch(start) if corral_state != "PENDING" else None,
-        expected_start=clock.to_epoch(start) if corral_state == "PENDING" else None,
-        ended_at=clock.to_epoch(end) if corral_state not in ("PENDING", "STARTING", "RUNNING") else None,
-        exit_code=_exit_code(exit_raw) if corral_state not in ("PENDING", "STARTING", "RUNNING") else None,
+        started_at=clock.to_epoch(start) if generic is not JobState.PENDING else None,
+        expected_start=clock.to_epoch(start) if generic is JobState.PENDING else None,
+        ended_at=clock.to_epoch(end) if ended else None,
+        exit_code=_exit_code(exit_raw) if ended else None,
+        failure=failure,
     )
 
 
@@ -203,7 +181,7 @@ def parse_status(cluster: str, stdout: str) -> list[JobStatus]:
         fields = line.split(FIELD_SEPARATOR)
         if len(fields) == len(SQUEUE_FIELDS):
             out.append(_status(fields, clock))
-    seen = {s.slurm_job_id for s in out}
+    seen = {s.handle for s in out}
     sacct = sections.get("sacct")
     for line in sacct.text.splitlines() if sacct else []:
         fields = line.split("|")
@@ -244,33 +222,3 @@ def follow_script(log_path: str, slurm_job_id: str, follow: bool) -> str:
         f"while {alive}; do sleep 2; done\n"
         "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n"
     )
-
-
-class SlurmJobs:
-    """Job operations on one cluster."""
-
-    def __init__(self, cluster: str, transport: SshTransport, timeout: float = 30):
-        self.cluster = cluster
-        self.transport = transport
-        self.timeout = timeout
-
-    async def predict(self, specs: list[SlurmJobSpec]) -> list[tuple[float | None, str]]:
-        if not specs:
-            return []
-        result = await self.transport.run(self.cluster, test_only_script(specs), timeout=self.timeout)
-        return parse_test_only(result.stdout, len(specs))
-
-    async def submit(self, spec: SlurmJobSpec) -> SubmitResult:
-        result = await self.transport.run(self.cluster, submit_script(spec), timeout=self.timeout)
-        try:
-            return parse_submit(result.stdout)
-        except ProbeParseError as exc:
-            raise ProbeParseError(self.cluster, exc.detail) from None
-
-    async def status(self, tracked_ids: list[str]) -> list[JobStatus]:
-        result = await self.transport.run(self.cluster, status_script(tracked_ids), timeout=self.timeout)
-        return parse_status(self.cluster, result.stdout)
-
-    async def cancel(self, job_ids: list[str], run_dirs: list[str] | None = None) -> None:
-        if job_ids:
-            await self.transport.run(self.cluster, cancel_script(job_ids, run_dirs), timeout=self.timeout)

@@ -20,10 +20,10 @@ import shlex
 from dataclasses import dataclass, field
 
 from corral.errors import CorralError
+from corral.infra.base import DEFAULT_CHECKPOINT_DIR, JobRequest, new_token  # noqa: F401 - re-exported
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
-# Managed jobs' default CORRAL_CHECKPOINT_DIR: ~/.corral/checkpoints/<job id> (per job, also in arrays).
-DEFAULT_CHECKPOINT_DIR = "@default"
+# Managed jobs' default CORRAL_CHECKPOINT_DIR (DEFAULT_CHECKPOINT_DIR): ~/.corral/checkpoints/<job id>, per job.
 JOB_NAME_PREFIX = "corral-"
 
 
@@ -70,8 +70,37 @@ class SlurmJobSpec:
         return f"{self.run_dir}/log-{index}.txt" if index is not None else f"{self.run_dir}/log.txt"
 
 
-def new_token() -> str:
-    return secrets.token_hex(6)
+def spec_for(request: JobRequest, cluster: str) -> SlurmJobSpec:
+    """The sbatch job for a generic request: the GRES from the accelerator type, the `slurm:` options."""
+    options = request.scheduler_options
+    gres = None
+    if request.accelerators_per_node:
+        count = request.accelerators_per_node
+        gres = f"gpu:{request.accelerator_type}:{count}" if request.accelerator_type else f"gpu:{count}"
+    return SlurmJobSpec(
+        token=request.token,
+        task_ids=request.task_ids,
+        cluster=cluster,
+        partition=request.place,
+        num_nodes=request.num_nodes,
+        gres=gres,
+        gpus_per_node=request.accelerators_per_node,
+        cpus_per_node=request.cpus_per_node,
+        memory_mb=request.memory_mb,
+        envs=request.envs,
+        setup=request.setup,
+        run=request.run,
+        time=options.get("time"),
+        account=options.get("account"),
+        qos=options.get("qos"),
+        constraint=options.get("constraint"),
+        reservation=options.get("reservation"),
+        sbatch_args=tuple(options.get("sbatch_args") or ()) + (() if request.requeue else ("--no-requeue",)),
+        first_rank=request.first_rank,
+        num_jobs=request.num_jobs,
+        extra_env=dict(request.extra_env),
+        checkpoint_dir=request.checkpoint_dir,
+    )
 
 
 class UnsafeScriptValueError(CorralError):

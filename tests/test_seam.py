@@ -1,0 +1,108 @@
+"""Launch, failover, sweeps, the tracker and the controller's recovery rule on an in-memory backend:
+the code above the Infra seam works with any backend, and never reads a backend's words."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.infra.base import FailureClass, JobState
+from corral.launch import Launcher
+from corral.state import Store
+from corral.task import parse_task
+from corral.tracker import Tracker
+from tests.fakes import FakeArrayInfra, FakeClient, FakeInfra
+from tests.test_placement import SNAPSHOTS
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(f"sqlite:///{tmp_path / 'state.db'}")
+
+
+def fakes(kind=FakeInfra, **by_cluster) -> FakeClient:
+    return FakeClient({name: kind(name, SNAPSHOTS[name], **by_cluster.get(name, {}))
+                       for name in ("alpine", "borealis", "cirrus")})
+
+
+def launch(client: FakeClient, store: Store, data: dict, num_jobs: int = 1):
+    return asyncio.run(Launcher(client, store).launch(parse_task(data, "t"), "t", num_jobs=num_jobs))
+
+
+def test_a_refusal_fails_over_to_the_next_candidate_and_is_classed_rejected(store):
+    client = fakes(alpine={"refuse": {"gpu"}})  # alpine's gpu partition ranks first for H100:2 (free now)
+    [share] = launch(client, store, {"resources": {"accelerators": "H100:2"}, "run": "true"})
+    attempts = store.attempts_of(share.job_ids)[share.job_ids[0]]
+    assert [(a.cluster, a.state, a.failure) for a in attempts] == [
+        ("alpine", "SUBMIT_FAILED", "rejected"), ("borealis", "PENDING", None)]
+    assert attempts[0].reason == "alpine: fake refuses gpu"
+    assert attempts[1].slurm_job_id == share.handle and share.tries == [("slurm/alpine/gpu", attempts[0].reason)]
+    # The request the backend got is generic: the place, and the accelerator as that place spells it.
+    [request] = client.infras["borealis"].requests
+    assert (request.place, request.accelerator_type, request.accelerators_per_node) == ("h100-cluster", "H100", 2)
+
+
+def test_an_unreachable_infra_is_skipped_with_all_its_places_and_classed_lost(store):
+    client = fakes()
+    plan_client = fakes()
+    [share] = launch(plan_client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    assert share.cluster == "cirrus"  # the only place with B300s
+    # Now cirrus stops answering after the probe: the submission is lost, and nothing else can take it.
+    client.infras["cirrus"].unreachable = True
+    client.probe = plan_client.probe  # the probe still saw it
+    from corral.launch import LaunchFailedError
+
+    with pytest.raises(LaunchFailedError, match="cirrus: login node refused the connection"):
+        launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    lost = [a for attempts in store.attempts_of([v.job.id for v in store.views()]).values() for a in attempts
+            if a.state == "SUBMIT_FAILED"]
+    assert [a.failure for a in lost] == ["lost"]
+
+
+def test_a_sweep_is_split_into_arrays_no_larger_than_the_infra_allows(store):
+    client = fakes(FakeArrayInfra)
+    shares = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"}, num_jobs=7)
+    assert [len(s.job_ids) for s in shares] == [3, 3, 1]
+    assert shares[0].handles == [f"{shares[0].handle}.{i}" for i in range(3)]
+    recorded = {a.job_id: a.slurm_job_id for attempts in store.attempts_of(
+        [j for s in shares for j in s.job_ids]).values() for a in attempts}
+    assert sorted(recorded.values()) == sorted(h for s in shares for h in s.handles)
+
+
+def test_without_arrays_each_copy_is_its_own_submission(store):
+    client = fakes()
+    shares = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"}, num_jobs=4)
+    assert [len(s.job_ids) for s in shares] == [1, 1, 1, 1]
+    assert len(client.infras["cirrus"].requests) == 4
+
+
+def test_the_tracker_records_the_failure_class_the_infra_reports(store):
+    from corral.controller.engine import _infra_failure
+
+    client = fakes()
+    [share] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    infra = client.infras["cirrus"]
+    infra.finish(share.handle, JobState.FAILED, FailureClass.INFRA, native="NODE_FAIL")
+    asyncio.run(Tracker(client, store).refresh())
+    [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
+    assert (attempt.state, attempt.failure, attempt.reason) == ("FAILED", "infra", "NODE_FAIL")
+    assert _infra_failure(attempt)  # the controller recovers it: its rule reads the class, not the word
+    [other] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    infra.finish(other.handle, JobState.FAILED, FailureClass.TASK, native="OUT_OF_MEMORY")
+    asyncio.run(Tracker(client, store).refresh())
+    [attempt] = store.attempts_of(other.job_ids)[other.job_ids[0]]
+    assert (attempt.failure, attempt.reason) == ("task", "OUT_OF_MEMORY") and not _infra_failure(attempt)
+
+
+def test_cancel_and_logs_go_through_the_seam(store):
+    client = fakes()
+    [share] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    tracker = Tracker(client, store)
+    view = store.resolve(share.job_ids[0])
+    out: list[bytes] = []
+    asyncio.run(tracker.logs(view, False, out.append))
+    assert out == [f"log of {share.handle}\n".encode()]
+    assert asyncio.run(tracker.cancel([view])) == [view]
+    assert client.infras["cirrus"].cancelled == [share.handle]
+    assert store.resolve(share.job_ids[0]).attempt.state == "CANCELLED"
