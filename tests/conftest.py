@@ -72,10 +72,10 @@ def corral_env(testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict
 def corral(corral_env) -> Callable[..., CliResult]:
     """Run the real `corral` CLI in a subprocess."""
 
-    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60, cwd: Path | None = None) -> CliResult:
         started = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "corral", *args], capture_output=True, text=True,
-                              env=env or corral_env, timeout=timeout)
+                              env=env or corral_env, timeout=timeout, cwd=cwd)
         return CliResult(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
     return run

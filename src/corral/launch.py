@@ -230,7 +230,7 @@ class Launcher:
         check_num_jobs(num_jobs)
         envs = [job_environment(task, source) for task, source, _ in tasks]  # all checked before any is sent
         for task, _, base_dir in tasks:
-            self._check_local_files(task, base_dir or Path.cwd())
+            self.check_local_files(task, base_dir or Path.cwd())
         outcomes = await self.probe_for([task for task, _, _ in tasks])
         plans = [await self.plan(task, predict="when_full", outcomes=outcomes) for task, _, _ in tasks]
         for (_task, source, _base), plan in zip(tasks, plans):  # all or nothing: check before submitting any
@@ -336,7 +336,9 @@ class Launcher:
     def _mark(self, attempts: list[AttemptRow], **fields: object) -> None:
         self.store.update_attempts({a.token: dict(fields) for a in attempts})
 
-    def _check_local_files(self, task: Task, base: Path) -> None:
+    @staticmethod
+    def check_local_files(task: Task, base: Path | None = None) -> None:
+        base = base or Path.cwd()
         if task.workdir and not (base / os.path.expanduser(task.workdir)).is_dir():
             raise TaskError(f"workdir {task.workdir!r} is not a directory (relative to {base})")
         for remote, local in task.file_mounts.items():

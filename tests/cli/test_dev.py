@@ -218,3 +218,18 @@ def test_unknown_allocation_names_the_known_ones(corral, clean):
     assert "no dev allocation 'nope'" in corral("ssh", "nope").stderr
     assert corral("launch", "-c", "bad name!").stderr.strip().startswith("corral: error: invalid allocation name")
     corral("down", "known")
+
+
+def test_a_holder_whose_scancel_was_lost_releases_its_nodes(corral, testbed, clean):
+    """`corral down` leaves the cancel marker before its scancel: a holder that missed the kill (lost
+    on the way, or sent while the job was being launched) sees the marker and ends by itself."""
+    up = corral("launch", "-c", "fence", "--gpus", "L4:1", "--idle-minutes", "60", "--json")
+    assert up.exit_code == 0, up.stderr
+    info = up.json()
+    run_dir = ssh_login(testbed.cluster_config, info["cluster"],
+                        f"scontrol show job {info['slurm_job_id']} | sed -n 's/.*WorkDir=//p'").strip()
+    assert run_dir.endswith(tuple("0123456789abcdef")), run_dir
+    ssh_login(testbed.cluster_config, info["cluster"], f": > {run_dir}/cancelled")  # down's first step, no scancel
+    wait_for("the holder to end by itself", lambda: job_state(testbed.cluster_config, info["cluster"],
+                                                              info["slurm_job_id"]) in ("COMPLETED", ""), 40)
+    assert status(corral, "fence")["state"] == "ENDED"

@@ -291,3 +291,17 @@ def test_churn_never_runs_a_job_twice(corral, env, testbed):
     ends = [line.split()[1] for line in log if line.startswith("end ")]
     assert sorted(ends) == sorted(ids)  # every job completed exactly once: zero double runs
     ssh_login(config, "alpine", f"rm -rf {out}")
+
+
+def test_a_relative_workdir_is_read_from_where_the_user_ran_the_command(corral, env, tmp_path):
+    """The controller runs elsewhere (here: started from another directory first); the managed job still
+    gets the files from the directory `jobs launch` ran in."""
+    assert corral("server", "start", env=env).exit_code == 0  # from the tests' own working directory
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('from the user workdir')\n")
+    (tmp_path / "task.yaml").write_text("workdir: code\nrun: cat train.py\n")
+    result = corral("jobs", "launch", "-d", "--json", "task.yaml", env=env, cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    job = result.json()["job_id"]
+    wait_job(corral, env, job, {"SUCCEEDED"})
+    assert "from the user workdir" in corral("jobs", "logs", job, env=env).stdout

@@ -252,15 +252,17 @@ def test_values_arrive_byte_for_byte_through_slurm(corral, testbed, clean_queues
 
 
 def test_workdir_and_file_mounts_are_synced(corral, clean_queues, tmp_path):
+    """Relative local paths are relative to where the command runs (as in SkyPilot), not to the file."""
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "train.py").write_text("print('hello from workdir')\n")
     (tmp_path / "data.txt").write_text("mounted data\n")
-    task = tmp_path / "task.yaml"
+    (tmp_path / "tasks").mkdir()
+    task = tmp_path / "tasks" / "task.yaml"
     task.write_text(
         "workdir: src\nfile_mounts:\n  inputs/data.txt: data.txt\n"
         "resources:\n  infra: slurm/borealis/l40s\nrun: cat train.py inputs/data.txt\n"
     )
-    result = corral("launch", str(task))
+    result = corral("launch", "tasks/task.yaml", cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
     assert "print('hello from workdir')\nmounted data\n" in result.stdout
 

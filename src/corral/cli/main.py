@@ -155,9 +155,11 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
 
     from corral.cli import render
     from corral.client import Client
+    from pathlib import Path
+
     from corral.launch import LaunchEvents, Launcher, check_num_jobs
     from corral.state import open_store
-    from corral.task import TaskError, apply_overrides
+    from corral.task import TaskError, apply_overrides, with_local_paths
 
     separator = "--" in sys.argv
     paths, command = (args, ()) if not separator else _split_command(args)
@@ -168,8 +170,9 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
 
         loaded = [(parse_task({}, "command line"), "command line")]
     tasks = [
-        (apply_overrides(task, source, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
-                         memory=memory, envs=envs, secrets=secret_values), source)
+        (with_local_paths(apply_overrides(task, source, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes,
+                                          cpus=cpus, memory=memory, envs=envs, secrets=secret_values), Path.cwd()),
+         source)
         for task, source in loaded
     ]
     if walltime and not dev_name:
@@ -192,12 +195,8 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
             for plan in plans:
                 render.render_plan(plan, full=True)
         return
-    from pathlib import Path
-
-    # Relative workdir and file_mounts paths are relative to the task file, as in the file itself.
-    per_task = asyncio.run(launcher.launch_many(
-        [(task, source, Path(source).parent if source != "command line" else None) for task, source in tasks],
-        num_jobs=num_jobs))
+    # Relative workdir and file_mounts paths are relative to where the command runs, as in SkyPilot.
+    per_task = asyncio.run(launcher.launch_many([(task, source, None) for task, source in tasks], num_jobs=num_jobs))
     results = [share for shares in per_task for share in shares]
     sweep = len(results) > 1 or num_jobs > 1
     if as_json:
@@ -520,16 +519,20 @@ def jobs() -> None:
 @click.option("--secret", "secret_values", multiple=True, help="KEY=VALUE or KEY: a secret env, repeatable.")
 @click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep, at most 10,000).")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids}.")
+@click.option("-d", "--detach", "detach", is_flag=True,
+              help="Accepted as SkyPilot users type it: a managed job always returns once recorded.")
 @_reports_errors
 def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None,
                 num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
-                secret_values: tuple[str, ...], num_jobs: int, as_json: bool) -> None:
+                secret_values: tuple[str, ...], num_jobs: int, as_json: bool, detach: bool) -> None:
     """Record a managed job and return its id at once; the controller places and watches it."""
+    from pathlib import Path
+
     from corral import managed
     from corral.controller import server as controller
-    from corral.launch import check_num_jobs
+    from corral.launch import Launcher, check_num_jobs
     from corral.state import open_store
-    from corral.task import apply_overrides
+    from corral.task import apply_overrides, with_local_paths
 
     check_num_jobs(num_jobs)
     separator = "--" in sys.argv
@@ -537,6 +540,9 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
     [(task, source)] = _load_task(paths, command)
     task = apply_overrides(task, source, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                            memory=memory, envs=envs, secrets=secret_values)
+    # The controller syncs the files later, from wherever it runs: it gets them as absolute paths.
+    task = with_local_paths(task, Path.cwd())
+    Launcher.check_local_files(task)
     ids = managed.record(open_store(), task, source, num_jobs)
     controller.start()
     if as_json:

@@ -69,3 +69,11 @@ def test_status_says_whether_the_head_node_has_sshd():
     running = "7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]"
     assert parse_allocation_status("7", answer(running, "ready=\nnodes=a1,a2\nsshd_ok=")).sshd
     assert not parse_allocation_status("7", answer(running, "ready=\nnodes=a1,a2")).sshd
+
+
+def test_down_leaves_the_cancel_marker_before_its_scancel():
+    from corral.infra.slurm.devscript import down_script
+
+    lines = down_script("42", ".corral/runs/abc").splitlines()
+    assert lines[:3] == ['[ -d "$HOME"/.corral/runs/abc ] && : > "$HOME"/.corral/runs/abc/cancelled',
+                         "scancel 42 2>/dev/null", 'rm -rf "$HOME"/.corral/runs/abc']

@@ -15,6 +15,7 @@ import shlex
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
 from corral.infra.slurm.jobs import STATE_MAP
 from corral.infra.slurm.jobscript import (
+    CANCEL_MARKER,
     JOB_NAME_PREFIX,
     TASK_SH,
     SlurmJobSpec,
@@ -50,7 +51,10 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
         "# Written by Corral: holds a dev allocation; releases it after the idle limit.",
         "set -u",
         'export CORRAL_RUN_DIR="$SLURM_SUBMIT_DIR"',
-        'cd "$CORRAL_RUN_DIR"',
+        # `corral down` leaves the cancel marker before its scancel, then removes the run dir: a holder
+        # that starts after that (its scancel lost on the way) releases the nodes at once.
+        f'cd "$CORRAL_RUN_DIR" 2>/dev/null && [ ! -e {CANCEL_MARKER} ] || '
+        '{ echo "corral: released before it started"; exit 0; }',
         f"export CORRAL_TASK_ID={shlex.quote(spec.task_ids[0])} CORRAL_CLUSTER={shlex.quote(spec.cluster)}",
         f"export CORRAL_NUM_GPUS_PER_NODE={spec.gpus_per_node}",
         *node_env_lines('"$SLURM_JOB_NODELIST"'),
@@ -67,6 +71,9 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
         'poll=15; if [ "$idle_limit" -gt 0 ] && [ "$idle_limit" -lt 45 ]; then poll=$(( (idle_limit + 2) / 3 )); fi',
         "while true; do",
         '  sleep "$poll"',
+        f'  if [ -e "$CORRAL_RUN_DIR/{CANCEL_MARKER}" ] || [ ! -d "$CORRAL_RUN_DIR" ]; then',
+        '    echo "corral: released (corral down)"; exit 0',
+        "  fi",
         "  # Any step but the holder's own (batch, extern) is an exec job or an ssh session.",
         '  if squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -qv -e "\\.batch$" -e "\\.extern$"; then',
         "    date +%s > last_active",
@@ -183,10 +190,12 @@ def status_script(allocations: list[tuple[str, str]]) -> str:
 
 
 def down_script(job_id: str | None, run_dir: str) -> str:
-    parts = []
+    """Leave the cancel marker, scancel, remove the files: a holder whose kill is lost still ends."""
+    path = f'"$HOME"/{shlex.quote(run_dir)}'
+    parts = [f"[ -d {path} ] && : > {path}/{CANCEL_MARKER}"]
     if job_id:
         parts.append(f"scancel {_check_id(job_id)} 2>/dev/null")
-    parts.append(f'rm -rf "$HOME"/{shlex.quote(run_dir)}')
+    parts.append(f"rm -rf {path}")
     return "\n".join(parts) + "\nexit 0\n"
 
 
