@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,3 +72,21 @@ def counting_ssh(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], C
         return [line.split(" -- ")[1].split()[0] for line in lines]
 
     return {**env, "PATH": f"{shim_dir}{os.pathsep}{env.get('PATH', os.environ['PATH'])}"}, calls
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.TextIOWrapper(io.BytesIO(), write_through=True), io.StringIO()
+    saved = sys.argv
+    sys.argv = ["corral", *argv]
+    code = 0
+    try:
+        from corral.cli.main import main
+
+        with redirect_stdout(out), redirect_stderr(err):
+            main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    out.seek(0)
+    return code, out.read(), err.getvalue()

@@ -252,9 +252,11 @@ class Launcher:
         if not feasible:
             raise NoFeasibleClusterError(_no_candidate_message(plan))
         sealed = seal(resolved_secrets(task, "task"))
+        ids, now = self.store.new_job_ids(num_jobs), time.time()
+        sweep = ids[0] if num_jobs > 1 else None  # a sweep's jobs share it, and their creation time
         jobs = [JobRow(id=job_id, name=task.name or "task", task_json=redacted_json(task), secrets_sealed=sealed,
-                       created_at=time.time(), job_rank=i, num_jobs=num_jobs)
-                for i, job_id in enumerate(self.store.new_job_ids(num_jobs))]
+                       created_at=now, job_rank=i, num_jobs=num_jobs, sweep_id=sweep)
+                for i, job_id in enumerate(ids)]
         self.store.add_jobs(jobs, [])
         return await self.submit_jobs(task, envs, base, feasible, jobs)
 

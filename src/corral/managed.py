@@ -47,8 +47,10 @@ def record(store: Store, task: Task, source: str, num_jobs: int = 1) -> list[str
     now = time.time()
     task_json = redacted_json(task)
     sealed = seal(resolved_secrets(task, source))
+    ids = store.new_job_ids(num_jobs)
+    sweep = ids[0] if num_jobs > 1 else None
     jobs = [JobRow(id=job_id, name=task.name or "task", task_json=task_json, secrets_sealed=sealed, created_at=now,
-                   job_rank=i, num_jobs=num_jobs) for i, job_id in enumerate(store.new_job_ids(num_jobs))]
+                   job_rank=i, num_jobs=num_jobs, sweep_id=sweep) for i, job_id in enumerate(ids)]
     store.add_jobs(jobs, [])
     store.add_managed(j.id for j in jobs)
     return [j.id for j in jobs]
@@ -62,12 +64,19 @@ def views(store: Store, job_ids: list[str] | None = None) -> list[ManagedView]:
     return sorted(out, key=lambda v: (v.job.created_at, v.job.job_rank))
 
 
+def page(store: Store, limit: int | None = 20, offset: int = 0) -> tuple[list[ManagedView], int]:
+    """Live managed jobs and the newest ended ones, newest first; and how many more ended ones there are."""
+    ids, more = store.managed_page(limit, offset)
+    shown = views(store, ids)
+    shown.sort(key=lambda v: (v.job.created_at, v.job.job_rank), reverse=True)
+    return shown, more
+
+
 def resolve(store: Store, ref: str) -> ManagedView:
     from corral.state.store import JobNotFoundError
 
-    all_views = views(store)
-    matches = [v for v in all_views if v.job.id == ref] or [v for v in all_views if v.job.id.startswith(ref)] \
-        or [v for v in all_views if v.job.name == ref]
+    candidates = views(store, store.matching_ids(ref, managed_only=True))
+    matches = [v for v in candidates if v.job.id == ref] or candidates
     if len(matches) == 1:
         return matches[0]
     if not matches:

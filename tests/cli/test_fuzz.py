@@ -5,17 +5,14 @@ runs its whole path without a testbed."""
 
 from __future__ import annotations
 
-import io
-import sys
-from contextlib import redirect_stderr, redirect_stdout
-from pathlib import Path
 
 import click
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corral.cli.main import EXIT_INTERNAL, cli, main
+from corral.cli.main import EXIT_INTERNAL, cli
+from tests.helpers import run_cli
 
 # Commands that start the background controller on valid input are left out: `jobs launch`,
 # `jobs cancel` and `server start` (their argument handling is `launch`'s and `cancel`'s).
@@ -57,37 +54,6 @@ TARGETS = [["task.yaml"], ["bad.yaml"], ["--", "echo", "hi"], ["--", "true"], []
 argvs = st.one_of(st.sampled_from(COMMANDS).flatmap(argv_for), with_values(["launch"], TARGETS),
                   with_values(["exec"], [["dev", "--", "true"], ["dev", "task.yaml"]]),
                   with_values(["gpus"], [[], ["H100"]]), with_values(["check"], [[], ["alpine"], ["nope"]]))
-
-
-@pytest.fixture
-def refusing_clusters(tmp_path_factory, monkeypatch) -> Path:
-    work = tmp_path_factory.mktemp("fuzz")
-    config = work / "slurm-config"
-    config.write_text("Host alpine\n    HostName 127.0.0.1\n    Port 1\nHost borealis\n    HostName 127.0.0.1\n"
-                      "    Port 1\n")
-    (work / "task.yaml").write_text("resources:\n  accelerators: H100:1\nrun: echo hi\n")
-    (work / "bad.yaml").write_text("resources:\n  acelerators: H100\n")
-    (work / "latin1.yaml").write_bytes(b"run: caf\xe9\n")
-    monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(config))
-    monkeypatch.setenv("CORRAL_HOME", str(work / "home"))
-    monkeypatch.chdir(work)
-    return work
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.TextIOWrapper(io.BytesIO(), write_through=True), io.StringIO()
-    saved = sys.argv
-    sys.argv = ["corral", *argv]
-    code = 0
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = saved
-    out.seek(0)
-    return code, out.read(), err.getvalue()
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

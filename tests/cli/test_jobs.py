@@ -163,7 +163,8 @@ def test_pending_job_moves_to_the_cluster_predicted_to_start_it_much_sooner(corr
     ssh_login(config, "borealis", f"scontrol update JobId={blocker_b} TimeLimit=3")
     moved = wait_for("the job to move to borealis", lambda: (j := jobs(corral, fast)[job])["cluster"] == "borealis"
                      and j["state"] == "PENDING" and j, 60)
-    assert moved["moves"] == 1 and moved["attempts"] == 2
+    story = " | ".join(f"{e['state']}: {e['reason']}" for e in events(corral, fast, job))
+    assert moved["moves"] == 1 and moved["attempts"] == 2, story
     reason = next(e["reason"] for e in events(corral, fast, job) if "re-routed" in (e["reason"] or ""))
     assert reason.startswith("re-routed to slurm/borealis/h100-cluster: predicted to start there at ")
     assert "sooner than on alpine" in reason

@@ -68,7 +68,7 @@ def test_api_on_loopback_with_a_token(corral, slow_controller):
     job_id = launched.json()["job_id"]
     wait_for("a tick caused by the wake-up", lambda: request(endpoint, "/health")[1]["ticks"] > ticks, timeout=10)
     code, jobs = request(endpoint, "/jobs?all=true")
-    assert code == 200 and [j["job_id"] for j in jobs] == [job_id]
+    assert code == 200 and [j["job_id"] for j in jobs["jobs"]] == [job_id] and jobs["more"] == 0
     code, job = request(endpoint, f"/jobs/{job_id}")
     assert code == 200 and job["events"][0]["state"] == "PENDING"
     assert request(endpoint, "/jobs/nope")[0] == 404

@@ -122,3 +122,53 @@ def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path):
     errors = [p.communicate(timeout=60)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, errors
     assert len(Store(url).views()) == 0 and len(Store(url).jobs([f"c-{i:012d}" for i in range(6)])) == 6
+
+
+def ended(job_id: str, at: float, state: str = "SUCCEEDED", sweep: str | None = None, rank: int = 0):
+    row = JobRow(id=job_id, name="train", task_json="{}", created_at=at, job_rank=rank, num_jobs=1, sweep_id=sweep)
+    return row, AttemptRow(token=f"t-{job_id}", job_id=job_id, number=1, cluster="alpine", partition="gpu",
+                           state=state, created_at=at, run_dir="r", log_path="l")
+
+
+def fill(store: Store, rows) -> None:
+    store.add_jobs([j for j, _ in rows], [a for _, a in rows])
+
+
+def test_queue_page_shows_live_jobs_and_the_newest_ended_ones(store):
+    fill(store, [ended(f"c-{i:04d}", 1000.0 + i) for i in range(250)])
+    fill(store, [ended("c-live", 10.0, "RUNNING"), ended("c-pend", 11.0, "PENDING")])
+    page = store.queue_page(limit=20)
+    ids = [v.job.id for v in page.views]
+    assert ids[:20] == [f"c-{i:04d}" for i in range(249, 229, -1)]  # newest first
+    assert ids[20:] == ["c-pend", "c-live"] and page.more == 230  # live ones always, however old
+    second = store.queue_page(limit=20, offset=20, live=False)
+    assert [v.job.id for v in second.views][0] == "c-0229" and second.more == 210
+    recent = store.queue_page(limit=100, since=1000.0 + 240)
+    assert len(recent.views) == 10 + 2 and recent.more == 0
+    everything = [v.job.id for v in store.iter_queue()]
+    assert everything == [f"c-{i:04d}" for i in range(249, -1, -1)] + ["c-pend", "c-live"]
+
+
+def test_a_sweep_is_counted_whole_by_state(store):
+    rows = [ended(f"c-s{i:03d}", 500.0, "SUCCEEDED" if i < 7 else "FAILED", sweep="c-s000", rank=i) for i in range(10)]
+    fill(store, rows)
+    store.add_jobs([], [AttemptRow(token="t-c-s009-2", job_id="c-s009", number=2, cluster="borealis",
+                                   partition="h100", state="RUNNING", created_at=600.0, run_dir="r", log_path="l")])
+    page = store.queue_page(limit=3)
+    assert page.sweeps == {"c-s000": {"SUCCEEDED": 7, "FAILED": 2, "RUNNING": 1}}  # latest attempt of each job
+
+
+def test_resolve_finds_by_id_prefix_and_name_without_reading_history(store):
+    fill(store, [ended("c-abc1", 1.0), ended("c-abd2", 2.0), ended("c-x_%", 3.0)])
+    lone, attempt = ended("c-named", 4.0)
+    lone.name = "the-one"
+    fill(store, [(lone, attempt)])
+    assert store.resolve("c-abc1").job.id == "c-abc1" and store.resolve("c-abd").job.id == "c-abd2"
+    assert store.resolve("c-x_").job.id == "c-x_%"  # LIKE wildcards in a reference are literal
+    with pytest.raises(JobNotFoundError, match="matches several jobs"):
+        store.resolve("c-ab")
+    with pytest.raises(JobNotFoundError, match="no job 'c-a_c'"):
+        store.resolve("c-a_c")
+    assert store.resolve("the-one").job.id == "c-named"
+    with pytest.raises(JobNotFoundError, match="matches several jobs"):
+        store.resolve("train")

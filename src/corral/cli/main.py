@@ -280,13 +280,42 @@ def _write_bytes(chunk: bytes) -> None:
     sys.stdout.buffer.flush()
 
 
+DEFAULT_QUEUE_LIMIT = 20
+
+
+def parse_since(text: str) -> float:
+    """`--since`: a duration back from now (90s, 30m, 2h, 3d, 1w) or a local date/time (2026-11-30T08:00)."""
+    import time
+    from datetime import datetime
+
+    from corral.errors import CorralError
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    raw = text.strip()
+    if raw[:-1].isdigit() and raw[-1:] in units:
+        return time.time() - int(raw[:-1]) * units[raw[-1]]
+    try:
+        return datetime.fromisoformat(raw).timestamp()
+    except ValueError:
+        raise CorralError(f"--since {text!r}: give a duration (30m, 2h, 3d, 1w) or a date (2026-11-30 or "
+                          "2026-11-30T08:00)") from None
+
+
 @cli.command()
 @click.argument("allocation", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs.")
-@click.option("-a", "--all", "show_all", is_flag=True, help="Include finished jobs (default: live and recent).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs (one object per job).")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every job ever launched, newest first, streamed.")
+@click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=DEFAULT_QUEUE_LIMIT, show_default=True,
+              help="How many ended jobs (or sweeps) to show after the live ones.")
+@click.option("--page", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
+              help="Which page of ended jobs, --limit per page.")
+@click.option("--since", help="Only jobs launched since: 30m, 2h, 3d, 1w, or a date such as 2026-11-30.")
+@click.option("-x", "--expand", is_flag=True, help="One row per job of a sweep (default: one row per sweep).")
 @_reports_errors
-def queue(allocation: str | None, as_json: bool, show_all: bool) -> None:
-    """Every job across all clusters, refreshed with one Slurm query per cluster."""
+def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, page: int, since: str | None,
+          expand: bool) -> None:
+    """Live jobs across all clusters, refreshed with one Slurm query per cluster, and the newest ended
+    ones; a line says how many more there are."""
     import asyncio
 
     from corral.cli import render
@@ -296,19 +325,28 @@ def queue(allocation: str | None, as_json: bool, show_all: bool) -> None:
 
     store = open_store()
     report = asyncio.run(Tracker(Client(), store).refresh())
-    views = store.views()
-    if allocation:
+    if allocation and store.allocation(allocation) is None and not store.queue_page(limit=1, allocation=allocation).views:
         from corral.dev import AllocationNotFoundError
 
-        if store.allocation(allocation) is None and not any(v.job.allocation == allocation for v in views):
-            raise AllocationNotFoundError(allocation, [r.name for r in store.allocations()])
-        views = [v for v in views if v.job.allocation == allocation]
-    if not show_all:
-        views = render.recent(views)
-    if as_json:
-        _print_json([render.job_json(v) for v in views])
+        raise AllocationNotFoundError(allocation, [r.name for r in store.allocations()])
+    after = parse_since(since) if since else None
+    if show_all:
+        views = store.iter_queue(since=after, allocation=allocation)
+        if as_json:
+            render.stream_json(render.job_json(v) for v in views)
+        else:
+            render.render_queue_stream(views)
     else:
-        render.render_queue(views)
+        shown = store.queue_page(limit=limit, offset=(page - 1) * limit, since=after, allocation=allocation,
+                                 by_sweep=not as_json and not expand)
+        if as_json:
+            _print_json([render.job_json(v) for v in shown.views])
+        else:
+            render.render_queue(shown, expand)
+            if shown.more:
+                grouped = "" if expand else " (a sweep counts once)"
+                click.echo(f"{shown.more} more ended job{'s' if shown.more != 1 else ''}{grouped}: "
+                           f"`corral queue --page {page + 1}`, `--since 1d`, or `--all`", err=True)
     for cluster, error in report.errors.items():
         click.echo(f"corral: warning: could not refresh {cluster}: {error}", err=True)
 
@@ -553,26 +591,34 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
 
 @jobs.command(name="queue")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
-@click.option("-a", "--all", "show_all", is_flag=True, help="Include finished jobs.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every managed job ever launched.")
+@click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=DEFAULT_QUEUE_LIMIT, show_default=True,
+              help="How many ended managed jobs to show after the live ones.")
+@click.option("--page", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
+              help="Which page of ended managed jobs, --limit per page.")
 @_reports_errors
-def jobs_queue(as_json: bool, show_all: bool) -> None:
-    """Managed jobs with their state, attempts and reason (as of the controller's last tick)."""
+def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
+    """Managed jobs with their state, attempts and reason (as of the controller's last tick): the live
+    ones and the newest ended ones, newest first."""
     from corral.cli.managed_table import render_managed
     from corral.controller import server
 
     try:  # the running controller answers without this process loading the engine and the database
-        rows = server.call("/jobs" + ("?all=true" if show_all else ""))
+        answer = server.call(f"/jobs?limit={limit}&page={page}" + ("&all=true" if show_all else ""))
+        rows, more = answer["jobs"], answer["more"]
     except server.ControllerUnavailable:
         from corral import managed
         from corral.state import open_store
-        from corral.state.store import MANAGED_TERMINAL
 
-        views = managed.views(open_store())
-        rows = [v.to_json() for v in views if show_all or v.managed.state not in MANAGED_TERMINAL]
+        views, more = managed.page(open_store(), None if show_all else limit, 0 if show_all else (page - 1) * limit)
+        rows = [v.to_json() for v in views]
     if as_json:
         _print_json(rows)
     else:
         render_managed(rows)
+        if more:
+            click.echo(f"{more} more ended managed job{'s' if more != 1 else ''}: "
+                       f"`corral jobs queue --page {page + 1}` or `--all`", err=True)
 
 
 @jobs.command(name="logs")

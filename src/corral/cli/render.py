@@ -10,15 +10,16 @@ from rich.table import Table
 
 from corral.cli.consoles import console, err_console, minutes
 
-from corral.client import GpuReport, ProbeOutcome
-from corral.dev import AllocationStatus
-from corral.managed import ManagedView
-from corral.launch import LaunchEvents, Submitted
-from corral.placement import Candidate, Plan
-from corral.state.store import TERMINAL_STATES, JobView
+if TYPE_CHECKING:  # type hints only: a table must not cost the import of the engine, SQLAlchemy or pydantic
+    from collections.abc import Iterable
 
-if TYPE_CHECKING:
+    from corral.client import GpuReport, ProbeOutcome
     from corral.controller.engine import ControllerSettings
+    from corral.dev import AllocationStatus
+    from corral.launch import LaunchEvents, Submitted
+    from corral.managed import ManagedView
+    from corral.placement import Candidate, Plan
+    from corral.state.store import JobView, QueuePage
 
 
 
@@ -144,6 +145,8 @@ class _LaunchPrinter:
 
 
 def launch_events() -> LaunchEvents:
+    from corral.launch import LaunchEvents
+
     printer = _LaunchPrinter()
     return LaunchEvents(plan=printer.plan, skipped=printer.skipped, submitted=printer.submitted)
 
@@ -174,29 +177,96 @@ def job_json(view: JobView) -> dict[str, object]:
     }
 
 
-def recent(views: list[JobView], keep_seconds: float = 86400) -> list[JobView]:
-    cutoff = time.time() - keep_seconds
-    return [v for v in views if v.attempt.state not in TERMINAL_STATES or (v.attempt.ended_at or 0) > cutoff]
-
-
 _STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "SUCCEEDED": "dim", "FAILED": "red",
                 "CANCELLED": "dim", "SUBMIT_FAILED": "red", "LOST": "red"}
+_QUEUE_COLUMNS = ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITTED", "STARTED", "ENDED")
 
 
-def render_queue(views: list[JobView]) -> None:
+def _styled(state: str) -> str:
+    style = _STATE_STYLE.get(state, "")
+    return f"[{style}]{state}[/{style}]" if style else state
+
+
+def _job_row(v: JobView) -> tuple[str, ...]:
+    a = v.attempt
+    return (v.job.id, v.job.name, f"{a.cluster}/{a.partition}", a.slurm_job_id or "-", _styled(a.state),
+            a.reason or "", _when(a.submitted_at), _when(a.started_at), _when(a.ended_at))
+
+
+def _sweep_row(views: list[JobView], counts: dict[str, int]) -> tuple[str, ...]:
+    """One row for a whole sweep: its jobs per state (all of them, not only those on the page)."""
+    first = views[0]
+    places = sorted({f"{v.attempt.cluster}/{v.attempt.partition}" for v in views})
+    total = sum(counts.values()) or len(views)
+    states = ", ".join(f"{n} {_styled(state)}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return (f"{first.job.sweep_id} (sweep)", f"{first.job.name} ×{total}",
+            places[0] if len(places) == 1 else f"{len(places)} places", "-", states, "",
+            _when(min((v.attempt.submitted_at or 0) for v in views) or None), "", "")
+
+
+def queue_rows(page: QueuePage, expand: bool) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for v in page.views:
+        sweep = v.job.sweep_id
+        if sweep and not expand:
+            if sweep not in seen:
+                seen.add(sweep)
+                rows.append(_sweep_row([w for w in page.views if w.job.sweep_id == sweep],
+                                       page.sweeps.get(sweep, {})))
+            continue
+        rows.append(_job_row(v))
+    return rows
+
+
+def render_queue(page: QueuePage, expand: bool = False) -> None:
+    if not page.views:
+        console.print("No jobs." if not page.more else "No jobs on this page.")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in _QUEUE_COLUMNS:
+        table.add_column(column)
+    for row in queue_rows(page, expand):
+        table.add_row(*row)
+    console.print(table)
+
+
+def render_queue_stream(views: Iterable[JobView], chunk: int = 500) -> None:
+    """Every job, a table per chunk: output starts at once and memory stays flat."""
+    batch: list[JobView] = []
+    first = True
+    for view in views:
+        batch.append(view)
+        if len(batch) == chunk:
+            _print_chunk(batch, first)
+            batch, first = [], False
+    if batch or first:
+        _print_chunk(batch, first)
+
+
+def _print_chunk(views: list[JobView], header: bool) -> None:
     if not views:
         console.print("No jobs.")
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITTED", "STARTED", "ENDED"):
+    table = Table(box=None, header_style="bold", show_header=header)
+    for column in _QUEUE_COLUMNS:
         table.add_column(column)
     for v in views:
-        a = v.attempt
-        style = _STATE_STYLE.get(a.state, "")
-        table.add_row(v.job.id, v.job.name, f"{a.cluster}/{a.partition}", a.slurm_job_id or "-",
-                      f"[{style}]{a.state}[/{style}]" if style else a.state, a.reason or "",
-                      _when(a.submitted_at), _when(a.started_at), _when(a.ended_at))
+        table.add_row(*_job_row(v))
     console.print(table)
+
+
+def stream_json(rows: Iterable[dict[str, object]]) -> None:
+    """A JSON list written as it comes, one object per line."""
+    import json
+    import sys
+
+    out = sys.stdout
+    out.write("[")
+    for i, row in enumerate(rows):
+        out.write(("\n  " if i == 0 else ",\n  ") + json.dumps(row))
+    out.write("\n]\n")
+    out.flush()
 
 
 def render_status(statuses: list[AllocationStatus]) -> None:

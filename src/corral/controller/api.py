@@ -11,12 +11,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import Depends, FastAPI, Header, HTTPException, Query
 
 from corral import managed
 from corral.controller.engine import LEASE
 from corral.state import Store
-from corral.state.store import MANAGED_TERMINAL, JobNotFoundError
+from corral.state.store import JobNotFoundError
 
 
 @dataclass
@@ -68,9 +68,11 @@ def create_app(status: ControllerStatus, store: Store, token: str) -> FastAPI:
         return {"woken": True, "ticks": status.ticks}
 
     @app.get("/jobs", dependencies=[Depends(authorized)])
-    async def jobs(all: bool = False) -> list[dict[str, object]]:
-        views = managed.views(store)
-        return [v.to_json() for v in views if all or v.managed.state not in MANAGED_TERMINAL]
+    async def jobs(all: bool = False, limit: int = Query(20, ge=1, le=100_000),
+                   page: int = Query(1, ge=1, le=1_000_000)) -> dict[str, object]:
+        """Live managed jobs and the newest ended ones (`limit` a page; `all`: every one), newest first."""
+        shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit)
+        return {"jobs": [v.to_json() for v in shown], "more": more}
 
     @app.get("/jobs/{job_id}", dependencies=[Depends(authorized)])
     async def job(job_id: str) -> dict[str, object]:

@@ -16,9 +16,10 @@ class JobRow(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(256))
     task_json: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
     job_rank: Mapped[int] = mapped_column(Integer, default=0)
     num_jobs: Mapped[int] = mapped_column(Integer, default=1)
+    sweep_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)  # the first job's id
     allocation: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # exec jobs
     secrets_sealed: Mapped[str | None] = mapped_column(Text, nullable=True)  # state/sealed.py; never clear text
 

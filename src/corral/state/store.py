@@ -9,8 +9,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import create_engine, event, insert, select, text, update
+from sqlalchemy import create_engine, event, func, insert, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,6 +32,8 @@ MANAGED_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"
 
 DB_URL_ENV = "CORRAL_DB_URL"
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "SUBMIT_FAILED", "LOST"})
+# Every attempt state that is not terminal (named, so that a query can use the index on state).
+LIVE_ATTEMPT_STATES = ("SUBMITTING", "PENDING", "STARTING", "RUNNING", "CANCELLING", "UNKNOWN")
 
 
 class JobNotFoundError(CorralError):
@@ -43,6 +46,18 @@ class JobView:
 
     job: JobRow
     attempt: AttemptRow
+
+
+@dataclass(frozen=True)
+class QueuePage:
+    """What `queue` shows: every live job, and the newest ended ones, newest first."""
+
+    views: list[JobView]
+    more: int  # ended jobs the filters match beyond this page
+    sweeps: dict[str, dict[str, int]]  # sweep id -> {state: jobs}, over the whole sweep
+
+
+QUEUE_CHUNK = 1000
 
 
 def new_job_id() -> str:
@@ -130,11 +145,100 @@ class Store:
                 latest[attempt.job_id] = attempt
         return [JobView(j, latest[j.id]) for j in jobs if j.id in latest]
 
+    def queue_page(self, *, limit: int | None = 20, offset: int = 0, since: float | None = None,
+                   allocation: str | None = None, live: bool = True, by_sweep: bool = False) -> QueuePage:
+        """Live jobs (with `live`) and the `limit` newest ended ones after `offset`, newest first; with
+        `by_sweep`, a sweep counts as one (its counts per state come whole, from one aggregate). Work is
+        in proportion to the page: ids come from indexed queries, rows only for what is shown."""
+        unit = func.coalesce(JobRow.sweep_id, JobRow.id) if by_sweep else JobRow.id
+        with self.session() as s:
+            live_query = select(AttemptRow.job_id).distinct().where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
+            ended = select(JobRow.id, unit.label("unit"))
+            if allocation is not None:
+                live_query = live_query.join(JobRow, JobRow.id == AttemptRow.job_id).where(
+                    JobRow.allocation == allocation)
+                ended = ended.where(JobRow.allocation == allocation)
+            live_ids = set(s.scalars(live_query))  # through the index on attempts.state: live ones are few
+            if live_ids:
+                ended = ended.where(JobRow.id.not_in(live_ids))
+            if since is not None:
+                ended = ended.where(JobRow.created_at >= since)
+            units = ended.subquery()
+            total = s.scalar(select(func.count(func.distinct(units.c.unit)))) or 0
+            ordered = ended.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc())
+            if by_sweep:
+                page_ids, page_units = self._page_ids(s, ordered, offset, limit)
+            else:
+                page_ids = list(s.scalars(select(ordered.subquery().c.id).offset(offset).limit(limit)))
+                page_units = len(page_ids)
+        shown = self.views((live_ids if live else set()) | set(page_ids))
+        shown.sort(key=lambda v: (v.job.created_at, v.job.job_rank), reverse=True)
+        return QueuePage(shown, max(0, total - offset - page_units),
+                         self.sweep_counts({v.job.sweep_id for v in shown if v.job.sweep_id}))
+
+    @staticmethod
+    def _page_ids(s: Session, ordered: Any, offset: int, limit: int | None,
+                  per_sweep: int = 50) -> tuple[list[str], int]:
+        """(job ids, units) of units `offset` to `offset + limit`, where a sweep is one unit and at most
+        `per_sweep` of its jobs are loaded (its counts come apart); light rows, a chunk at a time."""
+        index: dict[str, int] = {}  # unit -> its position, from 0
+        taken: dict[str, int] = {}
+        ids: list[str] = []
+        position = 0
+        while True:
+            chunk = s.execute(ordered.offset(position).limit(QUEUE_CHUNK)).all()
+            for job_id, unit in chunk:
+                if unit not in index:
+                    if limit is not None and len(index) >= offset + limit:
+                        return ids, len(taken)
+                    index[unit] = len(index)
+                if index[unit] >= offset and taken.get(unit, 0) < per_sweep:
+                    taken[unit] = taken.get(unit, 0) + 1
+                    ids.append(job_id)
+            if len(chunk) < QUEUE_CHUNK:
+                return ids, len(taken)
+            position += QUEUE_CHUNK
+
+    def iter_queue(self, *, since: float | None = None, allocation: str | None = None) -> Iterator[JobView]:
+        """Every job, newest first, a chunk at a time: memory stays flat whatever the history."""
+        query = select(JobRow.id).order_by(JobRow.created_at.desc(), JobRow.job_rank.desc())
+        if allocation is not None:
+            query = query.where(JobRow.allocation == allocation)
+        if since is not None:
+            query = query.where(JobRow.created_at >= since)
+        offset = 0
+        while True:
+            with self.session() as s:
+                ids = list(s.scalars(query.offset(offset).limit(QUEUE_CHUNK)))
+            views = {v.job.id: v for v in self.views(ids)}
+            yield from (views[i] for i in ids if i in views)
+            if len(ids) < QUEUE_CHUNK:
+                return
+            offset += QUEUE_CHUNK
+
+    def sweep_counts(self, sweep_ids: set[str]) -> dict[str, dict[str, int]]:
+        """Jobs per state of each sweep, by its jobs' latest attempts (one aggregate query)."""
+        if not sweep_ids:
+            return {}
+        with self.session() as s:
+            latest = (select(AttemptRow.job_id, func.max(AttemptRow.number).label("number"))
+                      .join(JobRow, JobRow.id == AttemptRow.job_id)
+                      .where(JobRow.sweep_id.in_(list(sweep_ids))).group_by(AttemptRow.job_id).subquery())
+            rows = s.execute(
+                select(JobRow.sweep_id, AttemptRow.state, func.count())
+                .join(latest, latest.c.job_id == JobRow.id)
+                .join(AttemptRow, (AttemptRow.job_id == latest.c.job_id) & (AttemptRow.number == latest.c.number))
+                .group_by(JobRow.sweep_id, AttemptRow.state))
+            counts: dict[str, dict[str, int]] = {}
+            for sweep_id, state, count in rows:
+                counts.setdefault(sweep_id, {})[state] = count
+            return counts
+
     def active_attempts(self) -> list[AttemptRow]:
         """Live attempts of batch jobs (exec jobs in dev allocations are tracked by `corral exec`)."""
         with self.session() as s:
             query = (select(AttemptRow).join(JobRow, JobRow.id == AttemptRow.job_id)
-                     .where(AttemptRow.state.not_in(TERMINAL_STATES), JobRow.allocation.is_(None)))
+                     .where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES), JobRow.allocation.is_(None)))
             return list(s.scalars(query))
 
     # ---- managed jobs ----
@@ -287,13 +391,42 @@ class Store:
             if row is not None:
                 s.delete(row)
 
+    def matching_ids(self, job_ref: str, managed_only: bool = False) -> list[str]:
+        """Job ids a reference may mean: the id itself, else ids it prefixes, else jobs of that name
+        (at most 6; indexed look-ups, not a scan of the history)."""
+        def query(*conditions: Any) -> Any:
+            q = select(JobRow.id).where(*conditions)
+            if managed_only:
+                q = q.join(ManagedJobRow, ManagedJobRow.job_id == JobRow.id)
+            return q.limit(6)
+
+        with self.session() as s:
+            found = list(s.scalars(query(JobRow.id == job_ref)))
+            if not found and job_ref:
+                escaped = job_ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                found = list(s.scalars(query(JobRow.id.like(escaped + "%", escape="\\"))))
+            if not found:
+                found = list(s.scalars(query(JobRow.name == job_ref)))
+        return found
+
+    def managed_page(self, limit: int | None, offset: int = 0) -> tuple[list[str], int]:
+        """Live managed jobs, then the `limit` newest ended ones after `offset`; and how many more."""
+        with self.session() as s:
+            live = list(s.scalars(select(ManagedJobRow.job_id).where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))))
+            ended = (select(ManagedJobRow.job_id).join(JobRow, JobRow.id == ManagedJobRow.job_id)
+                     .where(ManagedJobRow.state.in_(MANAGED_TERMINAL)))
+            total = s.scalar(select(func.count()).select_from(ended.subquery())) or 0
+            ordered = ended.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc()).offset(offset)
+            page = list(s.scalars(ordered.limit(limit) if limit is not None else ordered))
+        return live + page, max(0, total - offset - len(page))
+
     def resolve(self, job_ref: str) -> JobView:
-        """A job by id or unique id prefix, or by name if unique."""
-        views = self.views()
+        """A job by id or unique id prefix, or by name if unique (indexed look-ups, not a scan of history)."""
+        views = self.views(self.matching_ids(job_ref))
         exact = [v for v in views if v.job.id == job_ref]
         if exact:
             return exact[0]
-        prefixed = [v for v in views if v.job.id.startswith(job_ref)] or [v for v in views if v.job.name == job_ref]
+        prefixed = views
         if len(prefixed) == 1:
             return prefixed[0]
         if not prefixed:
@@ -372,6 +505,10 @@ def _add_missing_columns(engine: Engine) -> None:
                     conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
                     if (table.name, column.name) == ("attempts", "failure"):
                         _classify_old_failures(conn)
+            indexed = {i["name"] for i in inspector.get_indexes(table.name)}
+            for index in table.indexes:  # indexes an older store lacks (new columns', or new indexes)
+                if index.name not in indexed:
+                    index.create(conn, checkfirst=True)
 
 
 def _classify_old_failures(conn: Connection) -> None:

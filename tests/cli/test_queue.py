@@ -1,0 +1,65 @@
+"""`corral queue` over a long history: a page of what matters, a line for the rest, sweeps as one row.
+Runs the real CLI in-process against a store with thousands of ended jobs; the clusters refuse
+connections at once, so the refresh is cheap and the table is what is measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from corral.state import Store
+from corral.state.models import AttemptRow, JobRow
+from tests.helpers import run_cli
+
+
+def seed(home, jobs: int) -> None:
+    store = Store(f"sqlite:///{home / 'state.db'}")
+    now = time.time() - 3600
+    rows = [JobRow(id=f"c-{i:012x}", name=f"job{i}", task_json="{}", created_at=now + i, num_jobs=1)
+            for i in range(jobs)]
+    sweep = [JobRow(id=f"c-5{i:011x}", name="sweep", task_json="{}", created_at=now + jobs + 10, job_rank=i,
+                    num_jobs=30, sweep_id="c-500000000000") for i in range(30)]
+    attempts = [AttemptRow(token=f"t{r.id}", job_id=r.id, number=1, cluster="alpine", partition="gpu",
+                           state="SUCCEEDED" if not r.sweep_id or r.job_rank < 20 else "FAILED", created_at=r.created_at,
+                           run_dir="r", log_path="l", ended_at=r.created_at + 1) for r in rows + sweep]
+    store.add_jobs(rows + sweep, attempts)
+
+
+def test_queue_shows_a_page_and_says_how_many_more(refusing_clusters):
+    home = refusing_clusters / "home"
+    home.mkdir(mode=0o700)
+    seed(home, 3000)
+    code, out, err = run_cli(["queue"])
+    assert code == 0, err
+    lines = [line.strip() for line in out.splitlines()]
+    assert lines[0].split()[:2] == ["ID", "NAME"] and len(lines) == 1 + 20
+    assert lines[1].startswith("c-500000000000 (sweep)") and "sweep ×30" in lines[1]
+    assert "20 SUCCEEDED" in lines[1] and "10 FAILED" in lines[1]
+    assert lines[2].split()[0] == f"c-{2999:012x}"  # newest first
+    assert "2981 more ended jobs (a sweep counts once)" in err  # 3000 jobs and 1 sweep, 20 of them shown
+    code, out, _ = run_cli(["queue", "--expand", "--limit", "5", "--page", "2"])
+    assert [line.split()[0] for line in out.splitlines()[1:]] == [f"c-5{i:011x}" for i in range(24, 19, -1)]
+    code, out, _ = run_cli(["queue", "--json", "--limit", "3"])
+    assert [row["job_id"] for row in json.loads(out)] == [f"c-5{i:011x}" for i in range(29, 26, -1)]
+    code, out, _ = run_cli(["queue", "--all", "--json"])
+    assert len(json.loads(out)) == 3030
+    code, _, err = run_cli(["queue", "--since", "yesterday-ish"])
+    assert code == 1 and "--since 'yesterday-ish': give a duration" in err
+
+
+@pytest.mark.parametrize("argv", [["gpus"], ["check"], ["--help"], ["queue", "--help"]])
+def test_tables_load_neither_the_engine_nor_sqlalchemy_nor_pydantic(refusing_clusters, argv):
+    """The `gpus` table used to import the launcher, the store, SQLAlchemy and pydantic just to render."""
+    probe = ("import sys\n"
+             "from corral.cli.main import main\n"
+             f"sys.argv = ['corral', *{argv!r}]\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "heavy = [m for m in ('sqlalchemy', 'pydantic', 'fastapi', 'corral.launch', 'corral.state') "
+             "if m in sys.modules]\n"
+             "print('HEAVY', heavy, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "HEAVY []" in proc.stderr, proc.stderr
