@@ -39,11 +39,12 @@ def corral_argv(*args: str) -> list[str]:
 def print_table(title: str, rows: list[tuple[str, float, float | None, str]]) -> None:
     """rows: (what, seconds, baseline seconds or None, goal)."""
     print(f"\n{title}")
-    print(f"{'measure':66} {'seconds':>9} {'baseline':>9} {'ratio':>7}  goal")
+    width = max([66, *(len(row[0]) for row in rows)])
+    print(f"{'measure':{width}} {'seconds':>9} {'baseline':>9} {'ratio':>7}  goal")
     for what, seconds, baseline, goal in rows:
         base = f"{baseline:9.3f}" if baseline is not None else f"{'-':>9}"
         ratio = f"{seconds / baseline:6.2f}x" if baseline else f"{'-':>7}"
-        print(f"{what:66} {seconds:9.3f} {base} {ratio}  {goal}")
+        print(f"{what:{width}} {seconds:9.3f} {base} {ratio}  {goal}")
 
 
 @dataclass
