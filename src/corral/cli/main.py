@@ -301,14 +301,21 @@ def parse_since(text: str) -> float:
                           "2026-11-30T08:00)") from None
 
 
+def _paging(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--limit` and `--page` for a listing of `what` (live ones always shown, ended ones paged)."""
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        func = click.option("--page", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
+                            help=f"Which page of ended {what}, --limit per page.")(func)
+        return click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=DEFAULT_QUEUE_LIMIT,
+                            show_default=True, help=f"How many ended {what} to show after the live ones.")(func)
+    return decorate
+
+
 @cli.command()
 @click.argument("allocation", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs (one object per job).")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every job ever launched, newest first, streamed.")
-@click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=DEFAULT_QUEUE_LIMIT, show_default=True,
-              help="How many ended jobs (or sweeps) to show after the live ones.")
-@click.option("--page", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
-              help="Which page of ended jobs, --limit per page.")
+@_paging("jobs (or sweeps)")
 @click.option("--since", help="Only jobs launched since: 30m, 2h, 3d, 1w, or a date such as 2026-11-30.")
 @click.option("-x", "--expand", is_flag=True, help="One row per job of a sweep (default: one row per sweep).")
 @_reports_errors
@@ -592,10 +599,7 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
 @jobs.command(name="queue")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every managed job ever launched.")
-@click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=DEFAULT_QUEUE_LIMIT, show_default=True,
-              help="How many ended managed jobs to show after the live ones.")
-@click.option("--page", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
-              help="Which page of ended managed jobs, --limit per page.")
+@_paging("managed jobs")
 @_reports_errors
 def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
     """Managed jobs with their state, attempts and reason (as of the controller's last tick): the live
