@@ -165,6 +165,8 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
         if attempt.state in ("CANCELLED", "CANCELLING") and status.state in LIVE:
             fields["state"] = attempt.state  # cancel sent (or due); the infra has not caught up yet
             fields["reason"] = attempt.reason
+        elif attempt.state == "CANCELLING" and status.state is JobState.CANCELLED:
+            fields["reason"] = attempt.reason  # why Corral cancelled it (a move, an outage), not Slurm's word
         if status.state is JobState.FAILED and status.native_state != JobState.FAILED.value:
             # NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY…: the infra's word first, its reason after.
             fields["reason"] = status.native_state + (f" ({status.reason})" if status.reason else "")

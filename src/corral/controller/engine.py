@@ -144,6 +144,17 @@ class Controller:
                 self._changes.append((m.job_id, None, f"attempts {', '.join(str(a.number) for a in running)} "
                                       f"both started; kept attempt {running[0].number}", {}))
                 latest = running[0]
+            succeeded = next((a for a in mine if a.state == "SUCCEEDED"), None)
+            if succeeded is not None and succeeded is not latest:
+                # An attempt Corral had moved away from ran after all (its kill was lost while Slurm was
+                # launching it) and succeeded: the job is done; newer attempts must not run it again.
+                for extra in live:
+                    to_cancel.append(extra)
+                    self.store.update_attempt(extra.token, state="CANCELLED", ended_at=now,
+                                              reason=f"attempt {succeeded.number} had already succeeded")
+                self._set(m, "SUCCEEDED", f"attempt {succeeded.number} succeeded (it ran although it had "
+                                          "been moved; later attempts cancelled)")
+                continue
             if latest is None:
                 to_place.append((job, "first attempt"))
                 continue
@@ -199,7 +210,10 @@ class Controller:
         self._write_health_resets()
         abandoned = [a for mine in attempts.values() for a in mine
                      if a.state == "CANCELLING" and a.cluster not in unreachable and a not in to_cancel]
-        report.cancelled += await self._cancel(to_cancel + abandoned)
+        report.cancelled += await self._cancel(to_cancel)
+        # Cancelled again each tick, and left CANCELLING: the tracker settles each one from Slurm's own
+        # answer, so an attempt whose kill was lost is seen running (and killed) or seen to have succeeded.
+        await self._cancel(abandoned, settle=False)
         if not to_place and not pending:
             return
         outcomes = await self.launcher.probe_for([_task(job) for job, _ in to_place] +
@@ -360,11 +374,12 @@ class Controller:
         except CorralError as exc:
             self.store.set_managed(job.id, reason=f"could not move to {target.infra}: {exc}")
             return 0
-        if await self._cancel([current]):
-            self.store.update_attempt(current.token, state="CANCELLED", ended_at=time.time(), reason=why)
-        else:  # its cluster did not answer: cancelled on a later tick, as abandoned attempts are
-            self.store.update_attempt(current.token, state="CANCELLING", reason=why)
+        # Recorded before the cancel's round trip: nobody sees the new attempt without the move.
         self.store.set_managed(job.id, "PENDING", why, moves=m.moves + 1, last_move_at=time.time())
+        # The old attempt stays CANCELLING until Slurm says it ended: a kill lost while Slurm was
+        # launching it must not let it run unwatched (it is cancelled again each tick meanwhile).
+        self.store.update_attempt(current.token, state="CANCELLING", reason=why)
+        await self._cancel([current], settle=False)
         return 1
 
     async def _setup_failed(self, attempt: AttemptRow) -> bool:
@@ -372,7 +387,9 @@ class Controller:
         infra = self.client.infra(attempt.cluster)
         return isinstance(infra, ReportsSetupFailure) and await infra.setup_failed(attempt.run_dir)
 
-    async def _cancel(self, attempts: list[AttemptRow]) -> int:
+    async def _cancel(self, attempts: list[AttemptRow], settle: bool = True) -> int:
+        """scancel the attempts (one round trip per cluster); with `settle`, record them CANCELLED at once.
+        Returns how many were sent; those on a cluster that did not answer stay as they are."""
         by_cluster: dict[str, list[AttemptRow]] = {}
         for a in attempts:
             if a.slurm_job_id:
@@ -385,7 +402,7 @@ class Controller:
             except CorralError:
                 failed.add(cluster)  # unreachable: stays CANCELLING, retried next tick
         done = [a for a in attempts if a.cluster not in failed]
-        for a in done:
+        for a in done if settle else []:
             if a.state not in TERMINAL_STATES:
                 self.store.update_attempt(a.token, state="CANCELLED", ended_at=time.time(),
                                           reason=a.reason or "cancelled by Corral")
