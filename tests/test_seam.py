@@ -106,3 +106,49 @@ def test_cancel_and_logs_go_through_the_seam(store):
     assert asyncio.run(tracker.cancel([view])) == [view]
     assert client.infras["cirrus"].cancelled == [share.handle]
     assert store.resolve(share.job_ids[0]).attempt.state == "CANCELLED"
+
+
+def test_a_moved_attempt_that_ran_after_all_ends_the_job_and_no_other_attempt_runs(store):
+    """A re-route's kill can be lost while Slurm launches the old attempt. The old attempt stays
+    CANCELLING and watched; when it is seen to have succeeded, the job is done and the new attempt
+    is cancelled before it can run the task a second time."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+    from corral.state.models import AttemptRow
+
+    client = fakes()
+    [job_id] = managed.record(store, parse_task({"resources": {"accelerators": "B300:8"}, "run": "true"}, "t"),
+                              "t")
+    controller = Controller(client, store, "test", ControllerSettings())
+    assert asyncio.run(controller.tick()).submitted == 1
+    [first] = store.attempts_of([job_id])[job_id]
+    cirrus = client.infras["cirrus"]
+    # What a move leaves: the old attempt CANCELLING, a new attempt pending (here on the same infra).
+    store.update_attempt(first.token, state="CANCELLING", reason="re-routed to slurm/cirrus/b300")
+    store.add_jobs([], [AttemptRow(token="moved0000001", job_id=job_id, number=2, cluster="cirrus",
+                                   partition="b300", state="PENDING", created_at=first.created_at + 1,
+                                   run_dir="runs/moved", log_path="runs/moved/log-0", slurm_job_id="777")])
+    from tests.fakes import status
+
+    cirrus.jobs["777"] = status("777", "moved0000001", JobState.PENDING)
+    cirrus.finish(first.slurm_job_id, JobState.SUCCEEDED)  # the lost kill: it ran to the end
+    asyncio.run(controller.tick())
+    [view] = managed.views(store, [job_id])
+    assert view.managed.state == "SUCCEEDED" and "attempt 1 succeeded" in view.managed.reason
+    assert [(a.number, a.state) for a in view.attempts] == [(1, "SUCCEEDED"), (2, "CANCELLED")]
+    assert "777" in cirrus.cancelled
+
+
+def test_a_moved_attempt_stays_watched_until_slurm_says_it_ended(store):
+    from corral.state.models import AttemptRow
+
+    client = fakes()
+    [share] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
+    store.update_attempt(attempt.token, state="CANCELLING", reason="re-routed to slurm/borealis/h100")
+    asyncio.run(Tracker(client, store).refresh())  # Slurm still shows it pending: still CANCELLING
+    assert store.resolve(share.job_ids[0]).attempt.state == "CANCELLING"
+    client.infras["cirrus"].finish(share.handle, JobState.CANCELLED)
+    asyncio.run(Tracker(client, store).refresh())
+    settled: AttemptRow = store.resolve(share.job_ids[0]).attempt
+    assert (settled.state, settled.reason) == ("CANCELLED", "re-routed to slurm/borealis/h100")
