@@ -152,3 +152,42 @@ def test_a_moved_attempt_stays_watched_until_slurm_says_it_ended(store):
     asyncio.run(Tracker(client, store).refresh())
     settled: AttemptRow = store.resolve(share.job_ids[0]).attempt
     assert (settled.state, settled.reason) == ("CANCELLED", "re-routed to slurm/borealis/h100")
+
+
+def dead_tag() -> str:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "from corral.liveness import process_tag; print(process_tag())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_submission_whose_submitter_died_is_settled_at_once_not_after_the_grace(store):
+    from corral.liveness import process_tag
+    from corral.state.models import AttemptRow, JobRow
+
+    client = fakes()
+    store.add_jobs([JobRow(id=f"c-{n}", name="t", task_json="{}", created_at=1e12) for n in ("dead", "alive")],
+                   [AttemptRow(token=f"tok-{n}", job_id=f"c-{n}", number=1, cluster="cirrus", partition="b300",
+                               state="SUBMITTING", created_at=9e11 + 1e11, run_dir="r", log_path="l",
+                               submitter=tag) for n, tag in (("dead", dead_tag()), ("alive", process_tag()))])
+    asyncio.run(Tracker(client, store).refresh())
+    dead, alive = store.resolve("c-dead").attempt, store.resolve("c-alive").attempt
+    assert (dead.state, dead.failure) == ("SUBMIT_FAILED", "lost")
+    assert alive.state == "SUBMITTING"  # its submitter may still be sending it: the grace applies
+
+
+def test_jobs_a_dead_launch_recorded_without_attempts_become_visible_failures(store):
+    import time
+
+    from corral.state.models import JobRow
+
+    client = fakes()
+    store.add_jobs([JobRow(id=f"c-s{i}", name="sweep", task_json="{}", created_at=time.time(), job_rank=i,
+                           num_jobs=3, sweep_id="c-s0", submitter=dead_tag()) for i in range(3)], [])
+    assert store.queue_page().views == []  # invisible: no attempt
+    asyncio.run(Tracker(client, store).refresh())
+    shown = store.queue_page().views
+    assert sorted(v.job.id for v in shown) == ["c-s0", "c-s1", "c-s2"]
+    assert all(v.attempt.state == "SUBMIT_FAILED" and "interrupted before submitting" in v.attempt.reason
+               for v in shown)

@@ -86,8 +86,22 @@ class DevAllocations:
     # ---- launch -c ----------------------------------------------------------------------------
     async def launch(self, name: str, task: Task, source: str, idle_minutes: float | None,
                      walltime: str | None) -> tuple[AllocationRow, bool]:
-        """Place and hold the allocation, or reuse a live one of the same shape. Returns (row, new)."""
+        """Place and hold the allocation, or reuse a live one of the same shape. Returns (row, new).
+        Two commands launching one name at once take turns: the second reuses the first's allocation."""
+        import asyncio
+
+        from corral.locks import held, named
+
         check_name(name)
+        lock = held(named("dev", name))
+        await asyncio.to_thread(lock.__enter__)
+        try:
+            return await self._launch(name, task, source, idle_minutes, walltime)
+        finally:
+            lock.__exit__(None, None, None)
+
+    async def _launch(self, name: str, task: Task, source: str, idle_minutes: float | None,
+                      walltime: str | None) -> tuple[AllocationRow, bool]:
         existing = self.store.allocation(name)
         wanted = resources_key(task)
         if existing is not None:

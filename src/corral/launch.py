@@ -29,6 +29,7 @@ from corral.infra.base import (
     SubmitResult,
     new_token,
 )
+from corral.liveness import process_tag
 from corral.placement import Candidate, Plan, build_plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
@@ -255,7 +256,7 @@ class Launcher:
         ids, now = self.store.new_job_ids(num_jobs), time.time()
         sweep = ids[0] if num_jobs > 1 else None  # a sweep's jobs share it, and their creation time
         jobs = [JobRow(id=job_id, name=task.name or "task", task_json=redacted_json(task), secrets_sealed=sealed,
-                       created_at=now, job_rank=i, num_jobs=num_jobs, sweep_id=sweep)
+                       created_at=now, job_rank=i, num_jobs=num_jobs, sweep_id=sweep, submitter=process_tag())
                 for i, job_id in enumerate(ids)]
         self.store.add_jobs(jobs, [])
         return await self.submit_jobs(task, envs, base, feasible, jobs)
@@ -298,7 +299,7 @@ class Launcher:
                 AttemptRow(token=token if not request.is_array else f"{token}.{i}", job_id=jid, number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",
                            created_at=time.time(), run_dir=files.run_dir, log_path=files.log_paths[i],
-                           array_index=i if request.is_array else None)
+                           array_index=i if request.is_array else None, submitter=process_tag())
                 for i, jid in enumerate(job_ids)
             ]
             tried[id(candidate)] = (request, attempts)

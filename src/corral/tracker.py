@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from corral.client import Client
 from corral.errors import CorralError
 from corral.infra.base import FailureClass, Infra, JobState, JobStatus, RunsArrays
+from corral.liveness import tag_alive
 from corral.state import Store
 from corral.state.models import AttemptRow
 from corral.state.store import TERMINAL_STATES, JobView
 
 SUBMIT_GRACE_SECONDS = 120  # an attempt still SUBMITTING after this, and unknown to Slurm, never got there
+UNSENT_WATCH_SECONDS = 86400  # how far back jobs recorded without any attempt are looked for
 ORPHAN_WATCH_SECONDS = 3600  # how long a cluster where a submission failed is watched for orphans
 LIVE = (JobState.PENDING, JobState.STARTING, JobState.RUNNING)
 
@@ -43,6 +45,7 @@ class Tracker:
         self.store = store
 
     async def refresh(self) -> RefreshReport:
+        self._settle_unsent()
         active = self.store.active_attempts()
         by_cluster: dict[str, list[AttemptRow]] = {}
         for attempt in active:
@@ -78,6 +81,19 @@ class Tracker:
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
         return RefreshReport(errors, trips, reaped)
+
+    def _settle_unsent(self) -> None:
+        """Jobs recorded by a launch that died before giving them an attempt (kill -9 while a sweep
+        was being recorded) become visible, failed, instead of staying invisible forever."""
+        now = time.time()
+        stranded = [job for job in self.store.jobs_without_attempts(since=now - UNSENT_WATCH_SECONDS)
+                    if tag_alive(job.submitter) is False or now - job.created_at > SUBMIT_GRACE_SECONDS]
+        if stranded:
+            self.store.add_jobs([], [AttemptRow(
+                token=f"unsent-{job.id}", job_id=job.id, number=1, cluster="", partition="", state="SUBMIT_FAILED",
+                created_at=now, ended_at=now, run_dir="", log_path="", failure=FailureClass.REJECTED.value,
+                reason="the command that launched it was interrupted before submitting it; nothing reached a "
+                       "cluster (launch it again)") for job in stranded])
 
     async def _reap(self, cluster: str, attempts: list[AttemptRow], statuses: list[JobStatus]) -> list[str]:
         """Cancel live Slurm jobs whose attempt Corral holds as ended; returns their Slurm ids."""
@@ -141,7 +157,9 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
         status = by_name.get(attempt.token) or by_id.get(attempt.slurm_job_id or "")
         if status is None:
             if attempt.slurm_job_id is None:
-                if now - attempt.created_at > SUBMIT_GRACE_SECONDS:
+                # Settled at once when the submitting process is gone (nothing can still be sending
+                # it), else after the grace period; a copy that turns up later is an orphan, reaped.
+                if tag_alive(attempt.submitter) is False or now - attempt.created_at > SUBMIT_GRACE_SECONDS:
                     updates[attempt.token] = {"state": "SUBMIT_FAILED", "ended_at": now,
                                               "failure": FailureClass.LOST.value,
                                               "reason": "interrupted before Slurm accepted the job"}

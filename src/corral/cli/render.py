@@ -189,7 +189,8 @@ def _styled(state: str) -> str:
 
 def _job_row(v: JobView) -> tuple[str, ...]:
     a = v.attempt
-    return (v.job.id, v.job.name, f"{a.cluster}/{a.partition}", a.slurm_job_id or "-", _styled(a.state),
+    where = f"{a.cluster}/{a.partition}" if a.cluster else "-"  # "-": it never reached a cluster
+    return (v.job.id, v.job.name, where, a.slurm_job_id or "-", _styled(a.state),
             a.reason or "", _when(a.submitted_at), _when(a.started_at), _when(a.ended_at))
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from corral.config import corral_home, private_file, private_home, write_private
+from corral.config import corral_home, private_file, write_private
 from corral.errors import CorralError
 
 MAX_INTERVAL = 10.0
@@ -75,27 +75,35 @@ class ControllerUnavailable(CorralError):
     pass
 
 
+def lock_file() -> Path:
+    """Held (flock) by the running controller for its whole life: one controller per Corral home."""
+    return corral_home() / "controller.lock"
+
+
 def start() -> int:
-    """Start the controller in the background unless it runs (then wake it); returns its pid."""
-    pid = running_pid()
-    if pid:
-        try:
-            call("/wake", "POST")
-        except ControllerUnavailable:
-            os.kill(pid, signal.SIGUSR1)  # still starting, or busy: the signal wakes it as well
-        return pid
-    private_home()
-    with open(private_file(log_file()), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if running_pid() == proc.pid:
-            return proc.pid
-        if proc.poll() is not None:
-            raise RuntimeError(f"the controller exited at once; see {log_file()}")
-        time.sleep(0.05)
-    raise RuntimeError(f"the controller did not start within 10 s; see {log_file()}")
+    """Start the controller in the background unless it runs (then wake it); returns its pid.
+    Commands that call this at the same moment take turns: the first starts it, the rest wake it."""
+    from corral.locks import held
+
+    with held(corral_home() / "controller.start.lock"):
+        pid = running_pid()
+        if pid:
+            try:
+                call("/wake", "POST")
+            except ControllerUnavailable:
+                os.kill(pid, signal.SIGUSR1)  # still starting, or busy: the signal wakes it as well
+            return pid
+        with open(private_file(log_file()), "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if running_pid() == proc.pid:
+                return proc.pid
+            if proc.poll() is not None:
+                raise ControllerUnavailable(f"the controller exited at once; see {log_file()}")
+            time.sleep(0.05)
+        raise ControllerUnavailable(f"the controller did not start within 10 s; see {log_file()}")
 
 
 def stop(timeout: float = 20) -> bool:
@@ -113,8 +121,14 @@ def stop(timeout: float = 20) -> bool:
 
 def run() -> None:
     import asyncio
+    import fcntl
 
-    asyncio.run(_run())
+    with open(private_file(lock_file()), "w") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.exit(f"another controller already runs for {corral_home()} (pid {running_pid()})")
+        asyncio.run(_run())  # the lock goes with the process, however it ends
 
 
 async def _run() -> None:

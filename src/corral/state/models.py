@@ -20,6 +20,7 @@ class JobRow(Base):
     job_rank: Mapped[int] = mapped_column(Integer, default=0)
     num_jobs: Mapped[int] = mapped_column(Integer, default=1)
     sweep_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)  # the first job's id
+    submitter: Mapped[str | None] = mapped_column(String(160), nullable=True)  # liveness.process_tag()
     allocation: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # exec jobs
     secrets_sealed: Mapped[str | None] = mapped_column(Text, nullable=True)  # state/sealed.py; never clear text
 
@@ -45,6 +46,7 @@ class AttemptRow(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     expected_start: Mapped[float | None] = mapped_column(Float, nullable=True)  # while pending: Slurm's estimate
     failure: Mapped[str | None] = mapped_column(String(16), nullable=True)  # infra.base.FailureClass, once it failed
+    submitter: Mapped[str | None] = mapped_column(String(160), nullable=True)  # liveness.process_tag()
 
 
 class AllocationRow(Base):

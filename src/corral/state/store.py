@@ -314,6 +314,15 @@ class Store:
             return [a for chunk in _chunks(tokens, 5000)
                     for a in s.scalars(select(AttemptRow).where(AttemptRow.token.in_(chunk)))]
 
+    def jobs_without_attempts(self, since: float) -> list[JobRow]:
+        """Plain jobs (not managed, not run in a dev allocation) created since `since` that have no
+        attempt at all; through the index on creation time."""
+        with self.session() as s:
+            has_attempt = select(AttemptRow.job_id).where(AttemptRow.job_id == JobRow.id).exists()
+            managed = select(ManagedJobRow.job_id).where(ManagedJobRow.job_id == JobRow.id).exists()
+            return list(s.scalars(select(JobRow).where(JobRow.created_at >= since, JobRow.allocation.is_(None),
+                                                       ~has_attempt, ~managed)))
+
     def failed_submissions(self, since: float) -> list[AttemptRow]:
         """Attempts whose submission failed since `since`: Slurm may have some after all (a lost answer)."""
         with self.session() as s:
@@ -460,15 +469,10 @@ def _schema_lock(engine: Engine, sqlite_path: Path | None) -> Iterator[None]:
     """One process at a time creates or upgrades the schema: two commands opening a new store at the
     same moment would otherwise both try CREATE TABLE, and one would fail."""
     if sqlite_path is not None:
-        import fcntl
+        from corral.locks import held
 
-        lock = private_file(sqlite_path.with_name(sqlite_path.name + ".lock"))
-        with open(lock, "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        with held(sqlite_path.with_name(sqlite_path.name + ".lock")):
+            yield
     elif engine.dialect.name == "postgresql":
         from sqlalchemy import text
 
