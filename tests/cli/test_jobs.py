@@ -161,8 +161,9 @@ def test_pending_job_moves_to_the_cluster_predicted_to_start_it_much_sooner(corr
     assert "the alternative is not sooner" in why
     # borealis's blocker will now end within 3 minutes: 57 min sooner, beyond the 12 min margin (20 % of 1 h).
     ssh_login(config, "borealis", f"scontrol update JobId={blocker_b} TimeLimit=3")
+    # Moved once the controller has recorded it: the new attempt is listed (SUBMITTING) a round trip earlier.
     moved = wait_for("the job to move to borealis", lambda: (j := jobs(corral, fast)[job])["cluster"] == "borealis"
-                     and j["state"] == "PENDING" and j, 60)
+                     and j["state"] == "PENDING" and j["moves"] >= 1 and j, 60)
     story = " | ".join(f"{e['state']}: {e['reason']}" for e in events(corral, fast, job))
     assert moved["moves"] == 1 and moved["attempts"] == 2, story
     reason = next(e["reason"] for e in events(corral, fast, job) if "re-routed" in (e["reason"] or ""))
