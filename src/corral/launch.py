@@ -350,7 +350,7 @@ class Launcher:
 
     async def _upload_files(self, task: Task, infra: Infra, run_dir: str, base: Path) -> None:
         if task.workdir:
-            await infra.upload(base / os.path.expanduser(task.workdir), f"{run_dir}/workdir/")
+            await infra.upload(base / os.path.expanduser(task.workdir), f"{run_dir}/workdir/", respect_ignores=True)
         for remote, local in task.file_mounts.items():
             if remote.startswith("/") or remote.startswith("~/"):
                 destination = remote.removeprefix("~/")

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -256,29 +257,37 @@ class SshTransport:
             raise self.classify_failure(cluster, err.decode(errors="replace"))
         return status
 
-    async def sync(self, cluster: str, source: Path, destination: str, *, timeout: float = 600) -> None:
+    async def sync(self, cluster: str, source: Path, destination: str, *, timeout: float = 600,
+                   respect_ignores: bool = False) -> None:
         """Copy a local file or directory to the cluster over the cluster's ControlMaster.
 
         `destination` is relative to the remote home (or absolute); a directory's contents are copied
         into it. rsync when both sides have it (only changes travel), else a tar stream, which every
-        site has.
+        site has. With `respect_ignores` (a task's workdir), what `ignore_filters` leaves out stays home.
         """
         if not source.exists():
             raise CorralFileError(f"{source}: no such file or directory to sync to {cluster}")
+        filters = ignore_filters(source) if respect_ignores and source.is_dir() else []
         if shutil.which("rsync") and cluster not in self._no_remote_rsync:
-            if await self._rsync(cluster, source, destination, timeout):
+            if await self._rsync(cluster, source, destination, timeout, filters):
                 return
             self._no_remote_rsync.add(cluster)
+        if filters:
+            with tempfile.TemporaryDirectory(prefix="corral-workdir-") as staged:
+                await _stage(source, Path(staged), filters)  # the same rules, applied by rsync locally
+                await self._tar(cluster, Path(staged), destination, timeout)
+            return
         await self._tar(cluster, source, destination, timeout)
 
-    async def _rsync(self, cluster: str, source: Path, destination: str, timeout: float) -> bool:
+    async def _rsync(self, cluster: str, source: Path, destination: str, timeout: float,
+                     filters: list[str] | None = None) -> bool:
         """False if the cluster has no rsync; raises on any other failure."""
         ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
         # An absolute source after `--`: a local name can never be read as an rsync option, and -s
         # (--protect-args) sends the remote path over the protocol, never through the remote shell.
         src = os.path.abspath(source) + ("/" if source.is_dir() else "")
-        argv = ["rsync", "-a", "-s", "--mkpath", "-e", ssh, f"--rsync-path={self.remote_rsync}", "--", src,
-                f"{cluster}:{destination}"]
+        argv = ["rsync", "-a", "-s", "--mkpath", "-e", ssh, f"--rsync-path={self.remote_rsync}", *(filters or []),
+                "--", src, f"{cluster}:{destination}"]
         text, status = await self._transfer(cluster, argv, None, source, timeout)
         if status == 0:
             return True
@@ -374,6 +383,29 @@ class SshTransport:
 
 
 CorralErrorLike = ClusterError | ConfigError
+IGNORE_FILE = ".corralignore"
+
+
+def ignore_filters(folder: Path) -> list[str]:
+    """rsync filter rules for a workdir, as SkyPilot does with `.skyignore`: `.corralignore` at its root
+    (gitignore-style patterns) when there is one, else every `.gitignore` in it, each for its folder."""
+    own = folder / IGNORE_FILE
+    if own.is_file():
+        return [f"--exclude-from={own.resolve()}"]
+    return ["--filter=dir-merge,- .gitignore"]
+
+
+async def _stage(source: Path, staged: Path, filters: list[str]) -> None:
+    """A local copy of `source` without what the filters leave out (for the tar stream)."""
+    if not shutil.which("rsync"):
+        raise CorralFileError(f"{source}: .gitignore/.corralignore rules need rsync on this machine; install "
+                              "rsync (it stays local: the cluster needs none)")
+    proc = await asyncio.create_subprocess_exec(
+        "rsync", "-a", *filters, "--", os.path.abspath(source) + "/", str(staged) + "/",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise CorralFileError(f"{source}: could not be prepared for copying: {_last_line(err.decode())}")
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:

@@ -225,9 +225,10 @@ class Infra(ABC):
         """Where `submit` will put the request's files and logs (pure: no I/O)."""
 
     @abstractmethod
-    async def upload(self, local: Any, remote: str) -> None:
+    async def upload(self, local: Any, remote: str, *, respect_ignores: bool = False) -> None:
         """Copy a local file or folder's contents to `remote` (relative to the user's home there), so
-        that the job sees it; only what changed travels where the backend can tell."""
+        that the job sees it; only what changed travels where the backend can tell. With
+        `respect_ignores` (a workdir), `.corralignore`, else `.gitignore`, rules leave files out."""
 
     @abstractmethod
     async def submit(self, request: JobRequest) -> SubmitResult:

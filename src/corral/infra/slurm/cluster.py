@@ -77,8 +77,8 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                 else (spec.log_path(None),))
         return AttemptFiles(spec.run_dir, logs)
 
-    async def upload(self, local: Path, remote: str) -> None:
-        await self.transport.sync(self.cluster, local, remote)
+    async def upload(self, local: Path, remote: str, *, respect_ignores: bool = False) -> None:
+        await self.transport.sync(self.cluster, local, remote, respect_ignores=respect_ignores)
 
     async def submit(self, request: JobRequest) -> SubmitResult:
         script = submit_script(spec_for(request, self.cluster))
