@@ -213,7 +213,9 @@ def follow_script(log_path: str, slurm_job_id: str, follow: bool) -> str:
     path = f'"$HOME"/{shlex.quote(log_path)}'
     if not follow:
         return f"cat {path} 2>/dev/null; exit 0\n"
-    alive = f"squeue -h -j {slurm_job_id} -t PD,CF,R,CG,S,RQ,RS,RH,SO -o %T 2>/dev/null | grep -q ."
+    # Not COMPLETING: the tasks are over then, and Slurm's clean-up can take a minute (a step whose
+    # I/O it abandons after 60 s), which a person following a cancelled job should not wait for.
+    alive = f"squeue -h -j {slurm_job_id} -t PD,CF,R,S,RQ,RS,RH,SO -o %T 2>/dev/null | grep -q ."
     return (
         f"f={path}\n"
         f'while [ ! -e "$f" ] && {alive}; do sleep 1; done\n'
