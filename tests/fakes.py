@@ -19,13 +19,15 @@ from corral.infra.base import (
     JobState,
     JobStatus,
     OutputSink,
+    ReleasesHeld,
     RunsArrays,
     SubmitResult,
 )
 
 
-class FakeInfra(Infra):
-    """Accepts or refuses by place; keeps every job it accepted, by handle, with its token."""
+class FakeInfra(Infra, ReleasesHeld):
+    """Accepts or refuses by place; keeps every job it accepted, by handle, with its token. With
+    `lose_kills`, a cancel is acknowledged but the job goes on (a kill lost while Slurm launches it)."""
 
     kind: ClassVar[str] = "fake"
 
@@ -38,6 +40,8 @@ class FakeInfra(Infra):
         self.requests: list[JobRequest] = []
         self.jobs: dict[str, JobStatus] = {}
         self.cancelled: list[str] = []
+        self.released: list[str] = []
+        self.lose_kills = False
         self.uploads: list[tuple[Path, str]] = []
         self._ids = itertools.count(100)
 
@@ -81,9 +85,13 @@ class FakeInfra(Infra):
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
         self._check()
         self.cancelled += handles
-        for handle in handles:
+        for handle in handles if not self.lose_kills else []:
             if handle in self.jobs:
                 self.jobs[handle] = status(handle, self.jobs[handle].token, JobState.CANCELLED)
+
+    async def release_held(self, handles: list[str]) -> None:
+        self._check()
+        self.released += handles
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
         on_output(f"log of {handle}\n".encode())

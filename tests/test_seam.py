@@ -191,3 +191,44 @@ def test_jobs_a_dead_launch_recorded_without_attempts_become_visible_failures(st
     assert sorted(v.job.id for v in shown) == ["c-s0", "c-s1", "c-s2"]
     assert all(v.attempt.state == "SUBMIT_FAILED" and "interrupted before submitting" in v.attempt.reason
                for v in shown)
+
+
+def moved(store, old_fate: JobState):
+    """A managed job on alpine, moved by the controller to borealis while the kill of its old
+    attempt is lost; then Slurm reports the old attempt `old_fate`, and the controller ticks."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    task = parse_task({"resources": {"accelerators": "H100:2"}, "run": "true"}, "t")
+    [job_id] = managed.record(store, task, "t")
+    controller = Controller(client, store, "test", ControllerSettings())
+    asyncio.run(controller.tick())
+    [m] = store.managed([job_id])
+    [old] = store.attempts_of([job_id])[job_id]
+    assert old.cluster == "alpine"
+    plan = asyncio.run(controller.launcher.plan(task, predict="never"))
+    target = next(c for c in plan.feasible() if c.cluster == "borealis")
+    client.infras["alpine"].lose_kills = True
+    assert asyncio.run(controller._move(m, store.jobs([job_id])[job_id], old, task, target,
+                                        store.attempts_of([job_id]), "re-routed (test)")) == 1
+    old_now, new = store.attempts_of([job_id])[job_id]
+    assert (old_now.state, new.held, client.infras["borealis"].requests[-1].held) == ("CANCELLING", True, True)
+    asyncio.run(controller.tick())  # Slurm still shows the old attempt: the new one stays held
+    assert client.infras["borealis"].released == [] and store.attempts_of([job_id])[job_id][1].held
+    client.infras["alpine"].finish(old.slurm_job_id, old_fate)
+    asyncio.run(controller.tick())
+    return client, managed.views(store, [job_id])[0], new
+
+
+def test_a_move_is_released_once_the_old_attempt_is_confirmed_cancelled(store):
+    client, view, new = moved(store, JobState.CANCELLED)
+    assert client.infras["borealis"].released == [new.slurm_job_id]
+    assert [(a.state, bool(a.held)) for a in view.attempts] == [("CANCELLED", False), ("PENDING", False)]
+
+
+def test_a_move_whose_old_attempt_ran_after_all_is_never_released(store):
+    client, view, new = moved(store, JobState.SUCCEEDED)
+    assert client.infras["borealis"].released == [] and new.slurm_job_id in client.infras["borealis"].cancelled
+    assert view.managed.state == "SUCCEEDED"
+    assert [a.state for a in view.attempts] == ["SUCCEEDED", "CANCELLED"]

@@ -121,6 +121,7 @@ class AttemptOptions:
     first_number: int = 1  # attempt number of the first try (failover tries count up from it)
     extra_env: dict[str, str] = field(default_factory=dict)
     requeue: bool = True  # may the infra requeue the job itself (managed jobs: no, the controller recovers)
+    held: bool = False  # submitted held, released later (a managed job's move)
     checkpoint_dir: str | None = None
 
 
@@ -216,6 +217,7 @@ class Launcher:
             checkpoint_dir=options.checkpoint_dir,
             scheduler_options=task.slurm.model_dump(exclude_none=True),
             requeue=options.requeue,
+            held=options.held,
         )
 
     async def launch(self, task: Task, source: str, *, num_jobs: int = 1,
@@ -299,7 +301,8 @@ class Launcher:
                 AttemptRow(token=token if not request.is_array else f"{token}.{i}", job_id=jid, number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",
                            created_at=time.time(), run_dir=files.run_dir, log_path=files.log_paths[i],
-                           array_index=i if request.is_array else None, submitter=process_tag())
+                           array_index=i if request.is_array else None, submitter=process_tag(),
+                           held=request.held or None)
                 for i, jid in enumerate(job_ids)
             ]
             tried[id(candidate)] = (request, attempts)

@@ -16,14 +16,17 @@ Rules, per managed job and tick:
   best cluster (unhealthy clusters avoided), with the latest checkpoint copied over if it moves;
 - the task itself failed: FAILED, unless `max_restarts_on_errors` or `recover_on_exit_codes` say retry;
 - pending while another cluster can start it now and its own cannot, or (when none can) while another
-  cluster is predicted to start it sooner by a clear margin: submit there first, cancel the old
-  attempt only once the new one is accepted (hysteresis: pending for `reroute_after` seconds, not
-  moved within `reroute_cooldown`, and for predictions the margin; see `_reroute_by_prediction`);
+  cluster is predicted to start it sooner by a clear margin: submit there first, held, cancel the old
+  attempt only once the new one is accepted, and release the new one only once Slurm says the old one
+  ended without succeeding (hysteresis: pending for `reroute_after` seconds, not moved within
+  `reroute_cooldown`, and for predictions the margin; see `_reroute_by_prediction`);
+- an older attempt that succeeded after all (its kill was lost): the job is done, newer ones cancelled;
 - two attempts running at once (a re-route race): keep the one that started first, cancel the other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -35,7 +38,13 @@ from pathlib import Path
 
 from corral.client import Client
 from corral.errors import CorralError
-from corral.infra.base import DEFAULT_CHECKPOINT_DIR, CopiesCheckpoints, FailureClass, ReportsSetupFailure
+from corral.infra.base import (
+    DEFAULT_CHECKPOINT_DIR,
+    CopiesCheckpoints,
+    FailureClass,
+    ReleasesHeld,
+    ReportsSetupFailure,
+)
 from corral.launch import AttemptOptions, Launcher, LaunchEvents
 from corral.placement import Candidate, Plan
 from corral.state import Store
@@ -125,6 +134,7 @@ class Controller:
         to_place: list[tuple[JobRow, str]] = []
         pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]] = []
         to_cancel: list[AttemptRow] = []
+        to_release: list[AttemptRow] = []
         for m in managed:
             job = jobs[m.job_id]
             mine = attempts.get(m.job_id, [])
@@ -167,6 +177,15 @@ class Controller:
                 continue
             state = latest.state
             if state in ("SUBMITTING", "CANCELLING"):
+                continue
+            if state == "PENDING" and latest.held:
+                # A move's attempt waits, held, until the attempt it replaces is known not to run.
+                blocking = [a for a in live if a is not latest and a.cluster not in unreachable]
+                if blocking:
+                    self._set(m, "PENDING", f"attempt {latest.number} held until attempt "
+                                            f"{blocking[0].number} is confirmed cancelled")
+                else:
+                    to_release.append(latest)
                 continue
             if state == "PENDING":
                 self._set(m, "PENDING" if m.recoveries == 0 else "RECOVERING",
@@ -211,6 +230,7 @@ class Controller:
         abandoned = [a for mine in attempts.values() for a in mine
                      if a.state == "CANCELLING" and a.cluster not in unreachable and a not in to_cancel]
         report.cancelled += await self._cancel(to_cancel)
+        await self._release(to_release)
         # Cancelled again each tick, and left CANCELLING: the tracker settles each one from Slurm's own
         # answer, so an attempt whose kill was lost is seen running (and killed) or seen to have succeeded.
         await self._cancel(abandoned, settle=False)
@@ -368,9 +388,12 @@ class Controller:
                     attempts: dict[str, list[AttemptRow]], why: str) -> int:
         """Submit the new attempt first; cancel the old one only once the new one is accepted."""
         number = max(a.number for a in attempts.get(job.id, [current])) + 1
+        # Held where the infra can hold it: it keeps its place in the queue, and starts only once the
+        # old attempt is known not to run (a kill lost while Slurm launched it must not make two runs).
+        held = isinstance(self.client.infra(target.cluster), ReleasesHeld)
+        options = dataclasses.replace(_attempt_options(task, number), held=held)
         try:
-            await self.launcher.submit_jobs(task, _environment(job, task), Path.cwd(),
-                                            [target], [job], _attempt_options(task, number))
+            await self.launcher.submit_jobs(task, _environment(job, task), Path.cwd(), [target], [job], options)
         except CorralError as exc:
             self.store.set_managed(job.id, reason=f"could not move to {target.infra}: {exc}")
             return 0
@@ -381,6 +404,23 @@ class Controller:
         self.store.update_attempt(current.token, state="CANCELLING", reason=why)
         await self._cancel([current], settle=False)
         return 1
+
+    async def _release(self, attempts: list[AttemptRow]) -> None:
+        """Let held attempts start (one round trip per cluster); a cluster that does not answer is
+        asked again next tick."""
+        by_cluster: dict[str, list[AttemptRow]] = {}
+        for a in attempts:
+            if a.slurm_job_id:
+                by_cluster.setdefault(a.cluster, []).append(a)
+        for cluster, group in by_cluster.items():
+            infra = self.client.infra(cluster)
+            if not isinstance(infra, ReleasesHeld):
+                continue
+            try:
+                await infra.release_held([a.slurm_job_id or "" for a in group])
+            except CorralError:
+                continue
+            self.store.update_attempts({a.token: {"held": False} for a in group})
 
     async def _setup_failed(self, attempt: AttemptRow) -> bool:
         """Did the attempt fail in `setup`? (one round trip, only on failure, where the infra can tell)"""

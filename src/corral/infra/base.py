@@ -181,6 +181,7 @@ class JobRequest:
     # The task's own section for this kind of infra (for Slurm, `slurm:`: time, account, qos, …).
     scheduler_options: Mapping[str, Any] = field(default_factory=dict)
     requeue: bool = True  # may the infra requeue the job itself (False: Corral's controller recovers it)
+    held: bool = False  # queued but not to start until released (see ReleasesHeld)
 
     @property
     def is_array(self) -> bool:
@@ -343,6 +344,15 @@ class HoldsAllocations(ABC):
     @abstractmethod
     async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
         """What the ssh alias of the allocation needs."""
+
+
+class ReleasesHeld(ABC):
+    """The infra can queue a job held (it keeps its place, it does not start) and release it later:
+    a managed job's move is submitted held, and released once the old attempt is known not to run."""
+
+    @abstractmethod
+    async def release_held(self, handles: list[str]) -> None:
+        """Let these held jobs start."""
 
 
 class ReportsSetupFailure(ABC):

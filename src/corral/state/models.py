@@ -47,6 +47,7 @@ class AttemptRow(Base):
     expected_start: Mapped[float | None] = mapped_column(Float, nullable=True)  # while pending: Slurm's estimate
     failure: Mapped[str | None] = mapped_column(String(16), nullable=True)  # infra.base.FailureClass, once it failed
     submitter: Mapped[str | None] = mapped_column(String(160), nullable=True)  # liveness.process_tag()
+    held: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # a move's attempt, until released
 
 
 class AllocationRow(Base):

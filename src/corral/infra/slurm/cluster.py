@@ -26,6 +26,7 @@ from corral.infra.base import (
     AllocationState,
     HoldsAllocations,
     PredictsStart,
+    ReleasesHeld,
     ReportsSetupFailure,
     SessionKeys,
     SshRoute,
@@ -38,6 +39,7 @@ from corral.infra.slurm.jobs import (
     parse_status,
     parse_submit,
     parse_test_only,
+    release_script,
     status_script,
     test_only_script,
 )
@@ -51,7 +53,8 @@ _SSH_MARGIN = 3
 JOB_TIMEOUT = 30  # seconds for a submission, a status query, a cancel (sbatch may wait on a busy controller)
 
 
-class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations):
+class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
+                 ReleasesHeld):
     kind: ClassVar[str] = "slurm"
     max_array_size: ClassVar[int] = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 
@@ -95,6 +98,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
         if handles:
             await self.transport.run(self.cluster, cancel_script(handles, run_dirs), timeout=JOB_TIMEOUT)
+
+    async def release_held(self, handles: list[str]) -> None:
+        if handles:
+            await self.transport.run(self.cluster, release_script(handles), timeout=JOB_TIMEOUT)
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
         await self.transport.stream(self.cluster, follow_script(log_path, handle, follow), on_output)

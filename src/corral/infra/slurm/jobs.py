@@ -206,6 +206,14 @@ def cancel_script(job_ids: list[str], run_dirs: list[str] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def release_script(job_ids: list[str]) -> str:
+    """`scontrol release` for held jobs (ids checked: they reach the command line)."""
+    for job_id in job_ids:
+        if not _JOB_ID.match(job_id):
+            raise ValueError(f"not a Slurm job id: {job_id!r}")
+    return f"scontrol release {' '.join(job_ids)}\n"
+
+
 def follow_script(log_path: str, slurm_job_id: str, follow: bool) -> str:
     """Print a job's log; with `follow`, keep printing until the job has ended."""
     if not _JOB_ID.match(slurm_job_id):

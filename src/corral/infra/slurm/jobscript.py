@@ -95,7 +95,8 @@ def spec_for(request: JobRequest, cluster: str) -> SlurmJobSpec:
         qos=options.get("qos"),
         constraint=options.get("constraint"),
         reservation=options.get("reservation"),
-        sbatch_args=tuple(options.get("sbatch_args") or ()) + (() if request.requeue else ("--no-requeue",)),
+        sbatch_args=tuple(options.get("sbatch_args") or ()) + (() if request.requeue else ("--no-requeue",))
+        + (("--hold",) if request.held else ()),
         first_rank=request.first_rank,
         num_jobs=request.num_jobs,
         extra_env=dict(request.extra_env),
