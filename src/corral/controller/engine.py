@@ -408,11 +408,7 @@ class Controller:
     async def _release(self, attempts: list[AttemptRow]) -> None:
         """Let held attempts start (one round trip per cluster); a cluster that does not answer is
         asked again next tick."""
-        by_cluster: dict[str, list[AttemptRow]] = {}
-        for a in attempts:
-            if a.slurm_job_id:
-                by_cluster.setdefault(a.cluster, []).append(a)
-        for cluster, group in by_cluster.items():
+        for cluster, group in _sent_by_cluster(attempts).items():
             infra = self.client.infra(cluster)
             if not isinstance(infra, ReleasesHeld):
                 continue
@@ -430,12 +426,8 @@ class Controller:
     async def _cancel(self, attempts: list[AttemptRow], settle: bool = True) -> int:
         """scancel the attempts (one round trip per cluster); with `settle`, record them CANCELLED at once.
         Returns how many were sent; those on a cluster that did not answer stay as they are."""
-        by_cluster: dict[str, list[AttemptRow]] = {}
-        for a in attempts:
-            if a.slurm_job_id:
-                by_cluster.setdefault(a.cluster, []).append(a)
         failed: set[str] = set()
-        for cluster, group in by_cluster.items():
+        for cluster, group in _sent_by_cluster(attempts).items():
             try:
                 await self.client.infra(cluster).cancel([a.slurm_job_id or "" for a in group],
                                                         [a.run_dir for a in group])
@@ -526,6 +518,15 @@ def _batches(to_place: list[tuple[JobRow, str]],
         else:
             out.append((number, [job]))
     return out
+
+
+def _sent_by_cluster(attempts: list[AttemptRow]) -> dict[str, list[AttemptRow]]:
+    """The attempts that reached their infra (they have a handle), grouped by cluster."""
+    groups: dict[str, list[AttemptRow]] = {}
+    for attempt in attempts:
+        if attempt.slurm_job_id:
+            groups.setdefault(attempt.cluster, []).append(attempt)
+    return groups
 
 
 def _infra_failure(attempt: AttemptRow) -> bool:

@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from corral.errors import CorralError
-from corral.infra.base import DEFAULT_CHECKPOINT_DIR, JobRequest, new_token  # noqa: F401 - re-exported
+from corral.infra.base import DEFAULT_CHECKPOINT_DIR, JobRequest
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
 # Managed jobs' default CORRAL_CHECKPOINT_DIR (DEFAULT_CHECKPOINT_DIR): ~/.corral/checkpoints/<job id>, per job.
