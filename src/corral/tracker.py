@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from corral.client import Client
 from corral.errors import CorralError
-from corral.infra.base import FailureClass, Infra, JobState, JobStatus, RunsArrays
+from corral.infra.base import LIVE_STATES, FailureClass, Infra, JobState, JobStatus, RunsArrays
 from corral.liveness import tag_alive
 from corral.state import Store
 from corral.state.models import AttemptRow
@@ -29,7 +29,6 @@ from corral.state.store import TERMINAL_STATES, JobView
 SUBMIT_GRACE_SECONDS = 120  # an attempt still SUBMITTING after this, and unknown to Slurm, never got there
 UNSENT_WATCH_SECONDS = 86400  # how far back jobs recorded without any attempt are looked for
 ORPHAN_WATCH_SECONDS = 3600  # how long a cluster where a submission failed is watched for orphans
-LIVE = (JobState.PENDING, JobState.STARTING, JobState.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class Tracker:
     async def _reap(self, cluster: str, attempts: list[AttemptRow], statuses: list[JobStatus]) -> list[str]:
         """Cancel live Slurm jobs whose attempt Corral holds as ended; returns their Slurm ids."""
         infra = self.client.infra(cluster)
-        live = {_attempt_key(s, infra): s for s in statuses if s.token and s.state in LIVE}
+        live = {_attempt_key(s, infra): s for s in statuses if s.token and s.state in LIVE_STATES}
         for attempt in attempts:
             live.pop(attempt.token, None)
         if not live:
@@ -180,7 +179,7 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
         }
         if attempt.slurm_job_id is None:  # adopted after an interrupted submission
             fields["slurm_job_id"] = status.handle
-        if attempt.state in ("CANCELLED", "CANCELLING") and status.state in LIVE:
+        if attempt.state in ("CANCELLED", "CANCELLING") and status.state in LIVE_STATES:
             fields["state"] = attempt.state  # cancel sent (or due); the infra has not caught up yet
             fields["reason"] = attempt.reason
         elif attempt.state == "CANCELLING" and status.state is JobState.CANCELLED:

@@ -111,14 +111,6 @@ class JobState(enum.StrEnum):
     LOST = "LOST"  # the backend no longer knows the job
     UNKNOWN = "UNKNOWN"
 
-    @property
-    def live(self) -> bool:
-        return self in LIVE_STATES
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_JOB_STATES
-
 
 LIVE_STATES = frozenset({JobState.PENDING, JobState.STARTING, JobState.RUNNING})
 TERMINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.SUBMIT_FAILED,

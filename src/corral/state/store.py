@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import private_file, private_home
 from corral.errors import CorralError
+from corral.infra.base import TERMINAL_JOB_STATES, JobState
 from corral.state.models import (
     AllocationRow,
     AttemptRow,
@@ -31,9 +32,10 @@ from corral.state.models import (
 MANAGED_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"})
 
 DB_URL_ENV = "CORRAL_DB_URL"
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "SUBMIT_FAILED", "LOST"})
+# The attempt states as the store keeps them (strings), from their one definition in infra/base.py.
+TERMINAL_STATES = frozenset(state.value for state in TERMINAL_JOB_STATES)
 # Every attempt state that is not terminal (named, so that a query can use the index on state).
-LIVE_ATTEMPT_STATES = ("SUBMITTING", "PENDING", "STARTING", "RUNNING", "CANCELLING", "UNKNOWN")
+LIVE_ATTEMPT_STATES = tuple(state.value for state in JobState if state not in TERMINAL_JOB_STATES)
 
 
 class JobNotFoundError(CorralError):
