@@ -104,6 +104,15 @@ class Testbed:
     def up(self, install_user_config: bool = True) -> None:
         if os.geteuid() != 0:
             raise TestbedError("the testbed needs root (it starts slurmd, munged and sshd)")
+        # Its files are read by daemons running as other users (the controller's, corral-test): they
+        # must not inherit a caller's umask of 077 (a careful user's, or a process that ran Corral's CLI).
+        previous = os.umask(0o022)
+        try:
+            self._up(install_user_config)
+        finally:
+            os.umask(previous)
+
+    def _up(self, install_user_config: bool) -> None:
         install_packages()
         self._ensure_user()
         self._ensure_binaries()

@@ -75,9 +75,12 @@ def counting_ssh(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], C
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """The real CLI in this process: (exit code, stdout, stderr); the umask is restored afterwards."""
     out, err = io.TextIOWrapper(io.BytesIO(), write_through=True), io.StringIO()
     saved = sys.argv
     sys.argv = ["corral", *argv]
+    umask = os.umask(0o022)  # main() sets its process's umask; this process is not one it owns
+    os.umask(umask)
     code = 0
     try:
         from corral.cli.main import main
@@ -88,5 +91,6 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         sys.argv = saved
+        os.umask(umask)
     out.seek(0)
     return code, out.read(), err.getvalue()
