@@ -3,6 +3,8 @@ controller's rules run on it without Slurm. Capacity comes from recorded real pr
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,8 +98,10 @@ class FakeInfra(Infra, ReleasesHeld):
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
         on_output(f"log of {handle}\n".encode())
 
-    def finish(self, handle: str, state: JobState, failure: FailureClass | None = None, native: str = "") -> None:
-        self.jobs[handle] = status(handle, self.jobs[handle].token, state, failure, native or state.value)
+    def finish(self, handle: str, state: JobState, failure: FailureClass | None = None, native: str = "",
+               ended_at: float | None = None) -> None:
+        ended = status(handle, self.jobs[handle].token, state, failure, native or state.value)
+        self.jobs[handle] = dataclasses.replace(ended, ended_at=ended_at)
 
 
 class FakeArrayInfra(FakeInfra, RunsArrays):

@@ -193,7 +193,7 @@ def test_jobs_a_dead_launch_recorded_without_attempts_become_visible_failures(st
                for v in shown)
 
 
-def moved(store, old_fate: JobState):
+def moved(store, old_fate: JobState, ended_at: float | None = None):
     """A managed job on alpine, moved by the controller to borealis while the kill of its old
     attempt is lost; then Slurm reports the old attempt `old_fate`, and the controller ticks."""
     from corral import managed
@@ -216,19 +216,37 @@ def moved(store, old_fate: JobState):
     assert (old_now.state, new.held, client.infras["borealis"].requests[-1].held) == ("CANCELLING", True, True)
     asyncio.run(controller.tick())  # Slurm still shows the old attempt: the new one stays held
     assert client.infras["borealis"].released == [] and store.attempts_of([job_id])[job_id][1].held
-    client.infras["alpine"].finish(old.slurm_job_id, old_fate)
+    client.infras["alpine"].finish(old.slurm_job_id, old_fate, ended_at=ended_at)
     asyncio.run(controller.tick())
-    return client, managed.views(store, [job_id])[0], new
+    return client, managed.views(store, [job_id])[0], new, controller
 
 
 def test_a_move_is_released_once_the_old_attempt_is_confirmed_cancelled(store):
-    client, view, new = moved(store, JobState.CANCELLED)
+    client, view, new, _ = moved(store, JobState.CANCELLED)
     assert client.infras["borealis"].released == [new.slurm_job_id]
     assert [(a.state, bool(a.held)) for a in view.attempts] == [("CANCELLED", False), ("PENDING", False)]
 
 
+def test_a_move_is_released_only_once_the_task_side_cancel_fence_has_had_its_time(store):
+    """Slurm can call an attempt cancelled while its task runs on (a kill that missed a task being
+    launched); the task's own fence ends it within a second, so the replacement waits a little longer."""
+    import time
+
+    from corral.controller.engine import CANCEL_FENCE_SECONDS
+
+    client, view, new, controller = moved(store, JobState.CANCELLED, ended_at=time.time())
+    assert client.infras["borealis"].released == [] and view.attempts[1].held
+    assert "held until attempt 1" in view.managed.reason
+    old = view.attempts[0]
+    client.infras["alpine"].finish(old.slurm_job_id, JobState.CANCELLED,
+                                   ended_at=time.time() - CANCEL_FENCE_SECONDS - 1)
+    store.update_attempt(old.token, ended_at=time.time() - CANCEL_FENCE_SECONDS - 1)
+    asyncio.run(controller.tick())
+    assert client.infras["borealis"].released == [new.slurm_job_id]
+
+
 def test_a_move_whose_old_attempt_ran_after_all_is_never_released(store):
-    client, view, new = moved(store, JobState.SUCCEEDED)
+    client, view, new, _ = moved(store, JobState.SUCCEEDED)
     assert client.infras["borealis"].released == [] and new.slurm_job_id in client.infras["borealis"].cancelled
     assert view.managed.state == "SUCCEEDED"
     assert [a.state for a in view.attempts] == ["SUCCEEDED", "CANCELLED"]

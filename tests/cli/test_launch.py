@@ -240,6 +240,25 @@ def test_a_job_cancelled_as_it_starts_never_runs_its_task(corral, testbed, clean
     assert "corral: cancelled before it started" in log and "the task ran" not in log
 
 
+def test_a_running_task_that_slurms_kill_missed_ends_at_the_cancel_marker(corral, testbed, clean_queues):
+    # A kill that reaches a step while Slurm is still launching it can miss the task: Slurm reports the
+    # job cancelled, and the task runs on (the churn test caught one finishing its work after its
+    # replacement had started). The marker Corral leaves before each scancel ends it all the same.
+    config = testbed.cluster_config
+    submitted = launch(corral, "--infra", "slurm/alpine/cpu", "--",
+                       "echo started; sleep 1001 & sleep 60; echo the task ran on")
+    job = submitted["slurm_job_id"]
+    wait_state(corral, submitted["job_id"], {"RUNNING"})
+    run_dir = ssh_login(config, "alpine", f"squeue -h -j {job} -o %Z").strip()
+    wait_for("the task to start", lambda: "started" in ssh_login(config, "alpine", f"cat {run_dir}/log.txt"))
+    ssh_login(config, "alpine", f": > {run_dir}/cancelled")  # the marker alone: no scancel
+    wait_for("the job to end", lambda: job_state(config, "alpine", job) not in ("RUNNING", "COMPLETING"),
+             timeout=15)
+    assert "the task ran on" not in ssh_login(config, "alpine", f"cat {run_dir}/log.txt")
+    # its background process went with it: the whole process group, as Slurm itself would kill it
+    assert ssh_login(config, "alpine", "pgrep -f '^sleep 1001$' || true").strip() == ""
+
+
 def test_values_arrive_byte_for_byte_through_slurm(corral, testbed, clean_queues):
     awkward = "it's a \"test\" $(whoami) `id` \\ $HOME\nsecond line\ttab ünïcode"
     result = corral("launch", "--infra", "slurm/alpine/cpu", "--env", f"AWKWARD={awkward}", "-n", "name $(x) 'q'",

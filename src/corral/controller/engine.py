@@ -55,6 +55,8 @@ from corral.task import Task, resolved_envs
 from corral.tracker import Tracker
 
 LEASE = "controller"
+# How long a held replacement waits after its predecessor ended, for the task-side cancel fence.
+CANCEL_FENCE_SECONDS = 3.0
 CHECKPOINTS_DIR = ".corral/checkpoints"
 
 
@@ -181,9 +183,13 @@ class Controller:
             if state == "PENDING" and latest.held:
                 # A move's attempt waits, held, until the attempt it replaces is known not to run.
                 blocking = [a for a in live if a is not latest and a.cluster not in unreachable]
-                if blocking:
+                # ... and for a few seconds more: the task's own cancel fence ends a task that Slurm's
+                # kill missed within a second of the cancel marker (see TASK_SH).
+                fencing = [a for a in mine if a is not latest and a.state == "CANCELLED"
+                           and now - (a.ended_at or 0) < CANCEL_FENCE_SECONDS]
+                if blocking or fencing:
                     self._set(m, "PENDING", f"attempt {latest.number} held until attempt "
-                                            f"{blocking[0].number} is confirmed cancelled")
+                                            f"{(blocking or fencing)[0].number} is confirmed cancelled")
                 else:
                     to_release.append(latest)
                 continue

@@ -219,6 +219,26 @@ run="${2-$CORRAL_RUN_DIR/run.sh}"
 envfile="${3-$CORRAL_RUN_DIR/env.sh}"
 export CORRAL_NODE_RANK="$SLURM_NODEID" SKYPILOT_NODE_RANK="$SLURM_NODEID"
 cd "$CORRAL_RUN_DIR/workdir"
+# The cancel fence. Corral leaves this marker before its scancel; a kill that Slurm delivers while it
+# is still launching the step can miss the task, and Slurm then reports the job cancelled while the
+# task runs on. A watcher, detached from the task's output, ends the task (its process group when it
+# leads one, as under srun) within a second of the marker, and itself once the task is gone.
+marker="$CORRAL_RUN_DIR/cancelled${SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}"
+task=$$ group=
+read -r _ _ _ _ group _ < /proc/$$/stat 2>/dev/null || group=
+[ "$group" = "$task" ] && target="-$task" || target="$task"
+(
+  trap '' TERM INT HUP
+  while kill -0 "$task" 2>/dev/null; do
+    if [ -e "$marker" ]; then
+      kill -TERM -- "$target" 2>/dev/null
+      for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$task" 2>/dev/null || exit 0; sleep 1; done
+      kill -KILL -- "$target" 2>/dev/null
+      exit 0
+    fi
+    sleep 1
+  done
+) </dev/null >/dev/null 2>&1 &
 with_task_env() { "$BASH" -c '. "$1" || exit 1; shift; exec "$@"' task-env "$envfile" "$BASH" "$@"; }
 if [ -n "$setup" ] && [ -s "$setup" ]; then
   with_task_env "$setup"
