@@ -59,8 +59,11 @@ def corral_env(testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict
     monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(testbed.cluster_config))
     monkeypatch.setenv("CORRAL_HOME", str(home))
     yield env
-    # Close the ControlMasters this test opened.
+    from corral.controller import server
     from corral.ssh import control_dir
+
+    server.stop()  # the server the test's commands started, if any
+    # Close the ControlMasters this test opened.
 
     sockets = control_dir()
     for sock in sockets.iterdir():

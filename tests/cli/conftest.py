@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ def clean_queues(testbed):
 
 
 @pytest.fixture
-def refusing_clusters(tmp_path_factory, monkeypatch) -> Path:
+def refusing_clusters(tmp_path_factory, monkeypatch) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("fuzz")
     config = work / "slurm-config"
     config.write_text("Host alpine\n    HostName 127.0.0.1\n    Port 1\nHost borealis\n    HostName 127.0.0.1\n"
@@ -29,4 +30,7 @@ def refusing_clusters(tmp_path_factory, monkeypatch) -> Path:
     monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(config))
     monkeypatch.setenv("CORRAL_HOME", str(work / "home"))
     monkeypatch.chdir(work)
-    return work
+    yield work
+    from corral.controller import server
+
+    server.stop()  # started by the commands that go through it

@@ -84,12 +84,12 @@ def test_regressions_are_one_line_errors(refusing_clusters, argv, fragment):
 
 
 def test_a_bug_is_one_line_and_a_crash_log(refusing_clusters, monkeypatch):
-    import corral.client
+    import corral.sdk
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(corral.client.Client, "gpus", broken)
+    monkeypatch.setattr(corral.sdk.Client, "gpus", broken)
     code, _out, err = run_cli(["gpus"])
     assert code == EXIT_INTERNAL and err.count("\n") == 1 and "internal error: ZeroDivisionError: boom" in err
     assert "Traceback" in (refusing_clusters / "home" / "crash.log").read_text()

@@ -67,11 +67,11 @@ def test_api_on_loopback_with_a_token(corral, slow_controller):
     assert launched.exit_code == 0, launched.stderr
     job_id = launched.json()["job_id"]
     wait_for("a tick caused by the wake-up", lambda: request(endpoint, "/health")[1]["ticks"] > ticks, timeout=10)
-    code, jobs = request(endpoint, "/jobs?all=true")
+    code, jobs = request(endpoint, "/v1/managed?all=true")
     assert code == 200 and [j["job_id"] for j in jobs["jobs"]] == [job_id] and jobs["more"] == 0
-    code, job = request(endpoint, f"/jobs/{job_id}")
+    code, job = request(endpoint, f"/v1/managed/{job_id}")
     assert code == 200 and job["events"][0]["state"] == "PENDING"
-    assert request(endpoint, "/jobs/nope")[0] == 404
+    assert request(endpoint, "/v1/managed/nope")[0] == 404
     woken = request(endpoint, "/wake", "POST")
     assert woken[0] == 200 and woken[1]["woken"] is True
     status = corral("server", "status", "--json", env=env).json()
@@ -89,10 +89,11 @@ def test_api_on_loopback_with_a_token(corral, slow_controller):
     assert status_light.stderr.strip() == "sqlalchemy loaded: False" and "ticks" in status_light.stdout
     corral("jobs", "cancel", job_id, env=env)
     assert corral("server", "stop", env=env).exit_code == 0
-    from_store = corral("jobs", "queue", "--json", "--all", env=env).json()
+    assert not path.exists()
+    from_store = corral("jobs", "queue", "--json", "--all", env=env).json()  # a new server, the same store
     assert [(j["job_id"], j["name"], j["attempts"]) for j in via_api] == \
            [(j["job_id"], j["name"], j["attempts"]) for j in from_store]
-    assert not path.exists()
+    assert corral("server", "stop", env=env).exit_code == 0
     stopped = corral("server", "status", env=env)
     assert stopped.exit_code == 1 and stopped.stdout.strip() == "controller not running"
     assert os.path.exists(Path(env["CORRAL_HOME"]) / "controller.log")

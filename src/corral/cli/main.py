@@ -60,19 +60,16 @@ def check(clusters: tuple[str, ...], as_json: bool, timeout: float | None) -> No
 
     Exits non-zero if any cluster fails, with the reason per cluster.
     """
-    import asyncio
+    from corral.sdk import Client
 
-    from corral.client import Client, check_json
-
-    client = Client(timeout=timeout)
-    outcomes = asyncio.run(client.probe(list(clusters)))
+    checks = Client().check(list(clusters), timeout=timeout)
     if as_json:
-        _print_json([check_json(o) for o in outcomes])
+        _print_json([c.raw for c in checks])
     else:
         from corral.cli.render import render_check
 
-        render_check(outcomes)
-    if not all(o.ok for o in outcomes):
+        render_check(checks)
+    if not all(c.ok for c in checks):
         sys.exit(1)
 
 
@@ -89,17 +86,13 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | Non
     GPU filters by name tolerantly: H100 matches the GRES type nvidia_h100_80gb_hbm3; L4 does not
     match L40.
     """
-    import asyncio
+    from corral.sdk import Client
 
-    from corral.client import Client
-
-    report = asyncio.run(Client(timeout=timeout).gpus(gpu, infra))
+    report = Client().gpus(gpu, infra, timeout=timeout)
     if as_json:
-        _print_json(
-            [r.to_json() for r in report.rows]
-            + [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
-               for f in report.failures]
-        )
+        _print_json([r.raw for r in report.rows]
+                    + [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
+                       for f in report.failures])
     else:
         from corral.cli.render import render_gpus
 
@@ -323,39 +316,30 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
           expand: bool) -> None:
     """Live jobs across all clusters, refreshed with one Slurm query per cluster, and the newest ended
     ones; a line says how many more there are."""
-    import asyncio
-
     from corral.cli import render
-    from corral.client import Client
-    from corral.state import open_store
-    from corral.tracker import Tracker
+    from corral.sdk import Client
 
-    store = open_store()
-    report = asyncio.run(Tracker(Client(), store).refresh())
-    if allocation and store.allocation(allocation) is None and not store.queue_page(limit=1, allocation=allocation).views:
-        from corral.dev import AllocationNotFoundError
-
-        raise AllocationNotFoundError(allocation, [r.name for r in store.allocations()])
+    client = Client()
     after = parse_since(since) if since else None
     if show_all:
-        views = store.iter_queue(since=after, allocation=allocation)
+        jobs = client.queue_all(since=after, allocation=allocation)
         if as_json:
-            render.stream_json(render.job_json(v) for v in views)
+            render.stream_json(j.raw for j in jobs)
         else:
-            render.render_queue_stream(views)
+            render.render_queue_stream(jobs)
+        return
+    shown = client.queue(limit=limit, page=page, since=after, allocation=allocation,
+                         by_sweep=not as_json and not expand)
+    if as_json:
+        _print_json([j.raw for j in shown.jobs])
     else:
-        shown = store.queue_page(limit=limit, offset=(page - 1) * limit, since=after, allocation=allocation,
-                                 by_sweep=not as_json and not expand)
-        if as_json:
-            _print_json([render.job_json(v) for v in shown.views])
-        else:
-            render.render_queue(shown, expand)
-            if shown.more:
-                grouped = "" if expand else " (a sweep counts once)"
-                click.echo(f"{shown.more} more ended job{'s' if shown.more != 1 else ''}{grouped}: "
-                           f"`corral queue --page {page + 1}`, `--since 1d`, or `--all`", err=True)
-    for cluster, error in report.errors.items():
-        click.echo(f"corral: warning: could not refresh {cluster}: {error}", err=True)
+        render.render_queue(shown, expand)
+        if shown.more:
+            grouped = "" if expand else " (a sweep counts once)"
+            click.echo(f"{shown.more} more ended job{'s' if shown.more != 1 else ''}{grouped}: "
+                       f"`corral queue --page {page + 1}`, `--since 1d`, or `--all`", err=True)
+    for warning in shown.warnings:
+        click.echo(f"corral: warning: {warning}", err=True)
 
 
 @cli.command()
@@ -364,15 +348,10 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 @_reports_errors
 def logs(job: str, follow: bool) -> None:
     """Print a job's output (all nodes)."""
-    import asyncio
+    from corral.sdk import Client
 
-    from corral.client import Client
-    from corral.state import open_store
-    from corral.tracker import Tracker
-
-    store = open_store()
-    tracker = Tracker(Client(), store)
-    asyncio.run(tracker.logs(store.resolve(job), follow, _write_bytes))
+    for chunk in Client().logs(job, follow):
+        _write_bytes(chunk)
 
 
 @cli.command()
@@ -381,23 +360,14 @@ def logs(job: str, follow: bool) -> None:
 @_reports_errors
 def cancel(jobs: tuple[str, ...], cancel_all: bool) -> None:
     """Cancel jobs (one scancel per cluster)."""
-    import asyncio
-
-    from corral.client import Client
     from corral.errors import CorralError
-    from corral.state import open_store
-    from corral.tracker import Tracker
+    from corral.sdk import Client
 
     if not jobs and not cancel_all:
         raise CorralError("name the jobs to cancel, or use --all")
-    store = open_store()
-    tracker = Tracker(Client(), store)
-    asyncio.run(tracker.refresh())
-    views = store.views() if cancel_all else [store.resolve(j) for j in jobs]
-    cancelled = asyncio.run(tracker.cancel(views))
-    for view in views:
-        word = "cancelled" if view in cancelled else f"already {view.attempt.state.lower()}"
-        click.echo(f"{view.job.id}: {word}")
+    for outcome in Client().cancel(list(jobs), all=cancel_all):
+        word = "cancelled" if outcome.cancelled else f"already {outcome.state.lower()}"
+        click.echo(f"{outcome.job_id}: {word}")
 
 
 def _dev(store: Any = None) -> Any:
@@ -548,6 +518,56 @@ def server_status(as_json: bool) -> None:
 
 
 @cli.group()
+def api() -> None:
+    """Which Corral server this CLI uses: a remote one (team server), or the local one started on demand."""
+
+
+@api.command(name="login")
+@click.argument("url")
+@click.option("--token", prompt=True, hide_input=True, help="The server's API token (asked for if not given).")
+@_reports_errors
+def api_login(url: str, token: str) -> None:
+    """Use the server at URL from now on (saved, mode 600, in CORRAL_HOME/api.json)."""
+    from corral.errors import CorralError
+    from corral.sdk import Client
+    from corral.sdk.endpoint import save_login
+
+    if not url.startswith(("http://", "https://")):
+        raise CorralError(f"{url!r}: give the server's URL, such as https://corral.example.org:8765")
+    health = Client(url, token).health()  # refuses a wrong URL or token before anything is saved
+    path = save_login(url, token)
+    click.echo(f"logged in to {url} (Corral {health.get('version', '?')}, API {health.get('api', '?')}); "
+               f"saved in {path}")
+
+
+@api.command(name="logout")
+@_reports_errors
+def api_logout() -> None:
+    """Forget the saved server: commands use the local one again."""
+    from corral.sdk.endpoint import forget_login
+
+    click.echo("logged out: commands use the local server" if forget_login() else "not logged in to a server")
+
+
+@api.command(name="info")
+@click.option("--json", "as_json", is_flag=True, help="Print the server's URL and health as JSON.")
+@_reports_errors
+def api_info(as_json: bool) -> None:
+    """The server this CLI uses, and its health (starts the local one if needed)."""
+    from corral.sdk import Client
+
+    client = Client()
+    health = client.health()
+    point = client.endpoint
+    if as_json:
+        _print_json({"url": point.url, "local": point.local, **health})
+    else:
+        where = "local server" if point.local else "server"
+        click.echo(f"{where} {point.url}: Corral {health.get('version', '?')}, API {health.get('api', '?')}, "
+                   f"pid {health['pid']}, up {health['uptime_seconds']:.0f}s")
+
+
+@cli.group()
 def jobs() -> None:
     """Managed jobs: recovered from node failures and outages, re-routed while pending."""
 
@@ -605,17 +625,10 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
     """Managed jobs with their state, attempts and reason (as of the controller's last tick): the live
     ones and the newest ended ones, newest first."""
     from corral.cli.managed_table import render_managed
-    from corral.controller import server
+    from corral.sdk import Client
 
-    try:  # the running controller answers without this process loading the engine and the database
-        answer = server.call(f"/jobs?limit={limit}&page={page}" + ("&all=true" if show_all else ""))
-        rows, more = answer["jobs"], answer["more"]
-    except server.ControllerUnavailable:
-        from corral import managed
-        from corral.state import open_store
-
-        views, more = managed.page(open_store(), None if show_all else limit, 0 if show_all else (page - 1) * limit)
-        rows = [v.to_json() for v in views]
+    answer = Client().managed_jobs(limit=limit, page=page, all=show_all)
+    rows, more = answer["jobs"], answer["more"]
     if as_json:
         _print_json(rows)
     else:

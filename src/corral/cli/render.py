@@ -13,32 +13,31 @@ from corral.cli.consoles import console, err_console, minutes
 if TYPE_CHECKING:  # type hints only: a table must not cost the import of the engine, SQLAlchemy or pydantic
     from collections.abc import Iterable
 
-    from corral.client import GpuReport, ProbeOutcome
     from corral.controller.engine import ControllerSettings
     from corral.dev import AllocationStatus
     from corral.launch import LaunchEvents, Submitted
     from corral.managed import ManagedView
     from corral.placement import Candidate, Plan
-    from corral.state.store import JobView, QueuePage
+    from corral.sdk.types import ClusterCheck, GpuReport, Job, QueuePage
+    from corral.state.store import JobView
 
 
 
-def render_check(outcomes: list[ProbeOutcome]) -> None:
+def render_check(checks: list[ClusterCheck]) -> None:
     table = Table(box=None, header_style="bold")
     for column in ("CLUSTER", "STATUS", "SLURM", "PARTITIONS", "GPU TYPES", "TIME"):
         table.add_column(column)
-    for o in outcomes:
-        s = o.snapshot
-        if s is None:
-            table.add_row(o.cluster, f"[red]FAIL[/red] ({o.error_kind})", "-", "-", "-", f"{o.seconds:.2f}s")
+    for c in checks:
+        if not c.ok:
+            table.add_row(c.cluster, f"[red]FAIL[/red] ({c.error_kind})", "-", "-", "-", f"{c.seconds:.2f}s")
             continue
-        partitions = ", ".join(p.name + ("*" if p.default else "") for p in s.partitions)
-        table.add_row(o.cluster, "[green]OK[/green]", s.slurm_version or "?", partitions,
-                      ", ".join(s.gpu_types) or "-", f"{o.seconds:.2f}s")
+        partitions = ", ".join(p + ("*" if p == c.default_partition else "") for p in c.partitions)
+        table.add_row(c.cluster, "[green]OK[/green]", c.slurm_version or "?", partitions,
+                      ", ".join(c.gpu_types) or "-", f"{c.seconds:.2f}s")
     console.print(table)
-    for o in outcomes:
-        if o.error:
-            err_console.print(f"[red]✗[/red] {o.error_message}", highlight=False)
+    for c in checks:
+        if c.error:
+            err_console.print(f"[red]✗[/red] {c.error}", highlight=False)
 
 
 def render_gpus(report: GpuReport, gpu: str | None) -> None:
@@ -173,7 +172,7 @@ def job_json(view: JobView) -> dict[str, object]:
         "slurm_job_id": a.slurm_job_id, "state": a.state, "reason": a.reason, "attempt": a.number,
         "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
         "expected_start": a.expected_start if a.state == "PENDING" else None,
-        "exit_code": a.exit_code, "job_rank": view.job.job_rank,
+        "exit_code": a.exit_code, "job_rank": view.job.job_rank, "sweep_id": view.job.sweep_id,
     }
 
 
@@ -187,41 +186,39 @@ def _styled(state: str) -> str:
     return f"[{style}]{state}[/{style}]" if style else state
 
 
-def _job_row(v: JobView) -> tuple[str, ...]:
-    a = v.attempt
-    where = f"{a.cluster}/{a.partition}" if a.cluster else "-"  # "-": it never reached a cluster
-    return (v.job.id, v.job.name, where, a.slurm_job_id or "-", _styled(a.state),
-            a.reason or "", _when(a.submitted_at), _when(a.started_at), _when(a.ended_at))
+def _job_row(j: Job) -> tuple[str, ...]:
+    where = f"{j.cluster}/{j.partition}" if j.cluster else "-"  # "-": it never reached a cluster
+    return (j.job_id, j.name, where, j.slurm_job_id or "-", _styled(j.state),
+            j.reason or "", _when(j.submitted_at), _when(j.started_at), _when(j.ended_at))
 
 
-def _sweep_row(views: list[JobView], counts: dict[str, int]) -> tuple[str, ...]:
+def _sweep_row(jobs: list[Job], counts: dict[str, int]) -> tuple[str, ...]:
     """One row for a whole sweep: its jobs per state (all of them, not only those on the page)."""
-    first = views[0]
-    places = sorted({f"{v.attempt.cluster}/{v.attempt.partition}" for v in views})
-    total = sum(counts.values()) or len(views)
+    first = jobs[0]
+    places = sorted({f"{j.cluster}/{j.partition}" for j in jobs})
+    total = sum(counts.values()) or len(jobs)
     states = ", ".join(f"{n} {_styled(state)}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return (f"{first.job.sweep_id} (sweep)", f"{first.job.name} ×{total}",
+    return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",
             places[0] if len(places) == 1 else f"{len(places)} places", "-", states, "",
-            _when(min((v.attempt.submitted_at or 0) for v in views) or None), "", "")
+            _when(min((j.submitted_at or 0) for j in jobs) or None), "", "")
 
 
 def queue_rows(page: QueuePage, expand: bool) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     seen: set[str] = set()
-    for v in page.views:
-        sweep = v.job.sweep_id
+    for j in page.jobs:
+        sweep = j.sweep_id
         if sweep and not expand:
             if sweep not in seen:
                 seen.add(sweep)
-                rows.append(_sweep_row([w for w in page.views if w.job.sweep_id == sweep],
-                                       page.sweeps.get(sweep, {})))
+                rows.append(_sweep_row([k for k in page.jobs if k.sweep_id == sweep], page.sweeps.get(sweep, {})))
             continue
-        rows.append(_job_row(v))
+        rows.append(_job_row(j))
     return rows
 
 
 def render_queue(page: QueuePage, expand: bool = False) -> None:
-    if not page.views:
+    if not page.jobs:
         console.print("No jobs." if not page.more else "No jobs on this page.")
         return
     table = Table(box=None, header_style="bold")
@@ -232,12 +229,12 @@ def render_queue(page: QueuePage, expand: bool = False) -> None:
     console.print(table)
 
 
-def render_queue_stream(views: Iterable[JobView], chunk: int = 500) -> None:
+def render_queue_stream(jobs: Iterable[Job], chunk: int = 500) -> None:
     """Every job, a table per chunk: output starts at once and memory stays flat."""
-    batch: list[JobView] = []
+    batch: list[Job] = []
     first = True
-    for view in views:
-        batch.append(view)
+    for job in jobs:
+        batch.append(job)
         if len(batch) == chunk:
             _print_chunk(batch, first)
             batch, first = [], False
@@ -245,15 +242,15 @@ def render_queue_stream(views: Iterable[JobView], chunk: int = 500) -> None:
         _print_chunk(batch, first)
 
 
-def _print_chunk(views: list[JobView], header: bool) -> None:
-    if not views:
+def _print_chunk(jobs: list[Job], header: bool) -> None:
+    if not jobs:
         console.print("No jobs.")
         return
     table = Table(box=None, header_style="bold", show_header=header)
     for column in _QUEUE_COLUMNS:
         table.add_column(column)
-    for v in views:
-        table.add_row(*_job_row(v))
+    for j in jobs:
+        table.add_row(*_job_row(j))
     console.print(table)
 
 

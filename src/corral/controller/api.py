@@ -1,4 +1,4 @@
-"""The controller's HTTP API, on loopback only: health and tick figures, wake-up, managed jobs.
+"""The server's HTTP application: authentication, health and wake-up, and the `/v1` API (`v1.py`).
 
 Every request carries the bearer token that the controller writes, readable only by its user, into
 `controller.json` under CORRAL_HOME next to the port; so other users of the machine cannot drive it.
@@ -11,12 +11,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
 
-from corral import managed
 from corral.controller.engine import LEASE
+from corral.errors import CorralError
 from corral.state import Store
-from corral.state.store import JobNotFoundError
 
 
 @dataclass
@@ -46,41 +46,47 @@ class ControllerStatus:
     wake: Any = field(default=None, repr=False)  # an asyncio.Event, set by POST /wake
 
 
+API_VERSION = "v1"
+
+
 def create_app(status: ControllerStatus, store: Store, token: str) -> FastAPI:
-    app = FastAPI(title="Corral controller", docs_url=None, redoc_url=None, openapi_url=None)
+    from corral import __version__
+    from corral.controller.v1 import create_router
+
+    app = FastAPI(title="Corral", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=f"/{API_VERSION}/openapi.json",
+                  description="One engine behind every face: the API the `corral` CLI and `corral.sdk` use. "
+                              "Every request carries `Authorization: Bearer <token>`.")
 
     async def authorized(authorization: str = Header(default="")) -> None:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(status_code=401, detail="missing or wrong token (see controller.json)")
+            raise HTTPException(status_code=401, detail="missing or wrong token")
 
-    @app.get("/health", dependencies=[Depends(authorized)])
     async def health() -> dict[str, object]:
+        """The server's pid, uptime, controller ticks and the store's lease."""
         lease = store.lease(LEASE)
         return {"pid": status.pid, "holder": status.holder, "started_at": status.started_at,
                 "uptime_seconds": round(time.time() - status.started_at, 3), "interval": status.interval,
                 "ticks": status.ticks, "last_tick": asdict(status.last_tick) if status.last_tick else None,
-                "lease": {"holder": lease.holder, "expires_at": lease.expires_at} if lease else None}
+                "lease": {"holder": lease.holder, "expires_at": lease.expires_at} if lease else None,
+                "api": API_VERSION, "version": __version__}
 
-    @app.post("/wake", dependencies=[Depends(authorized)])
     async def wake() -> dict[str, object]:
+        """Tick the controller now (new managed work)."""
         status.wake.set()
         return {"woken": True, "ticks": status.ticks}
 
-    @app.get("/jobs", dependencies=[Depends(authorized)])
-    async def jobs(all: bool = False, limit: int = Query(20, ge=1, le=100_000),
-                   page: int = Query(1, ge=1, le=1_000_000)) -> dict[str, object]:
-        """Live managed jobs and the newest ended ones (`limit` a page; `all`: every one), newest first."""
-        shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit)
-        return {"jobs": [v.to_json() for v in shown], "more": more}
+    for prefix in ("", f"/{API_VERSION}"):  # unversioned: what controllers before /v1 answered
+        app.add_api_route(f"{prefix}/health", health, methods=["GET"], dependencies=[Depends(authorized)],
+                          include_in_schema=bool(prefix))
+        app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=[Depends(authorized)],
+                          include_in_schema=bool(prefix))
+    app.include_router(create_router(store), dependencies=[Depends(authorized)])
 
-    @app.get("/jobs/{job_id}", dependencies=[Depends(authorized)])
-    async def job(job_id: str) -> dict[str, object]:
-        try:
-            view = managed.resolve(store, job_id)
-        except JobNotFoundError as exc:
-            raise HTTPException(status_code=404, detail=str(exc)) from exc
-        events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
-        return {**view.to_json(), "events": events}
+    @app.exception_handler(CorralError)
+    async def corral_error(request: Request, exc: CorralError) -> JSONResponse:
+        """What Corral refuses on purpose (a broken cluster file, an unknown name): its one-line message."""
+        return JSONResponse(status_code=400, content={"detail": {"message": str(exc), "kind": type(exc).__name__}})
 
     return app

@@ -51,16 +51,24 @@ def endpoint_file() -> Path:
     return corral_home() / "controller.json"
 
 
+def read_endpoint() -> dict[str, Any] | None:
+    """The running server's port, token and settings (None if it does not run)."""
+    try:
+        endpoint = json.loads(endpoint_file().read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(endpoint, dict) or running_pid() != endpoint.get("pid"):
+        return None
+    return endpoint
+
+
 def call(path: str, method: str = "GET", timeout: float = 3.0) -> Any:
     """One request to the running controller's API; raises ControllerUnavailable if there is none."""
     import urllib.error
     import urllib.request
 
-    try:
-        endpoint = json.loads(endpoint_file().read_text())
-    except (OSError, ValueError) as exc:
-        raise ControllerUnavailable("the controller is not running") from exc
-    if running_pid() != endpoint.get("pid"):
+    endpoint = read_endpoint()
+    if endpoint is None:
         raise ControllerUnavailable("the controller is not running")
     request = urllib.request.Request(f"http://127.0.0.1:{endpoint['port']}{path}", method=method,
                                      headers={"Authorization": f"Bearer {endpoint['token']}"})
@@ -142,6 +150,7 @@ async def _run() -> None:
     from corral.client import Client
     from corral.controller.api import ControllerStatus, TickFigures, create_app
     from corral.controller.engine import LEASE, Controller, ControllerSettings
+    from corral.sdk.endpoint import settings as endpoint_settings
     from corral.state import open_store
 
     store = open_store()
@@ -173,7 +182,8 @@ async def _run() -> None:
     endpoint.unlink(missing_ok=True)
     fd = os.open(endpoint, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "port": listener.getsockname()[1], "token": token}, f)
+        json.dump({"pid": os.getpid(), "port": listener.getsockname()[1], "token": token,
+                   "settings": endpoint_settings()}, f)
     write_private(pid_file(), f"{os.getpid()}\n")  # last: `start` waits for it, so the API is up by then
     print(f"corral controller {holder} started (interval {base:g}s, API on 127.0.0.1:{listener.getsockname()[1]})",
           flush=True)

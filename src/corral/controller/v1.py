@@ -1,0 +1,172 @@
+"""The server's versioned API (`/v1`): every operation the CLI and the SDK perform runs here, in the one
+process that holds the store, the ControlMasters and the controller loop.
+
+Handlers are `async def` on the controller's event loop: remote calls overlap with ticks, and store calls
+are short and synchronous (SQLite allows one writer; the loop is it). A CorralError becomes a 4xx answer
+`{"detail": message, "kind": class name}`; the CLI prints the message as it would its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from corral import managed
+from corral.cli.render import job_json
+from corral.client import Client, check_json
+from corral.errors import CorralError, UnknownClusterError
+from corral.state import Store
+from corral.state.store import JobNotFoundError, JobView
+from corral.tracker import Tracker
+
+Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
+
+
+class CancelRequest(BaseModel):
+    jobs: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list, max_length=10_000)
+    all: bool = False
+
+
+def refused(exc: CorralError) -> HTTPException:
+    status = 404 if isinstance(exc, (JobNotFoundError, UnknownClusterError)) else 400
+    return HTTPException(status_code=status, detail={"message": str(exc), "kind": type(exc).__name__})
+
+
+def create_router(store: Store) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+
+    @router.get("/check")
+    async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it
+                    timeout: Timeout = None) -> dict[str, object]:
+        """Probe each cluster (all, or those named) now, in parallel."""
+        try:
+            outcomes = await Client(timeout=timeout).probe(cluster or None)
+        except CorralError as exc:
+            raise refused(exc) from None
+        return {"clusters": [check_json(o) for o in outcomes]}
+
+    @router.get("/gpus")
+    async def gpus(gpu: Annotated[str | None, Query(max_length=200)] = None,
+                   infra: Annotated[str | None, Query(max_length=500)] = None,
+                   timeout: Timeout = None) -> dict[str, object]:
+        """GPUs per cluster and partition from a fresh probe, and the clusters that did not answer."""
+        try:
+            report = await Client(timeout=timeout).gpus(gpu, infra)
+        except CorralError as exc:
+            raise refused(exc) from None
+        return {"rows": [r.to_json() for r in report.rows],
+                "failures": [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
+                             for f in report.failures]}
+
+    @router.get("/queue")
+    async def queue(limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
+                    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+                    since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+                    allocation: Annotated[str | None, Query(max_length=200)] = None,
+                    by_sweep: bool = False) -> dict[str, object]:
+        """Live jobs and the newest ended ones, newest first, after one Slurm query per cluster."""
+        report = await Tracker(Client(), store).refresh()
+        if allocation and store.allocation(allocation) is None and not store.queue_page(
+                limit=1, allocation=allocation).views:
+            from corral.dev import AllocationNotFoundError
+
+            raise refused(AllocationNotFoundError(allocation, [r.name for r in store.allocations()]))
+        shown = store.queue_page(limit=limit, offset=(page - 1) * limit, since=since, allocation=allocation,
+                                 by_sweep=by_sweep)
+        return {"jobs": [job_json(v) for v in shown.views], "more": shown.more, "sweeps": shown.sweeps,
+                "warnings": [f"could not refresh {cluster}: {error}" for cluster, error in report.errors.items()]}
+
+    @router.get("/queue/all")
+    async def queue_all(since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+                        allocation: Annotated[str | None, Query(max_length=200)] = None) -> StreamingResponse:
+        """Every job, newest first, one JSON object per line, after one Slurm query per cluster."""
+        await Tracker(Client(), store).refresh()
+
+        async def rows() -> AsyncIterator[bytes]:
+            batch: list[str] = []
+            for view in store.iter_queue(since=since, allocation=allocation):
+                batch.append(json.dumps(job_json(view)))
+                if len(batch) == 500:
+                    yield ("\n".join(batch) + "\n").encode()
+                    batch = []
+                    await asyncio.sleep(0)  # let ticks and other requests run between chunks
+            if batch:
+                yield ("\n".join(batch) + "\n").encode()
+
+        return StreamingResponse(rows(), media_type="application/x-ndjson")
+
+    @router.get("/jobs/{job}")
+    async def job(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
+        """One job by id, unique id prefix or unique name, refreshed."""
+        view = _resolve(store, job)
+        await Tracker(Client(), store).refresh()
+        return job_json(store.views([view.job.id])[0])
+
+    @router.get("/jobs/{job}/logs")
+    async def logs(job: Annotated[str, Path(max_length=200)], follow: bool = False) -> StreamingResponse:
+        """The job's output, all nodes; with `follow`, streamed until its tasks are over."""
+        view = _resolve(store, job)
+        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        tracker = Tracker(Client(), store)
+
+        async def pump() -> None:
+            try:
+                await tracker.logs(view, follow, chunks.put_nowait)
+            except CorralError as exc:
+                chunks.put_nowait(f"corral: error: {exc}\n".encode())
+            finally:
+                chunks.put_nowait(None)
+
+        async def body() -> AsyncIterator[bytes]:
+            task = asyncio.ensure_future(pump())
+            try:
+                while (chunk := await chunks.get()) is not None:
+                    yield chunk
+            finally:
+                task.cancel()  # the reader went away: end the remote `tail -F`
+
+        return StreamingResponse(body(), media_type="application/octet-stream")
+
+    @router.post("/cancel")
+    async def cancel(request: CancelRequest) -> dict[str, object]:
+        """Cancel jobs (or every live one), one scancel per cluster."""
+        if not request.jobs and not request.all:
+            raise refused(CorralError("name the jobs to cancel, or use --all"))
+        tracker = Tracker(Client(), store)
+        await tracker.refresh()
+        views = store.views() if request.all else [_resolve(store, j) for j in request.jobs]
+        cancelled = await tracker.cancel(views)
+        return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}
+                         for v in views]}
+
+    @router.get("/managed")
+    async def managed_jobs(all: bool = False, limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
+                           page: Annotated[int, Query(ge=1, le=1_000_000)] = 1) -> dict[str, object]:
+        """Live managed jobs and the newest ended ones (`limit` a page; `all`: every one), newest first."""
+        shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit)
+        return {"jobs": [v.to_json() for v in shown], "more": more}
+
+    @router.get("/managed/{job}")
+    async def managed_job(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
+        """One managed job, its attempts and its events."""
+        try:
+            view = managed.resolve(store, job)
+        except CorralError as exc:
+            raise refused(exc) from None
+        events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
+        return {**view.to_json(), "events": events}
+
+    return router
+
+
+def _resolve(store: Store, job: str) -> JobView:
+    try:
+        return store.resolve(job)
+    except CorralError as exc:
+        raise refused(exc) from None

@@ -1,0 +1,89 @@
+"""Which Corral server to talk to, and with which token. Standard library only.
+
+In order: the arguments given to `Client`; `CORRAL_API_URL` (with `CORRAL_API_TOKEN`); the server saved
+by `corral api login` (`api.json` in CORRAL_HOME, mode 600); otherwise this user's local server, started
+on demand on loopback (its port and token are in `controller.json`, mode 600).
+
+A local server runs with the settings of the command that started it. When a later command names another
+cluster file, `ssh`, CORRAL_TIMEOUT or store (CORRAL_DB_URL), the local server is restarted with them (jobs are in the store, so none is
+lost); a remote server keeps its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.config import corral_home, write_private
+from corral.errors import CorralError
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str  # no trailing slash
+    token: str
+    local: bool
+
+
+def login_file() -> Path:
+    return corral_home() / "api.json"
+
+
+def save_login(url: str, token: str) -> Path:
+    path = login_file()
+    write_private(path, json.dumps({"url": url.rstrip("/"), "token": token}) + "\n")
+    return path
+
+
+def forget_login() -> bool:
+    path = login_file()
+    existed = path.exists()
+    path.unlink(missing_ok=True)
+    return existed
+
+
+def remote(url: str | None = None, token: str | None = None) -> Endpoint | None:
+    """The remote server named by the arguments, the environment or `api login`; None for the local one."""
+    if url:
+        return Endpoint(url.rstrip("/"), token or os.environ.get("CORRAL_API_TOKEN", ""), False)
+    if os.environ.get("CORRAL_API_URL"):
+        return Endpoint(os.environ["CORRAL_API_URL"].rstrip("/"), token or os.environ.get("CORRAL_API_TOKEN", ""),
+                        False)
+    try:
+        saved = json.loads(login_file().read_text())
+        return Endpoint(str(saved["url"]).rstrip("/"), token or str(saved.get("token", "")), False)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CorralError(f"{login_file()}: unreadable ({exc}); run `corral api login URL` again, "
+                          "or `corral api logout`") from None
+
+
+def settings() -> dict[str, str]:
+    """What a local server must share with the command that calls it."""
+    from corral.config import cluster_file_path
+
+    return {"cluster_file": str(cluster_file_path()), "ssh": shutil.which("ssh") or "",
+            "timeout": os.environ.get("CORRAL_TIMEOUT", ""), "store": os.environ.get("CORRAL_DB_URL", "")}
+
+
+def local() -> Endpoint:
+    """This user's local server: started if it does not run, restarted if it runs with other settings."""
+    from corral.config import load_registry
+    from corral.controller import server
+
+    load_registry()  # a missing or malformed cluster file is reported here, as it always was
+    wanted = settings()
+    endpoint = server.read_endpoint()
+    if endpoint is not None and endpoint.get("settings") != wanted:
+        server.stop()
+        endpoint = None
+    if endpoint is None:
+        server.start()
+        endpoint = server.read_endpoint()
+        if endpoint is None:
+            raise server.ControllerUnavailable(f"the server did not publish its port; see {server.log_file()}")
+    return Endpoint(f"http://127.0.0.1:{endpoint['port']}", endpoint["token"], True)

@@ -1,0 +1,84 @@
+"""The server's /v1 API through the Python SDK, against the real testbed: typed results, errors,
+the token, `corral api login`, and the published OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from corral.sdk import ApiError, Client
+from tests.conftest import wait_for
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+
+
+def test_the_sdk_sees_what_the_cli_sees(corral, corral_env):
+    client = Client()
+    checks = client.check()
+    assert [(c.cluster, c.ok) for c in checks] == [("alpine", True), ("borealis", True), ("cirrus", True)]
+    assert [c.raw for c in checks][0]["default_partition"] == "gpu"
+    report = client.gpus("H100")
+    assert {(r.cluster, r.partition, r.total) for r in report.rows} == {("alpine", "gpu", 8),
+                                                                         ("borealis", "h100-cluster", 16)}
+    assert report.failures == []
+    assert [r.raw for r in report.rows] == corral("gpus", "--json", "H100").json()
+    launched = corral("launch", "-d", "--json", "--infra", "slurm/cirrus/debug", "--", "echo from-sdk; sleep 600")
+    assert launched.exit_code == 0, launched.stderr
+    job_id = launched.json()["job_id"]
+    page = client.queue()
+    assert [j.job_id for j in page.jobs] == [job_id] and page.more == 0 and page.warnings == []
+    wait_for("the job to run", lambda: client.job(job_id).state == "RUNNING", timeout=60)
+    wait_for("its output", lambda: b"from-sdk" in b"".join(client.logs(job_id)), timeout=30)
+    [outcome] = client.cancel([job_id])
+    assert (outcome.job_id, outcome.cancelled) == (job_id, True)
+    ended = client.wait(job_id, poll=0.5, timeout=60)
+    assert ended.state == "CANCELLED" and ended.ended
+    assert [j.job_id for j in client.queue_all()] == [job_id]
+    with pytest.raises(ApiError) as refused:
+        client.job("c-nope")
+    assert refused.value.status == 404 and refused.value.kind == "JobNotFoundError"
+    with pytest.raises(ApiError) as bad:
+        client.gpus(infra="k8s/x")
+    assert bad.value.status == 400 and "slurm" in str(bad.value)
+    with pytest.raises(ApiError) as malformed:
+        client.queue(limit=0)
+    assert malformed.value.status == 422 and "limit" in str(malformed.value)
+
+
+def test_a_wrong_token_is_refused_and_api_login_saves_nothing_then(corral, corral_env):
+    local = Client()
+    url = local.endpoint.url
+    with pytest.raises(ApiError) as wrong:
+        Client(url, "not-the-token").queue()
+    assert wrong.value.status == 401
+    failed = corral("api", "login", url, "--token", "not-the-token")
+    assert failed.exit_code == 1 and "refused the token" in failed.stderr
+    saved = Path(corral_env["CORRAL_HOME"]) / "api.json"
+    assert not saved.exists()
+    ok = corral("api", "login", url, "--token", local.endpoint.token)
+    assert ok.exit_code == 0, ok.stderr
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    info = corral("api", "info", "--json").json()
+    assert info["url"] == url and info["local"] is False  # the saved server, addressed as a remote one
+    env = {**corral_env, "CORRAL_API_URL": "http://127.0.0.1:9", "CORRAL_API_TOKEN": "x"}
+    unreachable = corral("queue", env=env)  # the environment wins over the saved login
+    assert unreachable.exit_code == 1 and "http://127.0.0.1:9 did not answer" in unreachable.stderr
+    assert corral("api", "logout").exit_code == 0 and not saved.exists()
+
+
+def test_the_published_openapi_document_is_the_served_one(corral_env):
+    import urllib.request
+
+    client = Client()
+    with urllib.request.urlopen(f"{client.endpoint.url}/v1/openapi.json", timeout=10) as response:
+        served = json.loads(response.read())
+    paths = set(served["paths"])
+    assert {"/v1/check", "/v1/gpus", "/v1/queue", "/v1/queue/all", "/v1/jobs/{job}", "/v1/jobs/{job}/logs",
+            "/v1/cancel", "/v1/managed", "/v1/managed/{job}", "/v1/health"} <= paths
+    if os.environ.get("CORRAL_WRITE_OPENAPI"):
+        DOCS.write_text(json.dumps(served, indent=2, sort_keys=True) + "\n")
+    assert json.loads(DOCS.read_text()) == served, "regenerate: CORRAL_WRITE_OPENAPI=1 pytest " + __file__
