@@ -80,9 +80,12 @@ def bench_testbed() -> Iterator[BenchSetup]:
 
 
 def close_masters(root: Path) -> None:
-    """`ssh -O exit` every ControlMaster socket below root (and Corral's own for a CORRAL_HOME there)."""
+    """Stop the Corral server of each CORRAL_HOME below root, then `ssh -O exit` every ControlMaster socket."""
     sockets = list(root.glob("raw-*"))
     for home in root.glob("*home*"):
+        # the home's server first: it holds ControlMasters of its own and would keep them open
+        subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env={**os.environ, "CORRAL_HOME": str(home)},
+                       capture_output=True)
         code = "from corral.ssh import control_dir; print(control_dir())"
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CORRAL_HOME": str(home)},
                              capture_output=True, text=True).stdout.strip()

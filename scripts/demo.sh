@@ -16,6 +16,7 @@ corral launch -n demo --gpus H100:2 --num-nodes 2 -- \
   'echo "rank $CORRAL_NODE_RANK of $CORRAL_NUM_NODES on $(hostname): GPUs $CUDA_VISIBLE_DEVICES, job $CORRAL_TASK_ID"'
 corral launch -d -n demo-sweep --num-jobs 6 --gpus gpu:1 -- 'echo "sweep rank $CORRAL_JOB_RANK"'
 corral queue
+corral api info
 corral launch -c demo-dev --gpus H100:1 --num-nodes 2 --idle-minutes 5
 corral exec demo-dev -- 'echo "exec on $(hostname), rank $CORRAL_NODE_RANK"'
 corral ssh demo-dev -- hostname

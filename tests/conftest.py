@@ -125,3 +125,21 @@ def postgres_url() -> Iterator[str]:
         subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "fast", "stop"],
                        capture_output=True)
         shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def refusing_clusters(tmp_path_factory, monkeypatch) -> Iterator[Path]:
+    work = tmp_path_factory.mktemp("fuzz")
+    config = work / "slurm-config"
+    config.write_text("Host alpine\n    HostName 127.0.0.1\n    Port 1\nHost borealis\n    HostName 127.0.0.1\n"
+                      "    Port 1\n")
+    (work / "task.yaml").write_text("resources:\n  accelerators: H100:1\nrun: echo hi\n")
+    (work / "bad.yaml").write_text("resources:\n  acelerators: H100\n")
+    (work / "latin1.yaml").write_bytes(b"run: caf\xe9\n")
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(config))
+    monkeypatch.setenv("CORRAL_HOME", str(work / "home"))
+    monkeypatch.chdir(work)
+    yield work
+    from corral.controller import server
+
+    server.stop()  # started by the commands that go through it

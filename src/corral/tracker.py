@@ -190,3 +190,30 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
         if any(getattr(attempt, key) != value for key, value in fields.items()):
             updates[attempt.token] = fields  # a quiet tick writes nothing
     return updates
+
+
+class SharedRefresh:
+    """One refresh at a time in a process that serves many callers (the server: its ticks and its API).
+    A caller that arrives while one runs shares its result, and one that finished less than `max_age`
+    seconds ago is reused: a `queue` right after a tick costs no second query per cluster."""
+
+    def __init__(self, max_age: float = 1.0):
+        self.max_age = max_age
+        self._running: asyncio.Future[RefreshReport] | None = None
+        self._last: tuple[float, float, RefreshReport] | None = None  # (started, finished, report), monotonic
+
+    async def refresh(self, tracker: Tracker, *, newer_than: float = 0.0) -> RefreshReport:
+        """A refresh at most `max_age` old that started at or after `newer_than` (time.monotonic())."""
+        if self._running is not None:
+            return await asyncio.shield(self._running)
+        now = time.monotonic()
+        if self._last is not None and self._last[0] >= newer_than and now - self._last[1] < self.max_age:
+            return self._last[2]
+        running = self._running = asyncio.ensure_future(tracker.refresh())
+        try:
+            report = await asyncio.shield(running)
+        finally:
+            if self._running is running:
+                self._running = None
+        self._last = (now, time.monotonic(), report)
+        return report

@@ -235,7 +235,9 @@ def test_a_job_cancelled_as_it_starts_never_runs_its_task(corral, testbed, clean
     job = held.json()["slurm_job_id"]
     run_dir = ssh_login(config, "alpine", f"squeue -h -j {job} -o %Z").strip()
     ssh_login(config, "alpine", f": > {run_dir}/cancelled && scontrol release {job}")  # the lost-kill case
-    wait_for("the job to end", lambda: job_state(config, "alpine", job) == "COMPLETED")
+    # FAILED, not COMPLETED: a task that never ran must not count as a success (the churn test caught
+    # a moved job called SUCCEEDED that way, its held replacement then cancelled)
+    wait_for("the job to end", lambda: job_state(config, "alpine", job) == "FAILED")
     log = ssh_login(config, "alpine", f"cat {run_dir}/log.txt")
     assert "corral: cancelled before it started" in log and "the task ran" not in log
 

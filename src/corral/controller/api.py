@@ -49,7 +49,7 @@ class ControllerStatus:
 API_VERSION = "v1"
 
 
-def create_app(status: ControllerStatus, store: Store, token: str) -> FastAPI:
+def create_app(status: ControllerStatus, store: Store, token: str, refreshes: Any = None) -> FastAPI:
     from corral import __version__
     from corral.controller.v1 import create_router
 
@@ -82,7 +82,7 @@ def create_app(status: ControllerStatus, store: Store, token: str) -> FastAPI:
                           include_in_schema=bool(prefix))
         app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=[Depends(authorized)],
                           include_in_schema=bool(prefix))
-    app.include_router(create_router(store), dependencies=[Depends(authorized)])
+    app.include_router(create_router(store, refreshes), dependencies=[Depends(authorized)])
 
     @app.exception_handler(CorralError)
     async def corral_error(request: Request, exc: CorralError) -> JSONResponse:

@@ -52,7 +52,7 @@ from corral.state.models import AttemptRow, JobRow, ManagedJobRow
 from corral.state.store import TERMINAL_STATES
 from corral.state.sealed import unseal
 from corral.task import Task, resolved_envs
-from corral.tracker import Tracker
+from corral.tracker import SharedRefresh, Tracker
 
 LEASE = "controller"
 # How long a held replacement waits after its predecessor ended, for the task-side cancel fence.
@@ -109,13 +109,16 @@ class Controller:
         self._predictions: dict[str, tuple[float, Plan]] = {}  # task JSON -> (when, plan with predicted starts)
         self._changes: list[tuple[str, str | None, str | None, dict[str, object]]] = []  # written once per tick
         self._health_resets: set[str] = set()  # clusters with a running job this tick
+        self.refreshes = SharedRefresh()  # shared with the server's API: one Slurm query per cluster at a time
+        self._last_tick = 0.0  # time.monotonic() at the end of the last tick
 
     async def tick(self) -> TickReport:
         if not self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds):
             return TickReport(drove=False)
         before = dict(self.client.transport.round_trips)
         report = TickReport(drove=True)
-        refresh = await Tracker(self.client, self.store).refresh()
+        # Never this controller's own previous refresh; one the API made since the last tick will do.
+        refresh = await self.refreshes.refresh(Tracker(self.client, self.store), newer_than=self._last_tick)
         report.errors = dict(refresh.errors)
         now = time.time()
         self._track_reachability(refresh.errors, now)
@@ -125,6 +128,7 @@ class Controller:
             await self._drive(managed, now, report)
         report.round_trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                               if n - before.get(c, 0)}
+        self._last_tick = time.monotonic()
         return report
 
     # ---- one tick over all managed jobs ---------------------------------------------------------
@@ -185,7 +189,7 @@ class Controller:
                 blocking = [a for a in live if a is not latest and a.cluster not in unreachable]
                 # ... and for a few seconds more: the task's own cancel fence ends a task that Slurm's
                 # kill missed within a second of the cancel marker (see TASK_SH).
-                fencing = [a for a in mine if a is not latest and a.state == "CANCELLED"
+                fencing = [a for a in mine if a is not latest and a.state in ("CANCELLED", "FAILED")
                            and now - (a.ended_at or 0) < CANCEL_FENCE_SECONDS]
                 if blocking or fencing:
                     self._set(m, "PENDING", f"attempt {latest.number} held until attempt "

@@ -169,7 +169,7 @@ async def _run() -> None:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     token = secrets.token_urlsafe(32)
-    config = uvicorn.Config(create_app(status, store, token), log_level="warning", access_log=False,
+    config = uvicorn.Config(create_app(status, store, token, controller.refreshes), log_level="warning", access_log=False,
                             lifespan="off")
     api = _api_server(config)
     serving = asyncio.create_task(api.serve(sockets=[listener]))

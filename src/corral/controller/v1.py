@@ -23,7 +23,7 @@ from corral.client import Client, check_json
 from corral.errors import CorralError, UnknownClusterError
 from corral.state import Store
 from corral.state.store import JobNotFoundError, JobView
-from corral.tracker import Tracker
+from corral.tracker import RefreshReport, SharedRefresh, Tracker
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
 
@@ -38,8 +38,13 @@ def refused(exc: CorralError) -> HTTPException:
     return HTTPException(status_code=status, detail={"message": str(exc), "kind": type(exc).__name__})
 
 
-def create_router(store: Store) -> APIRouter:
+def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRouter:
     router = APIRouter(prefix="/v1")
+    shared = refreshes or SharedRefresh()
+
+    async def refreshed() -> RefreshReport:
+        """Slurm's view of every live job, from one query per cluster shared with the controller's tick."""
+        return await shared.refresh(Tracker(Client(), store))
 
     @router.get("/check")
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it
@@ -71,7 +76,7 @@ def create_router(store: Store) -> APIRouter:
                     allocation: Annotated[str | None, Query(max_length=200)] = None,
                     by_sweep: bool = False) -> dict[str, object]:
         """Live jobs and the newest ended ones, newest first, after one Slurm query per cluster."""
-        report = await Tracker(Client(), store).refresh()
+        report = await refreshed()
         if allocation and store.allocation(allocation) is None and not store.queue_page(
                 limit=1, allocation=allocation).views:
             from corral.dev import AllocationNotFoundError
@@ -86,7 +91,7 @@ def create_router(store: Store) -> APIRouter:
     async def queue_all(since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
                         allocation: Annotated[str | None, Query(max_length=200)] = None) -> StreamingResponse:
         """Every job, newest first, one JSON object per line, after one Slurm query per cluster."""
-        await Tracker(Client(), store).refresh()
+        await refreshed()
 
         async def rows() -> AsyncIterator[bytes]:
             batch: list[str] = []
@@ -105,7 +110,7 @@ def create_router(store: Store) -> APIRouter:
     async def job(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
         """One job by id, unique id prefix or unique name, refreshed."""
         view = _resolve(store, job)
-        await Tracker(Client(), store).refresh()
+        await refreshed()
         return job_json(store.views([view.job.id])[0])
 
     @router.get("/jobs/{job}/logs")
@@ -139,7 +144,7 @@ def create_router(store: Store) -> APIRouter:
         if not request.jobs and not request.all:
             raise refused(CorralError("name the jobs to cancel, or use --all"))
         tracker = Tracker(Client(), store)
-        await tracker.refresh()
+        await refreshed()
         views = store.views() if request.all else [_resolve(store, j) for j in request.jobs]
         cancelled = await tracker.cancel(views)
         return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}

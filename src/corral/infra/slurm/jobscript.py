@@ -165,7 +165,8 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         # reached the node while the job was still being launched, and so found nothing to kill,
         # must not let the task run anyway.
         f'if [ -e "{CANCEL_MARKER}${{SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}}" ]; then '
-        'echo "corral: cancelled before it started"; exit 0; fi',
+        # Not 0: Slurm would call it COMPLETED, and Corral a success of a task that never ran.
+        'echo "corral: cancelled before it started"; exit 143; fi',
     ]
     if spec.is_array:
         lines += [

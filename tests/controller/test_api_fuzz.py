@@ -1,0 +1,74 @@
+"""Property: no request to the server, whatever its parameters and body, makes it fail (5xx) or answer
+anything but JSON that says what is wrong. The requests are drawn from the server's own OpenAPI
+document (every path, method and declared parameter, plus junk), against a real server whose clusters
+refuse connections at once, so that every handler runs its whole path without a testbed."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+VALUES = st.one_of(st.sampled_from(["", "0", "-1", "1e400", "nan", "true", "H100", "slurm/alpine", "k8s/x",
+                                    "c-", "x" * 300, "%00", "..", "/", "é"]),
+                   st.text(max_size=20), st.integers().map(str))
+
+
+@pytest.fixture
+def server(refusing_clusters):
+    from corral.sdk import Client
+
+    client = Client()
+    with urllib.request.urlopen(f"{client.endpoint.url}/v1/openapi.json", timeout=10) as response:
+        document = json.loads(response.read())
+    operations = [(path, method.upper(), [p["name"] for p in spec.get("parameters", [])])
+                  for path, methods in document["paths"].items() for method, spec in methods.items()]
+    return client.endpoint, operations
+
+
+def requests(operations):
+    def build(op, query, path_value, body):
+        path, method, params = op
+        return method, path.replace("{job}", urllib.parse.quote(path_value, safe="")), query, body
+
+    query = st.lists(st.tuples(st.one_of(st.sampled_from(["cluster", "gpu", "infra", "timeout", "limit", "page",
+                                                           "since", "allocation", "by_sweep", "follow", "all"]),
+                                         st.text(max_size=8)), VALUES), max_size=5)
+    bodies = st.one_of(st.none(), st.just(b"{"), st.just(b"[]"),
+                       st.fixed_dictionaries({}, optional={"jobs": st.lists(VALUES, max_size=3),
+                                                           "all": st.one_of(st.booleans(), VALUES)})
+                       .map(lambda d: json.dumps(d).encode()))
+    return st.builds(build, st.sampled_from(operations), query, VALUES.filter(bool), bodies)
+
+
+def test_no_request_makes_the_server_fail(server):
+    endpoint, operations = server
+    # Leave out what changes the server itself: waking the loop is harmless but pointless here.
+    operations = [op for op in operations if op[0] != "/v1/wake"]
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(request=requests(operations))
+    def one(request):
+        method, path, query, body = request
+        url = f"{endpoint.url}{path}?{urllib.parse.urlencode(query)}"
+        headers = {"Authorization": f"Bearer {endpoint.token}", "Content-Type": "application/json"}
+        req = urllib.request.Request(url, data=body if method == "POST" else None, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as response:
+                status, raw, kind = response.status, response.read(), response.headers.get_content_type()
+        except urllib.error.HTTPError as exc:
+            status, raw, kind = exc.code, exc.read(), exc.headers.get_content_type()
+        assert status < 500, (method, url, body, raw[:300])
+        if kind == "application/json":
+            answer = json.loads(raw)
+            if status >= 400:
+                assert answer.get("detail"), (method, url, answer)
+        else:  # the streams: logs and queue/all
+            assert status == 200 and path.endswith(("/logs", "/queue/all")), (method, url, kind)
+
+    one()
