@@ -90,9 +90,7 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | Non
 
     report = Client().gpus(gpu, infra, timeout=timeout)
     if as_json:
-        _print_json([r.raw for r in report.rows]
-                    + [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
-                       for f in report.failures])
+        _print_json([r.raw for r in report.rows] + [f.raw for f in report.failures])
     else:
         from corral.cli.render import render_gpus
 

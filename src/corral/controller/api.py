@@ -51,7 +51,7 @@ API_VERSION = "v1"
 
 def create_app(status: ControllerStatus, store: Store, token: str, refreshes: Any = None) -> FastAPI:
     from corral import __version__
-    from corral.controller.v1 import create_router
+    from corral.controller.v1 import create_router, refused_status
 
     app = FastAPI(title="Corral", version=__version__, docs_url=None, redoc_url=None,
                   openapi_url=f"/{API_VERSION}/openapi.json",
@@ -87,6 +87,7 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
     @app.exception_handler(CorralError)
     async def corral_error(request: Request, exc: CorralError) -> JSONResponse:
         """What Corral refuses on purpose (a broken cluster file, an unknown name): its one-line message."""
-        return JSONResponse(status_code=400, content={"detail": {"message": str(exc), "kind": type(exc).__name__}})
+        return JSONResponse(status_code=refused_status(exc),
+                            content={"detail": {"message": str(exc), "kind": type(exc).__name__}})
 
     return app

@@ -2,8 +2,9 @@
 process that holds the store, the ControlMasters and the controller loop.
 
 Handlers are `async def` on the controller's event loop: remote calls overlap with ticks, and store calls
-are short and synchronous (SQLite allows one writer; the loop is it). A CorralError becomes a 4xx answer
-`{"detail": message, "kind": class name}`; the CLI prints the message as it would its own.
+are short and synchronous (SQLite allows one writer; the loop is it). Handlers raise CorralErrors as the
+engine does; the app's one handler (api.py) answers `{"detail": {"message", "kind"}}` with 404 for an
+unknown job or cluster, else 400, and the CLI prints the message as it would its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -22,7 +23,7 @@ from corral.cli.render import job_json
 from corral.client import Client, check_json
 from corral.errors import CorralError, UnknownClusterError
 from corral.state import Store
-from corral.state.store import JobNotFoundError, JobView
+from corral.state.store import JobNotFoundError
 from corral.tracker import RefreshReport, SharedRefresh, Tracker
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
@@ -33,9 +34,9 @@ class CancelRequest(BaseModel):
     all: bool = False
 
 
-def refused(exc: CorralError) -> HTTPException:
-    status = 404 if isinstance(exc, (JobNotFoundError, UnknownClusterError)) else 400
-    return HTTPException(status_code=status, detail={"message": str(exc), "kind": type(exc).__name__})
+def refused_status(exc: CorralError) -> int:
+    """The HTTP status of what Corral refuses on purpose (the app's CorralError handler answers it)."""
+    return 404 if isinstance(exc, (JobNotFoundError, UnknownClusterError)) else 400
 
 
 def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRouter:
@@ -50,10 +51,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRo
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it
                     timeout: Timeout = None) -> dict[str, object]:
         """Probe each cluster (all, or those named) now, in parallel."""
-        try:
-            outcomes = await Client(timeout=timeout).probe(cluster or None)
-        except CorralError as exc:
-            raise refused(exc) from None
+        outcomes = await Client(timeout=timeout).probe(cluster or None)
         return {"clusters": [check_json(o) for o in outcomes]}
 
     @router.get("/gpus")
@@ -61,10 +59,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRo
                    infra: Annotated[str | None, Query(max_length=500)] = None,
                    timeout: Timeout = None) -> dict[str, object]:
         """GPUs per cluster and partition from a fresh probe, and the clusters that did not answer."""
-        try:
-            report = await Client(timeout=timeout).gpus(gpu, infra)
-        except CorralError as exc:
-            raise refused(exc) from None
+        report = await Client(timeout=timeout).gpus(gpu, infra)
         return {"rows": [r.to_json() for r in report.rows],
                 "failures": [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
                              for f in report.failures]}
@@ -81,7 +76,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRo
                 limit=1, allocation=allocation).views:
             from corral.dev import AllocationNotFoundError
 
-            raise refused(AllocationNotFoundError(allocation, [r.name for r in store.allocations()]))
+            raise AllocationNotFoundError(allocation, [r.name for r in store.allocations()])
         shown = store.queue_page(limit=limit, offset=(page - 1) * limit, since=since, allocation=allocation,
                                  by_sweep=by_sweep)
         return {"jobs": [job_json(v) for v in shown.views], "more": shown.more, "sweeps": shown.sweeps,
@@ -109,14 +104,14 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRo
     @router.get("/jobs/{job}")
     async def job(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
         """One job by id, unique id prefix or unique name, refreshed."""
-        view = _resolve(store, job)
+        view = store.resolve(job)
         await refreshed()
         return job_json(store.views([view.job.id])[0])
 
     @router.get("/jobs/{job}/logs")
     async def logs(job: Annotated[str, Path(max_length=200)], follow: bool = False) -> StreamingResponse:
         """The job's output, all nodes; with `follow`, streamed until its tasks are over."""
-        view = _resolve(store, job)
+        view = store.resolve(job)
         chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
         tracker = Tracker(Client(), store)
 
@@ -142,10 +137,10 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRo
     async def cancel(request: CancelRequest) -> dict[str, object]:
         """Cancel jobs (or every live one), one scancel per cluster."""
         if not request.jobs and not request.all:
-            raise refused(CorralError("name the jobs to cancel, or use --all"))
+            raise CorralError("name the jobs to cancel, or use --all")
         tracker = Tracker(Client(), store)
         await refreshed()
-        views = store.views() if request.all else [_resolve(store, j) for j in request.jobs]
+        views = store.views() if request.all else [store.resolve(j) for j in request.jobs]
         cancelled = await tracker.cancel(views)
         return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}
                          for v in views]}
@@ -160,18 +155,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRo
     @router.get("/managed/{job}")
     async def managed_job(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
         """One managed job, its attempts and its events."""
-        try:
-            view = managed.resolve(store, job)
-        except CorralError as exc:
-            raise refused(exc) from None
+        view = managed.resolve(store, job)
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
         return {**view.to_json(), "events": events}
 
     return router
 
-
-def _resolve(store: Store, job: str) -> JobView:
-    try:
-        return store.resolve(job)
-    except CorralError as exc:
-        raise refused(exc) from None

@@ -79,7 +79,7 @@ class Client:
         """GPUs per cluster and partition, probed now (never cached capacity)."""
         data = self._json("GET", "/gpus", {"gpu": gpu, "infra": infra, "timeout": timeout})
         return GpuReport([GpuRow.from_json(r) for r in data["rows"]],
-                         [Unreachable(f["cluster"], f["error"], f.get("error_kind")) for f in data["failures"]])
+                         [Unreachable.from_json(f) for f in data["failures"]])
 
     def queue(self, *, limit: int = 20, page: int = 1, since: float | None = None, allocation: str | None = None,
               by_sweep: bool = False) -> QueuePage:

@@ -55,6 +55,11 @@ class Unreachable:
     cluster: str
     error_message: str
     error_kind: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Unreachable:
+        return cls(data["cluster"], data["error"], data.get("error_kind"), data)
 
 
 @dataclass(frozen=True)
