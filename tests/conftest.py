@@ -128,6 +128,23 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def clean_queues(testbed):
+    """Cancel every job of the test user on every cluster after the test."""
+    yield
+    for spec in testbed.clusters:
+        subprocess.run(["ssh", "-F", str(testbed.cluster_config), spec.name, "scancel -u corral-test"],
+                       capture_output=True)
+
+
+@pytest.fixture
+def corral_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private CORRAL_HOME for tests that need no cluster."""
+    home = tmp_path / "corral-home"
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    return home
+
+
+@pytest.fixture
 def refusing_clusters(tmp_path_factory, monkeypatch) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("fuzz")
     config = work / "slurm-config"

@@ -63,7 +63,7 @@ class FakeInfra(Infra, ReleasesHeld):
         return AttemptFiles(f"runs/{request.token}", tuple(f"runs/{request.token}/log-{i}"
                                                            for i in range(len(request.task_ids))))
 
-    async def upload(self, local: Path, remote: str, *, respect_ignores: bool = False) -> None:
+    async def upload(self, local: Path, remote: str) -> None:
         self._check()
         self.uploads.append((local, remote))
 

@@ -210,34 +210,29 @@ def test_an_option_like_local_name_is_copied_not_run(testbed, corral_env, tmp_pa
 
 
 @pytest.mark.parametrize("remote_rsync", ["rsync", "/nonexistent/rsync"])
-def test_a_workdir_sync_leaves_out_what_gitignore_or_corralignore_says(testbed, corral_env, tmp_path, monkeypatch,
-                                                                       remote_rsync):
-    """As SkyPilot does with .gitignore and .skyignore: every .gitignore, each for its own folder; or
-    `.corralignore` at the root instead. The same with rsync and with the tar stream."""
+def test_a_mirroring_sync_deletes_what_the_source_no_longer_has(testbed, corral_env, tmp_path, monkeypatch,
+                                                                remote_rsync):
+    """A workdir's cluster-side cache is a mirror of the last workdir sent: a file deleted locally goes
+    there too (rsync --delete, or a fresh folder for the tar stream); a plain sync leaves it."""
     import uuid
 
     from tests.helpers import ssh_login
 
     monkeypatch.setenv("CORRAL_REMOTE_RSYNC", remote_rsync)
     src = tmp_path / "work"
-    for folder in ("build", "sub", "data"):
-        (src / folder).mkdir(parents=True)
-    (src / ".gitignore").write_text("*.ckpt\nbuild/\n")
-    (src / "sub" / ".gitignore").write_text("local.txt\n")
-    for name in ("a.py", "model.ckpt", "build/x", "sub/local.txt", "sub/keep.py", "data/big.bin"):
+    (src / "sub").mkdir(parents=True)
+    for name in ("a.py", "old.py", "sub/b.py"):
         (src / name).write_text(name)
     transport = transport_for(testbed.cluster_config)
-    dest = f".corral/test-ignore/{uuid.uuid4().hex[:8]}"
+    dest = f".corral/test-mirror/{uuid.uuid4().hex[:8]}"
 
-    def synced(into: str) -> list[str]:
-        asyncio.run(transport.sync("alpine", src, f"{dest}/{into}/", respect_ignores=True))
+    def synced(into: str, mirror: bool) -> list[str]:
+        asyncio.run(transport.sync("alpine", src, f"{dest}/{into}/", mirror=mirror))
         out = ssh_login(testbed.cluster_config, "alpine", f"cd {dest}/{into} && find . -type f | sort")
         return [line.removeprefix("./") for line in out.split()]
 
-    assert synced("git") == [".gitignore", "a.py", "data/big.bin", "sub/.gitignore", "sub/keep.py"]
-    (src / ".corralignore").write_text("data/\n*.ckpt\n")  # takes over from .gitignore
-    assert synced("own") == [".corralignore", ".gitignore", "a.py", "build/x", "sub/.gitignore", "sub/keep.py",
-                             "sub/local.txt"]
-    asyncio.run(transport.sync("alpine", src, f"{dest}/all/"))  # file_mounts: everything
-    assert "data/big.bin" in ssh_login(testbed.cluster_config, "alpine", f"cd {dest}/all && find . -type f")
+    assert synced("mirror", True) == synced("plain", False) == ["a.py", "old.py", "sub/b.py"]
+    (src / "old.py").unlink()
+    assert synced("mirror", True) == ["a.py", "sub/b.py"]
+    assert synced("plain", False) == ["a.py", "old.py", "sub/b.py"]
     ssh_login(testbed.cluster_config, "alpine", f"rm -rf {dest}")

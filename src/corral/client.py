@@ -11,7 +11,12 @@ import time
 from dataclasses import dataclass
 
 from corral.config import ClusterRegistry, load_registry
-from corral.errors import ClusterError, CorralError, UnknownClusterError
+from corral.errors import (
+    ClusterError,
+    CorralError,
+    UnknownClusterError,
+    UnknownPartitionError,
+)
 from corral.infra import connect
 from corral.infra.base import ClusterSnapshot, Infra
 from corral.infra.selector import InfraSelector, parse_infra
@@ -88,9 +93,7 @@ class Client:
             if selector.partition:
                 known = [p.name for p in outcome.snapshot.partitions]
                 if selector.partition not in known:
-                    raise CorralError(
-                        f"{outcome.cluster}: no partition {selector.partition!r}; partitions: {', '.join(known)}"
-                    )
+                    raise UnknownPartitionError(outcome.cluster, selector.partition, known)
                 cluster_rows = [r for r in cluster_rows if r.partition == selector.partition]
             rows += filter_rows(cluster_rows, gpu)
         return GpuReport(rows, failures)

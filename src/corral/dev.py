@@ -18,26 +18,49 @@ from pathlib import Path
 
 from corral import devssh
 from corral.client import Client
-from corral.errors import ClusterError, CorralError
-from corral.infra.base import EXIT_NOT_READY, FailureClass, HoldsAllocations, SubmitResult, new_token
-from corral.launch import Failover, Launcher, NoFeasibleClusterError, _no_candidate_message
+from corral.errors import (
+    EXIT_DATAERR,
+    ClusterError,
+    CorralError,
+    NotFoundError,
+    UnavailableError,
+)
+from corral.infra.base import (
+    EXIT_NOT_READY,
+    FailureClass,
+    HoldsAllocations,
+    SubmitResult,
+    new_token,
+)
+from corral.launch import (
+    Failover,
+    Launcher,
+    NoFeasibleClusterError,
+    _no_candidate_message,
+)
 from corral.placement import Candidate
 from corral.state import Store
 from corral.state.models import AllocationRow, AttemptRow, JobRow
 from corral.state.sealed import seal
-from corral.task import Task, job_environment, redacted_json, resolved_secrets, resource_options
+from corral.task import (
+    Task,
+    job_environment,
+    redacted_json,
+    resolved_secrets,
+    resource_options,
+)
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}\Z", re.ASCII)
 
 
-class AllocationNotFoundError(CorralError):
+class AllocationNotFoundError(NotFoundError):
     def __init__(self, name: str, known: list[str]):
         listed = ", ".join(known) if known else "none"
         super().__init__(f"no dev allocation {name!r}; allocations: {listed} (create one with `corral launch -c {name}`)")
 
 
 class AllocationMismatchError(CorralError):
-    pass
+    exit_code = EXIT_DATAERR
 
 
 @dataclass(frozen=True)
@@ -242,6 +265,7 @@ class DevAllocations:
         )
         infra = self._holder(row.cluster)
         try:
+            await self.sync_files(name, task)
             status = await infra.exec_in(row.slurm_job_id, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
                                          envs, task.run or "", on_output)
         except BaseException:
@@ -251,8 +275,17 @@ class DevAllocations:
         reason = "allocation not ready" if status == EXIT_NOT_READY else None
         self.store.update_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
         if status == EXIT_NOT_READY:
-            raise CorralError(f"allocation {name!r} is not ready; see `corral status {name}`")
+            raise UnavailableError(f"allocation {name!r} is not ready; see `corral status {name}`")
         return job_id, status
+
+    async def sync_files(self, name: str, task: Task) -> None:
+        """The task's workdir and file_mounts into the allocation's folder, where `exec` runs (as
+        `sky exec` syncs the workdir before it runs)."""
+        if not (task.workdir or task.file_mounts):
+            return
+        row = self.get(name)
+        self.launcher.check_local_files(task)
+        await self.launcher.upload_files(task, self.client.infra(row.cluster), row.run_dir)
 
     # ---- ssh ----------------------------------------------------------------------------------
     async def ssh_argv(self, name: str, command: str | None) -> list[str]:

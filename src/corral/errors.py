@@ -1,21 +1,35 @@
 """One error tree for everything Corral reports to a user.
 
-Every error renders as one line that says what is wrong, where, and what to do (`str(err)`).
+Every error renders as one line that says what is wrong, where, and what to do (`str(err)`), and its
+class says how the `corral` command exits (codes from BSD's sysexits, as docs/cli.md lists them), so a
+script tells Corral's own failures (64-78) apart from a job's (an attached launch or an exec exits with
+the job's code; 1 is what Corral says for "the job failed" when the job gave no code of its own).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+EXIT_USAGE = 2  # a bad flag or argument (click's own code, as argparse's)
+EXIT_DATAERR = 65  # the task or a value given is invalid
+EXIT_NOINPUT = 66  # a named job, allocation, cluster or upload does not exist
+EXIT_UNAVAILABLE = 69  # a cluster, the server or every candidate place is unavailable
+EXIT_SOFTWARE = 70  # a bug in Corral
+EXIT_NOPERM = 77  # authentication refused (ssh keys, host keys, the server's token)
+EXIT_CONFIG = 78  # the cluster file or user settings are broken
+
 
 class CorralError(Exception):
-    """Root of every error Corral raises on purpose. The CLI prints it as one line and exits 1."""
+    """Root of every error Corral raises on purpose. The CLI prints it as one line and exits with
+    `exit_code` (1 for what fits no narrower class)."""
 
     exit_code = 1
 
 
 class ConfigError(CorralError):
     """The cluster file or user config is missing or malformed."""
+
+    exit_code = EXIT_CONFIG
 
     def __init__(self, message: str, path: Path | None = None, line: int | None = None):
         where = ""
@@ -26,7 +40,19 @@ class ConfigError(CorralError):
         self.line = line
 
 
-class UnknownClusterError(CorralError):
+class TaskError(CorralError):
+    """A task file or a command-line override that cannot be used; names the file and field."""
+
+    exit_code = EXIT_DATAERR
+
+
+class NotFoundError(CorralError):
+    """A named job, allocation, cluster or upload that does not exist."""
+
+    exit_code = EXIT_NOINPUT
+
+
+class UnknownClusterError(NotFoundError):
     def __init__(self, name: str, known: list[str]):
         listed = ", ".join(known) if known else "none configured"
         super().__init__(f"unknown cluster {name!r}; known clusters: {listed}")
@@ -34,11 +60,24 @@ class UnknownClusterError(CorralError):
         self.known = known
 
 
+class UnknownPartitionError(NotFoundError):
+    def __init__(self, cluster: str, partition: str, known: list[str]):
+        super().__init__(f"{cluster}: no partition {partition!r}; partitions: {', '.join(known)}")
+
+
 class InvalidInfraError(CorralError):
     """An --infra value that is not slurm, slurm/<cluster> or slurm/<cluster>/<partition>."""
 
+    exit_code = EXIT_DATAERR
 
-class ClusterError(CorralError):
+
+class UnavailableError(CorralError):
+    """Nothing that could do the work answers or accepts it now (clusters, the server)."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class ClusterError(UnavailableError):
     """Something went wrong talking to one cluster. The message always names the cluster."""
 
     reason = "error"
@@ -57,10 +96,12 @@ class ClusterUnreachableError(ClusterError):
 
 class SshAuthError(ClusterError):
     reason = "auth"
+    exit_code = EXIT_NOPERM
 
 
 class HostKeyError(ClusterError):
     reason = "host-key"
+    exit_code = EXIT_NOPERM
 
 
 class SshTimeoutError(ClusterError):

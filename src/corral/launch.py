@@ -9,17 +9,23 @@ and adopts it; a retried submit of the same attempt finds it too and does not su
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from corral.client import Client, ProbeOutcome
-from corral.errors import ClusterError, CorralError
+from corral.errors import (
+    ClusterError,
+    CorralError,
+    UnavailableError,
+    UnknownPartitionError,
+)
 from corral.infra.base import (
     FailureClass,
     Infra,
@@ -34,29 +40,33 @@ from corral.placement import Candidate, Plan, build_plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
 from corral.state.sealed import seal
-from corral.task import Task, TaskError, job_environment, redacted_json, resolved_secrets, resource_options
+from corral.task import (
+    Task,
+    TaskError,
+    job_environment,
+    redacted_json,
+    resolved_secrets,
+    resource_options,
+)
+from corral.taskfile import MAX_SWEEP_JOBS, check_num_jobs  # noqa: F401 - re-exported
+from corral.uploads import cache_key
 
 Prediction = Literal["all", "when_full", "never"]
 
-# A sweep's size: Slurm's default MaxJobCount is 10,000 jobs for a whole cluster.
-MAX_SWEEP_JOBS = 10_000
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
 # Tests only: on this cluster, sbatch's answer is lost after Slurm accepted the job (a dropped connection).
 LOST_ANSWER_HOOK_ENV = "CORRAL_TEST_LOSE_SUBMIT_ANSWER"
 
 
-class NoFeasibleClusterError(CorralError):
+# Per (infra, cache key): the engine is the one process that syncs workdirs, so a lock here is enough.
+_CACHE_LOCKS: dict[tuple[int, str, str], asyncio.Lock] = {}
+
+
+class NoFeasibleClusterError(UnavailableError):
     pass
 
 
-def check_num_jobs(num_jobs: int) -> int:
-    if not 1 <= num_jobs <= MAX_SWEEP_JOBS:
-        raise TaskError(f"--num-jobs {num_jobs}: a sweep has 1 to {MAX_SWEEP_JOBS:,} jobs (Slurm's default "
-                        "MaxJobCount holds 10,000 jobs per cluster); launch larger sweeps in parts")
-    return num_jobs
-
-
-class LaunchFailedError(CorralError):
+class LaunchFailedError(UnavailableError):
     pass
 
 
@@ -109,6 +119,7 @@ class Failover:
 class LaunchEvents:
     """Callbacks the CLI uses to tell the user what is happening; all optional."""
 
+    step: Callable[[str, str], None] = lambda step, detail: None  # probe, plan, sync, submit: what it does now
     plan: Callable[[Plan], None] = lambda plan: None
     skipped: Callable[[str, str], None] = lambda infra, why: None
     submitted: Callable[[Submitted], None] = lambda submitted: None
@@ -154,8 +165,8 @@ class Launcher:
             sel = option.infra
             if sel.partition and sel.cluster in snapshots and not any(
                     c.cluster == sel.cluster and c.partition == sel.partition for c in plan.candidates):
-                known = ", ".join(p.name for p in snapshots[sel.cluster].partitions)
-                raise NoFeasibleClusterError(f"{sel.cluster}: no partition {sel.partition!r}; partitions: {known}")
+                raise UnknownPartitionError(sel.cluster, sel.partition,
+                                            [p.name for p in snapshots[sel.cluster].partitions])
         feasible = plan.feasible()
         if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):
             await self.predict([(task, plan)])
@@ -220,33 +231,32 @@ class Launcher:
             held=options.held,
         )
 
-    async def launch(self, task: Task, source: str, *, num_jobs: int = 1,
-                     base_dir: Path | None = None) -> list[Submitted]:
+    async def launch(self, task: Task, source: str, *, num_jobs: int = 1) -> list[Submitted]:
         """Submit `num_jobs` copies of the task (one for a plain launch); returns one entry per share."""
-        [shares] = await self.launch_many([(task, source, base_dir)], num_jobs=num_jobs)
+        [shares] = await self.launch_many([(task, source)], num_jobs=num_jobs)
         return shares
 
-    async def launch_many(self, tasks: list[tuple[Task, str, Path | None]], *,
-                          num_jobs: int = 1) -> list[list[Submitted]]:
+    async def launch_many(self, tasks: list[tuple[Task, str]], *, num_jobs: int = 1) -> list[list[Submitted]]:
         """Launch several task files at once: one probe round trip per cluster for all of them, then
         their submissions side by side. Returns, per task, one entry per share."""
         check_num_jobs(num_jobs)
-        envs = [job_environment(task, source) for task, source, _ in tasks]  # all checked before any is sent
-        for task, _, base_dir in tasks:
-            self.check_local_files(task, base_dir or Path.cwd())
-        outcomes = await self.probe_for([task for task, _, _ in tasks])
-        plans = [await self.plan(task, predict="when_full", outcomes=outcomes) for task, _, _ in tasks]
-        for (_task, source, _base), plan in zip(tasks, plans):  # all or nothing: check before submitting any
+        envs = [job_environment(task, source) for task, source in tasks]  # all checked before any is sent
+        for task, _ in tasks:
+            self.check_local_files(task)
+        self.events.step("probe", "asking the clusters for their free capacity")
+        outcomes = await self.probe_for([task for task, _ in tasks])
+        self.events.step("plan", "ranking where the task can start soonest")
+        plans = [await self.plan(task, predict="when_full", outcomes=outcomes) for task, _ in tasks]
+        for (_task, source), plan in zip(tasks, plans):  # all or nothing: check before submitting any
             if not plan.feasible():
                 prefix = f"{source}: " if len(tasks) > 1 else ""
                 raise NoFeasibleClusterError(prefix + _no_candidate_message(plan))
         return list(await asyncio.gather(*(
-            self._launch_planned(task, task_envs, plan, num_jobs, base_dir or Path.cwd())
-            for (task, _, base_dir), task_envs, plan in zip(tasks, envs, plans)
+            self._launch_planned(task, task_envs, plan, num_jobs)
+            for (task, _), task_envs, plan in zip(tasks, envs, plans)
         )))
 
-    async def _launch_planned(self, task: Task, envs: dict[str, str], plan: Plan, num_jobs: int,
-                              base: Path) -> list[Submitted]:
+    async def _launch_planned(self, task: Task, envs: dict[str, str], plan: Plan, num_jobs: int) -> list[Submitted]:
         """A sweep is split over the candidates that can start copies now, in rank order, and whatever
         is left goes to the best one; each share is one Slurm job array, so a 300-job sweep is a
         handful of sbatch calls, not 300."""
@@ -261,9 +271,9 @@ class Launcher:
                        created_at=now, job_rank=i, num_jobs=num_jobs, sweep_id=sweep, submitter=process_tag())
                 for i, job_id in enumerate(ids)]
         self.store.add_jobs(jobs, [])
-        return await self.submit_jobs(task, envs, base, feasible, jobs)
+        return await self.submit_jobs(task, envs, feasible, jobs)
 
-    async def submit_jobs(self, task: Task, envs: dict[str, str], base: Path, feasible: list[Candidate],
+    async def submit_jobs(self, task: Task, envs: dict[str, str], feasible: list[Candidate],
                           jobs: list[JobRow], options: AttemptOptions | None = None) -> list[Submitted]:
         """New attempts for recorded jobs of one task (contiguous ranks): split into shares, one array each."""
         shares = [(candidate, start + offset, min(limit, count - offset))
@@ -272,7 +282,7 @@ class Launcher:
                   for offset in range(0, count, limit)]
         dead: set[str] = set()
         results = await asyncio.gather(*(
-            self._submit_share(task, envs, base, feasible, jobs[start:start + count], first, dead,
+            self._submit_share(task, envs, feasible, jobs[start:start + count], first, dead,
                                options or AttemptOptions())
             for first, start, count in shares
         ))
@@ -282,7 +292,7 @@ class Launcher:
         infra = self.client.infra(cluster)
         return infra.max_array_size if isinstance(infra, RunsArrays) else 1
 
-    async def _submit_share(self, task: Task, envs: dict[str, str], base: Path, feasible: list[Candidate],
+    async def _submit_share(self, task: Task, envs: dict[str, str], feasible: list[Candidate],
                             jobs: list[JobRow], first: Candidate, dead: set[str],
                             options: AttemptOptions) -> Submitted:
         """Submit one share (one job, or one array), failing over along the ranked candidates."""
@@ -307,7 +317,10 @@ class Launcher:
             ]
             tried[id(candidate)] = (request, attempts)
             self.store.add_jobs([], attempts)
-            await self._upload_files(task, infra, files.run_dir, base)
+            if task.workdir or task.file_mounts:
+                self.events.step("sync", f"copying the task's files to {candidate.infra}")
+            await self.upload_files(task, infra, files.run_dir)
+            self.events.step("submit", f"submitting to {candidate.infra}")
             result = await infra.submit(request)
             if result.accepted and os.environ.get(LOST_ANSWER_HOOK_ENV) == candidate.cluster:
                 raise ClusterError(candidate.cluster, "no answer (test hook: the answer was lost)")
@@ -343,23 +356,37 @@ class Launcher:
         self.store.update_attempts({a.token: dict(fields) for a in attempts})
 
     @staticmethod
-    def check_local_files(task: Task, base: Path | None = None) -> None:
-        base = base or Path.cwd()
-        if task.workdir and not (base / os.path.expanduser(task.workdir)).is_dir():
-            raise TaskError(f"workdir {task.workdir!r} is not a directory (relative to {base})")
-        for remote, local in task.file_mounts.items():
-            if not (base / os.path.expanduser(local)).exists():
-                raise TaskError(f"file_mounts[{remote!r}]: local path {local!r} does not exist")
+    def check_local_files(task: Task) -> None:
+        """The engine reads a task's files from absolute paths on its own machine only: those the server
+        unpacked from what the client sent (`corral.uploads`), never relative to its working directory."""
+        paths = ([("workdir", task.workdir)] if task.workdir else []) + [
+            (f"file_mounts[{remote!r}]", local) for remote, local in task.file_mounts.items()]
+        for what, path in paths:
+            if not os.path.isabs(path):
+                raise TaskError(f"{what}: {path!r} reached the engine as a relative path; its files must be "
+                                "sent with the task (corral.sdk does)")
+            if not os.path.exists(path):
+                raise TaskError(f"{what}: {path!r} does not exist (any more) on the server")
 
-    async def _upload_files(self, task: Task, infra: Infra, run_dir: str, base: Path) -> None:
+    async def upload_files(self, task: Task, infra: Infra, run_dir: str) -> None:
+        """The task's workdir (through the cluster-side cache) and file_mounts, for a job in `run_dir`."""
         if task.workdir:
-            await infra.upload(base / os.path.expanduser(task.workdir), f"{run_dir}/workdir/", respect_ignores=True)
+            async with self._cache_lock(infra.name, cache_key(task.workdir)) as key:
+                await infra.upload_workdir(Path(task.workdir), key, f"{run_dir}/workdir")
         for remote, local in task.file_mounts.items():
             if remote.startswith("/") or remote.startswith("~/"):
                 destination = remote.removeprefix("~/")
             else:
                 destination = f"{run_dir}/workdir/{remote}"
-            await infra.upload(base / os.path.expanduser(local), destination)
+            await infra.upload(Path(local), destination)
+
+    @contextlib.asynccontextmanager
+    async def _cache_lock(self, infra: str, key: str) -> AsyncIterator[str]:
+        """One sync at a time into a cluster-side workdir cache: another launch from the same folder
+        must not change it between this one's sync and its copy."""
+        lock = _CACHE_LOCKS.setdefault((id(asyncio.get_running_loop()), infra, key), asyncio.Lock())
+        async with lock:
+            yield key
 
 
 def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidate, int, int]]:

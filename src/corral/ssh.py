@@ -20,7 +20,6 @@ import os
 import re
 import shlex
 import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -258,35 +257,29 @@ class SshTransport:
         return status
 
     async def sync(self, cluster: str, source: Path, destination: str, *, timeout: float = 600,
-                   respect_ignores: bool = False) -> None:
+                   mirror: bool = False) -> None:
         """Copy a local file or directory to the cluster over the cluster's ControlMaster.
 
         `destination` is relative to the remote home (or absolute); a directory's contents are copied
-        into it. rsync when both sides have it (only changes travel), else a tar stream, which every
-        site has. With `respect_ignores` (a task's workdir), what `ignore_filters` leaves out stays home.
+        into it, and with `mirror` what is no longer in `source` is deleted there. rsync when both sides
+        have it (only changes travel), else a tar stream, which every site has.
         """
         if not source.exists():
             raise CorralFileError(f"{source}: no such file or directory to sync to {cluster}")
-        filters = ignore_filters(source) if respect_ignores and source.is_dir() else []
         if shutil.which("rsync") and cluster not in self._no_remote_rsync:
-            if await self._rsync(cluster, source, destination, timeout, filters):
+            if await self._rsync(cluster, source, destination, timeout, ["--delete"] if mirror else []):
                 return
             self._no_remote_rsync.add(cluster)
-        if filters:
-            with tempfile.TemporaryDirectory(prefix="corral-workdir-") as staged:
-                await _stage(source, Path(staged), filters)  # the same rules, applied by rsync locally
-                await self._tar(cluster, Path(staged), destination, timeout)
-            return
-        await self._tar(cluster, source, destination, timeout)
+        await self._tar(cluster, source, destination, timeout, mirror)
 
     async def _rsync(self, cluster: str, source: Path, destination: str, timeout: float,
-                     filters: list[str] | None = None) -> bool:
+                     options: list[str]) -> bool:
         """False if the cluster has no rsync; raises on any other failure."""
         ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
         # An absolute source after `--`: a local name can never be read as an rsync option, and -s
         # (--protect-args) sends the remote path over the protocol, never through the remote shell.
         src = os.path.abspath(source) + ("/" if source.is_dir() else "")
-        argv = ["rsync", "-a", "-s", "--mkpath", "-e", ssh, f"--rsync-path={self.remote_rsync}", *(filters or []),
+        argv = ["rsync", "-a", "-s", "--mkpath", "-e", ssh, f"--rsync-path={self.remote_rsync}", *options,
                 "--", src, f"{cluster}:{destination}"]
         text, status = await self._transfer(cluster, argv, None, source, timeout)
         if status == 0:
@@ -298,11 +291,11 @@ class SshTransport:
         raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}", exit_status=status,
                                  stderr=text)
 
-    async def _tar(self, cluster: str, source: Path, destination: str, timeout: float) -> None:
-        dest = destination.rstrip("/") or "."
-        target = shlex.quote(dest) if dest.startswith("/") else f'"$HOME"/{shlex.quote(dest)}'
+    async def _tar(self, cluster: str, source: Path, destination: str, timeout: float, mirror: bool = False) -> None:
+        target = remote_path(destination.rstrip("/") or ".")
         if source.is_dir():
-            remote = f"mkdir -p {target} && tar -xf - -C {target}"
+            fresh = f"rm -rf {target} && " if mirror else ""
+            remote = f"{fresh}mkdir -p {target} && tar -xf - -C {target}"
             local = ["tar", "-cf", "-", "-C", os.path.abspath(source), "--", "."]
         else:
             remote = f'mkdir -p "$(dirname {target})" && cat > {target}'
@@ -322,7 +315,7 @@ class SshTransport:
     async def fetch(self, cluster: str, remote_dir: str, local_dir: Path, *, timeout: float = 600) -> bool:
         """Copy a remote directory's contents into `local_dir` (a tar stream). False if it does not exist."""
         path = remote_dir.rstrip("/")
-        target = shlex.quote(path) if path.startswith("/") else f'"$HOME"/{shlex.quote(path)}'
+        target = remote_path(path)
         script = f"[ -d {target} ] || exit 3\ntar -cf - -C {target} .\n"
         argv = self.ssh_argv(cluster, ["bash", "-c", shlex.quote(script)])
         self.round_trips[cluster] += 1
@@ -383,29 +376,11 @@ class SshTransport:
 
 
 CorralErrorLike = ClusterError | ConfigError
-IGNORE_FILE = ".corralignore"
 
 
-def ignore_filters(folder: Path) -> list[str]:
-    """rsync filter rules for a workdir, as SkyPilot does with `.skyignore`: `.corralignore` at its root
-    (gitignore-style patterns) when there is one, else every `.gitignore` in it, each for its folder."""
-    own = folder / IGNORE_FILE
-    if own.is_file():
-        return [f"--exclude-from={own.resolve()}"]
-    return ["--filter=dir-merge,- .gitignore"]
-
-
-async def _stage(source: Path, staged: Path, filters: list[str]) -> None:
-    """A local copy of `source` without what the filters leave out (for the tar stream)."""
-    if not shutil.which("rsync"):
-        raise CorralFileError(f"{source}: .gitignore/.corralignore rules need rsync on this machine; install "
-                              "rsync (it stays local: the cluster needs none)")
-    proc = await asyncio.create_subprocess_exec(
-        "rsync", "-a", *filters, "--", os.path.abspath(source) + "/", str(staged) + "/",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    _out, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise CorralFileError(f"{source}: could not be prepared for copying: {_last_line(err.decode())}")
+def remote_path(path: str) -> str:
+    """A remote path for the login node's shell, quoted: absolute as given, else under "$HOME"."""
+    return shlex.quote(path) if path.startswith("/") else f'"$HOME"/{shlex.quote(path)}'
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:

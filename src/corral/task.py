@@ -16,10 +16,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from corral.errors import CorralError
+from corral.errors import CorralError, TaskError
 from corral.infra.selector import InfraSelector, parse_infra
+from corral.taskfile import (
+    MAX_TASK_FILE_BYTES,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    parse_yaml,
+    read_task_text,
+)
+
+__all__ = ["MAX_TASK_FILE_BYTES", "MAX_YAML_DEPTH", "MAX_YAML_NODES", "TaskError", "parse_yaml"]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
 # Values that land on an `#SBATCH` line: one word of Slurm's own syntax, never a line end or a space
@@ -38,18 +55,11 @@ RESERVED_SBATCH_OPTIONS = {
     "--chdir": "-D", "--wrap": None, "--parsable": None, "--test-only": None, "--clusters": "-M",
 }
 RESERVED_ENV_PREFIX = "CORRAL_"  # Corral's own variables (CORRAL_TASK_ID, CORRAL_NODE_RANK, …)
-MAX_TASK_FILE_BYTES = 1024 * 1024
-MAX_YAML_NODES = 20_000  # every scalar, list and mapping, aliases counted each time they are used
-MAX_YAML_DEPTH = 32
 MAX_RESOURCE_OPTIONS = 64  # alternatives after expanding any_of/ordered and accelerator lists
 MAX_NAME_LENGTH = 200
 _SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)\Z", re.I | re.ASCII)
 _AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(\+?)\s*$")
 _IMAGE = re.compile(r"^(docker:)?[a-z0-9][a-z0-9._\-/:@]*\Z", re.I | re.ASCII)
-
-
-class TaskError(CorralError):
-    """A task file or a command-line override that cannot be used; names the file and field."""
 
 
 @dataclass(frozen=True)
@@ -438,67 +448,8 @@ def parse_task(data: Any, source: str) -> Task:
 
 
 def load_task(path: Path) -> Task:
-    """Read a task file, in bounded time and memory: at most MAX_TASK_FILE_BYTES, UTF-8, and a YAML
-    document of at most MAX_YAML_NODES nodes (aliases counted at each use) nested MAX_YAML_DEPTH deep."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TASK_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise TaskError(f"{path}: task file not found") from None
-    except IsADirectoryError:
-        raise TaskError(f"{path}: is a directory, not a task file") from None
-    except OSError as exc:
-        raise TaskError(f"{path}: cannot read task file: {exc.strerror or exc}") from None
-    if len(raw) > MAX_TASK_FILE_BYTES:
-        raise TaskError(f"{path}: task file is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
-                        "keep data in file_mounts, not in the task")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TaskError(f"{path}: not UTF-8 text (byte {exc.start}); save the task file as UTF-8") from None
-    return parse_task(parse_yaml(text, str(path)), str(path))
-
-
-def parse_yaml(text: str, source: str) -> Any:
-    """One YAML document, refused when it would expand beyond MAX_YAML_NODES or MAX_YAML_DEPTH."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where PyYAML was built with it
-    try:
-        root = yaml.compose(text, Loader=loader)
-        if root is None:
-            return None
-        _check_yaml_size(root, source)
-        return yaml.load(text, Loader=loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
-        raise TaskError(f"{where}: invalid YAML: {problem}") from None
-    except RecursionError:
-        raise TaskError(f"{source}: YAML nested deeper than {MAX_YAML_DEPTH} levels") from None
-
-
-def _check_yaml_size(root: Any, source: str) -> None:
-    import yaml
-
-    count = 0
-    stack: list[tuple[Any, int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        count += 1
-        if count > MAX_YAML_NODES:
-            raise TaskError(f"{source}: YAML too large: more than {MAX_YAML_NODES} values (aliases counted "
-                            "each time they are used)")
-        if depth > MAX_YAML_DEPTH:
-            mark = node.start_mark
-            raise TaskError(f"{source}:{mark.line + 1}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
-        if isinstance(node, yaml.SequenceNode):
-            stack.extend((child, depth + 1) for child in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                stack.append((key, depth + 1))
-                stack.append((value, depth + 1))
+    """Read and validate a task file (bounds: `corral.taskfile`)."""
+    return parse_task(parse_yaml(read_task_text(path), str(path)), str(path))
 
 
 def apply_overrides(

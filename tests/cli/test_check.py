@@ -34,7 +34,7 @@ def test_table_and_named_clusters(corral):
 
 def test_unknown_cluster_lists_known_ones(corral):
     result = corral("check", "nowhere")
-    assert result.exit_code == 1
+    assert result.exit_code == 66
     assert result.stderr.strip() == (
         "corral: error: unknown cluster 'nowhere'; known clusters: alpine, borealis, cirrus"
     )
@@ -83,7 +83,7 @@ def test_login_node_dying_under_a_live_control_master(corral, testbed):
 def test_missing_cluster_file(corral, corral_env, tmp_path):
     env = {**corral_env, "CORRAL_SLURM_CONFIG": str(tmp_path / "missing")}
     result = corral("check", env=env)
-    assert result.exit_code == 1
+    assert result.exit_code == 78
     assert result.stderr.startswith(f"corral: error: {tmp_path / 'missing'}: cluster file not found")
 
 
@@ -91,7 +91,7 @@ def test_malformed_cluster_file(corral, corral_env, tmp_path):
     path = tmp_path / "config"
     path.write_text("Host a\n    HostName\n")
     result = corral("gpus", env={**corral_env, "CORRAL_SLURM_CONFIG": str(path)})
-    assert result.exit_code == 1
+    assert result.exit_code == 78
     assert result.stderr.strip() == (
         f"corral: error: {path}:2: malformed line 'HostName': expected `Keyword value` (OpenSSH config syntax)"
     )

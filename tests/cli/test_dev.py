@@ -58,7 +58,7 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert sorted(again.stdout.split()) == ["b1", "b2"]
     assert status(corral, "dev")["slurm_job_id"] == info["slurm_job_id"]
     other = corral("launch", "-c", "dev", "--gpus", "H100:1")
-    assert other.exit_code == 1
+    assert other.exit_code == 65
     assert "allocation 'dev' exists with other resources (accelerator=H100:2, num_nodes=2); asked for " \
            "accelerator=H100:1, num_nodes=1" in other.stderr
     down = corral("down", "dev")
@@ -203,7 +203,7 @@ def test_node_death_and_walltime_end_are_shown(corral, testbed, clean):
                              timeout=120, interval=2)
         assert (timed_out["state"], timed_out["reason"]) == ("ENDED", "walltime ended")
         exec_after = corral("exec", "short", "--", "true")
-        assert exec_after.exit_code == 1 and "allocation 'short' is not ready" in exec_after.stderr
+        assert exec_after.exit_code == 69 and "allocation 'short' is not ready" in exec_after.stderr
     finally:
         testbed.start_node("a4")
         testbed.resume("a4")
@@ -212,7 +212,7 @@ def test_node_death_and_walltime_end_are_shown(corral, testbed, clean):
 def test_unknown_allocation_names_the_known_ones(corral, clean):
     assert corral("launch", "-c", "known", "--infra", "slurm/alpine/cpu", "-d").exit_code == 0
     result = corral("exec", "nope", "--", "true")
-    assert result.exit_code == 1
+    assert result.exit_code == 66
     assert result.stderr.strip() == ("corral: error: no dev allocation 'nope'; allocations: known "
                                      "(create one with `corral launch -c nope`)")
     assert "no dev allocation 'nope'" in corral("ssh", "nope").stderr

@@ -69,18 +69,18 @@ def test_no_argument_list_ends_in_a_traceback(refusing_clusters, argv):
         assert code != 0 and err.endswith(errors[0] + "\n"), (argv, err)
 
 
-@pytest.mark.parametrize(("argv", "fragment"), [
-    (["launch", "--infra", "slurm/nope", "--", "true"], "unknown cluster 'nope'; known clusters: alpine, borealis"),
-    (["launch", "latin1.yaml"], "latin1.yaml: not UTF-8 text"),
-    (["launch", "--num-jobs", "100000000", "--", "true"], "a sweep has 1 to 10,000 jobs"),
-    (["launch", "--num-jobs", "0", "--", "true"], "a sweep has 1 to 10,000 jobs"),
-    (["gpus", "--infra", "slurm/nope"], "unknown cluster 'nope'"),
-    (["launch", "--env", "CORRAL_TASK_ID=1", "--", "true"], "Corral's own variables"),
-    (["launch", "--secret", "NOT_IN_ENV_FOR_SURE", "--", "true"], "is not set in your environment"),
+@pytest.mark.parametrize(("argv", "fragment", "exit_code"), [
+    (["launch", "--infra", "slurm/nope", "--", "true"], "unknown cluster 'nope'; known clusters: alpine, borealis", 66),
+    (["launch", "latin1.yaml"], "latin1.yaml: not UTF-8 text", 65),
+    (["launch", "--num-jobs", "100000000", "--", "true"], "a sweep has 1 to 10,000 jobs", 65),
+    (["launch", "--num-jobs", "0", "--", "true"], "a sweep has 1 to 10,000 jobs", 65),
+    (["gpus", "--infra", "slurm/nope"], "unknown cluster 'nope'", 66),
+    (["launch", "--env", "CORRAL_TASK_ID=1", "--", "true"], "Corral's own variables", 65),
+    (["launch", "--secret", "NOT_IN_ENV_FOR_SURE", "--", "true"], "is not set in your environment", 65),
 ])
-def test_regressions_are_one_line_errors(refusing_clusters, argv, fragment):
+def test_regressions_are_one_line_errors(refusing_clusters, argv, fragment, exit_code):
     code, _out, err = run_cli(argv)
-    assert code == 1 and err.startswith("corral: error: ") and err.count("\n") == 1 and fragment in err, err
+    assert code == exit_code and err.startswith("corral: error: ") and err.count("\n") == 1 and fragment in err, err
 
 
 def test_a_bug_is_one_line_and_a_crash_log(refusing_clusters, monkeypatch):

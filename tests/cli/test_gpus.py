@@ -52,7 +52,7 @@ def test_infra_filter(corral):
     rows = corral("gpus", "--infra", "slurm/borealis/l40s", "--json").json()
     assert [(r["cluster"], r["partition"]) for r in rows] == [("borealis", "l40s")]
     bad = corral("gpus", "--infra", "slurm/borealis/nope")
-    assert bad.exit_code == 1
+    assert bad.exit_code == 66
     assert "borealis: no partition 'nope'; partitions: h100-cluster, l40s" in bad.stderr
     unknown = corral("gpus", "--infra", "slurm/atlantis")
     assert "unknown cluster 'atlantis'; known clusters: alpine, borealis, cirrus" in unknown.stderr

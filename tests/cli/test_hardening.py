@@ -44,7 +44,7 @@ def test_sbatch_values_cannot_inject_lines(corral, testbed, tmp_path, clean_queu
                                                      for k, v in slurm.items()}})
     (tmp_path / "task.yaml").write_text(text)
     result = corral("launch", "-d", str(tmp_path / "task.yaml"))
-    assert result.exit_code == 1 and result.stderr.count("\n") == 1 and "invalid task: slurm." in result.stderr
+    assert result.exit_code == 65 and result.stderr.count("\n") == 1 and "invalid task: slurm." in result.stderr
     for cluster in ("alpine", "borealis", "cirrus"):
         assert ssh_login(testbed.cluster_config, cluster, f"ls ~ /tmp | grep -c {canary} || true").strip() == "0"
 

@@ -72,7 +72,7 @@ def test_pinned_with_infra(corral, clean_queues):
     submitted = launch(corral, "--infra", "slurm/cirrus/debug", "--", "true")
     assert (submitted["cluster"], submitted["partition"]) == ("cirrus", "debug")
     bad = corral("launch", "-d", "--infra", "slurm/cirrus/nope", "--", "true")
-    assert bad.exit_code == 1 and "cirrus: no partition 'nope'; partitions: b300, debug, maint" in bad.stderr
+    assert bad.exit_code == 66 and "cirrus: no partition 'nope'; partitions: b300, debug, maint" in bad.stderr
 
 
 def test_stopped_controller_fails_over_and_says_why(corral, testbed, clean_queues):
@@ -114,7 +114,7 @@ def test_a_full_job_table_is_a_clear_rejection_not_a_hang(corral, testbed, clean
             capture_output=True).returncode == 124, timeout=60, interval=0)
         before = ssh_login(config, "cirrus", "squeue -h -t all -o %i | sort").split()
         result = corral("launch", "-d", "--infra", "slurm/cirrus", "--cpus", "1", "--", "true")
-        assert result.exit_code == 1
+        assert result.exit_code == 69
         assert "Slurm is not accepting jobs now" in result.stderr and "MaxJobCount" in result.stderr
         assert ssh_login(config, "cirrus", "squeue -h -t all -o %i | sort").split() == before  # nothing got in
     finally:
@@ -193,9 +193,11 @@ def test_queue_matches_slurm_on_every_cluster_with_one_query_each(corral, corral
 
 
 def test_crash_between_sbatch_and_the_database_write(corral, corral_env, testbed, clean_queues):
+    """The engine (the server) dies between sbatch and recording the job's id: the client says so, and
+    the next server finds the job by its token and adopts it."""
     crashed = corral("launch", "-d", "--infra", "slurm/cirrus/debug", "--", "sleep 600",
                      env={**corral_env, "CORRAL_TEST_CRASH_AFTER_SBATCH": "1"})
-    assert crashed.exit_code == 137
+    assert crashed.exit_code == 69 and "the server stopped answering /v1/launch midway" in crashed.stderr
     listed = list(queue(corral).values())
     assert len(listed) == 1
     job = listed[0]
@@ -292,15 +294,15 @@ def test_bad_task_input_is_clear_and_submits_nothing(corral, tmp_path):
     task = tmp_path / "t.yaml"
     task.write_text("resources:\n  acelerators: H100:1\nrun: echo\n")
     result = corral("launch", "-d", str(task))
-    assert result.exit_code == 1
+    assert result.exit_code == 65
     assert result.stderr.strip() == (
         f"corral: error: {task}: invalid task: resources.acelerators: unknown field; did you mean 'accelerators'?")
     (tmp_path / "img.yaml").write_text("resources:\n  accelerators: H100:1\n  image_id: docker:pytorch\nrun: echo\n")
     no_runtime = corral("launch", "-d", str(tmp_path / "img.yaml"))
-    assert no_runtime.exit_code == 1
+    assert no_runtime.exit_code == 69
     assert "image_id needs a container runtime" in no_runtime.stderr
     impossible = corral("launch", "-d", "--gpus", "H100:16", "--", "true")
-    assert impossible.exit_code == 1
+    assert impossible.exit_code == 69
     assert "slurm/borealis/h100-cluster: needs 1 node(s) with H100:16; partition has 0" in impossible.stderr
     assert queue(corral) == {}  # nothing was recorded, nothing submitted
 
@@ -368,3 +370,70 @@ def test_status_of_jobs_slurm_has_forgotten(corral_env, cluster):
 
     statuses = asyncio.run(Client().infra(cluster).status(["999999", "999998_3"]))
     assert all(s.handle not in ("999999", "999998_3") for s in statuses)
+
+
+def test_a_relaunch_from_one_folder_syncs_only_changes_into_the_cluster_side_cache(corral, testbed, clean_queues,
+                                                                                   tmp_path):
+    """The workdir goes to ~/.corral/cache/<key> (one per machine and folder) by rsync, then into the
+    attempt's own folder as hard links: the unchanged file is one inode shared by the cache and both
+    attempts, and each attempt still runs the workdir as it was when it was launched."""
+    import hashlib
+    import socket
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("unchanged\n")
+    (work / "change.txt").write_text("v1\n")
+    (tmp_path / "task.yaml").write_text("workdir: work\nresources:\n  infra: slurm/alpine/cpu\nrun: cat change.txt\n")
+    first = corral("launch", "-d", "--json", "task.yaml", cwd=tmp_path)
+    assert first.exit_code == 0, first.stderr
+    (work / "change.txt").write_text("v2\n")
+    second = corral("launch", "-d", "--json", "task.yaml", cwd=tmp_path)
+    assert second.exit_code == 0, second.stderr
+    jobs = [first.json()["job_id"], second.json()["job_id"]]
+    for job in jobs:
+        wait_state(corral, job, {"SUCCEEDED"})
+    assert [corral("logs", job).stdout for job in jobs] == ["v1\n", "v2\n"]
+    key = hashlib.sha256(f"{socket.gethostname()}:{work}".encode()).hexdigest()[:16]
+    cache = f".corral/cache/{key}"
+    links = ssh_login(testbed.cluster_config, "alpine",
+                      f"cat {cache}/change.txt; stat -c %h {cache}/keep.txt {cache}/change.txt")
+    assert links.split() == ["v2", "3", "2"]  # keep.txt: cache + 2 attempts; change.txt: cache + the 2nd
+
+
+def test_ctrl_c_on_an_attached_launch_leaves_the_job_running_and_says_how_to_stop_it(corral, corral_env,
+                                                                                      clean_queues):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "corral", "launch", "--infra", "slurm/alpine/cpu", "--",
+                             "echo started; sleep 300"], env=corral_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        [job_id] = wait_for("the job to run", lambda: [j for j, row in queue(corral).items()
+                                                         if row["state"] == "RUNNING"], 60)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert f"{job_id} keeps running on slurm/alpine/cpu" in err
+    assert f"`corral cancel {job_id}` stops it" in err and "Traceback" not in err
+    assert queue(corral)[job_id]["state"] == "RUNNING"
+    assert corral("cancel", job_id).exit_code == 0
+
+
+def test_a_detached_launch_costs_one_probe_per_candidate_cluster_and_one_submission(corral, corral_env,
+                                                                                     clean_queues, tmp_path):
+    """SSH round trips, counted in the server (the one process that talks to clusters): nothing cached,
+    nothing repeated."""
+    env, calls = counting_ssh(tmp_path, corral_env)
+    assert corral("queue", env=env).exit_code == 0  # the server, started with the counting ssh
+    before = len(calls())
+    pinned = corral("launch", "-d", "--infra", "slurm/cirrus/debug", "--", "true", env=env)
+    assert pinned.exit_code == 0, pinned.stderr
+    assert calls()[before:] == ["cirrus", "cirrus"]  # probe, then sbatch
+    before = len(calls())
+    anywhere = corral("launch", "-d", "--json", "--cpus", "1", "--", "true", env=env)
+    assert anywhere.exit_code == 0, anywhere.stderr
+    chosen = anywhere.json()["cluster"]
+    assert sorted(calls()[before:]) == sorted(["alpine", "borealis", "cirrus", chosen])

@@ -1,5 +1,6 @@
-"""The thin CLI: every command the server answers runs in a `corral` process that loads neither the
-engine's libraries (SQLAlchemy, pydantic, FastAPI, uvicorn) nor asyncio, whatever it prints."""
+"""The thin CLI: every command runs in a `corral` process that loads neither the engine's libraries
+(SQLAlchemy, pydantic, FastAPI, uvicorn) nor asyncio, whatever it prints; PyYAML only where it reads a
+task file (to find the local files it must send)."""
 
 from __future__ import annotations
 
@@ -29,16 +30,28 @@ sys.exit(code if isinstance(code, int) else 1)
 COMMANDS = [
     ["check"], ["check", "--json", "alpine"], ["gpus"], ["gpus", "--json", "H100"], ["queue"], ["queue", "--json"],
     ["queue", "--all"], ["logs", "nope"], ["cancel", "nope"], ["jobs", "queue"], ["api", "info"], ["--help"],
+    ["launch", "--dryrun", "--", "true"], ["launch", "-d", "--infra", "slurm/alpine/cpu", "--", "true"],
+    ["launch", "--dryrun", "TASK"], ["jobs", "launch", "--infra", "slurm/alpine/cpu", "TASK"],
+    ["jobs", "logs", "nope"], ["jobs", "events", "nope"], ["jobs", "why", "nope"], ["jobs", "cancel", "nope"],
+    ["status"], ["down", "nope"], ["exec", "nope", "--", "true"], ["ssh", "nope"],
 ]
+REFUSED = {"logs": "no job 'nope'", "cancel": "no job 'nope'", "jobs logs": "no managed job 'nope'",
+           "jobs events": "no managed job 'nope'", "jobs why": "no managed job 'nope'",
+           "jobs cancel": "no managed job 'nope'", "exec": "no dev allocation 'nope'", "ssh": "no dev allocation 'nope'"}
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a))
-def test_commands_the_server_answers_load_no_engine_library(corral_env, argv):
+def test_no_command_loads_an_engine_library(corral_env, clean_queues, tmp_path, argv):
+    task = tmp_path / "task.yaml"
+    task.write_text("resources:\n  cpus: 1\nrun: 'true'\n")
+    argv = [str(task) if a == "TASK" else a for a in argv]
     proc = subprocess.run([sys.executable, "-c", RUN_AND_LIST, *argv], env=corral_env, capture_output=True,
                           text=True, timeout=60)
     heavy = json.loads(proc.stderr.rsplit("HEAVY=", 1)[1])
-    assert heavy == [], f"`corral {' '.join(argv)}` imported {heavy}"
-    if argv[0] in ("logs", "cancel"):  # answered by the server: a clear refusal, not a crash
-        assert proc.returncode == 1 and "corral: error: no job 'nope'" in proc.stderr
+    allowed = {"yaml"} if str(task) in argv else set()
+    assert set(heavy) <= allowed, f"`corral {' '.join(argv)}` imported {heavy}"
+    refused = REFUSED.get(" ".join(argv[:2])) or REFUSED.get(argv[0])
+    if refused:  # answered by the server: a clear refusal, not a crash
+        assert proc.returncode == 66 and f"corral: error: {refused}" in proc.stderr, proc.stderr
     else:
         assert proc.returncode == 0, proc.stderr

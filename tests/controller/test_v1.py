@@ -56,7 +56,7 @@ def test_a_wrong_token_is_refused_and_api_login_saves_nothing_then(corral, corra
         Client(url, "not-the-token").queue()
     assert wrong.value.status == 401
     failed = corral("api", "login", url, "--token", "not-the-token")
-    assert failed.exit_code == 1 and "refused the token" in failed.stderr
+    assert failed.exit_code == 77 and "refused the token" in failed.stderr
     saved = Path(corral_env["CORRAL_HOME"]) / "api.json"
     assert not saved.exists()
     ok = corral("api", "login", url, "--token", local.endpoint.token)
@@ -66,7 +66,7 @@ def test_a_wrong_token_is_refused_and_api_login_saves_nothing_then(corral, corra
     assert info["url"] == url and info["local"] is False  # the saved server, addressed as a remote one
     env = {**corral_env, "CORRAL_API_URL": "http://127.0.0.1:9", "CORRAL_API_TOKEN": "x"}
     unreachable = corral("queue", env=env)  # the environment wins over the saved login
-    assert unreachable.exit_code == 1 and "http://127.0.0.1:9 did not answer" in unreachable.stderr
+    assert unreachable.exit_code == 69 and "http://127.0.0.1:9 did not answer" in unreachable.stderr
     assert corral("api", "logout").exit_code == 0 and not saved.exists()
 
 

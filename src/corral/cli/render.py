@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from corral.cli.consoles import console, err_console, minutes
+from corral.cli.consoles import console, err_console
 
 if TYPE_CHECKING:  # type hints only: a table must not cost the import of the engine, SQLAlchemy or pydantic
     from collections.abc import Iterable
 
-    from corral.controller.engine import ControllerSettings
-    from corral.dev import AllocationStatus
-    from corral.launch import LaunchEvents, Submitted
-    from corral.managed import ManagedView
-    from corral.placement import Candidate, Plan
     from corral.sdk.types import ClusterCheck, GpuReport, Job, QueuePage
-    from corral.state.store import JobView
 
 
 
@@ -66,12 +59,14 @@ def _when(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
-def _start(candidate: Candidate) -> str:
-    if candidate.startable_now:
+def _start(row: dict[str, Any]) -> str:
+    """A plan row's start, as `corral.views.start_text` says it for a candidate."""
+    if row.get("can_start_now"):
         return "now"
-    if candidate.predicted_start is None:
-        return (candidate.prediction_note or "-")[:60] if candidate.feasible else "-"
-    delta = candidate.predicted_start - time.time()
+    predicted = row.get("predicted_start")
+    if not isinstance(predicted, (int, float)):
+        return (str(row.get("prediction") or "-"))[:60] if row.get("feasible") else "-"
+    delta = predicted - time.time()
     if delta > 86400 * 365:
         return "not foreseeable"
     return "now" if delta < 60 else f"in {_duration(delta)}"
@@ -88,92 +83,80 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 86400}d{(seconds % 86400) // 3600}h"
 
 
-def plan_json(plan: Plan) -> list[dict[str, object]]:
-    ranked = plan.ranked()
-    chosen = next((c for c in ranked if c.feasible), None)
-    rows: list[dict[str, object]] = [
-        {
-            "cluster": c.cluster,
-            "partition": c.partition,
-            "feasible": c.feasible,
-            "reason": c.reason,
-            "accelerators": str(c.option.accelerator) if c.option.accelerator else None,
-            "gres": c.gres,
-            "free_gpus": c.free_gpus,
-            "can_start_now": c.startable_now,
-            "predicted_start": c.predicted_start,
-            "prediction": c.prediction_note,
-            "pressure": round(c.pressure, 3),
-            "chosen": c is chosen,
-        }
-        for c in ranked
-    ]
-    rows += [{"cluster": cluster, "partition": None, "feasible": False, "reason": error, "free_gpus": 0,
-              "predicted_start": None, "chosen": False} for cluster, error in plan.unreachable.items()]
-    return rows
-
-
-def render_plan(plan: Plan, full: bool) -> None:
-    ranked = plan.ranked()
-    chosen = next((c for c in ranked if c.feasible), None)
+def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
+    """A plan (the API's rows, best first): all of it on stdout for --dryrun, else the first five
+    feasible rows on stderr as a launch goes."""
     table = Table(box=None, header_style="bold")
     for column in ("", "INFRA", "RESOURCES", "FREE GPUS", "START", "WHY NOT"):
         table.add_column(column)
-    shown = ranked if full else [c for c in ranked if c.feasible][:5]
-    for c in shown:
-        mark = "[green]→[/green]" if c is chosen else ""
-        table.add_row(mark, c.infra, c.option.describe(), str(c.free_gpus) if c.feasible else "-",
-                      _start(c), "" if c.feasible else f"[dim]{c.reason}[/dim]")
-    for cluster, error in plan.unreachable.items():
-        table.add_row("", f"slurm/{cluster}", "-", "-", "-", f"[red]{error}[/red]")
-    target = console if full else err_console
-    target.print(table)
+    placed = [r for r in rows if not r.get("unreachable")]
+    shown = placed if full else [r for r in placed if r.get("feasible")][:5]
+    for r in shown:
+        mark = "[green]→[/green]" if r.get("chosen") else ""
+        table.add_row(mark, str(r["infra"]), str(r.get("resources") or "-"),
+                      str(r.get("free_gpus")) if r.get("feasible") else "-", _start(r),
+                      "" if r.get("feasible") else f"[dim]{r.get('reason') or ''}[/dim]")
+    for r in rows:
+        if r.get("unreachable"):
+            table.add_row("", str(r["infra"]), "-", "-", "-", f"[red]{r.get('reason') or ''}[/red]")
+    (console if full else err_console).print(table)
 
 
-class _LaunchPrinter:
-    def plan(self, plan: Plan) -> None:
-        render_plan(plan, full=False)
+class LaunchProgress:
+    """What a launch tells the person at the terminal, from the server's events (on stderr): a status
+    line for the step it is in, the plan's best rows, each cluster skipped and the submission."""
 
-    def skipped(self, infra: str, why: str) -> None:
-        err_console.print(f"[yellow]↷[/yellow] {infra} skipped: {why}", highlight=False)
+    def __init__(self) -> None:
+        self._status: Any = None
 
-    def submitted(self, submitted: Submitted) -> None:
-        ids = ", ".join(submitted.job_ids[:3]) + (" …" if len(submitted.job_ids) > 3 else "")
-        err_console.print(f"[green]✓[/green] {ids} submitted to slurm/{submitted.cluster}/{submitted.partition} "
-                          f"as Slurm job {submitted.handle}", highlight=False)
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "step":
+            self._show(str(event.get("detail") or event.get("step")))
+        elif kind == "plan":
+            self.clear()
+            render_plan(event.get("plan") or [], full=False)
+        elif kind == "skipped":
+            self.clear()
+            err_console.print(f"[yellow]↷[/yellow] {event['infra']} skipped: {event['reason']}", highlight=False)
+        elif kind == "submitted":
+            self.clear()
+            ids = list(event.get("job_ids") or [])
+            shown = ", ".join(ids[:3]) + (" …" if len(ids) > 3 else "")
+            err_console.print(f"[green]✓[/green] {shown} submitted to slurm/{event['cluster']}/{event['partition']} "
+                              f"as Slurm job {event['slurm_job_id']}", highlight=False)
+
+    def waiting(self, text: str) -> None:
+        self._show(text)
+
+    def _show(self, text: str) -> None:
+        if not err_console.is_terminal:
+            return
+        if self._status is None:
+            self._status = err_console.status(text)
+            self._status.start()
+        else:
+            self._status.update(text)
+
+    def clear(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
 
 
-def launch_events() -> LaunchEvents:
-    from corral.launch import LaunchEvents
-
-    printer = _LaunchPrinter()
-    return LaunchEvents(plan=printer.plan, skipped=printer.skipped, submitted=printer.submitted)
-
-
-def submitted_json(s: Submitted) -> dict[str, object]:
-    return {"job_id": s.job_ids[0], "job_ids": s.job_ids, "cluster": s.cluster, "partition": s.partition,
-            "slurm_job_id": s.handle, "skipped": [{"infra": i, "reason": r} for i, r in s.tries]}
-
-
-def sweep_json(shares: list[Submitted]) -> list[dict[str, object]]:
+def sweep_json(shares: list[dict[str, Any]]) -> list[dict[str, object]]:
     """One object per job of a sweep, with its array task's Slurm id."""
     out: list[dict[str, object]] = []
     for share in shares:
-        for job_id, handle in zip(share.job_ids, share.handles):
-            out.append({"job_id": job_id, "cluster": share.cluster, "partition": share.partition,
+        for job_id, handle in zip(share["job_ids"], share["handles"]):
+            out.append({"job_id": job_id, "cluster": share["cluster"], "partition": share["partition"],
                         "slurm_job_id": handle})
     return out
 
 
-def job_json(view: JobView) -> dict[str, object]:
-    a = view.attempt
-    return {
-        "job_id": view.job.id, "name": view.job.name, "cluster": a.cluster, "partition": a.partition,
-        "slurm_job_id": a.slurm_job_id, "state": a.state, "reason": a.reason, "attempt": a.number,
-        "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
-        "expected_start": a.expected_start if a.state == "PENDING" else None,
-        "exit_code": a.exit_code, "job_rank": view.job.job_rank, "sweep_id": view.job.sweep_id,
-    }
+def submitted_json(share: dict[str, Any]) -> dict[str, object]:
+    """A one-job launch's --json, as it always was."""
+    return {k: share[k] for k in ("job_id", "job_ids", "cluster", "partition", "slurm_job_id", "skipped")}
 
 
 _STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "SUCCEEDED": "dim", "FAILED": "red",
@@ -267,62 +250,20 @@ def stream_json(rows: Iterable[dict[str, object]]) -> None:
     out.flush()
 
 
-def render_status(statuses: list[AllocationStatus]) -> None:
-    if not statuses:
+def render_status(allocations: list[dict[str, Any]]) -> None:
+    """Dev allocations, from the API's JSON."""
+    if not allocations:
         console.print("No dev allocations. Create one with `corral launch -c NAME --gpus H100:1`.")
         return
-    now = time.time()
     table = Table(box=None, header_style="bold")
     for column in ("NAME", "INFRA", "RESOURCES", "STATE", "AGE", "IDLE", "TIME LEFT", "NODES"):
         table.add_column(column)
-    for st in statuses:
-        r = st.row
-        resources = f"{r.num_nodes}x {r.gres or 'cpu'}"
-        state = st.state + (f" ({st.reason})" if st.reason else "")
-        idle = _duration(now - st.last_active) if st.last_active and st.state == "READY" else "-"
-        limit = f"/{_duration(r.idle_seconds)}" if r.idle_seconds else ""
-        table.add_row(r.name, f"{r.cluster}/{r.partition}", resources, state, _duration(now - r.created_at),
-                      idle + limit, st.time_left or "-", ",".join(st.nodes) or "-")
+    for a in allocations:
+        state = str(a["state"]) + (f" ({a['reason']})" if a.get("reason") else "")
+        idle_for = a.get("idle_seconds")
+        idle = _duration(idle_for) if isinstance(idle_for, (int, float)) and a["state"] == "READY" else "-"
+        limit = f"/{_duration(a['idle_limit_seconds'])}" if a.get("idle_limit_seconds") else ""
+        table.add_row(str(a["name"]), f"{a['cluster']}/{a['partition']}", f"{a['num_nodes']}x {a.get('gres') or 'cpu'}",
+                      state, _duration(a["age_seconds"]), idle + limit, str(a.get("time_left") or "-"),
+                      ",".join(a.get("nodes") or []) or "-")
     console.print(table)
-
-
-def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings) -> None:
-    latest = view.latest
-    assert latest is not None
-    now = time.time()
-    here = next((c for c in plan.candidates if (c.cluster, c.partition) == (latest.cluster, latest.partition)), None)
-    others = [c for c in plan.feasible() if (c.cluster, c.partition) != (latest.cluster, latest.partition)]
-    best = min(others, key=lambda c: c.predicted_start if c.predicted_start is not None else math.inf, default=None)
-    console.print(f"{view.job.id} is pending on slurm/{latest.cluster}/{latest.partition}: "
-                  f"{latest.reason or 'waiting for the scheduler'}", highlight=False)
-    here_start = latest.expected_start or (here.predicted_start if here else None)
-    source = "Slurm's estimate for this job" if latest.expected_start else "predicted by sbatch --test-only"
-    console.print(f"  start there: {_at(here_start, now)} ({source})" if here_start else
-                  f"  start there: {_start(here) if here else 'unknown'}", highlight=False)
-    if best is None:
-        console.print("  no other cluster can run it", highlight=False)
-        return
-    console.print(f"  best alternative: {best.infra}, start {_start(best)}", highlight=False)
-    if here is not None and here.startable_now:
-        why = "its own cluster can start it now"
-    elif best.startable_now:
-        why = (f"it will move on the controller's next tick (pending ≥ {settings.reroute_after:g}s, "
-               f"no move in the last {settings.reroute_cooldown:g}s)")
-    elif here_start is None or best.predicted_start is None:
-        why = "no start time is known for both, so there is nothing to compare"
-    else:
-        gain, needed = here_start - best.predicted_start, settings.margin(here_start, now)
-        if gain < needed:
-            sooner = f"only {minutes(gain)} sooner" if gain > 0 else "not sooner"
-            why = (f"the alternative is {sooner}; a move needs "
-                   f"{minutes(needed)} (at least {settings.reroute_margin:g}s and "
-                   f"{settings.reroute_margin_fraction:.0%} of the wait)")
-        else:
-            why = (f"it will move: {minutes(gain)} sooner is more than the {minutes(needed)} margin "
-                   f"(predictions are refreshed every {settings.predict_interval:g}s)")
-    console.print(f"  not moved because: {why}", highlight=False)
-
-
-def _at(epoch: float, now: float) -> str:
-    return f"{time.strftime('%H:%M:%S', time.localtime(epoch))} (in {minutes(epoch - now)})"
-

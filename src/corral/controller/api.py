@@ -82,12 +82,14 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                           include_in_schema=bool(prefix))
         app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=[Depends(authorized)],
                           include_in_schema=bool(prefix))
-    app.include_router(create_router(store, refreshes), dependencies=[Depends(authorized)])
+    app.include_router(create_router(store, refreshes, wake=lambda: status.wake.set() if status.wake else None),
+                       dependencies=[Depends(authorized)])
 
     @app.exception_handler(CorralError)
     async def corral_error(request: Request, exc: CorralError) -> JSONResponse:
         """What Corral refuses on purpose (a broken cluster file, an unknown name): its one-line message."""
         return JSONResponse(status_code=refused_status(exc),
-                            content={"detail": {"message": str(exc), "kind": type(exc).__name__}})
+                            content={"detail": {"message": str(exc), "kind": type(exc).__name__,
+                                                "exit_code": exc.exit_code}})
 
     return app

@@ -49,8 +49,8 @@ from corral.launch import AttemptOptions, Launcher, LaunchEvents
 from corral.placement import Candidate, Plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow
-from corral.state.store import TERMINAL_STATES
 from corral.state.sealed import unseal
+from corral.state.store import TERMINAL_STATES
 from corral.task import Task, resolved_envs
 from corral.tracker import SharedRefresh, Tracker
 
@@ -282,7 +282,7 @@ class Controller:
                 previous = attempts.get(job.id, [])
                 await self._carry_checkpoint(job, task, previous[-1] if previous else None, feasible[0].cluster)
             try:
-                shares = await self.launcher.submit_jobs(task, _environment(jobs[0], task), Path.cwd(),
+                shares = await self.launcher.submit_jobs(task, _environment(jobs[0], task),
                                                          feasible, jobs, _attempt_options(task, number))
             except CorralError as exc:
                 self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
@@ -403,7 +403,7 @@ class Controller:
         held = isinstance(self.client.infra(target.cluster), ReleasesHeld)
         options = dataclasses.replace(_attempt_options(task, number), held=held)
         try:
-            await self.launcher.submit_jobs(task, _environment(job, task), Path.cwd(), [target], [job], options)
+            await self.launcher.submit_jobs(task, _environment(job, task), [target], [job], options)
         except CorralError as exc:
             self.store.set_managed(job.id, reason=f"could not move to {target.infra}: {exc}")
             return 0

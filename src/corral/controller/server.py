@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.config import corral_home, private_file, write_private
-from corral.errors import CorralError
+from corral.errors import UnavailableError
 
 MAX_INTERVAL = 10.0
 
@@ -79,7 +79,7 @@ def call(path: str, method: str = "GET", timeout: float = 3.0) -> Any:
         raise ControllerUnavailable(f"its API did not answer: {exc}") from exc
 
 
-class ControllerUnavailable(CorralError):
+class ControllerUnavailable(UnavailableError):
     pass
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
@@ -19,12 +19,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from corral import managed
-from corral.cli.render import job_json
 from corral.client import Client, check_json
+from corral.controller import v1_dev, v1_launch
+from corral.controller.v1_launch import stream_output
 from corral.errors import CorralError, UnknownClusterError
 from corral.state import Store
 from corral.state.store import JobNotFoundError
 from corral.tracker import RefreshReport, SharedRefresh, Tracker
+from corral.views import job_json
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
 
@@ -36,12 +38,21 @@ class CancelRequest(BaseModel):
 
 def refused_status(exc: CorralError) -> int:
     """The HTTP status of what Corral refuses on purpose (the app's CorralError handler answers it)."""
-    return 404 if isinstance(exc, (JobNotFoundError, UnknownClusterError)) else 400
+    from corral.dev import AllocationNotFoundError
+    from corral.uploads import UploadNotFoundError
+
+    if isinstance(exc, (JobNotFoundError, UnknownClusterError, AllocationNotFoundError, UploadNotFoundError)):
+        return 404
+    return 400
 
 
-def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRouter:
+def create_router(store: Store, refreshes: SharedRefresh | None = None,
+                  wake: Callable[[], None] = lambda: None) -> APIRouter:
+    """`wake`: tick the controller now (new managed work)."""
     router = APIRouter(prefix="/v1")
     shared = refreshes or SharedRefresh()
+    v1_launch.add_routes(router, store, wake)
+    v1_dev.add_routes(router, store)
 
     async def refreshed() -> RefreshReport:
         """Slurm's view of every live job, from one query per cluster shared with the controller's tick."""
@@ -112,26 +123,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRo
     async def logs(job: Annotated[str, Path(max_length=200)], follow: bool = False) -> StreamingResponse:
         """The job's output, all nodes; with `follow`, streamed until its tasks are over."""
         view = store.resolve(job)
-        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
         tracker = Tracker(Client(), store)
-
-        async def pump() -> None:
-            try:
-                await tracker.logs(view, follow, chunks.put_nowait)
-            except CorralError as exc:
-                chunks.put_nowait(f"corral: error: {exc}\n".encode())
-            finally:
-                chunks.put_nowait(None)
-
-        async def body() -> AsyncIterator[bytes]:
-            task = asyncio.ensure_future(pump())
-            try:
-                while (chunk := await chunks.get()) is not None:
-                    yield chunk
-            finally:
-                task.cancel()  # the reader went away: end the remote `tail -F`
-
-        return StreamingResponse(body(), media_type="application/octet-stream")
+        return stream_output(lambda sink: tracker.logs(view, follow, sink))
 
     @router.post("/cancel")
     async def cancel(request: CancelRequest) -> dict[str, object]:
@@ -157,7 +150,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None) -> APIRo
         """One managed job, its attempts and its events."""
         view = managed.resolve(store, job)
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
-        return {**view.to_json(), "events": events}
+        attempts = [{"number": a.number, "cluster": a.cluster, "partition": a.partition,
+                     "slurm_job_id": a.slurm_job_id, "state": a.state} for a in view.attempts]
+        return {**view.to_json(), "events": events, "attempt_list": attempts}
 
     return router
 

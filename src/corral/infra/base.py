@@ -218,10 +218,14 @@ class Infra(ABC):
         """Where `submit` will put the request's files and logs (pure: no I/O)."""
 
     @abstractmethod
-    async def upload(self, local: Any, remote: str, *, respect_ignores: bool = False) -> None:
+    async def upload(self, local: Any, remote: str) -> None:
         """Copy a local file or folder's contents to `remote` (relative to the user's home there), so
-        that the job sees it; only what changed travels where the backend can tell. With
-        `respect_ignores` (a workdir), `.corralignore`, else `.gitignore`, rules leave files out."""
+        that the job sees it; only what changed travels where the backend can tell."""
+
+    async def upload_workdir(self, local: Any, cache_key: str, remote: str) -> None:
+        """A task's workdir, as `remote` (an attempt's own folder). Backends that can keep a per-task
+        cache sync into it (only changes travel) and copy from it; by default, a plain upload."""
+        await self.upload(local, remote + "/")
 
     @abstractmethod
     async def submit(self, request: JobRequest) -> SubmitResult:

@@ -19,24 +19,35 @@ Every failure is a `CorralError` (an `ApiError` for what the server refused) wit
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from corral.errors import CorralError
+from corral.errors import EXIT_DATAERR, EXIT_NOPERM, EXIT_UNAVAILABLE, CorralError, TaskError
 from corral.sdk import endpoint as _endpoint
+from corral.sdk import files as _files
 from corral.sdk.types import (
     CancelOutcome,
     ClusterCheck,
     GpuReport,
     GpuRow,
     Job,
+    Launched,
+    ManagedJob,
+    PlanRow,
     QueuePage,
+    Submission,
     Unreachable,
 )
+
+TaskLike = Any  # a path, YAML text, a dict, an object with model_dump(), or None (an empty task)
+Pairs = dict[str, str] | list[str] | None  # {"KEY": "VALUE"} or ["KEY=VALUE", "KEY"]
 
 API = "/v1"
 
@@ -44,14 +55,18 @@ API = "/v1"
 class ApiError(CorralError):
     """The server answered with an error: its message, and the HTTP status."""
 
-    def __init__(self, message: str, status: int, kind: str = ""):
+    def __init__(self, message: str, status: int, kind: str = "", exit_code: int | None = None):
         super().__init__(message)
         self.status = status
         self.kind = kind
+        if isinstance(exit_code, int) and 0 < exit_code < 256:
+            self.exit_code = exit_code  # the server's error class's, so the CLI exits as it did in-process
 
 
 class ServerUnreachableError(CorralError):
     """No answer from the server (not running, wrong URL, network)."""
+
+    exit_code = EXIT_UNAVAILABLE
 
 
 class Client:
@@ -95,11 +110,11 @@ class Client:
             yield Job.from_json(json.loads(line))
 
     def job(self, job: str) -> Job:
-        return Job.from_json(self._json("GET", f"/jobs/{urllib.parse.quote(job, safe='')}"))
+        return Job.from_json(self._json("GET", f"/jobs/{_quoted(job)}"))
 
     def logs(self, job: str, follow: bool = False) -> Iterator[bytes]:
         """A job's output as it comes (all nodes); with `follow`, until the job's tasks are over."""
-        yield from self._stream("GET", f"/jobs/{urllib.parse.quote(job, safe='')}/logs", {"follow": follow})
+        yield from self._stream("GET", f"/jobs/{_quoted(job)}/logs", {"follow": follow})
 
     def cancel(self, jobs: list[str] | None = None, *, all: bool = False) -> list[CancelOutcome]:
         """Cancel jobs (one scancel per cluster); ended ones are reported as they are."""
@@ -119,14 +134,188 @@ class Client:
                 raise CorralError(f"{job} still {found.state} after {timeout:g}s")
             time.sleep(poll)
 
-    def managed_jobs(self, *, limit: int = 20, page: int = 1, all: bool = False) -> dict[str, Any]:
-        return self._json("GET", "/managed", {"limit": limit, "page": page, "all": all})
+    def launch(self, task: TaskLike | list[TaskLike] = None, *, command: str | None = None, detach: bool = True,
+               num_jobs: int = 1,
+               dryrun: bool = False, name: str | None = None, gpus: str | None = None, infra: str | None = None,
+               num_nodes: int | None = None, cpus: str | None = None, memory: str | None = None,
+               envs: Pairs = None, secrets: Pairs = None, time: str | None = None, base: Path | None = None,
+               on_event: Callable[[dict[str, Any]], None] | None = None) -> Launched | list[list[PlanRow]]:
+        """Launch a task on the cluster that can start it soonest: a task file's path, a YAML string, a
+        task as a dict (or anything with `model_dump()`), or a list of them (one probe for all).
+
+        The task's workdir and file_mounts are read here, relative to `base` (default: the current
+        directory), and sent to the server. `num_jobs` > 1 is a sweep. With `dryrun`, nothing is
+        submitted: returns each task's plan. With `detach=False`, returns once every job has ended.
+        `on_event` sees the server's progress events (step, plan, skipped, submitted) as they come.
+        """
+        if command is not None:
+            if task is not None:
+                raise CorralError("give either a task or a command, not both")
+            inputs = [{"source": "command line", "run": command}]
+        else:
+            inputs = [self._task_input(t, base) for t in (task if isinstance(task, list) else [task])]
+        body = {"tasks": inputs, "num_jobs": num_jobs, "dryrun": dryrun,
+                "overrides": _overrides(name, gpus, infra, num_nodes, cpus, memory, envs, secrets, time)}
+        done = self._events("/launch", body, on_event)
+        if dryrun:
+            return [[PlanRow.from_json(r) for r in plan] for plan in done["plans"]]
+        launched = Launched([[Submission.from_json(s) for s in shares] for shares in done["tasks"]])
+        if detach:
+            return launched
+        return Launched(launched.tasks, [self.wait(job_id) for job_id in launched.job_ids])
+
+    def managed_launch(self, task: TaskLike = None, *, command: str | None = None, num_jobs: int = 1,
+                       name: str | None = None,
+                       gpus: str | None = None, infra: str | None = None, num_nodes: int | None = None,
+                       cpus: str | None = None, memory: str | None = None, envs: Pairs = None,
+                       secrets: Pairs = None, base: Path | None = None) -> list[str]:
+        """Record managed jobs (recovered from failures, re-routed while pending); returns their ids."""
+        given = {"source": "command line", "run": command} if command is not None else self._task_input(task, base)
+        body = {"task": given, "num_jobs": num_jobs,
+                "overrides": _overrides(name, gpus, infra, num_nodes, cpus, memory, envs, secrets, None)}
+        return list(self._json("POST", "/managed", body=body)["job_ids"])
+
+    def managed_jobs(self, *, limit: int = 20, page: int = 1, all: bool = False) -> tuple[list[ManagedJob], int]:
+        """Live managed jobs and the newest ended ones, newest first; and how many more ended ones."""
+        data = self._json("GET", "/managed", {"limit": limit, "page": page, "all": all})
+        return [ManagedJob.from_json(j) for j in data["jobs"]], int(data["more"])
 
     def managed_job(self, job: str) -> dict[str, Any]:
-        return self._json("GET", f"/managed/{urllib.parse.quote(job, safe='')}")
+        """One managed job as JSON, with its attempts' count and its events."""
+        return self._json("GET", f"/managed/{_quoted(job)}")
+
+    def managed_cancel(self, jobs: list[str] | None = None, *, all: bool = False) -> list[CancelOutcome]:
+        """Ask the controller to cancel managed jobs; ended ones are reported as they are."""
+        data = self._json("POST", "/managed/cancel", body={"jobs": list(jobs or []), "all": all})
+        return [CancelOutcome(c["job_id"], bool(c["cancelling"]), c["state"]) for c in data["jobs"]]
+
+    def managed_logs(self, job: str, attempt: int, follow: bool = False) -> Iterator[bytes]:
+        """One attempt's output (its number: `managed_job(job)["attempt_list"]`); with `follow`, until it ends."""
+        yield from self._stream("GET", f"/managed/{_quoted(job)}/attempts/{int(attempt)}/logs", {"follow": follow})
+
+    def managed_why(self, job: str) -> list[str]:
+        """Why a pending managed job waits where it is, as lines of text."""
+        return list(self._json("GET", f"/managed/{_quoted(job)}/why")["lines"])
+
+    def managed_wait(self, job: str, *, poll: float = 2.0, timeout: float | None = None) -> ManagedJob:
+        """Until the managed job has ended (succeeded, failed or cancelled); returns it."""
+        import time as clock
+
+        deadline = None if timeout is None else clock.monotonic() + timeout
+        while True:
+            found = ManagedJob.from_json(self.managed_job(job))
+            if found.ended:
+                return found
+            if deadline is not None and clock.monotonic() > deadline:
+                raise CorralError(f"{job} still {found.state} after {timeout:g}s")
+            clock.sleep(poll)
+
+    # ---- dev allocations ------------------------------------------------------------------------
+    def dev_launch(self, name: str, task: TaskLike = None, *, command: str | None = None,
+                   idle_minutes: float | None = None, walltime: str | None = None, wait: bool = True,
+                   job_name: str | None = None, gpus: str | None = None, infra: str | None = None,
+                   num_nodes: int | None = None, cpus: str | None = None, memory: str | None = None,
+                   envs: Pairs = None, secrets: Pairs = None, base: Path | None = None,
+                   on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Hold the dev allocation NAME (or reuse a live one of the same shape); with `wait`, until it is
+        ready. Returns its cluster, partition, Slurm job id, whether it is `new`, and (ready) its nodes."""
+        given = {"source": "command line", "run": command} if command is not None else self._task_input(task, base)
+        body = {"task": given, "idle_minutes": idle_minutes, "walltime": walltime, "wait": wait,
+                "overrides": _overrides(job_name, gpus, infra, num_nodes, cpus, memory, envs, secrets, None)}
+        done = self._events(f"/dev/{_quoted(name)}", body, on_event)
+        return {k: v for k, v in done.items() if k != "event"}
+
+    def dev_exec(self, name: str, task: TaskLike = None, *, command: str | None = None, envs: Pairs = None,
+                 secrets: Pairs = None, base: Path | None = None,
+                 on_output: Callable[[bytes], None] | None = None) -> tuple[str, int]:
+        """Run a task (or one command) on every node of allocation NAME; (job id, exit status)."""
+        import base64
+
+        given = {"source": "command line", "run": command} if command is not None else self._task_input(task, base)
+        body = {"task": given, "overrides": _overrides(None, None, None, None, None, None, envs, secrets, None)}
+
+        def event(e: dict[str, Any]) -> None:
+            if e.get("event") == "output" and on_output is not None:
+                on_output(base64.b64decode(e["data"]))
+
+        done = self._events(f"/dev/{_quoted(name)}/exec", body, event)
+        return str(done["job_id"]), int(done["exit_code"])
+
+    def dev_status(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """Dev allocations (all, or those named): state, nodes, idle time, walltime left."""
+        return list(self._json("GET", "/dev", {"name": names or []})["allocations"])
+
+    def dev_down(self, name: str) -> bool:
+        """Release allocation NAME; False if there was none."""
+        return bool(self._json("DELETE", f"/dev/{_quoted(name)}")["released"])
+
+    def dev_ssh_argv(self, name: str, command: str | None = None) -> list[str]:
+        """The ssh command line for a shell (or `command`) on NAME's head node (local server only)."""
+        if not self.endpoint.local:
+            raise CorralError("`corral ssh` needs the local server: a remote server's ssh keys are its own "
+                              "(use `ssh NAME` with the alias the allocation's owner gets)")
+        return list(self._json("GET", f"/dev/{_quoted(name)}/ssh", {"command": command})["argv"])
+
+    # ---- tasks and their files ------------------------------------------------------------------
+    def _task_input(self, task: TaskLike, base: Path | None) -> dict[str, Any]:
+        """The API's task: its text (or one command) and the uploads that stand for its local files."""
+        from corral import taskfile
+
+        here = base or Path.cwd()
+        if task is None:
+            return {"source": "command line"}
+        if isinstance(task, Path) or (isinstance(task, str) and "\n" not in task and task.endswith((".yaml", ".yml"))):
+            source = str(task)
+            text = taskfile.read_task_text(Path(task))
+        elif isinstance(task, str):
+            source, text = "task", task
+        else:
+            import json as _json
+
+            data = task.model_dump(exclude_none=True) if hasattr(task, "model_dump") else task
+            source, text = "task", _json.dumps(data)  # JSON is YAML
+        data = taskfile.parse_yaml(text, source)
+        return {"source": source, "yaml": text, "files": self.send_files(_files.task_files(data, here))}
+
+    def send_files(self, local: _files.LocalFiles) -> dict[str, Any]:
+        """Upload a task's local paths (each once: content the server holds is not sent again)."""
+        sent: dict[str, Any] = {"file_mounts": {}}
+        if local.workdir is not None:
+            sent["workdir"] = self._upload(local.workdir, workdir=True)
+            sent["workdir_origin"] = _files.origin(local.workdir)
+        for remote, path in local.mounts.items():
+            sent["file_mounts"][remote] = self._upload(path, workdir=False)
+        return sent
+
+    def _upload(self, path: Path, *, workdir: bool) -> str:
+        packed = _files.pack(path, workdir=workdir)
+        try:
+            if not self._json("GET", f"/uploads/{packed.digest}")["held"]:
+                with open(packed.archive, "rb") as f:
+                    self._json("PUT", f"/uploads/{packed.digest}", body=f,
+                               headers={"Content-Type": "application/x-tar", "Content-Length": str(packed.size)})
+            return packed.digest
+        finally:
+            packed.archive.unlink(missing_ok=True)
+
+    def _events(self, path: str, body: Any, on_event: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+        """POST, then read the server's event stream to its `done` (returned) or `error` (raised)."""
+        with self._request("POST", path, None, body) as response:
+            for line in _lines(response, path):
+                event = json.loads(line)
+                kind = event.get("event")
+                if kind == "done":
+                    return event
+                if kind == "error":
+                    raise ApiError(str(event.get("message")), 400, str(event.get("kind") or ""),
+                                   event.get("exit_code"))
+                if on_event is not None:
+                    on_event(event)
+        raise _cut_off(path, EOFError("no final event"))
 
     # ---- transport ------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, query: dict[str, Any] | None, body: Any) -> Any:
+    def _request(self, method: str, path: str, query: dict[str, Any] | None, body: Any,
+                 headers: dict[str, str] | None = None) -> Any:
         params = []
         for key, value in (query or {}).items():
             if value is None or value is False:
@@ -135,11 +324,11 @@ class Client:
                 params.append((key, "true" if one is True else str(one)))
         point = self.endpoint
         url = f"{point.url}{API}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Authorization": f"Bearer {point.token}"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        sent = {"Authorization": f"Bearer {point.token}", **(headers or {})}
+        data = body if hasattr(body, "read") else json.dumps(body).encode() if body is not None else None
+        if data is not None and "Content-Type" not in sent:
+            sent["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, method=method, headers=sent)
         try:
             return urllib.request.urlopen(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
@@ -150,8 +339,9 @@ class Client:
                                          + ("" if point.local else "; check the URL, or `corral api logout`")) \
                 from None
 
-    def _json(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
-        with self._request(method, path, query, body) as response:
+    def _json(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,
+              headers: dict[str, str] | None = None) -> Any:
+        with self._request(method, path, query, body, headers) as response:
             raw = response.read()
         try:
             return json.loads(raw)
@@ -161,15 +351,64 @@ class Client:
     def _stream(self, method: str, path: str, query: dict[str, Any], lines: bool = False) -> Iterator[Any]:
         with self._request(method, path, query, None) as response:
             if lines:
-                for line in response:
-                    if line.strip():
-                        yield line
+                yield from _lines(response, path)
                 return
             while True:
-                chunk = response.read1(65536)
+                try:
+                    chunk = response.read1(65536)
+                except (http.client.HTTPException, OSError) as exc:
+                    raise _cut_off(path, exc) from None
                 if not chunk:
                     return
                 yield chunk
+
+
+def _lines(response: Any, path: str) -> Iterator[bytes]:
+    """The non-empty lines of a streamed answer; a server that dies mid-answer is a clear error."""
+    try:
+        for line in response:
+            if line.strip():
+                yield line
+    except (http.client.HTTPException, OSError) as exc:
+        raise _cut_off(path, exc) from None
+
+
+def _cut_off(path: str, exc: BaseException) -> ServerUnreachableError:
+    return ServerUnreachableError(f"the server stopped answering {API}{path} midway ({type(exc).__name__}); "
+                                  "what it had started may have finished: `corral queue` shows it")
+
+
+def _quoted(ref: str) -> str:
+    return urllib.parse.quote(ref, safe="")
+
+
+def _pairs(values: Pairs, what: str) -> list[str]:
+    """KEY=VALUE items; a bare KEY takes its value from this process's environment (as `--secret KEY`)."""
+    if values is None:
+        return []
+    if isinstance(values, dict):
+        return [f"{k}={v}" for k, v in values.items()]
+    out = []
+    for item in values:
+        if "=" not in item:
+            if item not in os.environ:
+                raise TaskError(f"{what} {item!r}: {item} is not set in your environment; give {item}=VALUE")
+            item = f"{item}={os.environ[item]}"
+        out.append(item)
+    return out
+
+
+def _overrides(name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None, cpus: str | None,
+               memory: str | None, envs: Pairs, secrets: Pairs, time: str | None) -> dict[str, Any]:
+    given = {"name": name, "gpus": gpus, "infra": infra, "num_nodes": num_nodes, "cpus": cpus, "memory": memory,
+             "time": time}
+    out: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    if isinstance(envs, list) and any("=" not in e for e in envs):
+        bad = next(e for e in envs if "=" not in e)
+        raise TaskError(f"--env {bad!r}: expected KEY=VALUE")
+    out["envs"] = _pairs(envs, "--env")
+    out["secrets"] = _pairs(secrets, "--secret")
+    return out
 
 
 def _api_error(exc: urllib.error.HTTPError) -> ApiError:
@@ -178,9 +417,9 @@ def _api_error(exc: urllib.error.HTTPError) -> ApiError:
     except ValueError:
         body = {}
     detail = body.get("detail") if isinstance(body, dict) else None
-    kind = ""
-    if isinstance(detail, dict):  # a CorralError the server raised: its message and class
-        detail, kind = detail.get("message"), str(detail.get("kind", ""))
+    kind, exit_code = "", None
+    if isinstance(detail, dict):  # a CorralError the server raised: its message, class and exit code
+        detail, kind, exit_code = detail.get("message"), str(detail.get("kind", "")), detail.get("exit_code")
     if isinstance(detail, list):  # FastAPI's validation errors: name the fields
         parts = [f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
                  if isinstance(d, dict)]
@@ -190,8 +429,12 @@ def _api_error(exc: urllib.error.HTTPError) -> ApiError:
                   "(a local server's is controller.log in CORRAL_HOME)")
     if exc.code == 401:
         detail = f"{detail or 'unauthorized'} (the server refused the token; `corral api login URL --token ...`)"
-    return ApiError(str(detail or f"HTTP {exc.code} {exc.reason}"), exc.code, kind)
+    if exc.code == 401:
+        exit_code = EXIT_NOPERM
+    elif exc.code == 422:
+        exit_code = EXIT_DATAERR
+    return ApiError(str(detail or f"HTTP {exc.code} {exc.reason}"), exc.code, kind, exit_code)
 
 
-__all__ = ["ApiError", "CancelOutcome", "Client", "ClusterCheck", "GpuReport", "GpuRow", "Job", "QueuePage",
-           "ServerUnreachableError", "Unreachable"]
+__all__ = ["ApiError", "CancelOutcome", "Client", "ClusterCheck", "GpuReport", "GpuRow", "Job", "Launched",
+           "ManagedJob", "PlanRow", "QueuePage", "ServerUnreachableError", "Submission", "Unreachable"]

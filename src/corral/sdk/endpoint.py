@@ -66,8 +66,10 @@ def settings() -> dict[str, str]:
     """What a local server must share with the command that calls it."""
     from corral.config import cluster_file_path
 
+    hooks = {k: v for k, v in sorted(os.environ.items()) if k.startswith("CORRAL_TEST_")}  # tests' fault injection
     return {"cluster_file": str(cluster_file_path()), "ssh": shutil.which("ssh") or "",
-            "timeout": os.environ.get("CORRAL_TIMEOUT", ""), "store": os.environ.get("CORRAL_DB_URL", "")}
+            "timeout": os.environ.get("CORRAL_TIMEOUT", ""), "store": os.environ.get("CORRAL_DB_URL", ""),
+            **({"test_hooks": json.dumps(hooks)} if hooks else {})}
 
 
 def local() -> Endpoint:

@@ -115,3 +115,94 @@ class CancelOutcome:
     job_id: str
     cancelled: bool
     state: str  # the state it had when it was not cancelled (already ended)
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One place a task could run, as a launch's plan ranks it (best first; `chosen` is where it goes)."""
+
+    cluster: str
+    partition: str | None
+    infra: str
+    feasible: bool
+    reason: str
+    free_gpus: int
+    can_start_now: bool
+    predicted_start: float | None
+    chosen: bool
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PlanRow:
+        return cls(data["cluster"], data.get("partition"), str(data.get("infra") or ""), bool(data["feasible"]),
+                   str(data.get("reason") or ""), int(data.get("free_gpus") or 0), bool(data.get("can_start_now")),
+                   data.get("predicted_start"), bool(data.get("chosen")), data)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One share of a launch: one job, or one job array holding several jobs of a sweep."""
+
+    job_ids: list[str]
+    cluster: str
+    partition: str
+    slurm_job_id: str  # the array's id for a share of a sweep
+    handles: list[str]  # one per job (its array task's id in a share)
+    skipped: list[tuple[str, str]]  # (infra, why) tried first
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Submission:
+        return cls(list(data["job_ids"]), data["cluster"], data["partition"], str(data["slurm_job_id"]),
+                   list(data.get("handles") or []), [(s["infra"], s["reason"]) for s in data.get("skipped") or []],
+                   data)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What a launch submitted: per task given, its shares; with `detach=False`, each job's end too."""
+
+    tasks: list[list[Submission]]
+    ended: list[Job] = field(default_factory=list)
+
+    @property
+    def submissions(self) -> list[Submission]:
+        return [share for shares in self.tasks for share in shares]
+
+    @property
+    def job_ids(self) -> list[str]:
+        return [job_id for share in self.submissions for job_id in share.job_ids]
+
+    @property
+    def job_id(self) -> str:
+        return self.job_ids[0]
+
+
+@dataclass(frozen=True)
+class ManagedJob:
+    """A managed job: its state (the controller's), latest attempt's place and its history counters."""
+
+    job_id: str
+    name: str
+    state: str
+    reason: str | None
+    cluster: str | None
+    partition: str | None
+    slurm_job_id: str | None
+    attempts: int
+    recoveries: int
+    moves: int
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ManagedJob:
+        return cls(data["job_id"], data["name"], data["state"], data.get("reason"), data.get("cluster"),
+                   data.get("partition"), data.get("slurm_job_id"), int(data.get("attempts") or 0),
+                   int(data.get("recoveries") or 0), int(data.get("moves") or 0), data)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in MANAGED_ENDED_STATES
+
+
+MANAGED_ENDED_STATES = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"})

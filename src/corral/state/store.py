@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import private_file, private_home
-from corral.errors import CorralError
+from corral.errors import NotFoundError
 from corral.infra.base import TERMINAL_JOB_STATES, JobState
 from corral.state.models import (
     AllocationRow,
@@ -38,7 +38,7 @@ TERMINAL_STATES = frozenset(state.value for state in TERMINAL_JOB_STATES)
 LIVE_ATTEMPT_STATES = tuple(state.value for state in JobState if state not in TERMINAL_JOB_STATES)
 
 
-class JobNotFoundError(CorralError):
+class JobNotFoundError(NotFoundError):
     pass
 
 

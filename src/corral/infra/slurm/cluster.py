@@ -15,24 +15,25 @@ from typing import ClassVar
 
 from corral.errors import CorralError, ProbeParseError
 from corral.infra.base import (
+    AllocationPhase,
+    AllocationState,
     AttemptFiles,
     ClusterSnapshot,
     CopiesCheckpoints,
+    HoldsAllocations,
     Infra,
     JobRequest,
     JobStatus,
     OutputSink,
-    AllocationPhase,
-    AllocationState,
-    HoldsAllocations,
     PredictsStart,
     ReleasesHeld,
     ReportsSetupFailure,
+    RunsArrays,
     SessionKeys,
     SshRoute,
-    RunsArrays,
     SubmitResult,
 )
+from corral.infra.slurm import devscript
 from corral.infra.slurm.jobs import (
     cancel_script,
     follow_script,
@@ -43,13 +44,13 @@ from corral.infra.slurm.jobs import (
     status_script,
     test_only_script,
 )
-from corral.infra.slurm import devscript
 from corral.infra.slurm.jobscript import spec_for, submit_script
 from corral.infra.slurm.probe import parse_probe_output, probe_script
-from corral.ssh import SshTransport
+from corral.ssh import SshTransport, remote_path
 
 # What the login node keeps for itself out of the transport's timeout: connecting and answering.
 _SSH_MARGIN = 3
+CACHE_DIR = ".corral/cache"  # per-task workdir caches, under the user's home on the login node
 JOB_TIMEOUT = 30  # seconds for a submission, a status query, a cancel (sbatch may wait on a busy controller)
 
 
@@ -80,8 +81,19 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                 else (spec.log_path(None),))
         return AttemptFiles(spec.run_dir, logs)
 
-    async def upload(self, local: Path, remote: str, *, respect_ignores: bool = False) -> None:
-        await self.transport.sync(self.cluster, local, remote, respect_ignores=respect_ignores)
+    async def upload(self, local: Path, remote: str) -> None:
+        await self.transport.sync(self.cluster, local, remote)
+
+    async def upload_workdir(self, local: Path, cache_key: str, remote: str) -> None:
+        """rsync into `~/.corral/cache/<key>` (a mirror of the last workdir sent from the same folder, so
+        only changes travel), then a hard-linked copy into the attempt's folder: one more round trip,
+        no data. A file the job rewrites in place is sent again next time; the attempt keeps its copy."""
+        cache = f"{CACHE_DIR}/{cache_key}"
+        await self.transport.sync(self.cluster, local, cache + "/", mirror=True)
+        source, target = remote_path(cache), remote_path(remote)
+        script = (f"mkdir -p {target} && {{ cp -al {source}/. {target}/ 2>/dev/null "
+                  f"|| cp -a {source}/. {target}/; }}\n")
+        await self.transport.run(self.cluster, script, timeout=JOB_TIMEOUT)
 
     async def submit(self, request: JobRequest) -> SubmitResult:
         script = submit_script(spec_for(request, self.cluster))

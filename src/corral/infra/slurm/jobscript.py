@@ -19,7 +19,7 @@ import secrets
 import shlex
 from dataclasses import dataclass, field
 
-from corral.errors import CorralError
+from corral.errors import TaskError
 from corral.infra.base import DEFAULT_CHECKPOINT_DIR, JobRequest
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
@@ -104,7 +104,7 @@ def spec_for(request: JobRequest, cluster: str) -> SlurmJobSpec:
     )
 
 
-class UnsafeScriptValueError(CorralError):
+class UnsafeScriptValueError(TaskError):
     """A value that would end its line in a job script (the task model refuses these first)."""
 
 

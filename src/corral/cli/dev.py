@@ -1,0 +1,138 @@
+"""Dev allocations: `launch -c NAME`, `exec`, `ssh`, `status`, `down`, through the server's API (one
+or two calls each; this process loads the SDK and rich only)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from corral.cli.common import (
+    check_envs,
+    print_json,
+    reports_errors,
+    task_arguments,
+    write_bytes,
+)
+
+
+def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: str | None, infra: str | None,
+               num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
+               secret_values: tuple[str, ...], num_jobs: int, idle_minutes: float | None, walltime: str | None,
+               detach: bool, as_json: bool) -> int:
+    """`corral launch -c NAME`: hold (or reuse) a named allocation, then run the task in it."""
+    from corral.cli.render import LaunchProgress
+    from corral.config import load_user_settings
+    from corral.errors import TaskError
+    from corral.sdk import Client
+
+    paths, command = task_arguments(args, allow_empty=True)
+    if len(paths) > 1 or num_jobs != 1:
+        raise TaskError("a dev allocation runs one task at a time (no sweeps with -c)")
+    task = Path(paths[0]) if paths else None
+    if idle_minutes is None:
+        idle_minutes = load_user_settings().get("idle_minutes")  # type: ignore[assignment]
+    progress = LaunchProgress()
+
+    def show(event: dict[str, Any]) -> None:
+        if event.get("event") == "state":
+            progress.clear()
+            if not as_json:
+                reason = f" ({event['reason']})" if event.get("reason") else ""
+                click.echo(f"corral: {dev_name}: {event['state']}{reason}", err=True)
+        elif not as_json:
+            progress(event)
+
+    client = Client()
+    try:
+        held = client.dev_launch(dev_name, task, command=command, idle_minutes=idle_minutes, walltime=walltime,
+                                 wait=not detach, job_name=name, gpus=gpus, infra=infra, num_nodes=num_nodes,
+                                 cpus=cpus, memory=memory, envs=check_envs(envs), secrets=list(secret_values),
+                                 on_event=show)
+    finally:
+        progress.clear()
+    summary = {k: held.get(k) for k in ("name", "cluster", "partition", "slurm_job_id", "new")}
+    if detach:
+        if as_json:
+            print_json(summary)
+        return 0
+    if held["new"] and not as_json:
+        click.echo(f"corral: {dev_name} is ready on slurm/{held['cluster']}/{held['partition']} (nodes: "
+                   f"{', '.join(held['nodes'])}); `corral exec {dev_name} -- CMD`, `corral ssh {dev_name}`, or "
+                   f"`ssh {dev_name}` with `Include {held['ssh_alias']}` in ~/.ssh/config", err=True)
+    if as_json:
+        print_json({**summary, "nodes": held["nodes"]})
+    if not held.get("run"):
+        return 0
+    _job_id, code = client.dev_exec(dev_name, task, command=command, envs=check_envs(envs),
+                                    secrets=list(secret_values), on_output=write_bytes)
+    return code
+
+
+@click.command(name="exec", context_settings={"allow_interspersed_args": True})
+@click.argument("name")
+@click.argument("args", nargs=-1)
+@click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable.")
+@click.option("--secret", "secret_values", multiple=True, help="KEY=VALUE or KEY: a secret env, repeatable.")
+@reports_errors
+def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values: tuple[str, ...]) -> None:
+    """Run a task or `-- COMMAND` on every node of dev allocation NAME; exits with its exit code.
+    The task's workdir and file_mounts are synced into the allocation first."""
+    from corral.sdk import Client
+
+    paths, command = task_arguments(args)
+    if len(paths) > 1:
+        raise click.UsageError("exec runs one task file at a time")
+    _job_id, code = Client().dev_exec(name, Path(paths[0]) if paths else None, command=command,
+                                      envs=check_envs(envs), secrets=list(secret_values), on_output=write_bytes)
+    sys.exit(code)
+
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@click.argument("name")
+@click.argument("command", nargs=-1)
+@reports_errors
+def ssh(name: str, command: tuple[str, ...]) -> None:
+    """A shell on the head node of dev allocation NAME (through its login node), or run COMMAND there."""
+    import os
+
+    from corral.sdk import Client
+
+    if command and command[0] == "--":
+        command = command[1:]
+    argv = Client().dev_ssh_argv(name, " ".join(command) if command else None)
+    os.execvp(argv[0], argv)
+
+
+@click.command()
+@click.argument("names", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of allocations.")
+@reports_errors
+def status(names: tuple[str, ...], as_json: bool) -> None:
+    """Dev allocations across all clusters: state, age, idle time, walltime left."""
+    from corral.sdk import Client
+
+    allocations = Client().dev_status(list(names))
+    if as_json:
+        print_json(allocations)
+    else:
+        from corral.cli.render import render_status
+
+        render_status(allocations)
+
+
+@click.command()
+@click.argument("names", nargs=-1, required=True)
+@reports_errors
+def down(names: tuple[str, ...]) -> None:
+    """Release dev allocations (scancel), clean their files and ssh aliases."""
+    from corral.sdk import Client
+
+    client = Client()
+    for name in names:
+        if client.dev_down(name):
+            click.echo(f"{name}: released")
+        else:
+            click.echo(f"{name}: no such allocation (already down)", err=True)

@@ -1,0 +1,141 @@
+"""`corral jobs`: managed jobs, recovered from failures and re-routed while pending by the server's
+controller. Every command is one or two API calls; this process loads the SDK and rich only."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from corral.cli.common import (
+    check_envs,
+    paging,
+    print_json,
+    reports_errors,
+    task_arguments,
+    task_options,
+    write_bytes,
+)
+
+
+@click.group()
+def jobs() -> None:
+    """Managed jobs: recovered from node failures and outages, re-routed while pending."""
+
+
+@jobs.command(name="launch", context_settings={"allow_interspersed_args": True})
+@click.argument("args", nargs=-1)
+@task_options
+@click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep, at most 10,000).")
+@click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids}.")
+@click.option("-d", "--detach", "detach", is_flag=True,
+              help="Accepted as SkyPilot users type it: a managed job always returns once recorded.")
+@reports_errors
+def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None,
+                num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
+                secret_values: tuple[str, ...], num_jobs: int, as_json: bool, detach: bool) -> None:
+    """Record a managed job and return its id at once; the controller places and watches it."""
+    from corral.errors import TaskError
+    from corral.sdk import Client
+    from corral.taskfile import check_num_jobs
+
+    check_num_jobs(num_jobs)
+    paths, command = task_arguments(args)
+    if len(paths) > 1:
+        raise TaskError("a managed job runs one task file; launch several with one `corral jobs launch` each")
+    ids = Client().managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
+                                  gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
+                                  envs=check_envs(envs), secrets=list(secret_values))
+    if as_json:
+        print_json({"job_id": ids[0], "job_ids": ids})
+    else:
+        click.echo("\n".join(ids))
+
+
+@jobs.command(name="queue")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every managed job ever launched.")
+@paging("managed jobs")
+@reports_errors
+def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
+    """Managed jobs with their state, attempts and reason (as of the controller's last tick): the live
+    ones and the newest ended ones, newest first."""
+    from corral.cli.managed_table import render_managed
+    from corral.sdk import Client
+
+    shown, more = Client().managed_jobs(limit=limit, page=page, all=show_all)
+    rows = [j.raw for j in shown]
+    if as_json:
+        print_json(rows)
+    else:
+        render_managed(rows)
+        if more:
+            click.echo(f"{more} more ended managed job{'s' if more != 1 else ''}: "
+                       f"`corral jobs queue --page {page + 1}` or `--all`", err=True)
+
+
+@jobs.command(name="logs")
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Follow the current attempt until it ends.")
+@reports_errors
+def jobs_logs(job: str, follow: bool) -> None:
+    """A managed job's output across its attempts."""
+    from corral.errors import CorralError
+    from corral.sdk import Client
+
+    client = Client()
+    found = client.managed_job(job)
+    submitted = [a for a in found["attempt_list"] if a["slurm_job_id"]]
+    for attempt in submitted:
+        last = attempt is submitted[-1]
+        click.echo(f"== attempt {attempt['number']} on slurm/{attempt['cluster']}/{attempt['partition']} "
+                   f"(Slurm job {attempt['slurm_job_id']}, {attempt['state']}) ==", err=True)
+        try:
+            for chunk in client.managed_logs(found["job_id"], attempt["number"], follow=follow and last):
+                write_bytes(chunk)
+        except CorralError as exc:  # one unreachable cluster must not hide the other attempts' logs
+            click.echo(f"corral: could not read attempt {attempt['number']}'s log: {exc}", err=True)
+
+
+@jobs.command(name="cancel")
+@click.argument("job_refs", nargs=-1)
+@click.option("--all", "cancel_all", is_flag=True, help="Cancel every live managed job.")
+@reports_errors
+def jobs_cancel(job_refs: tuple[str, ...], cancel_all: bool) -> None:
+    """Ask the controller to cancel managed jobs (it scancels their attempts at once)."""
+    from corral.errors import CorralError
+    from corral.sdk import Client
+
+    if not job_refs and not cancel_all:
+        raise CorralError("name the jobs to cancel, or use --all")
+    for outcome in Client().managed_cancel(list(job_refs), all=cancel_all):
+        click.echo(f"{outcome.job_id}: " + ("cancelling" if outcome.cancelled else f"already {outcome.state.lower()}"))
+
+
+@jobs.command(name="events")
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True)
+@reports_errors
+def jobs_events(job: str, as_json: bool) -> None:
+    """A managed job's history: every state change and why."""
+    from corral.sdk import Client
+
+    events = Client().managed_job(job)["events"]
+    if as_json:
+        print_json(events)
+        return
+    for e in events:
+        click.echo(f"{time.strftime('%H:%M:%S', time.localtime(e['at']))}  {e['state']:<11} {e['reason'] or ''}")
+
+
+@jobs.command(name="why")
+@click.argument("job")
+@reports_errors
+def jobs_why(job: str) -> None:
+    """Why a pending managed job waits where it is: its Slurm reason, predicted starts here and on the
+    best alternative, and why it has not moved."""
+    from corral.sdk import Client
+
+    for line in Client().managed_why(job):
+        click.echo(line)

@@ -1,0 +1,135 @@
+"""`corral launch`: a task to the cluster that can start it soonest, through the server's API (the
+dev-allocation form, `-c NAME`, lives in `cli/dev.py`). This process loads the SDK and rich only."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from corral.cli.common import (
+    check_envs,
+    print_json,
+    reports_errors,
+    task_arguments,
+    task_options,
+    write_bytes,
+)
+
+WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
+
+
+@click.command(context_settings={"allow_interspersed_args": True})
+@click.argument("args", nargs=-1)
+@task_options
+@click.option("--num-jobs", type=int, default=1, show_default=True,
+              help="Launch N copies (a sweep, at most 10,000); CORRAL_JOB_RANK tells them apart.")
+@click.option("-d", "--detach", is_flag=True, help="Return once Slurm has accepted the job.")
+@click.option("--dryrun", is_flag=True, help="Show the placement plan; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-c", "--cluster-name", "dev_name", help="Hold a named dev allocation (or reuse it) and run the task in it.")
+@click.option("--idle-minutes", type=float, default=None, help="With -c: release the allocation after M idle minutes.")
+@click.option("--time", "walltime", help="Walltime (sbatch --time), e.g. 4:00:00.")
+@reports_errors
+def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None,
+           cpus: str | None, memory: str | None, envs: tuple[str, ...], secret_values: tuple[str, ...], num_jobs: int,
+           detach: bool, dryrun: bool, as_json: bool, dev_name: str | None, idle_minutes: float | None,
+           walltime: str | None) -> None:
+    """Run a task on the cluster that can start it soonest.
+
+    ARGS: task YAML file(s), or `-- COMMAND…` for a one-liner. Without -d, follows the job's output and
+    exits with its exit code; Ctrl-C stops following, not the job.
+    """
+    from corral.taskfile import check_num_jobs
+
+    check_num_jobs(num_jobs)
+    if dev_name and not dryrun:
+        from corral.cli.dev import launch_dev
+
+        sys.exit(launch_dev(args, dev_name, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
+                            memory=memory, envs=envs, secret_values=secret_values, num_jobs=num_jobs,
+                            idle_minutes=idle_minutes, walltime=walltime, detach=detach, as_json=as_json))
+    from corral.cli import render
+    from corral.sdk import Client
+
+    paths, command = task_arguments(args, allow_empty=bool(dev_name))
+    client = Client()
+    progress = render.LaunchProgress()
+    try:
+        result = client.launch([Path(p) for p in paths] or None, command=command, num_jobs=num_jobs, dryrun=dryrun, name=name,
+                               gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
+                               envs=check_envs(envs), secrets=list(secret_values), time=walltime,
+                               on_event=None if as_json else progress)
+    except KeyboardInterrupt:
+        progress.clear()
+        click.echo("corral: interrupted; the server finishes what it had started: `corral queue` shows "
+                   "whether a job was submitted", err=True)
+        sys.exit(130)
+    finally:
+        progress.clear()
+    if dryrun:
+        plans = [[row.raw for row in plan] for plan in result]
+        if as_json:
+            print_json(plans if len(plans) > 1 else plans[0])
+        else:
+            for plan in plans:
+                render.render_plan(plan, full=True)
+        return
+    shares = [s.raw for s in result.submissions]
+    sweep = len(shares) > 1 or num_jobs > 1
+    if as_json:
+        print_json(render.sweep_json(shares) if sweep else render.submitted_json(shares[0]))
+    if detach or sweep:
+        if not as_json:
+            for job_id in result.job_ids:
+                click.echo(job_id)
+        return
+    sys.exit(follow_to_end(client, result.job_id, progress))
+
+
+def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
+    """Wait while the job is pending (its Slurm reason and predicted start on a status line), print its
+    output as it comes, then its end; the job's exit code. Ctrl-C leaves the job running."""
+    job = None
+    try:
+        job = _wait_for_start(client, job_id, progress)
+        for chunk in client.logs(job_id, follow=True):
+            write_bytes(chunk)
+        try:
+            job = client.wait(job_id, poll=1, timeout=60)
+        except Exception:  # noqa: BLE001 - still settling in Slurm: report what is known
+            job = client.job(job_id)
+    except KeyboardInterrupt:
+        progress.clear()
+        where = f" on slurm/{job.cluster}/{job.partition}" if job is not None and job.cluster else ""
+        click.echo(f"\ncorral: {job_id} keeps running{where}; Ctrl-C only stopped following it. "
+                   f"`corral logs -f {job_id}` follows it again, `corral cancel {job_id}` stops it.", err=True)
+        return 130
+    click.echo(f"corral: {job_id} {job.state} on slurm/{job.cluster}/{job.partition} (exit code {job.exit_code})",
+               err=True)
+    if job.state == "SUCCEEDED":
+        return 0
+    return job.exit_code or 1
+
+
+def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
+    shown = None
+    while True:
+        job = client.job(job_id)
+        if job.state not in WAITING_STATES:
+            progress.clear()
+            return job
+        expected = job.raw.get("expected_start")
+        when = (f"; Slurm expects it to start {time.strftime('%H:%M:%S', time.localtime(expected))}"
+                if isinstance(expected, (int, float)) and expected > time.time() else "")
+        line = f"{job_id} {job.state} on slurm/{job.cluster}/{job.partition}" + (
+            f" ({job.reason})" if job.reason else "") + when
+        if line != shown:
+            if not sys.stderr.isatty():
+                click.echo(f"corral: {line}", err=True)
+            progress.waiting(line)
+            shown = line
+        time.sleep(1)

@@ -1,0 +1,121 @@
+"""The `/v1/dev` routes: dev allocations (`launch -c NAME`, `exec`, `status`, `down`, the ssh route).
+
+Launching a name and waiting for it are one event stream (`plan`, `skipped`, `state` per change, then
+`done` with the allocation, its nodes and the ssh alias file). `exec` streams the command's output as
+`output` events (base64, since a job's output need not be UTF-8), then `done` with the exit status.
+Requests for one name take turns on the server's event loop: two at once give one allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from corral.client import Client
+from corral.controller.v1_launch import (
+    Overrides,
+    Put,
+    TaskInput,
+    build_task,
+    event_stream,
+    launch_events,
+)
+from corral.dev import AllocationStatus, DevAllocations, check_name
+from corral.launch import Launcher
+from corral.state import Store
+
+Name = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+class DevLaunchRequest(BaseModel):
+    task: TaskInput = Field(default_factory=TaskInput)
+    overrides: Overrides = Field(default_factory=Overrides)
+    idle_minutes: float | None = Field(None, ge=0, le=525_600)
+    walltime: Annotated[str, Field(max_length=64)] | None = None
+    wait: bool = Field(True, description="Stream until the allocation is ready (or has failed)")
+
+
+class DevExecRequest(BaseModel):
+    task: TaskInput
+    overrides: Overrides = Field(default_factory=Overrides)
+
+
+def status_json(status: AllocationStatus) -> dict[str, Any]:
+    return status.to_json(time.time())
+
+
+def add_routes(router: APIRouter, store: Store) -> None:
+    locks: dict[str, asyncio.Lock] = {}
+
+    def dev(put: Put | None = None) -> DevAllocations:
+        client = Client()
+        return DevAllocations(client, store, Launcher(client, store, launch_events(put or (lambda e: None))))
+
+    @router.post("/dev/{name}")
+    async def dev_launch(name: Name, request: DevLaunchRequest) -> StreamingResponse:
+        """Hold a named allocation (or reuse a live one of the same shape), then wait until it is ready."""
+        check_name(name)
+        task, source = build_task(request.task, request.overrides)
+
+        async def work(put: Put) -> dict[str, Any]:
+            allocations = dev(put)
+            async with locks.setdefault(name, asyncio.Lock()):
+                row, new = await allocations.launch(name, task, source, request.idle_minutes, request.walltime)
+            answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
+                                      "slurm_job_id": row.slurm_job_id, "new": new, "run": task.run}
+            if not request.wait:
+                return answer
+            status = await allocations.wait_ready(
+                row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason}))
+            alias = await allocations.write_ssh_alias(row, status)
+            if task.workdir or task.file_mounts:
+                put({"event": "step", "step": "sync", "detail": f"copying the task's files to {name}"})
+                await allocations.sync_files(name, task)
+            return {**answer, "nodes": status.nodes, "ssh_alias": str(alias)}
+
+        return event_stream(work)
+
+    @router.post("/dev/{name}/exec")
+    async def dev_exec(name: Name, request: DevExecRequest) -> StreamingResponse:
+        """Run a task's `run` on every node of the allocation: its output as it comes, then its status."""
+        allocations = dev()
+        allocations.get(name)  # an unknown name is a 404 before the stream starts
+        task, source = build_task(request.task, request.overrides)
+
+        async def work(put: Put) -> dict[str, Any]:
+            def output(chunk: bytes) -> None:
+                put({"event": "output", "data": base64.b64encode(chunk).decode()})
+
+            job_id, code = await allocations.exec(name, task, source, output)
+            return {"job_id": job_id, "exit_code": code}
+
+        return event_stream(work)
+
+    @router.get("/dev")
+    async def dev_status(name: Annotated[list[str], Query(max_length=1000)] = []  # noqa: B006 - FastAPI copies it
+                         ) -> dict[str, object]:
+        """Dev allocations (all, or those named): state, nodes, idle time, walltime left; one round trip
+        per cluster."""
+        allocations = dev()
+        rows = [allocations.get(n) for n in name] if name else None
+        return {"allocations": [status_json(s) for s in await allocations.status(rows)]}
+
+    @router.delete("/dev/{name}")
+    async def dev_down(name: Name) -> dict[str, object]:
+        """Release the allocation (cancel marker, scancel) and clean its files and ssh alias."""
+        async with locks.setdefault(name, asyncio.Lock()):
+            released = await dev().down(name)
+        return {"name": name, "released": released}
+
+    @router.get("/dev/{name}/ssh")
+    async def dev_ssh(name: Name, command: Annotated[str | None, Query(max_length=100_000)] = None
+                      ) -> dict[str, object]:
+        """The ssh command line that opens a shell (or runs `command`) on the head node. It uses this
+        server's ssh configuration and keys: meant for a client on the same machine and account."""
+        return {"argv": await dev().ssh_argv(name, command)}

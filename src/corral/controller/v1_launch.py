@@ -1,0 +1,255 @@
+"""The `/v1` routes that take a task: uploads of its files, launch (plan, `dryrun`, sweeps) and managed
+jobs (launch, cancel, logs per attempt, why pending).
+
+A launch answers a stream of events, one JSON object per line, as the engine goes: `step` (probe, plan,
+sync, submit), `plan`, `skipped` (failover), `submitted` (a share: one job or one array), then `done`
+with the result, or `error` with a CorralError's message, class and exit code. The task is checked
+before the stream starts, so a bad task is a plain 400. The launch runs on as its own asyncio task: a
+client that goes away (Ctrl-C) does not interrupt a submission halfway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field, field_validator
+
+from corral import managed, uploads
+from corral.client import Client
+from corral.errors import CorralError, TaskError
+from corral.launch import Launcher, LaunchEvents
+from corral.state import Store
+from corral.state.store import MANAGED_TERMINAL
+from corral.task import Task, apply_overrides, parse_task
+from corral.taskfile import MAX_SWEEP_JOBS, MAX_TASK_FILE_BYTES, parse_yaml
+from corral.views import explain_pending, plan_json, submitted_json
+
+Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Text = Annotated[str, Field(max_length=4096)]
+
+
+class TaskFiles(BaseModel):
+    """The uploads that stand for the task's local paths (`PUT /v1/uploads/{sha256}` first)."""
+
+    workdir: Digest | None = None
+    workdir_origin: Text | None = Field(None, description="host:/path the client read the workdir from "
+                                                          "(keys the cluster-side cache)")
+    file_mounts: dict[Annotated[str, Field(max_length=4096)], Digest] = Field(default_factory=dict, max_length=1000)
+
+
+class TaskInput(BaseModel):
+    source: Annotated[str, Field(min_length=1, max_length=1000)] = "task"
+    yaml: Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)] | None = Field(
+        None, description="The task file's text (SkyPilot's task YAML)")
+    run: Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)] | None = Field(
+        None, description="A one-line task instead: `corral launch -- COMMAND`")
+    files: TaskFiles = Field(default_factory=TaskFiles)
+
+
+def _key_value(items: list[str]) -> list[str]:
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"{item!r}: expected KEY=VALUE (a client resolves `--secret KEY` from its own "
+                             "environment)")
+    return items
+
+
+class Overrides(BaseModel):
+    name: Text | None = None
+    gpus: Text | None = None
+    infra: Text | None = None
+    num_nodes: int | None = Field(None, ge=1, le=100_000)
+    cpus: Text | None = None
+    memory: Text | None = None
+    envs: list[Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)]] = Field(default_factory=list, max_length=1000)
+    secrets: list[Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)]] = Field(default_factory=list,
+                                                                                max_length=1000)
+    time: Text | None = Field(None, description="Walltime (sbatch --time)")
+
+    _pairs = field_validator("envs", "secrets")(_key_value)
+
+
+class LaunchRequest(BaseModel):
+    tasks: list[TaskInput] = Field(min_length=1, max_length=100)
+    overrides: Overrides = Field(default_factory=Overrides)
+    num_jobs: int = Field(1, ge=1, le=MAX_SWEEP_JOBS)
+    dryrun: bool = False
+
+
+class ManagedLaunchRequest(BaseModel):
+    task: TaskInput
+    overrides: Overrides = Field(default_factory=Overrides)
+    num_jobs: int = Field(1, ge=1, le=MAX_SWEEP_JOBS)
+
+
+class ManagedCancelRequest(BaseModel):
+    jobs: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list, max_length=10_000)
+    all: bool = False
+
+
+def build_task(given: TaskInput, overrides: Overrides) -> tuple[Task, str]:
+    """The task the client sent, with its overrides, its files as server-side paths; validated."""
+    source = given.source
+    if given.yaml is not None and given.run is not None:
+        raise TaskError("give either a task file or `-- COMMAND`, not both")
+    if given.run is not None:
+        task, source = parse_task({"run": given.run}, "command line"), "command line"
+    elif given.yaml is not None:
+        task = parse_task(parse_yaml(given.yaml, source), source)
+    else:
+        task = parse_task({}, source)
+    task = apply_overrides(task, source, name=overrides.name, gpus=overrides.gpus, infra=overrides.infra,
+                           num_nodes=overrides.num_nodes, cpus=overrides.cpus, memory=overrides.memory,
+                           envs=overrides.envs, secrets=overrides.secrets)
+    if overrides.time:
+        task = parse_task({**task.model_dump(exclude_none=True),
+                           "slurm": {**task.slurm.model_dump(exclude_none=True), "time": overrides.time}}, source)
+    return uploads.with_uploads(task, given.files.model_dump()), source
+
+
+_RUNNING: set[asyncio.Task[Any]] = set()  # launches whose client went away run on to the end
+
+
+Put = Callable[[dict[str, Any]], None]
+
+
+def launch_events(put: Put) -> LaunchEvents:
+    """The engine's launch callbacks as the API's events."""
+    return LaunchEvents(
+        step=lambda step, detail: put({"event": "step", "step": step, "detail": detail}),
+        plan=lambda plan: put({"event": "plan", "plan": plan_json(plan)}),
+        skipped=lambda infra, why: put({"event": "skipped", "infra": infra, "reason": why}),
+        submitted=lambda s: put({"event": "submitted", **submitted_json(s)}),
+    )
+
+
+def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingResponse:
+    """Run `work` as its own task and stream the events it puts, then `done` or `error`."""
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    put = queue.put_nowait
+
+    async def run() -> None:
+        try:
+            put({"event": "done", **await work(put)})
+        except CorralError as exc:
+            put({"event": "error", "message": str(exc), "kind": type(exc).__name__, "exit_code": exc.exit_code})
+        except Exception as exc:  # noqa: BLE001 - reported to the client as a bug, logged in full here
+            traceback.print_exception(exc)
+            put({"event": "error", "message": f"internal error: {type(exc).__name__}: {exc}", "kind": "InternalError",
+                 "exit_code": 70})
+        finally:
+            put(None)
+
+    running = asyncio.ensure_future(run())
+    _RUNNING.add(running)
+    running.add_done_callback(_RUNNING.discard)
+
+    async def body() -> AsyncIterator[bytes]:
+        while (item := await queue.get()) is not None:
+            yield (json.dumps(item) + "\n").encode()
+
+    return StreamingResponse(body(), media_type="application/x-ndjson")
+
+
+def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> None:
+    @router.get("/uploads/{digest}")
+    async def upload_held(digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")]) -> dict[str, object]:
+        """Whether the server holds these files already (then they need not be sent)."""
+        return {"digest": digest, "held": uploads.upload_path(digest) is not None}
+
+    @router.put("/uploads/{digest}")
+    async def upload(digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")], request: Request) -> dict[str, object]:
+        """Store a task's files: a tar archive (a folder as tree/, a file as file/<name>) named by its SHA-256."""
+        await uploads.receive(digest, request.stream())
+        return {"digest": digest, "held": True}
+
+    @router.post("/launch")
+    async def launch(request: LaunchRequest) -> StreamingResponse:
+        """Plan and submit tasks (with `dryrun`, plan only), streaming events as it goes."""
+        built = [build_task(t, request.overrides) for t in request.tasks]
+        launcher_store = store
+
+        async def work(put: Put) -> dict[str, Any]:
+            launcher = Launcher(Client(), launcher_store, launch_events(put))
+            if request.dryrun:
+                plans = [await launcher.plan(task, predict="all") for task, _ in built]
+                return {"plans": [plan_json(p) for p in plans]}
+            per_task = await launcher.launch_many(built, num_jobs=request.num_jobs)
+            return {"tasks": [[submitted_json(s) for s in shares] for shares in per_task]}
+
+        return event_stream(work)
+
+    @router.post("/managed")
+    async def managed_launch(request: ManagedLaunchRequest) -> dict[str, object]:
+        """Record managed jobs; the controller places and watches them (woken now)."""
+        task, source = build_task(request.task, request.overrides)
+        Launcher.check_local_files(task)
+        ids = managed.record(store, task, source, request.num_jobs)
+        wake()
+        return {"job_id": ids[0], "job_ids": ids}
+
+    @router.post("/managed/cancel")
+    async def managed_cancel(request: ManagedCancelRequest) -> dict[str, object]:
+        """Ask the controller to cancel managed jobs (it scancels their attempts on its next tick, now)."""
+        if not request.jobs and not request.all:
+            raise CorralError("name the jobs to cancel, or use --all")
+        views = managed.views(store) if request.all else [managed.resolve(store, j) for j in request.jobs]
+        live = [v for v in views if v.managed.state not in MANAGED_TERMINAL]
+        managed.request_cancel(store, [v.job.id for v in live])
+        wake()
+        return {"jobs": [{"job_id": v.job.id, "cancelling": v in live, "state": v.managed.state} for v in views]}
+
+    @router.get("/managed/{job}/attempts/{number}/logs")
+    async def attempt_logs(job: Annotated[str, Path(max_length=200)], number: Annotated[int, Path(ge=1, le=1_000_000)],
+                           follow: bool = False) -> StreamingResponse:
+        """One attempt's output (all nodes); with `follow`, until it ends."""
+        view = managed.resolve(store, job)
+        attempt = next((a for a in view.attempts if a.number == number and a.slurm_job_id), None)
+        if attempt is None:
+            raise CorralError(f"{view.job.id} has no attempt {number} on a cluster; see `corral jobs events`")
+        infra = Client().infra(attempt.cluster)
+        return stream_output(lambda sink: infra.logs(attempt.slurm_job_id or "", attempt.log_path, follow, sink))
+
+    @router.get("/managed/{job}/why")
+    async def why(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
+        """Why a pending managed job waits where it is (lines of text), from a fresh plan."""
+        from corral.controller.engine import ControllerSettings, _task
+
+        view = managed.resolve(store, job)
+        latest = view.latest
+        if latest is None or latest.state not in ("PENDING", "SUBMITTING"):
+            return {"job_id": view.job.id, "pending": False,
+                    "lines": [f"{view.job.id} is {view.managed.state}: {view.managed.reason or ''}"]}
+        plan = await Launcher(Client(), store).plan(_task(view.job), predict="all")
+        return {"job_id": view.job.id, "pending": True,
+                "lines": explain_pending(view, plan, ControllerSettings.from_env())}
+
+
+def stream_output(source: Callable[[Callable[[bytes], None]], Awaitable[None]]) -> StreamingResponse:
+    """Bytes a remote reader hands to a sink, streamed; the reader ends when the client goes away."""
+    chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            await source(chunks.put_nowait)
+        except CorralError as exc:
+            chunks.put_nowait(f"corral: error: {exc}\n".encode())
+        finally:
+            chunks.put_nowait(None)
+
+    async def body() -> AsyncIterator[bytes]:
+        task = asyncio.ensure_future(pump())
+        try:
+            while (chunk := await chunks.get()) is not None:
+                yield chunk
+        finally:
+            task.cancel()  # the reader went away: end the remote `tail -F`
+
+    return StreamingResponse(body(), media_type="application/octet-stream")
+

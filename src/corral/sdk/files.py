@@ -1,0 +1,146 @@
+"""The local files a task names (`workdir`, `file_mounts` sources), read where the user runs the command
+and packed for the server, which never reads the user's files itself. Standard library only.
+
+A relative path is relative to the directory the command runs in (as in SkyPilot), `~` is the user's
+home. A workdir leaves out what `.corralignore` at its root says, else what each `.gitignore` says for
+its own folder (rsync's rules: SkyPilot does the same with `.skyignore`); file_mounts are sent whole.
+
+Each path becomes one tar archive: a folder's contents under `tree/`, a file as `file/<its name>`. Its
+SHA-256 names it, so sending the same content twice costs one request that finds it already there.
+Cost: one walk and one tar of each path (a staging copy first when ignore rules apply), in a temporary
+file, never in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.errors import TaskError
+
+IGNORE_FILE = ".corralignore"
+
+
+@dataclass(frozen=True)
+class LocalFiles:
+    """A task's local paths, absolute: its workdir and each file_mounts source by remote path."""
+
+    workdir: Path | None = None
+    mounts: dict[str, Path] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.workdir is not None or bool(self.mounts)
+
+
+@dataclass(frozen=True)
+class Packed:
+    archive: Path  # a temporary tar file; the caller removes it
+    digest: str  # sha256 of the archive, hex
+    size: int
+
+
+def task_files(data: Any, base: Path) -> LocalFiles:
+    """The local paths of a parsed task (a mapping), checked to exist. Values of the wrong type are left
+    for the server's validation, which names the field."""
+    if not isinstance(data, dict):
+        return LocalFiles()
+    workdir = data.get("workdir")
+    found: Path | None = None
+    if isinstance(workdir, str) and workdir:
+        found = absolute(workdir, base)
+        if not found.is_dir():
+            raise TaskError(f"workdir {workdir!r} is not a directory (relative to {base})")
+    mounts: dict[str, Path] = {}
+    raw = data.get("file_mounts")
+    if isinstance(raw, dict):
+        for remote, local in raw.items():
+            if isinstance(remote, str) and isinstance(local, str) and local:
+                path = absolute(local, base)
+                if not path.exists():
+                    raise TaskError(f"file_mounts[{remote!r}]: local path {local!r} does not exist")
+                mounts[remote] = path
+    return LocalFiles(found, mounts)
+
+
+def absolute(path: str, base: Path) -> Path:
+    return Path(os.path.abspath(base / os.path.expanduser(path)))
+
+
+def origin(path: Path) -> str:
+    """Where a workdir comes from (this machine and path): the server keys its cluster-side cache by it,
+    so relaunching from the same folder sends only what changed."""
+    return f"{socket.gethostname()}:{path}"
+
+
+def ignore_filters(folder: Path) -> list[str]:
+    """rsync filter rules for a workdir: `.corralignore` at its root (gitignore-style patterns) when
+    there is one, else every `.gitignore` in it, each for its folder."""
+    own = folder / IGNORE_FILE
+    if own.is_file():
+        return [f"--exclude-from={own.resolve()}"]
+    return ["--filter=dir-merge,- .gitignore"]
+
+
+def _has_ignore_rules(folder: Path) -> bool:
+    if (folder / IGNORE_FILE).is_file():
+        return True
+    return any(".gitignore" in files for _root, _dirs, files in os.walk(folder))
+
+
+def pack(path: Path, *, workdir: bool) -> Packed:
+    """One path as a tar archive in a temporary file (see the module's docstring for the layout)."""
+    fd, name = tempfile.mkstemp(prefix="corral-upload-", suffix=".tar")
+    os.close(fd)
+    archive = Path(name)
+    try:
+        with tempfile.TemporaryDirectory(prefix="corral-workdir-") as staging:
+            source = path
+            if workdir and _has_ignore_rules(path):
+                source = Path(staging) / "tree"
+                _stage(path, source, ignore_filters(path))
+            try:
+                with tarfile.open(archive, "w") as tar:
+                    if path.is_dir():
+                        tar.add(source, arcname="tree", filter=_content_only)
+                    else:
+                        tar.add(source, arcname=f"file/{path.name}", filter=_content_only)
+            except OSError as exc:
+                raise TaskError(f"{path}: could not be read for sending: {exc.strerror or exc}") from None
+        digest = hashlib.sha256()
+        with open(archive, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        return Packed(archive, digest.hexdigest(), archive.stat().st_size)
+    except BaseException:
+        archive.unlink(missing_ok=True)
+        raise
+
+
+def _content_only(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """What the digest should depend on: names, modes, contents and files' times (rsync's quick check
+    uses them), not owners or folders' times (staging a copy changes those)."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if info.isdir():
+        info.mtime = 0
+    return info
+
+
+def _stage(source: Path, staged: Path, filters: list[str]) -> None:
+    """A local copy of `source` without what the filters leave out."""
+    if not shutil.which("rsync"):
+        raise TaskError(f"{source}: its .gitignore/.corralignore rules need rsync on this machine; install "
+                        "rsync (it stays local: the cluster needs none)")
+    done = subprocess.run(["rsync", "-a", *filters, "--", f"{source}/", f"{staged}/"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+        raise TaskError(f"{source}: could not be prepared for sending: {lines[-1] if lines else 'rsync failed'}")

@@ -1,0 +1,91 @@
+"""Reading a task file, in bounded time and memory, without validating it: the thin CLI reads the file
+here (to find the local files it must send) and the server validates the same text (`corral.task`).
+
+Bounds: at most MAX_TASK_FILE_BYTES of UTF-8, and one YAML document of at most MAX_YAML_NODES nodes
+(aliases counted at each use) nested at most MAX_YAML_DEPTH deep. Costs one PyYAML import (~10 ms).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from corral.errors import TaskError
+
+MAX_TASK_FILE_BYTES = 1024 * 1024
+MAX_YAML_NODES = 20_000  # every scalar, list and mapping, aliases counted each time they are used
+MAX_YAML_DEPTH = 32
+# A sweep's size: Slurm's default MaxJobCount is 10,000 jobs for a whole cluster.
+MAX_SWEEP_JOBS = 10_000
+
+
+def check_num_jobs(num_jobs: int) -> int:
+    if not 1 <= num_jobs <= MAX_SWEEP_JOBS:
+        raise TaskError(f"--num-jobs {num_jobs}: a sweep has 1 to {MAX_SWEEP_JOBS:,} jobs (Slurm's default "
+                        "MaxJobCount holds 10,000 jobs per cluster); launch larger sweeps in parts")
+    return num_jobs
+
+
+def read_task_text(path: Path) -> str:
+    """A task file's text, refused when missing, too large or not UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TASK_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise TaskError(f"{path}: task file not found") from None
+    except IsADirectoryError:
+        raise TaskError(f"{path}: is a directory, not a task file") from None
+    except OSError as exc:
+        raise TaskError(f"{path}: cannot read task file: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TASK_FILE_BYTES:
+        raise TaskError(f"{path}: task file is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
+                        "keep data in file_mounts, not in the task")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"{path}: not UTF-8 text (byte {exc.start}); save the task file as UTF-8") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """One YAML document, refused when it would expand beyond MAX_YAML_NODES or MAX_YAML_DEPTH."""
+    import yaml
+
+    if len(text.encode("utf-8", errors="replace")) > MAX_TASK_FILE_BYTES:
+        raise TaskError(f"{source}: task is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
+                        "keep data in file_mounts, not in the task")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where PyYAML was built with it
+    try:
+        root = yaml.compose(text, Loader=loader)
+        if root is None:
+            return None
+        _check_yaml_size(root, source)
+        return yaml.load(text, Loader=loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise TaskError(f"{where}: invalid YAML: {problem}") from None
+    except RecursionError:
+        raise TaskError(f"{source}: YAML nested deeper than {MAX_YAML_DEPTH} levels") from None
+
+
+def _check_yaml_size(root: Any, source: str) -> None:
+    import yaml
+
+    count = 0
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_YAML_NODES:
+            raise TaskError(f"{source}: YAML too large: more than {MAX_YAML_NODES} values (aliases counted "
+                            "each time they are used)")
+        if depth > MAX_YAML_DEPTH:
+            mark = node.start_mark
+            raise TaskError(f"{source}:{mark.line + 1}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack.append((key, depth + 1))
+                stack.append((value, depth + 1))

@@ -1,0 +1,145 @@
+"""The files clients send with a task (`PUT /v1/uploads/{sha256}`), kept by content under CORRAL_HOME.
+
+An upload is a tar archive (layout: `corral.sdk.files`) unpacked into `uploads/<sha256>/`: a folder as
+`tree/`, a file as `file/<name>`. Unpacking refuses absolute names, `..`, links that leave the folder
+and device files (tarfile's "data" filter). Launches then name the uploads, and the task's workdir and
+file_mounts become these server-side paths, from which the infra syncs to the cluster.
+
+Cost: one streamed write and one unpack per new content; the same content sent again is found at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from corral.config import corral_home, private_dir
+from corral.errors import NotFoundError, TaskError
+
+DIGEST = re.compile(r"^[0-9a-f]{64}\Z")
+MAX_UPLOAD_BYTES = int(os.environ.get("CORRAL_MAX_UPLOAD_BYTES", str(8 << 30)))
+ORIGIN_FILE = "origin"  # where the client read it (host:path), for the cluster-side cache's key
+
+
+class UploadError(TaskError):
+    """An upload the server refuses: wrong digest, too large, or an archive it will not unpack."""
+
+
+class UploadNotFoundError(NotFoundError):
+    """A launch names files the server does not hold (send them first)."""
+
+
+def uploads_dir() -> Path:
+    return private_dir(corral_home() / "uploads")
+
+
+def upload_path(digest: str) -> Path | None:
+    """The unpacked upload, or None if the server does not hold it."""
+    if not DIGEST.match(digest):
+        raise UploadError(f"{digest!r} is not a SHA-256 digest (64 lowercase hex digits)")
+    path = uploads_dir() / digest
+    return path if path.is_dir() else None
+
+
+async def receive(digest: str, body: AsyncIterator[bytes]) -> Path:
+    """Store an upload from a request body; idempotent (a digest already held is kept as it is)."""
+    import asyncio
+
+    found = upload_path(digest)
+    if found is not None:
+        return found
+    root = uploads_dir()
+    fd, name = tempfile.mkstemp(prefix=".incoming-", dir=root)
+    archive = Path(name)
+    try:
+        sha, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as f:
+            async for chunk in body:
+                size += len(chunk)
+                if size > MAX_UPLOAD_BYTES:
+                    raise UploadError(f"upload larger than {MAX_UPLOAD_BYTES:,} bytes (CORRAL_MAX_UPLOAD_BYTES): "
+                                      "keep datasets on the cluster and mount them by path")
+                sha.update(chunk)
+                f.write(chunk)
+        if sha.hexdigest() != digest:
+            raise UploadError(f"upload's content does not match its digest {digest[:12]}… (sent incompletely?)")
+        return await asyncio.to_thread(_unpack, archive, root / digest)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def _unpack(archive: Path, final: Path) -> Path:
+    staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=final.parent))
+    try:
+        try:
+            with tarfile.open(archive, "r:") as tar:
+                members = tar.getmembers()
+                tops = {m.name.split("/", 1)[0] for m in members}
+                if not members or not tops <= {"tree", "file"} or len(tops) != 1:
+                    raise UploadError("an upload holds one folder as tree/ or one file as file/<name>")
+                tar.extractall(staging, filter="data")
+        except tarfile.FilterError as exc:
+            raise UploadError(f"upload refused: {exc}") from None
+        except (tarfile.TarError, EOFError) as exc:
+            raise UploadError(f"upload is not a readable tar archive: {exc}") from None
+        try:
+            staging.rename(final)
+        except OSError:
+            if not final.is_dir():  # a concurrent upload of the same content won: keep its copy
+                raise
+        return final
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def resolve(digest: str, what: str) -> Path:
+    """The server-side path of an upload for a task field (`what`), a folder or the one file in it."""
+    found = upload_path(digest)
+    if found is None:
+        raise UploadNotFoundError(f"{what}: the server does not hold upload {digest[:12]}…; send it first "
+                                  "(PUT /v1/uploads/{sha256})")
+    if (found / "tree").is_dir():
+        return found / "tree"
+    [single] = list((found / "file").iterdir())
+    return single
+
+
+def with_uploads(task: Any, files: dict[str, Any]) -> Any:
+    """The task with its workdir and file_mounts sources replaced by the uploads the client sent for
+    them (`{"workdir": sha256, "file_mounts": {remote: sha256}, "workdir_origin": "host:/path"}`)."""
+    update: dict[str, Any] = {}
+    mounts = files.get("file_mounts") or {}
+    if task.workdir:
+        if not files.get("workdir"):
+            raise TaskError(f"workdir {task.workdir!r}: its files were not sent with the task (a client must "
+                            "upload them: corral.sdk does)")
+        update["workdir"] = str(resolve(files["workdir"], "workdir"))
+        origin = files.get("workdir_origin")
+        if isinstance(origin, str) and origin:
+            (Path(update["workdir"]).parent / ORIGIN_FILE).write_text(json.dumps(origin))
+    if task.file_mounts:
+        missing = [remote for remote in task.file_mounts if not mounts.get(remote)]
+        if missing:
+            raise TaskError(f"file_mounts {', '.join(map(repr, missing))}: their files were not sent with the task")
+        update["file_mounts"] = {remote: str(resolve(mounts[remote], f"file_mounts[{remote!r}]"))
+                                 for remote in task.file_mounts}
+    return task.model_copy(update=update) if update else task
+
+
+def cache_key(workdir: str) -> str:
+    """The cluster-side cache a workdir syncs into: one per origin (machine and folder) when the client
+    said where it read it, else one per content."""
+    path = Path(workdir)
+    try:
+        key = json.loads((path.parent / ORIGIN_FILE).read_text())
+    except (OSError, ValueError):
+        key = str(path)
+    return hashlib.sha256(str(key).encode()).hexdigest()[:16]

@@ -1,0 +1,128 @@
+"""The API's JSON for engine objects (plans, submissions, jobs, a pending job's explanation): built in
+the server, rendered by the CLI (`cli/render.py`) and returned by `corral.sdk` as they are."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from corral.cli.consoles import minutes
+
+if TYPE_CHECKING:
+    from corral.controller.engine import ControllerSettings
+    from corral.launch import Submitted
+    from corral.managed import ManagedView
+    from corral.placement import Candidate, Plan
+    from corral.state.store import JobView
+
+
+def plan_json(plan: Plan) -> list[dict[str, object]]:
+    """Every candidate, best first (`chosen` marks where the task goes), then the unreachable clusters."""
+    ranked = plan.ranked()
+    chosen = next((c for c in ranked if c.feasible), None)
+    rows: list[dict[str, object]] = [
+        {
+            "cluster": c.cluster,
+            "partition": c.partition,
+            "infra": c.infra,
+            "resources": c.option.describe(),
+            "feasible": c.feasible,
+            "reason": c.reason,
+            "accelerators": str(c.option.accelerator) if c.option.accelerator else None,
+            "gres": c.gres,
+            "free_gpus": c.free_gpus,
+            "can_start_now": c.startable_now,
+            "predicted_start": c.predicted_start,
+            "prediction": c.prediction_note,
+            "pressure": round(c.pressure, 3),
+            "chosen": c is chosen,
+        }
+        for c in ranked
+    ]
+    rows += [{"cluster": cluster, "partition": None, "infra": f"slurm/{cluster}", "feasible": False, "reason": error,
+              "free_gpus": 0, "predicted_start": None, "chosen": False, "unreachable": True}
+             for cluster, error in plan.unreachable.items()]
+    return rows
+
+
+def submitted_json(s: Submitted) -> dict[str, object]:
+    """One share of a launch (one job, or one array of a sweep's jobs) and what was skipped first."""
+    return {"job_id": s.job_ids[0], "job_ids": s.job_ids, "cluster": s.cluster, "partition": s.partition,
+            "slurm_job_id": s.handle, "skipped": [{"infra": i, "reason": r} for i, r in s.tries],
+            "handles": s.handles, "log_path": s.log_path}
+
+
+def job_json(view: JobView) -> dict[str, object]:
+    a = view.attempt
+    return {
+        "job_id": view.job.id, "name": view.job.name, "cluster": a.cluster, "partition": a.partition,
+        "slurm_job_id": a.slurm_job_id, "state": a.state, "reason": a.reason, "attempt": a.number,
+        "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
+        "expected_start": a.expected_start if a.state == "PENDING" else None,
+        "exit_code": a.exit_code, "job_rank": view.job.job_rank, "sweep_id": view.job.sweep_id,
+    }
+
+
+def start_text(c: Candidate) -> str:
+    if c.startable_now:
+        return "now"
+    if c.predicted_start is None:
+        return (c.prediction_note or "-")[:60] if c.feasible else "-"
+    delta = c.predicted_start - time.time()
+    if delta > 86400 * 365:
+        return "not foreseeable"
+    return "now" if delta < 60 else f"in {duration(delta)}"
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d{(seconds % 86400) // 3600}h"
+
+
+def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings) -> list[str]:
+    """Why a pending managed job waits where it is, as lines of text: its Slurm reason, the start
+    there and on the best alternative, and why the controller has not moved it."""
+    latest = view.latest
+    assert latest is not None
+    now = time.time()
+    here = next((c for c in plan.candidates if (c.cluster, c.partition) == (latest.cluster, latest.partition)), None)
+    others = [c for c in plan.feasible() if (c.cluster, c.partition) != (latest.cluster, latest.partition)]
+    best = min(others, key=lambda c: c.predicted_start if c.predicted_start is not None else math.inf, default=None)
+    reason = latest.reason or "waiting for the scheduler"
+    lines = [f"{view.job.id} is pending on slurm/{latest.cluster}/{latest.partition}: {reason}"]
+    here_start = latest.expected_start or (here.predicted_start if here else None)
+    source = "Slurm's estimate for this job" if latest.expected_start else "predicted by sbatch --test-only"
+    lines.append(f"  start there: {_at(here_start, now)} ({source})" if here_start else
+                 f"  start there: {start_text(here) if here else 'unknown'}")
+    if best is None:
+        return lines + ["  no other cluster can run it"]
+    lines.append(f"  best alternative: {best.infra}, start {start_text(best)}")
+    if here is not None and here.startable_now:
+        why = "its own cluster can start it now"
+    elif best.startable_now:
+        why = (f"it will move on the controller's next tick (pending ≥ {settings.reroute_after:g}s, "
+               f"no move in the last {settings.reroute_cooldown:g}s)")
+    elif here_start is None or best.predicted_start is None:
+        why = "no start time is known for both, so there is nothing to compare"
+    else:
+        gain, needed = here_start - best.predicted_start, settings.margin(here_start, now)
+        if gain < needed:
+            sooner = f"only {minutes(gain)} sooner" if gain > 0 else "not sooner"
+            why = (f"the alternative is {sooner}; a move needs "
+                   f"{minutes(needed)} (at least {settings.reroute_margin:g}s and "
+                   f"{settings.reroute_margin_fraction:.0%} of the wait)")
+        else:
+            why = (f"it will move: {minutes(gain)} sooner is more than the {minutes(needed)} margin "
+                   f"(predictions are refreshed every {settings.predict_interval:g}s)")
+    return lines + [f"  not moved because: {why}"]
+
+
+def _at(epoch: float, now: float) -> str:
+    return f"{time.strftime('%H:%M:%S', time.localtime(epoch))} (in {minutes(epoch - now)})"

@@ -1,0 +1,45 @@
+"""corral.sdk against a real server and the testbed: the same API the CLI uses, with typed results."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.sdk import ApiError, Client, PlanRow
+
+
+def test_the_sdk_launches_yaml_text_a_dict_and_a_file_and_waits_for_the_end(corral_env, clean_queues, tmp_path):
+    client = Client()
+    done = client.launch("name: sdk-yaml\nresources:\n  cpus: 1\nrun: echo from yaml\n", detach=False)
+    assert [(j.name, j.state, j.exit_code) for j in done.ended] == [("sdk-yaml", "SUCCEEDED", 0)]
+    assert b"".join(client.logs(done.job_id)) == b"from yaml\n"
+
+    events: list[dict] = []
+    sweep = client.launch({"run": "echo rank $CORRAL_JOB_RANK", "resources": {"cpus": 1}}, num_jobs=3,
+                          on_event=events.append)
+    assert len(sweep.job_ids) == 3 and len(set(sweep.job_ids)) == 3
+    assert [e["step"] for e in events if e["event"] == "step"][:2] == ["probe", "plan"]
+    assert sum(len(e["job_ids"]) for e in events if e["event"] == "submitted") == 3
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "hello.txt").write_text("from the workdir\n")
+    task = tmp_path / "task.yaml"
+    task.write_text("workdir: code\nresources:\n  infra: slurm/cirrus\nrun: cat hello.txt\n")
+    [plan] = client.launch(task, dryrun=True, base=tmp_path)
+    assert all(isinstance(row, PlanRow) for row in plan) and [r.cluster for r in plan if r.chosen] == ["cirrus"]
+    ended = client.launch(task, base=tmp_path, detach=False).ended
+    assert ended[0].state == "SUCCEEDED" and ended[0].cluster == "cirrus"
+    assert b"".join(client.logs(ended[0].job_id)) == b"from the workdir\n"
+
+
+def test_the_sdk_raises_the_servers_refusal_with_its_class_and_exit_code(corral_env):
+    client = Client()
+    with pytest.raises(ApiError) as refused:
+        client.launch("resources:\n  acelerators: H100:1\nrun: echo\n")
+    assert refused.value.status == 400 and refused.value.kind == "TaskError" and refused.value.exit_code == 65
+    assert "resources.acelerators: unknown field; did you mean 'accelerators'?" in str(refused.value)
+    with pytest.raises(ApiError) as impossible:
+        client.launch({"run": "true", "resources": {"accelerators": "H100:64"}})
+    assert impossible.value.kind == "NoFeasibleClusterError" and impossible.value.exit_code == 69
+    with pytest.raises(ApiError) as unknown:
+        client.job("c-nope")
+    assert unknown.value.status == 404 and unknown.value.exit_code == 66

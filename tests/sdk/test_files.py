@@ -1,0 +1,149 @@
+"""The client reads a task's local files where the user runs the command and packs them for the server;
+the server unpacks only what is safe (`corral.uploads`). No cluster needed."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from corral.errors import TaskError
+from corral.sdk.files import pack, task_files
+from corral import uploads
+
+
+def members(archive: Path) -> list[str]:
+    with tarfile.open(archive) as tar:
+        return sorted(m.name for m in tar.getmembers() if m.isfile())
+
+
+def workdir_with_ignores(root: Path) -> Path:
+    src = root / "work"
+    for folder in ("build", "sub", "data"):
+        (src / folder).mkdir(parents=True)
+    (src / ".gitignore").write_text("*.ckpt\nbuild/\n")
+    (src / "sub" / ".gitignore").write_text("local.txt\n")
+    for name in ("a.py", "model.ckpt", "build/x", "sub/local.txt", "sub/keep.py", "data/big.bin"):
+        (src / name).write_text(name)
+    return src
+
+
+def test_relative_paths_are_taken_from_where_the_command_runs(tmp_path, monkeypatch):
+    (tmp_path / "proj" / "code").mkdir(parents=True)
+    (tmp_path / "proj" / "data.csv").write_text("1,2\n")
+    home = tmp_path / "home"
+    (home / "shared").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    found = task_files({"workdir": "code", "file_mounts": {"/data/x.csv": "data.csv", "s": "~/shared"}},
+                       tmp_path / "proj")
+    assert found.workdir == tmp_path / "proj" / "code"
+    assert found.mounts == {"/data/x.csv": tmp_path / "proj" / "data.csv", "s": home / "shared"}
+
+
+def test_a_missing_local_path_is_named_before_anything_is_sent(tmp_path):
+    with pytest.raises(TaskError, match=r"workdir 'nope' is not a directory \(relative to "):
+        task_files({"workdir": "nope"}, tmp_path)
+    with pytest.raises(TaskError, match=r"file_mounts\['/d'\]: local path 'gone.txt' does not exist"):
+        task_files({"file_mounts": {"/d": "gone.txt"}}, tmp_path)
+    # values of the wrong type are the server's to report (it names the field), not a crash here
+    assert not task_files({"workdir": 3, "file_mounts": ["x"]}, tmp_path)
+    assert not task_files(["not", "a", "mapping"], tmp_path)
+
+
+def test_a_workdir_leaves_out_what_gitignore_or_corralignore_says(tmp_path):
+    """As SkyPilot does with .gitignore and .skyignore: every .gitignore, each for its own folder; or
+    `.corralignore` at the root instead."""
+    src = workdir_with_ignores(tmp_path)
+    packed = pack(src, workdir=True)
+    assert members(packed.archive) == ["tree/.gitignore", "tree/a.py", "tree/data/big.bin", "tree/sub/.gitignore",
+                                       "tree/sub/keep.py"]
+    (src / ".corralignore").write_text("data/\n*.ckpt\n")  # takes over from .gitignore
+    assert members(pack(src, workdir=True).archive) == [
+        "tree/.corralignore", "tree/.gitignore", "tree/a.py", "tree/build/x", "tree/sub/.gitignore",
+        "tree/sub/keep.py", "tree/sub/local.txt"]
+
+
+def test_the_same_content_packs_to_the_same_digest_and_a_change_to_another(tmp_path):
+    src = workdir_with_ignores(tmp_path)
+    first, again = pack(src, workdir=True), pack(src, workdir=True)
+    assert first.digest == again.digest == hashlib.sha256(first.archive.read_bytes()).hexdigest()
+    (src / "model.ckpt").write_text("ignored: no change")
+    assert pack(src, workdir=True).digest == first.digest
+    (src / "a.py").write_text("changed")
+    assert pack(src, workdir=True).digest != first.digest
+
+
+def test_a_file_mount_is_sent_whole_under_its_own_name(tmp_path):
+    (tmp_path / ".gitignore").write_text("*.csv\n")  # ignore rules are for workdirs only
+    data = tmp_path / "data.csv"
+    data.write_text("1,2\n")
+    assert members(pack(data, workdir=False).archive) == ["file/data.csv"]
+
+
+# ---- the server's side ------------------------------------------------------------------------------
+
+def receive(archive: bytes, digest: str | None = None) -> Path:
+    async def body():
+        yield archive[: len(archive) // 2]
+        yield archive[len(archive) // 2:]
+
+    return asyncio.run(uploads.receive(digest or hashlib.sha256(archive).hexdigest(), body()))
+
+
+def tar_of(entries: list[tarfile.TarInfo], data: bytes = b"x") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for info in entries:
+            if info.isfile():
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                tar.addfile(info)
+    return out.getvalue()
+
+
+def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info
+
+
+def test_the_server_unpacks_an_upload_once_and_resolves_it(corral_home):
+    src = workdir_with_ignores(corral_home.parent)
+    packed = pack(src, workdir=True)
+    archive = packed.archive.read_bytes()
+    held = receive(archive)
+    assert held == uploads.upload_path(packed.digest) and (held / "tree" / "sub" / "keep.py").read_text() == "sub/keep.py"
+    assert not (held / "tree" / "model.ckpt").exists()
+    assert receive(archive) == held  # idempotent: the same content again is found, not unpacked again
+    assert uploads.resolve(packed.digest, "workdir") == held / "tree"
+
+
+@pytest.mark.parametrize("entries, why", [
+    ([entry("tree/../../escape")], "outside"),
+    ([entry("/etc/evil")], "outside|absolute|tree/ or one file"),
+    ([entry("tree/link", tarfile.SYMTYPE, "/etc/passwd")], "absolute|outside"),
+    ([entry("tree/dev", tarfile.CHRTYPE)], "special|device"),
+    ([entry("tree/a"), entry("file/b")], "one folder as tree/ or one file as file/"),
+])
+def test_the_server_refuses_an_upload_that_would_write_outside_its_folder(corral_home, entries, why):
+    with pytest.raises(uploads.UploadError, match=why):
+        receive(tar_of(entries))
+    assert not any(p.name != ".incoming" for p in uploads.uploads_dir().iterdir() if not p.name.startswith("."))
+    assert not (corral_home.parent / "escape").exists()
+
+
+def test_the_server_refuses_content_that_does_not_match_its_digest(corral_home):
+    archive = tar_of([entry("tree/a")])
+    with pytest.raises(uploads.UploadError, match="does not match its digest"):
+        receive(archive, "0" * 64)
+    assert list(uploads.uploads_dir().iterdir()) == []
+
+
+def test_a_launch_naming_files_the_server_lacks_is_refused(corral_home):
+    with pytest.raises(uploads.UploadNotFoundError, match="does not hold upload 000000000000"):
+        uploads.resolve("0" * 64, "workdir")
