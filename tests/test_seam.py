@@ -37,7 +37,7 @@ def test_a_refusal_fails_over_to_the_next_candidate_and_is_classed_rejected(stor
     assert [(a.cluster, a.state, a.failure) for a in attempts] == [
         ("alpine", "SUBMIT_FAILED", "rejected"), ("borealis", "PENDING", None)]
     assert attempts[0].reason == "alpine: fake refuses gpu"
-    assert attempts[1].slurm_job_id == share.handle and share.tries == [("slurm/alpine/gpu", attempts[0].reason)]
+    assert attempts[1].handle == share.handle and share.tries == [("slurm/alpine/gpu", attempts[0].reason)]
     # The request the backend got is generic: the place, and the accelerator as that place spells it.
     [request] = client.infras["borealis"].requests
     assert (request.place, request.accelerator_type, request.accelerators_per_node) == ("h100-cluster", "H100", 2)
@@ -65,7 +65,7 @@ def test_a_sweep_is_split_into_arrays_no_larger_than_the_infra_allows(store):
     shares = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"}, num_jobs=7)
     assert [len(s.job_ids) for s in shares] == [3, 3, 1]
     assert shares[0].handles == [f"{shares[0].handle}.{i}" for i in range(3)]
-    recorded = {a.job_id: a.slurm_job_id for attempts in store.attempts_of(
+    recorded = {a.job_id: a.handle for attempts in store.attempts_of(
         [j for s in shares for j in s.job_ids]).values() for a in attempts}
     assert sorted(recorded.values()) == sorted(h for s in shares for h in s.handles)
 
@@ -127,11 +127,11 @@ def test_a_moved_attempt_that_ran_after_all_ends_the_job_and_no_other_attempt_ru
     store.update_attempt(first.token, state="CANCELLING", reason="re-routed to slurm/cirrus/b300")
     store.add_jobs([], [AttemptRow(token="moved0000001", job_id=job_id, number=2, cluster="cirrus",
                                    partition="b300", state="PENDING", created_at=first.created_at + 1,
-                                   run_dir="runs/moved", log_path="runs/moved/log-0", slurm_job_id="777")])
+                                   run_dir="runs/moved", log_path="runs/moved/log-0", handle="777")])
     from tests.fakes import status
 
     cirrus.jobs["777"] = status("777", "moved0000001", JobState.PENDING)
-    cirrus.finish(first.slurm_job_id, JobState.SUCCEEDED)  # the lost kill: it ran to the end
+    cirrus.finish(first.handle, JobState.SUCCEEDED)  # the lost kill: it ran to the end
     asyncio.run(controller.tick())
     [view] = managed.views(store, [job_id])
     assert view.managed.state == "SUCCEEDED" and "attempt 1 succeeded" in view.managed.reason
@@ -216,14 +216,14 @@ def moved(store, old_fate: JobState, ended_at: float | None = None):
     assert (old_now.state, new.held, client.infras["borealis"].requests[-1].held) == ("CANCELLING", True, True)
     asyncio.run(controller.tick())  # Slurm still shows the old attempt: the new one stays held
     assert client.infras["borealis"].released == [] and store.attempts_of([job_id])[job_id][1].held
-    client.infras["alpine"].finish(old.slurm_job_id, old_fate, ended_at=ended_at)
+    client.infras["alpine"].finish(old.handle, old_fate, ended_at=ended_at)
     asyncio.run(controller.tick())
     return client, managed.views(store, [job_id])[0], new, controller
 
 
 def test_a_move_is_released_once_the_old_attempt_is_confirmed_cancelled(store):
     client, view, new, _ = moved(store, JobState.CANCELLED)
-    assert client.infras["borealis"].released == [new.slurm_job_id]
+    assert client.infras["borealis"].released == [new.handle]
     assert [(a.state, bool(a.held)) for a in view.attempts] == [("CANCELLED", False), ("PENDING", False)]
 
 
@@ -238,15 +238,15 @@ def test_a_move_is_released_only_once_the_task_side_cancel_fence_has_had_its_tim
     assert client.infras["borealis"].released == [] and view.attempts[1].held
     assert "held until attempt 1" in view.managed.reason
     old = view.attempts[0]
-    client.infras["alpine"].finish(old.slurm_job_id, JobState.CANCELLED,
+    client.infras["alpine"].finish(old.handle, JobState.CANCELLED,
                                    ended_at=time.time() - CANCEL_FENCE_SECONDS - 1)
     store.update_attempt(old.token, ended_at=time.time() - CANCEL_FENCE_SECONDS - 1)
     asyncio.run(controller.tick())
-    assert client.infras["borealis"].released == [new.slurm_job_id]
+    assert client.infras["borealis"].released == [new.handle]
 
 
 def test_a_move_whose_old_attempt_ran_after_all_is_never_released(store):
     client, view, new, _ = moved(store, JobState.SUCCEEDED)
-    assert client.infras["borealis"].released == [] and new.slurm_job_id in client.infras["borealis"].cancelled
+    assert client.infras["borealis"].released == [] and new.handle in client.infras["borealis"].cancelled
     assert view.managed.state == "SUCCEEDED"
     assert [a.state for a in view.attempts] == ["SUCCEEDED", "CANCELLED"]

@@ -78,7 +78,7 @@ class AllocationStatus:
         r = self.row
         return {
             "name": r.name, "cluster": r.cluster, "partition": r.partition, "state": self.state,
-            "reason": self.reason, "slurm_job_id": r.slurm_job_id, "num_nodes": r.num_nodes, "gres": r.gres,
+            "reason": self.reason, "slurm_job_id": r.handle, "num_nodes": r.num_nodes, "gres": r.accelerator,
             "nodes": self.nodes, "age_seconds": round(now - r.created_at),
             "idle_seconds": round(now - self.last_active) if self.last_active else None,
             "idle_limit_seconds": r.idle_seconds or None, "time_left": self.time_left,
@@ -155,7 +155,7 @@ class DevAllocations:
             assert isinstance(infra, HoldsAllocations)
             request = self.launcher.job_request(task, candidate, token, (name,), envs)
             row = AllocationRow(name=name, token=token, cluster=candidate.cluster, partition=candidate.partition,
-                                slurm_job_id=None, num_nodes=task.num_nodes, gres=candidate.gres,
+                                handle=None, num_nodes=task.num_nodes, accelerator=candidate.gres,
                                 gpus_per_node=request.accelerators_per_node, resources=wanted,
                                 run_dir=infra.attempt_files(request).run_dir, idle_seconds=idle_seconds,
                                 created_at=time.time())
@@ -176,7 +176,7 @@ class DevAllocations:
             raise CorralError(f"no cluster accepted the allocation ({failover.summary()})")
         candidate, answer = accepted
         row = rows[id(candidate)]
-        row.slurm_job_id = answer.handle
+        row.handle = answer.handle
         self.store.put_allocation(row)
         return row, True
 
@@ -210,9 +210,9 @@ class DevAllocations:
         results: dict[str, AllocationStatus] = {}
 
         async def one(cluster: str, group: list[AllocationRow]) -> None:
-            submitted = [r for r in group if r.slurm_job_id]
+            submitted = [r for r in group if r.handle]
             for r in group:
-                if not r.slurm_job_id:
+                if not r.handle:
                     results[r.name] = AllocationStatus(r, "UNKNOWN", "never reached Slurm", [], None, None, None)
             if not submitted:
                 return
@@ -222,10 +222,10 @@ class DevAllocations:
                 states = {}
                 why = str(exc)
             else:
-                states = await infra.allocation_states([(r.slurm_job_id or "", r.run_dir) for r in submitted])
+                states = await infra.allocation_states([(r.handle or "", r.run_dir) for r in submitted])
                 why = "no answer"
             for r in submitted:
-                state = states.get(r.slurm_job_id or "")
+                state = states.get(r.handle or "")
                 results[r.name] = (AllocationStatus(r, state.phase.value, state.reason, state.nodes, None,
                                                     state.last_active, state.time_left, sshd=state.sshd)
                                    if state else AllocationStatus(r, "UNKNOWN", why, [], None, None, None))
@@ -249,7 +249,7 @@ class DevAllocations:
     async def exec(self, name: str, task: Task, source: str, on_output: Callable[[bytes], None]) -> tuple[str, int]:
         """Run the task's `run` on every node of the allocation; returns (job id, exit status)."""
         row = self.get(name)
-        if not row.slurm_job_id:
+        if not row.handle:
             raise CorralError(f"allocation {name!r} never reached Slurm; `corral down {name}` and launch it again")
         envs = job_environment(task, source)
         [job_id] = self.store.new_job_ids(1)
@@ -259,14 +259,14 @@ class DevAllocations:
                     secrets_sealed=seal(resolved_secrets(task, source)),
                     created_at=time.time(), allocation=name)],
             [AttemptRow(token=token, job_id=job_id, number=1, cluster=row.cluster, partition=row.partition,
-                        slurm_job_id=row.slurm_job_id, state="RUNNING", created_at=time.time(),
+                        handle=row.handle, state="RUNNING", created_at=time.time(),
                         run_dir=row.run_dir, log_path=f"{row.run_dir}/exec/{job_id}/run.sh",
                         started_at=time.time(), submitted_at=time.time())],
         )
         infra = self._holder(row.cluster)
         try:
             await self.sync_files(name, task)
-            status = await infra.exec_in(row.slurm_job_id, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
+            status = await infra.exec_in(row.handle, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
                                          envs, task.run or "", on_output)
         except BaseException:
             self.store.update_attempt(token, state="FAILED", reason="interrupted", ended_at=time.time())
@@ -293,12 +293,12 @@ class DevAllocations:
         [status] = await self.status([row])
         if status.state != "READY" or not status.nodes:
             raise CorralError(f"allocation {name!r} is {status.state}; cannot open a shell in it")
-        return self._holder(row.cluster).shell_argv(row.slurm_job_id or "", status.nodes[0], command)
+        return self._holder(row.cluster).shell_argv(row.handle or "", status.nodes[0], command)
 
     async def write_ssh_alias(self, row: AllocationRow, status: AllocationStatus) -> Path:
         """An ssh config Include so that plain `ssh NAME` and editors' remote-SSH reach the head node."""
         head = status.nodes[0]
-        job_id = row.slurm_job_id or ""
+        job_id = row.handle or ""
         route = await self._holder(row.cluster).ssh_route(row.name, job_id, head, row.run_dir, status.sshd)
         entry = devssh.alias_entry(name=row.name, token=row.token, cluster=row.cluster, partition=row.partition,
                                    slurm_job_id=job_id, head_node=head, login_settings=route.login_settings,
@@ -312,7 +312,7 @@ class DevAllocations:
         if row is None:
             return False
         try:
-            await self._holder(row.cluster).release(row.slurm_job_id, row.run_dir)
+            await self._holder(row.cluster).release(row.handle, row.run_dir)
         except ClusterError as exc:
             raise CorralError(f"could not take {name!r} down: {exc}") from exc
         self.store.delete_allocation(name)

@@ -311,7 +311,7 @@ class Launcher:
                 AttemptRow(token=token if not request.is_array else f"{token}.{i}", job_id=jid, number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",
                            created_at=time.time(), run_dir=files.run_dir, log_path=files.log_paths[i],
-                           array_index=i if request.is_array else None, submitter=process_tag(),
+                           submitter=process_tag(),
                            held=request.held or None)
                 for i, jid in enumerate(job_ids)
             ]
@@ -345,7 +345,7 @@ class Launcher:
         now = time.time()
         handles = [infra.array_handle(result.handle, i) if request.is_array and isinstance(infra, RunsArrays)
                    else result.handle for i in range(len(attempts))]
-        self.store.update_attempts({a.token: {"slurm_job_id": handle, "state": "PENDING", "submitted_at": now}
+        self.store.update_attempts({a.token: {"handle": handle, "state": "PENDING", "submitted_at": now}
                                     for a, handle in zip(attempts, handles)})
         submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.handle,
                               attempts[0].log_path, failover.tries, handles)

@@ -33,7 +33,7 @@ class ManagedView:
             "job_id": self.job.id, "name": self.job.name, "state": self.managed.state,
             "reason": self.managed.reason, "cluster": latest.cluster if latest else None,
             "partition": latest.partition if latest else None,
-            "slurm_job_id": latest.slurm_job_id if latest else None, "attempts": len(self.attempts),
+            "slurm_job_id": latest.handle if latest else None, "attempts": len(self.attempts),
             "attempt_state": latest.state if latest else None, "restarts_on_errors": self.managed.restarts_on_errors,
             "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,
             "created_at": self.job.created_at,

@@ -61,7 +61,7 @@ class Tracker:
             if cluster not in known:
                 errors[cluster] = f"cluster {cluster!r} is no longer in {self.client.registry.path}"
                 return
-            ids = [a.slurm_job_id for a in attempts if a.slurm_job_id]
+            ids = [a.handle for a in attempts if a.handle]
             try:
                 statuses = await self.client.infra(cluster).status(ids)
             except CorralError as exc:
@@ -109,7 +109,7 @@ class Tracker:
         ids = [live[a.token].handle for a in orphans]
         await infra.cancel(ids, [a.run_dir for a in orphans])
         self.store.update_attempts({
-            a.token: {"slurm_job_id": live[a.token].handle,
+            a.token: {"handle": live[a.token].handle,
                       "reason": f"{a.reason or a.state}; Slurm had the job after all, running on its own: "
                                 "cancelled it there"}
             for a in orphans})
@@ -123,8 +123,8 @@ class Tracker:
             by_cluster.setdefault(view.attempt.cluster, []).append(view)
 
         async def one(cluster: str, group: list[JobView]) -> None:
-            sent = [v.attempt for v in group if v.attempt.slurm_job_id]
-            await self.client.infra(cluster).cancel([a.slurm_job_id or "" for a in sent], [a.run_dir for a in sent])
+            sent = [v.attempt for v in group if v.attempt.handle]
+            await self.client.infra(cluster).cancel([a.handle or "" for a in sent], [a.run_dir for a in sent])
             now = time.time()
             self.store.update_attempts({v.attempt.token: {"state": "CANCELLED", "reason": "cancelled by user",
                                                           "ended_at": now} for v in group})
@@ -134,10 +134,10 @@ class Tracker:
 
     async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None]) -> None:
         attempt = view.attempt
-        if not attempt.slurm_job_id:
+        if not attempt.handle:
             raise CorralError(f"{view.job.id} has not reached its cluster yet ({attempt.state}); no logs")
         infra = self.client.infra(attempt.cluster)
-        await infra.logs(attempt.slurm_job_id, attempt.log_path, follow, on_output)
+        await infra.logs(attempt.handle, attempt.log_path, follow, on_output)
 
 
 def _attempt_key(status: JobStatus, infra: Infra) -> str:
@@ -153,9 +153,9 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
     updates: dict[str, dict[str, object]] = {}
     for attempt in attempts:
         # By name first: tokens are unique, while job ids restart when a cluster's state is reset.
-        status = by_name.get(attempt.token) or by_id.get(attempt.slurm_job_id or "")
+        status = by_name.get(attempt.token) or by_id.get(attempt.handle or "")
         if status is None:
-            if attempt.slurm_job_id is None:
+            if attempt.handle is None:
                 # Settled at once when the submitting process is gone (nothing can still be sending
                 # it), else after the grace period; a copy that turns up later is an orphan, reaped.
                 if tag_alive(attempt.submitter) is False or now - attempt.created_at > SUBMIT_GRACE_SECONDS:
@@ -177,8 +177,8 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
             "exit_code": status.exit_code,
             "failure": status.failure.value if status.failure else None,
         }
-        if attempt.slurm_job_id is None:  # adopted after an interrupted submission
-            fields["slurm_job_id"] = status.handle
+        if attempt.handle is None:  # adopted after an interrupted submission
+            fields["handle"] = status.handle
         if attempt.state in ("CANCELLED", "CANCELLING") and status.state in LIVE_STATES:
             fields["state"] = attempt.state  # cancel sent (or due); the infra has not caught up yet
             fields["reason"] = attempt.reason

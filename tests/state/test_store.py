@@ -36,9 +36,9 @@ def test_jobs_attempts_and_the_latest_attempt(store):
     store.add_jobs([job("c-1"), job("c-2", "eval", rank=1)], [attempt("t1", "c-1"), attempt("t2", "c-2")])
     store.add_jobs([], [attempt("t3", "c-1", number=2)])
     store.update_attempt("t1", state="SUBMIT_FAILED")
-    store.update_attempts({"t3": {"state": "RUNNING", "slurm_job_id": "42"}, "t2": {"state": "SUCCEEDED"}})
+    store.update_attempts({"t3": {"state": "RUNNING", "handle": "42"}, "t2": {"state": "SUCCEEDED"}})
     views = {v.job.id: v for v in store.views()}
-    assert (views["c-1"].attempt.token, views["c-1"].attempt.state, views["c-1"].attempt.slurm_job_id) == (
+    assert (views["c-1"].attempt.token, views["c-1"].attempt.state, views["c-1"].attempt.handle) == (
         "t3", "RUNNING", "42")
     assert {a.token for a in store.active_attempts()} == {"t3"}
 

@@ -423,7 +423,7 @@ class Controller:
             if not isinstance(infra, ReleasesHeld):
                 continue
             try:
-                await infra.release_held([a.slurm_job_id or "" for a in group])
+                await infra.release_held([a.handle or "" for a in group])
             except CorralError:
                 continue
             self.store.update_attempts({a.token: {"held": False} for a in group})
@@ -439,7 +439,7 @@ class Controller:
         failed: set[str] = set()
         for cluster, group in _sent_by_cluster(attempts).items():
             try:
-                await self.client.infra(cluster).cancel([a.slurm_job_id or "" for a in group],
+                await self.client.infra(cluster).cancel([a.handle or "" for a in group],
                                                         [a.run_dir for a in group])
             except CorralError:
                 failed.add(cluster)  # unreachable: stays CANCELLING, retried next tick
@@ -534,7 +534,7 @@ def _sent_by_cluster(attempts: list[AttemptRow]) -> dict[str, list[AttemptRow]]:
     """The attempts that reached their infra (they have a handle), grouped by cluster."""
     groups: dict[str, list[AttemptRow]] = {}
     for attempt in attempts:
-        if attempt.slurm_job_id:
+        if attempt.handle:
             groups.setdefault(attempt.cluster, []).append(attempt)
     return groups
 

@@ -151,7 +151,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         view = managed.resolve(store, job)
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
         attempts = [{"number": a.number, "cluster": a.cluster, "partition": a.partition,
-                     "slurm_job_id": a.slurm_job_id, "state": a.state} for a in view.attempts]
+                     "slurm_job_id": a.handle, "state": a.state} for a in view.attempts]
         return {**view.to_json(), "events": events, "attempt_list": attempts}
 
     return router

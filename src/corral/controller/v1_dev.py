@@ -68,7 +68,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
             async with locks.setdefault(name, asyncio.Lock()):
                 row, new = await allocations.launch(name, task, source, request.idle_minutes, request.walltime)
             answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
-                                      "slurm_job_id": row.slurm_job_id, "new": new, "run": task.run}
+                                      "slurm_job_id": row.handle, "new": new, "run": task.run}
             if not request.wait:
                 return answer
             status = await allocations.wait_ready(

@@ -210,11 +210,11 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
                            follow: bool = False) -> StreamingResponse:
         """One attempt's output (all nodes); with `follow`, until it ends."""
         view = managed.resolve(store, job)
-        attempt = next((a for a in view.attempts if a.number == number and a.slurm_job_id), None)
+        attempt = next((a for a in view.attempts if a.number == number and a.handle), None)
         if attempt is None:
             raise CorralError(f"{view.job.id} has no attempt {number} on a cluster; see `corral jobs events`")
         infra = Client().infra(attempt.cluster)
-        return stream_output(lambda sink: infra.logs(attempt.slurm_job_id or "", attempt.log_path, follow, sink))
+        return stream_output(lambda sink: infra.logs(attempt.handle or "", attempt.log_path, follow, sink))
 
     @router.get("/managed/{job}/why")
     async def why(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:

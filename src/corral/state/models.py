@@ -1,4 +1,6 @@
-"""Tables. A job has a stable Corral id and one or more attempts; an attempt is one Slurm job."""
+"""Tables. A job has a stable Corral id and one or more attempts; an attempt is one submission to an
+infra, known by the infra's opaque handle (on Slurm, a job id such as "123" or an array copy's "123_4").
+The schema's history is in `migrations/`: change a table here and add a revision there."""
 
 from __future__ import annotations
 
@@ -28,13 +30,12 @@ class JobRow(Base):
 class AttemptRow(Base):
     __tablename__ = "attempts"
 
-    token: Mapped[str] = mapped_column(String(64), primary_key=True)  # also in the Slurm job name
+    token: Mapped[str] = mapped_column(String(64), primary_key=True)  # put on the job by the infra (Slurm: its name)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     number: Mapped[int] = mapped_column(Integer, default=1)
     cluster: Mapped[str] = mapped_column(String(256))
     partition: Mapped[str] = mapped_column(String(256))
-    slurm_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # "123" or "123_4"
-    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    handle: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the infra's; None until accepted
     state: Mapped[str] = mapped_column(String(32), index=True)
     created_at: Mapped[float] = mapped_column(Float, default=0.0)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -59,9 +60,9 @@ class AllocationRow(Base):
     token: Mapped[str] = mapped_column(String(64))
     cluster: Mapped[str] = mapped_column(String(256))
     partition: Mapped[str] = mapped_column(String(256))
-    slurm_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    handle: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the holder job's
     num_nodes: Mapped[int] = mapped_column(Integer)
-    gres: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    accelerator: Mapped[str | None] = mapped_column(String(256), nullable=True)  # the infra's name for its type
     gpus_per_node: Mapped[int] = mapped_column(Integer, default=0)
     resources: Mapped[str] = mapped_column(Text)  # what was asked for, to compare with a relaunch
     run_dir: Mapped[str] = mapped_column(Text)

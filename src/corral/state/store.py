@@ -11,17 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, func, insert, select, text, update
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import create_engine, event, func, insert, select, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.config import private_file, private_home
 from corral.errors import NotFoundError
 from corral.infra.base import TERMINAL_JOB_STATES, JobState
+from corral.state import migrations
 from corral.state.models import (
     AllocationRow,
     AttemptRow,
-    Base,
     ClusterHealthRow,
     JobEventRow,
     JobRow,
@@ -87,9 +87,8 @@ class Store:
         if sqlite_path is not None:
             _private_sqlite_files(sqlite_path)
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        with _schema_lock(self.engine, sqlite_path):
-            Base.metadata.create_all(self.engine)
-            _add_missing_columns(self.engine)
+        with _schema_lock(self.engine, sqlite_path), self.engine.begin() as connection:
+            migrations.upgrade(connection)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def new_job_ids(self, count: int) -> list[str]:
@@ -495,38 +494,6 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.close()
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Additive schema changes for stores made by an older Corral: add new (nullable) columns."""
-    from sqlalchemy import inspect
-
-    inspector = inspect(engine)
-    with engine.begin() as conn:
-        for table in Base.metadata.sorted_tables:
-            present = {c["name"] for c in inspector.get_columns(table.name)}
-            for column in table.columns:
-                if column.name not in present:
-                    kind = column.type.compile(dialect=engine.dialect)
-                    conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}')
-                    if (table.name, column.name) == ("attempts", "failure"):
-                        _classify_old_failures(conn)
-            indexed = {i["name"] for i in inspector.get_indexes(table.name)}
-            for index in table.indexes:  # indexes an older store lacks (new columns', or new indexes)
-                if index.name not in indexed:
-                    index.create(conn, checkfirst=True)
-
-
-def _classify_old_failures(conn: Connection) -> None:
-    """Stores written before attempts had a failure class kept Slurm's word in the reason; classify
-    those rows once, so that the controller's rules read the class, never the words."""
-    conn.execute(text("UPDATE attempts SET failure = 'infra' WHERE state = 'FAILED' AND (reason LIKE 'NODE_FAIL%' "
-                      "OR reason LIKE 'BOOT_FAIL%' OR reason LIKE 'PREEMPTED%')"))
-    conn.execute(text("UPDATE attempts SET failure = 'task' WHERE state = 'FAILED' AND failure IS NULL"))
-    conn.execute(text("UPDATE attempts SET failure = 'rejected' WHERE state = 'SUBMIT_FAILED' "
-                      "AND reason LIKE '%: sbatch rejected the job: %'"))
-    conn.execute(text("UPDATE attempts SET failure = 'lost' WHERE state IN ('SUBMIT_FAILED', 'LOST') "
-                      "AND failure IS NULL"))
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:

@@ -5,7 +5,6 @@ import shlex
 import pytest
 
 from corral.infra.slurm.devscript import holder_sbatch, parse_allocation_status, session_proxy_command, session_proxy_script, shell_command
-from corral.state.models import AllocationRow
 from tests.infra.slurm.test_jobscript import check_golden, spec
 
 
@@ -35,12 +34,6 @@ def test_shell_command_is_validated_and_quoted():
     for job_id, node in (("42;rm", "b1"), ("42", "b1;rm"), ("42", "$(x)")):
         with pytest.raises(ValueError):
             shell_command(job_id, node, None)
-
-
-def row() -> AllocationRow:
-    return AllocationRow(name="dev", token="t", cluster="alpine", partition="gpu", slurm_job_id="7", num_nodes=2,
-                         gres="gpu:h100:1", gpus_per_node=1, resources="{}", run_dir=".corral/runs/t",
-                         idle_seconds=60, created_at=0.0)
 
 
 def answer(squeue: str, files: str) -> str:

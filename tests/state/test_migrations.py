@@ -1,0 +1,91 @@
+"""The store's schema through Alembic, on SQLite and a real PostgreSQL: a new store is created by the
+migrations, an older one (made before Alembic, then widened column by column) is upgraded in place with
+its data, and either way the result is exactly what the models describe."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, text
+
+from corral.state import Store, migrations
+from corral.state.migrations.versions import v0001_baseline
+from corral.state.models import Base
+
+# What a store written before attempts had a failure class, a submitter or the held flag looked like.
+LEGACY_LACKS = {"attempts": {"failure", "submitter", "held", "expected_start"}, "jobs": {"secrets_sealed"}}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'state.db'}"
+        return
+    url = request.getfixturevalue("postgres_url")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
+        conn.exec_driver_sql("CREATE SCHEMA public")
+    engine.dispose()
+    yield url
+    Store(url).engine.dispose()  # the next test's store finds the schema at head
+
+
+def schema_differences(store: Store) -> list:
+    with store.engine.connect() as conn:
+        return compare_metadata(MigrationContext.configure(conn), Base.metadata)
+
+
+def test_a_new_store_is_made_by_the_migrations_and_matches_the_models(empty_url):
+    store = Store(empty_url)
+    with store.engine.connect() as conn:
+        assert migrations.current(conn) == "0002"
+    assert schema_differences(store) == []
+
+
+def test_a_store_from_before_alembic_is_upgraded_with_its_data(empty_url):
+    engine = create_engine(empty_url)
+    with engine.begin() as conn:
+        v0001_baseline.metadata.create_all(conn)
+        for table, columns in LEGACY_LACKS.items():
+            for column in columns:
+                conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
+        conn.execute(text("INSERT INTO jobs (id, name, task_json, created_at, job_rank, num_jobs) "
+                          "VALUES ('c-1', 'train', '{}', 1.0, 0, 1)"))
+        conn.execute(text(
+            "INSERT INTO attempts (token, job_id, number, cluster, partition, slurm_job_id, array_index, state, "
+            "created_at, reason, run_dir, log_path) VALUES "
+            "('t1', 'c-1', 1, 'alpine', 'gpu', '123_4', 4, 'FAILED', 1.0, 'NODE_FAIL', 'r', 'l'), "
+            "('t2', 'c-1', 2, 'cirrus', 'debug', '77', NULL, 'RUNNING', 2.0, NULL, 'r2', 'l2')"))
+        conn.execute(text(
+            "INSERT INTO allocations (name, token, cluster, partition, slurm_job_id, num_nodes, gres, "
+            "gpus_per_node, resources, run_dir, idle_seconds, created_at) VALUES "
+            "('dev', 'tok', 'borealis', 'l40s', '55', 1, 'l40s', 1, '{}', 'rd', 0, 3.0)"))
+    engine.dispose()
+
+    store = Store(empty_url)
+    with store.engine.connect() as conn:
+        assert migrations.current(conn) == "0002"
+    assert schema_differences(store) == []
+    [view] = store.views(["c-1"])
+    attempts = {a.token: a for a in store.attempts_of(["c-1"])["c-1"]}
+    assert (attempts["t1"].handle, attempts["t1"].failure) == ("123_4", "infra")  # classified once, as before
+    assert (attempts["t2"].handle, view.attempt.token) == ("77", "t2")
+    allocation = store.allocation("dev")
+    assert (allocation.handle, allocation.accelerator) == ("55", "l40s")
+    Store(empty_url)  # opening it again changes nothing
+    assert store.allocation("dev").handle == "55"
+
+
+def test_a_store_at_the_baseline_revision_is_upgraded(empty_url):
+    engine = create_engine(empty_url)
+    with engine.begin() as conn:
+        v0001_baseline.metadata.create_all(conn)
+        conn.exec_driver_sql("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)")
+        conn.exec_driver_sql("INSERT INTO alembic_version VALUES ('0001')")
+        conn.execute(text("INSERT INTO leases (name, holder, expires_at) VALUES ('controller', 'h:1', 9.0)"))
+    engine.dispose()
+    store = Store(empty_url)
+    assert schema_differences(store) == []
+    assert store.lease("controller").holder == "h:1"
