@@ -31,19 +31,47 @@ def server(refusing_clusters):
     return client.endpoint, operations
 
 
+DIGESTS = st.one_of(st.just("0" * 64), st.text("0123456789abcdef", min_size=64, max_size=64), VALUES)
+TASK_TEXT = st.one_of(st.sampled_from(["run: echo hi", "resources:\n  accelerators: H100:1\nrun: x",
+                                       "workdir: .\nrun: ls", "resources: [", "envs:\n  CORRAL_X: 1",
+                                       "file_mounts:\n  /d: x", "num_nodes: 0", "{}", "- a"]), st.text(max_size=40))
+TASK_INPUT = st.fixed_dictionaries({}, optional={
+    "source": VALUES, "yaml": TASK_TEXT, "run": VALUES,
+    "files": st.fixed_dictionaries({}, optional={"workdir": DIGESTS, "workdir_origin": VALUES,
+                                                 "file_mounts": st.dictionaries(VALUES, DIGESTS, max_size=2)})})
+OVERRIDES = st.fixed_dictionaries({}, optional={
+    "name": VALUES, "gpus": VALUES, "infra": VALUES, "num_nodes": st.integers(-2, 200_000), "cpus": VALUES,
+    "memory": VALUES, "envs": st.lists(VALUES, max_size=2), "secrets": st.lists(VALUES, max_size=2), "time": VALUES})
+
+
 def requests(operations):
-    def build(op, query, path_value, body):
+    def build(op, query, path_value, number, digest, body):
         path, method, params = op
-        return method, path.replace("{job}", urllib.parse.quote(path_value, safe="")), query, body
+        path = (path.replace("{job}", urllib.parse.quote(path_value, safe=""))
+                .replace("{name}", urllib.parse.quote(path_value, safe=""))
+                .replace("{number}", urllib.parse.quote(number, safe=""))
+                .replace("{digest}", urllib.parse.quote(digest, safe="")))
+        return method, path, query, body
 
     query = st.lists(st.tuples(st.one_of(st.sampled_from(["cluster", "gpu", "infra", "timeout", "limit", "page",
-                                                           "since", "allocation", "by_sweep", "follow", "all"]),
+                                                           "since", "allocation", "by_sweep", "follow", "all",
+                                                           "name", "command"]),
                                          st.text(max_size=8)), VALUES), max_size=5)
-    bodies = st.one_of(st.none(), st.just(b"{"), st.just(b"[]"),
-                       st.fixed_dictionaries({}, optional={"jobs": st.lists(VALUES, max_size=3),
-                                                           "all": st.one_of(st.booleans(), VALUES)})
-                       .map(lambda d: json.dumps(d).encode()))
-    return st.builds(build, st.sampled_from(operations), query, VALUES.filter(bool), bodies)
+    structured = st.one_of(
+        st.fixed_dictionaries({}, optional={"jobs": st.lists(VALUES, max_size=3),
+                                            "all": st.one_of(st.booleans(), VALUES)}),
+        st.fixed_dictionaries({"tasks": st.lists(TASK_INPUT, max_size=3)},
+                              optional={"overrides": OVERRIDES, "num_jobs": st.integers(-1, 20_000),
+                                        "dryrun": st.booleans()}),
+        st.fixed_dictionaries({"task": TASK_INPUT},
+                              optional={"overrides": OVERRIDES, "num_jobs": st.integers(-1, 20_000),
+                                        "idle_minutes": st.one_of(st.floats(allow_nan=False), VALUES),
+                                        "walltime": VALUES, "wait": st.booleans()}),
+    )
+    bodies = st.one_of(st.none(), st.just(b"{"), st.just(b"[]"), st.binary(max_size=64),
+                       structured.map(lambda d: json.dumps(d).encode()))
+    return st.builds(build, st.sampled_from(operations), query, VALUES.filter(bool),
+                     st.one_of(st.integers(0, 3).map(str), VALUES.filter(bool)), DIGESTS.filter(bool), bodies)
 
 
 def test_no_request_makes_the_server_fail(server):
@@ -57,7 +85,8 @@ def test_no_request_makes_the_server_fail(server):
         method, path, query, body = request
         url = f"{endpoint.url}{path}?{urllib.parse.urlencode(query)}"
         headers = {"Authorization": f"Bearer {endpoint.token}", "Content-Type": "application/json"}
-        req = urllib.request.Request(url, data=body if method == "POST" else None, method=method, headers=headers)
+        req = urllib.request.Request(url, data=body if method in ("POST", "PUT") else None, method=method,
+                                     headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=30) as response:
                 status, raw, kind = response.status, response.read(), response.headers.get_content_type()
@@ -68,7 +97,11 @@ def test_no_request_makes_the_server_fail(server):
             answer = json.loads(raw)
             if status >= 400:
                 assert answer.get("detail"), (method, url, answer)
-        else:  # the streams: logs and queue/all
+        elif kind == "application/x-ndjson" and not path.endswith("/queue/all"):  # launch, dev: events
+            events = [json.loads(line) for line in raw.splitlines() if line.strip()]
+            assert status == 200 and events and events[-1]["event"] in ("done", "error"), (method, url, raw[:300])
+            assert all(e.get("kind") != "InternalError" for e in events), (method, url, body, raw[:500])
+        else:  # the other streams: logs and queue/all
             assert status == 200 and path.endswith(("/logs", "/queue/all")), (method, url, kind)
 
     one()

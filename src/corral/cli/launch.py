@@ -104,6 +104,7 @@ def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
             job = client.job(job_id)
     except KeyboardInterrupt:
         progress.clear()
+        job = job or _quietly(lambda: client.job(job_id))  # interrupted while it was still pending
         where = f" on slurm/{job.cluster}/{job.partition}" if job is not None and job.cluster else ""
         click.echo(f"\ncorral: {job_id} keeps running{where}; Ctrl-C only stopped following it. "
                    f"`corral logs -f {job_id}` follows it again, `corral cancel {job_id}` stops it.", err=True)
@@ -113,6 +114,15 @@ def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
     if job.state == "SUCCEEDED":
         return 0
     return job.exit_code or 1
+
+
+def _quietly(get: Any) -> Any:
+    from corral.errors import CorralError
+
+    try:
+        return get()
+    except (CorralError, KeyboardInterrupt):
+        return None
 
 
 def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:

@@ -53,7 +53,7 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
     from corral import __version__
     from corral.controller.v1 import create_router, refused_status
 
-    app = FastAPI(title="Corral", version=__version__, docs_url=None, redoc_url=None,
+    app = FastAPI(title="Corral", version=__version__, docs_url=None, redoc_url=None, redirect_slashes=False,
                   openapi_url=f"/{API_VERSION}/openapi.json",
                   description="One engine behind every face: the API the `corral` CLI and `corral.sdk` use. "
                               "Every request carries `Authorization: Bearer <token>`.")
