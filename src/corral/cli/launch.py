@@ -52,15 +52,14 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
         sys.exit(launch_dev(args, dev_name, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                             memory=memory, envs=envs, secret_values=secret_values, num_jobs=num_jobs,
                             idle_minutes=idle_minutes, walltime=walltime, detach=detach, as_json=as_json))
-    from corral.cli import render
     from corral.sdk import Client
 
     paths, command = task_arguments(args, allow_empty=bool(dev_name))
     client = Client()
-    progress = render.LaunchProgress()
+    progress = _Progress()
     try:
-        result = client.launch([Path(p) for p in paths] or None, command=command, num_jobs=num_jobs, dryrun=dryrun, name=name,
-                               gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
+        result = client.launch([Path(p) for p in paths] or None, command=command, num_jobs=num_jobs,
+                               dryrun=dryrun, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
                                envs=check_envs(envs), secrets=list(secret_values), time=walltime,
                                on_event=None if as_json else progress)
     except KeyboardInterrupt:
@@ -70,6 +69,8 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
         sys.exit(130)
     finally:
         progress.clear()
+    from corral.cli import render  # loaded by the first progress event already, unless --json
+
     if dryrun:
         plans = [[row.raw for row in plan] for plan in result]
         if as_json:
@@ -88,6 +89,31 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
                 click.echo(job_id)
         return
     sys.exit(follow_to_end(client, result.job_id, progress))
+
+
+class _Progress:
+    """`render.LaunchProgress`, imported at the first event: rich then loads while the server probes
+    the clusters, not before the request is sent."""
+
+    def __init__(self) -> None:
+        self._shown: Any = None
+
+    def _real(self) -> Any:
+        if self._shown is None:
+            from corral.cli.render import LaunchProgress
+
+            self._shown = LaunchProgress()
+        return self._shown
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self._real()(event)
+
+    def waiting(self, text: str) -> None:
+        self._real().waiting(text)
+
+    def clear(self) -> None:
+        if self._shown is not None:
+            self._shown.clear()
 
 
 def follow_to_end(client: Any, job_id: str, progress: Any) -> int:

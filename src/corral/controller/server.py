@@ -8,6 +8,7 @@ Jobs themselves go through the state store, so nothing is lost while the control
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -212,6 +213,7 @@ async def _run() -> None:
             except Exception as exc:  # one bad tick must not stop recovery of every job
                 print(f"tick failed: {exc!r}", flush=True)
                 interval = min(longest, interval * 2)
+            _return_free_memory()
             status.interval = interval
             remaining = max(0.0, interval - (time.monotonic() - started))
             woken = asyncio.ensure_future(status.wake.wait())
@@ -229,6 +231,25 @@ async def _run() -> None:
         if running_pid() == os.getpid():
             pid_file().unlink(missing_ok=True)
             endpoint.unlink(missing_ok=True)
+
+
+def _return_free_memory() -> None:
+    """Give the heap a tick freed back to the system. A tick over 10,000 managed jobs builds ~60 MB of
+    rows and statuses and drops them; glibc keeps such memory mapped, so the server's resident size
+    would stay at its largest tick's. One call, ~1 ms; a no-op where there is no glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _api_server(config: Any) -> Any:

@@ -31,7 +31,6 @@ from typing import Any
 
 from corral.errors import EXIT_DATAERR, EXIT_NOPERM, EXIT_UNAVAILABLE, CorralError, TaskError
 from corral.sdk import endpoint as _endpoint
-from corral.sdk import files as _files
 from corral.sdk.types import (
     CancelOutcome,
     ClusterCheck,
@@ -274,11 +273,16 @@ class Client:
 
             data = task.model_dump(exclude_none=True) if hasattr(task, "model_dump") else task
             source, text = "task", _json.dumps(data)  # JSON is YAML
-        data = taskfile.parse_yaml(text, source)
-        return {"source": source, "yaml": text, "files": self.send_files(_files.task_files(data, here))}
+        from corral.sdk import files
 
-    def send_files(self, local: _files.LocalFiles) -> dict[str, Any]:
-        """Upload a task's local paths (each once: content the server holds is not sent again)."""
+        data = taskfile.parse_yaml(text, source)
+        return {"source": source, "yaml": text, "files": self.send_files(files.task_files(data, here))}
+
+    def send_files(self, local: Any) -> dict[str, Any]:
+        """Upload a task's local paths (`files.LocalFiles`), each once: content the server holds is not
+        sent again."""
+        from corral.sdk import files as _files
+
         sent: dict[str, Any] = {"file_mounts": {}}
         if local.workdir is not None:
             sent["workdir"] = self._upload(local.workdir, workdir=True)
@@ -288,6 +292,8 @@ class Client:
         return sent
 
     def _upload(self, path: Path, *, workdir: bool) -> str:
+        from corral.sdk import files as _files
+
         packed = _files.pack(path, workdir=workdir)
         try:
             if not self._json("GET", f"/uploads/{packed.digest}")["held"]:

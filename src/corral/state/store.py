@@ -307,8 +307,10 @@ class Store:
             return list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)))
 
     def jobs(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
+        wanted = sorted(set(job_ids))
         with self.session() as s:
-            return {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(list(job_ids))))}
+            return {j.id: j for chunk in _chunks(wanted, 5000)
+                    for j in s.scalars(select(JobRow).where(JobRow.id.in_(chunk)))}
 
     def attempts_by_token(self, tokens: list[str]) -> list[AttemptRow]:
         with self.session() as s:
@@ -329,6 +331,19 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(AttemptRow).where(AttemptRow.state == "SUBMIT_FAILED",
                                                            AttemptRow.ended_at >= since)))
+
+    def attempts_of_live_managed(self) -> dict[str, list[AttemptRow]]:
+        """Every attempt of every managed job not yet ended, by job, in attempt order: one query (a
+        join, not a list of ids), whatever their number."""
+        with self.session() as s:
+            rows = s.scalars(select(AttemptRow)
+                             .join(ManagedJobRow, ManagedJobRow.job_id == AttemptRow.job_id)
+                             .where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))
+                             .order_by(AttemptRow.job_id, AttemptRow.number))
+            out: dict[str, list[AttemptRow]] = {}
+            for row in rows:
+                out.setdefault(row.job_id, []).append(row)
+            return out
 
     def attempts_of(self, job_ids: Iterable[str]) -> dict[str, list[AttemptRow]]:
         with self.session() as s:
