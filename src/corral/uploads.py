@@ -55,6 +55,7 @@ async def receive(digest: str, body: AsyncIterator[bytes]) -> Path:
 
     found = upload_path(digest)
     if found is not None:
+        os.utime(found)  # sent again: in use, not to be pruned
         return found
     root = uploads_dir()
     fd, name = tempfile.mkstemp(prefix=".incoming-", dir=root)
@@ -106,6 +107,7 @@ def resolve(digest: str, what: str) -> Path:
     if found is None:
         raise UploadNotFoundError(f"{what}: the server does not hold upload {digest[:12]}…; send it first "
                                   "(PUT /v1/uploads/{sha256})")
+    os.utime(found)  # used by a launch now
     if (found / "tree").is_dir():
         return found / "tree"
     [single] = list((found / "file").iterdir())
@@ -132,6 +134,40 @@ def with_uploads(task: Any, files: dict[str, Any]) -> Any:
         update["file_mounts"] = {remote: str(resolve(mounts[remote], f"file_mounts[{remote!r}]"))
                                  for remote in task.file_mounts}
     return task.model_copy(update=update) if update else task
+
+
+KEEP_DAYS_ENV = "CORRAL_UPLOAD_KEEP_DAYS"
+
+
+def prune(live_tasks: list[str], *, now: float | None = None, keep_days: float | None = None) -> list[str]:
+    """Remove uploads last sent more than `keep_days` ago (CORRAL_UPLOAD_KEEP_DAYS, default 7) that no
+    live managed job's task names (a recovery would sync them again), and unpacking leftovers older
+    than a day. `live_tasks`: the task JSON of every live managed job. Returns the digests removed."""
+    import time
+
+    now = time.time() if now is None else now
+    keep = float(os.environ.get(KEEP_DAYS_ENV, "7")) if keep_days is None else keep_days
+    root = uploads_dir()
+    named: set[str] = set()
+    for text in live_tasks:
+        try:
+            task = json.loads(text)
+        except ValueError:
+            continue
+        paths = [task.get("workdir")] + list((task.get("file_mounts") or {}).values())
+        named |= {Path(p).relative_to(root).parts[0] for p in paths
+                  if isinstance(p, str) and Path(p).is_relative_to(root)}
+    removed = []
+    for entry in root.iterdir():
+        age = now - entry.stat().st_mtime
+        if entry.name.startswith("."):
+            if age > 86400:  # an upload interrupted while it was written or unpacked
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            continue
+        if age > keep * 86400 and entry.name not in named:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
 
 
 def cache_key(workdir: str) -> str:

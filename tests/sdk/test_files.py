@@ -147,3 +147,26 @@ def test_the_server_refuses_content_that_does_not_match_its_digest(corral_home):
 def test_a_launch_naming_files_the_server_lacks_is_refused(corral_home):
     with pytest.raises(uploads.UploadNotFoundError, match="does not hold upload 000000000000"):
         uploads.resolve("0" * 64, "workdir")
+
+
+def test_old_uploads_go_unless_a_live_managed_job_names_them(corral_home):
+    import json
+    import os
+    import time
+
+    held = {name: receive(tar_of([entry(f"tree/{name}")], name.encode())) for name in ("old", "named", "fresh")}
+    month_ago = time.time() - 30 * 86400
+    for name in ("old", "named"):
+        os.utime(held[name], (month_ago, month_ago))
+    leftover = uploads.uploads_dir() / ".unpacking-x"
+    leftover.mkdir()
+    os.utime(leftover, (month_ago, month_ago))
+    live = [json.dumps({"workdir": str(held["named"] / "tree"), "file_mounts": {}}), "not json"]
+    removed = uploads.prune(live)
+    assert removed == [held["old"].name]
+    assert not held["old"].exists() and held["named"].exists() and held["fresh"].exists()
+    assert not leftover.exists()
+    # Sending content again marks it as in use: it is kept another window.
+    os.utime(held["fresh"], (month_ago, month_ago))
+    receive(tar_of([entry("tree/fresh")], b"fresh"))
+    assert uploads.prune(live) == [] and held["fresh"].exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import signal
 import socket
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.config import corral_home, private_file, write_private
-from corral.errors import UnavailableError
+from corral.errors import CorralError, UnavailableError
 
 MAX_INTERVAL = 10.0
 
@@ -190,9 +191,13 @@ async def _run() -> None:
           flush=True)
     interval = base
     longest = max(MAX_INTERVAL, base)
+    pruned_at = -math.inf
     try:
         while not stopping.is_set():
             started = time.monotonic()
+            if started - pruned_at > PRUNE_INTERVAL:
+                pruned_at = started
+                _prune_uploads(store)
             try:
                 report = await controller.tick()
                 status.ticks += 1
@@ -231,6 +236,21 @@ async def _run() -> None:
         if running_pid() == os.getpid():
             pid_file().unlink(missing_ok=True)
             endpoint.unlink(missing_ok=True)
+
+
+PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads
+
+
+def _prune_uploads(store: Any) -> None:
+    from corral import uploads
+
+    try:
+        removed = uploads.prune(store.live_managed_tasks())
+    except (OSError, CorralError) as exc:  # never a reason to stop driving jobs
+        print(f"pruning uploads failed: {exc!r}", flush=True)
+        return
+    if removed:
+        print(f"removed {len(removed)} old upload(s)", flush=True)
 
 
 def _return_free_memory() -> None:

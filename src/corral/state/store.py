@@ -332,6 +332,13 @@ class Store:
             return list(s.scalars(select(AttemptRow).where(AttemptRow.state == "SUBMIT_FAILED",
                                                            AttemptRow.ended_at >= since)))
 
+    def live_managed_tasks(self) -> list[str]:
+        """The distinct task JSON of managed jobs not yet ended (a sweep's jobs share theirs)."""
+        with self.session() as s:
+            return list(s.scalars(select(JobRow.task_json).distinct()
+                                  .join(ManagedJobRow, ManagedJobRow.job_id == JobRow.id)
+                                  .where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))))
+
     def attempts_of_live_managed(self) -> dict[str, list[AttemptRow]]:
         """Every attempt of every managed job not yet ended, by job, in attempt order: one query (a
         join, not a list of ids), whatever their number."""
