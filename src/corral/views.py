@@ -7,7 +7,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from corral.cli.consoles import minutes
+from corral.timefmt import minutes, start_text
 
 if TYPE_CHECKING:
     from corral.controller.engine import ControllerSettings
@@ -64,26 +64,9 @@ def job_json(view: JobView) -> dict[str, object]:
     }
 
 
-def start_text(c: Candidate) -> str:
-    if c.startable_now:
-        return "now"
-    if c.predicted_start is None:
-        return (c.prediction_note or "-")[:60] if c.feasible else "-"
-    delta = c.predicted_start - time.time()
-    if delta > 86400 * 365:
-        return "not foreseeable"
-    return "now" if delta < 60 else f"in {duration(delta)}"
-
-
-def duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-    return f"{seconds // 86400}d{(seconds % 86400) // 3600}h"
+def candidate_start(c: Candidate) -> str:
+    return start_text(can_start_now=c.startable_now, predicted_start=c.predicted_start,
+                      prediction=c.prediction_note, feasible=c.feasible)
 
 
 def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings) -> list[str]:
@@ -100,10 +83,10 @@ def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings)
     here_start = latest.expected_start or (here.predicted_start if here else None)
     source = "Slurm's estimate for this job" if latest.expected_start else "predicted by sbatch --test-only"
     lines.append(f"  start there: {_at(here_start, now)} ({source})" if here_start else
-                 f"  start there: {start_text(here) if here else 'unknown'}")
+                 f"  start there: {candidate_start(here) if here else 'unknown'}")
     if best is None:
         return lines + ["  no other cluster can run it"]
-    lines.append(f"  best alternative: {best.infra}, start {start_text(best)}")
+    lines.append(f"  best alternative: {best.infra}, start {candidate_start(best)}")
     if here is not None and here.startable_now:
         why = "its own cluster can start it now"
     elif best.startable_now:

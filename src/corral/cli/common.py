@@ -93,12 +93,3 @@ def task_options(func: Callable[..., Any]) -> Callable[..., Any]:
     ]):
         func = decorator(func)
     return func
-
-
-def check_envs(envs: tuple[str, ...]) -> list[str]:
-    from corral.errors import TaskError
-
-    for item in envs:
-        if "=" not in item:
-            raise TaskError(f"--env {item!r}: expected KEY=VALUE")
-    return list(envs)

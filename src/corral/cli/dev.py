@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from corral.cli.common import (
-    check_envs,
     print_json,
     reports_errors,
     task_arguments,
@@ -49,7 +48,7 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
     try:
         held = client.dev_launch(dev_name, task, command=command, idle_minutes=idle_minutes, walltime=walltime,
                                  wait=not detach, job_name=name, gpus=gpus, infra=infra, num_nodes=num_nodes,
-                                 cpus=cpus, memory=memory, envs=check_envs(envs), secrets=list(secret_values),
+                                 cpus=cpus, memory=memory, envs=list(envs), secrets=list(secret_values),
                                  on_event=show)
     finally:
         progress.clear()
@@ -66,7 +65,7 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         print_json({**summary, "nodes": held["nodes"]})
     if not held.get("run"):
         return 0
-    _job_id, code = client.dev_exec(dev_name, task, command=command, envs=check_envs(envs),
+    _job_id, code = client.dev_exec(dev_name, task, command=command, envs=list(envs),
                                     secrets=list(secret_values), on_output=write_bytes)
     return code
 
@@ -86,7 +85,7 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
     if len(paths) > 1:
         raise click.UsageError("exec runs one task file at a time")
     _job_id, code = Client().dev_exec(name, Path(paths[0]) if paths else None, command=command,
-                                      envs=check_envs(envs), secrets=list(secret_values), on_output=write_bytes)
+                                      envs=list(envs), secrets=list(secret_values), on_output=write_bytes)
     sys.exit(code)
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from corral.cli.common import (
-    check_envs,
     paging,
     print_json,
     reports_errors,
@@ -46,7 +45,7 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
         raise TaskError("a managed job runs one task file; launch several with one `corral jobs launch` each")
     ids = Client().managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
                                   gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
-                                  envs=check_envs(envs), secrets=list(secret_values))
+                                  envs=list(envs), secrets=list(secret_values))
     if as_json:
         print_json({"job_id": ids[0], "job_ids": ids})
     else:

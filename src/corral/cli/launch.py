@@ -11,7 +11,6 @@ from typing import Any
 import click
 
 from corral.cli.common import (
-    check_envs,
     print_json,
     reports_errors,
     task_arguments,
@@ -60,7 +59,7 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
     try:
         result = client.launch([Path(p) for p in paths] or None, command=command, num_jobs=num_jobs,
                                dryrun=dryrun, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
-                               envs=check_envs(envs), secrets=list(secret_values), time=walltime,
+                               envs=list(envs), secrets=list(secret_values), time=walltime,
                                on_event=None if as_json else progress)
     except KeyboardInterrupt:
         progress.clear()

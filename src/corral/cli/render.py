@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from corral.cli.consoles import console, err_console
+from corral.timefmt import duration, start_text
 
 if TYPE_CHECKING:  # type hints only: a table must not cost the import of the engine, SQLAlchemy or pydantic
     from collections.abc import Iterable
@@ -60,27 +61,8 @@ def _when(epoch: float | None) -> str:
 
 
 def _start(row: dict[str, Any]) -> str:
-    """A plan row's start, as `corral.views.start_text` says it for a candidate."""
-    if row.get("can_start_now"):
-        return "now"
-    predicted = row.get("predicted_start")
-    if not isinstance(predicted, (int, float)):
-        return (str(row.get("prediction") or "-"))[:60] if row.get("feasible") else "-"
-    delta = predicted - time.time()
-    if delta > 86400 * 365:
-        return "not foreseeable"
-    return "now" if delta < 60 else f"in {_duration(delta)}"
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-    return f"{seconds // 86400}d{(seconds % 86400) // 3600}h"
+    return start_text(can_start_now=bool(row.get("can_start_now")), predicted_start=row.get("predicted_start"),
+                      prediction=row.get("prediction"), feasible=bool(row.get("feasible")))
 
 
 def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
@@ -261,9 +243,9 @@ def render_status(allocations: list[dict[str, Any]]) -> None:
     for a in allocations:
         state = str(a["state"]) + (f" ({a['reason']})" if a.get("reason") else "")
         idle_for = a.get("idle_seconds")
-        idle = _duration(idle_for) if isinstance(idle_for, (int, float)) and a["state"] == "READY" else "-"
-        limit = f"/{_duration(a['idle_limit_seconds'])}" if a.get("idle_limit_seconds") else ""
+        idle = duration(idle_for) if isinstance(idle_for, (int, float)) and a["state"] == "READY" else "-"
+        limit = f"/{duration(a['idle_limit_seconds'])}" if a.get("idle_limit_seconds") else ""
         table.add_row(str(a["name"]), f"{a['cluster']}/{a['partition']}", f"{a['num_nodes']}x {a.get('gres') or 'cpu'}",
-                      state, _duration(a["age_seconds"]), idle + limit, str(a.get("time_left") or "-"),
+                      state, duration(a["age_seconds"]), idle + limit, str(a.get("time_left") or "-"),
                       ",".join(a.get("nodes") or []) or "-")
     console.print(table)

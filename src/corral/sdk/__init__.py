@@ -148,9 +148,7 @@ class Client:
         `on_event` sees the server's progress events (step, plan, skipped, submitted) as they come.
         """
         if command is not None:
-            if task is not None:
-                raise CorralError("give either a task or a command, not both")
-            inputs = [{"source": "command line", "run": command}]
+            inputs = [self._task_or_command(task, command, base)]  # refuses a task given as well
         else:
             inputs = [self._task_input(t, base) for t in (task if isinstance(task, list) else [task])]
         body = {"tasks": inputs, "num_jobs": num_jobs, "dryrun": dryrun,
@@ -169,8 +167,7 @@ class Client:
                        cpus: str | None = None, memory: str | None = None, envs: Pairs = None,
                        secrets: Pairs = None, base: Path | None = None) -> list[str]:
         """Record managed jobs (recovered from failures, re-routed while pending); returns their ids."""
-        given = {"source": "command line", "run": command} if command is not None else self._task_input(task, base)
-        body = {"task": given, "num_jobs": num_jobs,
+        body = {"task": self._task_or_command(task, command, base), "num_jobs": num_jobs,
                 "overrides": _overrides(name, gpus, infra, num_nodes, cpus, memory, envs, secrets, None)}
         return list(self._json("POST", "/managed", body=body)["job_ids"])
 
@@ -218,8 +215,7 @@ class Client:
                    on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Hold the dev allocation NAME (or reuse a live one of the same shape); with `wait`, until it is
         ready. Returns its cluster, partition, Slurm job id, whether it is `new`, and (ready) its nodes."""
-        given = {"source": "command line", "run": command} if command is not None else self._task_input(task, base)
-        body = {"task": given, "idle_minutes": idle_minutes, "walltime": walltime, "wait": wait,
+        body = {"task": self._task_or_command(task, command, base), "idle_minutes": idle_minutes, "walltime": walltime, "wait": wait,
                 "overrides": _overrides(job_name, gpus, infra, num_nodes, cpus, memory, envs, secrets, None)}
         done = self._events(f"/dev/{_quoted(name)}", body, on_event)
         return {k: v for k, v in done.items() if k != "event"}
@@ -230,8 +226,8 @@ class Client:
         """Run a task (or one command) on every node of allocation NAME; (job id, exit status)."""
         import base64
 
-        given = {"source": "command line", "run": command} if command is not None else self._task_input(task, base)
-        body = {"task": given, "overrides": _overrides(None, None, None, None, None, None, envs, secrets, None)}
+        body = {"task": self._task_or_command(task, command, base),
+                "overrides": _overrides(None, None, None, None, None, None, envs, secrets, None)}
 
         def event(e: dict[str, Any]) -> None:
             if e.get("event") == "output" and on_output is not None:
@@ -256,6 +252,14 @@ class Client:
         return list(self._json("GET", f"/dev/{_quoted(name)}/ssh", {"command": command})["argv"])
 
     # ---- tasks and their files ------------------------------------------------------------------
+    def _task_or_command(self, task: TaskLike, command: str | None, base: Path | None) -> dict[str, Any]:
+        """The API's task for a task given (see `launch`) or one command line (`-- COMMAND`)."""
+        if command is None:
+            return self._task_input(task, base)
+        if task is not None:
+            raise TaskError("give either a task or a command, not both")
+        return {"source": "command line", "run": command}
+
     def _task_input(self, task: TaskLike, base: Path | None) -> dict[str, Any]:
         """The API's task: its text (or one command) and the uploads that stand for its local files."""
         from corral import taskfile

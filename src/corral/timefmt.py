@@ -1,0 +1,38 @@
+"""Times for people, one wording everywhere (the CLI's tables and the server's explanations). Pure."""
+
+from __future__ import annotations
+
+import time
+
+
+def minutes(seconds: float) -> str:
+    """A duration for people: "12 min", "3.5 h"; negative is "… later"."""
+    if seconds < 0:
+        return f"{minutes(-seconds)} later"
+    value = seconds / 60
+    return f"{value:.0f} min" if value < 120 else f"{value / 60:.1f} h"
+
+
+def duration(seconds: float) -> str:
+    """A compact duration for a table cell: 45s, 12m, 3h05m, 2d4h."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d{(seconds % 86400) // 3600}h"
+
+
+def start_text(*, can_start_now: bool, predicted_start: float | None, prediction: str | None,
+               feasible: bool) -> str:
+    """When a candidate place would start a task, as a plan shows it."""
+    if can_start_now:
+        return "now"
+    if predicted_start is None:
+        return (prediction or "-")[:60] if feasible else "-"
+    delta = predicted_start - time.time()
+    if delta > 86400 * 365:
+        return "not foreseeable"
+    return "now" if delta < 60 else f"in {duration(delta)}"
