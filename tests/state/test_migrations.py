@@ -37,6 +37,10 @@ def schema_differences(store: Store) -> list:
         return compare_metadata(MigrationContext.configure(conn), Base.metadata)
 
 
+def test_the_head_the_store_checks_for_is_alembics():
+    assert migrations.HEAD == migrations.head()
+
+
 def test_a_new_store_is_made_by_the_migrations_and_matches_the_models(empty_url):
     store = Store(empty_url)
     with store.engine.connect() as conn:
