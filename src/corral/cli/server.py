@@ -41,18 +41,23 @@ def server_status(as_json: bool) -> None:
     import time
 
     from corral.controller import server as controller
+    from corral.errors import CorralError
+    from corral.sdk import Client
 
-    try:  # answered by the controller: this process loads neither the engine nor the database
-        health = controller.call("/health")
+    endpoint = controller.read_endpoint()
+    try:  # answered by the server: this process loads neither the engine nor the database
+        if endpoint is None:
+            raise controller.ControllerUnavailable("not running")
+        health = Client(f"http://127.0.0.1:{endpoint['port']}", endpoint["token"], timeout=3).health()
         lease = health["lease"]
-    except controller.ControllerUnavailable as exc:
+    except CorralError as exc:
         from corral.controller.engine import LEASE
         from corral.state import open_store
 
         health = None
         pid = controller.running_pid()
-        problem = f"pid {pid} runs, but {exc}" if pid else "not running"
-        row = open_store().lease(LEASE)
+        problem = f"pid {pid} runs, but its API did not answer: {exc}" if pid else "not running"
+        row = open_store().lease(LEASE)  # another machine's server may hold a shared store's lease
         lease = {"holder": row.holder, "expires_at": row.expires_at} if row else None
     if as_json:
         print_json({"running": health is not None, **(health or {"problem": problem}), "lease": lease})

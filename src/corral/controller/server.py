@@ -1,9 +1,10 @@
-"""`corral server`: the controller loop as a background process on this machine, one per state store.
+"""`corral server`: the one engine process on this machine, one per state store: the controller loop
+and the `/v1` API (`controller/api.py`) on one event loop, holding the store and the ControlMasters.
 
-Commands that need it (`corral jobs launch`) start it on demand, or wake it; `corral server stop`
-ends it. It serves a small HTTP API on loopback (`controller/api.py`) on an ephemeral port; the port
-and a bearer token are in `controller.json` (mode 600), its pid and log beside it, under CORRAL_HOME.
-Jobs themselves go through the state store, so nothing is lost while the controller is down.
+The CLI and the SDK start it on demand (`sdk/endpoint.py`); SIGUSR1 wakes its loop; `corral server
+stop` ends it. It serves on loopback on an ephemeral port; the port and a bearer token are in
+`controller.json` (mode 600), its pid and log beside it, under CORRAL_HOME. Jobs live in the store, so
+nothing is lost while it is down.
 """
 
 from __future__ import annotations
@@ -64,23 +65,6 @@ def read_endpoint() -> dict[str, Any] | None:
     return endpoint
 
 
-def call(path: str, method: str = "GET", timeout: float = 3.0) -> Any:
-    """One request to the running controller's API; raises ControllerUnavailable if there is none."""
-    import urllib.error
-    import urllib.request
-
-    endpoint = read_endpoint()
-    if endpoint is None:
-        raise ControllerUnavailable("the controller is not running")
-    request = urllib.request.Request(f"http://127.0.0.1:{endpoint['port']}{path}", method=method,
-                                     headers={"Authorization": f"Bearer {endpoint['token']}"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ControllerUnavailable(f"its API did not answer: {exc}") from exc
-
-
 class ControllerUnavailable(UnavailableError):
     pass
 
@@ -98,10 +82,7 @@ def start() -> int:
     with held(corral_home() / "controller.start.lock"):
         pid = running_pid()
         if pid:
-            try:
-                call("/wake", "POST")
-            except ControllerUnavailable:
-                os.kill(pid, signal.SIGUSR1)  # still starting, or busy: the signal wakes it as well
+            os.kill(pid, signal.SIGUSR1)  # the loop ticks at once on it (new work)
             return pid
         with open(private_file(log_file()), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
