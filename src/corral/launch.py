@@ -58,7 +58,8 @@ CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sba
 LOST_ANSWER_HOOK_ENV = "CORRAL_TEST_LOSE_SUBMIT_ANSWER"
 
 
-# Per (infra, cache key): the engine is the one process that syncs workdirs, so a lock here is enough.
+# Per (event loop, infra, cache key): the engine is the one process that syncs workdirs, so a lock here
+# is enough (an asyncio.Lock belongs to one loop; tests run several).
 _CACHE_LOCKS: dict[tuple[int, str, str], asyncio.Lock] = {}
 
 

@@ -521,19 +521,6 @@ def resolved_envs(task: Task, source: str) -> dict[str, str]:
     return _as_strings(task.envs, source, "envs", "--env {k}=…")
 
 
-def with_local_paths(task: Task, base: Path) -> Task:
-    """The task with its local paths (`workdir`, `file_mounts` sources) made absolute: `~` expanded,
-    and relative ones taken from `base`, where the user ran the command, as SkyPilot does. Whoever
-    syncs the files later (the controller, a server) then reads them from where the user meant."""
-    def absolute(path: str) -> str:
-        return str((base / os.path.expanduser(path)).absolute())
-
-    return task.model_copy(update={
-        "workdir": absolute(task.workdir) if task.workdir else None,
-        "file_mounts": {remote: absolute(local) for remote, local in task.file_mounts.items()},
-    })
-
-
 def resolved_secrets(task: Task, source: str) -> dict[str, str]:
     """The task's secret values as strings; a secret declared null must have been given with --secret."""
     return _as_strings(task.secrets, source, "secrets",
