@@ -34,9 +34,28 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
     if idle_minutes is None:
         idle_minutes = load_user_settings().get("idle_minutes")  # type: ignore[assignment]
     progress = LaunchProgress()
+    announced: list[dict[str, Any]] = []
+
+    def announce(held: dict[str, Any]) -> None:
+        """Say the allocation is ready (and its JSON), once, before any output of the task."""
+        progress.clear()
+        announced.append(held)
+        summary = {k: held.get(k) for k in ("name", "cluster", "partition", "slurm_job_id", "new")}
+        if detach:
+            if as_json:
+                print_json(summary)
+            return
+        if held["new"] and not as_json:
+            click.echo(f"corral: {dev_name} is ready on slurm/{held['cluster']}/{held['partition']} (nodes: "
+                       f"{', '.join(held['nodes'])}); `corral exec {dev_name} -- CMD`, `corral ssh {dev_name}`, "
+                       f"or `ssh {dev_name}` with `Include {held['ssh_alias']}` in ~/.ssh/config", err=True)
+        if as_json:
+            print_json({**summary, "nodes": held["nodes"]})
 
     def show(event: dict[str, Any]) -> None:
-        if event.get("event") == "state":
+        if event.get("event") == "ready":
+            announce(event)
+        elif event.get("event") == "state":
             progress.clear()
             if not as_json:
                 reason = f" ({event['reason']})" if event.get("reason") else ""
@@ -44,30 +63,16 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         elif not as_json:
             progress(event)
 
-    client = Client()
-    try:
-        held = client.dev_launch(dev_name, task, command=command, idle_minutes=idle_minutes, walltime=walltime,
-                                 wait=not detach, job_name=name, gpus=gpus, infra=infra, num_nodes=num_nodes,
-                                 cpus=cpus, memory=memory, envs=list(envs), secrets=list(secret_values),
-                                 on_event=show)
+    try:  # the task's files are sent once; once ready, its `run` runs in the same request
+        held = Client().dev_launch(dev_name, task, command=command, idle_minutes=idle_minutes, walltime=walltime,
+                                   wait=not detach, run=not detach, job_name=name, gpus=gpus, infra=infra,
+                                   num_nodes=num_nodes, cpus=cpus, memory=memory, envs=list(envs),
+                                   secrets=list(secret_values), on_event=show, on_output=write_bytes)
     finally:
         progress.clear()
-    summary = {k: held.get(k) for k in ("name", "cluster", "partition", "slurm_job_id", "new")}
-    if detach:
-        if as_json:
-            print_json(summary)
-        return 0
-    if held["new"] and not as_json:
-        click.echo(f"corral: {dev_name} is ready on slurm/{held['cluster']}/{held['partition']} (nodes: "
-                   f"{', '.join(held['nodes'])}); `corral exec {dev_name} -- CMD`, `corral ssh {dev_name}`, or "
-                   f"`ssh {dev_name}` with `Include {held['ssh_alias']}` in ~/.ssh/config", err=True)
-    if as_json:
-        print_json({**summary, "nodes": held["nodes"]})
-    if not held.get("run"):
-        return 0
-    _job_id, code = client.dev_exec(dev_name, task, command=command, envs=list(envs),
-                                    secrets=list(secret_values), on_output=write_bytes)
-    return code
+    if not announced:
+        announce(held)
+    return int(held.get("exit_code") or 0)
 
 
 @click.command(name="exec", context_settings={"allow_interspersed_args": True})

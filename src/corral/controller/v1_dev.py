@@ -1,7 +1,8 @@
 """The `/v1/dev` routes: dev allocations (`launch -c NAME`, `exec`, `status`, `down`, the ssh route).
 
 Launching a name and waiting for it are one event stream (`plan`, `skipped`, `state` per change, then
-`done` with the allocation, its nodes and the ssh alias file). `exec` streams the command's output as
+`done` with the allocation, its nodes and the ssh alias file); with `run`, the task then runs in it in
+the same stream (`ready`, `output` events, and its exit status in `done`), its files sent once. `exec` streams the command's output as
 `output` events (base64, since a job's output need not be UTF-8), then `done` with the exit status.
 Requests for one name take turns on the server's event loop: two at once give one allocation.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
@@ -39,11 +41,18 @@ class DevLaunchRequest(BaseModel):
     idle_minutes: float | None = Field(None, ge=0, le=525_600)
     walltime: Annotated[str, Field(max_length=64)] | None = None
     wait: bool = Field(True, description="Stream until the allocation is ready (or has failed)")
+    run: bool = Field(False, description="Once ready, run the task's `run` in it as `exec` does: its output "
+                                         "as `output` events, its exit status in `done`")
 
 
 class DevExecRequest(BaseModel):
     task: TaskInput
     overrides: Overrides = Field(default_factory=Overrides)
+
+
+def output_events(put: Put) -> Callable[[bytes], None]:
+    """A job's output as `output` events (base64: it need not be UTF-8)."""
+    return lambda chunk: put({"event": "output", "data": base64.b64encode(chunk).decode()})
 
 
 def status_json(status: AllocationStatus) -> dict[str, Any]:
@@ -68,16 +77,21 @@ def add_routes(router: APIRouter, store: Store) -> None:
             async with locks.setdefault(name, asyncio.Lock()):
                 row, new = await allocations.launch(name, task, source, request.idle_minutes, request.walltime)
             answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
-                                      "slurm_job_id": row.handle, "new": new, "run": task.run}
+                                      "slurm_job_id": row.handle, "new": new}
             if not request.wait:
                 return answer
             status = await allocations.wait_ready(
                 row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason}))
             alias = await allocations.write_ssh_alias(row, status)
+            answer |= {"nodes": status.nodes, "ssh_alias": str(alias)}
+            if request.run and task.run:
+                put({"event": "ready", **answer})
+                job_id, code = await allocations.exec(name, task, source, output_events(put))  # syncs its files
+                return {**answer, "job_id": job_id, "exit_code": code}
             if task.workdir or task.file_mounts:
                 put({"event": "step", "step": "sync", "detail": f"copying the task's files to {name}"})
                 await allocations.sync_files(name, task)
-            return {**answer, "nodes": status.nodes, "ssh_alias": str(alias)}
+            return answer
 
         return event_stream(work)
 
@@ -89,10 +103,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
         task, source = build_task(request.task, request.overrides)
 
         async def work(put: Put) -> dict[str, Any]:
-            def output(chunk: bytes) -> None:
-                put({"event": "output", "data": base64.b64encode(chunk).decode()})
-
-            job_id, code = await allocations.exec(name, task, source, output)
+            job_id, code = await allocations.exec(name, task, source, output_events(put))
             return {"job_id": job_id, "exit_code": code}
 
         return event_stream(work)

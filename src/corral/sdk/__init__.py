@@ -211,29 +211,26 @@ class Client:
                    idle_minutes: float | None = None, walltime: str | None = None, wait: bool = True,
                    job_name: str | None = None, gpus: str | None = None, infra: str | None = None,
                    num_nodes: int | None = None, cpus: str | None = None, memory: str | None = None,
-                   envs: Pairs = None, secrets: Pairs = None, base: Path | None = None,
-                   on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                   envs: Pairs = None, secrets: Pairs = None, base: Path | None = None, run: bool = False,
+                   on_event: Callable[[dict[str, Any]], None] | None = None,
+                   on_output: Callable[[bytes], None] | None = None) -> dict[str, Any]:
         """Hold the dev allocation NAME (or reuse a live one of the same shape); with `wait`, until it is
-        ready. Returns its cluster, partition, Slurm job id, whether it is `new`, and (ready) its nodes."""
-        body = {"task": self._task_or_command(task, command, base), "idle_minutes": idle_minutes, "walltime": walltime, "wait": wait,
+        ready. Returns its cluster, partition, Slurm job id, whether it is `new`, and (ready) its nodes.
+        With `run`, the task's `run` then runs in it (its output to `on_output`): `exit_code` and
+        `job_id` say how it ended."""
+        body = {"task": self._task_or_command(task, command, base), "idle_minutes": idle_minutes,
+                "walltime": walltime, "wait": wait, "run": run,
                 "overrides": _overrides(job_name, gpus, infra, num_nodes, cpus, memory, envs, secrets, None)}
-        done = self._events(f"/dev/{_quoted(name)}", body, on_event)
+        done = self._events(f"/dev/{_quoted(name)}", body, _output_to(on_output, on_event))
         return {k: v for k, v in done.items() if k != "event"}
 
     def dev_exec(self, name: str, task: TaskLike = None, *, command: str | None = None, envs: Pairs = None,
                  secrets: Pairs = None, base: Path | None = None,
                  on_output: Callable[[bytes], None] | None = None) -> tuple[str, int]:
         """Run a task (or one command) on every node of allocation NAME; (job id, exit status)."""
-        import base64
-
         body = {"task": self._task_or_command(task, command, base),
                 "overrides": _overrides(None, None, None, None, None, None, envs, secrets, None)}
-
-        def event(e: dict[str, Any]) -> None:
-            if e.get("event") == "output" and on_output is not None:
-                on_output(base64.b64decode(e["data"]))
-
-        done = self._events(f"/dev/{_quoted(name)}/exec", body, event)
+        done = self._events(f"/dev/{_quoted(name)}/exec", body, _output_to(on_output, None))
         return str(done["job_id"]), int(done["exit_code"])
 
     def dev_status(self, names: list[str] | None = None) -> list[dict[str, Any]]:
@@ -386,6 +383,21 @@ def _lines(response: Any, path: str) -> Iterator[bytes]:
 def _cut_off(path: str, exc: BaseException) -> ServerUnreachableError:
     return ServerUnreachableError(f"the server stopped answering {API}{path} midway ({type(exc).__name__}); "
                                   "what it had started may have finished: `corral queue` shows it")
+
+
+def _output_to(on_output: Callable[[bytes], None] | None,
+               on_event: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
+    """A job's `output` events (base64) decoded to `on_output`; the other events to `on_event`."""
+    import base64
+
+    def event(e: dict[str, Any]) -> None:
+        if e.get("event") == "output":
+            if on_output is not None:
+                on_output(base64.b64decode(e["data"]))
+        elif on_event is not None:
+            on_event(e)
+
+    return event
 
 
 def _quoted(ref: str) -> str:
