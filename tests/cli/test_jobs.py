@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import signal
@@ -291,6 +292,9 @@ def test_churn_never_runs_a_job_twice(corral, env, testbed):
         churner.join(timeout=10)
     log = ssh_login(config, "alpine", f"cat {out}/log").split("\n")
     ends = [line.split()[1] for line in log if line.startswith("end ")]
+    twice = sorted({i for i in ends if ends.count(i) > 1} | (set(ids) - set(ends)))
+    for job_id in twice:  # what happened, for whoever reads a failure
+        print(job_id, [line for line in log if job_id in line], json.dumps(events(corral, env, job_id), indent=1))
     assert sorted(ends) == sorted(ids)  # every job completed exactly once: zero double runs
     ssh_login(config, "alpine", f"rm -rf {out}")
 

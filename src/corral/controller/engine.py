@@ -55,8 +55,9 @@ from corral.task import Task, resolved_envs
 from corral.tracker import SharedRefresh, Tracker
 
 LEASE = "controller"
-# How long a held replacement waits after its predecessor ended, for the task-side cancel fence.
-CANCEL_FENCE_SECONDS = 3.0
+# How long a held replacement waits after its predecessor ended, for the task-side cancel fence: the
+# watcher in TASK_SH sees the marker within a second, and a task that outlives TERM for 10 s is KILLed.
+CANCEL_FENCE_SECONDS = 12.0
 CHECKPOINTS_DIR = ".corral/checkpoints"
 
 

@@ -215,6 +215,22 @@ TASK_SH = """\
 # Written by Corral: runs on every node of the job: task.sh [SETUP_FILE [RUN_FILE [ENV_FILE]]] ("" skips one).
 # The task's envs (ENV_FILE) are sourced only by the bash that runs setup or run, never by this script.
 set -u
+# A task that slurmstepd launches while it is killing the step can start with SIGTERM blocked (the
+# churn test caught one: Slurm called the job CANCELLED, and the task ran on to its end next to its
+# replacement). Blocked signals survive exec, so neither Slurm's kill nor the cancel fence below would
+# reach it: start again with SIGTERM deliverable (coreutils env, else perl; both keep this process).
+if [ -z "${CORRAL_TERM_UNBLOCKED-}" ]; then
+  mask=$(awk '$1 == "SigBlk:" {print $2}' /proc/$$/status 2>/dev/null)
+  if (( (16#${mask:-0} >> 14) & 1 )); then
+    export CORRAL_TERM_UNBLOCKED=1
+    if env --default-signal=TERM true 2>/dev/null; then
+      exec env --default-signal=TERM "$BASH" "$0" "$@"
+    elif command -v perl >/dev/null 2>&1; then
+      exec perl -e 'use POSIX; sigprocmask(SIG_SETMASK, POSIX::SigSet->new); exec @ARGV or die "$!"' "$BASH" "$0" "$@"
+    fi
+    echo "corral: the task starts with SIGTERM blocked, and neither env --default-signal nor perl can unblock it" >&2
+  fi
+fi
 setup="${1-$CORRAL_RUN_DIR/setup.sh}"
 run="${2-$CORRAL_RUN_DIR/run.sh}"
 envfile="${3-$CORRAL_RUN_DIR/env.sh}"
@@ -223,8 +239,12 @@ cd "$CORRAL_RUN_DIR/workdir"
 # The cancel fence. Corral leaves this marker before its scancel; a kill that Slurm delivers while it
 # is still launching the step can miss the task, and Slurm then reports the job cancelled while the
 # task runs on. A watcher, detached from the task's output, ends the task (its process group when it
-# leads one, as under srun) within a second of the marker, and itself once the task is gone.
+# leads one, as under srun) within a second of the marker, and itself once the task is gone. A task
+# launched during that kill can start with SIGTERM blocked (slurmstepd passes its signal mask on), so
+# TERM would wait unseen while the task ran to its end: then the watcher sends KILL at once. What the
+# watcher does is noted in fence.log (fence.<array index>.log).
 marker="$CORRAL_RUN_DIR/cancelled${SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}"
+fence_log="$CORRAL_RUN_DIR/fence${SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}.log"
 task=$$ group=
 read -r _ _ _ _ group _ < /proc/$$/stat 2>/dev/null || group=
 [ "$group" = "$task" ] && target="-$task" || target="$task"
@@ -232,16 +252,28 @@ read -r _ _ _ _ group _ < /proc/$$/stat 2>/dev/null || group=
   trap '' TERM INT HUP
   while kill -0 "$task" 2>/dev/null; do
     if [ -e "$marker" ]; then
-      kill -TERM -- "$target" 2>/dev/null
+      blocked=$(awk '$1 == "SigBlk:" || $1 == "SigIgn:" {printf "%s ", $2}' /proc/"$task"/status 2>/dev/null)
+      signal=TERM
+      for mask in $blocked; do (( (16#$mask >> 14) & 1 )) && signal=KILL; done
+      echo "$(date +%s.%N) $(hostname) marker seen; SigBlk/SigIgn $blocked; sending $signal" >> "$fence_log"
+      kill -"$signal" -- "$target" 2>/dev/null
       for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$task" 2>/dev/null || exit 0; sleep 1; done
+      echo "$(date +%s.%N) $(hostname) still there after 10 s; sending KILL" >> "$fence_log"
       kill -KILL -- "$target" 2>/dev/null
       exit 0
     fi
     sleep 1
   done
 ) </dev/null >/dev/null 2>&1 &
+stop_if_cancelled() {  # the marker may have come after the job's script looked, while srun started this
+  [ -e "$marker" ] || return 0
+  echo "corral: cancelled before it started" >&2
+  echo "$(date +%s.%N) $(hostname) marker seen before the $1 started; not started" >> "$fence_log"
+  exit 143
+}
 with_task_env() { "$BASH" -c '. "$1" || exit 1; shift; exec "$@"' task-env "$envfile" "$BASH" "$@"; }
 if [ -n "$setup" ] && [ -s "$setup" ]; then
+  stop_if_cancelled setup
   with_task_env "$setup"
   rc=$?
   if [ "$rc" -ne 0 ]; then
@@ -251,6 +283,7 @@ if [ -n "$setup" ] && [ -s "$setup" ]; then
   fi
 fi
 [ -n "$run" ] || exit 0
+stop_if_cancelled task
 exec "$BASH" -c '. "$1" || exit 1; shift; exec "$@"' task-env "$envfile" "$BASH" "$run"
 """
 
