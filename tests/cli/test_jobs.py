@@ -258,7 +258,10 @@ def test_churn_never_runs_a_job_twice(corral, env, testbed):
     config = testbed.cluster_config
     out = f"churn-{uuid.uuid4().hex[:8]}"
     ssh_login(config, "alpine", f"mkdir -p {out}")
-    script = (f'echo "start $CORRAL_TASK_ID $CORRAL_ATTEMPT" >> ~/{out}/log; sleep 3; '
+    # `&&`: "end" means the work was done. A cancel can reach `sleep` before the bash that runs it
+    # (proctrack/linuxproc signals one process at a time), and bash then runs the next command: with
+    # `;`, a task killed 0.3 s in still wrote "end", which is not a second run of the work.
+    script = (f'echo "start $CORRAL_TASK_ID $CORRAL_ATTEMPT" >> ~/{out}/log; sleep 3 && '
               f'echo "end $CORRAL_TASK_ID $CORRAL_ATTEMPT" >> ~/{out}/log')
     result = corral("jobs", "launch", "--json", "--num-jobs", "100", "--gpus", "gpu:2", "--", script, env=env)
     assert result.exit_code == 0, result.stderr
