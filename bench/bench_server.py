@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_testbed, corral_argv, median_of, print_table, time_command  # noqa: E402
+from bench.common import bench_testbed, cancel_all, corral_argv, median_of, print_table, time_command  # noqa: E402
 
 HELD_TASK = "resources:\n  cpus: 1\nslurm:\n  sbatch_args: [--hold]\nrun: 'true'\n"
 
@@ -38,7 +38,7 @@ def main() -> None:
         task.write_text(HELD_TASK)
         env = bench.env
         try:
-            _cancel_all(config, clusters)
+            cancel_all(config, clusters)
             raw_new = median_of(args.runs, lambda: time_command(
                 [*bench.raw_ssh("alpine", mux=False), "sbatch --parsable --hold -p cpu --wrap true"]))
             launch = corral_argv("launch", "-d", "--infra", "slurm/alpine/cpu", str(task))
@@ -52,16 +52,16 @@ def main() -> None:
                 return time_command(launch, env=env)
 
             cold_pinned = median_of(args.runs, cold, warmup=0)
-            _cancel_all(config, clusters)
+            cancel_all(config, clusters)
 
             fresh = {**env, "CORRAL_HOME": str(bench.scratch / "home-concurrent")}
             burst, accepted, submitted, engines = _burst(args.concurrent, task, fresh, config, clusters)
-            _cancel_all(config, clusters)
+            cancel_all(config, clusters)
 
             managed_env = {**env, "CORRAL_HOME": str(bench.scratch / "home-managed")}
             rss_idle, rss_loaded, live = _memory(args.managed, task, managed_env)
         finally:
-            _cancel_all(config, clusters)
+            cancel_all(config, clusters)
 
     print_table(f"launch -d through the server (median of {args.runs}; baseline: ssh sbatch, new connection)", [
         ("corral launch -d --infra slurm/alpine/cpu, server running", warm_pinned, raw_new, "<= 1.0x"),
@@ -142,11 +142,6 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def _cancel_all(config: str, clusters: list[str]) -> None:
-    for cluster in clusters:
-        subprocess.run(["ssh", "-F", config, cluster, "scancel -u corral-test"], capture_output=True)
 
 
 if __name__ == "__main__":

@@ -93,3 +93,11 @@ def close_masters(root: Path) -> None:
             sockets += list(Path(out).glob("*"))
     for sock in sockets:
         subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True)
+
+
+def cancel_all(config: str, clusters: list[str]) -> None:
+    """Cancel every job of the testbed's user on every cluster."""
+    import subprocess
+
+    for cluster in clusters:
+        subprocess.run(["ssh", "-F", config, cluster, "scancel -u corral-test"], capture_output=True)

@@ -128,6 +128,19 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def fresh_postgres(postgres_url: str) -> Iterator[str]:
+    """The session's PostgreSQL database, emptied: a store made on it starts from nothing."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
+        conn.exec_driver_sql("CREATE SCHEMA public")
+    engine.dispose()
+    yield postgres_url
+
+
+@pytest.fixture
 def clean_queues(testbed):
     """Cancel every job of the test user on every cluster after the test."""
     yield

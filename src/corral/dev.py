@@ -77,7 +77,7 @@ class AllocationStatus:
     def to_json(self, now: float) -> dict[str, object]:
         r = self.row
         return {
-            "name": r.name, "cluster": r.cluster, "partition": r.partition, "state": self.state,
+            "name": r.name, "owner": r.owner, "cluster": r.cluster, "partition": r.partition, "state": self.state,
             "reason": self.reason, "slurm_job_id": r.handle, "num_nodes": r.num_nodes, "gres": r.accelerator,
             "nodes": self.nodes, "age_seconds": round(now - r.created_at),
             "idle_seconds": round(now - self.last_active) if self.last_active else None,
@@ -101,10 +101,17 @@ def resources_key(task: Task) -> str:
 
 
 class DevAllocations:
-    def __init__(self, client: Client, store: Store, launcher: Launcher):
+    """One user's dev allocations: names are looked up among `launcher.owner`'s. `sees_all` (an admin)
+    lists everyone's; `local` (the server's own user) also gets ssh aliases in this machine's config."""
+
+    def __init__(self, client: Client, store: Store, launcher: Launcher, *, sees_all: bool = True,
+                 local: bool = True):
         self.client = client
         self.store = store
         self.launcher = launcher
+        self.owner = launcher.owner
+        self.sees_all = sees_all
+        self.local = local
 
     # ---- launch -c ----------------------------------------------------------------------------
     async def launch(self, name: str, task: Task, source: str, idle_minutes: float | None,
@@ -116,7 +123,7 @@ class DevAllocations:
         from corral.locks import held, named
 
         check_name(name)
-        lock = held(named("dev", name))
+        lock = held(named("dev", f"{self.owner}/{name}" if self.owner else name))
         await asyncio.to_thread(lock.__enter__)
         try:
             return await self._launch(name, task, source, idle_minutes, walltime)
@@ -125,7 +132,7 @@ class DevAllocations:
 
     async def _launch(self, name: str, task: Task, source: str, idle_minutes: float | None,
                       walltime: str | None) -> tuple[AllocationRow, bool]:
-        existing = self.store.allocation(name)
+        existing = self.store.allocation(name, self.owner)
         wanted = resources_key(task)
         if existing is not None:
             [status] = await self.status([existing])
@@ -135,7 +142,7 @@ class DevAllocations:
                         f"allocation {name!r} exists with other resources ({_describe(existing.resources)}); "
                         f"asked for {_describe(wanted)}. Use another name, or `corral down {name}` first")
                 return existing, False
-            self.store.delete_allocation(name)  # ended: a new one takes the name
+            self.store.delete_allocation(name, self.owner)  # ended: a new one takes the name
             devssh.forget_host_key(existing.token)
         if walltime:
             task = task.model_copy(update={"slurm": task.slurm.model_copy(update={"time": walltime})})
@@ -154,7 +161,7 @@ class DevAllocations:
             infra = self.client.infra(candidate.cluster)
             assert isinstance(infra, HoldsAllocations)
             request = self.launcher.job_request(task, candidate, token, (name,), envs)
-            row = AllocationRow(name=name, token=token, cluster=candidate.cluster, partition=candidate.partition,
+            row = AllocationRow(owner=self.owner, name=name, token=token, cluster=candidate.cluster, partition=candidate.partition,
                                 handle=None, num_nodes=task.num_nodes, accelerator=candidate.gres,
                                 gpus_per_node=request.accelerators_per_node, resources=wanted,
                                 run_dir=infra.attempt_files(request).run_dir, idle_seconds=idle_seconds,
@@ -172,7 +179,7 @@ class DevAllocations:
         failover = Failover()
         accepted = await failover.first_accepting(feasible, submit, skipped)
         if accepted is None:
-            self.store.delete_allocation(name)
+            self.store.delete_allocation(name, self.owner)
             raise CorralError(f"no cluster accepted the allocation ({failover.summary()})")
         candidate, answer = accepted
         row = rows[id(candidate)]
@@ -203,7 +210,8 @@ class DevAllocations:
         """One round trip per cluster, for all its allocations."""
         import asyncio
 
-        rows = self.store.allocations() if rows is None else rows
+        if rows is None:
+            rows = self.store.allocations(None if self.sees_all else self.owner)
         by_cluster: dict[str, list[AllocationRow]] = {}
         for row in rows:
             by_cluster.setdefault(row.cluster, []).append(row)
@@ -213,7 +221,7 @@ class DevAllocations:
             submitted = [r for r in group if r.handle]
             for r in group:
                 if not r.handle:
-                    results[r.name] = AllocationStatus(r, "UNKNOWN", "never reached Slurm", [], None, None, None)
+                    results[_key(r)] = AllocationStatus(r, "UNKNOWN", "never reached Slurm", [], None, None, None)
             if not submitted:
                 return
             try:
@@ -226,12 +234,12 @@ class DevAllocations:
                 why = "no answer"
             for r in submitted:
                 state = states.get(r.handle or "")
-                results[r.name] = (AllocationStatus(r, state.phase.value, state.reason, state.nodes, None,
+                results[_key(r)] = (AllocationStatus(r, state.phase.value, state.reason, state.nodes, None,
                                                     state.last_active, state.time_left, sshd=state.sshd)
                                    if state else AllocationStatus(r, "UNKNOWN", why, [], None, None, None))
 
         await asyncio.gather(*(one(c, g) for c, g in by_cluster.items()))
-        return [results[r.name] for r in rows]
+        return [results[_key(r)] for r in rows]
 
     # ---- exec ---------------------------------------------------------------------------------
     def _holder(self, cluster: str) -> HoldsAllocations:
@@ -241,9 +249,9 @@ class DevAllocations:
         return infra
 
     def get(self, name: str) -> AllocationRow:
-        row = self.store.allocation(name)
+        row = self.store.allocation(name, self.owner)
         if row is None:
-            raise AllocationNotFoundError(name, [r.name for r in self.store.allocations()])
+            raise AllocationNotFoundError(name, [r.name for r in self.store.allocations(self.owner)])
         return row
 
     async def exec(self, name: str, task: Task, source: str, on_output: Callable[[bytes], None]) -> tuple[str, int]:
@@ -257,7 +265,7 @@ class DevAllocations:
         self.store.add_jobs(
             [JobRow(id=job_id, name=task.name or "exec", task_json=redacted_json(task),
                     secrets_sealed=seal(resolved_secrets(task, source)),
-                    created_at=time.time(), allocation=name)],
+                    created_at=time.time(), allocation=name, owner=self.owner)],
             [AttemptRow(token=token, job_id=job_id, number=1, cluster=row.cluster, partition=row.partition,
                         handle=row.handle, state="RUNNING", created_at=time.time(),
                         run_dir=row.run_dir, log_path=f"{row.run_dir}/exec/{job_id}/run.sh",
@@ -295,8 +303,11 @@ class DevAllocations:
             raise CorralError(f"allocation {name!r} is {status.state}; cannot open a shell in it")
         return self._holder(row.cluster).shell_argv(row.handle or "", status.nodes[0], command)
 
-    async def write_ssh_alias(self, row: AllocationRow, status: AllocationStatus) -> Path:
-        """An ssh config Include so that plain `ssh NAME` and editors' remote-SSH reach the head node."""
+    async def write_ssh_alias(self, row: AllocationRow, status: AllocationStatus) -> Path | None:
+        """An ssh config Include so that plain `ssh NAME` and editors' remote-SSH reach the head node
+        (for the server's own user only: it uses this machine's keys; None for anyone else)."""
+        if not self.local:
+            return None
         head = status.nodes[0]
         job_id = row.handle or ""
         route = await self._holder(row.cluster).ssh_route(row.name, job_id, head, row.run_dir, status.sshd)
@@ -308,17 +319,22 @@ class DevAllocations:
     # ---- down ---------------------------------------------------------------------------------
     async def down(self, name: str) -> bool:
         """Release the allocation and clean its files. False if there was none (already down)."""
-        row = self.store.allocation(name)
+        row = self.store.allocation(name, self.owner)
         if row is None:
             return False
         try:
             await self._holder(row.cluster).release(row.handle, row.run_dir)
         except ClusterError as exc:
             raise CorralError(f"could not take {name!r} down: {exc}") from exc
-        self.store.delete_allocation(name)
-        devssh.set_alias(name, None, self.client.registry.path)
+        self.store.delete_allocation(name, self.owner)
+        if self.local:
+            devssh.set_alias(name, None, self.client.registry.path)
         devssh.forget_host_key(row.token)
         return True
+
+
+def _key(row: AllocationRow) -> tuple[str, str]:
+    return row.owner, row.name
 
 
 def _describe(resources: str) -> str:

@@ -71,6 +71,12 @@ class InvalidInfraError(CorralError):
     exit_code = EXIT_DATAERR
 
 
+class ForbiddenError(CorralError):
+    """The user may not do this (a team server's isolation, or an admin-only operation)."""
+
+    exit_code = EXIT_NOPERM
+
+
 class UnavailableError(CorralError):
     """Nothing that could do the work answers or accepts it now (clusters, the server)."""
 

@@ -142,6 +142,7 @@ class Launcher:
     client: Client
     store: Store
     events: LaunchEvents = field(default_factory=LaunchEvents)
+    owner: str = ""  # the user the jobs it records belong to (controller/auth.py)
 
     async def probe_for(self, tasks: list[Task]) -> list[ProbeOutcome]:
         """One probe of every cluster any of the tasks may run on."""
@@ -269,7 +270,8 @@ class Launcher:
         ids, now = self.store.new_job_ids(num_jobs), time.time()
         sweep = ids[0] if num_jobs > 1 else None  # a sweep's jobs share it, and their creation time
         jobs = [JobRow(id=job_id, name=task.name or "task", task_json=redacted_json(task), secrets_sealed=sealed,
-                       created_at=now, job_rank=i, num_jobs=num_jobs, sweep_id=sweep, submitter=process_tag())
+                       created_at=now, job_rank=i, num_jobs=num_jobs, sweep_id=sweep, submitter=process_tag(),
+                       owner=self.owner)
                 for i, job_id in enumerate(ids)]
         self.store.add_jobs(jobs, [])
         return await self.submit_jobs(task, envs, feasible, jobs)

@@ -30,7 +30,7 @@ class ManagedView:
     def to_json(self) -> dict[str, object]:
         latest = self.latest
         return {
-            "job_id": self.job.id, "name": self.job.name, "state": self.managed.state,
+            "job_id": self.job.id, "name": self.job.name, "owner": self.job.owner, "state": self.managed.state,
             "reason": self.managed.reason, "cluster": latest.cluster if latest else None,
             "partition": latest.partition if latest else None,
             "slurm_job_id": latest.handle if latest else None, "attempts": len(self.attempts),
@@ -41,7 +41,7 @@ class ManagedView:
         }
 
 
-def record(store: Store, task: Task, source: str, num_jobs: int = 1) -> list[str]:
+def record(store: Store, task: Task, source: str, num_jobs: int = 1, owner: str = "") -> list[str]:
     check_num_jobs(num_jobs)
     job_environment(task, source)  # a null env without --env fails here, not in the controller
     now = time.time()
@@ -50,32 +50,37 @@ def record(store: Store, task: Task, source: str, num_jobs: int = 1) -> list[str
     ids = store.new_job_ids(num_jobs)
     sweep = ids[0] if num_jobs > 1 else None
     jobs = [JobRow(id=job_id, name=task.name or "task", task_json=task_json, secrets_sealed=sealed, created_at=now,
-                   job_rank=i, num_jobs=num_jobs, sweep_id=sweep) for i, job_id in enumerate(ids)]
+                   job_rank=i, num_jobs=num_jobs, sweep_id=sweep, owner=owner) for i, job_id in enumerate(ids)]
     store.add_jobs(jobs, [])
     store.add_managed(j.id for j in jobs)
     return [j.id for j in jobs]
 
 
-def views(store: Store, job_ids: list[str] | None = None) -> list[ManagedView]:
+def views(store: Store, job_ids: list[str] | None = None, scope: str | None = None) -> list[ManagedView]:
+    """Managed jobs (all, or those named); `scope`: only that owner's."""
     managed = {m.job_id: m for m in store.managed(job_ids)}
     jobs = store.jobs(managed)
-    attempts = store.attempts_of(list(managed))
+    if scope is not None:
+        jobs = {i: job for i, job in jobs.items() if job.owner == scope}
+    attempts = store.attempts_of([i for i in managed if i in jobs])
     out = [ManagedView(jobs[i], managed[i], attempts.get(i, [])) for i in managed if i in jobs]
     return sorted(out, key=lambda v: (v.job.created_at, v.job.job_rank))
 
 
-def page(store: Store, limit: int | None = 20, offset: int = 0) -> tuple[list[ManagedView], int]:
+def page(store: Store, limit: int | None = 20, offset: int = 0,
+         scope: str | None = None) -> tuple[list[ManagedView], int]:
     """Live managed jobs and the newest ended ones, newest first; and how many more ended ones there are."""
-    ids, more = store.managed_page(limit, offset)
-    shown = views(store, ids)
+    ids, more = store.managed_page(limit, offset, scope=scope)
+    shown = views(store, ids, scope)
     shown.sort(key=lambda v: (v.job.created_at, v.job.job_rank), reverse=True)
     return shown, more
 
 
-def resolve(store: Store, ref: str) -> ManagedView:
+def resolve(store: Store, ref: str, scope: str | None = None) -> ManagedView:
+    """A managed job by id, id prefix or name; with `scope`, among that owner's only."""
     from corral.state.store import JobNotFoundError
 
-    candidates = views(store, store.matching_ids(ref, managed_only=True))
+    candidates = views(store, store.matching_ids(ref, managed_only=True, scope=scope), scope)
     matches = [v for v in candidates if v.job.id == ref] or candidates
     if len(matches) == 1:
         return matches[0]

@@ -1,6 +1,8 @@
 """The files clients send with a task (`PUT /v1/uploads/{sha256}`), kept by content under CORRAL_HOME.
 
-An upload is a tar archive (layout: `corral.sdk.files`) unpacked into `uploads/<sha256>/`: a folder as
+Uploads are kept per user: one user's launch never uses files another user sent, even by naming
+their digest. An upload is a tar archive (layout: `corral.sdk.files`) unpacked into
+`uploads/<sha256>/` (`uploads/<sha256>-<user key>/` for a team server's users): a folder as
 `tree/`, a file as `file/<name>`. Unpacking refuses absolute names, `..`, links that leave the folder
 and device files (tarfile's "data" filter). Launches then name the uploads, and the task's workdir and
 file_mounts become these server-side paths, from which the infra syncs to the cluster.
@@ -41,19 +43,23 @@ def uploads_dir() -> Path:
     return private_dir(corral_home() / "uploads")
 
 
-def upload_path(digest: str) -> Path | None:
-    """The unpacked upload, or None if the server does not hold it."""
+def _folder(digest: str, owner: str) -> str:
     if not DIGEST.match(digest):
         raise UploadError(f"{digest!r} is not a SHA-256 digest (64 lowercase hex digits)")
-    path = uploads_dir() / digest
+    return f"{digest}-{hashlib.sha256(owner.encode()).hexdigest()[:16]}" if owner else digest
+
+
+def upload_path(digest: str, owner: str = "") -> Path | None:
+    """The unpacked upload `owner` sent, or None if the server does not hold it."""
+    path = uploads_dir() / _folder(digest, owner)
     return path if path.is_dir() else None
 
 
-async def receive(digest: str, body: AsyncIterator[bytes]) -> Path:
+async def receive(digest: str, body: AsyncIterator[bytes], owner: str = "") -> Path:
     """Store an upload from a request body; idempotent (a digest already held is kept as it is)."""
     import asyncio
 
-    found = upload_path(digest)
+    found = upload_path(digest, owner)
     if found is not None:
         os.utime(found)  # sent again: in use, not to be pruned
         return found
@@ -72,7 +78,7 @@ async def receive(digest: str, body: AsyncIterator[bytes]) -> Path:
                 f.write(chunk)
         if sha.hexdigest() != digest:
             raise UploadError(f"upload's content does not match its digest {digest[:12]}… (sent incompletely?)")
-        return await asyncio.to_thread(_unpack, archive, root / digest)
+        return await asyncio.to_thread(_unpack, archive, root / _folder(digest, owner))
     finally:
         archive.unlink(missing_ok=True)
 
@@ -101,9 +107,9 @@ def _unpack(archive: Path, final: Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def resolve(digest: str, what: str) -> Path:
+def resolve(digest: str, what: str, owner: str = "") -> Path:
     """The server-side path of an upload for a task field (`what`), a folder or the one file in it."""
-    found = upload_path(digest)
+    found = upload_path(digest, owner)
     if found is None:
         raise UploadNotFoundError(f"{what}: the server does not hold upload {digest[:12]}…; send it first "
                                   "(PUT /v1/uploads/{sha256})")
@@ -114,8 +120,8 @@ def resolve(digest: str, what: str) -> Path:
     return single
 
 
-def with_uploads(task: Any, files: dict[str, Any]) -> Any:
-    """The task with its workdir and file_mounts sources replaced by the uploads the client sent for
+def with_uploads(task: Any, files: dict[str, Any], owner: str = "") -> Any:
+    """The task with its workdir and file_mounts sources replaced by the uploads `owner` sent for
     them (`{"workdir": sha256, "file_mounts": {remote: sha256}, "workdir_origin": "host:/path"}`)."""
     update: dict[str, Any] = {}
     mounts = files.get("file_mounts") or {}
@@ -123,15 +129,16 @@ def with_uploads(task: Any, files: dict[str, Any]) -> Any:
         if not files.get("workdir"):
             raise TaskError(f"workdir {task.workdir!r}: its files were not sent with the task (a client must "
                             "upload them: corral.sdk does)")
-        update["workdir"] = str(resolve(files["workdir"], "workdir"))
+        update["workdir"] = str(resolve(files["workdir"], "workdir", owner))
         origin = files.get("workdir_origin")
-        if isinstance(origin, str) and origin:
-            (Path(update["workdir"]).parent / ORIGIN_FILE).write_text(json.dumps(origin))
+        if isinstance(origin, str) and origin:  # one cluster-side cache per user and origin
+            (Path(update["workdir"]).parent / ORIGIN_FILE).write_text(json.dumps(f"{owner}@{origin}" if owner
+                                                                                 else origin))
     if task.file_mounts:
         missing = [remote for remote in task.file_mounts if not mounts.get(remote)]
         if missing:
             raise TaskError(f"file_mounts {', '.join(map(repr, missing))}: their files were not sent with the task")
-        update["file_mounts"] = {remote: str(resolve(mounts[remote], f"file_mounts[{remote!r}]"))
+        update["file_mounts"] = {remote: str(resolve(mounts[remote], f"file_mounts[{remote!r}]", owner))
                                  for remote in task.file_mounts}
     return task.model_copy(update=update) if update else task
 

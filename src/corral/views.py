@@ -56,7 +56,7 @@ def submitted_json(s: Submitted) -> dict[str, object]:
 def job_json(view: JobView) -> dict[str, object]:
     a = view.attempt
     return {
-        "job_id": view.job.id, "name": view.job.name, "cluster": a.cluster, "partition": a.partition,
+        "job_id": view.job.id, "name": view.job.name, "owner": view.job.owner, "cluster": a.cluster, "partition": a.partition,
         "slurm_job_id": a.handle, "state": a.state, "reason": a.reason, "attempt": a.number,
         "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
         "expected_start": a.expected_start if a.state == "PENDING" else None,

@@ -33,7 +33,8 @@ COMMANDS = [
     ["launch", "--dryrun", "--", "true"], ["launch", "-d", "--infra", "slurm/alpine/cpu", "--", "true"],
     ["launch", "--dryrun", "TASK"], ["jobs", "launch", "--infra", "slurm/alpine/cpu", "TASK"],
     ["jobs", "logs", "nope"], ["jobs", "events", "nope"], ["jobs", "why", "nope"], ["jobs", "cancel", "nope"],
-    ["status"], ["down", "nope"], ["exec", "nope", "--", "true"], ["ssh", "nope"],
+    ["status"], ["down", "nope"], ["exec", "nope", "--", "true"], ["ssh", "nope"], ["users", "list"],
+    ["users", "remove", "nope"],
 ]
 REFUSED = {"logs": "no job 'nope'", "cancel": "no job 'nope'", "jobs logs": "no managed job 'nope'",
            "jobs events": "no managed job 'nope'", "jobs why": "no managed job 'nope'",

@@ -67,6 +67,11 @@ def requests(operations):
                               optional={"overrides": OVERRIDES, "num_jobs": st.integers(-1, 20_000),
                                         "idle_minutes": st.one_of(st.floats(allow_nan=False), VALUES),
                                         "walltime": VALUES, "wait": st.booleans()}),
+        st.fixed_dictionaries({"name": VALUES},
+                              optional={"role": st.one_of(st.sampled_from(["user", "admin"]), VALUES),
+                                        "unix_users": st.dictionaries(VALUES, VALUES, max_size=2),
+                                        "service": st.one_of(st.booleans(), VALUES),
+                                        "expires_in_days": st.one_of(st.floats(), st.integers(), VALUES)}),
     )
     bodies = st.one_of(st.none(), st.just(b"{"), st.just(b"[]"), st.binary(max_size=64),
                        structured.map(lambda d: json.dumps(d).encode()))

@@ -22,12 +22,7 @@ def empty_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'state.db'}"
         return
-    url = request.getfixturevalue("postgres_url")
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
-        conn.exec_driver_sql("CREATE SCHEMA public")
-    engine.dispose()
+    url = request.getfixturevalue("fresh_postgres")
     yield url
     Store(url).engine.dispose()  # the next test's store finds the schema at head
 
@@ -44,7 +39,7 @@ def test_the_head_the_store_checks_for_is_alembics():
 def test_a_new_store_is_made_by_the_migrations_and_matches_the_models(empty_url):
     store = Store(empty_url)
     with store.engine.connect() as conn:
-        assert migrations.current(conn) == "0002"
+        assert migrations.current(conn) == migrations.HEAD
     assert schema_differences(store) == []
 
 
@@ -70,14 +65,15 @@ def test_a_store_from_before_alembic_is_upgraded_with_its_data(empty_url):
 
     store = Store(empty_url)
     with store.engine.connect() as conn:
-        assert migrations.current(conn) == "0002"
+        assert migrations.current(conn) == migrations.HEAD
     assert schema_differences(store) == []
     [view] = store.views(["c-1"])
     attempts = {a.token: a for a in store.attempts_of(["c-1"])["c-1"]}
     assert (attempts["t1"].handle, attempts["t1"].failure) == ("123_4", "infra")  # classified once, as before
     assert (attempts["t2"].handle, view.attempt.token) == ("77", "t2")
     allocation = store.allocation("dev")
-    assert (allocation.handle, allocation.accelerator) == ("55", "l40s")
+    assert (allocation.handle, allocation.accelerator, allocation.owner) == ("55", "l40s", "")
+    assert view.job.owner == ""  # made before users: the server's own account's
     Store(empty_url)  # opening it again changes nothing
     assert store.allocation("dev").handle == "55"
 
@@ -93,3 +89,16 @@ def test_a_store_at_the_baseline_revision_is_upgraded(empty_url):
     store = Store(empty_url)
     assert schema_differences(store) == []
     assert store.lease("controller").holder == "h:1"
+
+
+def test_allocation_names_are_per_owner_after_the_upgrade(empty_url):
+    from corral.state.models import AllocationRow
+
+    store = Store(empty_url)
+    fields = dict(name="dev", token="t", cluster="alpine", partition="gpu", handle="1", num_nodes=1,
+                  accelerator=None, gpus_per_node=0, resources="{}", run_dir="r", idle_seconds=0, created_at=1.0)
+    store.put_allocation(AllocationRow(owner="alice", **fields))
+    store.put_allocation(AllocationRow(owner="bob", **{**fields, "handle": "2"}))
+    assert store.allocation("dev", "alice").handle == "1" and store.allocation("dev", "bob").handle == "2"
+    assert store.allocation("dev") is None  # the server's own account holds none of that name
+    assert [r.owner for r in store.allocations("bob")] == ["bob"] and len(store.allocations()) == 2

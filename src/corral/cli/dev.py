@@ -46,9 +46,10 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
                 print_json(summary)
             return
         if held["new"] and not as_json:
+            ways = (f"`corral ssh {dev_name}`, or `ssh {dev_name}` with `Include {held['ssh_alias']}` in ~/.ssh/config"
+                    if held.get("ssh_alias") else "or your own ssh login to its node (through a team server)")
             click.echo(f"corral: {dev_name} is ready on slurm/{held['cluster']}/{held['partition']} (nodes: "
-                       f"{', '.join(held['nodes'])}); `corral exec {dev_name} -- CMD`, `corral ssh {dev_name}`, "
-                       f"or `ssh {dev_name}` with `Include {held['ssh_alias']}` in ~/.ssh/config", err=True)
+                       f"{', '.join(held['nodes'])}); `corral exec {dev_name} -- CMD`, {ways}", err=True)
         if as_json:
             print_json({**summary, "nodes": held["nodes"]})
 

@@ -16,12 +16,33 @@ def server() -> None:
 
 
 @server.command(name="start")
+@click.option("--host", help="Serve a team on this address (such as 0.0.0.0); default: loopback, this user only.")
+@click.option("--port", type=click.IntRange(1, 65535), help="The port to serve on (default: any free one).")
+@click.option("--db", "db_url", metavar="URL", help="The state store: postgresql+psycopg://… for a team "
+              "(default: SQLite under CORRAL_HOME).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve HTTPS with this certificate.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key.")
+@click.option("--sso-header", metavar="HEADER", help="Believe a trusted reverse proxy's header naming the user "
+              "(such as X-Auth-Request-Email). Off by default.")
+@click.option("--trusted-proxy", "trusted_proxies", multiple=True, metavar="CIDR",
+              help="Where --sso-header may come from (default: loopback). Repeat for several.")
+@click.option("--foreground", is_flag=True, help="Run in this process (for systemd) instead of in the background.")
 @reports_errors
-def server_start() -> None:
-    """Start the controller unless it runs."""
+def server_start(host: str | None, port: int | None, db_url: str | None, tls_cert: str | None, tls_key: str | None,
+                 sso_header: str | None, trusted_proxies: tuple[str, ...], foreground: bool) -> None:
+    """Start the server unless it runs: this user's local one, or with --host/--port a team server."""
     from corral.controller import server as controller
 
-    click.echo(f"controller running (pid {controller.start()}); log: {controller.log_file()}")
+    options = controller.ServerOptions(host=host, port=port, db_url=db_url, tls_cert=tls_cert, tls_key=tls_key,
+                                       sso_header=sso_header, trusted_proxies=trusted_proxies)
+    options.check()
+    if foreground:
+        controller.run(options)
+        return
+    pid = controller.start(options)
+    endpoint = controller.read_endpoint() or {}
+    where = f" at {endpoint['url']}" if endpoint.get("team") else ""
+    click.echo(f"controller running (pid {pid}){where}; log: {controller.log_file()}")
 
 
 @server.command(name="stop")
@@ -48,7 +69,9 @@ def server_status(as_json: bool) -> None:
     try:  # answered by the server: this process loads neither the engine nor the database
         if endpoint is None:
             raise controller.ControllerUnavailable("not running")
-        health = Client(f"http://127.0.0.1:{endpoint['port']}", endpoint["token"], timeout=3).health()
+        client = (Client(timeout=3) if endpoint.get("team")  # its own URL and certificate (controller.json)
+                  else Client(f"http://127.0.0.1:{endpoint['port']}", endpoint["token"], timeout=3))
+        health = client.health()
         lease = health["lease"]
     except CorralError as exc:
         from corral.controller.engine import LEASE
@@ -94,10 +117,12 @@ def api_login(url: str, token: str) -> None:
 
     if not url.startswith(("http://", "https://")):
         raise CorralError(f"{url!r}: give the server's URL, such as https://corral.example.org:8765")
-    health = Client(url, token).health()  # refuses a wrong URL or token before anything is saved
+    client = Client(url, token)
+    health = client.health()  # refuses a wrong URL or token before anything is saved
+    me = client.me()
     path = save_login(url, token)
-    click.echo(f"logged in to {url} (Corral {health.get('version', '?')}, API {health.get('api', '?')}); "
-               f"saved in {path}")
+    click.echo(f"logged in to {url} as {me['name']} ({me['role']}; Corral {health.get('version', '?')}, "
+               f"API {health.get('api', '?')}); saved in {path}")
 
 
 @api.command(name="logout")
@@ -118,10 +143,14 @@ def api_info(as_json: bool) -> None:
 
     client = Client()
     health = client.health()
+    me = client.me()
     point = client.endpoint
     if as_json:
-        print_json({"url": point.url, "local": point.local, **health})
+        print_json({"url": point.url, "local": point.local, "user": me, **health})
     else:
         where = "local server" if point.local else "server"
         click.echo(f"{where} {point.url}: Corral {health.get('version', '?')}, API {health.get('api', '?')}, "
                    f"pid {health['pid']}, up {health['uptime_seconds']:.0f}s")
+        accounts = ", ".join(f"{c}={n}" for c, n in sorted(me["unix_users"].items()))
+        click.echo(f"you are {me['name']} ({me['role']}" + (", the server's own account" if me["local"] else "")
+                   + ")" + (f"; Unix accounts: {accounts}" if accounts else ""))

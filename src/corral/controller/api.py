@@ -1,12 +1,13 @@
 """The server's HTTP application: authentication, health and wake-up, and the `/v1` API (`v1.py`).
 
-Every request carries the bearer token that the controller writes, readable only by its user, into
-`controller.json` under CORRAL_HOME next to the port; so other users of the machine cannot drive it.
+Every request carries a bearer token: the server's own, which it writes, readable only by its Unix
+account, into `controller.json` under CORRAL_HOME next to the port; or a team member's from `corral users
+add` (see auth.py, which also covers single sign-on through a trusted proxy). The user a request acts for
+is `request.state.principal`; a team server logs one line per request naming them (never a token).
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -49,8 +50,11 @@ class ControllerStatus:
 API_VERSION = "v1"
 
 
-def create_app(status: ControllerStatus, store: Store, token: str, refreshes: Any = None) -> FastAPI:
+def create_app(status: ControllerStatus, store: Store, token: str, refreshes: Any = None, *,
+               sso_header: str | None = None, trusted_proxies: tuple[str, ...] = ("127.0.0.1/32", "::1/128"),
+               access_log: bool = False) -> FastAPI:
     from corral import __version__
+    from corral.controller.auth import Authenticator, Unauthenticated
     from corral.controller.v1 import create_router, refused_status
 
     app = FastAPI(title="Corral", version=__version__, docs_url=None, redoc_url=None, redirect_slashes=False,
@@ -58,10 +62,27 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                   description="One engine behind every face: the API the `corral` CLI and `corral.sdk` use. "
                               "Every request carries `Authorization: Bearer <token>`.")
 
-    async def authorized(authorization: str = Header(default="")) -> None:
-        scheme, _, given = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(status_code=401, detail="missing or wrong token")
+    authenticator = Authenticator(store, token, sso_header, trusted_proxies)
+
+    async def authorized(request: Request, authorization: str = Header(default="")) -> None:
+        try:
+            request.state.principal = authenticator.principal(authorization, dict(request.headers),
+                                                              request.client.host if request.client else None)
+        except Unauthenticated as exc:
+            raise HTTPException(status_code=401, detail=str(exc)) from None
+
+    if access_log:
+        @app.middleware("http")
+        async def log_request(request: Request, call_next: Any) -> Any:
+            """One line per request: who (never their token), what, the answer, how long."""
+            started = time.monotonic()
+            response = await call_next(request)
+            principal = getattr(request.state, "principal", None)
+            who = principal.display if principal else "-"
+            client = request.client.host if request.client else "-"
+            print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {client} {who} {request.method} {request.url.path} "
+                  f"{response.status_code} {1000 * (time.monotonic() - started):.0f}ms", flush=True)
+            return response
 
     async def health() -> dict[str, object]:
         """The server's pid, uptime, controller ticks and the store's lease."""

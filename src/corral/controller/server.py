@@ -5,6 +5,10 @@ The CLI and the SDK start it on demand (`sdk/endpoint.py`); SIGUSR1 wakes its lo
 stop` ends it. It serves on loopback on an ephemeral port; the port and a bearer token are in
 `controller.json` (mode 600), its pid and log beside it, under CORRAL_HOME. Jobs live in the store, so
 nothing is lost while it is down.
+
+A team server is the same process started with `ServerOptions` (`corral server start --host H --port P
+--db URL`, HTTPS with --tls-cert/--tls-key): it serves every registered user (auth.py) and logs each
+request. Its options reach the background process as CORRAL_SERVER_* variables.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from corral.config import corral_home, private_file, write_private
-from corral.errors import CorralError, UnavailableError
+from corral.errors import ConfigError, CorralError, UnavailableError
 
 MAX_INTERVAL = 10.0
 
@@ -69,24 +74,86 @@ class ControllerUnavailable(UnavailableError):
     pass
 
 
+LOOPBACK_PROXIES = ("127.0.0.1/32", "::1/128")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a team server serves (all None: this user's local server, on loopback)."""
+
+    host: str | None = None
+    port: int | None = None
+    db_url: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    sso_header: str | None = None
+    trusted_proxies: tuple[str, ...] = ()
+
+    @property
+    def team(self) -> bool:
+        return bool(self.host or self.port)
+
+    def check(self) -> None:
+        import ipaddress
+
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("give both --tls-cert and --tls-key, or neither")
+        if (self.db_url or self.tls_cert or self.sso_header) and not self.team:
+            raise ConfigError("--db, --tls-cert and --sso-header are for a team server: give --host and --port too")
+        for net in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ConfigError(f"--trusted-proxy {net!r}: not an address or network (such as 10.0.0.5 or "
+                                  "10.0.0.0/24)") from None
+        if self.db_url and not self.db_url.startswith(("postgresql://", "postgresql+psycopg://", "sqlite:///")):
+            raise ConfigError(f"--db {self.db_url.split('://')[0]}://…: give a PostgreSQL URL such as "
+                              "postgresql+psycopg://corral@db.example.org/corral (or sqlite:///PATH)")
+
+    def to_env(self) -> dict[str, str]:
+        values = {"HOST": self.host, "PORT": str(self.port) if self.port else None, "TLS_CERT": self.tls_cert,
+                  "TLS_KEY": self.tls_key, "SSO_HEADER": self.sso_header,
+                  "TRUSTED_PROXIES": ",".join(self.trusted_proxies) or None}
+        env = {f"CORRAL_SERVER_{k}": v for k, v in values.items() if v}
+        if self.db_url:
+            env["CORRAL_DB_URL"] = self.db_url
+        return env
+
+    @classmethod
+    def from_env(cls) -> ServerOptions:
+        get = os.environ.get
+        port = get("CORRAL_SERVER_PORT")
+        proxies = tuple(p for p in get("CORRAL_SERVER_TRUSTED_PROXIES", "").split(",") if p)
+        return cls(host=get("CORRAL_SERVER_HOST") or None, port=int(port) if port else None,
+                   db_url=get("CORRAL_DB_URL") or None, tls_cert=get("CORRAL_SERVER_TLS_CERT") or None,
+                   tls_key=get("CORRAL_SERVER_TLS_KEY") or None, sso_header=get("CORRAL_SERVER_SSO_HEADER") or None,
+                   trusted_proxies=proxies)
+
+
 def lock_file() -> Path:
     """Held (flock) by the running controller for its whole life: one controller per Corral home."""
     return corral_home() / "controller.lock"
 
 
-def start() -> int:
+def start(options: ServerOptions | None = None) -> int:
     """Start the controller in the background unless it runs (then wake it); returns its pid.
     Commands that call this at the same moment take turns: the first starts it, the rest wake it."""
     from corral.locks import held
 
+    options = options or ServerOptions()
     with held(corral_home() / "controller.start.lock"):
         pid = running_pid()
         if pid:
+            running = read_endpoint() or {}
+            if options.team and running.get("options") != options.to_env():
+                raise ControllerUnavailable(f"a server already runs for {corral_home()} (pid {pid}) with other "
+                                            "options; `corral server stop` it first")
             os.kill(pid, signal.SIGUSR1)  # the loop ticks at once on it (new work)
             return pid
         with open(private_file(log_file()), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
+                                    stdout=log, stderr=log, start_new_session=True,
+                                    env={**os.environ, **options.to_env()})
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if running_pid() == proc.pid:
@@ -110,19 +177,51 @@ def stop(timeout: float = 20) -> bool:
     return True
 
 
-def run() -> None:
+def run(options: ServerOptions | None = None) -> None:
+    """Serve in this process until SIGTERM (`corral server start --foreground`, or the background child)."""
     import asyncio
     import fcntl
 
+    options = options or ServerOptions.from_env()
+    os.environ.update(options.to_env())  # the store and what `start` compares read them from here
     with open(private_file(lock_file()), "w") as held:
         try:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             sys.exit(f"another controller already runs for {corral_home()} (pid {running_pid()})")
-        asyncio.run(_run())  # the lock goes with the process, however it ends
+        asyncio.run(_run(options))  # the lock goes with the process, however it ends
 
 
-async def _run() -> None:
+def _listener(options: ServerOptions) -> socket.socket:
+    """The server's socket: loopback and any free port, or the team server's address."""
+    host = options.host or "127.0.0.1"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, options.port or 0, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host!r}: {exc.strerror}") from None
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"cannot serve on {host}:{options.port or 0}: {exc.strerror}") from None
+    return listener
+
+
+def _local_url(options: ServerOptions, port: int) -> str:
+    """How a client on this machine reaches the server."""
+    host = options.host or "127.0.0.1"
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if options.tls_cert else 'http'}://{host}:{port}"
+
+
+async def _run(options: ServerOptions) -> None:
     """The loop: tick, then wait; faster while jobs are on the move, slower when idle or on errors.
     The API serves on the same event loop, between and during ticks' remote calls."""
     import asyncio
@@ -148,12 +247,12 @@ async def _run() -> None:
     loop.add_signal_handler(signal.SIGINT, stopping.set)
     loop.add_signal_handler(signal.SIGUSR1, status.wake.set)  # new work: tick now
 
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
+    listener = _listener(options)
     token = secrets.token_urlsafe(32)
-    config = uvicorn.Config(create_app(status, store, token, controller.refreshes), log_level="warning", access_log=False,
-                            lifespan="off")
+    app = create_app(status, store, token, controller.refreshes, sso_header=options.sso_header,
+                     trusted_proxies=options.trusted_proxies or LOOPBACK_PROXIES, access_log=options.team)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            ssl_certfile=options.tls_cert, ssl_keyfile=options.tls_key)
     api = _api_server(config)
     serving = asyncio.create_task(api.serve(sockets=[listener]))
     while not api.started:  # `start` returns once the pid file is there: by then the API answers
@@ -164,14 +263,19 @@ async def _run() -> None:
     endpoint = endpoint_file()
     endpoint.unlink(missing_ok=True)
     fd = os.open(endpoint, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    port = listener.getsockname()[1]
+    url = _local_url(options, port)
     with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "port": listener.getsockname()[1], "token": token,
-                   "settings": endpoint_settings()}, f)
+        json.dump({"pid": os.getpid(), "port": port, "token": token, "settings": endpoint_settings(),
+                   **({"team": True, "url": url, "cafile": options.tls_cert, "options": options.to_env()}
+                      if options.team else {})}, f)
     write_private(pid_file(), f"{os.getpid()}\n")  # last: `start` waits for it, so the API is up by then
-    print(f"corral controller {holder} started (interval {base:g}s, API on 127.0.0.1:{listener.getsockname()[1]})",
-          flush=True)
+    served = f"team server on {options.host or '127.0.0.1'}:{port}" if options.team else f"API on 127.0.0.1:{port}"
+    print(f"corral controller {holder} started (interval {base:g}s, {served})", flush=True)
     interval = base
-    longest = max(MAX_INTERVAL, base)
+    # Renewed (by the holder) and looked at (by a standby replica) well within one lease period: the
+    # lease never lapses between a holder's ticks, and a standby takes over soon after it does.
+    longest = min(max(MAX_INTERVAL, base), controller.settings.lease_seconds / 3)
     pruned_at = -math.inf
     try:
         while not stopping.is_set():

@@ -5,6 +5,10 @@ Handlers are `async def` on the controller's event loop: remote calls overlap wi
 are short and synchronous (SQLite allows one writer; the loop is it). Handlers raise CorralErrors as the
 engine does; the app's one handler (api.py) answers `{"detail": {"message", "kind"}}` with 404 for an
 unknown job or cluster, else 400, and the CLI prints the message as it would its own.
+
+Every handler acts for `Me`, the request's user (auth.py): a user sees, follows and cancels only their
+own jobs (another user's job is "not found", as if it did not exist); an admin sees everyone's. The GPU
+view and cluster checks are shared.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from pydantic import BaseModel, Field
 
 from corral import managed
 from corral.client import Client, check_json
-from corral.controller import v1_dev, v1_launch
+from corral.controller import v1_dev, v1_launch, v1_users
+from corral.controller.auth import Me
 from corral.controller.v1_launch import stream_output
-from corral.errors import CorralError, UnknownClusterError
+from corral.errors import CorralError, ForbiddenError, UnknownClusterError
 from corral.state import Store
 from corral.state.store import JobNotFoundError
 from corral.tracker import RefreshReport, SharedRefresh, Tracker
@@ -43,6 +48,8 @@ def refused_status(exc: CorralError) -> int:
 
     if isinstance(exc, (JobNotFoundError, UnknownClusterError, AllocationNotFoundError, UploadNotFoundError)):
         return 404
+    if isinstance(exc, ForbiddenError):
+        return 403
     return 400
 
 
@@ -53,6 +60,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     shared = refreshes or SharedRefresh()
     v1_launch.add_routes(router, store, wake)
     v1_dev.add_routes(router, store)
+    v1_users.add_routes(router, store)
 
     async def refreshed() -> RefreshReport:
         """Slurm's view of every live job, from one query per cluster shared with the controller's tick."""
@@ -76,32 +84,32 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                              for f in report.failures]}
 
     @router.get("/queue")
-    async def queue(limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
+    async def queue(me: Me, limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
                     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
                     since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
                     allocation: Annotated[str | None, Query(max_length=200)] = None,
                     by_sweep: bool = False) -> dict[str, object]:
         """Live jobs and the newest ended ones, newest first, after one Slurm query per cluster."""
         report = await refreshed()
-        if allocation and store.allocation(allocation) is None and not store.queue_page(
-                limit=1, allocation=allocation).views:
+        if allocation and store.allocation(allocation, me.owner) is None and not store.queue_page(
+                limit=1, allocation=allocation, scope=me.scope).views:
             from corral.dev import AllocationNotFoundError
 
-            raise AllocationNotFoundError(allocation, [r.name for r in store.allocations()])
+            raise AllocationNotFoundError(allocation, [r.name for r in store.allocations(me.owner)])
         shown = store.queue_page(limit=limit, offset=(page - 1) * limit, since=since, allocation=allocation,
-                                 by_sweep=by_sweep)
+                                 by_sweep=by_sweep, scope=me.scope)
         return {"jobs": [job_json(v) for v in shown.views], "more": shown.more, "sweeps": shown.sweeps,
                 "warnings": [f"could not refresh {cluster}: {error}" for cluster, error in report.errors.items()]}
 
     @router.get("/queue/all")
-    async def queue_all(since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+    async def queue_all(me: Me, since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
                         allocation: Annotated[str | None, Query(max_length=200)] = None) -> StreamingResponse:
         """Every job, newest first, one JSON object per line, after one Slurm query per cluster."""
         await refreshed()
 
         async def rows() -> AsyncIterator[bytes]:
             batch: list[str] = []
-            for view in store.iter_queue(since=since, allocation=allocation):
+            for view in store.iter_queue(since=since, allocation=allocation, scope=me.scope):
                 batch.append(json.dumps(job_json(view)))
                 if len(batch) == 500:
                     yield ("\n".join(batch) + "\n").encode()
@@ -113,42 +121,43 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         return StreamingResponse(rows(), media_type="application/x-ndjson")
 
     @router.get("/jobs/{job}")
-    async def job(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
+    async def job(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
         """One job by id, unique id prefix or unique name, refreshed."""
-        view = store.resolve(job)
+        view = store.resolve(job, me.scope)
         await refreshed()
         return job_json(store.views([view.job.id])[0])
 
     @router.get("/jobs/{job}/logs")
-    async def logs(job: Annotated[str, Path(max_length=200)], follow: bool = False) -> StreamingResponse:
+    async def logs(me: Me, job: Annotated[str, Path(max_length=200)], follow: bool = False) -> StreamingResponse:
         """The job's output, all nodes; with `follow`, streamed until its tasks are over."""
-        view = store.resolve(job)
+        view = store.resolve(job, me.scope)
         tracker = Tracker(Client(), store)
         return stream_output(lambda sink: tracker.logs(view, follow, sink))
 
     @router.post("/cancel")
-    async def cancel(request: CancelRequest) -> dict[str, object]:
+    async def cancel(me: Me, request: CancelRequest) -> dict[str, object]:
         """Cancel jobs (or every live one), one scancel per cluster."""
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
         tracker = Tracker(Client(), store)
         await refreshed()
-        views = store.views() if request.all else [store.resolve(j) for j in request.jobs]
+        views = (store.views(scope=me.scope) if request.all
+                 else [store.resolve(j, me.scope) for j in request.jobs])
         cancelled = await tracker.cancel(views)
         return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}
                          for v in views]}
 
     @router.get("/managed")
-    async def managed_jobs(all: bool = False, limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
+    async def managed_jobs(me: Me, all: bool = False, limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
                            page: Annotated[int, Query(ge=1, le=1_000_000)] = 1) -> dict[str, object]:
         """Live managed jobs and the newest ended ones (`limit` a page; `all`: every one), newest first."""
-        shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit)
+        shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit, me.scope)
         return {"jobs": [v.to_json() for v in shown], "more": more}
 
     @router.get("/managed/{job}")
-    async def managed_job(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
+    async def managed_job(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
         """One managed job, its attempts and its events."""
-        view = managed.resolve(store, job)
+        view = managed.resolve(store, job, me.scope)
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
         attempts = [{"number": a.number, "cluster": a.cluster, "partition": a.partition,
                      "slurm_job_id": a.handle, "state": a.state} for a in view.attempts]

@@ -20,6 +20,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from corral.client import Client
+from corral.controller.auth import Forbidden, Me, Principal
 from corral.controller.v1_launch import (
     Overrides,
     Put,
@@ -60,21 +61,23 @@ def status_json(status: AllocationStatus) -> dict[str, Any]:
 
 
 def add_routes(router: APIRouter, store: Store) -> None:
-    locks: dict[str, asyncio.Lock] = {}
+    locks: dict[tuple[str, str], asyncio.Lock] = {}
 
-    def dev(put: Put | None = None) -> DevAllocations:
+    def dev(me: Principal, put: Put | None = None) -> DevAllocations:
+        """`me`'s allocations (names are per user; an admin's listing shows everyone's)."""
         client = Client()
-        return DevAllocations(client, store, Launcher(client, store, launch_events(put or (lambda e: None))))
+        launcher = Launcher(client, store, launch_events(put or (lambda e: None)), owner=me.owner)
+        return DevAllocations(client, store, launcher, sees_all=me.scope is None, local=me.local)
 
     @router.post("/dev/{name}")
-    async def dev_launch(name: Name, request: DevLaunchRequest) -> StreamingResponse:
+    async def dev_launch(me: Me, name: Name, request: DevLaunchRequest) -> StreamingResponse:
         """Hold a named allocation (or reuse a live one of the same shape), then wait until it is ready."""
         check_name(name)
-        task, source = build_task(request.task, request.overrides)
+        task, source = build_task(request.task, request.overrides, me.owner)
 
         async def work(put: Put) -> dict[str, Any]:
-            allocations = dev(put)
-            async with locks.setdefault(name, asyncio.Lock()):
+            allocations = dev(me, put)
+            async with locks.setdefault((me.owner, name), asyncio.Lock()):
                 row, new = await allocations.launch(name, task, source, request.idle_minutes, request.walltime)
             answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
                                       "slurm_job_id": row.handle, "new": new}
@@ -83,7 +86,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
             status = await allocations.wait_ready(
                 row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason}))
             alias = await allocations.write_ssh_alias(row, status)
-            answer |= {"nodes": status.nodes, "ssh_alias": str(alias)}
+            answer |= {"nodes": status.nodes, "ssh_alias": str(alias) if alias else None}
             if request.run and task.run:
                 put({"event": "ready", **answer})
                 job_id, code = await allocations.exec(name, task, source, output_events(put))  # syncs its files
@@ -96,11 +99,11 @@ def add_routes(router: APIRouter, store: Store) -> None:
         return event_stream(work)
 
     @router.post("/dev/{name}/exec")
-    async def dev_exec(name: Name, request: DevExecRequest) -> StreamingResponse:
+    async def dev_exec(me: Me, name: Name, request: DevExecRequest) -> StreamingResponse:
         """Run a task's `run` on every node of the allocation: its output as it comes, then its status."""
-        allocations = dev()
+        allocations = dev(me)
         allocations.get(name)  # an unknown name is a 404 before the stream starts
-        task, source = build_task(request.task, request.overrides)
+        task, source = build_task(request.task, request.overrides, me.owner)
 
         async def work(put: Put) -> dict[str, Any]:
             job_id, code = await allocations.exec(name, task, source, output_events(put))
@@ -109,24 +112,28 @@ def add_routes(router: APIRouter, store: Store) -> None:
         return event_stream(work)
 
     @router.get("/dev")
-    async def dev_status(name: Annotated[list[str], Query(max_length=1000)] = []  # noqa: B006 - FastAPI copies it
+    async def dev_status(me: Me, name: Annotated[list[str], Query(max_length=1000)] = []  # noqa: B006
                          ) -> dict[str, object]:
-        """Dev allocations (all, or those named): state, nodes, idle time, walltime left; one round trip
-        per cluster."""
-        allocations = dev()
+        """Dev allocations (yours, or everyone's for an admin; or those named): state, nodes, idle time,
+        walltime left; one round trip per cluster."""
+        allocations = dev(me)
         rows = [allocations.get(n) for n in name] if name else None
         return {"allocations": [status_json(s) for s in await allocations.status(rows)]}
 
     @router.delete("/dev/{name}")
-    async def dev_down(name: Name) -> dict[str, object]:
+    async def dev_down(me: Me, name: Name) -> dict[str, object]:
         """Release the allocation (cancel marker, scancel) and clean its files and ssh alias."""
-        async with locks.setdefault(name, asyncio.Lock()):
-            released = await dev().down(name)
+        async with locks.setdefault((me.owner, name), asyncio.Lock()):
+            released = await dev(me).down(name)
         return {"name": name, "released": released}
 
     @router.get("/dev/{name}/ssh")
-    async def dev_ssh(name: Name, command: Annotated[str | None, Query(max_length=100_000)] = None
+    async def dev_ssh(me: Me, name: Name, command: Annotated[str | None, Query(max_length=100_000)] = None
                       ) -> dict[str, object]:
         """The ssh command line that opens a shell (or runs `command`) on the head node. It uses this
-        server's ssh configuration and keys: meant for a client on the same machine and account."""
-        return {"argv": await dev().ssh_argv(name, command)}
+        server's ssh configuration and keys: only for the server's own account (a client on the same
+        machine); refused (403) to a team server's users."""
+        if not me.local:
+            raise Forbidden("`corral ssh` through a team server is not available yet: its ssh command would use "
+                            "the server's own keys. Reach the node with your own ssh login instead")
+        return {"argv": await dev(me).ssh_argv(name, command)}

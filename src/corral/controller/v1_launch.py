@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from corral import managed, uploads
 from corral.client import Client
+from corral.controller.auth import Me
 from corral.errors import CorralError, TaskError
 from corral.launch import Launcher, LaunchEvents
 from corral.state import Store
@@ -93,7 +94,7 @@ class ManagedCancelRequest(BaseModel):
     all: bool = False
 
 
-def build_task(given: TaskInput, overrides: Overrides) -> tuple[Task, str]:
+def build_task(given: TaskInput, overrides: Overrides, owner: str = "") -> tuple[Task, str]:
     """The task the client sent, with its overrides, its files as server-side paths; validated."""
     source = given.source
     if given.yaml is not None and given.run is not None:
@@ -110,7 +111,7 @@ def build_task(given: TaskInput, overrides: Overrides) -> tuple[Task, str]:
     if overrides.time:
         task = parse_task({**task.model_dump(exclude_none=True),
                            "slurm": {**task.slurm.model_dump(exclude_none=True), "time": overrides.time}}, source)
-    return uploads.with_uploads(task, given.files.model_dump()), source
+    return uploads.with_uploads(task, given.files.model_dump(), owner), source
 
 
 _RUNNING: set[asyncio.Task[Any]] = set()  # launches whose client went away run on to the end
@@ -159,24 +160,25 @@ def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingR
 
 def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> None:
     @router.get("/uploads/{digest}")
-    async def upload_held(digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")]) -> dict[str, object]:
-        """Whether the server holds these files already (then they need not be sent)."""
-        return {"digest": digest, "held": uploads.upload_path(digest) is not None}
+    async def upload_held(me: Me, digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")]) -> dict[str, object]:
+        """Whether the server holds these files from you already (then they need not be sent)."""
+        return {"digest": digest, "held": uploads.upload_path(digest, me.owner) is not None}
 
     @router.put("/uploads/{digest}")
-    async def upload(digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")], request: Request) -> dict[str, object]:
+    async def upload(me: Me, digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")],
+                     request: Request) -> dict[str, object]:
         """Store a task's files: a tar archive (a folder as tree/, a file as file/<name>) named by its SHA-256."""
-        await uploads.receive(digest, request.stream())
+        await uploads.receive(digest, request.stream(), me.owner)
         return {"digest": digest, "held": True}
 
     @router.post("/launch")
-    async def launch(request: LaunchRequest) -> StreamingResponse:
+    async def launch(me: Me, request: LaunchRequest) -> StreamingResponse:
         """Plan and submit tasks (with `dryrun`, plan only), streaming events as it goes."""
-        built = [build_task(t, request.overrides) for t in request.tasks]
+        built = [build_task(t, request.overrides, me.owner) for t in request.tasks]
         launcher_store = store
 
         async def work(put: Put) -> dict[str, Any]:
-            launcher = Launcher(Client(), launcher_store, launch_events(put))
+            launcher = Launcher(Client(), launcher_store, launch_events(put), owner=me.owner)
             if request.dryrun:
                 plans = [await launcher.plan(task, predict="all") for task, _ in built]
                 return {"plans": [plan_json(p) for p in plans]}
@@ -186,30 +188,31 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         return event_stream(work)
 
     @router.post("/managed")
-    async def managed_launch(request: ManagedLaunchRequest) -> dict[str, object]:
+    async def managed_launch(me: Me, request: ManagedLaunchRequest) -> dict[str, object]:
         """Record managed jobs; the controller places and watches them (woken now)."""
-        task, source = build_task(request.task, request.overrides)
+        task, source = build_task(request.task, request.overrides, me.owner)
         Launcher.check_local_files(task)
-        ids = managed.record(store, task, source, request.num_jobs)
+        ids = managed.record(store, task, source, request.num_jobs, owner=me.owner)
         wake()
         return {"job_id": ids[0], "job_ids": ids}
 
     @router.post("/managed/cancel")
-    async def managed_cancel(request: ManagedCancelRequest) -> dict[str, object]:
+    async def managed_cancel(me: Me, request: ManagedCancelRequest) -> dict[str, object]:
         """Ask the controller to cancel managed jobs (it scancels their attempts on its next tick, now)."""
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
-        views = managed.views(store) if request.all else [managed.resolve(store, j) for j in request.jobs]
+        views = (managed.views(store, scope=me.scope) if request.all
+                 else [managed.resolve(store, j, me.scope) for j in request.jobs])
         live = [v for v in views if v.managed.state not in MANAGED_TERMINAL]
         managed.request_cancel(store, [v.job.id for v in live])
         wake()
         return {"jobs": [{"job_id": v.job.id, "cancelling": v in live, "state": v.managed.state} for v in views]}
 
     @router.get("/managed/{job}/attempts/{number}/logs")
-    async def attempt_logs(job: Annotated[str, Path(max_length=200)], number: Annotated[int, Path(ge=1, le=1_000_000)],
-                           follow: bool = False) -> StreamingResponse:
+    async def attempt_logs(me: Me, job: Annotated[str, Path(max_length=200)],
+                           number: Annotated[int, Path(ge=1, le=1_000_000)], follow: bool = False) -> StreamingResponse:
         """One attempt's output (all nodes); with `follow`, until it ends."""
-        view = managed.resolve(store, job)
+        view = managed.resolve(store, job, me.scope)
         attempt = next((a for a in view.attempts if a.number == number and a.handle), None)
         if attempt is None:
             raise CorralError(f"{view.job.id} has no attempt {number} on a cluster; see `corral jobs events`")
@@ -217,11 +220,11 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         return stream_output(lambda sink: infra.logs(attempt.handle or "", attempt.log_path, follow, sink))
 
     @router.get("/managed/{job}/why")
-    async def why(job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
+    async def why(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
         """Why a pending managed job waits where it is (lines of text), from a fresh plan."""
         from corral.controller.engine import ControllerSettings, _task
 
-        view = managed.resolve(store, job)
+        view = managed.resolve(store, job, me.scope)
         latest = view.latest
         if latest is None or latest.state not in ("PENDING", "SUBMITTING"):
             return {"job_id": view.job.id, "pending": False,

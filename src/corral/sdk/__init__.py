@@ -206,6 +206,25 @@ class Client:
                 raise CorralError(f"{job} still {found.state} after {timeout:g}s")
             clock.sleep(poll)
 
+    # ---- who you are, and a team server's users -------------------------------------------------
+    def me(self) -> dict[str, Any]:
+        """Who this client's token stands for: name, role, Unix accounts per cluster."""
+        return self._json("GET", "/me")
+
+    def users(self) -> list[dict[str, Any]]:
+        """A team server's users (admins only); never their tokens."""
+        return list(self._json("GET", "/users")["users"])
+
+    def add_user(self, name: str, *, role: str = "user", unix_users: dict[str, str] | None = None,
+                 service: bool = False, expires_in_days: float | None = None) -> dict[str, Any]:
+        """Add a user (admins only). The answer's `token` is shown this once: the server keeps its hash."""
+        return self._json("POST", "/users", body={"name": name, "role": role, "unix_users": unix_users or {},
+                                                  "service": service, "expires_in_days": expires_in_days})
+
+    def remove_user(self, name: str) -> bool:
+        """Remove a user (admins only): their token stops working at once. False if there was none."""
+        return bool(self._json("DELETE", f"/users/{_quoted(name)}")["removed"])
+
     # ---- dev allocations ------------------------------------------------------------------------
     def dev_launch(self, name: str, task: TaskLike = None, *, command: str | None = None,
                    idle_minutes: float | None = None, walltime: str | None = None, wait: bool = True,
@@ -337,7 +356,7 @@ class Client:
             sent["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, method=method, headers=sent)
         try:
-            return urllib.request.urlopen(request, timeout=self.timeout)
+            return urllib.request.urlopen(request, timeout=self.timeout, context=_tls_context(point))
         except urllib.error.HTTPError as exc:
             raise _api_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
@@ -368,6 +387,19 @@ class Client:
                 if not chunk:
                     return
                 yield chunk
+
+
+def _tls_context(point: _endpoint.Endpoint) -> Any:
+    """For this machine's team server over HTTPS: trust exactly the certificate it serves (its address
+    here is loopback, which the certificate does not name). Otherwise the system's trust store
+    (SSL_CERT_FILE for a private CA)."""
+    if not point.cafile:
+        return None
+    import ssl
+
+    context = ssl.create_default_context(cafile=point.cafile)
+    context.check_hostname = False  # pinned to the one certificate instead
+    return context
 
 
 def _lines(response: Any, path: str) -> Iterator[bytes]:

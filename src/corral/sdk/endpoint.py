@@ -5,8 +5,9 @@ by `corral api login` (`api.json` in CORRAL_HOME, mode 600); otherwise this user
 on demand on loopback (its port and token are in `controller.json`, mode 600).
 
 A local server runs with the settings of the command that started it. When a later command names another
-cluster file, `ssh`, CORRAL_TIMEOUT or store (CORRAL_DB_URL), the local server is restarted with them (jobs are in the store, so none is
-lost); a remote server keeps its own.
+cluster file, `ssh`, CORRAL_TIMEOUT or store (CORRAL_DB_URL), the local server is restarted with them (jobs
+are in the store, so none is lost); a remote server keeps its own, and so does a team server started on
+this machine by this account (`corral server start --host …`), which commands here use as its admin.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Endpoint:
     url: str  # no trailing slash
     token: str
     local: bool
+    cafile: str | None = None  # this machine's team server's own certificate, trusted as it is
 
 
 def login_file() -> Path:
@@ -77,9 +79,13 @@ def local() -> Endpoint:
     from corral.config import load_registry
     from corral.controller import server
 
+    endpoint = server.read_endpoint()
+    if endpoint is not None and endpoint.get("team"):
+        # A team server runs for this account: commands here (`corral users add`, as its admin) use
+        # it as it is; it keeps its own settings, and is never restarted by a command.
+        return Endpoint(str(endpoint["url"]), str(endpoint["token"]), True, endpoint.get("cafile"))
     load_registry()  # a missing or malformed cluster file is reported here, as it always was
     wanted = settings()
-    endpoint = server.read_endpoint()
     if endpoint is not None and endpoint.get("settings") != wanted:
         server.stop()
         endpoint = None

@@ -4,7 +4,7 @@ The schema's history is in `migrations/`: change a table here and add a revision
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -25,6 +25,8 @@ class JobRow(Base):
     submitter: Mapped[str | None] = mapped_column(String(160), nullable=True)  # liveness.process_tag()
     allocation: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)  # exec jobs
     secrets_sealed: Mapped[str | None] = mapped_column(Text, nullable=True)  # state/sealed.py; never clear text
+    # The user it belongs to (controller/auth.py); "" for jobs made before the server had users.
+    owner: Mapped[str] = mapped_column(String(128), default="", server_default=text("''"), index=True)
 
 
 class AttemptRow(Base):
@@ -56,6 +58,8 @@ class AllocationRow(Base):
 
     __tablename__ = "allocations"
 
+    # Names are per user: two people may each hold an allocation called "dev".
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True, default="", server_default=text("''"))
     name: Mapped[str] = mapped_column(String(128), primary_key=True)
     token: Mapped[str] = mapped_column(String(64))
     cluster: Mapped[str] = mapped_column(String(256))
@@ -113,3 +117,17 @@ class ClusterHealthRow(Base):
     failures: Mapped[int] = mapped_column(Integer, default=0)
     unhealthy_until: Mapped[float] = mapped_column(Float, default=0.0)
     unreachable_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class UserRow(Base):
+    """A person or a service account of a team server, and the hash of its API token (never the token)."""
+
+    __tablename__ = "users"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))  # controller.auth.Role
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # SHA-256 of the token, hex
+    unix_users: Mapped[str] = mapped_column(Text, default="{}")  # JSON: cluster -> Unix account there
+    service: Mapped[bool] = mapped_column(Boolean, default=False)  # a service account (CI, bots)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: never

@@ -27,6 +27,7 @@ from corral.state.models import (
     JobRow,
     LeaseRow,
     ManagedJobRow,
+    UserRow,
 )
 
 MANAGED_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"})
@@ -132,12 +133,14 @@ class Store:
             if rows:
                 s.execute(update(AttemptRow), rows)
 
-    def views(self, job_ids: Iterable[str] | None = None) -> list[JobView]:
-        """Jobs with their latest attempt, oldest first."""
+    def views(self, job_ids: Iterable[str] | None = None, scope: str | None = None) -> list[JobView]:
+        """Jobs with their latest attempt, oldest first. `scope`: only this owner's (None: everyone's)."""
         with self.session() as s:
             query = select(JobRow).order_by(JobRow.created_at, JobRow.job_rank)
             if job_ids is not None:
                 query = query.where(JobRow.id.in_(list(job_ids)))
+            if scope is not None:
+                query = query.where(JobRow.owner == scope)
             jobs = list(s.scalars(query))
             attempts = list(s.scalars(select(AttemptRow).where(AttemptRow.job_id.in_([j.id for j in jobs]))))
         latest: dict[str, AttemptRow] = {}
@@ -147,7 +150,8 @@ class Store:
         return [JobView(j, latest[j.id]) for j in jobs if j.id in latest]
 
     def queue_page(self, *, limit: int | None = 20, offset: int = 0, since: float | None = None,
-                   allocation: str | None = None, live: bool = True, by_sweep: bool = False) -> QueuePage:
+                   allocation: str | None = None, live: bool = True, by_sweep: bool = False,
+                   scope: str | None = None) -> QueuePage:
         """Live jobs (with `live`) and the `limit` newest ended ones after `offset`, newest first; with
         `by_sweep`, a sweep counts as one (its counts per state come whole, from one aggregate). Work is
         in proportion to the page: ids come from indexed queries, rows only for what is shown."""
@@ -155,10 +159,14 @@ class Store:
         with self.session() as s:
             live_query = select(AttemptRow.job_id).distinct().where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
             ended = select(JobRow.id, unit.label("unit"))
+            if allocation is not None or scope is not None:
+                live_query = live_query.join(JobRow, JobRow.id == AttemptRow.job_id)
             if allocation is not None:
-                live_query = live_query.join(JobRow, JobRow.id == AttemptRow.job_id).where(
-                    JobRow.allocation == allocation)
+                live_query = live_query.where(JobRow.allocation == allocation)
                 ended = ended.where(JobRow.allocation == allocation)
+            if scope is not None:
+                live_query = live_query.where(JobRow.owner == scope)
+                ended = ended.where(JobRow.owner == scope)
             live_ids = set(s.scalars(live_query))  # through the index on attempts.state: live ones are few
             if live_ids:
                 ended = ended.where(JobRow.id.not_in(live_ids))
@@ -200,9 +208,12 @@ class Store:
                 return ids, len(taken)
             position += QUEUE_CHUNK
 
-    def iter_queue(self, *, since: float | None = None, allocation: str | None = None) -> Iterator[JobView]:
+    def iter_queue(self, *, since: float | None = None, allocation: str | None = None,
+                   scope: str | None = None) -> Iterator[JobView]:
         """Every job, newest first, a chunk at a time: memory stays flat whatever the history."""
         query = select(JobRow.id).order_by(JobRow.created_at.desc(), JobRow.job_rank.desc())
+        if scope is not None:
+            query = query.where(JobRow.owner == scope)
         if allocation is not None:
             query = query.where(JobRow.allocation == allocation)
         if since is not None:
@@ -405,29 +416,67 @@ class Store:
             s.merge(row)
 
     # ---- dev allocations ----
-    def allocations(self) -> list[AllocationRow]:
+    def allocations(self, owner: str | None = None) -> list[AllocationRow]:
+        """One user's dev allocations (None: everyone's), oldest first."""
+        query = select(AllocationRow).order_by(AllocationRow.created_at)
+        if owner is not None:
+            query = query.where(AllocationRow.owner == owner)
         with self.session() as s:
-            return list(s.scalars(select(AllocationRow).order_by(AllocationRow.created_at)))
+            return list(s.scalars(query))
 
-    def allocation(self, name: str) -> AllocationRow | None:
+    def allocation(self, name: str, owner: str = "") -> AllocationRow | None:
         with self.session() as s:
-            return s.get(AllocationRow, name)
+            return s.get(AllocationRow, (owner, name))
 
     def put_allocation(self, row: AllocationRow) -> None:
         with self.session() as s, s.begin():
             s.merge(row)
 
-    def delete_allocation(self, name: str) -> None:
+    def delete_allocation(self, name: str, owner: str = "") -> None:
         with self.session() as s, s.begin():
-            row = s.get(AllocationRow, name)
+            row = s.get(AllocationRow, (owner, name))
             if row is not None:
                 s.delete(row)
 
-    def matching_ids(self, job_ref: str, managed_only: bool = False) -> list[str]:
+    # ---- users of a team server ----
+    def users(self) -> list[UserRow]:
+        with self.session() as s:
+            return list(s.scalars(select(UserRow).order_by(UserRow.name)))
+
+    def user(self, name: str) -> UserRow | None:
+        with self.session() as s:
+            return s.get(UserRow, name)
+
+    def user_by_token_hash(self, token_hash: str) -> UserRow | None:
+        with self.session() as s:
+            return s.scalars(select(UserRow).where(UserRow.token_hash == token_hash)).first()
+
+    def add_user(self, row: UserRow) -> bool:
+        """Add a user; False if the name is taken (nothing is changed then)."""
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            with self.session() as s, s.begin():
+                s.add(row)
+        except IntegrityError:
+            return False
+        return True
+
+    def remove_user(self, name: str) -> bool:
+        with self.session() as s, s.begin():
+            row = s.get(UserRow, name)
+            if row is None:
+                return False
+            s.delete(row)
+            return True
+
+    def matching_ids(self, job_ref: str, managed_only: bool = False, scope: str | None = None) -> list[str]:
         """Job ids a reference may mean: the id itself, else ids it prefixes, else jobs of that name
-        (at most 6; indexed look-ups, not a scan of the history)."""
+        (at most 6; indexed look-ups, not a scan of the history); with `scope`, only that owner's."""
         def query(*conditions: Any) -> Any:
             q = select(JobRow.id).where(*conditions)
+            if scope is not None:
+                q = q.where(JobRow.owner == scope)
             if managed_only:
                 q = q.join(ManagedJobRow, ManagedJobRow.job_id == JobRow.id)
             return q.limit(6)
@@ -441,20 +490,25 @@ class Store:
                 found = list(s.scalars(query(JobRow.name == job_ref)))
         return found
 
-    def managed_page(self, limit: int | None, offset: int = 0) -> tuple[list[str], int]:
+    def managed_page(self, limit: int | None, offset: int = 0, scope: str | None = None) -> tuple[list[str], int]:
         """Live managed jobs, then the `limit` newest ended ones after `offset`; and how many more."""
         with self.session() as s:
-            live = list(s.scalars(select(ManagedJobRow.job_id).where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))))
+            live_query = select(ManagedJobRow.job_id).where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))
             ended = (select(ManagedJobRow.job_id).join(JobRow, JobRow.id == ManagedJobRow.job_id)
                      .where(ManagedJobRow.state.in_(MANAGED_TERMINAL)))
+            if scope is not None:
+                live_query = live_query.join(JobRow, JobRow.id == ManagedJobRow.job_id).where(JobRow.owner == scope)
+                ended = ended.where(JobRow.owner == scope)
+            live = list(s.scalars(live_query))
             total = s.scalar(select(func.count()).select_from(ended.subquery())) or 0
             ordered = ended.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc()).offset(offset)
             page = list(s.scalars(ordered.limit(limit) if limit is not None else ordered))
         return live + page, max(0, total - offset - len(page))
 
-    def resolve(self, job_ref: str) -> JobView:
-        """A job by id or unique id prefix, or by name if unique (indexed look-ups, not a scan of history)."""
-        views = self.views(self.matching_ids(job_ref))
+    def resolve(self, job_ref: str, scope: str | None = None) -> JobView:
+        """A job by id or unique id prefix, or by name if unique (indexed look-ups, not a scan of history);
+        with `scope`, among that owner's jobs only: another user's job is not found, as if it did not exist."""
+        views = self.views(self.matching_ids(job_ref, scope=scope))
         exact = [v for v in views if v.job.id == job_ref]
         if exact:
             return exact[0]

@@ -1,0 +1,74 @@
+"""The `/v1` routes about people: who you are (`/me`), and a team server's users and service accounts
+(`/users`, admins only). A new user's token is in the answer that creates it, and nowhere else: the
+store keeps its SHA-256 (auth.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+from pydantic import BaseModel, Field
+
+from corral.client import Client
+from corral.controller.auth import (
+    Me,
+    Role,
+    UserError,
+    add_user,
+    parse_unix_users,
+    require_admin,
+    user_principal,
+)
+from corral.state import Store
+
+UserName = Annotated[str, Path(min_length=1, max_length=128)]
+
+
+class NewUser(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    role: Role = Role.USER
+    unix_users: dict[Annotated[str, Field(min_length=1, max_length=256)],
+                     Annotated[str, Field(min_length=1, max_length=32)]] = Field(default_factory=dict, max_length=1000)
+    service: bool = Field(False, description="A service account (CI, bots): a token that expires")
+    expires_in_days: float | None = Field(None, gt=0, le=3650, description="The token stops working after this")
+
+
+def add_routes(router: APIRouter, store: Store) -> None:
+    @router.get("/me")
+    async def me(me: Me) -> dict[str, object]:
+        """Who the request's token stands for: name, role, Unix accounts per cluster."""
+        return me.to_json()
+
+    @router.get("/users")
+    async def users(me: Me) -> dict[str, object]:
+        """The server's users (admins only); never their tokens."""
+        require_admin(me, "listing users")
+        return {"users": [{**user_principal(row).to_json(), "created_at": row.created_at} for row in store.users()]}
+
+    @router.post("/users")
+    async def new_user(me: Me, request: NewUser) -> dict[str, object]:
+        """Add a user or a service account (admins only). The answer holds its token, shown this once."""
+        require_admin(me, "adding users")
+        unix_users = parse_unix_users([f"{c}={n}" for c, n in request.unix_users.items()])
+        known = Client().registry.names()
+        unknown = sorted(set(unix_users) - set(known))
+        if unknown:
+            raise UserError(f"--unix-user names no cluster of this server: {', '.join(map(repr, unknown))} "
+                            f"(its clusters: {', '.join(known) or 'none'})")
+        if request.service and request.expires_in_days is None:
+            raise UserError("a service account's token must expire: give expires_in_days (`--expires DAYS`)")
+        expires_at = time.time() + request.expires_in_days * 86400 if request.expires_in_days else None
+        token = add_user(store, request.name, request.role, unix_users, service=request.service,
+                         expires_at=expires_at)
+        print(f"user {request.name} ({request.role.value}) added by {me.display}", flush=True)
+        return {"name": request.name, "token": token, "role": request.role.value, "expires_at": expires_at}
+
+    @router.delete("/users/{name}")
+    async def remove_user(me: Me, name: UserName) -> dict[str, object]:
+        """Remove a user (admins only): their token stops working at once; their jobs stay."""
+        require_admin(me, "removing users")
+        removed = store.remove_user(name)
+        if removed:
+            print(f"user {name} removed by {me.display}", flush=True)
+        return {"name": name, "removed": removed}

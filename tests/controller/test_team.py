@@ -1,0 +1,257 @@
+"""A team server (`corral server start --host --port --db postgresql://…`) on a real PostgreSQL store and
+the real testbed: users and their tokens, `corral api login`/`info`, and isolation, walked route by route
+over the published API with two users' tokens and with none."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from corral.sdk import ApiError, Client
+from corral.sdk.files import LocalFiles
+from tests.conftest import wait_for
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def team(corral, corral_env, fresh_postgres, clean_queues):
+    """A team server on loopback, its store on PostgreSQL; yields its URL. This process's Client() is
+    its admin (the server's own account, through controller.json)."""
+    port = free_port()
+    started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port), "--db", fresh_postgres)
+    assert started.exit_code == 0, started.stderr
+    assert f"at http://127.0.0.1:{port}" in started.stdout
+    yield f"http://127.0.0.1:{port}"
+    corral("server", "stop")
+
+
+def add_user(corral, name: str, *extra: str) -> str:
+    """Through the `corral` command (the fixture, or any callable running it)."""
+    added = corral("users", "add", name, "--json", *extra)
+    assert added.exit_code == 0, added.stderr
+    assert added.json()["name"] == name
+    return added.json()["token"]
+
+
+def call(url: str, method: str, path: str, token: str | None, body: object = None) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def test_users_tokens_and_who_you_are(corral, corral_env, team, fresh_postgres):
+    token = add_user(corral, "alice", "--unix-user", "alpine=alice", "--unix-user", "cirrus=alice2")
+    assert token.startswith("corral_") and len(token) > 40
+    again = corral("users", "add", "alice")
+    assert again.exit_code == 65 and "exists already" in again.stderr
+    bad = corral("users", "add", "bob", "--unix-user", "alpine")
+    assert bad.exit_code == 65 and "CLUSTER=NAME" in bad.stderr
+    service = corral("users", "add", "ci", "--service")
+    assert service.exit_code == 65 and "must expire" in service.stderr
+    add_user(corral, "ci", "--service", "--expires", "30")
+    listed = corral("users", "list", "--json").json()
+    assert [(u["name"], u["role"], u["service"]) for u in listed] == [("alice", "user", False), ("ci", "user", True)]
+    assert listed[0]["unix_users"] == {"alpine": "alice", "cirrus": "alice2"}
+    assert token not in json.dumps(listed)
+
+    # the store holds the token's hash, never the token
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(fresh_postgres)
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT token_hash FROM users WHERE name = 'alice'")).scalar()
+    engine.dispose()
+    assert stored and token not in stored and len(stored) == 64
+
+    # alice logs in from her own machine (here: another CORRAL_HOME)
+    alice_home = Path(corral_env["CORRAL_HOME"]).parent / "alice-home"
+    alice = {**corral_env, "CORRAL_HOME": str(alice_home)}
+    login = corral("api", "login", team, "--token", token, env=alice)
+    assert login.exit_code == 0, login.stderr
+    assert "as alice (user" in login.stdout
+    assert stat.S_IMODE((alice_home / "api.json").stat().st_mode) == 0o600
+    info = corral("api", "info", env=alice)
+    assert "you are alice (user); Unix accounts: alpine=alice, cirrus=alice2" in info.stdout, info.stdout
+    refused = corral("users", "list", env=alice)
+    assert refused.exit_code == 77 and "for admins" in refused.stderr
+    by_env = corral("api", "info", "--json", env={**corral_env, "CORRAL_API_URL": team, "CORRAL_API_TOKEN": token})
+    assert by_env.json()["user"]["name"] == "alice"
+
+    # removed: the token stops working at once
+    assert corral("users", "remove", "alice").stdout.strip() == "removed alice"
+    gone = corral("queue", env=alice)
+    assert gone.exit_code == 77, gone.stderr
+
+    log = (Path(corral_env["CORRAL_HOME"]) / "controller.log").read_text()
+    assert " alice GET /v1/me 200 " in log  # each request attributed...
+    assert token not in log and token[7:] not in log  # ...and no token in the log
+
+
+def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, team, testbed, tmp_path):
+    """bob's job, managed job, dev allocation and upload; alice (and nobody) walks every route of the
+    published API at them. Every route must be walked: a new one fails this test until it is added."""
+    alice, bob = add_user(corral, "alice"), add_user(corral, "bob")
+    as_bob = Client(team, bob)
+    launched = as_bob.launch(command="sleep 600", infra="slurm/cirrus/debug", name="bobs-job")
+    job, slurm_id = launched.job_ids[0], launched.tasks[0][0].slurm_job_id
+    [managed] = as_bob.managed_launch(command="sleep 600", infra="slurm/borealis", name="bobs-managed", cpus="1")
+    box = as_bob.dev_launch("box", infra="slurm/alpine/cpu", cpus="1", wait=False)
+    (tmp_path / "bobs-files").mkdir()
+    (tmp_path / "bobs-files" / "train.py").write_text("print('bob')\n")
+    upload = as_bob.send_files(LocalFiles(workdir=tmp_path / "bobs-files"))["workdir"]
+    wait_for("bob's managed job to reach a cluster",
+             lambda: as_bob.managed_job(managed)["attempt_list"], timeout=60)
+    bobs = {job, managed, slurm_id, box["slurm_job_id"], "bobs-job", "bobs-managed"}
+
+    walks = [
+        ("GET", "/v1/health", None), ("POST", "/v1/wake", None), ("GET", "/v1/me", None),
+        ("GET", "/v1/check?cluster=alpine", None), ("GET", "/v1/gpus", None),
+        ("GET", "/v1/queue", None), ("GET", "/v1/queue/all", None),
+        ("GET", f"/v1/jobs/{job}", None), ("GET", "/v1/jobs/bobs-job", None), ("GET", f"/v1/jobs/{job}/logs", None),
+        ("POST", "/v1/cancel", {"jobs": [job]}), ("POST", "/v1/cancel", {"jobs": ["bobs-job"]}),
+        ("POST", "/v1/cancel", {"all": True}),
+        ("GET", "/v1/managed", None), ("GET", "/v1/managed?all=true", None), ("GET", f"/v1/managed/{managed}", None),
+        ("GET", f"/v1/managed/{managed}/attempts/1/logs", None), ("GET", f"/v1/managed/{managed}/why", None),
+        ("POST", "/v1/managed/cancel", {"jobs": [managed]}), ("POST", "/v1/managed/cancel", {"all": True}),
+        ("GET", f"/v1/uploads/{upload}", None),
+        ("PUT", f"/v1/uploads/{upload}", None),  # no body: refused, and bob's copy untouched
+        ("GET", "/v1/dev", None), ("GET", "/v1/dev?name=box", None),
+        ("POST", "/v1/dev/box/exec", {"task": {"run": "hostname"}}), ("GET", "/v1/dev/box/ssh", None),
+        ("DELETE", "/v1/dev/box", None),
+        ("GET", "/v1/users", None), ("POST", "/v1/users", {"name": "mallory", "role": "admin"}),
+        ("DELETE", "/v1/users/bob", None),
+        ("POST", "/v1/launch", {"tasks": [{"run": "true"}], "dryrun": True}),
+        ("POST", "/v1/managed", {"task": {"run": "true"}, "num_jobs": 0}),  # refused before anything is made
+        ("POST", "/v1/dev/box", {"task": {"run": "true"}, "wait": False,
+                                 "overrides": {"infra": "slurm/alpine/cpu", "cpus": "1"}}),
+    ]
+    published = {(method.upper(), path) for path, methods in json.loads(DOCS.read_text())["paths"].items()
+                 for method in methods}
+    walked = {(method, _template(path)) for method, path, _ in walks}
+    assert published <= walked, f"routes not walked: {sorted(published - walked)}"
+
+    for method, path, body in walks:
+        status, _ = call(team, method, path, None, body)
+        assert status == 401, (method, path, status)
+    answers = {}
+    for method, path, body in walks:
+        status, text = call(team, method, path, alice, body)
+        answers[(method, path)] = status
+        assert status < 500, (method, path, status, text)
+        asked = path + json.dumps(body)  # an error may echo what alice asked for; nothing else of bob's
+        leaked = [ref for ref in bobs if ref in text and ref not in asked]
+        assert not leaked, (method, path, leaked, text[:500])
+    for private in [f"/v1/jobs/{job}", f"/v1/jobs/{job}/logs", f"/v1/managed/{managed}", "/v1/dev/box/exec"]:
+        assert answers[("GET" if "exec" not in private else "POST", private)] == 404, private
+    assert answers[("GET", "/v1/users")] == answers[("POST", "/v1/users")] == answers[("DELETE", "/v1/users/bob")] == 403
+    assert answers[("GET", "/v1/dev/box/ssh")] == 403
+
+    # alice's own "box" is hers: another allocation, not bob's
+    mine = Client(team, alice).dev_status(["box"])
+    assert [a["owner"] for a in mine] == ["alice"] and mine[0]["slurm_job_id"] != box["slurm_job_id"]
+    assert Client(team, alice).dev_down("box")
+
+    # bob's objects are as they were
+    assert as_bob.job(job).state in ("PENDING", "RUNNING")
+    assert as_bob.managed_job(managed)["state"] not in ("CANCELLING", "CANCELLED")
+    [still] = as_bob.dev_status(["box"])
+    assert (still["owner"], still["slurm_job_id"]) == ("bob", box["slurm_job_id"])
+    assert {u["name"] for u in Client().users()} == {"alice", "bob"}
+    # the admin sees everyone's
+    assert {j.job_id for j in Client().queue().jobs} >= {job}
+    with pytest.raises(ApiError) as not_hers:
+        Client(team, alice).managed_cancel([managed])
+    assert not_hers.value.status == 404
+    as_bob.managed_cancel([managed])
+    as_bob.dev_down("box")
+
+
+def _template(path: str) -> str:
+    """The published route a walked path stands for."""
+    path = path.split("?")[0]
+    parts = path.split("/")
+    names = {2: {"jobs": "{job}", "managed": "{job}", "dev": "{name}", "users": "{name}", "uploads": "{digest}"}}
+    out = []
+    for i, part in enumerate(parts):
+        if i == 3 and parts[2] in names[2] and part not in ("cancel", "all"):
+            out.append(names[2][parts[2]])
+        elif i == 5 and parts[2] == "managed" and parts[4] == "attempts":
+            out.append("{number}")
+        else:
+            out.append(part)
+    return "/".join(out)
+
+
+def test_two_replicas_on_one_postgresql_share_the_api_and_one_drives(corral, corral_env, fresh_postgres,
+                                                                    clean_queues, tmp_path):
+    """Both answer every user; only the lease holder drives managed jobs; kill -9 the holder and the
+    other takes over within one lease period, the job driven to its end exactly once."""
+    import os
+    import signal
+    import time
+
+    from tests.helpers import ssh_login
+
+    fast = {"CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_LEASE_SECONDS": "5"}
+    replicas = {}  # pid -> (its environment, its URL)
+    for name in ("one", "two"):
+        env = {**corral_env, **fast, "CORRAL_HOME": str(tmp_path / name)}
+        port = free_port()
+        started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port), "--db", fresh_postgres,
+                         env=env)
+        assert started.exit_code == 0, started.stderr
+        pid = json.loads((tmp_path / name / "controller.json").read_text())["pid"]
+        replicas[pid] = (env, f"http://127.0.0.1:{port}")
+    try:
+        first_env = next(iter(replicas.values()))[0]
+        token = add_user(lambda *a: corral(*a, env=first_env), "ada")  # added through one replica...
+        clients = {pid: Client(url, token) for pid, (_, url) in replicas.items()}
+        assert {c.me()["name"] for c in clients.values()} == {"ada"}  # ...known to both: the API works on each
+
+        def holder(asked: Client) -> str:
+            lease = asked.health()["lease"]
+            return lease["holder"] if lease else ""
+
+        first = wait_for("one replica to hold the lease", lambda: holder(next(iter(clients.values()))), timeout=20)
+        driver = next(pid for pid in replicas if first.endswith(f":{pid}"))
+        [other] = [pid for pid in replicas if pid != driver]
+        out = f"replicas-{os.getpid()}"
+        # recorded through the replica that does not drive: the holder picks it up from the shared store
+        [job] = clients[other].managed_launch(command=f'echo "$CORRAL_ATTEMPT" >> ~/{out}; sleep 15',
+                                              infra="slurm/alpine/cpu", cpus="1")
+        wait_for("the holder to start it", lambda: clients[other].managed_job(job)["state"] == "RUNNING",
+                 timeout=60)
+        os.kill(driver, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for("the other replica to take the lease", lambda: holder(clients[other]) not in ("", first),
+                 timeout=20, interval=0.1)
+        took = time.monotonic() - killed_at
+        print(f"lease taken over {took:.1f} s after the kill")
+        assert took <= 5 + 2, took  # one lease period, plus a tick
+        done = wait_for("the job to end", lambda: (j := clients[other].managed_job(job))["state"] in
+                        ("SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=90)
+        assert done["state"] == "SUCCEEDED" and len(done["attempt_list"]) == 1  # driven on, never resubmitted
+        assert ssh_login(corral_env["CORRAL_SLURM_CONFIG"], "alpine", f"cat {out}; rm -f {out}").split() == ["1"]
+    finally:
+        for env, _ in replicas.values():
+            corral("server", "stop", env=env)
