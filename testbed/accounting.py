@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from testbed.processes import TestbedError, port_open, run, running, spawn, spawn_as_host, wait_until
-from testbed.spec import TEST_USER, ClusterSpec
+from testbed.spec import ALL_USERS, ClusterSpec
 
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
@@ -141,7 +141,7 @@ class Accounting:
         self._register()
 
     def _register(self) -> None:
-        """The cluster, an account and the test user's association, as a site admin would add them."""
+        """The cluster, an account and each user's association, as a site admin would add them."""
         sacctmgr = ["sacctmgr", "-i", "-Q"]
         existing = run([*sacctmgr, "-n", "-P", "list", "cluster", "format=cluster"], env=self.slurm_env).stdout
         if self.spec.name not in existing.split():
@@ -149,5 +149,8 @@ class Accounting:
         accounts = run([*sacctmgr, "-n", "-P", "list", "account", "format=account"], env=self.slurm_env).stdout
         if ACCOUNT not in accounts.split():
             run([*sacctmgr, "add", "account", ACCOUNT, f"cluster={self.spec.name}"], env=self.slurm_env)
-            run([*sacctmgr, "add", "user", TEST_USER, f"account={ACCOUNT}", f"cluster={self.spec.name}"],
-                env=self.slurm_env)
+        users = run([*sacctmgr, "-n", "-P", "list", "user", "format=user"], env=self.slurm_env).stdout.split()
+        for user in ALL_USERS:
+            if user not in users:
+                run([*sacctmgr, "add", "user", user, f"account={ACCOUNT}", f"cluster={self.spec.name}"],
+                    env=self.slurm_env)

@@ -33,7 +33,7 @@ from testbed.processes import (
     spawn_as_host,
     wait_until,
 )
-from testbed.spec import TEST_USER, ClusterSpec, default_clusters, testbed_root
+from testbed.spec import ALL_USERS, TEST_USER, ClusterSpec, default_clusters, testbed_root
 
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "openssh-server", "openssh-client",
                 "rsync", "mariadb-server", "mariadb-client",
@@ -256,12 +256,15 @@ class Testbed:
 
     # ---- internals ----------------------------------------------------------------------------
     def _ensure_user(self) -> None:
-        try:
-            pwd.getpwnam(TEST_USER)
-        except KeyError:
-            run(["useradd", "--create-home", "--shell", "/bin/bash", TEST_USER])
-        # sshd refuses accounts whose password field is locked ("!"); "*" means "no password".
-        run(["usermod", "-p", "*", TEST_USER])
+        for user in ALL_USERS:
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                run(["useradd", "--create-home", "--shell", "/bin/bash", user])
+            # sshd refuses accounts whose password field is locked ("!"); "*" means "no password".
+            run(["usermod", "-p", "*", user])
+            # Each person's files are their own, as on a real cluster's shared home.
+            Path(pwd.getpwnam(user).pw_dir).chmod(0o700)
 
     def _ensure_binaries(self) -> None:
         self.paths.bin.mkdir(parents=True, exist_ok=True)
@@ -273,14 +276,19 @@ class Testbed:
                 link.symlink_to(target)
 
     def _ensure_client_key(self) -> None:
-        key = self.paths.client_key
-        key.parent.mkdir(parents=True, exist_ok=True)
-        key.parent.chmod(0o755)
-        if not key.exists():
-            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "corral-testbed", "-f", str(key)])
-        authorized = key.parent / "authorized_keys"
-        authorized.write_text(Path(f"{key}.pub").read_text())
-        authorized.chmod(0o644)
+        """A key per user (the test user's, and each team member's), and sshd's per-user authorized
+        keys: each key opens its own account only."""
+        authorized = self.paths.authorized_keys
+        authorized.mkdir(parents=True, exist_ok=True)
+        authorized.chmod(0o755)
+        for user in ALL_USERS:
+            key = self.paths.user_key(user)
+            key.parent.mkdir(parents=True, exist_ok=True)
+            key.parent.chmod(0o755)
+            if not key.exists():
+                run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"testbed-{user}", "-f", str(key)])
+            (authorized / user).write_text(Path(f"{key}.pub").read_text())
+            (authorized / user).chmod(0o644)
 
     def _write_cluster_files(self, spec: ClusterSpec) -> None:
         paths = self.paths.cluster(spec.name)
@@ -307,7 +315,7 @@ class Testbed:
         paths.slurm_conf.write_text(render_slurm_conf(spec, paths))
         paths.gres_conf.write_text(render_gres_conf(spec, paths))
         paths.sshd_config.write_text(
-            render_sshd_config(spec, paths, self.paths.client_key.parent / "authorized_keys")
+            render_sshd_config(spec, paths, self.paths.authorized_keys)
         )
 
     def _write_known_hosts(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.spec import TEST_USER, ClusterSpec
+from testbed.spec import ALL_USERS, TEST_USER, ClusterSpec
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,15 @@ class TestbedPaths:
     @property
     def client_key(self) -> Path:
         return self.root / "client" / "id_ed25519"
+
+    def user_key(self, user: str) -> Path:
+        """A team member's own ssh key (TEAM_USERS); the test user's is `client_key`."""
+        return self.client_key if user == TEST_USER else self.root / "client" / "keys" / user
+
+    @property
+    def authorized_keys(self) -> Path:
+        """One file per user (sshd's AuthorizedKeysFile …/%u): each key opens only its own account."""
+        return self.root / "client" / "authorized_keys.d"
 
     @property
     def known_hosts(self) -> Path:
@@ -190,6 +199,7 @@ def render_gres_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
 
 
 def render_sshd_config(spec: ClusterSpec, paths: ClusterPaths, authorized_keys: Path) -> str:
+    """`authorized_keys`: the folder of per-user files (TestbedPaths.authorized_keys)."""
     return "\n".join(
         [
             "# Written by the Corral testbed: this cluster's login node.",
@@ -197,12 +207,12 @@ def render_sshd_config(spec: ClusterSpec, paths: ClusterPaths, authorized_keys: 
             "ListenAddress 127.0.0.1",
             f"HostKey {paths.host_key}",
             f"PidFile {paths.sshd_pidfile()}",
-            f"AuthorizedKeysFile {authorized_keys}",
+            f"AuthorizedKeysFile {authorized_keys}/%u",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
             "UsePAM no",
-            f"AllowUsers {TEST_USER}",
+            f"AllowUsers {' '.join(ALL_USERS)}",
             "AllowTcpForwarding yes",
             "PrintMotd no",
             "MaxSessions 64",

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TEST_USER = "corral-test"
+# A team's members, each their own Unix account on every cluster (a team server submits as them).
+TEAM_USERS = ("corral-alice", "corral-bob")
+ALL_USERS = (TEST_USER, *TEAM_USERS)
 
 
 @dataclass(frozen=True)

@@ -86,3 +86,45 @@ def test_daemons_do_not_hold_a_working_directory(testbed):
 
     pids = [read_pid(testbed.paths.cluster(s.name).slurmd_pidfile(n.name)) for s in testbed.clusters for n in s.nodes]
     assert pids and all(os.readlink(f"/proc/{pid}/cwd") == "/" for pid in pids)
+
+
+def as_user(testbed, user: str, cluster: str, command: str) -> subprocess.CompletedProcess:
+    """`ssh` to a login node as a team member, with their own key (not the test user's)."""
+    return subprocess.run(["ssh", "-F", str(testbed.cluster_config), "-l", user, "-i",
+                           str(testbed.paths.user_key(user)), "-o", "BatchMode=yes", cluster, command],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_team_members_are_their_own_accounts_on_every_cluster(testbed):
+    """Each member's key opens their account only; their jobs and files are theirs in Slurm, in sacct
+    and on disk; one member can neither read the other's files nor cancel the other's job."""
+    from testbed.spec import TEAM_USERS
+
+    alice, bob = TEAM_USERS[:2]
+    for spec in testbed.clusters:
+        assert as_user(testbed, alice, spec.name, "id -un").stdout.strip() == alice
+    wrong = subprocess.run(["ssh", "-F", str(testbed.cluster_config), "-l", bob, "-i",
+                            str(testbed.paths.user_key(alice)), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                            "-o", "IdentityFile=none", "alpine", "true"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 255 and "Permission denied" in wrong.stderr  # alice's key is not bob's
+
+    name = f"team-{uuid.uuid4().hex[:8]}"
+    submitted = as_user(testbed, alice, "borealis",
+                        f"mkdir -p ~/{name} && cd ~/{name} && sbatch --parsable -J {name} -t 5 "
+                        f"--wrap 'echo mine > out; sleep 300'")
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    try:
+        assert as_user(testbed, bob, "borealis", f"squeue -h -j {job} -o %u").stdout.strip() == alice
+        wait_for("the job to write its file", lambda: as_user(
+            testbed, alice, "borealis", f"stat -c %U ~/{name}/out").stdout.strip() == alice, timeout=60)
+        peek = as_user(testbed, bob, "borealis", f"cat ~{alice}/{name}/out")
+        assert peek.returncode != 0 and "Permission denied" in peek.stderr
+        refused = as_user(testbed, bob, "borealis", f"scancel {job}")
+        assert "Access/permission denied" in refused.stderr, refused.stderr
+        assert as_user(testbed, alice, "borealis", f"squeue -h -j {job} -o %T").stdout.strip() == "RUNNING"
+        record = wait_for("sacct to name her", lambda: as_user(
+            testbed, alice, "borealis", f"sacct -n -X -P -j {job} -o User").stdout.strip(), timeout=60)
+        assert record == alice
+    finally:
+        as_user(testbed, alice, "borealis", f"scancel {job}; rm -rf ~/{name}")
