@@ -236,3 +236,28 @@ def test_a_mirroring_sync_deletes_what_the_source_no_longer_has(testbed, corral_
     assert synced("mirror", True) == ["a.py", "sub/b.py"]
     assert synced("plain", False) == ["a.py", "old.py", "sub/b.py"]
     ssh_login(testbed.cluster_config, "alpine", f"rm -rf {dest}")
+
+
+def test_a_burst_of_requests_shares_probes_and_session_slots(testbed, corral_env):
+    """The server makes one Client per request. 60 probes asked at once, each through its own Client,
+    cost one probe per cluster; and however many transports run scripts at once, one login node never
+    has more than the session limit open."""
+    from corral.client import Client
+
+    registry = load_registry(testbed.cluster_config)
+
+    async def burst() -> tuple[list[Client], int]:
+        clients = [Client(registry) for _ in range(60)]
+        answers = await asyncio.gather(*(c.probe() for c in clients))
+        assert all(o.ok for outcomes in answers for o in outcomes)
+        limit = clients[0].transport.max_sessions_per_cluster
+        counter = "n=$(ls /tmp/corral-sessions-probe 2>/dev/null | wc -l); echo $n"
+        script = (f"mkdir -p /tmp/corral-sessions-probe; f=/tmp/corral-sessions-probe/$$; : > $f; {counter}; "
+                  "sleep 0.3; rm -f $f")
+        results = await asyncio.gather(*(c.transport.run("alpine", script, timeout=60) for c in clients[:30]))
+        return clients, max(int(r.stdout.split()[0]) for r in results) if limit else 0
+
+    clients, most_open = asyncio.run(burst())
+    probes = sum(c.transport.round_trips[cluster] for c in clients for cluster in ("borealis", "cirrus"))
+    assert probes == 2  # borealis and cirrus once each, whoever asked
+    assert 1 <= most_open <= clients[0].transport.max_sessions_per_cluster

@@ -1,13 +1,16 @@
 """The SDK surface the CLI (and later the server) call: probe clusters in parallel, report per cluster.
 
 A cluster that is down never delays the others: each probe has its own timeout, and its failure
-becomes that cluster's row instead of an exception.
+becomes that cluster's row instead of an exception. Probes are single-flight per process: a request
+that arrives while a probe of the same cluster runs shares its answer (a server taking 200 launches at
+once probes each cluster once, not 200 times); no answer is kept once its probe has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass
 
 from corral.config import ClusterRegistry, load_registry
@@ -52,6 +55,12 @@ class GpuReport:
     failures: list[ProbeOutcome]
 
 
+# Probes in flight, per event loop: (cluster file, cluster, timeout) -> the running probe.
+_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float],
+                                                                     asyncio.Future[ProbeOutcome]]] = \
+    weakref.WeakKeyDictionary()
+
+
 class Client:
     def __init__(self, registry: ClusterRegistry | None = None, transport: SshTransport | None = None,
                  *, timeout: float | None = None):
@@ -72,6 +81,16 @@ class Client:
         return list(await asyncio.gather(*(self._probe_one(n) for n in names)))
 
     async def _probe_one(self, cluster: str) -> ProbeOutcome:
+        """This cluster's probe: the one in flight in this process if there is one, else a new one."""
+        running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
+        key = (str(self.registry.path), cluster, self.transport.timeout)
+        probe = running.get(key)
+        if probe is None:
+            probe = running[key] = asyncio.ensure_future(self._probe_now(cluster))
+            probe.add_done_callback(lambda done: running.pop(key) if running.get(key) is done else None)
+        return await asyncio.shield(probe)  # a caller that goes away leaves it to the others
+
+    async def _probe_now(self, cluster: str) -> ProbeOutcome:
         started = time.monotonic()
         try:
             snapshot = await self.infra(cluster).probe()

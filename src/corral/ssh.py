@@ -21,6 +21,7 @@ import re
 import shlex
 import shutil
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,17 @@ def write_ssh_config(cluster_file: Path, defaults: dict[str, str], where: Path) 
     return path if path.exists() else write_private(path, text)
 
 
+# Sessions open per cluster, per event loop: shared by every transport of the process (the server makes
+# one per request), so a burst of requests never opens more than the limit on one login node.
+_SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _session_limit(cluster: str, size: int) -> asyncio.Semaphore:
+    limits = _SESSIONS.setdefault(asyncio.get_running_loop(), {})
+    return limits.setdefault(cluster, asyncio.Semaphore(size))
+
+
 class SshTransport:
     """Runs scripts on clusters' login nodes. Safe to share across tasks of one event loop."""
 
@@ -128,7 +140,6 @@ class SshTransport:
         self.control_persist_seconds = control_persist_seconds
         self.max_sessions_per_cluster = max_sessions_per_cluster
         self.round_trips: Counter[str] = Counter()
-        self._limits: dict[str, asyncio.Semaphore] = {}
         self._no_remote_rsync: set[str] = set()
         # Where rsync lives on the clusters (sites with it outside PATH set CORRAL_REMOTE_RSYNC).
         self.remote_rsync = os.environ.get("CORRAL_REMOTE_RSYNC", "rsync")
@@ -158,8 +169,7 @@ class SshTransport:
         # The remote side enforces the limit too, so nothing we gave up on keeps running there.
         remote_limit = str(math.ceil(timeout) + 1)
         argv = self.ssh_argv(entry.name, ["timeout", "-k", "2", remote_limit, "bash", "--login", "-s"])
-        limit = self._limits.setdefault(cluster, asyncio.Semaphore(self.max_sessions_per_cluster))
-        async with limit:
+        async with _session_limit(cluster, self.max_sessions_per_cluster):
             started = time.monotonic()
             self.round_trips[cluster] += 1
             proc = await asyncio.create_subprocess_exec(
