@@ -22,6 +22,7 @@ CASES = [
     (["server", "start", "--db", "postgresql://db/corral"], 78, "for a team server: give --host and --port"),
     (["server", "start", "--port", "1", "--db", "mysql://db/corral"], 78, "give a PostgreSQL URL"),
     (["server", "start", "--port", "1", "--trusted-proxy", "the proxy"], 78, "not an address or network"),
+    (["server", "start", "--port", "1", "--tls-cert", "task.yaml"], 78, "give both --tls-cert and --tls-key"),
 ]
 
 
