@@ -51,7 +51,7 @@ API_VERSION = "v1"
 
 
 def create_app(status: ControllerStatus, store: Store, token: str, refreshes: Any = None, *,
-               sso_header: str | None = None, trusted_proxies: tuple[str, ...] = ("127.0.0.1/32", "::1/128"),
+               sso_header: str | None = None, trusted_proxies: tuple[str, ...] = (),
                access_log: bool = False) -> FastAPI:
     from corral import __version__
     from corral.controller.auth import Authenticator, Unauthenticated
@@ -66,7 +66,7 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
 
     async def authorized(request: Request, authorization: str = Header(default="")) -> None:
         try:
-            request.state.principal = authenticator.principal(authorization, dict(request.headers),
+            request.state.principal = authenticator.principal(authorization, request.headers,
                                                               request.client.host if request.client else None)
         except Unauthenticated as exc:
             raise HTTPException(status_code=401, detail=str(exc)) from None

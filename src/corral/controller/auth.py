@@ -22,7 +22,8 @@ import json
 import re
 import secrets
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass, field
 from enum import Enum
 from typing import Annotated
 
@@ -35,6 +36,7 @@ from corral.state.models import UserRow
 TOKEN_PREFIX = "corral_"
 USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,127}\Z")  # e-mail addresses too (single sign-on)
 UNIX_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\Z")
+LOOPBACK_PROXIES = ("127.0.0.1/32", "::1/128")  # where single sign-on's header is believed by default
 
 
 class Role(str, Enum):
@@ -92,15 +94,12 @@ def check_user_name(name: str) -> str:
     return name
 
 
-def parse_unix_users(items: list[str]) -> dict[str, str]:
-    """`CLUSTER=NAME` pairs (the user's Unix account on each cluster)."""
-    mapping: dict[str, str] = {}
-    for item in items:
-        cluster, sep, name = item.partition("=")
-        if not sep or not cluster or not UNIX_NAME.match(name):
-            raise UserError(f"{item!r}: expected CLUSTER=UNIX_USER, such as alpine=alice")
-        mapping[cluster] = name
-    return mapping
+def check_unix_users(mapping: Mapping[str, str]) -> dict[str, str]:
+    """The user's Unix account on each cluster ({cluster: name}), each name a valid Unix user name."""
+    for cluster, name in mapping.items():
+        if not cluster or not UNIX_NAME.match(name):
+            raise UserError(f"{cluster}={name!r}: expected CLUSTER=UNIX_USER, such as alpine=alice")
+    return dict(mapping)
 
 
 def add_user(store: Store, name: str, role: Role, unix_users: dict[str, str], *, service: bool = False,
@@ -120,9 +119,12 @@ class Authenticator:
     store: Store
     server_token: str  # the server's own (controller.json)
     sso_header: str | None = None
-    trusted_proxies: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
+    trusted_proxies: InitVar[tuple[str, ...]] = ()  # networks; empty: LOOPBACK_PROXIES
 
-    def principal(self, authorization: str, headers: dict[str, str], client_host: str | None) -> Principal:
+    def __post_init__(self, trusted_proxies: tuple[str, ...]) -> None:
+        self._proxies = [ipaddress.ip_network(net, strict=False) for net in trusted_proxies or LOOPBACK_PROXIES]
+
+    def principal(self, authorization: str, headers: Mapping[str, str], client_host: str | None) -> Principal:
         """Who the request acts for; raises Unauthenticated (401) for anyone else."""
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() == "bearer" and given:
@@ -148,7 +150,7 @@ class Authenticator:
             address = ipaddress.ip_address(host or "")
         except ValueError:
             return False
-        return any(address in ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies)
+        return any(address in net for net in self._proxies)
 
 
 class Forbidden(ForbiddenError):

@@ -74,9 +74,6 @@ class ControllerUnavailable(UnavailableError):
     pass
 
 
-LOOPBACK_PROXIES = ("127.0.0.1/32", "::1/128")
-
-
 @dataclass(frozen=True)
 class ServerOptions:
     """How a team server serves (all None: this user's local server, on loopback)."""
@@ -250,7 +247,7 @@ async def _run(options: ServerOptions) -> None:
     listener = _listener(options)
     token = secrets.token_urlsafe(32)
     app = create_app(status, store, token, controller.refreshes, sso_header=options.sso_header,
-                     trusted_proxies=options.trusted_proxies or LOOPBACK_PROXIES, access_log=options.team)
+                     trusted_proxies=options.trusted_proxies, access_log=options.team)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             ssl_certfile=options.tls_cert, ssl_keyfile=options.tls_key)
     api = _api_server(config)

@@ -10,13 +10,13 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
-from corral.client import Client
+from corral.config import load_registry
 from corral.controller.auth import (
     Me,
     Role,
     UserError,
     add_user,
-    parse_unix_users,
+    check_unix_users,
     require_admin,
     user_principal,
 )
@@ -50,8 +50,8 @@ def add_routes(router: APIRouter, store: Store) -> None:
     async def new_user(me: Me, request: NewUser) -> dict[str, object]:
         """Add a user or a service account (admins only). The answer holds its token, shown this once."""
         require_admin(me, "adding users")
-        unix_users = parse_unix_users([f"{c}={n}" for c, n in request.unix_users.items()])
-        known = Client().registry.names()
+        unix_users = check_unix_users(request.unix_users)
+        known = load_registry().names()
         unknown = sorted(set(unix_users) - set(known))
         if unknown:
             raise UserError(f"--unix-user names no cluster of this server: {', '.join(map(repr, unknown))} "
