@@ -7,6 +7,7 @@ node. All daemons run in the foreground of their own session, so the pid we star
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shutil
@@ -33,22 +34,23 @@ from testbed.processes import (
     spawn_as_host,
     wait_until,
 )
-from testbed.spec import ALL_USERS, TEST_USER, ClusterSpec, default_clusters, testbed_root
+from testbed.spec import ALL_USERS, TEAM_GROUP, TEAM_USERS, TEST_USER, ClusterSpec, default_clusters, testbed_root
 
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "openssh-server", "openssh-client",
-                "rsync", "mariadb-server", "mariadb-client",
+                "rsync", "sudo", "mariadb-server", "mariadb-client",
                 "postgresql")  # not Slurm's: the team-mode state store, tested against a real server
 # Daemons must be started through links with exactly these names: libslurm decides what it is from
 # argv[0]'s basename, and a slurmd started as `slurmd-wlm` silently loses its node GRES.
 DAEMON_BINARIES = {"slurmctld": "/usr/sbin/slurmctld-wlm", "slurmd": "/usr/sbin/slurmd-wlm"}
 CONFIG_MARKER = "# Written by the Corral testbed"
+SUDOERS_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "sudoers.example"
 READY_TIMEOUT = 45.0
 
 
 def install_packages() -> None:
     """apt-get install what the testbed needs, without letting postinst start system daemons."""
     missing = [b for b in ("/usr/sbin/slurmctld-wlm", "/usr/sbin/slurmd-wlm", "/usr/bin/sinfo", "/usr/sbin/slurmdbd",
-                           "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync", "/usr/sbin/mariadbd",
+                           "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync", "/usr/bin/sudo", "/usr/sbin/mariadbd",
                            "/usr/share/postgresql-common")
                if not Path(b).exists()]
     if not missing:
@@ -265,6 +267,25 @@ class Testbed:
             run(["usermod", "-p", "*", user])
             # Each person's files are their own, as on a real cluster's shared home.
             Path(pwd.getpwnam(user).pw_dir).chmod(0o700)
+        self._ensure_sudo_rule()
+
+    def _ensure_sudo_rule(self) -> None:
+        """The team's members in one group, and docs/sudoers.example as it ships (the test user is the
+        service account): what a site installs for `submit_as: sudo`."""
+        try:
+            grp.getgrnam(TEAM_GROUP)
+        except KeyError:
+            run(["groupadd", TEAM_GROUP])
+        for user in TEAM_USERS:
+            run(["usermod", "-aG", TEAM_GROUP, user])
+        rule = SUDOERS_EXAMPLE.read_text().replace("corral-svc", TEST_USER).replace("corral-team", TEAM_GROUP)
+        target = Path("/etc/sudoers.d/corral-testbed")
+        if not target.exists() or target.read_text() != rule:
+            staged = target.with_name(".corral-testbed.new")
+            staged.write_text(rule)
+            staged.chmod(0o440)
+            run(["visudo", "-cqf", str(staged)])  # a broken rule must never reach sudo
+            staged.rename(target)
 
     def _ensure_binaries(self) -> None:
         self.paths.bin.mkdir(parents=True, exist_ok=True)

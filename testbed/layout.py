@@ -207,7 +207,9 @@ def render_sshd_config(spec: ClusterSpec, paths: ClusterPaths, authorized_keys: 
             "ListenAddress 127.0.0.1",
             f"HostKey {paths.host_key}",
             f"PidFile {paths.sshd_pidfile()}",
-            f"AuthorizedKeysFile {authorized_keys}/%u",
+            # The testbed's own keys, then each account's own file (where a member authorizes the team
+            # server's key for them, as on a real cluster).
+            f"AuthorizedKeysFile {authorized_keys}/%u .ssh/authorized_keys",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",

@@ -15,6 +15,7 @@ TEST_USER = "corral-test"
 # A team's members, each their own Unix account on every cluster (a team server submits as them).
 TEAM_USERS = ("corral-alice", "corral-bob")
 ALL_USERS = (TEST_USER, *TEAM_USERS)
+TEAM_GROUP = "corral-team"  # the members, whom the test user may act as through sudo (docs/sudoers.example)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -80,7 +81,7 @@ class FakeInfra(Infra, ReleasesHeld):
             self.jobs[job_handle] = status(job_handle, token, JobState.PENDING)
         return SubmitResult(True, handle, False, "")
 
-    async def status(self, handles: list[str]) -> list[JobStatus]:
+    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
         self._check()
         return list(self.jobs.values())
 
@@ -152,9 +153,15 @@ class FakeClient:
         self.registry = FakeRegistry(list(infras))
         self.transport = FakeTransport()
 
-    def infra(self, cluster: str) -> FakeInfra:
+    def infra(self, cluster: str, owner: str = "") -> FakeInfra:
         self.registry.get(cluster)
         return self.infras[cluster]
+
+    def refusal(self, owner: str, cluster: str) -> str | None:
+        return None
+
+    def cluster_users(self, cluster: str) -> list[str]:
+        return []
 
     async def probe(self, clusters: list[str] | None = None) -> list[ProbeOutcome]:
         out = []

@@ -20,6 +20,14 @@ def ssh_login(config: Path, cluster: str, command: str, timeout: float = 30) -> 
     return proc.stdout
 
 
+def as_member(testbed, user: str, cluster: str, command: str, stdin: str | None = None
+              ) -> subprocess.CompletedProcess:
+    """`ssh` to a login node as a team member, with their own key (not the test user's)."""
+    return subprocess.run(["ssh", "-F", str(testbed.cluster_config), "-l", user, "-i",
+                           str(testbed.paths.user_key(user)), "-o", "BatchMode=yes", cluster, command],
+                          capture_output=True, text=True, timeout=60, input=stdin)
+
+
 def job_state(config: Path, cluster: str, job_id: str) -> str:
     return ssh_login(config, cluster, f"squeue -h -t all -j {job_id} -o %T").strip()
 

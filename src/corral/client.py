@@ -13,10 +13,13 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from corral import accounts as team_accounts
+from corral.accounts import Accounts
 from corral.config import ClusterRegistry, load_registry
 from corral.errors import (
     ClusterError,
     CorralError,
+    NoAccountError,
     UnknownClusterError,
     UnknownPartitionError,
 )
@@ -63,18 +66,36 @@ _IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str,
 
 class Client:
     def __init__(self, registry: ClusterRegistry | None = None, transport: SshTransport | None = None,
-                 *, timeout: float | None = None):
+                 *, timeout: float | None = None, accounts: Accounts | None = None):
         self.registry = registry or load_registry()
         self.transport = transport or SshTransport(self.registry, timeout=timeout)
-        self._infras: dict[str, Infra] = {}
+        # A team server's: whose account each user's jobs reach the clusters as (accounts.py).
+        self.accounts = accounts or team_accounts.installed()
+        self._infras: dict[tuple[str, str], Infra] = {}
 
-    def infra(self, cluster: str) -> Infra:
-        """The cluster's Infra (one per cluster; they share the transport and its ControlMasters)."""
-        found = self._infras.get(cluster)
+    def infra(self, cluster: str, owner: str = "") -> Infra:
+        """The cluster's Infra, acting as `owner` (a team server's user; "" for the service account).
+        One per (cluster, owner); they share the transport's settings and ControlMasters. Raises
+        NoAccountError where the owner has no account on the cluster."""
+        key = (cluster, owner if self.accounts else "")
+        found = self._infras.get(key)
         if found is None:
             self.registry.get(cluster)  # an unknown name fails here, naming the known ones
-            found = self._infras[cluster] = connect(cluster, self.transport)
+            login = self.accounts.login(owner, cluster) if self.accounts and owner else None
+            found = self._infras[key] = connect(cluster, self.transport.acting_as(login))
         return found
+
+    def refusal(self, owner: str, cluster: str) -> str | None:
+        """Why `owner` may not run on `cluster` (no account there), or None."""
+        try:
+            self.infra(cluster, owner)
+        except NoAccountError as exc:
+            return str(exc)
+        return None
+
+    def cluster_users(self, cluster: str) -> list[str]:
+        """The team members' accounts on `cluster` whose jobs a status query lists (none outside a team)."""
+        return self.accounts.cluster_users(cluster) if self.accounts else []
 
     async def probe(self, clusters: list[str] | None = None) -> list[ProbeOutcome]:
         names = [e.name for e in self.registry.select(clusters)]

@@ -193,12 +193,13 @@ def load_registry(path: Path | None = None) -> ClusterRegistry:
     return ClusterRegistry(path=path, entries=tuple(entries))
 
 
-USER_SETTINGS_KEYS = {"idle_minutes": (int, float)}
+USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters")
 
 
 def load_user_settings() -> dict[str, object]:
-    """`~/.corral/config.yaml` (under CORRAL_HOME): defaults such as `idle_minutes: 60`."""
-    path = corral_home() / "config.yaml"
+    """`~/.corral/config.yaml` (under CORRAL_HOME): defaults such as `idle_minutes: 60`, and a team
+    server's `submit_as` and per-cluster `clusters: {NAME: {submit_as: …}}` (accounts.py)."""
+    path = settings_path()
     if not path.exists():
         return {}
     import yaml
@@ -216,6 +217,30 @@ def load_user_settings() -> dict[str, object]:
     for key, value in data.items():
         if key not in USER_SETTINGS_KEYS:
             raise ConfigError(f"unknown setting {key!r}; known: {', '.join(USER_SETTINGS_KEYS)}", path)
-        if not isinstance(value, USER_SETTINGS_KEYS[key]) or isinstance(value, bool):
+        if key == "idle_minutes" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             raise ConfigError(f"setting {key!r} must be a number", path)
+        if key == "submit_as" and not isinstance(value, str):
+            raise ConfigError("setting 'submit_as' must be one of ssh, sudo, service", path)
+        if key == "clusters":
+            _check_cluster_settings(value, path)
     return data
+
+
+def settings_path() -> Path:
+    return corral_home() / "config.yaml"
+
+
+_CLUSTER_SETTINGS = ("submit_as",)
+
+
+def _check_cluster_settings(value: object, path: Path) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError("setting 'clusters' must map cluster names to their settings, e.g. "
+                          "`clusters: {alpine: {submit_as: sudo}}`", path)
+    for name, options in value.items():
+        if not isinstance(options, dict):
+            raise ConfigError(f"clusters.{name}: expected a mapping of settings, e.g. `submit_as: sudo`", path)
+        for key in options:
+            if key not in _CLUSTER_SETTINGS:
+                raise ConfigError(f"clusters.{name}: unknown setting {key!r}; known: {', '.join(_CLUSTER_SETTINGS)}",
+                                  path)

@@ -149,7 +149,7 @@ class DevAllocations:
         envs = job_environment(task, source)
         plan = await self.launcher.plan(task, predict="when_full")
         self.launcher.events.plan(plan)
-        feasible = [c for c in plan.feasible() if isinstance(self.client.infra(c.cluster), HoldsAllocations)]
+        feasible = [c for c in plan.feasible() if isinstance(self.client.infra(c.cluster, self.owner), HoldsAllocations)]
         if not feasible:
             raise NoFeasibleClusterError(_no_candidate_message(plan))
         idle_seconds = int(round((idle_minutes or 0) * 60))
@@ -158,7 +158,7 @@ class DevAllocations:
 
         async def submit(candidate: Candidate) -> SubmitResult:
             token = new_token()
-            infra = self.client.infra(candidate.cluster)
+            infra = self.client.infra(candidate.cluster, self.owner)
             assert isinstance(infra, HoldsAllocations)
             request = self.launcher.job_request(task, candidate, token, (name,), envs)
             row = AllocationRow(owner=self.owner, name=name, token=token, cluster=candidate.cluster, partition=candidate.partition,
@@ -212,12 +212,12 @@ class DevAllocations:
 
         if rows is None:
             rows = self.store.allocations(None if self.sees_all else self.owner)
-        by_cluster: dict[str, list[AllocationRow]] = {}
+        by_account: dict[tuple[str, str], list[AllocationRow]] = {}  # the run dirs read are the owner's
         for row in rows:
-            by_cluster.setdefault(row.cluster, []).append(row)
-        results: dict[str, AllocationStatus] = {}
+            by_account.setdefault((row.cluster, row.owner), []).append(row)
+        results: dict[tuple[str, str], AllocationStatus] = {}
 
-        async def one(cluster: str, group: list[AllocationRow]) -> None:
+        async def one(account: tuple[str, str], group: list[AllocationRow]) -> None:
             submitted = [r for r in group if r.handle]
             for r in group:
                 if not r.handle:
@@ -225,7 +225,7 @@ class DevAllocations:
             if not submitted:
                 return
             try:
-                infra = self._holder(cluster)
+                infra = self._holder(*account)
             except CorralError as exc:
                 states = {}
                 why = str(exc)
@@ -238,12 +238,12 @@ class DevAllocations:
                                                     state.last_active, state.time_left, sshd=state.sshd)
                                    if state else AllocationStatus(r, "UNKNOWN", why, [], None, None, None))
 
-        await asyncio.gather(*(one(c, g) for c, g in by_cluster.items()))
+        await asyncio.gather(*(one(a, g) for a, g in by_account.items()))
         return [results[_key(r)] for r in rows]
 
     # ---- exec ---------------------------------------------------------------------------------
-    def _holder(self, cluster: str) -> HoldsAllocations:
-        infra = self.client.infra(cluster)
+    def _holder(self, cluster: str, owner: str) -> HoldsAllocations:
+        infra = self.client.infra(cluster, owner)
         if not isinstance(infra, HoldsAllocations):
             raise CorralError(f"{infra.name} cannot hold dev allocations")
         return infra
@@ -271,7 +271,7 @@ class DevAllocations:
                         run_dir=row.run_dir, log_path=f"{row.run_dir}/exec/{job_id}/run.sh",
                         started_at=time.time(), submitted_at=time.time())],
         )
-        infra = self._holder(row.cluster)
+        infra = self._holder(row.cluster, row.owner)
         try:
             await self.sync_files(name, task)
             status = await infra.exec_in(row.handle, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
@@ -293,7 +293,7 @@ class DevAllocations:
             return
         row = self.get(name)
         self.launcher.check_local_files(task)
-        await self.launcher.upload_files(task, self.client.infra(row.cluster), row.run_dir)
+        await self.launcher.upload_files(task, self.client.infra(row.cluster, row.owner), row.run_dir)
 
     # ---- ssh ----------------------------------------------------------------------------------
     async def ssh_argv(self, name: str, command: str | None) -> list[str]:
@@ -301,7 +301,7 @@ class DevAllocations:
         [status] = await self.status([row])
         if status.state != "READY" or not status.nodes:
             raise CorralError(f"allocation {name!r} is {status.state}; cannot open a shell in it")
-        return self._holder(row.cluster).shell_argv(row.handle or "", status.nodes[0], command)
+        return self._holder(row.cluster, row.owner).shell_argv(row.handle or "", status.nodes[0], command)
 
     async def write_ssh_alias(self, row: AllocationRow, status: AllocationStatus) -> Path | None:
         """An ssh config Include so that plain `ssh NAME` and editors' remote-SSH reach the head node
@@ -310,7 +310,7 @@ class DevAllocations:
             return None
         head = status.nodes[0]
         job_id = row.handle or ""
-        route = await self._holder(row.cluster).ssh_route(row.name, job_id, head, row.run_dir, status.sshd)
+        route = await self._holder(row.cluster, row.owner).ssh_route(row.name, job_id, head, row.run_dir, status.sshd)
         entry = devssh.alias_entry(name=row.name, token=row.token, cluster=row.cluster, partition=row.partition,
                                    slurm_job_id=job_id, head_node=head, login_settings=route.login_settings,
                                    proxy_argv=route.proxy_argv, remote_command=route.remote_command)
@@ -323,7 +323,7 @@ class DevAllocations:
         if row is None:
             return False
         try:
-            await self._holder(row.cluster).release(row.handle, row.run_dir)
+            await self._holder(row.cluster, row.owner).release(row.handle, row.run_dir)
         except ClusterError as exc:
             raise CorralError(f"could not take {name!r} down: {exc}") from exc
         self.store.delete_allocation(name, self.owner)

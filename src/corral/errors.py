@@ -77,6 +77,14 @@ class ForbiddenError(CorralError):
     exit_code = EXIT_NOPERM
 
 
+class NoAccountError(ForbiddenError):
+    """A team server's user has no account it may use on a cluster (no mapping, or no way to act as them)."""
+
+    def __init__(self, cluster: str, message: str):
+        super().__init__(message)
+        self.cluster = cluster
+
+
 class UnavailableError(CorralError):
     """Nothing that could do the work answers or accepts it now (clusters, the server)."""
 

@@ -152,14 +152,20 @@ class Launcher:
         clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
         return await self.client.probe(clusters)
 
-    async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None) -> Plan:
+    async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None,
+                   owner: str | None = None) -> Plan:
         """Where the task can run, ranked. `predict`: ask Slurm for start times (`sbatch --test-only`) of
-        every candidate that cannot start now ("all"), only when none can ("when_full"), or not at all."""
+        every candidate that cannot start now ("all"), only when none can ("when_full"), or not at all.
+        On a team server, for `owner` (default: the launcher's): clusters where they have no account are
+        left out, with the reason."""
+        owner = self.owner if owner is None else owner
         options = resource_options(task.resources)
         if outcomes is None:
             outcomes = await self.probe_for([task])
-        snapshots = {o.cluster: o.snapshot for o in outcomes if o.snapshot}
+        refused = {o.cluster: why for o in outcomes if (why := self.client.refusal(owner, o.cluster))}
+        snapshots = {o.cluster: o.snapshot for o in outcomes if o.snapshot and o.cluster not in refused}
         unreachable = {o.cluster: o.error_message or "" for o in outcomes if o.snapshot is None}
+        unreachable.update(refused)
         runtimes = {c: bool(s.container_runtimes) for c, s in snapshots.items()}
         order = [o.cluster for o in outcomes]
         plan = build_plan(task, options, snapshots, order, unreachable, runtimes)
@@ -171,15 +177,17 @@ class Launcher:
                                             [p.name for p in snapshots[sel.cluster].partitions])
         feasible = plan.feasible()
         if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):
-            await self.predict([(task, plan)])
+            await self.predict([(task, plan)], owner=owner)
         now = time.time()
         plan.candidates = [c.with_prediction(now, "can start now") if c.startable_now else c
                            for c in plan.candidates]
         return plan
 
-    async def predict(self, plans: list[tuple[Task, Plan]]) -> None:
-        """Predicted starts (`sbatch --test-only`) for the feasible candidates that cannot start now,
-        for several tasks at once: one round trip per cluster, whatever the number of tasks."""
+    async def predict(self, plans: list[tuple[Task, Plan]], owner: str | None = None) -> None:
+        """Predicted starts (`sbatch --test-only`, as `owner`: their account's limits) for the feasible
+        candidates that cannot start now, for several tasks at once: one round trip per cluster, whatever
+        the number of tasks."""
+        owner = self.owner if owner is None else owner
         by_cluster: dict[str, list[tuple[int, Candidate]]] = {}
         for index, (_task, plan) in enumerate(plans):
             for c in plan.feasible():
@@ -187,7 +195,7 @@ class Launcher:
                     by_cluster.setdefault(c.cluster, []).append((index, c))
 
         async def one(cluster: str, group: list[tuple[int, Candidate]]) -> list[tuple[float | None, str]]:
-            infra = self.client.infra(cluster)
+            infra = self.client.infra(cluster, owner)
             if not isinstance(infra, PredictsStart):
                 return [(None, f"{infra.name} does not predict start times")] * len(group)
             requests = [self.job_request(plans[i][0], c, "testonly0000", ("c-test",), {}) for i, c in group]
@@ -306,7 +314,7 @@ class Launcher:
         async def submit(candidate: Candidate) -> SubmitResult:
             number = next(numbers)
             token = new_token()
-            infra = self.client.infra(candidate.cluster)
+            infra = self.client.infra(candidate.cluster, jobs[0].owner)  # as the jobs' owner (accounts.py)
             request = self.job_request(task, candidate, token, job_ids, envs, first_rank=jobs[0].job_rank,
                                        num_jobs=jobs[0].num_jobs, options=options)
             files = infra.attempt_files(request)
@@ -344,7 +352,7 @@ class Launcher:
         if os.environ.get(CRASH_HOOK_ENV):
             os._exit(137)
         assert result.handle is not None
-        infra = self.client.infra(candidate.cluster)
+        infra = self.client.infra(candidate.cluster, jobs[0].owner)
         now = time.time()
         handles = [infra.array_handle(result.handle, i) if request.is_array and isinstance(infra, RunsArrays)
                    else result.handle for i in range(len(attempts))]

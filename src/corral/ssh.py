@@ -14,6 +14,7 @@ stops answering: the connect timeout and the keepalives (which end a stuck Contr
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import math
 import os
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.accounts import Login, SubmitMode
 from corral.config import (
     ClusterRegistry,
     check_timeout,
@@ -144,6 +146,41 @@ class SshTransport:
         # Where rsync lives on the clusters (sites with it outside PATH set CORRAL_REMOTE_RSYNC).
         self.remote_rsync = os.environ.get("CORRAL_REMOTE_RSYNC", "rsync")
         self._config: Path | None = None
+        self.login: Login | None = None  # acting as a team member (accounts.py); None: as ssh config says
+
+    def acting_as(self, login: Login | None) -> SshTransport:
+        """The same transport acting as one team member: their own account and key (`ssh`: a
+        ControlMaster of their own), or `sudo -n -u USER` through the service account's connection
+        (`sudo`). Round-trip counts are shared."""
+        if login is None:
+            return self
+        other = copy.copy(self)
+        other.login = login
+        return other
+
+    def _login_options(self) -> tuple[str, ...]:
+        """`ssh` mode: the member's account and key only (not the agent, not the config's keys first)."""
+        if self.login is None or self.login.mode is not SubmitMode.SSH:
+            return ()
+        return ("-l", self.login.user, "-i", str(self.login.identity), "-o", "IdentitiesOnly=yes",
+                "-o", "IdentityAgent=none")
+
+    def as_user(self, remote: list[str]) -> list[str]:
+        """The remote command, run as the member under `sudo` mode (the words are shell-quoted: ssh
+        joins them into one command line for the login node's shell)."""
+        if self.login is None or self.login.mode is not SubmitMode.SUDO:
+            return remote
+        return ["sudo", "-n", "-H", "-u", shlex.quote(self.login.user), "--", *remote]
+
+    def _from_home(self, script: str) -> str:
+        """sudo keeps the service account's working directory; a member's script starts in their home."""
+        if self.login is None or self.login.mode is not SubmitMode.SUDO:
+            return script
+        return "cd || exit 1\n" + script
+
+    def _connection(self, cluster: str) -> str:
+        """Sessions are limited per connection: per cluster, and per member in `ssh` mode."""
+        return f"{cluster} {self.login.user}" if self._login_options() and self.login else cluster
 
     @property
     def config_file(self) -> Path:
@@ -157,7 +194,7 @@ class SshTransport:
     def ssh_argv(self, cluster: str, remote: list[str], options: tuple[str, ...] = ()) -> list[str]:
         """`ssh [options] -- CLUSTER REMOTE…`. The cluster comes after `--`, so no name is read as an option."""
         ssh = shutil.which("ssh") or "ssh"
-        return [ssh, "-F", str(self.config_file), *options, "--", cluster, *remote]
+        return [ssh, "-F", str(self.config_file), *self._login_options(), *options, "--", cluster, *remote]
 
     async def run(self, cluster: str, script: str, *, timeout: float, check: bool = True) -> RemoteResult:
         """Run a bash script on the cluster's login node in one round trip.
@@ -168,8 +205,8 @@ class SshTransport:
         entry = self.registry.get(cluster)
         # The remote side enforces the limit too, so nothing we gave up on keeps running there.
         remote_limit = str(math.ceil(timeout) + 1)
-        argv = self.ssh_argv(entry.name, ["timeout", "-k", "2", remote_limit, "bash", "--login", "-s"])
-        async with _session_limit(cluster, self.max_sessions_per_cluster):
+        argv = self.ssh_argv(entry.name, ["timeout", "-k", "2", remote_limit, *self.as_user(["bash", "--login", "-s"])])
+        async with _session_limit(self._connection(cluster), self.max_sessions_per_cluster):
             started = time.monotonic()
             self.round_trips[cluster] += 1
             proc = await asyncio.create_subprocess_exec(
@@ -179,7 +216,7 @@ class SshTransport:
                 stderr=asyncio.subprocess.PIPE,
             )
             try:
-                out, err = await asyncio.wait_for(proc.communicate(script.encode()), timeout)
+                out, err = await asyncio.wait_for(proc.communicate(self._from_home(script).encode()), timeout)
             except asyncio.TimeoutError:
                 await _kill(proc)
                 await self.stop_master(cluster)
@@ -198,6 +235,9 @@ class SshTransport:
         )
         if result.exit_status == SSH_FAILURE:
             raise self.classify_failure(cluster, result.stderr)
+        refused = self._sudo_refusal(result.stderr) if result.exit_status == 1 else None
+        if refused:
+            raise SshAuthError(cluster, refused)
         if check and result.exit_status != 0:
             raise RemoteCommandError(
                 cluster,
@@ -208,10 +248,26 @@ class SshTransport:
             )
         return result
 
+    def _sudo_refusal(self, stderr: str) -> str | None:
+        """`sudo` mode: sudo's own refusal (no rule for this account, a password asked), in words."""
+        if self.login is None or self.login.mode is not SubmitMode.SUDO:
+            return None
+        lines = [line for line in stderr.splitlines() if line.startswith(("sudo:", "Sorry, user"))]
+        if not lines:
+            return None
+        return (f"sudo on the login node would not act as {self.login.user} ({lines[-1].strip()}): the service "
+                "account needs the sudoers rule of docs/sudoers.example, with that account in its group")
+
     def classify_failure(self, cluster: str, stderr: str) -> CorralErrorLike:
         """Turn ssh's own error output into one clear error naming the cluster."""
         entry = self.registry.get(cluster)
         text = stderr.replace("\r", "").strip()
+        if "Permission denied" in text and self.login is not None and self.login.mode is SubmitMode.SSH:
+            return SshAuthError(
+                cluster,
+                f"the login node refused the team server's key for {self.login.user} ({_last_line(text)}): "
+                f"{self.login.user} adds it once, with `corral api ssh-key >> ~/.ssh/authorized_keys` run on "
+                f"{cluster} (or pasted there)")
         config_error = _CONFIG_LINE_ERROR.search(text)
         if config_error:
             return ConfigError(config_error.group("msg"), Path(config_error.group("path")),
@@ -246,13 +302,13 @@ class SshTransport:
         No timeout: the script decides when to end. Returns the remote exit status.
         """
         self.registry.get(cluster)
-        argv = self.ssh_argv(cluster, ["bash", "--login", "-s"])
+        argv = self.ssh_argv(cluster, self.as_user(["bash", "--login", "-s"]))
         self.round_trips[cluster] += 1
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         assert proc.stdin and proc.stdout and proc.stderr
-        proc.stdin.write(script.encode())
+        proc.stdin.write(self._from_home(script).encode())
         proc.stdin.close()
         try:
             while chunk := await proc.stdout.read(65536):
@@ -289,7 +345,14 @@ class SshTransport:
         # An absolute source after `--`: a local name can never be read as an rsync option, and -s
         # (--protect-args) sends the remote path over the protocol, never through the remote shell.
         src = os.path.abspath(source) + ("/" if source.is_dir() else "")
-        argv = ["rsync", "-a", "-s", "--mkpath", "-e", ssh, f"--rsync-path={self.remote_rsync}", *options,
+        # Folders rsync makes (--mkpath) are private too.
+        rsync_path = f"umask 077 && {self.remote_rsync}"
+        if self.login is not None and self.login.mode is SubmitMode.SUDO:
+            # sudo keeps the service account's working directory: the member's rsync starts from their home.
+            rsync_path = " ".join(self.as_user(
+                ["bash", "-c", shlex.quote(f'umask 077 && cd && exec {self.remote_rsync} "$@"'), "rsync"]))
+        # Nothing Corral copies is for other accounts' eyes (run dirs are mode 700 too).
+        argv = ["rsync", "-a", "-s", "--mkpath", "--chmod=go-rwx", "-e", ssh, f"--rsync-path={rsync_path}", *options,
                 "--", src, f"{cluster}:{destination}"]
         text, status = await self._transfer(cluster, argv, None, source, timeout)
         if status == 0:
@@ -305,17 +368,18 @@ class SshTransport:
         target = remote_path(destination.rstrip("/") or ".")
         if source.is_dir():
             fresh = f"rm -rf {target} && " if mirror else ""
-            remote = f"{fresh}mkdir -p {target} && tar -xf - -C {target}"
+            remote = f"umask 077 && {fresh}mkdir -p {target} && tar -xf - -C {target}"
             local = ["tar", "-cf", "-", "-C", os.path.abspath(source), "--", "."]
         else:
-            remote = f'mkdir -p "$(dirname {target})" && cat > {target}'
+            remote = f'umask 077 && mkdir -p "$(dirname {target})" && cat > {target}'
             local = ["cat", "--", os.path.abspath(source)]
         packer = await asyncio.create_subprocess_exec(*local, stdout=asyncio.subprocess.PIPE)
         assert packer.stdout is not None
         data = await packer.stdout.read()
         if await packer.wait() != 0:
             raise CorralFileError(f"{source}: could not be read for copying to {cluster}")
-        text, status = await self._transfer(cluster, self.ssh_argv(cluster, [remote]), data, source, timeout)
+        argv = self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(remote)]))
+        text, status = await self._transfer(cluster, argv, data, source, timeout)
         if status == 255:
             raise self.classify_failure(cluster, text)
         if status != 0:
@@ -327,7 +391,7 @@ class SshTransport:
         path = remote_dir.rstrip("/")
         target = remote_path(path)
         script = f"[ -d {target} ] || exit 3\ntar -cf - -C {target} .\n"
-        argv = self.ssh_argv(cluster, ["bash", "-c", shlex.quote(script)])
+        argv = self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(script)]))
         self.round_trips[cluster] += 1
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -1,8 +1,9 @@
 """Keeping the state store in step with Slurm: refresh, cancel, logs.
 
 A refresh costs one SSH round trip per cluster that has live jobs, whatever their number: one
-`squeue --me` for all of the user's jobs (plus `sacct`, in the same script, for jobs squeue has
-forgotten on sites with accounting). Jobs are matched to attempts by their Slurm job name
+`squeue --me` for all of the user's jobs (a team server: `squeue -u` for every member's, through the
+service account; accounts.py), plus `sacct`, in the same script, for jobs squeue has forgotten on
+sites with accounting. Jobs are matched to attempts by their Slurm job name
 (`corral-<token>`), which is also how a submission interrupted before its id was recorded is found.
 
 The same answer catches orphans: a job Slurm runs under the token of an attempt Corral holds as
@@ -63,7 +64,8 @@ class Tracker:
                 return
             ids = [a.handle for a in attempts if a.handle]
             try:
-                statuses = await self.client.infra(cluster).status(ids)
+                # Everyone's jobs in one query through the service account, whoever submitted them.
+                statuses = await self.client.infra(cluster).status(ids, self.client.cluster_users(cluster))
             except CorralError as exc:
                 errors[cluster] = str(exc)
                 return
@@ -107,7 +109,9 @@ class Tracker:
         if not orphans:
             return []  # in flight from another process, or not this store's job
         ids = [live[a.token].handle for a in orphans]
-        await infra.cancel(ids, [a.run_dir for a in orphans])
+        for (_cluster, owner), group in sent_by_account(self.store, orphans, {a.token: live[a.token].handle
+                                                                              for a in orphans}).items():
+            await self.client.infra(cluster, owner).cancel([h for _, h in group], [a.run_dir for a, _ in group])
         self.store.update_attempts({
             a.token: {"handle": live[a.token].handle,
                       "reason": f"{a.reason or a.state}; Slurm had the job after all, running on its own: "
@@ -116,28 +120,41 @@ class Tracker:
         return ids
 
     async def cancel(self, views: list[JobView]) -> list[JobView]:
-        """Cancel live jobs (one scancel per cluster); returns those that were live."""
+        """Cancel live jobs (one scancel per cluster, as each job's owner); returns those that were live."""
         live = [v for v in views if v.attempt.state not in TERMINAL_STATES]
-        by_cluster: dict[str, list[JobView]] = {}
+        by_account: dict[tuple[str, str], list[JobView]] = {}
         for view in live:
-            by_cluster.setdefault(view.attempt.cluster, []).append(view)
+            by_account.setdefault((view.attempt.cluster, view.job.owner), []).append(view)
 
-        async def one(cluster: str, group: list[JobView]) -> None:
+        async def one(account: tuple[str, str], group: list[JobView]) -> None:
             sent = [v.attempt for v in group if v.attempt.handle]
-            await self.client.infra(cluster).cancel([a.handle or "" for a in sent], [a.run_dir for a in sent])
+            await self.client.infra(*account).cancel([a.handle or "" for a in sent], [a.run_dir for a in sent])
             now = time.time()
             self.store.update_attempts({v.attempt.token: {"state": "CANCELLED", "reason": "cancelled by user",
                                                           "ended_at": now} for v in group})
 
-        await asyncio.gather(*(one(c, g) for c, g in by_cluster.items()))
+        await asyncio.gather(*(one(c, g) for c, g in by_account.items()))
         return live
 
     async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None]) -> None:
         attempt = view.attempt
         if not attempt.handle:
             raise CorralError(f"{view.job.id} has not reached its cluster yet ({attempt.state}); no logs")
-        infra = self.client.infra(attempt.cluster)
+        infra = self.client.infra(attempt.cluster, view.job.owner)
         await infra.logs(attempt.handle, attempt.log_path, follow, on_output)
+
+
+def sent_by_account(store: Store, attempts: list[AttemptRow], handles: dict[str, str | None] | None = None
+                    ) -> dict[tuple[str, str], list[tuple[AttemptRow, str]]]:
+    """The attempts that reached their infra, with their handles, grouped by (cluster, owner): each
+    group is one round trip as the account that owns those jobs there (accounts.py)."""
+    handles = handles or {}
+    sent = [(a, handles.get(a.token) or a.handle) for a in attempts if handles.get(a.token) or a.handle]
+    owners = store.owners(a.job_id for a, _ in sent)
+    groups: dict[tuple[str, str], list[tuple[AttemptRow, str]]] = {}
+    for attempt, handle in sent:
+        groups.setdefault((attempt.cluster, owners.get(attempt.job_id, "")), []).append((attempt, handle or ""))
+    return groups
 
 
 def _attempt_key(status: JobStatus, infra: Infra) -> str:

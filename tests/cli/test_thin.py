@@ -34,11 +34,12 @@ COMMANDS = [
     ["launch", "--dryrun", "TASK"], ["jobs", "launch", "--infra", "slurm/alpine/cpu", "TASK"],
     ["jobs", "logs", "nope"], ["jobs", "events", "nope"], ["jobs", "why", "nope"], ["jobs", "cancel", "nope"],
     ["status"], ["down", "nope"], ["exec", "nope", "--", "true"], ["ssh", "nope"], ["users", "list"],
-    ["users", "remove", "nope"],
+    ["users", "remove", "nope"], ["users", "set", "nope", "--unix-user", "alpine=nope"],
 ]
 REFUSED = {"logs": "no job 'nope'", "cancel": "no job 'nope'", "jobs logs": "no managed job 'nope'",
            "jobs events": "no managed job 'nope'", "jobs why": "no managed job 'nope'",
-           "jobs cancel": "no managed job 'nope'", "exec": "no dev allocation 'nope'", "ssh": "no dev allocation 'nope'"}
+           "jobs cancel": "no managed job 'nope'", "exec": "no dev allocation 'nope'", "ssh": "no dev allocation 'nope'",
+           "users set": "no user 'nope'"}
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a))

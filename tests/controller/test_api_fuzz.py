@@ -72,6 +72,7 @@ def requests(operations):
                                         "unix_users": st.dictionaries(VALUES, VALUES, max_size=2),
                                         "service": st.one_of(st.booleans(), VALUES),
                                         "expires_in_days": st.one_of(st.floats(), st.integers(), VALUES)}),
+        st.fixed_dictionaries({"unix_users": st.one_of(st.dictionaries(VALUES, VALUES, max_size=2), VALUES)}),
     )
     bodies = st.one_of(st.none(), st.just(b"{"), st.just(b"[]"), st.binary(max_size=64),
                        structured.map(lambda d: json.dumps(d).encode()))

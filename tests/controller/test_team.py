@@ -31,6 +31,11 @@ def team(corral, corral_env, fresh_postgres, clean_queues):
     """A team server on loopback, its store on PostgreSQL; yields its URL. This process's Client() is
     its admin (the server's own account, through controller.json)."""
     port = free_port()
+    # These tests are about the API's users and isolation: one account submits for everyone.
+    # (test_submit_as_user.py has each member's jobs run as their own account.)
+    home = Path(corral_env["CORRAL_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text("submit_as: service\n")
     started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port), "--db", fresh_postgres)
     assert started.exit_code == 0, started.stderr
     assert f"at http://127.0.0.1:{port}" in started.stdout
@@ -139,7 +144,7 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
         ("POST", "/v1/dev/box/exec", {"task": {"run": "hostname"}}), ("GET", "/v1/dev/box/ssh", None),
         ("DELETE", "/v1/dev/box", None),
         ("GET", "/v1/users", None), ("POST", "/v1/users", {"name": "mallory", "role": "admin"}),
-        ("DELETE", "/v1/users/bob", None),
+        ("DELETE", "/v1/users/bob", None), ("PATCH", "/v1/users/bob", {"unix_users": {"alpine": "mallory"}}),
         ("POST", "/v1/launch", {"tasks": [{"run": "true"}], "dryrun": True}),
         ("POST", "/v1/managed", {"task": {"run": "true"}, "num_jobs": 0}),  # refused before anything is made
         ("POST", "/v1/dev/box", {"task": {"run": "true"}, "wait": False,
@@ -163,7 +168,8 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
         assert not leaked, (method, path, leaked, text[:500])
     for private in [f"/v1/jobs/{job}", f"/v1/jobs/{job}/logs", f"/v1/managed/{managed}", "/v1/dev/box/exec"]:
         assert answers[("GET" if "exec" not in private else "POST", private)] == 404, private
-    assert answers[("GET", "/v1/users")] == answers[("POST", "/v1/users")] == answers[("DELETE", "/v1/users/bob")] == 403
+    assert answers[("GET", "/v1/users")] == answers[("POST", "/v1/users")] == answers[("DELETE", "/v1/users/bob")] \
+        == answers[("PATCH", "/v1/users/bob")] == 403
     assert answers[("GET", "/v1/dev/box/ssh")] == 403
 
     # alice's own "box" is hers: another allocation, not bob's
@@ -176,7 +182,7 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
     assert as_bob.managed_job(managed)["state"] not in ("CANCELLING", "CANCELLED")
     [still] = as_bob.dev_status(["box"])
     assert (still["owner"], still["slurm_job_id"]) == ("bob", box["slurm_job_id"])
-    assert {u["name"] for u in Client().users()} == {"alice", "bob"}
+    assert {u["name"]: u["unix_users"] for u in Client().users()} == {"alice": {}, "bob": {}}
     # the admin sees everyone's
     assert {j.job_id for j in Client().queue().jobs} >= {job}
     with pytest.raises(ApiError) as not_hers:
@@ -216,6 +222,8 @@ def test_two_replicas_on_one_postgresql_share_the_api_and_one_drives(corral, cor
     replicas = {}  # pid -> (its environment, its URL)
     for name in ("one", "two"):
         env = {**corral_env, **fast, "CORRAL_HOME": str(tmp_path / name)}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text("submit_as: service\n")  # one account for everyone
         port = free_port()
         started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port), "--db", fresh_postgres,
                          env=env)
@@ -255,3 +263,55 @@ def test_two_replicas_on_one_postgresql_share_the_api_and_one_drives(corral, cor
     finally:
         for env, _ in replicas.values():
             corral("server", "stop", env=env)
+
+
+def _self_signed(where: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as a small site's own CA would issue."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral.test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = where / "tls.crt", where / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    key_file.chmod(0o600)
+    return cert_file, key_file
+
+
+def test_a_team_server_over_https(corral, corral_env, tmp_path):
+    """--tls-cert/--tls-key: the server's own CLI trusts exactly its certificate; a member trusts it
+    through SSL_CERT_FILE (a private CA), and without it gets a clear refusal, not a traceback."""
+    cert, key = _self_signed(tmp_path)
+    port = free_port()
+    started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port), "--tls-cert", str(cert),
+                     "--tls-key", str(key))
+    assert started.exit_code == 0, started.stderr
+    assert f"at https://127.0.0.1:{port}" in started.stdout, started.stdout
+    url = f"https://127.0.0.1:{port}"
+    token = add_user(corral, "alice")  # the admin, over HTTPS with the pinned certificate
+    member = {**corral_env, "CORRAL_HOME": str(tmp_path / "alice-home")}
+    untrusted = corral("api", "login", url, "--token", token, env=member)
+    assert untrusted.exit_code != 0 and "Traceback" not in untrusted.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr, untrusted.stderr
+    trusted = {**member, "SSL_CERT_FILE": str(cert)}
+    login = corral("api", "login", url, "--token", token, env=trusted)
+    assert login.exit_code == 0 and "as alice (user" in login.stdout, login.stderr
+    assert corral("queue", "--json", env=trusted).json() == []
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=10).read()
+    corral("server", "stop")

@@ -7,7 +7,7 @@ import uuid
 
 from testbed.processes import read_pid
 from tests.conftest import wait_for
-from tests.helpers import ssh_login
+from tests.helpers import as_member as as_user, ssh_login
 
 
 def daemon_pids(testbed):
@@ -86,13 +86,6 @@ def test_daemons_do_not_hold_a_working_directory(testbed):
 
     pids = [read_pid(testbed.paths.cluster(s.name).slurmd_pidfile(n.name)) for s in testbed.clusters for n in s.nodes]
     assert pids and all(os.readlink(f"/proc/{pid}/cwd") == "/" for pid in pids)
-
-
-def as_user(testbed, user: str, cluster: str, command: str) -> subprocess.CompletedProcess:
-    """`ssh` to a login node as a team member, with their own key (not the test user's)."""
-    return subprocess.run(["ssh", "-F", str(testbed.cluster_config), "-l", user, "-i",
-                           str(testbed.paths.user_key(user)), "-o", "BatchMode=yes", cluster, command],
-                          capture_output=True, text=True, timeout=60)
 
 
 def test_team_members_are_their_own_accounts_on_every_cluster(testbed):

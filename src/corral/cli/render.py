@@ -187,9 +187,17 @@ def render_queue(page: QueuePage, expand: bool = False) -> None:
         console.print("No jobs." if not page.more else "No jobs on this page.")
         return
     table = Table(box=None, header_style="bold")
-    for column in _QUEUE_COLUMNS:
+    owners = [j.raw.get("owner") or "-" for j in page.jobs]
+    mixed = len(set(owners)) > 1  # an admin's view of several users' jobs: say whose each is
+    for column in _QUEUE_COLUMNS[:1] + (("OWNER",) if mixed else ()) + _QUEUE_COLUMNS[1:]:
         table.add_column(column)
-    for row in queue_rows(page, expand):
+    rows = queue_rows(page, expand)
+    if mixed:
+        by_id = {j.job_id: owner for j, owner in zip(page.jobs, owners)}
+        by_sweep = {j.sweep_id: owner for j, owner in zip(page.jobs, owners) if j.sweep_id}
+        rows = [(row[0], by_id.get(row[0]) or by_sweep.get(row[0].removesuffix(" (sweep)"), "-"), *row[1:])
+                for row in rows]
+    for row in rows:
         table.add_row(*row)
     console.print(table)
 

@@ -154,3 +154,21 @@ def api_info(as_json: bool) -> None:
         accounts = ", ".join(f"{c}={n}" for c, n in sorted(me["unix_users"].items()))
         click.echo(f"you are {me['name']} ({me['role']}" + (", the server's own account" if me["local"] else "")
                    + ")" + (f"; Unix accounts: {accounts}" if accounts else ""))
+        if me.get("ssh_public_key"):
+            click.echo("the server reaches your accounts with its key for you: `corral api ssh-key` prints it, to add "
+                       "to ~/.ssh/authorized_keys on each cluster")
+
+
+@api.command(name="ssh-key")
+@reports_errors
+def api_ssh_key() -> None:
+    """The public key a team server uses to reach your own account on each cluster: add this line to
+    ~/.ssh/authorized_keys there, e.g. `corral api ssh-key | ssh CLUSTER 'cat >> ~/.ssh/authorized_keys'`."""
+    from corral.errors import CorralError
+    from corral.sdk import Client
+
+    key = Client().me().get("ssh_public_key")
+    if not key:
+        raise CorralError("this server acts as its own account on the clusters (you are its own user): "
+                          "there is no key to authorize")
+    click.echo(key)

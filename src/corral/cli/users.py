@@ -10,7 +10,7 @@ from corral.cli.common import print_json, reports_errors
 
 @click.group()
 def users() -> None:
-    """A team server's users: add one (its token is printed once), list them, remove one."""
+    """A team server's users: add one (its token is printed once), set their Unix accounts, list, remove."""
 
 
 @users.command(name="add")
@@ -27,21 +27,43 @@ def users() -> None:
 def users_add(name: str, role: str, unix_users: tuple[str, ...], service: bool, expires_days: float | None,
               as_json: bool) -> None:
     """Add a user and print their token, this once (the server keeps only its hash)."""
-    from corral.errors import TaskError
     from corral.sdk import Client
 
-    mapping: dict[str, str] = {}
-    for item in unix_users:
-        cluster, sep, unix = item.partition("=")
-        if not sep or not cluster or not unix:
-            raise TaskError(f"--unix-user {item!r}: expected CLUSTER=NAME, such as alpine=alice")
-        mapping[cluster] = unix
-    added = Client().add_user(name, role=role, unix_users=mapping, service=service, expires_in_days=expires_days)
+    added = Client().add_user(name, role=role, unix_users=_mapping(unix_users), service=service,
+                              expires_in_days=expires_days)
     if as_json:
         print_json({"name": added["name"], "token": added["token"]})
         return
     click.echo(f"added {added['name']} ({added['role']}). Their token, shown this once:\n\n  {added['token']}\n")
     click.echo(f"They run: corral api login URL --token {added['token'][:12]}…")
+    if added.get("ssh_public_key"):
+        click.echo("and, on each cluster where their jobs run as their own account (submit_as: ssh), add the "
+                   f"server's key for them to ~/.ssh/authorized_keys:\n\n  {added['ssh_public_key']}")
+
+
+def _mapping(items: tuple[str, ...]) -> dict[str, str]:
+    from corral.errors import TaskError
+
+    mapping: dict[str, str] = {}
+    for item in items:
+        cluster, sep, unix = item.partition("=")
+        if not sep or not cluster or not unix:
+            raise TaskError(f"--unix-user {item!r}: expected CLUSTER=NAME, such as alpine=alice")
+        mapping[cluster] = unix
+    return mapping
+
+
+@users.command(name="set")
+@click.argument("name")
+@click.option("--unix-user", "unix_users", multiple=True, metavar="CLUSTER=NAME", required=True,
+              help="The user's own account on a cluster (repeat per cluster); replaces the mapping.")
+@reports_errors
+def users_set(name: str, unix_users: tuple[str, ...]) -> None:
+    """Set a user's Unix accounts (their token stays the same). Clusters left out are refused to them."""
+    from corral.sdk import Client
+
+    changed = Client().set_unix_users(name, _mapping(unix_users))
+    click.echo(f"{changed['name']}: " + ", ".join(f"{c}={n}" for c, n in sorted(changed["unix_users"].items())))
 
 
 @users.command(name="list")

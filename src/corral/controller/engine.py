@@ -52,7 +52,7 @@ from corral.state.models import AttemptRow, JobRow, ManagedJobRow
 from corral.state.sealed import unseal
 from corral.state.store import TERMINAL_STATES
 from corral.task import Task, resolved_envs
-from corral.tracker import SharedRefresh, Tracker
+from corral.tracker import SharedRefresh, Tracker, sent_by_account
 
 LEASE = "controller"
 # How long a held replacement waits after its predecessor ended, for the task-side cancel fence: the
@@ -107,7 +107,9 @@ class Controller:
         self.holder = holder
         self.settings = settings or ControllerSettings()
         self.launcher = Launcher(client, store, LaunchEvents())
-        self._predictions: dict[str, tuple[float, Plan]] = {}  # task JSON -> (when, plan with predicted starts)
+        # (owner, task JSON) -> (when, plan with predicted starts): each owner's plan is their own (the
+        # clusters they have an account on, the start Slurm predicts for their account).
+        self._predictions: dict[tuple[str, str], tuple[float, Plan]] = {}
         self._changes: list[tuple[str, str | None, str | None, dict[str, object]]] = []  # written once per tick
         self._health_resets: set[str] = set()  # clusters with a running job this tick
         self.refreshes = SharedRefresh()  # shared with the server's API: one Slurm query per cluster at a time
@@ -276,7 +278,7 @@ class Controller:
         avoid = unreachable | self._unhealthy(now)
         for number, jobs in _batches(to_place, attempts):
             task = _task(jobs[0])
-            plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes)
+            plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes, owner=jobs[0].owner)
             feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
             if not feasible:
                 self.store.set_managed_many([(job.id, "PENDING", "no cluster can run it now: " + _reasons(plan), {})
@@ -304,7 +306,7 @@ class Controller:
         if previous is None or previous.cluster == target or (task.checkpoint and not task.checkpoint.sync):
             return
         remote = _checkpoint_dir(job, task)
-        source = self.client.infra(previous.cluster)
+        source = self.client.infra(previous.cluster, job.owner)
         if not isinstance(source, CopiesCheckpoints):
             self.store.set_managed(job.id, reason=f"checkpoint not copied: {source.name} cannot copy it out")
             return
@@ -312,7 +314,7 @@ class Controller:
             try:
                 found = await source.fetch_dir(remote, Path(tmp))
                 if found:
-                    await self.client.infra(target).upload(Path(tmp), remote + "/")
+                    await self.client.infra(target, job.owner).upload(Path(tmp), remote + "/")
                     self.store.set_managed(job.id, reason=f"checkpoint copied from {previous.cluster} to {target}")
             except CorralError as exc:
                 self.store.set_managed(job.id, reason=f"checkpoint not copied from {previous.cluster}: {exc}")
@@ -326,15 +328,16 @@ class Controller:
         moved = 0
         avoid = unreachable | self._unhealthy(now)
         taken: dict[tuple[str, str], int] = {}  # copies moved to each place this tick: its capacity is shared
-        plans: dict[str, Plan] = {}  # one plan per task (a sweep's jobs share it)
+        plans: dict[tuple[str, str], Plan] = {}  # one plan per owner's task (a sweep's jobs share it)
         waiting: list[tuple[ManagedJobRow, JobRow, AttemptRow, Task]] = []
         for m, job, current in pending:
             if now - m.last_move_at < self.settings.reroute_cooldown:
                 continue
             task = _task(job)
-            if job.task_json not in plans:
-                plans[job.task_json] = await self.launcher.plan(task, predict="never", outcomes=outcomes)
-            plan = plans[job.task_json]
+            key = _task_key(job)
+            if key not in plans:
+                plans[key] = await self.launcher.plan(task, predict="never", outcomes=outcomes, owner=job.owner)
+            plan = plans[key]
             here = _candidate_at(plan, current)
             if here is not None and here.startable_now:
                 continue  # Slurm will start it where it is
@@ -353,7 +356,7 @@ class Controller:
         return moved
 
     async def _reroute_by_prediction(self, waiting: list[tuple[ManagedJobRow, JobRow, AttemptRow, Task]],
-                                     plans: dict[str, Plan], attempts: dict[str, list[AttemptRow]],
+                                     plans: dict[tuple[str, str], Plan], attempts: dict[str, list[AttemptRow]],
                                      avoid: set[str], now: float) -> int:
         """Nowhere can start them now: compare predicted starts. Predictions (`sbatch --test-only` on
         every candidate, one round trip per cluster for all tasks) are made per task at most every
@@ -361,19 +364,21 @@ class Controller:
         when the best alternative beats its current start by `reroute_margin` seconds and by
         `reroute_margin_fraction` of its current wait, and only one job per task per prediction: the
         next prediction sees the job already moved."""
-        tasks: dict[str, Task] = {}
+        tasks: dict[tuple[str, str], Task] = {}
         for _m, job, _current, task in waiting:
-            tasks.setdefault(job.task_json, task)
+            tasks.setdefault(_task_key(job), task)
         due = [key for key in tasks if key not in self._predictions
                or now - self._predictions[key][0] >= self.settings.predict_interval][:self.settings.max_predicted_tasks]
         if due:
-            fresh = [(tasks[key], plans[key]) for key in due]
-            await self.launcher.predict(fresh)
-            for key, (_task, plan) in zip(due, fresh):
-                self._predictions[key] = (now, plan)
+            for owner in sorted({owner for owner, _ in due}):  # each as its owner: their account's view
+                keys = [key for key in due if key[0] == owner]
+                fresh = [(tasks[key], plans[key]) for key in keys]
+                await self.launcher.predict(fresh, owner=owner)
+                for key, (_task, plan) in zip(keys, fresh):
+                    self._predictions[key] = (now, plan)
         moved = 0
         for m, job, current, task in waiting:
-            cached = self._predictions.get(job.task_json)
+            cached = self._predictions.get(_task_key(job))
             if cached is None:
                 continue
             plan = cached[1]
@@ -395,7 +400,7 @@ class Controller:
             if await self._move(m, job, current, task, best, attempts, why):
                 moved += 1
                 # One move per task per prediction: the next one sees the moved job in its new queue.
-                self._predictions.pop(job.task_json, None)
+                self._predictions.pop(_task_key(job), None)
         return moved
 
     async def _move(self, m: ManagedJobRow, job: JobRow, current: AttemptRow, task: Task, target: Candidate,
@@ -404,7 +409,7 @@ class Controller:
         number = max(a.number for a in attempts.get(job.id, [current])) + 1
         # Held where the infra can hold it: it keeps its place in the queue, and starts only once the
         # old attempt is known not to run (a kill lost while Slurm launched it must not make two runs).
-        held = isinstance(self.client.infra(target.cluster), ReleasesHeld)
+        held = isinstance(self.client.infra(target.cluster, job.owner), ReleasesHeld)
         options = dataclasses.replace(_attempt_options(task, number), held=held)
         try:
             await self.launcher.submit_jobs(task, _environment(job, task), [target], [job], options)
@@ -420,31 +425,35 @@ class Controller:
         return 1
 
     async def _release(self, attempts: list[AttemptRow]) -> None:
-        """Let held attempts start (one round trip per cluster); a cluster that does not answer is
+        """Let held attempts start (one round trip per cluster and owner); a cluster that does not answer is
         asked again next tick."""
-        for cluster, group in _sent_by_cluster(attempts).items():
-            infra = self.client.infra(cluster)
-            if not isinstance(infra, ReleasesHeld):
-                continue
+        for (cluster, owner), group in sent_by_account(self.store, attempts).items():
             try:
-                await infra.release_held([a.handle or "" for a in group])
+                infra = self.client.infra(cluster, owner)
+                if not isinstance(infra, ReleasesHeld):
+                    continue
+                await infra.release_held([handle for _, handle in group])
             except CorralError:
                 continue
-            self.store.update_attempts({a.token: {"held": False} for a in group})
+            self.store.update_attempts({a.token: {"held": False} for a, _ in group})
 
     async def _setup_failed(self, attempt: AttemptRow) -> bool:
         """Did the attempt fail in `setup`? (one round trip, only on failure, where the infra can tell)"""
-        infra = self.client.infra(attempt.cluster)
+        owner = self.store.owners([attempt.job_id]).get(attempt.job_id, "")
+        try:
+            infra = self.client.infra(attempt.cluster, owner)
+        except CorralError:
+            return False
         return isinstance(infra, ReportsSetupFailure) and await infra.setup_failed(attempt.run_dir)
 
     async def _cancel(self, attempts: list[AttemptRow], settle: bool = True) -> int:
-        """scancel the attempts (one round trip per cluster); with `settle`, record them CANCELLED at once.
+        """scancel the attempts (one round trip per cluster and owner); with `settle`, record them CANCELLED at once.
         Returns how many were sent; those on a cluster that did not answer stay as they are."""
         failed: set[str] = set()
-        for cluster, group in _sent_by_cluster(attempts).items():
+        for (cluster, owner), group in sent_by_account(self.store, attempts).items():
             try:
-                await self.client.infra(cluster).cancel([a.handle or "" for a in group],
-                                                        [a.run_dir for a in group])
+                await self.client.infra(cluster, owner).cancel([handle for _, handle in group],
+                                                               [a.run_dir for a, _ in group])
             except CorralError:
                 failed.add(cluster)  # unreachable: stays CANCELLING, retried next tick
         done = [a for a in attempts if a.cluster not in failed]
@@ -524,23 +533,20 @@ def _batches(to_place: list[tuple[JobRow, str]],
              attempts: dict[str, list[AttemptRow]]) -> list[tuple[int, list[JobRow]]]:
     """Jobs of one task with the same next attempt number and contiguous ranks: one array each."""
     out: list[tuple[int, list[JobRow]]] = []
-    for job, _why in sorted(to_place, key=lambda p: (p[0].task_json, p[0].job_rank)):
+    for job, _why in sorted(to_place, key=lambda p: (_task_key(p[0]), p[0].sweep_id or p[0].id, p[0].job_rank)):
         number = max((a.number for a in attempts.get(job.id, [])), default=0) + 1
-        if out and out[-1][0] == number and out[-1][1][-1].task_json == job.task_json \
-                and out[-1][1][-1].job_rank + 1 == job.job_rank:
+        last = out[-1][1][-1] if out else None
+        if out and last and out[-1][0] == number and _task_key(last) == _task_key(job) \
+                and last.sweep_id == job.sweep_id and last.job_rank + 1 == job.job_rank:
             out[-1][1].append(job)
         else:
             out.append((number, [job]))
     return out
 
 
-def _sent_by_cluster(attempts: list[AttemptRow]) -> dict[str, list[AttemptRow]]:
-    """The attempts that reached their infra (they have a handle), grouped by cluster."""
-    groups: dict[str, list[AttemptRow]] = {}
-    for attempt in attempts:
-        if attempt.handle:
-            groups.setdefault(attempt.cluster, []).append(attempt)
-    return groups
+def _task_key(job: JobRow) -> tuple[str, str]:
+    """Jobs plan, predict and batch together only with the same owner's same task."""
+    return job.owner, job.task_json
 
 
 def _infra_failure(attempt: AttemptRow) -> bool:

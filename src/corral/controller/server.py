@@ -138,6 +138,10 @@ def start(options: ServerOptions | None = None) -> int:
     from corral.locks import held
 
     options = options or ServerOptions()
+    if options.team:
+        from corral.accounts import team_settings
+
+        team_settings()  # a broken `submit_as` fails here, in the command, not in the background
     with held(corral_home() / "controller.start.lock"):
         pid = running_pid()
         if pid:
@@ -233,6 +237,13 @@ async def _run(options: ServerOptions) -> None:
     from corral.state import open_store
 
     store = open_store()
+    if options.team:  # each user's jobs reach the clusters as their own account (accounts.py)
+        from corral import accounts
+
+        submit = accounts.team_settings()
+        accounts.install(accounts.TeamAccounts(store, submit))
+        print("submit as: " + ", ".join(f"{c}={submit.mode(c).value}" for c in Client().registry.names()),
+              flush=True)
     holder = f"{socket.gethostname()}:{os.getpid()}"
     controller = Controller(Client(), store, holder, ControllerSettings.from_env())
     base = float(os.environ.get("CORRAL_CONTROLLER_INTERVAL", "5"))

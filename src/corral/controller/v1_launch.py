@@ -216,7 +216,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         attempt = next((a for a in view.attempts if a.number == number and a.handle), None)
         if attempt is None:
             raise CorralError(f"{view.job.id} has no attempt {number} on a cluster; see `corral jobs events`")
-        infra = Client().infra(attempt.cluster)
+        infra = Client().infra(attempt.cluster, view.job.owner)
         return stream_output(lambda sink: infra.logs(attempt.handle or "", attempt.log_path, follow, sink))
 
     @router.get("/managed/{job}/why")
@@ -229,7 +229,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         if latest is None or latest.state not in ("PENDING", "SUBMITTING"):
             return {"job_id": view.job.id, "pending": False,
                     "lines": [f"{view.job.id} is {view.managed.state}: {view.managed.reason or ''}"]}
-        plan = await Launcher(Client(), store).plan(_task(view.job), predict="all")
+        plan = await Launcher(Client(), store, owner=view.job.owner).plan(_task(view.job), predict="all")
         return {"job_id": view.job.id, "pending": True,
                 "lines": explain_pending(view, plan, ControllerSettings.from_env())}
 

@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
+from corral.accounts import ensure_ssh_key
 from corral.config import load_registry
 from corral.controller.auth import (
     Me,
@@ -20,6 +21,7 @@ from corral.controller.auth import (
     require_admin,
     user_principal,
 )
+from corral.errors import NotFoundError
 from corral.state import Store
 
 UserName = Annotated[str, Path(min_length=1, max_length=128)]
@@ -34,11 +36,29 @@ class NewUser(BaseModel):
     expires_in_days: float | None = Field(None, gt=0, le=3650, description="The token stops working after this")
 
 
+class UserChange(BaseModel):
+    unix_users: dict[Annotated[str, Field(min_length=1, max_length=256)],
+                     Annotated[str, Field(min_length=1, max_length=32)]] = Field(
+        max_length=1000, description="The user's Unix account on each cluster (replaces the mapping)")
+
+
+def _checked_unix_users(mapping: dict[str, str]) -> dict[str, str]:
+    unix_users = check_unix_users(mapping)
+    known = load_registry().names()
+    unknown = sorted(set(unix_users) - set(known))
+    if unknown:
+        raise UserError(f"--unix-user names no cluster of this server: {', '.join(map(repr, unknown))} "
+                        f"(its clusters: {', '.join(known) or 'none'})")
+    return unix_users
+
+
 def add_routes(router: APIRouter, store: Store) -> None:
     @router.get("/me")
     async def me(me: Me) -> dict[str, object]:
-        """Who the request's token stands for: name, role, Unix accounts per cluster."""
-        return me.to_json()
+        """Who the request's token stands for: name, role, Unix accounts per cluster, and the public key
+        the server reaches those accounts with (to add to `~/.ssh/authorized_keys` there)."""
+        row = None if me.local else ensure_ssh_key(store, me.owner)
+        return {**me.to_json(), "ssh_public_key": row.ssh_public_key if row else None}
 
     @router.get("/users")
     async def users(me: Me) -> dict[str, object]:
@@ -50,19 +70,26 @@ def add_routes(router: APIRouter, store: Store) -> None:
     async def new_user(me: Me, request: NewUser) -> dict[str, object]:
         """Add a user or a service account (admins only). The answer holds its token, shown this once."""
         require_admin(me, "adding users")
-        unix_users = check_unix_users(request.unix_users)
-        known = load_registry().names()
-        unknown = sorted(set(unix_users) - set(known))
-        if unknown:
-            raise UserError(f"--unix-user names no cluster of this server: {', '.join(map(repr, unknown))} "
-                            f"(its clusters: {', '.join(known) or 'none'})")
+        unix_users = _checked_unix_users(request.unix_users)
         if request.service and request.expires_in_days is None:
             raise UserError("a service account's token must expire: give expires_in_days (`--expires DAYS`)")
         expires_at = time.time() + request.expires_in_days * 86400 if request.expires_in_days else None
         token = add_user(store, request.name, request.role, unix_users, service=request.service,
                          expires_at=expires_at)
         print(f"user {request.name} ({request.role.value}) added by {me.display}", flush=True)
-        return {"name": request.name, "token": token, "role": request.role.value, "expires_at": expires_at}
+        row = store.user(request.name)
+        return {"name": request.name, "token": token, "role": request.role.value, "expires_at": expires_at,
+                "unix_users": unix_users, "ssh_public_key": row.ssh_public_key if row else None}
+
+    @router.patch("/users/{name}")
+    async def change_user(me: Me, name: UserName, request: UserChange) -> dict[str, object]:
+        """Set a user's Unix account per cluster (admins only); the user's token stays the same."""
+        require_admin(me, "changing users")
+        unix_users = _checked_unix_users(request.unix_users)
+        if not store.set_unix_users(name, unix_users):
+            raise NotFoundError(f"no user {name!r}")
+        print(f"user {name}: unix accounts set to {unix_users} by {me.display}", flush=True)
+        return {"name": name, "unix_users": unix_users}
 
     @router.delete("/users/{name}")
     async def remove_user(me: Me, name: UserName) -> dict[str, object]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -232,9 +232,9 @@ class Infra(ABC):
         """Submit, idempotently: a request whose token the infra already holds is not submitted twice."""
 
     @abstractmethod
-    async def status(self, handles: list[str]) -> list[JobStatus]:
-        """The statuses of these handles and of every job of this user the infra shows (its jobs are
-        matched by token), in one round trip."""
+    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
+        """The statuses of these handles and of every job the infra shows for this connection's user
+        and the other `accounts` (a team server's members there), matched by token, in one round trip."""
 
     @abstractmethod
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:

@@ -221,6 +221,10 @@ class Client:
         return self._json("POST", "/users", body={"name": name, "role": role, "unix_users": unix_users or {},
                                                   "service": service, "expires_in_days": expires_in_days})
 
+    def set_unix_users(self, name: str, unix_users: dict[str, str]) -> dict[str, Any]:
+        """Set a user's Unix account on each cluster (admins only; replaces their mapping)."""
+        return self._json("PATCH", f"/users/{_quoted(name)}", body={"unix_users": unix_users})
+
     def remove_user(self, name: str) -> bool:
         """Remove a user (admins only): their token stops working at once. False if there was none."""
         return bool(self._json("DELETE", f"/users/{_quoted(name)}")["removed"])

@@ -131,3 +131,7 @@ class UserRow(Base):
     service: Mapped[bool] = mapped_column(Boolean, default=False)  # a service account (CI, bots)
     created_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: never
+    # The key the server reaches the user's cluster accounts with (accounts.py): the public half in
+    # clear (the user authorizes it), the private half sealed (state/sealed.py).
+    ssh_public_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    ssh_key_sealed: Mapped[str | None] = mapped_column(Text, nullable=True)

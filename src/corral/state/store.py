@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -323,6 +324,13 @@ class Store:
             return {j.id: j for chunk in _chunks(wanted, 5000)
                     for j in s.scalars(select(JobRow).where(JobRow.id.in_(chunk)))}
 
+    def owners(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """Each job's owner (whose account acts on its attempts), by job id."""
+        wanted = sorted(set(job_ids))
+        with self.session() as s:
+            return {job_id: owner for chunk in _chunks(wanted, 5000)
+                    for job_id, owner in s.execute(select(JobRow.id, JobRow.owner).where(JobRow.id.in_(chunk)))}
+
     def attempts_by_token(self, tokens: list[str]) -> list[AttemptRow]:
         with self.session() as s:
             return [a for chunk in _chunks(tokens, 5000)
@@ -461,6 +469,22 @@ class Store:
         except IntegrityError:
             return False
         return True
+
+    def set_user_key(self, name: str, public: str, sealed: str) -> None:
+        """Give a user the key the server reaches their cluster accounts with (once: a key already
+        there is kept, so two replicas making one at the same time agree on the first)."""
+        with self.session() as s, s.begin():
+            s.execute(update(UserRow).where(UserRow.name == name, UserRow.ssh_public_key.is_(None))
+                      .values(ssh_public_key=public, ssh_key_sealed=sealed))
+
+    def set_unix_users(self, name: str, unix_users: dict[str, str]) -> bool:
+        """Replace a user's {cluster: Unix account} mapping; False if there is no such user."""
+        with self.session() as s, s.begin():
+            row = s.get(UserRow, name)
+            if row is None:
+                return False
+            row.unix_users = json.dumps(unix_users)
+            return True
 
     def remove_user(self, name: str) -> bool:
         with self.session() as s, s.begin():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -103,8 +104,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         except ProbeParseError as exc:
             raise ProbeParseError(self.cluster, exc.detail) from None
 
-    async def status(self, handles: list[str]) -> list[JobStatus]:
-        result = await self.transport.run(self.cluster, status_script(handles), timeout=JOB_TIMEOUT)
+    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
+        result = await self.transport.run(self.cluster, status_script(handles, accounts=accounts),
+                                          timeout=JOB_TIMEOUT)
         return parse_status(self.cluster, result.stdout)
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:

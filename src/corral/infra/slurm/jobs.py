@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -15,6 +16,7 @@ from corral.infra.slurm.probe import MARK, split_sections
 
 _START_AT = re.compile(r"to start at (\S+)")
 _JOB_ID = re.compile(r"^\d+(_\d+)?\Z", re.ASCII)
+_UNIX_NAME = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\Z", re.ASCII)
 CLOCK = (f"printf '{MARK} clock 0\\n'; date +%s; date +%Y-%m-%dT%H:%M:%S\n")
 
 # Slurm job states → the generic ones.
@@ -102,15 +104,21 @@ def parse_submit(stdout: str) -> SubmitResult:
     raise ProbeParseError("?", f"unexpected answer from sbatch: {stdout.strip()[-300:]!r}")
 
 
-def status_script(tracked_ids: list[str], with_sacct: bool = True) -> str:
-    """All of the user's jobs from one squeue; sacct (if the site has it) for tracked ids squeue forgot."""
+def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Sequence[str] = ()) -> str:
+    """All of the user's jobs (and the other `accounts`' jobs: a team's members) from one squeue; sacct
+    (if the site has it) for tracked ids squeue forgot."""
     for job_id in tracked_ids:
         if not _JOB_ID.match(job_id):
             raise ValueError(f"not a Slurm job id: {job_id!r}")
+    for account in accounts:
+        if not _UNIX_NAME.match(account):
+            raise ValueError(f"not a Unix account name: {account!r}")
     ids = " ".join(tracked_ids)
+    # The connection's own account, by name: `--me` and `-u` do not combine.
+    users = f"-u \"$(id -un)\"{''.join(',' + a for a in accounts)}" if accounts else "--me"
     lines = [
         CLOCK,
-        f"sq=$(squeue --me -h -r -t all -O '{format_spec(SQUEUE_FIELDS)}' 2>&1); rc=$?",
+        f"sq=$(squeue {users} -h -r -t all -O '{format_spec(SQUEUE_FIELDS)}' 2>&1); rc=$?",
         f"printf '\\n{MARK} squeue %s\\n%s\\n' \"$rc\" \"$sq\"",
     ]
     if with_sacct and tracked_ids:
@@ -121,7 +129,8 @@ def status_script(tracked_ids: list[str], with_sacct: bool = True) -> str:
             "'{seen[$1]=1} END {n=split(ids, a, \" \"); for (i=1; i<=n; i++) if (!(a[i] in seen)) printf \"%s,\", a[i]}')",
             '  if [ -n "$missing" ]; then',
             f"    printf '\\n{MARK} sacct 0\\n'",
-            f"    sacct -X -n -P -j \"${{missing%,}}\" -o {SACCT_FIELDS} 2>&1 | grep -v 'accounting storage is disabled'",
+            f"    sacct {users if accounts else ''} -X -n -P -j \"${{missing%,}}\" -o {SACCT_FIELDS} 2>&1"
+            " | grep -v 'accounting storage is disabled'",
             "  fi",
             "fi",
         ]
