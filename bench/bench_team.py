@@ -171,7 +171,8 @@ def _cancel_members(clusters: list[str]) -> None:
 
     bed = Testbed()
     for cluster in clusters:
-        subprocess.run(["scancel", "-u", ",".join(MEMBERS)], env=bed.slurm_env(cluster), capture_output=True)
+        for member in MEMBERS:  # scancel takes one user
+            subprocess.run(["scancel", "-u", member], env=bed.slurm_env(cluster), capture_output=True)
 
 
 def _free_port() -> int:
