@@ -161,7 +161,8 @@ def test_a_member_without_an_account_is_refused_and_placed_elsewhere(corral, cor
     assert typo.exit_code == 78 and "'borelais' is not a cluster of this server" in typo.stderr, typo.stderr
 
 
-def test_one_status_query_per_cluster_for_every_members_jobs(testbed, corral_env, clean_queues, members, tmp_path):
+def test_one_status_query_per_cluster_for_every_members_jobs(testbed, corral_env, clean_queues, members,
+                                                             fresh_postgres):
     """In process: two members' jobs on one cluster (one through sudo, one with the server's key) are
     refreshed with one round trip to it, through the service account."""
     from corral import accounts
@@ -172,7 +173,7 @@ def test_one_status_query_per_cluster_for_every_members_jobs(testbed, corral_env
     from corral.task import parse_task
     from corral.tracker import Tracker
 
-    store = open_store()
+    store = open_store(fresh_postgres)
     for name, user in (("alice", ALICE), ("bob", BOB)):
         register(store, name, Role.USER, {"borealis": user, "alpine": user})
     settings = accounts.SubmitSettings(accounts.SubmitMode.SSH, {"borealis": accounts.SubmitMode.SUDO})
