@@ -186,20 +186,19 @@ def test_one_status_query_per_cluster_for_every_members_jobs(testbed, corral_env
     (home / "authorized_keys").chmod(0o600)
     subprocess.run(["chown", "-R", f"{ALICE}:{ALICE}", str(home)], check=True)
 
-    async def scenario() -> tuple[dict[str, int], dict[str, str]]:
+    async def scenario() -> tuple[dict[str, int], list[tuple[str, str]]]:
         client = EngineClient(accounts=team)
         for owner, infra in (("alice", "slurm/borealis"), ("bob", "slurm/borealis"), ("alice", "slurm/alpine")):
             task = parse_task({"resources": {"cpus": 1, "infra": infra}, "run": "sleep 300"}, "test")
             await Launcher(client, store, owner=owner).launch(task, "test")
         report = await Tracker(EngineClient(accounts=team), store).refresh()
-        users = {a.handle or "": a.cluster for a in store.active_attempts()}
-        return report.round_trips, users
+        return report.round_trips, [(a.handle or "", a.cluster) for a in store.active_attempts()]
 
     trips, handles = asyncio.run(scenario())
     assert trips == {"borealis": 1, "alpine": 1}, trips
     assert len(handles) == 3
     owners = {ssh_login(testbed.cluster_config, cluster, f"squeue -h -j {handle} -o %u").strip()
-              for handle, cluster in handles.items()}
+              for handle, cluster in handles}
     assert owners == {ALICE, BOB}
 
 
