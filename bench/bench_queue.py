@@ -33,7 +33,8 @@ def seed(home: Path, jobs: int) -> None:
                   "job_rank": i, "num_jobs": 1000, "sweep_id": "c-f00000000000"} for i in range(1000)]
     attempts = [{"token": f"t{r['id']}", "job_id": r["id"], "number": 1, "cluster": "alpine", "partition": "gpu",
                  "state": "SUCCEEDED", "created_at": r["created_at"], "run_dir": "r", "log_path": "l",
-                 "slurm_job_id": str(n), "ended_at": r["created_at"] + 10} for n, r in enumerate(job_rows)]
+                 "handle": str(n), "submitted_at": r["created_at"], "started_at": r["created_at"] + 2,
+                 "ended_at": r["created_at"] + 10} for n, r in enumerate(job_rows)]
     with store.engine.begin() as conn:
         conn.execute(insert(JobRow), job_rows)
         conn.execute(insert(AttemptRow), attempts)

@@ -38,7 +38,8 @@ from testbed.spec import ALL_USERS, TEAM_GROUP, TEAM_USERS, TEST_USER, ClusterSp
 
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "openssh-server", "openssh-client",
                 "rsync", "sudo", "mariadb-server", "mariadb-client",
-                "postgresql")  # not Slurm's: the team-mode state store, tested against a real server
+                "postgresql",  # not Slurm's: the team-mode state store, tested against a real server
+                "chromium")  # nor this: the dashboard's tests drive it (Playwright, its system executable)
 # Daemons must be started through links with exactly these names: libslurm decides what it is from
 # argv[0]'s basename, and a slurmd started as `slurmd-wlm` silently loses its node GRES.
 DAEMON_BINARIES = {"slurmctld": "/usr/sbin/slurmctld-wlm", "slurmd": "/usr/sbin/slurmd-wlm"}
@@ -51,7 +52,7 @@ def install_packages() -> None:
     """apt-get install what the testbed needs, without letting postinst start system daemons."""
     missing = [b for b in ("/usr/sbin/slurmctld-wlm", "/usr/sbin/slurmd-wlm", "/usr/bin/sinfo", "/usr/sbin/slurmdbd",
                            "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync", "/usr/bin/sudo", "/usr/sbin/mariadbd",
-                           "/usr/share/postgresql-common")
+                           "/usr/share/postgresql-common", "/usr/bin/chromium")
                if not Path(b).exists()]
     if not missing:
         return

@@ -34,7 +34,7 @@ COMMANDS = [
     ["launch", "--dryrun", "TASK"], ["jobs", "launch", "--infra", "slurm/alpine/cpu", "TASK"],
     ["jobs", "logs", "nope"], ["jobs", "events", "nope"], ["jobs", "why", "nope"], ["jobs", "cancel", "nope"],
     ["status"], ["down", "nope"], ["exec", "nope", "--", "true"], ["ssh", "nope"], ["users", "list"],
-    ["users", "remove", "nope"], ["users", "set", "nope", "--unix-user", "alpine=nope"],
+    ["users", "remove", "nope"], ["users", "set", "nope", "--unix-user", "alpine=nope"], ["dashboard", "--print-url"],
 ]
 REFUSED = {"logs": "no job 'nope'", "cancel": "no job 'nope'", "jobs logs": "no managed job 'nope'",
            "jobs events": "no managed job 'nope'", "jobs why": "no managed job 'nope'",

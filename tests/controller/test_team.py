@@ -145,6 +145,7 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
         ("DELETE", "/v1/dev/box", None),
         ("GET", "/v1/users", None), ("POST", "/v1/users", {"name": "mallory", "role": "admin"}),
         ("DELETE", "/v1/users/bob", None), ("PATCH", "/v1/users/bob", {"unix_users": {"alpine": "mallory"}}),
+        ("POST", "/v1/dashboard/link", None),
         ("POST", "/v1/launch", {"tasks": [{"run": "true"}], "dryrun": True}),
         ("POST", "/v1/managed", {"task": {"run": "true"}, "num_jobs": 0}),  # refused before anything is made
         ("POST", "/v1/dev/box", {"task": {"run": "true"}, "wait": False,

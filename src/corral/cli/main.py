@@ -157,7 +157,7 @@ def cancel(jobs: tuple[str, ...], cancel_all: bool) -> None:
 
 def _register() -> None:
     """The other command groups, each in its own module (importing them costs click only)."""
-    from corral.cli import dev, jobs, launch, server, users
+    from corral.cli import dashboard, dev, jobs, launch, server, users
 
     cli.add_command(launch.launch)
     for command in (dev.exec_, dev.ssh, dev.status, dev.down):
@@ -166,6 +166,7 @@ def _register() -> None:
     cli.add_command(server.server)
     cli.add_command(server.api)
     cli.add_command(users.users)
+    cli.add_command(dashboard.dashboard)
 
 
 _register()

@@ -56,6 +56,7 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
     from corral import __version__
     from corral.controller.auth import Authenticator, Unauthenticated
     from corral.controller.v1 import create_router, refused_status
+    from corral.controller.web import COOKIE, add_pages
 
     app = FastAPI(title="Corral", version=__version__, docs_url=None, redoc_url=None, redirect_slashes=False,
                   openapi_url=f"/{API_VERSION}/openapi.json",
@@ -66,8 +67,9 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
 
     async def authorized(request: Request, authorization: str = Header(default="")) -> None:
         try:
-            request.state.principal = authenticator.principal(authorization, request.headers,
-                                                              request.client.host if request.client else None)
+            request.state.principal = authenticator.principal(
+                authorization, request.headers, request.client.host if request.client else None,
+                session=request.cookies.get(COOKIE, ""), method=request.method)
         except Unauthenticated as exc:
             raise HTTPException(status_code=401, detail=str(exc)) from None
 
@@ -105,6 +107,8 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                           include_in_schema=bool(prefix))
     app.include_router(create_router(store, refreshes, wake=lambda: status.wake.set() if status.wake else None),
                        dependencies=[Depends(authorized)])
+
+    add_pages(app, store)
 
     @app.exception_handler(CorralError)
     async def corral_error(request: Request, exc: CorralError) -> JSONResponse:

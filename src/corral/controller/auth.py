@@ -129,8 +129,11 @@ class Authenticator:
     def __post_init__(self, trusted_proxies: tuple[str, ...]) -> None:
         self._proxies = [ipaddress.ip_network(net, strict=False) for net in trusted_proxies or LOOPBACK_PROXIES]
 
-    def principal(self, authorization: str, headers: Mapping[str, str], client_host: str | None) -> Principal:
-        """Who the request acts for; raises Unauthenticated (401) for anyone else."""
+    def principal(self, authorization: str, headers: Mapping[str, str], client_host: str | None,
+                  session: str = "", method: str = "GET") -> Principal:
+        """Who the request acts for; raises Unauthenticated (401) for anyone else. `session`: the
+        dashboard's cookie (web.py), believed when there is no token; with it, a request that changes
+        something must carry the dashboard's header too (a cross-site form cannot)."""
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() == "bearer" and given:
             if secrets.compare_digest(given.encode(), self.server_token.encode()):
@@ -141,6 +144,16 @@ class Authenticator:
             if row.expires_at is not None and row.expires_at <= time.time():
                 raise Unauthenticated(f"the token of {row.name} expired; ask an admin for a new one")
             return user_principal(row)
+        if session:
+            from corral.controller.web import CSRF_HEADER, session_owner
+
+            owner = session_owner(self.store, session)
+            if owner is not None and (method in ("GET", "HEAD") or headers.get(CSRF_HEADER.lower())):
+                if owner == "":
+                    return local_principal()
+                row = self.store.user(owner)
+                if row is not None:
+                    return user_principal(row)
         if self.sso_header and self._from_trusted_proxy(client_host):
             name = headers.get(self.sso_header.lower(), "").strip()
             row = self.store.user(name) if name and USER_NAME.match(name) else None

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from corral import managed
 from corral.client import Client, check_json
-from corral.controller import v1_dev, v1_launch, v1_users
+from corral.controller import v1_dev, v1_launch, v1_users, web
 from corral.controller.auth import Me
 from corral.controller.v1_launch import stream_output
 from corral.errors import CorralError, ForbiddenError, UnknownClusterError
@@ -61,6 +61,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     v1_launch.add_routes(router, store, wake)
     v1_dev.add_routes(router, store)
     v1_users.add_routes(router, store)
+    web.add_api_routes(router, store)
 
     async def refreshed() -> RefreshReport:
         """Slurm's view of every live job, from one query per cluster shared with the controller's tick."""

@@ -221,6 +221,10 @@ class Client:
         return self._json("POST", "/users", body={"name": name, "role": role, "unix_users": unix_users or {},
                                                   "service": service, "expires_in_days": expires_in_days})
 
+    def dashboard_url(self) -> str:
+        """A one-time login link to the server's dashboard, for this client's user (valid once, a minute)."""
+        return self.endpoint.url.rstrip("/") + str(self._json("POST", "/dashboard/link")["path"])
+
     def set_unix_users(self, name: str, unix_users: dict[str, str]) -> dict[str, Any]:
         """Set a user's Unix account on each cluster (admins only; replaces their mapping)."""
         return self._json("PATCH", f"/users/{_quoted(name)}", body={"unix_users": unix_users})

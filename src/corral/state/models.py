@@ -135,3 +135,15 @@ class UserRow(Base):
     # clear (the user authorizes it), the private half sealed (state/sealed.py).
     ssh_public_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     ssh_key_sealed: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class WebSessionRow(Base):
+    """The dashboard's logins: a one-time code from `corral dashboard` (kind "code", a minute), swapped
+    for a browser session (kind "session", a cookie). Only SHA-256 hashes of either are kept."""
+
+    __tablename__ = "web_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))  # "code" or "session"
+    owner: Mapped[str] = mapped_column(String(128))  # the user it logs in ("" for the server's own account)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, func, insert, select, update
+from sqlalchemy import create_engine, delete, event, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,6 +29,7 @@ from corral.state.models import (
     LeaseRow,
     ManagedJobRow,
     UserRow,
+    WebSessionRow,
 )
 
 MANAGED_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"})
@@ -469,6 +470,29 @@ class Store:
         except IntegrityError:
             return False
         return True
+
+    def add_web_session(self, id_hash: str, kind: str, owner: str, expires_at: float) -> None:
+        """Record a dashboard login code or session (by hash); expired ones are dropped on the way."""
+        with self.session() as s, s.begin():
+            s.execute(delete(WebSessionRow).where(WebSessionRow.expires_at < time.time()))
+            s.add(WebSessionRow(id_hash=id_hash, kind=kind, owner=owner, expires_at=expires_at))
+
+    def take_web_code(self, id_hash: str) -> str | None:
+        """Use a one-time login code: its owner, and the code is gone (a second use finds nothing)."""
+        with self.session() as s, s.begin():
+            row = s.get(WebSessionRow, id_hash)
+            if row is None or row.kind != "code":
+                return None
+            gone = s.execute(delete(WebSessionRow).where(WebSessionRow.id_hash == id_hash)).rowcount
+            return row.owner if gone == 1 and row.expires_at > time.time() else None
+
+    def web_session(self, id_hash: str) -> str | None:
+        """The owner of a live browser session, or None."""
+        with self.session() as s:
+            row = s.get(WebSessionRow, id_hash)
+        if row is None or row.kind != "session" or row.expires_at <= time.time():
+            return None
+        return row.owner
 
     def set_user_key(self, name: str, public: str, sealed: str) -> None:
         """Give a user the key the server reaches their cluster accounts with (once: a key already

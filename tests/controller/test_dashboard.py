@@ -1,0 +1,114 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a team server on
+the real testbed: its one-time login, the GPU pool as `corral gpus --json` has it, a job launched
+from the CLI appearing live and cancelled from the page, and a second user seeing none of it."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.controller.test_team import add_user, free_port
+from tests.helpers import ssh_login
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        # As root (CI, the testbed), Chromium's own sandbox cannot start; the pages are our own.
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def dashboard_server(corral, corral_env, clean_queues):
+    home = Path(corral_env["CORRAL_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text("submit_as: service\n")  # about the pages, not the accounts
+    port = free_port()
+    started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port))
+    assert started.exit_code == 0, started.stderr
+    yield f"http://127.0.0.1:{port}"
+    corral("server", "stop")
+
+
+def logged_in(browser, corral, env=None):
+    """A browser context logged in through `corral dashboard --print-url` (as the CLI's user)."""
+    printed = corral("dashboard", "--print-url", **({"env": env} if env else {}))
+    assert printed.exit_code == 0, printed.stderr
+    link = printed.stdout.strip()
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(link)
+    return context, page, link
+
+
+def test_login_link_and_the_gpu_pool_as_corral_gpus_has_it(browser, corral, dashboard_server):
+    context, page, link = logged_in(browser, corral)
+    page.wait_for_selector("#infra[data-loaded=true]", timeout=30_000)
+    assert page.url.rstrip("/") == dashboard_server
+    shown = page.eval_on_selector_all("#infra tbody tr", """rows => rows.map(r => [r.dataset.cluster,
+        r.dataset.partition, r.dataset.gpu, +r.querySelector('.free').textContent,
+        +r.querySelector('.total').textContent, +r.querySelector('.pending').textContent])""")
+    cli = [[r["cluster"], r["partition"], r["gpu"], r["free"], r["total"], r["pending"]]
+           for r in corral("gpus", "--json").json() if "partition" in r]
+    assert shown and sorted(shown) == sorted(cli)
+    assert page.get_by_text("(admin)").is_visible()
+    from corral.controller.web import ASSETS
+
+    assert sum(f.stat().st_size for f in ASSETS.iterdir()) <= 300_000  # the issue's first-load budget
+
+    # The link was good once; a browser without the session sees the login page, not data.
+    again = browser.new_context()
+    used = again.new_page().goto(link)
+    assert used is not None and used.status == 401
+    stranger = again.new_page()
+    stranger.goto(dashboard_server + "/")
+    stranger.wait_for_selector("#page-login:not([hidden])", timeout=10_000)
+    assert stranger.locator("#infra tbody tr").count() == 0
+    again.close()
+    context.close()
+
+
+def test_a_job_appears_live_is_cancelled_from_the_page_and_others_see_nothing(browser, corral, corral_env,
+                                                                             dashboard_server, testbed):
+    alice_env = {**corral_env, "CORRAL_API_URL": dashboard_server, "CORRAL_API_TOKEN": add_user(corral, "alice")}
+    bob_env = {**corral_env, "CORRAL_API_URL": dashboard_server, "CORRAL_API_TOKEN": add_user(corral, "bob")}
+    context, page, _ = logged_in(browser, corral, alice_env)
+    page.goto(dashboard_server + "/#/jobs")
+    page.wait_for_selector("#jobs[data-loaded=true]", timeout=10_000)
+
+    launched = corral("launch", "-d", "--json", "--infra", "slurm/cirrus", "--cpus", "1", "--", "sleep 300",
+                      env=alice_env)
+    assert launched.exit_code == 0, launched.stderr
+    job, slurm_id = launched.json()["job_id"], launched.json()["slurm_job_id"]
+    seen_after = time.monotonic()
+    row = page.wait_for_selector(f'tr[data-job="{job}"]', timeout=2_000)  # live: within 2 s
+    appeared = time.monotonic() - seen_after
+    assert row is not None and appeared <= 2.0
+
+    # Another user's page: none of alice's jobs, and no control for them.
+    bobs, bob_page, _ = logged_in(browser, corral, bob_env)
+    bob_page.goto(dashboard_server + "/#/jobs")
+    bob_page.wait_for_selector("#jobs[data-loaded=true]", timeout=10_000)
+    assert bob_page.locator(f'tr[data-job="{job}"]').count() == 0
+    assert bob_page.get_by_role("button", name=f"Cancel job {job}").count() == 0
+    # The session cookie alone cannot change anything: a cross-site form has no dashboard header.
+    forged = bobs.request.post(dashboard_server + "/v1/cancel", data={"jobs": [job]})
+    assert forged.status == 401
+    bobs.close()
+
+    page.get_by_role("button", name=f"Cancel job {job}").click()
+    wait_for("Slurm to cancel the job", lambda: ssh_login(
+        testbed.cluster_config, "cirrus", f"squeue -h -j {slurm_id} -o %T").strip() in ("", "CANCELLED", "COMPLETING"),
+        timeout=30)
+    page.wait_for_selector(f'tr[data-job="{job}"] .state-CANCELLED', timeout=10_000)
+    context.close()
