@@ -4,6 +4,7 @@ from the CLI appearing live and cancelled from the page, and a second user seein
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.controller.test_team import add_user, free_port
+from tests.controller.test_team import add_user, call, free_port
 from tests.helpers import ssh_login
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -34,7 +35,9 @@ def dashboard_server(corral, corral_env, clean_queues):
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text("submit_as: service\n")  # about the pages, not the accounts
     port = free_port()
-    started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port))
+    # A usage sample every second (a minute by default), so the chart has points within the test.
+    fast = {**corral_env, "CORRAL_USAGE_SAMPLE_SECONDS": "1", "CORRAL_CONTROLLER_INTERVAL": "1"}
+    started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port), env=fast)
     assert started.exit_code == 0, started.stderr
     yield f"http://127.0.0.1:{port}"
     corral("server", "stop")
@@ -51,7 +54,11 @@ def logged_in(browser, corral, env=None):
     return context, page, link
 
 
-def test_login_link_and_the_gpu_pool_as_corral_gpus_has_it(browser, corral, dashboard_server):
+def admin_token(env: dict[str, str]) -> str:
+    return json.loads((Path(env["CORRAL_HOME"]) / "controller.json").read_text())["token"]
+
+
+def test_login_link_and_the_gpu_pool_as_corral_gpus_has_it(browser, corral, corral_env, dashboard_server):
     context, page, link = logged_in(browser, corral)
     page.wait_for_selector("#infra[data-loaded=true]", timeout=30_000)
     assert page.url.rstrip("/") == dashboard_server
@@ -65,6 +72,25 @@ def test_login_link_and_the_gpu_pool_as_corral_gpus_has_it(browser, corral, dash
     from corral.controller.web import ASSETS
 
     assert sum(f.stat().st_size for f in ASSETS.iterdir()) <= 300_000  # the first-load budget
+
+    # GPU use over time: a chart per row, whose last sample is what the table shows (an idle testbed).
+    def charted() -> list[list]:
+        page.reload()
+        page.wait_for_selector("#usage[data-loaded=true]", timeout=30_000)
+        return page.eval_on_selector_all("#usage figure", "figs => figs.map(f => [f.dataset.series, +f.dataset.points, "
+                                         "f.querySelector('svg').getAttribute('aria-label')])")
+    figures = wait_for("a chart per row", lambda: (lambda f: f if len(f) == len(shown) else None)(charted()),
+                       timeout=60, interval=1)
+    by_series = {series: label for series, _, label in figures}
+    for cluster, partition, gpu, free, total, _pending in shown:
+        assert f"{total - free} of {total} GPUs in use" in by_series[f"{cluster}/{partition}/{gpu}"]
+    # Samples keep coming (one a second here): over the last minute each series has several points.
+    def recent_points() -> list[int]:
+        status, text = call(dashboard_server, "GET", "/v1/usage?hours=0.02", admin_token(corral_env))
+        assert status == 200, text
+        return [len(s["points"]) for s in json.loads(text)["series"]]
+    wait_for("several samples per series", lambda: (lambda n: len(n) == len(shown) and min(n) >= 3)(
+        recent_points()), timeout=30, interval=1)
 
     # The link was good once; a browser without the session sees the login page, not data.
     again = browser.new_context()

@@ -130,7 +130,7 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
 
     walks = [
         ("GET", "/v1/health", None), ("POST", "/v1/wake", None), ("GET", "/v1/me", None),
-        ("GET", "/v1/check?cluster=alpine", None), ("GET", "/v1/gpus", None),
+        ("GET", "/v1/check?cluster=alpine", None), ("GET", "/v1/gpus", None), ("GET", "/v1/usage", None),
         ("GET", "/v1/queue", None), ("GET", "/v1/queue/all", None),
         ("GET", f"/v1/jobs/{job}", None), ("GET", "/v1/jobs/bobs-job", None), ("GET", f"/v1/jobs/{job}/logs", None),
         ("POST", "/v1/cancel", {"jobs": [job]}), ("POST", "/v1/cancel", {"jobs": ["bobs-job"]}),

@@ -235,6 +235,7 @@ async def _run(options: ServerOptions) -> None:
     from corral.controller.engine import LEASE, Controller, ControllerSettings
     from corral.sdk.endpoint import settings as endpoint_settings
     from corral.state import open_store
+    from corral.usage import UsageSampler
 
     store = open_store()
     if options.team:  # each user's jobs reach the clusters as their own account (accounts.py)
@@ -281,6 +282,7 @@ async def _run(options: ServerOptions) -> None:
     served = f"team server on {options.host or '127.0.0.1'}:{port}" if options.team else f"API on 127.0.0.1:{port}"
     print(f"corral controller {holder} started (interval {base:g}s, {served})", flush=True)
     interval = base
+    sampler = UsageSampler.from_env()
     # Renewed (by the holder) and looked at (by a standby replica) well within one lease period: the
     # lease never lapses between a holder's ticks, and a standby takes over soon after it does.
     longest = min(max(MAX_INTERVAL, base), controller.settings.lease_seconds / 3)
@@ -294,6 +296,8 @@ async def _run(options: ServerOptions) -> None:
             try:
                 report = await controller.tick()
                 status.ticks += 1
+                if report.drove and sampler.due(time.monotonic()):  # one replica samples: the holder
+                    await sampler.sample(Client(), store)
                 status.last_tick = TickFigures(at=time.time(), seconds=round(time.monotonic() - started, 4),
                                                drove=report.drove, jobs=report.jobs, submitted=report.submitted,
                                                moved=report.moved, cancelled=report.cancelled,

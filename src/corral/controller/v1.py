@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
@@ -83,6 +84,18 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         return {"rows": [r.to_json() for r in report.rows],
                 "failures": [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
                              for f in report.failures]}
+
+    @router.get("/usage")
+    async def usage(hours: Annotated[float, Query(gt=0, le=24 * 366)] = 24) -> dict[str, object]:
+        """GPU use over the last `hours`: per cluster, partition and GPU type, points of [time, GPUs in
+        use, total, pending demand] (at most 240 per series: each the busiest sample of its stretch)."""
+        from corral.usage import UsageSampler, series
+
+        until = time.time()
+        since = until - hours * 3600
+        sampler = UsageSampler.from_env()
+        return {"series": series(store.gpu_samples(since), since, until), "since": since, "until": until,
+                "sample_seconds": sampler.interval, "retention_days": sampler.retention_days}
 
     @router.get("/queue")
     async def queue(me: Me, limit: Annotated[int, Query(ge=1, le=100_000)] = 20,

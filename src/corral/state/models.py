@@ -147,3 +147,18 @@ class WebSessionRow(Base):
     kind: Mapped[str] = mapped_column(String(8))  # "code" or "session"
     owner: Mapped[str] = mapped_column(String(128))  # the user it logs in ("" for the server's own account)
     expires_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class GpuSampleRow(Base):
+    """GPU use over time (usage.py): one row per cluster, partition and GPU type per sample."""
+
+    __tablename__ = "gpu_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    cluster: Mapped[str] = mapped_column(String(256))
+    partition: Mapped[str] = mapped_column(String(256))
+    gpu: Mapped[str] = mapped_column(String(256))
+    free: Mapped[int] = mapped_column(Integer)
+    total: Mapped[int] = mapped_column(Integer)
+    pending: Mapped[int] = mapped_column(Integer)

@@ -24,6 +24,7 @@ from corral.state.models import (
     AllocationRow,
     AttemptRow,
     ClusterHealthRow,
+    GpuSampleRow,
     JobEventRow,
     JobRow,
     LeaseRow,
@@ -470,6 +471,19 @@ class Store:
         except IntegrityError:
             return False
         return True
+
+    def add_gpu_samples(self, rows: list[dict[str, Any]], keep_after: float) -> None:
+        """Record one sample (a row per cluster, partition and GPU type) and drop those older than
+        `keep_after`, in one transaction."""
+        with self.session() as s, s.begin():
+            if rows:
+                s.execute(insert(GpuSampleRow), rows)
+            s.execute(delete(GpuSampleRow).where(GpuSampleRow.at < keep_after))
+
+    def gpu_samples(self, since: float) -> list[GpuSampleRow]:
+        with self.session() as s:
+            return list(s.scalars(select(GpuSampleRow).where(GpuSampleRow.at >= since)
+                                  .order_by(GpuSampleRow.at, GpuSampleRow.id)))
 
     def add_web_session(self, id_hash: str, kind: str, owner: str, expires_at: float) -> None:
         """Record a dashboard login code or session (by hash); expired ones are dropped on the way."""

@@ -91,6 +91,53 @@ async function drawInfra() {
   document.getElementById("infra").dataset.loaded = "true";
 }
 
+const SVG = "http://www.w3.org/2000/svg";
+
+function chart(series, since, until) {
+  const [w, h] = [240, 60];
+  const top = Math.max(1, ...series.points.map((p) => p[2]));
+  const x = (at) => ((at - since) / Math.max(1, until - since)) * w;
+  const y = (value) => h - (value / top) * (h - 4) - 2;
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+  svg.setAttribute("width", w);
+  svg.setAttribute("height", h);
+  const line = (cls, index) => {
+    const path = document.createElementNS(SVG, "polyline");
+    path.setAttribute("class", cls);
+    path.setAttribute("points", series.points.map((p) => `${x(p[0]).toFixed(1)},${y(p[index]).toFixed(1)}`).join(" "));
+    svg.appendChild(path);
+  };
+  line("total", 2);
+  line("used", 1);
+  return svg;
+}
+
+async function drawUsage() {
+  const usage = await api("GET", "/usage?hours=24");
+  const box = document.getElementById("usage");
+  box.replaceChildren(...usage.series.map((s) => {
+    const figure = document.createElement("figure");
+    const name = `${s.cluster}/${s.partition} ${s.gpu}`;
+    const last = s.points[s.points.length - 1];
+    const peak = Math.max(...s.points.map((p) => p[1]));
+    figure.dataset.series = `${s.cluster}/${s.partition}/${s.gpu}`;
+    figure.dataset.points = s.points.length;
+    const svg = chart(s, usage.since, usage.until);
+    svg.setAttribute("role", "img");
+    svg.setAttribute("aria-label", `${name}: ${last[1]} of ${last[2]} GPUs in use at the last sample, ` +
+                                   `at most ${peak} in the last 24 hours`);
+    const caption = document.createElement("figcaption");
+    caption.textContent = `${name}: ${last[1]}/${last[2]} in use, peak ${peak}`;
+    figure.append(svg, caption);
+    return figure;
+  }));
+  document.getElementById("usage-hint").textContent = usage.series.length
+    ? `A sample every ${usage.sample_seconds}s, kept ${usage.retention_days} days; the dashed line is the total.`
+    : "No samples yet: the server takes one a minute.";
+  box.dataset.loaded = "true";
+}
+
 // ---- Jobs -------------------------------------------------------------------------------------
 function jobColumns() {
   const columns = ["ID", "Name"];
@@ -169,7 +216,7 @@ async function route() {
       document.getElementById("owner-filter").hidden = me.role !== "admin";
     }
     show(page);
-    const draw = page === "jobs" ? drawJobs : drawInfra;
+    const draw = page === "jobs" ? drawJobs : async () => { await drawInfra(); await drawUsage(); };
     const every = page === "jobs" ? 1000 : 15000;  // jobs live; the pool re-probed every 15 s
     const loop = async () => {
       try {
