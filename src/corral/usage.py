@@ -27,8 +27,10 @@ class UsageSampler:
 
     @classmethod
     def from_env(cls) -> UsageSampler:
+        """From the environment; the first sample is one interval after start (a server started for
+        one command does not probe every cluster for it)."""
         return cls(max(1.0, float(os.environ.get(SAMPLE_ENV) or 60)),
-                   max(0.01, float(os.environ.get(RETENTION_ENV) or 14)))
+                   max(0.01, float(os.environ.get(RETENTION_ENV) or 14)), last=time.monotonic())
 
     def due(self, now: float) -> bool:
         return now - self.last >= self.interval
