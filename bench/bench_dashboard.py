@@ -44,7 +44,6 @@ def main() -> None:
 
     with bench_testbed() as bench:
         home = Path(bench.env["CORRAL_HOME"])
-        home.mkdir(mode=0o700, parents=True)
         seed(home, args.jobs)
         env = bench.env
         raw = median_of(args.runs, lambda: time_command([*bench.raw_ssh("alpine", mux=False), "squeue --me"]))

@@ -20,11 +20,13 @@ from bench.common import bench_testbed, corral_argv, median_of, print_table, tim
 
 
 def seed(home: Path, jobs: int) -> None:
+    """A new CORRAL_HOME whose store holds `jobs` ended jobs and a 1,000-job sweep."""
     from sqlalchemy import insert
 
     from corral.state import Store
     from corral.state.models import AttemptRow, JobRow
 
+    home.mkdir(mode=0o700, parents=True)
     store = Store(f"sqlite:///{home / 'state.db'}")
     start = time.time() - 86400 * 30
     job_rows = [{"id": f"c-{i:012x}", "name": f"job{i}", "task_json": "{}", "created_at": start + i * 20, "sweep_id": None,
@@ -54,7 +56,6 @@ def main() -> None:
     args = parser.parse_args()
     with bench_testbed() as bench:
         home = Path(bench.env["CORRAL_HOME"])
-        home.mkdir(mode=0o700, parents=True)
         seed(home, args.jobs)
         env = bench.env
         table = median_of(args.runs, lambda: time_command(corral_argv("queue"), env=env))
