@@ -158,25 +158,26 @@ class SshTransport:
         other.login = login
         return other
 
+    def _acting(self, mode: SubmitMode) -> str | None:
+        """The member's account when acting as one in `mode`, else None."""
+        return self.login.user if self.login is not None and self.login.mode is mode else None
+
     def _login_options(self) -> tuple[str, ...]:
         """`ssh` mode: the member's account and key only (not the agent, not the config's keys first)."""
-        if self.login is None or self.login.mode is not SubmitMode.SSH:
+        user = self._acting(SubmitMode.SSH)
+        if user is None or self.login is None:
             return ()
-        return ("-l", self.login.user, "-i", str(self.login.identity), "-o", "IdentitiesOnly=yes",
-                "-o", "IdentityAgent=none")
+        return ("-l", user, "-i", str(self.login.identity), "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none")
 
     def as_user(self, remote: list[str]) -> list[str]:
         """The remote command, run as the member under `sudo` mode (the words are shell-quoted: ssh
         joins them into one command line for the login node's shell)."""
-        if self.login is None or self.login.mode is not SubmitMode.SUDO:
-            return remote
-        return ["sudo", "-n", "-H", "-u", shlex.quote(self.login.user), "--", *remote]
+        user = self._acting(SubmitMode.SUDO)
+        return remote if user is None else ["sudo", "-n", "-H", "-u", shlex.quote(user), "--", *remote]
 
     def _from_home(self, script: str) -> str:
         """sudo keeps the service account's working directory; a member's script starts in their home."""
-        if self.login is None or self.login.mode is not SubmitMode.SUDO:
-            return script
-        return "cd || exit 1\n" + script
+        return script if self._acting(SubmitMode.SUDO) is None else "cd || exit 1\n" + script
 
     def _connection(self, cluster: str) -> str:
         """Sessions are limited per connection: per cluster, and per member in `ssh` mode."""
@@ -250,23 +251,23 @@ class SshTransport:
 
     def _sudo_refusal(self, stderr: str) -> str | None:
         """`sudo` mode: sudo's own refusal (no rule for this account, a password asked), in words."""
-        if self.login is None or self.login.mode is not SubmitMode.SUDO:
-            return None
+        user = self._acting(SubmitMode.SUDO)
         lines = [line for line in stderr.splitlines() if line.startswith(("sudo:", "Sorry, user"))]
-        if not lines:
+        if user is None or not lines:
             return None
-        return (f"sudo on the login node would not act as {self.login.user} ({lines[-1].strip()}): the service "
+        return (f"sudo on the login node would not act as {user} ({lines[-1].strip()}): the service "
                 "account needs the sudoers rule of docs/sudoers.example, with that account in its group")
 
     def classify_failure(self, cluster: str, stderr: str) -> CorralErrorLike:
         """Turn ssh's own error output into one clear error naming the cluster."""
         entry = self.registry.get(cluster)
         text = stderr.replace("\r", "").strip()
-        if "Permission denied" in text and self.login is not None and self.login.mode is SubmitMode.SSH:
+        member = self._acting(SubmitMode.SSH)
+        if "Permission denied" in text and member is not None:
             return SshAuthError(
                 cluster,
-                f"the login node refused the team server's key for {self.login.user} ({_last_line(text)}): "
-                f"{self.login.user} adds it once, with `corral api ssh-key >> ~/.ssh/authorized_keys` run on "
+                f"the login node refused the team server's key for {member} ({_last_line(text)}): "
+                f"{member} adds it once, with `corral api ssh-key >> ~/.ssh/authorized_keys` run on "
                 f"{cluster} (or pasted there)")
         config_error = _CONFIG_LINE_ERROR.search(text)
         if config_error:
@@ -347,7 +348,7 @@ class SshTransport:
         src = os.path.abspath(source) + ("/" if source.is_dir() else "")
         # Folders rsync makes (--mkpath) are private too.
         rsync_path = f"umask 077 && {self.remote_rsync}"
-        if self.login is not None and self.login.mode is SubmitMode.SUDO:
+        if self._acting(SubmitMode.SUDO) is not None:
             # sudo keeps the service account's working directory: the member's rsync starts from their home.
             rsync_path = " ".join(self.as_user(
                 ["bash", "-c", shlex.quote(f'umask 077 && cd && exec {self.remote_rsync} "$@"'), "rsync"]))
