@@ -112,19 +112,20 @@ def new_ssh_key(comment: str) -> tuple[str, str]:
     return f"{public} {comment}", private
 
 
-def key_comment(user: str) -> str:
-    return f"corral-team:{user}"
+def user_ssh_key(user: str) -> tuple[str, str]:
+    """A new key for the server to reach `user`'s accounts: (public line, private half sealed)."""
+    from corral.state.sealed import seal
+
+    public, private = new_ssh_key(f"corral-team:{user}")
+    return public, seal({"private": private}) or ""
 
 
 def ensure_ssh_key(store: Store, name: str) -> UserRow | None:
     """The user's row with a key (one is made and stored for users added before keys existed)."""
-    from corral.state.sealed import seal
-
     row = store.user(name)
     if row is None or row.ssh_public_key:
         return row
-    public, private = new_ssh_key(key_comment(name))
-    store.set_user_key(name, public, seal({"private": private}) or "")
+    store.set_user_key(name, *user_ssh_key(name))
     return store.user(name)
 
 

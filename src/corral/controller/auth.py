@@ -105,15 +105,14 @@ def check_unix_users(mapping: Mapping[str, str]) -> dict[str, str]:
 def add_user(store: Store, name: str, role: Role, unix_users: dict[str, str], *, service: bool = False,
              expires_at: float | None = None) -> str:
     """Register a user; returns their token (shown once: only its hash is kept)."""
-    from corral.accounts import key_comment, new_ssh_key
-    from corral.state.sealed import seal
+    from corral.accounts import user_ssh_key
 
     check_user_name(name)
     token = new_token()
-    public, private = new_ssh_key(key_comment(name))  # how the server reaches their accounts (accounts.py)
+    public, sealed = user_ssh_key(name)  # how the server reaches their accounts (accounts.py)
     row = UserRow(name=name, role=role.value, token_hash=token_hash(token), unix_users=json.dumps(unix_users),
                   service=service, created_at=time.time(), expires_at=expires_at, ssh_public_key=public,
-                  ssh_key_sealed=seal({"private": private}))
+                  ssh_key_sealed=sealed)
     if not store.add_user(row):
         raise UserError(f"a user {name!r} exists already; `corral users remove {name}` first to give a new token")
     return token
