@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from corral import accounts as team_accounts
 from corral.accounts import Accounts
@@ -24,9 +24,10 @@ from corral.errors import (
     UnknownPartitionError,
 )
 from corral.infra import connect
-from corral.infra.base import ClusterSnapshot, Infra
+from corral.gpu_names import normalize_gpu_name
+from corral.infra.base import ClusterSnapshot, Infra, Node
 from corral.infra.selector import InfraSelector, parse_infra
-from corral.inventory import GpuAvailability, filter_rows, gpu_availability
+from corral.inventory import UNTYPED_GPU, GpuAvailability, filter_rows, gpu_availability
 from corral.ssh import SshTransport
 
 
@@ -36,6 +37,7 @@ class ProbeOutcome:
     snapshot: ClusterSnapshot | None
     error: CorralError | None
     seconds: float
+    at: float = 0.0  # when it finished (epoch seconds)
 
     @property
     def ok(self) -> bool:
@@ -56,6 +58,7 @@ class ProbeOutcome:
 class GpuReport:
     rows: list[GpuAvailability]
     failures: list[ProbeOutcome]
+    outcomes: list[ProbeOutcome] = field(default_factory=list)  # every cluster's probe, failed or not
 
 
 # Probes in flight, per event loop: (cluster file, cluster, timeout) -> the running probe.
@@ -116,8 +119,8 @@ class Client:
         try:
             snapshot = await self.infra(cluster).probe()
         except CorralError as exc:
-            return ProbeOutcome(cluster, None, exc, time.monotonic() - started)
-        return ProbeOutcome(cluster, snapshot, None, time.monotonic() - started)
+            return ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
+        return ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())
 
     async def gpus(self, gpu: str | None = None, infra: str | None = None) -> GpuReport:
         selector = parse_infra(infra) if infra else InfraSelector()
@@ -136,7 +139,7 @@ class Client:
                     raise UnknownPartitionError(outcome.cluster, selector.partition, known)
                 cluster_rows = [r for r in cluster_rows if r.partition == selector.partition]
             rows += filter_rows(cluster_rows, gpu)
-        return GpuReport(rows, failures)
+        return GpuReport(rows, failures, outcomes)
 
 
 def check_json(outcome: ProbeOutcome) -> dict[str, object]:
@@ -153,6 +156,39 @@ def check_json(outcome: ProbeOutcome) -> dict[str, object]:
         "nodes": len(snapshot.nodes) if snapshot else 0,
         "seconds": round(outcome.seconds, 3),
     }
+
+
+def health_json(outcome: ProbeOutcome) -> dict[str, object]:
+    """A cluster's health as the dashboard shows it: did its probe answer, how fast, when."""
+    return {"cluster": outcome.cluster, "ok": outcome.ok, "error": outcome.error_message,
+            "error_kind": outcome.error_kind, "seconds": round(outcome.seconds, 3), "probed_at": outcome.at,
+            "node_count": len(outcome.snapshot.nodes) if outcome.snapshot else 0}
+
+
+def node_condition(node: Node) -> str:
+    """idle, mixed, allocated, drained or down: a node in the dashboard's five words."""
+    if not node.usable:
+        return "drained" if "drain" in node.state.lower() else "down"
+    busy_gpus = sum(g.used for g in node.gpus)
+    if node.cpus_alloc >= node.cpus_total > 0 or (node.gpus and busy_gpus >= sum(g.total for g in node.gpus)):
+        return "allocated"
+    return "mixed" if node.cpus_alloc or busy_gpus else "idle"
+
+
+def cluster_json(outcome: ProbeOutcome) -> dict[str, object]:
+    """One cluster's nodes (state, CPUs, memory, GPUs, partitions) and partitions, from its probe."""
+    snapshot = outcome.snapshot
+    nodes = [{"name": n.name, "state": n.state, "condition": node_condition(n), "reason": n.reason,
+              "partitions": list(n.partitions), "cpus_total": n.cpus_total, "cpus_alloc": n.cpus_alloc,
+              "memory_mb": n.memory_mb, "memory_alloc_mb": n.memory_alloc_mb,
+              "gpus": [{"gpu": normalize_gpu_name(g.gres_type) if g.gres_type else UNTYPED_GPU,
+                        "gres_type": g.gres_type, "total": g.total, "used": g.used} for g in n.gpus]}
+             for n in (snapshot.nodes if snapshot else ())]
+    partitions = [{"name": p.name, "default": p.default, "state": p.state, "max_time": p.max_time,
+                   "max_nodes": p.max_nodes, "total_nodes": p.total_nodes}
+                  for p in (snapshot.partitions if snapshot else ())]
+    return {**health_json(outcome), "slurm_version": snapshot.slurm_version if snapshot else None,
+            "nodes": nodes, "partitions": partitions}
 
 
 __all__ = ["Client", "ClusterError", "GpuReport", "ProbeOutcome", "UnknownClusterError", "check_json"]

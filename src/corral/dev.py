@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -296,6 +297,22 @@ class DevAllocations:
         await self.launcher.upload_files(task, self.client.infra(row.cluster, row.owner), row.run_dir)
 
     # ---- ssh ----------------------------------------------------------------------------------
+    def copyable_ssh(self, status: AllocationStatus) -> str | None:
+        """The command the allocation's owner pastes for a shell on its head node: `corral ssh NAME` for
+        the server's own user (its keys are this machine's); for a team member, their own ssh to the
+        login node (as their ssh config names it) running a step there. None until it is ready."""
+        row = status.row
+        if status.state != "READY" or not status.nodes or not row.handle:
+            return None
+        if self.local and row.owner == self.owner:
+            return shlex.join(["corral", "ssh", row.name])
+        try:
+            remote = self._holder(row.cluster, row.owner).login_shell_command(row.handle, status.nodes[0])
+            login = self.client.accounts.login(row.owner, row.cluster) if self.client.accounts else None
+        except CorralError:
+            return None
+        return shlex.join(["ssh", "-t", f"{login.user}@{row.cluster}" if login else row.cluster, remote])
+
     async def ssh_argv(self, name: str, command: str | None) -> list[str]:
         row = self.get(name)
         [status] = await self.status([row])

@@ -1,6 +1,8 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a team server on
-the real testbed: its one-time login, the GPU pool as `corral gpus --json` has it, a job launched
-from the CLI appearing live and cancelled from the page, and a second user seeing none of it."""
+the real testbed: its one-time login, the GPU pool as `corral gpus --json` has it and a cluster's nodes
+as `sinfo` has them, a job launched from the CLI appearing live with its output streaming in and
+cancelled from the page, a managed job's attempts, timeline and why it waits, a dev allocation's ssh
+command, idle timer and release, and a second user seeing none of it."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.controller.test_team import add_user, call, free_port
-from tests.helpers import ssh_login
+from tests.helpers import fill_h100s, job_state, ssh_login
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -58,7 +60,8 @@ def admin_token(env: dict[str, str]) -> str:
     return json.loads((Path(env["CORRAL_HOME"]) / "controller.json").read_text())["token"]
 
 
-def test_login_link_and_the_gpu_pool_as_corral_gpus_has_it(browser, corral, corral_env, dashboard_server):
+def test_login_link_the_gpu_pool_as_corral_gpus_has_it_and_a_clusters_nodes(browser, corral, corral_env,
+                                                                            dashboard_server, testbed):
     context, page, link = logged_in(browser, corral)
     page.wait_for_selector("#infra[data-loaded=true]", timeout=30_000)
     assert page.url.rstrip("/") == dashboard_server
@@ -92,6 +95,26 @@ def test_login_link_and_the_gpu_pool_as_corral_gpus_has_it(browser, corral, corr
     wait_for("several samples per series", lambda: (lambda n: len(n) == len(shown) and min(n) >= 3)(
         recent_points()), timeout=30, interval=1)
 
+    # Every cluster answers, and a cluster's page lists its nodes as sinfo does, with the GPUs the table counts.
+    health = page.eval_on_selector_all("#health tbody tr", "rows => rows.map(r => [r.dataset.cluster, "
+                                       "r.cells[1].textContent])")
+    assert sorted(health) == sorted([c, "answering"] for c in {row[0] for row in shown})
+    page.get_by_role("link", name="alpine").first.click()
+    page.wait_for_selector("#nodes[data-loaded=true]", timeout=30_000)
+    nodes = page.eval_on_selector_all("#nodes tbody tr", """rows => rows.map(r => [r.dataset.node,
+        r.dataset.condition, r.cells[2].textContent,
+        [...r.querySelectorAll('[data-gpu]')].map(g => [g.dataset.gpu, +g.dataset.total])])""")
+    sinfo = {}
+    for line in ssh_login(testbed.cluster_config, "alpine", "sinfo -h -N -o '%N|%t|%P'").splitlines():
+        node, state, partition = line.split("|")
+        entry = sinfo.setdefault(node, [{"idle": "idle", "mix": "mixed", "alloc": "allocated"}.get(state, state), []])
+        entry[1].append(partition.rstrip("*"))
+    assert {n: [cond, sorted(parts.split(", "))] for n, cond, parts, _ in nodes} == \
+        {n: [cond, sorted(parts)] for n, (cond, parts) in sinfo.items()}
+    for _cluster, partition, gpu, _free, total, _pending in (r for r in shown if r[0] == "alpine"):
+        assert total == sum(t for _, _, parts, gpus in nodes if partition in parts.split(", ")
+                            for g, t in gpus if g == gpu)
+
     # The link was good once; a browser without the session sees the login page, not data.
     again = browser.new_context()
     used = again.new_page().goto(link)
@@ -112,8 +135,8 @@ def test_a_job_appears_live_is_cancelled_from_the_page_and_others_see_nothing(br
     page.goto(dashboard_server + "/#/jobs")
     page.wait_for_selector("#jobs[data-loaded=true]", timeout=10_000)
 
-    launched = corral("launch", "-d", "--json", "--infra", "slurm/cirrus", "--cpus", "1", "--", "sleep 300",
-                      env=alice_env)
+    launched = corral("launch", "-d", "--json", "--infra", "slurm/cirrus", "--cpus", "1", "--",
+                      "for i in $(seq 1 300); do echo line $i; sleep 0.5; done", env=alice_env)
     assert launched.exit_code == 0, launched.stderr
     job, slurm_id = launched.json()["job_id"], launched.json()["slurm_job_id"]
     seen_after = time.monotonic()
@@ -132,9 +155,65 @@ def test_a_job_appears_live_is_cancelled_from_the_page_and_others_see_nothing(br
     assert forged.status == 401
     bobs.close()
 
+    # Its page streams its output as it comes: the lines grow while we watch.
+    page.get_by_role("link", name=job).click()
+    page.wait_for_function("() => document.querySelector('#job-logs').textContent.includes('line 2\\n')",
+                           timeout=30_000)
+    def lines() -> int:
+        return page.eval_on_selector("#job-logs", "pre => pre.textContent.split('\\n').filter(l => l).length")
+    seen = lines()
+    wait_for("more lines to stream in", lambda: lines() >= seen + 3, timeout=20, interval=0.2)
+    assert page.eval_on_selector("#job-logs", "pre => pre.textContent").startswith("line 1\nline 2\n")
+
+    page.go_back()
+    page.wait_for_selector(f'tr[data-job="{job}"]', timeout=10_000)
     page.get_by_role("button", name=f"Cancel job {job}").click()
     wait_for("Slurm to cancel the job", lambda: ssh_login(
         testbed.cluster_config, "cirrus", f"squeue -h -j {slurm_id} -o %T").strip() in ("", "CANCELLED", "COMPLETING"),
         timeout=30)
     page.wait_for_selector(f'tr[data-job="{job}"] .state-CANCELLED', timeout=10_000)
+    context.close()
+
+
+def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_timer_and_release(
+        browser, corral, corral_env, dashboard_server, testbed):
+    alice_env = {**corral_env, "CORRAL_API_URL": dashboard_server, "CORRAL_API_TOKEN": add_user(corral, "alice")}
+    context, page, _ = logged_in(browser, corral, alice_env)
+    fill_h100s(testbed.cluster_config)  # alpine's and borealis's H100s are taken: the managed job waits
+    launched = corral("jobs", "launch", "-d", "--gpus", "H100:4", "--infra", "slurm/alpine", "-n", "waits",
+                      "--", "echo ran", env=alice_env)
+    assert launched.exit_code == 0, launched.stderr
+    job = launched.stdout.split()[-1]
+    page.goto(dashboard_server + "/#/managed")
+    page.wait_for_selector(f'#managed tr[data-job="{job}"]', timeout=30_000)
+    page.get_by_role("link", name=job).click()
+    why = page.wait_for_selector("#mjob-why[data-loaded=true]", timeout=60_000)
+    assert f"{job} is pending on slurm/alpine/gpu" in why.text_content()
+    assert page.locator('#mjob-attempts tr[data-attempt="1"]').count() == 1
+    wait_for("the timeline to show the attempt", lambda: any(
+        "submitted to slurm/alpine/gpu" in e for e in page.locator("#mjob-events li").all_text_contents()),
+        timeout=10, interval=0.2)
+    slurm_id = page.locator('#mjob-attempts tr[data-attempt="1"] td').nth(2).text_content()
+    page.get_by_role("button", name=f"Cancel managed job {job}").click()
+    page.wait_for_selector("#mjob-facts[data-state=CANCELLED]", timeout=60_000)
+    assert job_state(testbed.cluster_config, "alpine", slurm_id) in ("", "CANCELLED")
+    assert any("CANCELLED" in e for e in page.locator("#mjob-events li").all_text_contents())
+
+    held = corral("launch", "-c", "box", "--infra", "slurm/cirrus/debug", "--cpus", "1", "--idle-minutes", "30",
+                  "-d", env=alice_env)
+    assert held.exit_code == 0, held.stderr
+    page.goto(dashboard_server + "/#/dev")
+    row = page.wait_for_selector('#dev tr[data-allocation="box"][data-state=READY]', timeout=90_000)
+    command = row.query_selector("code.command").text_content()
+    # alice logs in herself (submit_as: service here, so as the cluster's account): ssh, then a step there.
+    assert command.startswith("ssh -t cirrus ") and "srun --jobid=" in command and "--pty bash -l" in command
+    idle = row.query_selector("[data-idle-since]")
+    first = idle.text_content()
+    assert first.startswith("idle ") and "of 30m" in first
+    wait_for("the idle timer to count", lambda: idle.text_content() != first, timeout=5, interval=0.2)
+    slurm_id = command.split("--jobid=")[1].split()[0]
+    page.get_by_role("button", name="Release box").click()
+    page.wait_for_selector('#dev tr[data-allocation="box"]', state="detached", timeout=60_000)
+    wait_for("Slurm to end the allocation", lambda: job_state(testbed.cluster_config, "cirrus", slurm_id)
+             in ("", "CANCELLED", "COMPLETED"), timeout=30)
     context.close()

@@ -131,7 +131,8 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
     walks = [
         ("GET", "/v1/health", None), ("POST", "/v1/wake", None), ("GET", "/v1/me", None),
         ("GET", "/v1/check?cluster=alpine", None), ("GET", "/v1/gpus", None), ("GET", "/v1/usage", None),
-        ("GET", "/v1/queue", None), ("GET", "/v1/queue/all", None),
+        ("GET", "/v1/queue", None), ("GET", "/v1/queue/all", None), ("GET", "/v1/clusters/alpine", None),
+        ("GET", "/v1/jobs", None), ("GET", "/v1/jobs?owner=bob&name=bobs", None),
         ("GET", f"/v1/jobs/{job}", None), ("GET", "/v1/jobs/bobs-job", None), ("GET", f"/v1/jobs/{job}/logs", None),
         ("POST", "/v1/cancel", {"jobs": [job]}), ("POST", "/v1/cancel", {"jobs": ["bobs-job"]}),
         ("POST", "/v1/cancel", {"all": True}),
@@ -205,7 +206,8 @@ def _template(path: str) -> str:
     """The published route a walked path stands for."""
     path = path.split("?")[0]
     parts = path.split("/")
-    names = {2: {"jobs": "{job}", "managed": "{job}", "dev": "{name}", "users": "{name}", "uploads": "{digest}"}}
+    names = {2: {"jobs": "{job}", "managed": "{job}", "dev": "{name}", "users": "{name}", "uploads": "{digest}",
+                 "clusters": "{name}"}}
     out = []
     for i, part in enumerate(parts):
         if i == 3 and parts[2] in names[2] and part not in ("cancel", "all"):

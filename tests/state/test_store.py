@@ -8,7 +8,7 @@ import pytest
 
 from corral.state import Store
 from corral.state.models import AttemptRow, Base, JobRow
-from corral.state.store import JobNotFoundError
+from corral.state.store import JobFilter, JobNotFoundError
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -147,6 +147,35 @@ def test_queue_page_shows_live_jobs_and_the_newest_ended_ones(store):
     assert len(recent.views) == 10 + 2 and recent.more == 0
     everything = [v.job.id for v in store.iter_queue()]
     assert everything == [f"c-{i:04d}" for i in range(249, -1, -1)] + ["c-pend", "c-live"]
+
+
+def test_a_job_page_filters_by_user_state_cluster_and_name_on_the_latest_attempt(store):
+    rows = [ended(f"c-{i:04d}", 1000.0 + i, "SUCCEEDED" if i % 3 else "FAILED") for i in range(120)]
+    for i, (row, _) in enumerate(rows):
+        row.owner, row.name = ("alice" if i % 2 else "bob"), f"train_{i}%"
+    fill(store, rows)
+    # c-0000 failed on alpine, then its second attempt runs on borealis: filters see the second.
+    store.add_jobs([], [AttemptRow(token="t-c-0000-2", job_id="c-0000", number=2, cluster="borealis",
+                                   partition="h100", state="RUNNING", created_at=2000.0, run_dir="r", log_path="l")])
+
+    def ids(wanted: JobFilter, **kwargs) -> tuple[list[str], int]:
+        shown, total = store.job_page(wanted, **kwargs)
+        return [v.job.id for v in shown], total
+
+    assert ids(JobFilter(), limit=5) == ([f"c-{i:04d}" for i in range(119, 114, -1)], 120)  # newest first
+    assert ids(JobFilter(), limit=50, offset=100)[0][-1] == "c-0000"
+    assert ids(JobFilter(state="RUNNING")) == (["c-0000"], 1)
+    assert ids(JobFilter(state="live")) == (["c-0000"], 1)
+    assert ids(JobFilter(cluster="borealis")) == (["c-0000"], 1)
+    assert ids(JobFilter(state="FAILED"), limit=100)[1] == 39  # 40 failed first attempts, less c-0000's
+    assert ids(JobFilter(owner="alice"), limit=100)[1] == 60
+    assert ids(JobFilter(owner="alice", state="FAILED"), limit=100)[1] == 20
+    assert ids(JobFilter(name="TRAIN_11")) == ([f"c-{i:04d}" for i in (119, 118, 117, 116, 115, 114, 113, 112,
+                                                                       111, 110, 11)], 11)
+    assert ids(JobFilter(name="_7%")) == (["c-0007"], 1)  # % and _ are the name's, not wildcards
+    assert ids(JobFilter(name="%"), limit=1)[1] == 120
+    assert ids(JobFilter(), scope="bob", limit=100)[1] == 60
+    assert ids(JobFilter(owner="alice"), scope="bob") == ([], 0)  # a user's scope wins over a filter
 
 
 def test_a_sweep_is_counted_whole_by_state(store):

@@ -24,13 +24,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from corral import managed
-from corral.client import Client, check_json
+from corral.client import Client, check_json, cluster_json, health_json
 from corral.controller import v1_dev, v1_launch, v1_users, web
 from corral.controller.auth import Me
 from corral.controller.v1_launch import stream_output
 from corral.errors import CorralError, ForbiddenError, UnknownClusterError
 from corral.state import Store
-from corral.state.store import JobNotFoundError
+from corral.infra.base import JobState
+from corral.state.store import JobFilter, JobNotFoundError
 from corral.tracker import RefreshReport, SharedRefresh, Tracker
 from corral.views import job_json
 
@@ -75,6 +76,13 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         outcomes = await Client(timeout=timeout).probe(cluster or None)
         return {"clusters": [check_json(o) for o in outcomes]}
 
+    @router.get("/clusters/{name}")
+    async def cluster(name: Annotated[str, Path(max_length=256)], timeout: Timeout = None) -> dict[str, object]:
+        """One cluster's nodes (state, CPUs, memory, GPUs, partitions) and partitions, from a fresh probe;
+        `ok` false and `error` when it did not answer."""
+        [outcome] = await Client(timeout=timeout).probe([name])
+        return cluster_json(outcome)
+
     @router.get("/gpus")
     async def gpus(gpu: Annotated[str | None, Query(max_length=200)] = None,
                    infra: Annotated[str | None, Query(max_length=500)] = None,
@@ -83,7 +91,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         report = await Client(timeout=timeout).gpus(gpu, infra)
         return {"rows": [r.to_json() for r in report.rows],
                 "failures": [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
-                             for f in report.failures]}
+                             for f in report.failures],
+                "clusters": [health_json(o) for o in report.outcomes]}
 
     @router.get("/usage")
     async def usage(hours: Annotated[float, Query(gt=0, le=24 * 366)] = 24) -> dict[str, object]:
@@ -114,6 +123,30 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                                  by_sweep=by_sweep, scope=me.scope)
         return {"jobs": [job_json(v) for v in shown.views], "more": shown.more, "sweeps": shown.sweeps,
                 "warnings": [f"could not refresh {cluster}: {error}" for cluster, error in report.errors.items()]}
+
+    @router.get("/jobs")
+    async def jobs(me: Me, owner: Annotated[str, Query(max_length=128)] = "",
+                   state: Annotated[str, Query(max_length=32)] = "",
+                   cluster: Annotated[str, Query(max_length=256)] = "",
+                   name: Annotated[str, Query(max_length=256)] = "",
+                   limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+                   page: Annotated[int, Query(ge=1, le=1_000_000)] = 1) -> dict[str, object]:
+        """One page of jobs, newest first, after one Slurm query per cluster: those of `owner`, whose
+        latest attempt is in `state` (or any unfinished one: `live`), on `cluster`, with `name` in their
+        name; and how many match in all. `managed`: the controller drives it
+        (cancel it as a managed job), `managed_state` its state there."""
+        states = [s.value for s in JobState]
+        if state and state != "live" and state not in states:
+            raise CorralError(f"unknown job state {state!r}: use live or one of {', '.join(states)}")
+        report = await refreshed()
+        shown, total = store.job_page(JobFilter(owner, state, cluster, name), limit=limit,
+                                      offset=(page - 1) * limit, scope=me.scope)
+        managed_states = {m.job_id: m.state for m in store.managed(v.job.id for v in shown)}
+        return {"jobs": [{**job_json(v), "managed": v.job.id in managed_states,
+                          "managed_state": managed_states.get(v.job.id)} for v in shown], "total": total,
+                "page": page,
+                "pages": max(1, -(-total // limit)),
+                "warnings": [f"could not refresh {c}: {error}" for c, error in report.errors.items()]}
 
     @router.get("/queue/all")
     async def queue_all(me: Me, since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
@@ -174,7 +207,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         view = managed.resolve(store, job, me.scope)
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
         attempts = [{"number": a.number, "cluster": a.cluster, "partition": a.partition,
-                     "slurm_job_id": a.handle, "state": a.state} for a in view.attempts]
+                     "slurm_job_id": a.handle, "state": a.state, "reason": a.reason,
+                     "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
+                     "exit_code": a.exit_code, "failure": a.failure} for a in view.attempts]
         return {**view.to_json(), "events": events, "attempt_list": attempts}
 
     return router

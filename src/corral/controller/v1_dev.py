@@ -118,7 +118,8 @@ def add_routes(router: APIRouter, store: Store) -> None:
         walltime left; one round trip per cluster."""
         allocations = dev(me)
         rows = [allocations.get(n) for n in name] if name else None
-        return {"allocations": [status_json(s) for s in await allocations.status(rows)]}
+        return {"allocations": [{**status_json(s), "ssh_command": allocations.copyable_ssh(s)}
+                                for s in await allocations.status(rows)]}
 
     @router.delete("/dev/{name}")
     async def dev_down(me: Me, name: Name) -> dict[str, object]:

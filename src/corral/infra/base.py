@@ -338,6 +338,11 @@ class HoldsAllocations(ABC):
         """The local argv of `corral ssh`: a shell on the head node, interactive, or running `command`."""
 
     @abstractmethod
+    def login_shell_command(self, handle: str, head_node: str) -> str:
+        """What the allocation's owner runs on the login node, in their own ssh session there, for a shell
+        on the head node (the dashboard's copyable command for users who log in themselves)."""
+
+    @abstractmethod
     async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
         """What the ssh alias of the allocation needs."""
 

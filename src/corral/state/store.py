@@ -63,6 +63,16 @@ class QueuePage:
     sweeps: dict[str, dict[str, int]]  # sweep id -> {state: jobs}, over the whole sweep
 
 
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs a page shows (the dashboard's filters); empty fields match everything."""
+
+    owner: str = ""  # exactly this user's
+    state: str = ""  # the latest attempt's state (a JobState), or "live" for any unfinished one
+    cluster: str = ""  # exactly this cluster's
+    name: str = ""  # names containing this, ignoring case
+
+
 QUEUE_CHUNK = 1000
 
 
@@ -187,6 +197,35 @@ class Store:
         shown.sort(key=lambda v: (v.job.created_at, v.job.job_rank), reverse=True)
         return QueuePage(shown, max(0, total - offset - page_units),
                          self.sweep_counts({v.job.sweep_id for v in shown if v.job.sweep_id}))
+
+    def job_page(self, wanted: JobFilter, *, limit: int = 50, offset: int = 0,
+                 scope: str | None = None) -> tuple[list[JobView], int]:
+        """(one page of the jobs `wanted` matches, newest first; how many match in all). Filters apply
+        to each job's latest attempt, in SQL: the work is in proportion to the page, not the store."""
+        latest = (select(AttemptRow.job_id, func.max(AttemptRow.number).label("number"))
+                  .group_by(AttemptRow.job_id).subquery())
+        query = (select(JobRow.id).join(latest, latest.c.job_id == JobRow.id)
+                 .join(AttemptRow, (AttemptRow.job_id == JobRow.id) & (AttemptRow.number == latest.c.number)))
+        if scope is not None:
+            query = query.where(JobRow.owner == scope)
+        if wanted.owner:
+            query = query.where(JobRow.owner == wanted.owner)
+        if wanted.state == "live":
+            query = query.where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
+        elif wanted.state:
+            query = query.where(AttemptRow.state == wanted.state)
+        if wanted.cluster:
+            query = query.where(AttemptRow.cluster == wanted.cluster)
+        if wanted.name:
+            escaped = wanted.name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            query = query.where(JobRow.name.ilike(f"%{escaped}%", escape="\\"))
+        with self.session() as s:
+            total = s.scalar(select(func.count()).select_from(query.subquery())) or 0
+            ids = list(s.scalars(query.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc())
+                                 .offset(offset).limit(limit)))
+        shown = self.views(ids)
+        shown.sort(key=lambda v: (v.job.created_at, v.job.job_rank), reverse=True)
+        return shown, total
 
     @staticmethod
     def _page_ids(s: Session, ordered: Any, offset: int, limit: int | None,

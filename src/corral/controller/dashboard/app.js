@@ -1,12 +1,17 @@
 // Corral's dashboard: the /v1 API, as the CLI uses it, drawn as pages. No framework, no build step.
+// Pages are hash routes (#/jobs, #/job/ID, ...); each has a draw function and a refresh period.
 "use strict";
 
 const HEADERS = { "X-Corral-Dashboard": "1" };  // with the session cookie: the server's CSRF check
 const JOBS_PER_PAGE = 50;
+const LOG_CHARS = 500_000;  // the tail a log view keeps; older output is dropped from the page
 const LIVE = new Set(["PENDING", "SUBMITTING", "STARTING", "RUNNING", "CANCELLING"]);
+const MANAGED_LIVE = new Set(["PENDING", "SUBMITTING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING"]);
 let me = null;
 let jobsPage = 1;
 let timer = null;
+let tail = null;  // the AbortController of the log stream the shown page follows
+let ticker = null;  // redraws "… ago" and idle timers between refreshes
 
 class NotLoggedIn extends Error {}
 
@@ -19,76 +24,150 @@ async function api(method, path, body) {
   const response = await fetch("/v1" + path, options);
   if (response.status === 401) throw new NotLoggedIn();
   const data = await response.json().catch(() => ({}));
-  if (!response.ok) {
-    const detail = data.detail && (data.detail.message || data.detail);
-    throw new Error(typeof detail === "string" ? detail : `${response.status} ${response.statusText}`);
-  }
+  if (!response.ok) throw new Error(problem(data, response));
   return data;
 }
 
+function problem(data, response) {
+  const detail = data.detail && (data.detail.message || data.detail);
+  return typeof detail === "string" ? detail : `${response.status} ${response.statusText}`;
+}
+
+const $ = (id) => document.getElementById(id);
+const q = encodeURIComponent;
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
 function cell(row, text, className) {
-  const td = document.createElement("td");
-  td.textContent = text === null || text === undefined ? "" : String(text);
-  if (className) td.className = className;
+  const td = el("td", text === null || text === undefined ? "" : text, className);
   row.appendChild(td);
   return td;
 }
 
-function when(epoch) {
-  if (!epoch) return "";
-  const seconds = Math.max(0, Date.now() / 1000 - epoch);
-  if (seconds < 60) return `${Math.round(seconds)}s ago`;
-  if (seconds < 3600) return `${Math.round(seconds / 60)}m ago`;
-  if (seconds < 86400) return `${Math.round(seconds / 3600)}h ago`;
-  return new Date(epoch * 1000).toISOString().slice(0, 16).replace("T", " ");
+function linkCell(row, text, href) {
+  const td = cell(row, "");
+  const a = el("a", text);
+  a.href = href;
+  td.appendChild(a);
+  return td;
 }
 
+function header(table, columns) {
+  table.querySelector("thead tr").replaceChildren(...columns.map((name) => {
+    const th = el("th", name);
+    th.scope = "col";
+    return th;
+  }));
+}
+
+function button(label, text, onClick, className = "") {
+  const b = el("button", text, className);
+  b.type = "button";
+  b.setAttribute("aria-label", label);
+  b.addEventListener("click", () => onClick(b));
+  return b;
+}
+
+function duration(seconds) {
+  seconds = Math.max(0, Math.round(seconds));
+  if (seconds < 60) return `${seconds}s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)}m ${seconds % 60}s`;
+  if (seconds < 86400) return `${Math.floor(seconds / 3600)}h ${Math.floor((seconds % 3600) / 60)}m`;
+  return `${Math.floor(seconds / 86400)}d ${Math.floor((seconds % 86400) / 3600)}h`;
+}
+
+// "3m 4s ago" / "in 5m": kept current by the ticker through data-at.
+function relative(epoch, node) {
+  if (!epoch) return "";
+  if (node) node.dataset.at = epoch;
+  const seconds = epoch - Date.now() / 1000;
+  if (Math.abs(seconds) > 7 * 86400) return new Date(epoch * 1000).toISOString().slice(0, 16).replace("T", " ");
+  return seconds > 0 ? `in ${duration(seconds)}` : `${duration(-seconds)} ago`;
+}
+
+function timeCell(row, epoch) {
+  const td = cell(row, "");
+  td.textContent = relative(epoch, td);
+  if (epoch) td.title = new Date(epoch * 1000).toLocaleString();
+  return td;
+}
+
+function tick() {
+  for (const node of document.querySelectorAll("[data-at]")) node.textContent = relative(+node.dataset.at);
+  for (const node of document.querySelectorAll("[data-idle-since]")) {
+    const idle = Date.now() / 1000 - +node.dataset.idleSince;
+    node.textContent = idleText(idle, +node.dataset.idleLimit || null);
+  }
+}
+
+function facts(dl, pairs) {
+  dl.replaceChildren();
+  for (const [name, value] of pairs) {
+    if (value === null || value === undefined || value === "") continue;
+    const dd = el("dd");
+    if (value instanceof Node) dd.appendChild(value);
+    else dd.textContent = String(value);
+    dl.append(el("dt", name), dd);
+  }
+}
+
+const PAGES = ["infra", "cluster", "jobs", "job", "managed", "managed-job", "dev", "login"];
+const NAV = { cluster: "infra", job: "jobs", "managed-job": "managed" };
+
 function show(page) {
-  for (const name of ["infra", "jobs", "login"]) {
-    document.getElementById(`page-${name}`).hidden = name !== page;
-    const link = document.getElementById(`nav-${name}`);
-    if (link && name === page) link.setAttribute("aria-current", "page");
-    else if (link) link.removeAttribute("aria-current");
+  for (const name of PAGES) $(`page-${name}`).hidden = name !== page;
+  for (const name of ["infra", "jobs", "managed", "dev"]) {
+    const link = $(`nav-${name}`);
+    if (name === (NAV[page] || page)) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
   }
 }
 
 // ---- Infra ------------------------------------------------------------------------------------
+function useBar(used, total) {
+  const bar = el("span", null, "bar");
+  bar.setAttribute("role", "img");
+  const share = total ? used / total : 0;
+  bar.setAttribute("aria-label", `${Math.round(share * 100)}% in use`);
+  const fill = el("span");
+  fill.style.width = `${Math.round(share * 100)}%`;
+  bar.appendChild(fill);
+  return bar;
+}
+
 async function drawInfra() {
   const report = await api("GET", "/gpus");
-  const body = document.querySelector("#infra tbody");
-  body.replaceChildren();
-  for (const r of report.rows) {
-    const tr = document.createElement("tr");
-    tr.dataset.cluster = r.cluster;
-    tr.dataset.partition = r.partition;
-    tr.dataset.gpu = r.gpu;
-    cell(tr, r.cluster);
+  const health = $("health").querySelector("tbody");
+  health.replaceChildren(...report.clusters.map((c) => {
+    const tr = el("tr");
+    tr.dataset.cluster = c.cluster;
+    linkCell(tr, c.cluster, `#/cluster/${q(c.cluster)}`);
+    cell(tr, c.ok ? "answering" : `not answering: ${c.error}`, c.ok ? "ok" : "bad");
+    cell(tr, c.ok ? c.node_count : "", "num");
+    cell(tr, `${c.seconds.toFixed(2)} s`, "num");
+    timeCell(tr, c.probed_at);
+    return tr;
+  }));
+  const body = $("infra").querySelector("tbody");
+  body.replaceChildren(...report.rows.map((r) => {
+    const tr = el("tr");
+    Object.assign(tr.dataset, { cluster: r.cluster, partition: r.partition, gpu: r.gpu });
+    linkCell(tr, r.cluster, `#/cluster/${q(r.cluster)}`);
     cell(tr, r.partition);
     cell(tr, r.gpu);
     cell(tr, r.free, "num free");
     cell(tr, r.total, "num total");
     cell(tr, r.pending, "num pending");
     cell(tr, `${r.nodes_with_free}/${r.nodes}`, "num");
-    const use = cell(tr, "");
-    const bar = document.createElement("span");
-    bar.className = "bar";
-    bar.setAttribute("role", "img");
-    const used = r.total ? (r.total - r.free) / r.total : 0;
-    bar.setAttribute("aria-label", `${Math.round(used * 100)}% in use`);
-    const fill = document.createElement("span");
-    fill.style.width = `${Math.round(used * 100)}%`;
-    bar.appendChild(fill);
-    use.appendChild(bar);
-    body.appendChild(tr);
-  }
-  const failures = document.getElementById("infra-failures");
-  failures.replaceChildren(...report.failures.map((f) => {
-    const li = document.createElement("li");
-    li.textContent = `${f.cluster}: ${f.error}`;
-    return li;
+    cell(tr, "").appendChild(useBar(r.total - r.free, r.total));
+    return tr;
   }));
-  document.getElementById("infra-age").textContent = `Probed at ${new Date().toLocaleTimeString()}.`;
-  document.getElementById("infra").dataset.loaded = "true";
+  $("infra").dataset.loaded = "true";
 }
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -115,9 +194,8 @@ function chart(series, since, until) {
 
 async function drawUsage() {
   const usage = await api("GET", "/usage?hours=24");
-  const box = document.getElementById("usage");
-  box.replaceChildren(...usage.series.map((s) => {
-    const figure = document.createElement("figure");
+  $("usage").replaceChildren(...usage.series.map((s) => {
+    const figure = el("figure");
     const name = `${s.cluster}/${s.partition} ${s.gpu}`;
     const last = s.points[s.points.length - 1];
     const peak = Math.max(...s.points.map((p) => p[1]));
@@ -127,104 +205,394 @@ async function drawUsage() {
     svg.setAttribute("role", "img");
     svg.setAttribute("aria-label", `${name}: ${last[1]} of ${last[2]} GPUs in use at the last sample, ` +
                                    `at most ${peak} in the last 24 hours`);
-    const caption = document.createElement("figcaption");
-    caption.textContent = `${name}: ${last[1]}/${last[2]} in use, peak ${peak}`;
-    figure.append(svg, caption);
+    figure.append(svg, el("figcaption", `${name}: ${last[1]}/${last[2]} in use, peak ${peak}`));
     return figure;
   }));
-  document.getElementById("usage-hint").textContent = usage.series.length
+  $("usage-hint").textContent = usage.series.length
     ? `A sample every ${usage.sample_seconds}s, kept ${usage.retention_days} days; the dashed line is the total.`
     : "No samples yet: the server takes one a minute.";
-  box.dataset.loaded = "true";
+  $("usage").dataset.loaded = "true";
+}
+
+// ---- Cluster ----------------------------------------------------------------------------------
+function gib(mb) {
+  return `${(mb / 1024).toFixed(mb >= 10240 ? 0 : 1)} GiB`;
+}
+
+async function drawCluster(name) {
+  const c = await api("GET", `/clusters/${q(name)}`);
+  $("cluster-title").textContent = `Cluster ${c.cluster}`;
+  $("cluster-status").textContent = c.ok
+    ? `Slurm ${c.slurm_version || "(version unknown)"}; probed in ${c.seconds.toFixed(2)} s.`
+    : `Not answering: ${c.error}`;
+  $("partitions").querySelector("tbody").replaceChildren(...c.partitions.map((p) => {
+    const tr = el("tr");
+    tr.dataset.partition = p.name;
+    cell(tr, p.default ? `${p.name} (default)` : p.name);
+    cell(tr, p.state, p.state === "UP" ? "ok" : "bad");
+    cell(tr, p.total_nodes, "num");
+    cell(tr, p.max_time);
+    cell(tr, p.max_nodes === null ? "no limit" : p.max_nodes, "num");
+    return tr;
+  }));
+  $("nodes").querySelector("tbody").replaceChildren(...c.nodes.map((n) => {
+    const tr = el("tr");
+    tr.dataset.node = n.name;
+    tr.dataset.condition = n.condition;
+    cell(tr, n.name);
+    const state = cell(tr, n.condition, `node node-${n.condition}`);
+    state.title = `Slurm: ${n.state}`;
+    cell(tr, n.partitions.join(", "));
+    const gpus = cell(tr, n.gpus.length ? "" : "none", "gpus");
+    for (const g of n.gpus) {
+      const item = el("span", `${g.gpu}: ${g.used}/${g.total} `);
+      item.dataset.gpu = g.gpu;
+      item.dataset.total = g.total;
+      item.dataset.used = g.used;
+      item.appendChild(useBar(g.used, g.total));
+      gpus.appendChild(item);
+    }
+    cell(tr, `${n.cpus_alloc}/${n.cpus_total}`, "num");
+    cell(tr, `${gib(n.memory_alloc_mb)}/${gib(n.memory_mb)}`, "num");
+    cell(tr, n.reason);
+    return tr;
+  }));
+  $("nodes").dataset.loaded = "true";
 }
 
 // ---- Jobs -------------------------------------------------------------------------------------
-function jobColumns() {
-  const columns = ["ID", "Name"];
-  if (me && me.role === "admin") columns.push("User");
-  return columns.concat(["Infra", "Slurm ID", "State", "Reason", "Submitted", ""]);
+function where(job) {
+  return job.cluster ? `${job.cluster}/${job.partition}` : "-";
 }
 
-function matches(job, filters) {
-  const has = (value, wanted) => !wanted || String(value || "").toLowerCase().includes(wanted.toLowerCase());
-  return has(job.name, filters.get("name")) && (!filters.get("state") || job.state === filters.get("state"))
-    && has(job.cluster, filters.get("cluster")) && has(job.owner, filters.get("owner"));
-}
-
-async function cancelJob(job, button) {
-  button.disabled = true;
+async function cancelJobs(ids, status, redraw) {
   try {
-    await api("POST", "/cancel", { jobs: [job.job_id] });
-    document.getElementById("jobs-status").textContent = `Cancelled ${job.job_id}.`;
+    const answer = await api("POST", "/cancel", { jobs: ids });
+    const done = answer.jobs.filter((j) => j.cancelled).map((j) => j.job_id);
+    status.textContent = done.length ? `Cancelled ${done.join(", ")}.` : `Nothing to cancel: ${ids.join(", ")} had ended.`;
   } catch (error) {
-    document.getElementById("jobs-status").textContent = `Could not cancel ${job.job_id}: ${error.message}`;
+    status.textContent = `Could not cancel ${ids.join(", ")}: ${error.message}`;
   }
-  await drawJobs();
+  await redraw();
+}
+
+function cancelButton(job, status, redraw) {
+  // A job the API lists is one this user may cancel: it shows no other.
+  return button(`Cancel job ${job.job_id}`, "Cancel", (b) => {
+    b.disabled = true;
+    return cancelJobs([job.job_id], status, redraw);
+  }, "danger");
+}
+
+let clustersListed = false;
+
+async function listClusters() {
+  if (clustersListed) return;
+  const select = $("filters").elements.cluster;
+  const { clusters } = await api("GET", "/check?timeout=5").catch(() => ({ clusters: [] }));
+  select.append(...clusters.map((c) => Object.assign(el("option", c.cluster), { value: c.cluster })));
+  clustersListed = true;
+}
+
+function jobQuery() {
+  const filters = new FormData($("filters"));
+  const params = new URLSearchParams({ limit: JOBS_PER_PAGE, page: jobsPage });
+  for (const key of ["name", "state", "cluster", "owner"]) {
+    const value = String(filters.get(key) || "").trim();
+    if (value) params.set(key, value);
+  }
+  return params.toString();
 }
 
 async function drawJobs() {
-  const page = await api("GET", `/queue?limit=${JOBS_PER_PAGE}&page=${jobsPage}`);
-  const head = document.querySelector("#jobs thead tr");
-  head.replaceChildren(...jobColumns().map((name) => {
-    const th = document.createElement("th");
-    th.scope = "col";
-    th.textContent = name;
-    return th;
-  }));
-  const filters = new FormData(document.getElementById("filters"));
-  const body = document.querySelector("#jobs tbody");
-  body.replaceChildren();
-  for (const job of page.jobs.filter((j) => matches(j, filters))) {
-    const tr = document.createElement("tr");
+  const page = await api("GET", `/jobs?${jobQuery()}`);
+  const admin = me && me.role === "admin";
+  header($("jobs"), ["ID", "Name", ...(admin ? ["User"] : []), "Infra", "Slurm ID", "State", "Reason",
+                     "Predicted start", "Attempt", "Submitted", "Actions"]);
+  const body = $("jobs").querySelector("tbody");
+  body.replaceChildren(...page.jobs.map((job) => {
+    const tr = el("tr");
     tr.dataset.job = job.job_id;
-    cell(tr, job.job_id);
-    cell(tr, job.name);
-    if (me && me.role === "admin") cell(tr, job.owner || "(server)");
-    cell(tr, job.cluster ? `${job.cluster}/${job.partition}` : "-");
+    linkCell(tr, job.job_id, job.managed ? `#/managed/${q(job.job_id)}` : `#/job/${q(job.job_id)}`);
+    cell(tr, job.managed ? `${job.name} (managed)` : job.name);
+    if (admin) cell(tr, job.owner || "(server)");
+    cell(tr, where(job));
     cell(tr, job.slurm_job_id || "-");
     cell(tr, job.state, `state state-${job.state}`);
     cell(tr, job.reason);
-    cell(tr, when(job.submitted_at));
+    timeCell(tr, job.expected_start);
+    cell(tr, job.attempt, "num");
+    timeCell(tr, job.submitted_at);
     const actions = cell(tr, "");
-    if (LIVE.has(job.state)) {  // a listed job is one this user may cancel (the API shows no other)
-      const button = document.createElement("button");
-      button.type = "button";
-      button.className = "danger";
-      button.textContent = "Cancel";
-      button.setAttribute("aria-label", `Cancel job ${job.job_id}`);
-      button.addEventListener("click", () => cancelJob(job, button));
-      actions.appendChild(button);
+    if (job.managed) actions.appendChild(managedCancelButton(job, $("jobs-status"), drawJobs));
+    else if (LIVE.has(job.state)) actions.appendChild(cancelButton(job, $("jobs-status"), drawJobs));
+    return tr;
+  }));
+  $("page-number").textContent = `Page ${page.page} of ${page.pages} (${page.total} jobs)`;
+  $("prev").disabled = page.page <= 1;
+  $("next").disabled = page.page >= page.pages;
+  $("jobs-status").textContent = page.warnings.join("; ") || (page.total ? "" : "No jobs match.");
+  $("jobs").dataset.loaded = "true";
+}
+
+// ---- one job and its output -------------------------------------------------------------------
+function stopTail() {
+  if (tail) tail.abort();
+  tail = null;
+}
+
+// Stream `path` (raw output bytes) into `pre`, keeping the newest LOG_CHARS; `status` says how it goes.
+async function follow(path, pre, status) {
+  stopTail();
+  const controller = (tail = new AbortController());
+  pre.textContent = "";
+  pre.dataset.following = "true";
+  status.textContent = "Following the output as it comes…";
+  try {
+    const response = await fetch("/v1" + path, { credentials: "same-origin", headers: HEADERS,
+                                                 signal: controller.signal });
+    if (response.status === 401) throw new NotLoggedIn();
+    if (!response.ok) throw new Error(problem(await response.json().catch(() => ({})), response));
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      pre.textContent = (pre.textContent + decoder.decode(value, { stream: true })).slice(-LOG_CHARS);
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
     }
-    body.appendChild(tr);
+    status.textContent = "The output ended: the job's tasks are over.";
+  } catch (error) {
+    if (controller.signal.aborted) return;
+    if (error instanceof NotLoggedIn) show("login");
+    status.textContent = `The output stopped: ${error.message}`;
+  } finally {
+    if (tail === controller) pre.dataset.following = "false";
   }
-  document.getElementById("page-number").textContent = `Page ${jobsPage}`;
-  document.getElementById("prev").disabled = jobsPage === 1;
-  document.getElementById("next").disabled = !page.more;
-  const warnings = page.warnings.join("; ");
-  document.getElementById("jobs-status").textContent = page.jobs.length ? warnings : (warnings || "No jobs.");
-  document.getElementById("jobs").dataset.loaded = "true";
+}
+
+async function drawJob(id, first) {
+  const job = await api("GET", `/jobs/${q(id)}`);
+  $("job-title").textContent = `Job ${job.job_id}: ${job.name}`;
+  const state = el("span", job.state, `state state-${job.state}`);
+  const rows = [["State", state], ["Reason", job.reason], ["User", me.role === "admin" ? job.owner || "(server)" : ""],
+                ["Infra", where(job)], ["Slurm ID", job.slurm_job_id], ["Attempt", job.attempt],
+                ["Submitted", relative(job.submitted_at)], ["Predicted start", relative(job.expected_start)],
+                ["Started", relative(job.started_at)], ["Ended", relative(job.ended_at)], ["Exit code", job.exit_code]];
+  facts($("job-facts"), rows);
+  $("job-facts").dataset.state = job.state;
+  const actions = $("job-actions");
+  actions.replaceChildren();
+  if (LIVE.has(job.state)) actions.appendChild(cancelButton(job, $("job-status"), () => drawJob(id, false)));
+  if (first) follow(`/jobs/${q(id)}/logs?follow=true`, $("job-logs"), $("job-logs-status"));
+}
+
+// ---- managed jobs -----------------------------------------------------------------------------
+async function cancelManaged(id, status, redraw) {
+  try {
+    await api("POST", "/managed/cancel", { jobs: [id] });
+    status.textContent = `Cancelling ${id}: the controller stops its attempt and will not recover it.`;
+  } catch (error) {
+    status.textContent = `Could not cancel ${id}: ${error.message}`;
+  }
+  await redraw();
+}
+
+function managedCancelButton(job, status, redraw) {
+  if (job.managed_state && !MANAGED_LIVE.has(job.managed_state)) return el("span");
+  return button(`Cancel managed job ${job.job_id}`, "Cancel", (b) => {
+    b.disabled = true;
+    return cancelManaged(job.job_id, status, redraw);
+  }, "danger");
+}
+
+async function drawManaged() {
+  const { jobs } = await api("GET", "/managed?limit=100");
+  const admin = me && me.role === "admin";
+  header($("managed"), ["ID", "Name", ...(admin ? ["User"] : []), "State", "Infra", "Slurm ID", "Predicted start",
+                        "Attempts", "Recoveries", "Moves", "Reason", "Actions"]);
+  $("managed").querySelector("tbody").replaceChildren(...jobs.map((job) => {
+    const tr = el("tr");
+    tr.dataset.job = job.job_id;
+    linkCell(tr, job.job_id, `#/managed/${q(job.job_id)}`);
+    cell(tr, job.name);
+    if (admin) cell(tr, job.owner || "(server)");
+    cell(tr, job.state, `state state-${job.state}`);
+    cell(tr, where(job));
+    cell(tr, job.slurm_job_id || "-");
+    timeCell(tr, job.expected_start);
+    cell(tr, job.attempts, "num");
+    cell(tr, job.recoveries, "num");
+    cell(tr, job.moves, "num");
+    cell(tr, job.reason);
+    const actions = cell(tr, "");
+    if (MANAGED_LIVE.has(job.state)) actions.appendChild(managedCancelButton(job, $("managed-status"), drawManaged));
+    return tr;
+  }));
+  $("managed-status").textContent = jobs.length ? "" : "No managed jobs. Start one with `corral jobs launch`.";
+  $("managed").dataset.loaded = "true";
+}
+
+let whyAsked = 0;
+
+async function drawManagedJob(id, first) {
+  const job = await api("GET", `/managed/${q(id)}`);
+  $("mjob-title").textContent = `Managed job ${job.job_id}: ${job.name}`;
+  facts($("mjob-facts"), [["State", el("span", job.state, `state state-${job.state}`)], ["Reason", job.reason],
+                          ["Infra", where(job)], ["Slurm ID", job.slurm_job_id],
+                          ["Predicted start", relative(job.expected_start)],
+                          ["Recoveries", job.recoveries], ["Moves", job.moves],
+                          ["Restarts after errors", job.restarts_on_errors]]);
+  const actions = $("mjob-actions");
+  actions.replaceChildren();
+  if (MANAGED_LIVE.has(job.state)) {
+    actions.appendChild(managedCancelButton(job, $("mjob-status"), () => drawManagedJob(id, false)));
+  }
+  $("mjob-attempts").querySelector("tbody").replaceChildren(...job.attempt_list.map((a) => {
+    const tr = el("tr");
+    tr.dataset.attempt = a.number;
+    cell(tr, a.number, "num");
+    cell(tr, `${a.cluster}/${a.partition}`);
+    cell(tr, a.slurm_job_id || "-");
+    cell(tr, a.state, `state state-${a.state}`);
+    cell(tr, a.failure ? `${a.reason || ""} (${a.failure})` : a.reason);
+    timeCell(tr, a.submitted_at);
+    timeCell(tr, a.started_at);
+    timeCell(tr, a.ended_at);
+    cell(tr, a.exit_code, "num");
+    return tr;
+  }));
+  $("mjob-events").replaceChildren(...job.events.map((e) => {
+    const li = el("li");
+    const at = el("time", new Date(e.at * 1000).toLocaleString());
+    at.dateTime = new Date(e.at * 1000).toISOString();
+    li.append(at, " ", el("strong", e.state), e.reason ? ` ${e.reason}` : "");
+    return li;
+  }));
+  $("mjob-events").dataset.count = job.events.length;
+  // Why it waits comes from a fresh plan (a probe of every cluster): asked at most every 15 s.
+  const pending = job.attempt_state === "PENDING" || job.attempt_state === "SUBMITTING";
+  if (!pending) $("mjob-why").textContent = `Not pending: ${job.state}.`;
+  else if (first || Date.now() - whyAsked > 15_000) {
+    whyAsked = Date.now();
+    api("GET", `/managed/${q(id)}/why`).then((why) => {
+      $("mjob-why").textContent = why.lines.join("\n");
+      $("mjob-why").dataset.loaded = "true";
+    }).catch((error) => { $("mjob-why").textContent = error.message; });
+  }
+  const latest = job.attempt_list.filter((a) => a.slurm_job_id).pop();
+  const logs = $("mjob-logs");
+  if (latest && logs.dataset.attempt !== String(latest.number)) {
+    logs.dataset.attempt = latest.number;
+    follow(`/managed/${q(id)}/attempts/${latest.number}/logs?follow=true`, logs, $("mjob-logs-status"));
+  } else if (!latest) {
+    $("mjob-logs-status").textContent = "No attempt has reached a cluster yet.";
+  }
+  $("mjob-facts").dataset.state = job.state;
+}
+
+// ---- dev allocations --------------------------------------------------------------------------
+function idleText(idle, limit) {
+  if (idle === null || Number.isNaN(idle)) return "not used yet";
+  return limit ? `idle ${duration(idle)} of ${duration(limit)}` : `idle ${duration(idle)} (no limit)`;
+}
+
+async function copy(text, status) {
+  try {
+    await navigator.clipboard.writeText(text);
+    status.textContent = "Copied the ssh command.";
+  } catch {
+    status.textContent = "Your browser would not copy: select the command and copy it.";
+  }
+}
+
+async function release(name, status) {
+  try {
+    const answer = await api("DELETE", `/dev/${q(name)}`);
+    status.textContent = answer.released ? `Released ${name}.` : `${name} was already released.`;
+  } catch (error) {
+    status.textContent = `Could not release ${name}: ${error.message}`;
+  }
+  await drawDev();
+}
+
+async function drawDev() {
+  const { allocations } = await api("GET", "/dev");
+  const admin = me && me.role === "admin";
+  header($("dev"), ["Name", ...(admin ? ["User"] : []), "State", "Infra", "Nodes", "Idle", "Time left",
+                    "Shell", "Actions"]);
+  const now = Date.now() / 1000;
+  $("dev").querySelector("tbody").replaceChildren(...allocations.map((a) => {
+    const tr = el("tr");
+    tr.dataset.allocation = a.name;
+    tr.dataset.state = a.state;
+    cell(tr, a.name);
+    if (admin) cell(tr, a.owner || "(server)");
+    cell(tr, a.reason ? `${a.state}: ${a.reason}` : a.state, `state state-${a.state}`);
+    cell(tr, `${a.cluster}/${a.partition}`);
+    cell(tr, a.nodes.join(", ") || "-");
+    const idle = cell(tr, idleText(a.idle_seconds, a.idle_limit_seconds));
+    if (a.idle_seconds !== null) {
+      idle.dataset.idleSince = now - a.idle_seconds;
+      idle.dataset.idleLimit = a.idle_limit_seconds || "";
+    }
+    cell(tr, a.time_left);
+    const shell = cell(tr, "");
+    if (a.ssh_command) {
+      const code = el("code", a.ssh_command, "command");
+      shell.append(code, " ", button(`Copy the ssh command of ${a.name}`, "Copy", () => copy(a.ssh_command, $("dev-status"))));
+    }
+    const actions = cell(tr, "");
+    if (a.owner === me.name || !a.owner || admin) {
+      actions.appendChild(button(`Release ${a.name}`, "Release", (b) => {
+        b.disabled = true;
+        return release(a.name, $("dev-status"));
+      }, "danger"));
+    }
+    return tr;
+  }));
+  $("dev-status").textContent = allocations.length ? "" : "No dev allocations.";
+  $("dev").dataset.loaded = "true";
 }
 
 // ---- the app ------------------------------------------------------------------------------------
+function parseRoute() {
+  const [page, arg] = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  const pages = {
+    jobs: [() => drawJobs(), 1000, "jobs-status"],
+    managed: [() => drawManaged(), 2000, "managed-status"],
+    dev: [() => drawDev(), 5000, "dev-status"],
+  };
+  if (page === "cluster" && arg) return ["cluster", (first) => drawCluster(arg, first), 15000, "cluster-status"];
+  if (page === "job" && arg) return ["job", (first) => drawJob(arg, first), 2000, "job-status"];
+  if (page === "managed" && arg) return ["managed-job", (first) => drawManagedJob(arg, first), 2000, "mjob-status"];
+  if (pages[page]) return [page, ...pages[page]];
+  return ["infra", async () => { await drawInfra(); await drawUsage(); }, 15000, "usage-hint"];
+}
+
 async function route() {
   clearTimeout(timer);
-  const page = location.hash === "#/jobs" ? "jobs" : "infra";
+  stopTail();
+  $("mjob-logs").dataset.attempt = "";
+  const [page, draw, every, statusId] = parseRoute();
   try {
     if (me === null) {
       me = await api("GET", "/me");
-      document.getElementById("who").textContent = `${me.name} (${me.role})`;
-      document.getElementById("owner-filter").hidden = me.role !== "admin";
+      $("who").textContent = `${me.name} (${me.role})`;
+      $("owner-filter").hidden = me.role !== "admin";
     }
     show(page);
-    const draw = page === "jobs" ? drawJobs : async () => { await drawInfra(); await drawUsage(); };
-    const every = page === "jobs" ? 1000 : 15000;  // jobs live; the pool re-probed every 15 s
+    if (page === "jobs") listClusters();
+    let first = true;
     const loop = async () => {
       try {
-        await draw();
+        await draw(first);
       } catch (error) {
         if (error instanceof NotLoggedIn) throw error;
-        document.getElementById(page === "jobs" ? "jobs-status" : "infra-age").textContent = error.message;
+        $(statusId).textContent = error.message;
       }
+      first = false;
       if (!document.hidden) timer = setTimeout(loop, every);
     };
     await loop();
@@ -235,11 +603,12 @@ async function route() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  document.getElementById("prev").addEventListener("click", () => { jobsPage = Math.max(1, jobsPage - 1); route(); });
-  document.getElementById("next").addEventListener("click", () => { jobsPage += 1; route(); });
-  document.getElementById("filters").addEventListener("input", () => drawJobs());
-  document.getElementById("filters").addEventListener("submit", (event) => event.preventDefault());
+  $("prev").addEventListener("click", () => { jobsPage = Math.max(1, jobsPage - 1); route(); });
+  $("next").addEventListener("click", () => { jobsPage += 1; route(); });
+  $("filters").addEventListener("input", () => { jobsPage = 1; route(); });
+  $("filters").addEventListener("submit", (event) => event.preventDefault());
   document.addEventListener("visibilitychange", () => { if (!document.hidden) route(); });
-  window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", () => { route(); $("main").focus({ preventScroll: true }); });
+  ticker = setInterval(tick, 1000);
   route();
 });

@@ -179,6 +179,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         options = ("-t", "-o", "BatchMode=no") if command is None else ()
         return self.transport.ssh_argv(self.cluster, [remote], options)
 
+    def login_shell_command(self, handle: str, head_node: str) -> str:
+        return devscript.shell_command(handle, head_node, None)
+
     async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
         proc = await asyncio.create_subprocess_exec(
             "ssh", "-G", "-F", str(self.transport.registry.path), "--", self.cluster,
