@@ -4,7 +4,7 @@
 Run as root with the testbed (`python -m testbed up`) and Debian's chromium:
     python bench/bench_dashboard.py [--jobs N] [--dashboards N] [--seconds S]
 First paint: a fresh page of a logged-in browser, from navigation to the Jobs table drawn (its first
-`/v1/queue` answered), median of --runs; the baseline is `ssh <login> squeue --me` on a new
+`/v1/jobs` answered), median of --runs; the baseline is `ssh <login> squeue --me` on a new
 connection, what a person would otherwise type. CPU: the server process's user+system time over
 --seconds with --dashboards Jobs pages open (each redrawing every second), against the same server
 idle for the same time, measured in the same run.
@@ -38,7 +38,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--dashboards", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--screenshots", type=Path, help="save the Infra and Jobs pages as PNGs in this folder")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -64,15 +63,6 @@ def main() -> None:
                 paints.append(time.perf_counter() - started)
                 rows = page.locator("#jobs tbody tr").count()
                 page.close()
-            if args.screenshots:
-                args.screenshots.mkdir(parents=True, exist_ok=True)
-                shot = context.new_page()
-                shot.set_viewport_size({"width": 1280, "height": 720})
-                for name in ("infra", "jobs"):
-                    shot.goto(base + f"/#/{name}")
-                    shot.wait_for_selector(f"#{name}[data-loaded=true]", timeout=30_000)
-                    shot.screenshot(path=str(args.screenshots / f"dashboard-{name}.png"))
-                shot.close()
             idle_before = cpu_seconds(pid)
             time.sleep(args.seconds)
             idle = cpu_seconds(pid) - idle_before

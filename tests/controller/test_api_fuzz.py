@@ -55,7 +55,7 @@ def requests(operations):
 
     query = st.lists(st.tuples(st.one_of(st.sampled_from(["cluster", "gpu", "infra", "timeout", "limit", "page",
                                                            "since", "allocation", "by_sweep", "follow", "all",
-                                                           "name", "command"]),
+                                                           "name", "command", "owner", "state", "hours"]),
                                          st.text(max_size=8)), VALUES), max_size=5)
     structured = st.one_of(
         st.fixed_dictionaries({}, optional={"jobs": st.lists(VALUES, max_size=3),

@@ -56,6 +56,47 @@ def logged_in(browser, corral, env=None):
     return context, page, link
 
 
+# Basic accessibility, as the issue asks, checked on each page the tests draw: every control has a name
+# (a label, its text or aria-label), and every piece of visible text has WCAG AA contrast (4.5:1)
+# against the background it is drawn on.
+ACCESSIBILITY_PROBLEMS = """() => {
+  const problems = [];
+  for (const control of document.querySelectorAll("input, select, button, a[href]")) {
+    if (control.closest("[hidden]")) continue;
+    const name = (control.getAttribute("aria-label") || control.textContent || "").trim()
+      || (control.labels && [...control.labels].map(l => l.textContent).join("").trim());
+    if (!name) problems.push(`unnamed ${control.tagName} ${control.outerHTML.slice(0, 80)}`);
+  }
+  const rgb = (text) => (text.match(/[\\d.]+/g) || []).map(Number);
+  const luminance = ([r, g, b]) => [r, g, b].map(v => v / 255).map(v => v <= 0.03928 ? v / 12.92
+                                                        : ((v + 0.055) / 1.055) ** 2.4)
+                                     .reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const background = (node) => {
+    for (; node; node = node.parentElement) {
+      const color = rgb(getComputedStyle(node).backgroundColor);
+      if (color.length === 3 || (color.length === 4 && color[3] > 0)) return color.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const seen = new Set();
+  while (walker.nextNode()) {
+    const node = walker.currentNode.parentElement;
+    if (!walker.currentNode.textContent.trim() || seen.has(node) || !node.getClientRects().length) continue;
+    seen.add(node);
+    const [a, b] = [luminance(rgb(getComputedStyle(node).color).slice(0, 3)), luminance(background(node))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (ratio < 4.5) problems.push(`contrast ${ratio.toFixed(2)} for "${node.textContent.trim().slice(0, 30)}"`);
+  }
+  return problems;
+}"""
+
+
+def accessible(page) -> list[str]:
+    """What keeps the shown page from basic accessibility (nothing, when it passes)."""
+    return page.evaluate(ACCESSIBILITY_PROBLEMS)
+
+
 def admin_token(env: dict[str, str]) -> str:
     return json.loads((Path(env["CORRAL_HOME"]) / "controller.json").read_text())["token"]
 
@@ -95,6 +136,17 @@ def test_login_link_the_gpu_pool_as_corral_gpus_has_it_and_a_clusters_nodes(brow
     wait_for("several samples per series", lambda: (lambda n: len(n) == len(shown) and min(n) >= 3)(
         recent_points()), timeout=30, interval=1)
 
+    assert accessible(page) == []
+    # From the keyboard: the first Tab reaches the skip link, and the page's links are reached and followed.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.focus("#nav-jobs")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#jobs[data-loaded=true]", timeout=10_000)
+    assert page.url.endswith("#/jobs") and accessible(page) == []
+    page.go_back()
+    page.wait_for_selector("#page-infra:not([hidden])", timeout=10_000)
+
     # Every cluster answers, and a cluster's page lists its nodes as sinfo does, with the GPUs the table counts.
     health = page.eval_on_selector_all("#health tbody tr", "rows => rows.map(r => [r.dataset.cluster, "
                                        "r.cells[1].textContent])")
@@ -111,6 +163,7 @@ def test_login_link_the_gpu_pool_as_corral_gpus_has_it_and_a_clusters_nodes(brow
         entry[1].append(partition.rstrip("*"))
     assert {n: [cond, sorted(parts.split(", "))] for n, cond, parts, _ in nodes} == \
         {n: [cond, sorted(parts)] for n, (cond, parts) in sinfo.items()}
+    assert accessible(page) == []
     for _cluster, partition, gpu, _free, total, _pending in (r for r in shown if r[0] == "alpine"):
         assert total == sum(t for _, _, parts, gpus in nodes if partition in parts.split(", ")
                             for g, t in gpus if g == gpu)
@@ -143,6 +196,7 @@ def test_a_job_appears_live_is_cancelled_from_the_page_and_others_see_nothing(br
     row = page.wait_for_selector(f'tr[data-job="{job}"]', timeout=2_000)  # live: within 2 s
     appeared = time.monotonic() - seen_after
     assert row is not None and appeared <= 2.0
+    assert accessible(page) == []
 
     # Another user's page: none of alice's jobs, and no control for them.
     bobs, bob_page, _ = logged_in(browser, corral, bob_env)
@@ -163,6 +217,7 @@ def test_a_job_appears_live_is_cancelled_from_the_page_and_others_see_nothing(br
         return page.eval_on_selector("#job-logs", "pre => pre.textContent.split('\\n').filter(l => l).length")
     seen = lines()
     wait_for("more lines to stream in", lambda: lines() >= seen + 3, timeout=20, interval=0.2)
+    assert accessible(page) == []
     assert page.eval_on_selector("#job-logs", "pre => pre.textContent").startswith("line 1\nline 2\n")
 
     page.go_back()
@@ -189,6 +244,7 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     page.get_by_role("link", name=job).click()
     why = page.wait_for_selector("#mjob-why[data-loaded=true]", timeout=60_000)
     assert f"{job} is pending on slurm/alpine/gpu" in why.text_content()
+    assert accessible(page) == []
     assert page.locator('#mjob-attempts tr[data-attempt="1"]').count() == 1
     wait_for("the timeline to show the attempt", lambda: any(
         "submitted to slurm/alpine/gpu" in e for e in page.locator("#mjob-events li").all_text_contents()),
@@ -208,6 +264,7 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     # alice logs in herself (submit_as: service here, so as the cluster's account): ssh, then a step there.
     assert command.startswith("ssh -t cirrus ") and "srun --jobid=" in command and "--pty bash -l" in command
     idle = row.query_selector("[data-idle-since]")
+    assert accessible(page) == []
     first = idle.text_content()
     assert first.startswith("idle ") and "of 30m" in first
     wait_for("the idle timer to count", lambda: idle.text_content() != first, timeout=5, interval=0.2)

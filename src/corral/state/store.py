@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, delete, event, func, insert, select, update
+from sqlalchemy import create_engine, delete, event, exists, func, insert, select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from corral.config import private_file, private_home
 from corral.errors import NotFoundError
@@ -200,22 +200,27 @@ class Store:
 
     def job_page(self, wanted: JobFilter, *, limit: int = 50, offset: int = 0,
                  scope: str | None = None) -> tuple[list[JobView], int]:
-        """(one page of the jobs `wanted` matches, newest first; how many match in all). Filters apply
-        to each job's latest attempt, in SQL: the work is in proportion to the page, not the store."""
-        latest = (select(AttemptRow.job_id, func.max(AttemptRow.number).label("number"))
-                  .group_by(AttemptRow.job_id).subquery())
-        query = (select(JobRow.id).join(latest, latest.c.job_id == JobRow.id)
-                 .join(AttemptRow, (AttemptRow.job_id == JobRow.id) & (AttemptRow.number == latest.c.number)))
+        """(one page of the jobs `wanted` matches, newest first; how many match in all). State and
+        cluster apply to each job's latest attempt. Unfiltered, it reads the page's rows and an index
+        count; a state narrows through the index on attempts.state. A job with no attempt yet (a managed
+        job before its first placement) counts in the total but is not listed, as in `queue_page`."""
+        query = select(JobRow.id)
+        if wanted.state or wanted.cluster:
+            # jobs whose latest attempt (none newer for the same job) is in that state, on that cluster
+            newer = aliased(AttemptRow)
+            latest = select(AttemptRow.job_id).where(~exists().where(newer.job_id == AttemptRow.job_id,
+                                                                     newer.number > AttemptRow.number))
+            if wanted.state == "live":
+                latest = latest.where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
+            elif wanted.state:
+                latest = latest.where(AttemptRow.state == wanted.state)
+            if wanted.cluster:
+                latest = latest.where(AttemptRow.cluster == wanted.cluster)
+            query = query.where(JobRow.id.in_(latest))
         if scope is not None:
             query = query.where(JobRow.owner == scope)
         if wanted.owner:
             query = query.where(JobRow.owner == wanted.owner)
-        if wanted.state == "live":
-            query = query.where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
-        elif wanted.state:
-            query = query.where(AttemptRow.state == wanted.state)
-        if wanted.cluster:
-            query = query.where(AttemptRow.cluster == wanted.cluster)
         if wanted.name:
             escaped = wanted.name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             query = query.where(JobRow.name.ilike(f"%{escaped}%", escape="\\"))

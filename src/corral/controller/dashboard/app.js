@@ -172,8 +172,16 @@ async function drawInfra() {
 
 const SVG = "http://www.w3.org/2000/svg";
 
+// The chart spans from the series' first point (a server up for an hour draws that hour, not a
+// sliver at the right of 24) to now. One point (samples younger than one of the 240 stretches the
+// server folds the window into) is drawn as a flat line.
 function chart(series, since, until) {
   const [w, h] = [240, 60];
+  if (series.points.length === 1) {
+    const [at, ...values] = series.points[0];
+    series = { ...series, points: [[Math.min(at, until - 1), ...values], [until, ...values]] };
+  }
+  since = Math.max(since, series.points[0][0]);
   const top = Math.max(1, ...series.points.map((p) => p[2]));
   const x = (at) => ((at - since) / Math.max(1, until - since)) * w;
   const y = (value) => h - (value / top) * (h - 4) - 2;
@@ -205,7 +213,8 @@ async function drawUsage() {
     svg.setAttribute("role", "img");
     svg.setAttribute("aria-label", `${name}: ${last[1]} of ${last[2]} GPUs in use at the last sample, ` +
                                    `at most ${peak} in the last 24 hours`);
-    figure.append(svg, el("figcaption", `${name}: ${last[1]}/${last[2]} in use, peak ${peak}`));
+    const from = new Date(Math.max(usage.since, s.points[0][0]) * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+    figure.append(svg, el("figcaption", `${name}: ${last[1]}/${last[2]} in use, peak ${peak} (since ${from})`));
     return figure;
   }));
   $("usage-hint").textContent = usage.series.length
