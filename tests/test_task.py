@@ -43,7 +43,20 @@ run: python train.py
     ("resources:\n  accelerators: H100:0\n", "the count must be at least 1"),
     ("num_nodes: 0\n", "num_nodes: Input should be greater than or equal to 1"),
     ("num_nodes: two\n", "num_nodes: Input should be a valid integer"),
-    ("resources:\n  infra: k8s/ctx\n", "infra kind 'k8s' is not supported"),
+    ("resources:\n  infra: k8s/ctx\n", "every alternative is on infra Corral does not run (k8s/ctx)"),
+    ("resources:\n  infra: slrum/alpine\n", "every alternative is on infra Corral does not run (slrum/alpine)"),
+    ("resources:\n  use_spt: true\n", "resources.use_spt: unknown field; did you mean 'use_spot'?"),
+    ("resources:\n  autostop: {idle_minuts: 5}\n", "resources.autostop.idle_minuts: unknown field; did you mean"),
+    ("resources:\n  autostop: soon\n", "invalid autostop 'soon'"),
+    ("resources:\n  job_recovery: sometimes\n", "unknown strategy 'sometimes'"),
+    ("resources:\n  job_recovery: {stratgy: FAILOVER}\n", "stratgy: unknown field; did you mean 'strategy'?"),
+    ("resources:\n  memory: 64XB\n", "invalid memory '64XB'"),
+    ("resources:\n  region: alpine\n", "region and zone need cloud"),
+    ("resources:\n  cloud: slurm\n  infra: slurm\n", "either infra or cloud/region/zone"),
+    ("file_mounts:\n  /data: s3://bucket/path\n", "s3:// object storage is not fetched onto Slurm clusters yet"),
+    ("file_mounts:\n  /data: {sorce: ./d}\n", "'/data'.sorce: unknown field; did you mean 'source'?"),
+    ("file_mounts:\n  /data: {name: v, store: volume}\n", "volumes are a cloud's disks"),
+    ("file_mounts:\n  /data: {source: ./d, mode: LINK}\n", "use MOUNT, COPY or MOUNT_CACHED"),
     ("resources:\n  memory: lots\n", "invalid memory 'lots'"),
     ("slurm:\n  time: forever\n", "invalid time 'forever'"),
     ("slurm:\n  sbatch_args: [exclusive]\n", "must start with '-'"),
@@ -72,12 +85,16 @@ def test_missing_file(tmp_path):
 
 
 def test_accelerator_forms_and_alternatives():
-    assert [str(o.accelerator) for o in resource_options(parse_task(
-        {"resources": {"accelerators": ["H100:8", "A100:8"]}}, "t").resources)] == ["H100:8", "A100:8"]
+    # SkyPilot's list is tried in order; its set ({A: 1, B: 1} in YAML flow style: keys without values) as equals
+    assert [(str(o.accelerator), o.preference) for o in resource_options(parse_task(
+        {"resources": {"accelerators": ["H100:8", "A100:8"]}}, "t").resources)] == [("H100:8", 0), ("A100:8", 1)]
+    assert [(str(o.accelerator), o.preference) for o in resource_options(parse_task(
+        {"resources": {"accelerators": {"H100:8": None, "A100:8": None}}}, "t").resources)] == \
+        [("H100:8", 0), ("A100:8", 0)]
     ordered = resource_options(parse_task({"resources": {"cpus": 4, "ordered": [
         {"accelerators": "H100:1", "infra": "slurm/borealis"}, {"accelerators": "L4"}]}}, "t").resources)
     assert [(str(o.accelerator), str(o.infra), o.preference, str(o.cpus)) for o in ordered] == [
-        ("H100:1", "slurm/borealis", 0, "4"), ("L4:1", "slurm", 1, "4")]
+        ("H100:1", "slurm/borealis", 0, "4"), ("L4:1", "slurm", 64, "4")]  # ordered first, then list order
     any_of = resource_options(parse_task({"resources": {"any_of": [{"accelerators": "H100"},
                                                                    {"accelerators": "B300"}]}}, "t").resources)
     assert {o.preference for o in any_of} == {0}

@@ -9,6 +9,7 @@ no portable meaning go under `slurm:`.
 from __future__ import annotations
 
 import difflib
+import enum
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from pydantic import (
 )
 
 from corral.errors import CorralError, TaskError
-from corral.infra.selector import InfraSelector, parse_infra
+from corral.infra.selector import InfraSelector, parse_any_infra, supported
 from corral.taskfile import (
     MAX_TASK_FILE_BYTES,
     MAX_YAML_DEPTH,
@@ -100,6 +101,21 @@ def parse_amount(value: Any, what: str) -> Amount:
     return Amount(float(match.group(1)), bool(match.group(2)))
 
 
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(\+?)\s*([KMGTP]B?)?\s*(\+?)\s*$", re.I | re.ASCII)
+_GB_PER_UNIT = {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0, "P": 1024.0 ** 2}
+
+
+def parse_memory(value: Any) -> Amount:
+    """Memory in GB, as SkyPilot writes it: `32`, `32+`, `64GB`, `1024MB`, `1TB+` (units are powers of
+    1024, case-insensitive; GB when none)."""
+    match = _MEMORY.match(str(value))
+    if not match or float(match.group(1)) <= 0 or (match.group(2) and match.group(4)):
+        raise ValueError(f"invalid memory {value!r}: expected GB as a positive number, optionally with a unit "
+                         "(KB, MB, GB, TB, PB) and + for at least (e.g. 64, 64+, 512MB, 1TB+)")
+    unit = (match.group(3) or "G")[0].upper()
+    return Amount(float(match.group(1)) * _GB_PER_UNIT[unit], bool(match.group(2) or match.group(4)))
+
+
 def check_sbatch_arg(arg: str) -> str:
     """One pass-through sbatch option: an option, one word, and not one Corral sets itself."""
     if not arg.startswith("-") or len(arg) < 2:
@@ -158,15 +174,42 @@ class SlurmOptions(BaseModel):
         return value
 
 
+class RecoveryStrategy(enum.StrEnum):
+    """Where a managed job goes after an infrastructure failure (SkyPilot's names)."""
+
+    FAILOVER = "FAILOVER"  # the same cluster first, if it can still run the job; else the best other
+    EAGER_NEXT_REGION = "EAGER_NEXT_REGION"  # another cluster first; the same one only if none other can
+    NONE = "NONE"  # never recover: the first failure of any kind ends the job
+
+
 class JobRecovery(BaseModel):
     """How a managed job (`corral jobs launch`) recovers. Infrastructure failures (node failure,
-    preemption, an unreachable cluster) are always recovered; failures of the task itself only so."""
+    preemption, an unreachable cluster) are recovered unless the strategy is none; failures of the task
+    itself only as these say. Written `job_recovery: none`, `job_recovery: FAILOVER`, or as a mapping."""
 
     model_config = ConfigDict(extra="forbid")
 
+    strategy: RecoveryStrategy | None = Field(
+        None, description="FAILOVER: recover on the same cluster first; EAGER_NEXT_REGION: on another cluster "
+                          "first; none: never recover. Unset: wherever the job would start soonest.")
     max_restarts_on_errors: int = Field(0, ge=0, description="Restart this many times when the task itself fails.")
     recover_on_exit_codes: list[int] = Field(default_factory=list,
                                              description="Exit codes that always mean 'restart' (e.g. 75).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strategy_alone(cls, value: Any) -> Any:
+        return {"strategy": value} if isinstance(value, str) else value
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _strategy_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            named = value.strip().upper()
+            if named not in RecoveryStrategy.__members__:
+                raise ValueError(f"unknown strategy {value!r}: use FAILOVER, EAGER_NEXT_REGION or none")
+            return named
+        return value
 
 
 class Checkpoint(BaseModel):
@@ -184,21 +227,78 @@ class Checkpoint(BaseModel):
         return None if value is None else check_line(value, "checkpoint path")
 
 
-class Resources(BaseModel):
-    """What the task needs on each node."""
+_AUTOSTOP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mhdw]?)\s*$", re.I | re.ASCII)
+_MINUTES_PER = {"": 1, "m": 1, "h": 60, "d": 24 * 60, "w": 7 * 24 * 60}
+DEFAULT_AUTOSTOP_MINUTES = 5.0  # SkyPilot's, for `autostop: true`
+
+
+class Autostop(BaseModel):
+    """SkyPilot's autostop: here, a dev allocation (`corral launch -c NAME`) idle this long is released.
+    Written `true` (5 minutes), `false` (never), minutes (`10`), a duration (`10h`, `1d`, `1w`), or a
+    mapping."""
 
     model_config = ConfigDict(extra="forbid")
 
-    accelerators: str | dict[str, int] | list[str] | None = Field(
-        None, description="GPUs per node: 'H100:8', {H100: 8}, or a list of alternatives ['H100:8', 'A100:8']."
+    idle_minutes: float | None = Field(None, ge=0, description="Idle minutes before release; 0: never.")
+    down: bool | None = Field(None, description="SkyPilot: tear down instead of stop. An allocation is always released.")
+    wait_for: str | None = Field(None, description="SkyPilot: what counts as activity (jobs_and_ssh, jobs, none).")
+    hook: str | None = Field(None, description="SkyPilot: a command run before stopping. Not run by Corral.")
+    hook_timeout: int | None = Field(None, description="SkyPilot: the hook's timeout in seconds.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return {"idle_minutes": DEFAULT_AUTOSTOP_MINUTES if value else 0}
+        if isinstance(value, int | float | str):
+            match = _AUTOSTOP.match(str(value))
+            if not match:
+                raise ValueError(f"invalid autostop {value!r}: use true, false, minutes, or a duration such as "
+                                 "30m, 10h, 1d or 1w")
+            return {"idle_minutes": float(match.group(1)) * _MINUTES_PER[match.group(2).lower()]}
+        return value
+
+
+class Resources(BaseModel):
+    """What the task needs on each node. The fields after `any_of`/`ordered` are SkyPilot's that have no
+    meaning on a Slurm cluster: accepted so its task files run unchanged, each named in one warning line
+    (`task_compat.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accelerators: str | dict[str, int | None] | list[str] | None = Field(
+        None, description="GPUs per node: 'H100:8' or {H100: 8}; a list ['H100:8', 'A100:8'] tries them in order, "
+                          "a set {H100:8, A100:8} as equals."
     )
     cpus: int | float | str | None = Field(None, description="CPUs per node: N, or N+ for at least N.")
-    memory: int | float | str | None = Field(None, description="Memory per node in GB: N, or N+ for at least N.")
-    infra: str | None = Field(None, description="slurm, slurm/<cluster> or slurm/<cluster>/<partition>.")
-    image_id: str | None = Field(None, description="Container image (docker:<image>); needs a container runtime on the cluster.")
-    job_recovery: JobRecovery | None = Field(None, description="Managed jobs: when to restart after a failure.")
+    memory: int | float | str | None = Field(
+        None, description="Memory per node in GB: N, or N+ for at least N; units KB, MB, GB, TB (e.g. 512MB, 1TB+).")
+    infra: str | None = Field(None, description="slurm, slurm/<cluster> or slurm/<cluster>/<partition>. Another "
+                                                "kind (aws, k8s, …): an alternative Corral skips, with a warning.")
+    cloud: str | None = Field(None, description="SkyPilot's older form: `cloud: slurm`, `region: <cluster>`, "
+                                                "`zone: <partition>` mean infra slurm/<cluster>/<partition>.")
+    region: str | None = Field(None, description="With cloud: the cluster.")
+    zone: str | None = Field(None, description="With cloud and region: the partition.")
+    image_id: str | dict[str, str] | None = Field(
+        None, description="Container image (docker:<image>); needs a container runtime on the cluster. A VM image "
+                          "(an AMI, a per-region mapping) has no meaning on Slurm: ignored, with a warning.")
+    autostop: Autostop | None = Field(None, description="Dev allocations: release after this long idle "
+                                                        "(true: 5 minutes, false: never, 10, 10h, 1d, …).")
+    job_recovery: JobRecovery | None = Field(None, description="Managed jobs: when and where to restart after a failure.")
     any_of: list[Resources] | None = Field(None, description="Alternatives, any of which will do.")
     ordered: list[Resources] | None = Field(None, description="Alternatives in order of preference.")
+    # SkyPilot's fields for clouds, with no meaning on Slurm: ignored with one warning line each.
+    accelerator_args: dict[str, Any] | None = Field(None, description="SkyPilot: TPU settings. Ignored on Slurm.")
+    instance_type: str | None = Field(None, description="SkyPilot: a cloud VM type. Ignored on Slurm.")
+    use_spot: bool | None = Field(None, description="SkyPilot: spot VMs. Ignored on Slurm (a preemptible partition "
+                                                    "or QOS is the cluster profile's to choose).")
+    disk_size: int | str | None = Field(None, description="SkyPilot: the VM's disk. Ignored on Slurm.")
+    disk_tier: str | None = Field(None, description="SkyPilot: the VM's disk tier. Ignored on Slurm.")
+    network_tier: str | None = Field(None, description="SkyPilot: the VMs' network. Ignored on Slurm.")
+    max_hourly_cost: float | None = Field(None, description="SkyPilot: a price cap. Ignored on Slurm.")
+    ports: int | str | list[int | str] | None = Field(
+        None, description="SkyPilot: ports opened to the Internet. Ignored on Slurm (`corral ssh` forwards ports).")
+    labels: dict[str, str] | None = Field(None, description="SkyPilot: VM or pod labels. Ignored on Slurm.")
 
     @field_validator("accelerators")
     @classmethod
@@ -207,11 +307,18 @@ class Resources(BaseModel):
             parse_accelerator(item)
         return value
 
-    @field_validator("cpus", "memory")
+    @field_validator("cpus")
     @classmethod
-    def _amount(cls, value: Any, info: ValidationInfo) -> Any:
+    def _cpus(cls, value: Any) -> Any:
         if value is not None:
-            parse_amount(value, info.field_name or "amount")
+            parse_amount(value, "cpus")
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: Any) -> Any:
+        if value is not None:
+            parse_memory(value)
         return value
 
     @field_validator("infra")
@@ -219,20 +326,28 @@ class Resources(BaseModel):
     def _infra(cls, value: str | None) -> str | None:
         if value is not None:
             try:
-                return str(parse_infra(value))
+                return str(parse_any_infra(value))
             except CorralError as exc:
                 raise ValueError(str(exc)) from None
         return value
 
     @field_validator("image_id")
     @classmethod
-    def _image(cls, value: str | None) -> str | None:
-        if value is not None and not _IMAGE.match(value):
+    def _image(cls, value: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        if isinstance(value, str) and value.startswith("docker:") and not _IMAGE.match(value):
             raise ValueError(f"invalid image_id {value!r}: expected docker:<image>[:tag]")
+        if isinstance(value, str):
+            check_line(value, "image_id", max_length=1024)
         return value
 
     @model_validator(mode="after")
     def _one_kind_of_alternatives(self) -> Resources:
+        if self.cloud is None and (self.region or self.zone):
+            raise ValueError("region and zone need cloud (e.g. cloud: slurm, region: <cluster>); or use infra")
+        if self.cloud is not None and self.infra is not None:
+            raise ValueError("use either infra or cloud/region/zone, not both")
+        if self.zone and not self.region:
+            raise ValueError("zone (a partition) needs region (its cluster)")
         if self.any_of and self.ordered:
             raise ValueError("use either any_of or ordered, not both")
         for alternative in (self.any_of or []) + (self.ordered or []):
@@ -244,14 +359,25 @@ class Resources(BaseModel):
     def accelerator_requests(self) -> list[AcceleratorRequest]:
         return [parse_accelerator(item) for item in _accelerator_items(self.accelerators)]
 
+    def infra_text(self) -> str | None:
+        """`infra`, or what the older `cloud`/`region`/`zone` say."""
+        if self.cloud is None:
+            return self.infra
+        return "/".join(p for p in (self.cloud, self.region, self.zone) if p)
+
+    def accelerators_ordered(self) -> bool:
+        """A list of accelerators is tried in order (SkyPilot); a set (a mapping of `NAME:N` to nothing)
+        or a single one, as equals."""
+        return isinstance(self.accelerators, list)
+
 
 def _accelerator_items(value: Any) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
         return [value]
-    if isinstance(value, dict):
-        return [f"{name}:{count}" for name, count in value.items()]
+    if isinstance(value, dict):  # {H100: 8}, or SkyPilot's set {H100:8, A100:8} (keys with no values)
+        return [name if count is None else f"{name}:{count}" for name, count in value.items()]
     return [str(v) for v in value]
 
 
@@ -274,12 +400,27 @@ class Task(BaseModel):
                     "from your environment).",
     )
     file_mounts: dict[str, str] = Field(
-        default_factory=dict, description="Remote path: local path. Relative remote paths are under the job's directory."
-    )
+        default_factory=dict,
+        description="Remote path: local path (copied with rsync). Relative remote paths are under the job's "
+                    "directory. SkyPilot's mapping form ({source: ./data, mode: COPY}) takes its source; every "
+                    "mode is a copy here.")
     setup: str | None = Field(None, description="Commands run on every node before run.")
     run: str | None = Field(None, description="Commands run on every node.")
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
     checkpoint: Checkpoint | None = Field(None, description="Managed jobs: checkpoint directory and its sync.")
+    config: dict[str, Any] | None = Field(
+        None, description="SkyPilot: per-task settings for its clouds and Kubernetes (docker, kubernetes, gcp, "
+                          "nvidia_gpus). Ignored on Slurm, with a warning.")
+    service: dict[str, Any] | None = Field(
+        None, description="SkyPilot: a SkyServe service (replicas, readiness probe). Corral runs the task as a job, "
+                          "with a warning that no service is set up.")
+
+    @field_validator("file_mounts", mode="before")
+    @classmethod
+    def _mount_forms(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {remote: _mount_source(remote, local) for remote, local in value.items()}
 
     @field_validator("envs", "secrets")
     @classmethod
@@ -311,6 +452,11 @@ class Task(BaseModel):
         for remote, local in value.items():
             check_line(remote, "file_mounts remote path")
             check_line(local, f"file_mounts[{remote!r}] local path")
+            scheme, sep, _ = local.partition("://")
+            if sep and scheme.isalnum():
+                raise ValueError(f"{remote!r}: {scheme}:// object storage is not fetched onto Slurm "
+                                 "clusters yet: copy the data to the cluster's filesystem (or sync it in setup) "
+                                 "and name that path")
         return value
 
     @field_validator("setup", "run")
@@ -322,7 +468,11 @@ class Task(BaseModel):
 
     @model_validator(mode="after")
     def _bounded_alternatives(self) -> Task:
-        count = len(resource_options(self.resources))
+        count = len(_all_options(self.resources))
+        if not resource_options(self.resources):
+            foreign = ", ".join(foreign_alternatives(self.resources))
+            raise ValueError(f"resources: every alternative is on infra Corral does not run ({foreign}); "
+                             "Corral runs on slurm: use infra slurm, slurm/<cluster> or slurm/<cluster>/<partition>")
         if count > MAX_RESOURCE_OPTIONS:
             raise ValueError(f"resources: {count} alternatives after expanding any_of/ordered and accelerator "
                              f"lists; at most {MAX_RESOURCE_OPTIONS}")
@@ -330,6 +480,33 @@ class Task(BaseModel):
         if overlap:
             raise ValueError(f"{', '.join(sorted(overlap))}: in both envs and secrets; keep each in one")
         return self
+
+
+_MOUNT_KEYS = ("name", "source", "store", "persistent", "mode", "config")
+_MOUNT_MODES = ("MOUNT", "COPY", "MOUNT_CACHED")
+
+
+def _mount_source(remote: Any, value: Any) -> Any:
+    """SkyPilot's mapping form of a file mount, as the source Corral copies; other forms as they are."""
+    if not isinstance(value, dict):
+        return value
+    where = repr(remote)
+    for key in value:
+        if key not in _MOUNT_KEYS:
+            close = difflib.get_close_matches(str(key), _MOUNT_KEYS, n=1)
+            raise ValueError(f"{where}.{key}: unknown field; " + (f"did you mean {close[0]!r}?" if close else
+                                                                  f"known fields: {', '.join(_MOUNT_KEYS)}"))
+    if value.get("store") == "volume":
+        raise ValueError(f"{where}: volumes are a cloud's disks, which Slurm clusters do not have; name a path on "
+                         "the cluster's filesystem instead")
+    mode = str(value.get("mode", "MOUNT")).upper()
+    if mode not in _MOUNT_MODES:
+        raise ValueError(f"{where}.mode: {value.get('mode')!r}: use MOUNT, COPY or MOUNT_CACHED")
+    source = value.get("source")
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"{where}: needs a source (a local path or a bucket URI); a new empty bucket has no "
+                         "meaning on Slurm")
+    return source
 
 
 @dataclass(frozen=True)
@@ -353,21 +530,33 @@ class ResourceOption:
 
 
 def resource_options(resources: Resources) -> list[ResourceOption]:
-    """Every alternative the task accepts, each with its preference rank."""
+    """Every alternative the task accepts on infra Corral runs, each with its preference rank (an
+    `ordered` alternative's, then its place in an accelerator list). Others: `foreign_alternatives`."""
+    return [option for option in _all_options(resources) if supported(option.infra)]
+
+
+def foreign_alternatives(resources: Resources) -> list[str]:
+    """The infras of alternatives Corral skips (aws, k8s/…: kinds it does not run), as written."""
+    return list(dict.fromkeys(str(o.infra) for o in _all_options(resources) if not supported(o.infra)))
+
+
+def _all_options(resources: Resources) -> list[ResourceOption]:
     out: list[ResourceOption] = []
 
     def expand(res: Resources, base: Resources | None, preference: int) -> None:
         merged = _merge(base, res)
         requests = merged.accelerator_requests() or [None]
-        for request in requests:
+        infra = merged.infra_text()
+        for index, request in enumerate(requests):
             out.append(
                 ResourceOption(
                     accelerator=request,
                     cpus=parse_amount(merged.cpus, "cpus") if merged.cpus is not None else None,
-                    memory_gb=parse_amount(merged.memory, "memory") if merged.memory is not None else None,
-                    infra=parse_infra(merged.infra) if merged.infra else InfraSelector(),
-                    image_id=merged.image_id,
-                    preference=preference,
+                    memory_gb=parse_memory(merged.memory) if merged.memory is not None else None,
+                    infra=parse_any_infra(infra) if infra else InfraSelector(),
+                    image_id=merged.image_id if isinstance(merged.image_id, str) and
+                    merged.image_id.startswith("docker:") else None,
+                    preference=preference * MAX_RESOURCE_OPTIONS + (index if merged.accelerators_ordered() else 0),
                 )
             )
 
@@ -386,6 +575,9 @@ def _merge(base: Resources | None, override: Resources) -> Resources:
     if base is None:
         return override
     data = base.model_dump(exclude={"any_of", "ordered", "job_recovery"}, exclude_none=True)
+    if override.infra is not None or override.cloud is not None:  # an alternative's place replaces the base's
+        for key in ("infra", "cloud", "region", "zone"):
+            data.pop(key, None)
     data.update(override.model_dump(exclude={"any_of", "ordered", "job_recovery"}, exclude_none=True))
     return Resources(**data)
 
@@ -402,7 +594,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
         if isinstance(part, int) or part not in model.model_fields:
             continue
         annotation = model.model_fields[part].annotation
-        for candidate in (Resources, SlurmOptions):
+        for candidate in (Resources, SlurmOptions, JobRecovery, Autostop, Checkpoint):
             if candidate is annotation or candidate in getattr(annotation, "__args__", ()):
                 model = candidate
             elif any(candidate in getattr(a, "__args__", ()) for a in getattr(annotation, "__args__", ())):
@@ -464,6 +656,8 @@ def apply_overrides(
     memory: str | None = None,
     envs: list[str] | tuple[str, ...] = (),
     secrets: list[str] | tuple[str, ...] = (),
+    workdir: str | None = None,
+    image_id: str | None = None,
 ) -> Task:
     """Command-line overrides on top of a task; validated like the file itself. `--secret KEY=VALUE`,
     or `--secret KEY` for the value of KEY in this process's environment."""
@@ -478,9 +672,15 @@ def apply_overrides(
                 alt.pop("accelerators", None)
     if infra is not None:
         resources["infra"] = infra
-        for alternatives in ("any_of", "ordered"):
-            for alt in resources.get(alternatives, []):
-                alt.pop("infra", None)
+        for place in (resources, *resources.get("any_of", []), *resources.get("ordered", [])):
+            for key in ("cloud", "region", "zone") if place is resources else ("infra", "cloud", "region", "zone"):
+                place.pop(key, None)
+    if workdir is not None:
+        data["workdir"] = workdir
+    if image_id is not None:
+        resources["image_id"] = image_id
+        for alt in (*resources.get("any_of", []), *resources.get("ordered", [])):
+            alt.pop("image_id", None)
     if cpus is not None:
         resources["cpus"] = cpus
     if memory is not None:

@@ -1,8 +1,1 @@
-"""Fixtures shared by the CLI's integration tests."""
-
-from __future__ import annotations
-
-import subprocess
-from pathlib import Path
-
-import pytest
+"""Fixtures shared by the CLI's integration tests (the testbed's are in tests/conftest.py)."""

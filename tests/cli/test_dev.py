@@ -233,3 +233,16 @@ def test_a_holder_whose_scancel_was_lost_releases_its_nodes(corral, testbed, cle
     wait_for("the holder to end by itself", lambda: job_state(testbed.cluster_config, info["cluster"],
                                                               info["slurm_job_id"]) in ("COMPLETED", ""), 40)
     assert status(corral, "fence")["state"] == "ENDED"
+
+
+def test_a_tasks_skypilot_autostop_is_the_allocations_idle_limit(corral, clean, tmp_path):
+    task = tmp_path / "dev.yaml"
+    task.write_text("resources:\n  infra: slurm/alpine/cpu\n  cpus: 1\n  autostop: 2h\n  use_spot: true\n")
+    up = corral("launch", "-c", "box", str(task), "-d", "--json")
+    assert up.exit_code == 0, up.stderr
+    assert "resources.use_spot: ignored on Slurm" in up.stderr and "resources.autostop" not in up.stderr  # honoured
+    assert status(corral, "box")["idle_limit_seconds"] == 2 * 3600
+    flag = corral("launch", "-c", "box2", str(task), "--idle-minutes", "3", "-d", "--json")
+    assert flag.exit_code == 0, flag.stderr
+    assert status(corral, "box2")["idle_limit_seconds"] == 180  # --idle-minutes wins over the task
+    assert corral("down", "box").exit_code == 0 and corral("down", "box2").exit_code == 0

@@ -11,7 +11,8 @@ from tests.helpers import run_cli
 CASES = [
     (["launch", "-d", "bad.yaml"], 65, "did you mean 'accelerators'"),
     (["launch", "-d", "missing.yaml"], 65, "missing.yaml: task file not found"),
-    (["launch", "-d", "--env", "NOEQUALS", "--", "true"], 65, "expected KEY=VALUE"),
+    (["launch", "-d", "--env", "NOEQUALS", "--", "true"], 65, "NOEQUALS is not set in your environment"),
+    (["launch", "-d", "--env-file", "no-such.env", "--", "true"], 65, "--env-file no-such.env: cannot read it"),
     (["launch", "-d", "--num-jobs", "0", "--", "true"], 65, "a sweep has 1 to 10,000 jobs"),
     (["launch", "--no-such-flag"], 2, "No such option"),
     (["logs", "c-nope"], 66, "no job 'c-nope'"),

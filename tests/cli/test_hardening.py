@@ -74,7 +74,7 @@ def test_secrets_reach_the_job_but_never_the_store_in_clear(corral, corral_env, 
     try:
         wait_for("the managed job to succeed",
                  lambda: "SUCCEEDED" in corral("jobs", "events", job).stdout, timeout=90)
-        assert corral("jobs", "logs", job).stdout.strip().endswith(f"managed {secret}")
+        assert corral("jobs", "logs", "--no-follow", job).stdout.strip().endswith(f"managed {secret}")
     finally:
         corral("server", "stop")
     listings = [corral(*args).stdout for args in (["queue", "--json", "--all"], ["jobs", "queue", "--json", "--all"],

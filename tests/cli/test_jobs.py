@@ -70,7 +70,7 @@ def test_a_managed_job_runs_once_and_tells_its_story(corral, env):
     assert (done["state"], done["attempts"]) == ("SUCCEEDED", 1)
     states = [e["state"] for e in events(corral, env, job)]
     assert states[0] == "PENDING" and states[-1] == "SUCCEEDED" and "RUNNING" in states
-    assert f"attempt=1 id={job}" in corral("jobs", "logs", job, env=env).stdout
+    assert f"attempt=1 id={job}" in corral("jobs", "logs", "--no-follow", job, env=env).stdout
     status = corral("server", "status", env=env)
     assert status.exit_code == 0 and "controller running" in status.stdout
 
@@ -83,7 +83,7 @@ def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
     done = wait_job(corral, env, job, {"FAILED"})
     assert done["attempts"] == 2 and done["restarts_on_errors"] == 1
     assert "exit code 3" in done["reason"]
-    logs = corral("jobs", "logs", job, env=env).stdout
+    logs = corral("jobs", "logs", "--no-follow", job, env=env).stdout
     assert "attempt 1" in logs and "attempt 2" in logs
 
 
@@ -104,7 +104,7 @@ def test_node_failure_resumes_from_the_checkpoint(corral, env, testbed, tmp_path
     running = wait_job(corral, env, job, {"RUNNING"})
     cluster, slurm_id = running["cluster"], running["slurm_job_id"]
     node = ssh_login(testbed.cluster_config, cluster, f"squeue -h -j {slurm_id} -o %N").strip()
-    wait_for("a few checkpoints", lambda: "starts at 0" in corral("jobs", "logs", job, env=env).stdout, 30)
+    wait_for("a few checkpoints", lambda: "starts at 0" in corral("jobs", "logs", "--no-follow", job, env=env).stdout, 30)
     wait_for("progress", lambda: ssh_login(testbed.cluster_config, cluster,
                                            f"cat .corral/checkpoints/{job}/count 2>/dev/null || echo 0").strip()
              not in ("0", "1", "2"), 30)
@@ -113,7 +113,7 @@ def test_node_failure_resumes_from_the_checkpoint(corral, env, testbed, tmp_path
         second = wait_for("attempt 2 to run", lambda: (j := jobs(corral, env)[job])["attempts"] >= 2 and
                           j["state"] == "RUNNING" and j, timeout=120, interval=1)
         assert second["slurm_job_id"] != slurm_id
-        logs = wait_for("attempt 2 to report", lambda: (out := corral("jobs", "logs", job, env=env).stdout)
+        logs = wait_for("attempt 2 to report", lambda: (out := corral("jobs", "logs", "--no-follow", job, env=env).stdout)
                         and "attempt 2 starts at" in out and out, 60)
         resumed_at = int(logs.split("attempt 2 starts at ")[1].split()[0])
         assert resumed_at >= 3  # resumed from the checkpoint, not from zero
@@ -121,6 +121,21 @@ def test_node_failure_resumes_from_the_checkpoint(corral, env, testbed, tmp_path
         assert "RECOVERING" in story and "NODE_FAIL" in story, story
     finally:
         testbed.start_node(node)
+        testbed.resume(node)
+
+
+def test_job_recovery_none_leaves_a_node_failure_unrecovered(corral, env, testbed, tmp_path):
+    task = tmp_path / "fragile.yaml"
+    task.write_text("resources:\n  infra: slurm/cirrus/debug\n  job_recovery: none\nrun: sleep 300\n")
+    job = launch(corral, env, str(task))
+    running = wait_job(corral, env, job, {"RUNNING"})
+    node = ssh_login(testbed.cluster_config, "cirrus", f"squeue -h -j {running['slurm_job_id']} -o %N").strip()
+    testbed.scontrol("cirrus", "update", f"NodeName={node}", "State=DOWN", "Reason=corral-test")
+    try:
+        failed = wait_job(corral, env, job, {"FAILED", "RECOVERING"}, timeout=60)
+        assert failed["state"] == "FAILED" and failed["attempts"] == 1, failed
+        assert failed["reason"].endswith("not recovered (job_recovery: none)"), failed["reason"]
+    finally:
         testbed.resume(node)
 
 
@@ -141,8 +156,8 @@ def test_pending_job_moves_to_the_cluster_that_frees_up(corral, env, testbed, tm
     done = wait_job(corral, env, job, {"SUCCEEDED"}, timeout=90)
     assert done["cluster"] == "borealis" and done["moves"] == 1
     assert job_state(config, "alpine", old_slurm_id) == "CANCELLED"
-    assert corral("jobs", "logs", job, env=env).stdout.count("ran on") == 1  # ran once, on borealis
-    assert "ran on borealis" in corral("jobs", "logs", job, env=env).stdout
+    assert corral("jobs", "logs", "--no-follow", job, env=env).stdout.count("ran on") == 1  # ran once, on borealis
+    assert "ran on borealis" in corral("jobs", "logs", "--no-follow", job, env=env).stdout
     assert any("re-routed to slurm/borealis/h100-cluster" in (e["reason"] or "") for e in events(corral, env, job))
 
 
@@ -194,7 +209,7 @@ def test_cluster_outage_recovers_elsewhere(corral, env, testbed, tmp_path):
         moved = wait_for("recovery on another cluster", lambda: (j := jobs(corral, env)[job])["cluster"] != first
                          and j["state"] == "RUNNING" and j, timeout=90, interval=1)
         assert moved["attempts"] == 2
-        logs = wait_for("attempt 2 output", lambda: (out := corral("jobs", "logs", job, env=env).stdout)
+        logs = wait_for("attempt 2 output", lambda: (out := corral("jobs", "logs", "--no-follow", job, env=env).stdout)
                         and "attempt 2 starts at" in out and out, 60)
         assert int(logs.split("attempt 2 starts at ")[1].split()[0]) >= 3  # checkpoint copied across clusters
     finally:
@@ -313,4 +328,4 @@ def test_a_relative_workdir_is_read_from_where_the_user_ran_the_command(corral, 
     assert result.exit_code == 0, result.stderr
     job = result.json()["job_id"]
     wait_job(corral, env, job, {"SUCCEEDED"})
-    assert "from the user workdir" in corral("jobs", "logs", job, env=env).stdout
+    assert "from the user workdir" in corral("jobs", "logs", "--no-follow", job, env=env).stdout

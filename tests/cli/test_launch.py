@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -164,7 +165,7 @@ def test_logs_follow_a_running_job_and_cancel_stops_it(corral, corral_env, clean
     job = wait_state(corral, job_id, {"CANCELLED"})
     assert job["state"] == "CANCELLED"
     assert corral("cancel", job_id).stdout.strip() == f"{job_id}: already cancelled"
-    assert corral("logs", job_id).stdout.splitlines()[:3] == ["line-1", "line-2", "line-3"]
+    assert corral("logs", "--no-follow", job_id).stdout.splitlines()[:3] == ["line-1", "line-2", "line-3"]
 
 
 def test_queue_matches_slurm_on_every_cluster_with_one_query_each(corral, corral_env, testbed, clean_queues, tmp_path):
@@ -335,7 +336,7 @@ def test_sweep_is_spread_over_clusters_as_job_arrays(corral, clean_queues):
         wait_state(corral, job["job_id"], {"SUCCEEDED"})
     seen = {}
     for rank, job in enumerate(jobs):
-        out = corral("logs", job["job_id"]).stdout.strip()
+        out = corral("logs", "--no-follow", job["job_id"]).stdout.strip()
         assert out == f"rank={rank} of=12 id={job['job_id']}"
         seen[rank] = job["job_id"]
     assert sorted(seen) == list(range(12))
@@ -393,7 +394,7 @@ def test_a_relaunch_from_one_folder_syncs_only_changes_into_the_cluster_side_cac
     jobs = [first.json()["job_id"], second.json()["job_id"]]
     for job in jobs:
         wait_state(corral, job, {"SUCCEEDED"})
-    assert [corral("logs", job).stdout for job in jobs] == ["v1\n", "v2\n"]
+    assert [corral("logs", "--no-follow", job).stdout for job in jobs] == ["v1\n", "v2\n"]
     key = hashlib.sha256(f"{socket.gethostname()}:{work}".encode()).hexdigest()[:16]
     cache = f".corral/cache/{key}"
     links = ssh_login(testbed.cluster_config, "alpine",
@@ -437,3 +438,37 @@ def test_a_detached_launch_costs_one_probe_per_candidate_cluster_and_one_submiss
     assert anywhere.exit_code == 0, anywhere.stderr
     chosen = anywhere.json()["cluster"]
     assert sorted(calls()[before:]) == sorted(["alpine", "borealis", "cirrus", chosen])
+
+
+def test_skypilot_habits_a_command_without_dashes_env_from_the_shell_env_file_workdir_and_logs_that_follow(
+        corral, corral_env, clean_queues, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "note.txt").write_text("from the workdir\n")
+    env_file = tmp_path / "vars.env"
+    env_file.write_text("# dotenv\nexport FROM_FILE='file value'\nSHARED=file\n\n")
+    env = {**corral_env, "GREETING": "hello"}
+    ran = corral("launch", "-y", "--infra", "slurm/cirrus", "--cpus", "1", "--env", "GREETING", "--env-file",
+                 str(env_file), "--env", "SHARED=flag", "--workdir", str(work),
+                 'echo "$GREETING|$FROM_FILE|$SHARED"; cat note.txt', env=env)
+    assert ran.exit_code == 0, ran.stderr
+    assert ran.stdout.splitlines()[-2:] == ["hello|file value|flag", "from the workdir"]  # --env wins over the file
+    [job] = queue(corral)
+    # `corral logs` follows by default, as `sky logs`: for an ended job it prints everything and returns.
+    followed = corral("logs", job)
+    assert followed.exit_code == 0 and followed.stdout.splitlines()[-1] == "from the workdir"
+
+    # A SkyPilot task with cloud-only fields plans, saying once per field what is ignored.
+    corpus = Path(__file__).resolve().parents[1] / "fixtures" / "skypilot"
+    planned = corral("launch", "--dryrun", str(corpus / "ports_labels_images.yaml"))
+    assert planned.exit_code == 0, planned.stderr
+    warned = [line for line in planned.stderr.splitlines() if line.startswith("corral: warning: ")]
+    assert [w.split(": ")[3] for w in warned] == ["resources.use_spot", "resources.disk_size", "resources.ports",
+                                                  "resources.labels", "resources.image_id"], warned
+    missing = corral("launch", "--env", "NOT_SET_ANYWHERE", "--", "true", env=corral_env)
+    assert missing.exit_code != 0 and "NOT_SET_ANYWHERE is not set in your environment" in missing.stderr
+
+    # `corral check slurm` checks every cluster, as `sky check slurm` checks the Slurm infra.
+    checked = corral("check", "slurm", "--json")
+    assert checked.exit_code == 0 and {c["cluster"] for c in checked.json()} == {"alpine", "borealis", "cirrus"}
+    assert [c["cluster"] for c in corral("check", "slurm/cirrus", "--json").json()] == ["cirrus"]

@@ -7,6 +7,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -54,17 +55,55 @@ def split_command(args: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ..
     return before, tuple(after)
 
 
+def warn(message: str) -> None:
+    """One warning line on stderr (the task runs; something in it has no meaning here)."""
+    click.echo(f"corral: warning: {message}", err=True)
+
+
+def warnings_only(event: dict[str, Any]) -> None:
+    """A launch's events as `--json` shows them on stderr: its warnings, nothing else."""
+    if event.get("event") == "warning":
+        warn(str(event.get("message")))
+
+
 def task_arguments(args: tuple[str, ...], *, allow_empty: bool = False) -> tuple[list[str], str | None]:
-    """(task file paths, one command line) from a command's arguments; a command is joined like a shell
-    line, as `sky launch -- CMD` does (it becomes the task's run, not argv)."""
+    """(task file paths, one command line) from a command's arguments. As `sky launch` reads its
+    ENTRYPOINT: arguments naming YAML files are task files; anything else is one command line, with or
+    without `--`, joined like a shell line (it becomes the task's run, not argv)."""
     from corral.errors import TaskError
 
     paths, command = split_command(args)
+    if paths and not command and not all(p.endswith((".yaml", ".yml")) for p in paths):
+        paths, command = (), paths  # `corral launch 'echo hi'`, as `sky launch 'echo hi'`
     if command and paths:
         raise TaskError("give either task files or `-- COMMAND`, not both")
     if not paths and not command and not allow_empty:
-        raise TaskError("nothing to launch: give a task YAML or `-- COMMAND…`")
+        raise TaskError("nothing to launch: give a task YAML or a command (`corral launch 'python train.py'`)")
     return list(paths), " ".join(command) if command else None
+
+
+def read_env_file(path: str) -> list[str]:
+    """KEY=VALUE items from a dotenv file (`--env-file`): `KEY=VALUE` or `export KEY=VALUE` lines, values
+    optionally in matching quotes, `#` comments and blank lines skipped."""
+    from corral.errors import TaskError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskError(f"--env-file {path}: cannot read it ({exc.__class__.__name__}: {exc})") from None
+    items = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.removeprefix("export ").partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key.isidentifier():
+            raise TaskError(f"{path}:{number}: expected KEY=VALUE (or export KEY=VALUE), got {line[:80]!r}")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        items.append(f"{key}={value}")
+    return items
 
 
 def paging(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -85,8 +124,15 @@ def task_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--infra", help="slurm, slurm/<cluster> or slurm/<cluster>/<partition>."),
         click.option("--num-nodes", type=click.IntRange(1, 100_000), help="Number of nodes."),
         click.option("--cpus", help="CPUs per node: N or N+."),
-        click.option("--memory", help="Memory per node in GB: N or N+."),
-        click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable."),
+        click.option("--memory", help="Memory per node in GB: N or N+, or with a unit (512MB, 1TB+)."),
+        click.option("--env", "envs", multiple=True,
+                     help="KEY=VALUE, or KEY to take it from your environment; repeatable."),
+        click.option("--env-file", "env_file", type=click.Path(dir_okay=False),
+                     help="A dotenv file of KEY=VALUE lines; --env wins over it."),
+        click.option("--workdir", help="A local directory synced as the task's workdir (overrides workdir)."),
+        click.option("--image-id", "image_id", help="Container image, docker:<image> (overrides resources.image_id)."),
+        click.option("-y", "--yes", "yes", is_flag=True, help="Accepted as SkyPilot users type it: Corral "
+                                                               "asks for no confirmation."),
         click.option("--secret", "secret_values", multiple=True,
                      help="KEY=VALUE, or KEY to take it from your environment: an env kept out of the store "
                           "in clear text."),

@@ -13,6 +13,7 @@ from corral.cli.common import (
     print_json,
     reports_errors,
     task_arguments,
+    warnings_only,
     write_bytes,
 )
 
@@ -20,7 +21,7 @@ from corral.cli.common import (
 def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: str | None, infra: str | None,
                num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
                secret_values: tuple[str, ...], num_jobs: int, idle_minutes: float | None, walltime: str | None,
-               detach: bool, as_json: bool) -> int:
+               detach: bool, as_json: bool, workdir: str | None = None, image_id: str | None = None) -> int:
     """`corral launch -c NAME`: hold (or reuse) a named allocation, then run the task in it."""
     from corral.cli.render import LaunchProgress
     from corral.config import load_user_settings
@@ -31,8 +32,8 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
     if len(paths) > 1 or num_jobs != 1:
         raise TaskError("a dev allocation runs one task at a time (no sweeps with -c)")
     task = Path(paths[0]) if paths else None
-    if idle_minutes is None:
-        idle_minutes = load_user_settings().get("idle_minutes")  # type: ignore[assignment]
+    # --idle-minutes, else the task's autostop (the server reads it), else the user's default
+    default_idle: Any = load_user_settings().get("idle_minutes")
     progress = LaunchProgress()
     announced: list[dict[str, Any]] = []
 
@@ -61,14 +62,15 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
             if not as_json:
                 reason = f" ({event['reason']})" if event.get("reason") else ""
                 click.echo(f"corral: {dev_name}: {event['state']}{reason}", err=True)
-        elif not as_json:
-            progress(event)
+        else:
+            (warnings_only if as_json else progress)(event)
 
     try:  # the task's files are sent once; once ready, its `run` runs in the same request
         held = Client().dev_launch(dev_name, task, command=command, idle_minutes=idle_minutes, walltime=walltime,
                                    wait=not detach, run=not detach, job_name=name, gpus=gpus, infra=infra,
                                    num_nodes=num_nodes, cpus=cpus, memory=memory, envs=list(envs),
-                                   secrets=list(secret_values), on_event=show, on_output=write_bytes)
+                                   secrets=list(secret_values), workdir=workdir, image_id=image_id,
+                                   default_idle_minutes=default_idle, on_event=show, on_output=write_bytes)
     finally:
         progress.clear()
     if not announced:

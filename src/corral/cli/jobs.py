@@ -11,9 +11,11 @@ import click
 from corral.cli.common import (
     paging,
     print_json,
+    read_env_file,
     reports_errors,
     task_arguments,
     task_options,
+    warnings_only,
     write_bytes,
 )
 
@@ -33,6 +35,7 @@ def jobs() -> None:
 @reports_errors
 def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None,
                 num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
+                env_file: str | None, workdir: str | None, image_id: str | None, yes: bool,
                 secret_values: tuple[str, ...], num_jobs: int, as_json: bool, detach: bool) -> None:
     """Record a managed job and return its id at once; the controller places and watches it."""
     from corral.errors import TaskError
@@ -40,12 +43,14 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
     from corral.taskfile import check_num_jobs
 
     check_num_jobs(num_jobs)
+    envs = (*read_env_file(env_file), *envs) if env_file else envs
     paths, command = task_arguments(args)
     if len(paths) > 1:
         raise TaskError("a managed job runs one task file; launch several with one `corral jobs launch` each")
     ids = Client().managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
                                   gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
-                                  envs=list(envs), secrets=list(secret_values))
+                                  envs=list(envs), secrets=list(secret_values), workdir=workdir, image_id=image_id,
+                                  on_event=warnings_only)
     if as_json:
         print_json({"job_id": ids[0], "job_ids": ids})
     else:
@@ -76,7 +81,9 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
 
 @jobs.command(name="logs")
 @click.argument("job")
-@click.option("-f", "--follow", is_flag=True, help="Follow the current attempt until it ends.")
+@click.option("--follow/--no-follow", default=True, show_default=True,
+              help="Follow the current attempt until it ends, as `sky jobs logs` does.")
+@click.option("-f", "follow", flag_value=True, hidden=True)
 @reports_errors
 def jobs_logs(job: str, follow: bool) -> None:
     """A managed job's output across its attempts."""

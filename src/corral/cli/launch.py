@@ -12,9 +12,11 @@ import click
 
 from corral.cli.common import (
     print_json,
+    read_env_file,
     reports_errors,
     task_arguments,
     task_options,
+    warnings_only,
     write_bytes,
 )
 
@@ -34,23 +36,26 @@ WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
 @click.option("--time", "walltime", help="Walltime (sbatch --time), e.g. 4:00:00.")
 @reports_errors
 def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None,
-           cpus: str | None, memory: str | None, envs: tuple[str, ...], secret_values: tuple[str, ...], num_jobs: int,
+           cpus: str | None, memory: str | None, envs: tuple[str, ...], env_file: str | None, workdir: str | None,
+           image_id: str | None, yes: bool, secret_values: tuple[str, ...], num_jobs: int,
            detach: bool, dryrun: bool, as_json: bool, dev_name: str | None, idle_minutes: float | None,
            walltime: str | None) -> None:
     """Run a task on the cluster that can start it soonest.
 
-    ARGS: task YAML file(s), or `-- COMMAND…` for a one-liner. Without -d, follows the job's output and
-    exits with its exit code; Ctrl-C stops following, not the job.
+    ARGS: task YAML file(s), or a command (`corral launch 'python train.py'`, or after `--`). Without -d,
+    follows the job's output and exits with its exit code; Ctrl-C stops following, not the job.
     """
     from corral.taskfile import check_num_jobs
 
     check_num_jobs(num_jobs)
+    envs = (*read_env_file(env_file), *envs) if env_file else envs
     if dev_name and not dryrun:
         from corral.cli.dev import launch_dev
 
         sys.exit(launch_dev(args, dev_name, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                             memory=memory, envs=envs, secret_values=secret_values, num_jobs=num_jobs,
-                            idle_minutes=idle_minutes, walltime=walltime, detach=detach, as_json=as_json))
+                            idle_minutes=idle_minutes, walltime=walltime, detach=detach, as_json=as_json,
+                            workdir=workdir, image_id=image_id))
     from corral.sdk import Client
 
     paths, command = task_arguments(args, allow_empty=bool(dev_name))
@@ -59,8 +64,9 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
     try:
         result = client.launch([Path(p) for p in paths] or None, command=command, num_jobs=num_jobs,
                                dryrun=dryrun, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
-                               envs=list(envs), secrets=list(secret_values), time=walltime,
-                               on_event=None if as_json else progress)
+                               envs=list(envs), secrets=list(secret_values), time=walltime, workdir=workdir,
+                               image_id=image_id,
+                               on_event=warnings_only if as_json else progress)
     except KeyboardInterrupt:
         progress.clear()
         click.echo("corral: interrupted; the server finishes what it had started: `corral queue` shows "

@@ -21,6 +21,14 @@ def cli() -> None:
     """
 
 
+def infra_clusters(names: tuple[str, ...]) -> list[str]:
+    """`corral check` arguments as clusters: `slurm` is all of them (as `sky check slurm`), `slurm/NAME`
+    and NAME are one."""
+    if "slurm" in names:
+        return []
+    return [name.removeprefix("slurm/") for name in names]
+
+
 @cli.command()
 @click.argument("clusters", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per cluster.")
@@ -34,7 +42,7 @@ def check(clusters: tuple[str, ...], as_json: bool, timeout: float | None) -> No
     """
     from corral.sdk import Client
 
-    checks = Client().check(list(clusters), timeout=timeout)
+    checks = Client().check(infra_clusters(clusters), timeout=timeout)
     if as_json:
         print_json([c.raw for c in checks])
     else:
@@ -129,10 +137,12 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 
 @cli.command()
 @click.argument("job")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--follow/--no-follow", default=True, show_default=True,
+              help="Keep printing until the job ends, as `sky logs` does; --no-follow prints what there is.")
+@click.option("-f", "follow", flag_value=True, hidden=True)  # the flag before following became the default
 @reports_errors
 def logs(job: str, follow: bool) -> None:
-    """Print a job's output (all nodes)."""
+    """Print a job's output (all nodes), following it until it ends."""
     from corral.sdk import Client
 
     for chunk in Client().logs(job, follow):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from corral.cli.common import warn
 from corral.cli.consoles import console, err_console
 from corral.timefmt import duration, start_text
 
@@ -98,6 +99,9 @@ class LaunchProgress:
         elif kind == "plan":
             self.clear()
             render_plan(event.get("plan") or [], full=False)
+        elif kind == "warning":
+            self.clear()
+            warn(str(event.get("message")))
         elif kind == "skipped":
             self.clear()
             err_console.print(f"[yellow]↷[/yellow] {event['infra']} skipped: {event['reason']}", highlight=False)

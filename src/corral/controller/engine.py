@@ -14,6 +14,8 @@ Rules, per managed job and tick:
 - no live attempt yet, or the last one failed for infrastructure reasons (node failure, preemption,
   boot failure, a job Slurm lost, a cluster unreachable beyond the grace period): a new attempt on the
   best cluster (unhealthy clusters avoided), with the latest checkpoint copied over if it moves;
+  `job_recovery: none` makes such a failure final; FAILOVER tries the same cluster first and
+  EAGER_NEXT_REGION another one first (`recovery_order`), where unset the soonest start decides;
 - the task itself failed: FAILED, unless `max_restarts_on_errors` or `recover_on_exit_codes` say retry;
 - pending while another cluster can start it now and its own cannot, or (when none can) while another
   cluster is predicted to start it sooner by a clear margin: submit there first, held, cancel the old
@@ -51,7 +53,7 @@ from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow
 from corral.state.sealed import unseal
 from corral.state.store import TERMINAL_STATES
-from corral.task import Task, resolved_envs
+from corral.task import RecoveryStrategy, Task, resolved_envs
 from corral.tracker import SharedRefresh, Tracker, sent_by_account
 
 LEASE = "controller"
@@ -181,8 +183,7 @@ class Controller:
                 why = f"{latest.cluster} unreachable for more than {self.settings.grace_seconds:g}s"
                 # Cancelled in Slurm as soon as the cluster answers again, so it never runs twice for long.
                 self.store.update_attempt(latest.token, state="CANCELLING", reason=why)
-                self._set(m, "RECOVERING", why, recoveries=m.recoveries + 1)
-                to_place.append((job, why))
+                self._recover(m, job, why, to_place)
                 continue
             state = latest.state
             if state in ("SUBMITTING", "CANCELLING"):
@@ -218,8 +219,7 @@ class Controller:
             elif state in ("SUBMIT_FAILED", "LOST") or _infra_failure(latest):
                 why = f"attempt {latest.number} on {latest.cluster}: {latest.reason or state}"
                 self._note_failure(latest.cluster, now)
-                self._set(m, "RECOVERING", why, recoveries=m.recoveries + 1)
-                to_place.append((job, why))
+                self._recover(m, job, why, to_place)
             elif state == "FAILED":
                 task = _task(self.store.jobs([job])[job])
                 recovery = task.resources.job_recovery
@@ -257,6 +257,15 @@ class Controller:
         report.submitted += await self._place(placing, attempts, outcomes, unreachable, now)
         report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
 
+    def _recover(self, m: ManagedJobRow, job: str, why: str, to_place: list[tuple[str, str]]) -> None:
+        """After an infrastructure failure: a new attempt, unless the task says `job_recovery: none`."""
+        recovery = _task(self.store.jobs([job])[job]).resources.job_recovery
+        if recovery is not None and recovery.strategy is RecoveryStrategy.NONE:
+            self._set(m, "FAILED", f"{why}; not recovered (job_recovery: none)")
+            return
+        self._set(m, "RECOVERING", why, recoveries=m.recoveries + 1)
+        to_place.append((job, why))
+
     def _set(self, m: ManagedJobRow, state: str, reason: str | None, **fields: object) -> None:
         """Note a change of a managed job, written with the others in one transaction (`_write_changes`);
         only when something changed: a quiet tick writes nothing."""
@@ -280,6 +289,10 @@ class Controller:
             task = _task(jobs[0])
             plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes, owner=jobs[0].owner)
             feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
+            before = attempts.get(jobs[0].id, [])
+            recovery = task.resources.job_recovery
+            feasible = recovery_order(feasible, recovery.strategy if recovery else None,
+                                      before[-1].cluster if before else None)
             if not feasible:
                 self.store.set_managed_many([(job.id, "PENDING", "no cluster can run it now: " + _reasons(plan), {})
                                              for job in jobs])
@@ -537,11 +550,29 @@ def _batches(to_place: list[tuple[JobRow, str]],
         number = max((a.number for a in attempts.get(job.id, [])), default=0) + 1
         last = out[-1][1][-1] if out else None
         if out and last and out[-1][0] == number and _task_key(last) == _task_key(job) \
-                and last.sweep_id == job.sweep_id and last.job_rank + 1 == job.job_rank:
+                and last.sweep_id == job.sweep_id and last.job_rank + 1 == job.job_rank \
+                and _last_cluster(attempts, last) == _last_cluster(attempts, job):
             out[-1][1].append(job)
         else:
             out.append((number, [job]))
     return out
+
+
+def _last_cluster(attempts: dict[str, list[AttemptRow]], job: JobRow) -> str | None:
+    """Where the job's last attempt ran (a batch shares it: recovery strategies order by it)."""
+    mine = attempts.get(job.id)
+    return mine[-1].cluster if mine else None
+
+
+def recovery_order(feasible: list[Candidate], strategy: RecoveryStrategy | None,
+                   previous: str | None) -> list[Candidate]:
+    """Where a recovered attempt goes (SkyPilot's strategies): FAILOVER tries the cluster the job was on
+    first, EAGER_NEXT_REGION tries it last; unset, placement's ranking (soonest start) decides alone."""
+    if previous is None or strategy not in (RecoveryStrategy.FAILOVER, RecoveryStrategy.EAGER_NEXT_REGION):
+        return feasible
+    same = [c for c in feasible if c.cluster == previous]
+    others = [c for c in feasible if c.cluster != previous]
+    return same + others if strategy is RecoveryStrategy.FAILOVER else others + same
 
 
 def _task_key(job: JobRow) -> tuple[str, str]:

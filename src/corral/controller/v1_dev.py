@@ -28,10 +28,12 @@ from corral.controller.v1_launch import (
     build_task,
     event_stream,
     launch_events,
+    put_warnings,
 )
 from corral.dev import AllocationStatus, DevAllocations, check_name
 from corral.launch import Launcher
 from corral.state import Store
+from corral.task_compat import autostop_minutes
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -40,6 +42,8 @@ class DevLaunchRequest(BaseModel):
     task: TaskInput = Field(default_factory=TaskInput)
     overrides: Overrides = Field(default_factory=Overrides)
     idle_minutes: float | None = Field(None, ge=0, le=525_600)
+    default_idle_minutes: float | None = Field(None, ge=0, le=525_600,
+                                               description="When neither idle_minutes nor the task's autostop says")
     walltime: Annotated[str, Field(max_length=64)] | None = None
     wait: bool = Field(True, description="Stream until the allocation is ready (or has failed)")
     run: bool = Field(False, description="Once ready, run the task's `run` in it as `exec` does: its output "
@@ -75,10 +79,15 @@ def add_routes(router: APIRouter, store: Store) -> None:
         check_name(name)
         task, source = build_task(request.task, request.overrides, me.owner)
 
+        # --idle-minutes, else the task's SkyPilot autostop (true: 5 minutes; false: never), else the default
+        idle_minutes = next((m for m in (request.idle_minutes, autostop_minutes(task), request.default_idle_minutes)
+                             if m is not None), None)
+
         async def work(put: Put) -> dict[str, Any]:
+            put_warnings(put, task, source, dev=True)
             allocations = dev(me, put)
             async with locks.setdefault((me.owner, name), asyncio.Lock()):
-                row, new = await allocations.launch(name, task, source, request.idle_minutes, request.walltime)
+                row, new = await allocations.launch(name, task, source, idle_minutes, request.walltime)
             answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
                                       "slurm_job_id": row.handle, "new": new}
             if not request.wait:

@@ -28,6 +28,7 @@ from corral.launch import Launcher, LaunchEvents
 from corral.state import Store
 from corral.state.store import MANAGED_TERMINAL
 from corral.task import Task, apply_overrides, parse_task
+from corral.task_compat import ignored_fields
 from corral.taskfile import MAX_SWEEP_JOBS, MAX_TASK_FILE_BYTES, parse_yaml
 from corral.views import explain_pending, plan_json, submitted_json
 
@@ -72,6 +73,8 @@ class Overrides(BaseModel):
     secrets: list[Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)]] = Field(default_factory=list,
                                                                                 max_length=1000)
     time: Text | None = Field(None, description="Walltime (sbatch --time)")
+    workdir: Text | None = Field(None, description="The task's workdir replaced: its files are sent as `files.workdir`")
+    image_id: Text | None = Field(None, description="The task's image replaced (docker:<image>)")
 
     _pairs = field_validator("envs", "secrets")(_key_value)
 
@@ -107,11 +110,18 @@ def build_task(given: TaskInput, overrides: Overrides, owner: str = "") -> tuple
         task = parse_task({}, source)
     task = apply_overrides(task, source, name=overrides.name, gpus=overrides.gpus, infra=overrides.infra,
                            num_nodes=overrides.num_nodes, cpus=overrides.cpus, memory=overrides.memory,
-                           envs=overrides.envs, secrets=overrides.secrets)
+                           envs=overrides.envs, secrets=overrides.secrets, workdir=overrides.workdir,
+                           image_id=overrides.image_id)
     if overrides.time:
         task = parse_task({**task.model_dump(exclude_none=True),
                            "slurm": {**task.slurm.model_dump(exclude_none=True), "time": overrides.time}}, source)
     return uploads.with_uploads(task, given.files.model_dump(), owner), source
+
+
+def put_warnings(put: Put, task: Task, source: str, *, dev: bool = False) -> None:
+    """A `warning` event for each SkyPilot field of the task that has no meaning on Slurm."""
+    for line in ignored_fields(task, dev=dev):
+        put({"event": "warning", "message": f"{source}: {line}"})
 
 
 _RUNNING: set[asyncio.Task[Any]] = set()  # launches whose client went away run on to the end
@@ -178,6 +188,8 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         launcher_store = store
 
         async def work(put: Put) -> dict[str, Any]:
+            for task, source in built:
+                put_warnings(put, task, source)
             launcher = Launcher(Client(), launcher_store, launch_events(put), owner=me.owner)
             if request.dryrun:
                 plans = [await launcher.plan(task, predict="all") for task, _ in built]
@@ -194,7 +206,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         Launcher.check_local_files(task)
         ids = managed.record(store, task, source, request.num_jobs, owner=me.owner)
         wake()
-        return {"job_id": ids[0], "job_ids": ids}
+        return {"job_id": ids[0], "job_ids": ids, "warnings": [f"{source}: {w}" for w in ignored_fields(task)]}
 
     @router.post("/managed/cancel")
     async def managed_cancel(me: Me, request: ManagedCancelRequest) -> dict[str, object]:

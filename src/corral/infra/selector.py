@@ -1,4 +1,5 @@
-"""`--infra` values: `slurm`, `slurm/<cluster>`, `slurm/<cluster>/<partition>`."""
+"""`--infra` values: `slurm`, `slurm/<cluster>`, `slurm/<cluster>/<partition>`; and in task files, other
+kinds SkyPilot knows (aws, gcp/us-central1, k8s/<context>, …), which Corral skips."""
 
 from __future__ import annotations
 
@@ -37,3 +38,21 @@ def parse_infra(text: str) -> InfraSelector:
             f"infra kind {parts[0]!r} is not supported (yet); supported: {', '.join(SUPPORTED_KINDS)}"
         )
     return InfraSelector(kind, *parts[1:])
+
+
+_KIND = re.compile(r"^[A-Za-z][A-Za-z0-9\-]{0,31}\Z", re.ASCII)
+
+
+def parse_any_infra(text: str) -> InfraSelector:
+    """An infra as a task file may name it: a kind Corral runs (checked as `parse_infra` does), or
+    another kind, kept as written after the kind (`aws/us-east-1`: kind aws, the rest as `cluster`)."""
+    kind, _, rest = text.strip().strip("/").partition("/")
+    if _KIND.match(kind) and kind.lower() not in SUPPORTED_KINDS:
+        if any(ord(c) < 32 or ord(c) == 127 for c in rest) or len(rest) > 512:
+            raise InvalidInfraError(f"invalid infra {text!r}: one line of at most 512 characters after the kind")
+        return InfraSelector(kind.lower(), rest or None)
+    return parse_infra(text)
+
+
+def supported(selector: InfraSelector) -> bool:
+    return selector.kind in SUPPORTED_KINDS

@@ -138,6 +138,7 @@ class Client:
                dryrun: bool = False, name: str | None = None, gpus: str | None = None, infra: str | None = None,
                num_nodes: int | None = None, cpus: str | None = None, memory: str | None = None,
                envs: Pairs = None, secrets: Pairs = None, time: str | None = None, base: Path | None = None,
+               workdir: str | None = None, image_id: str | None = None,
                on_event: Callable[[dict[str, Any]], None] | None = None) -> Launched | list[list[PlanRow]]:
         """Launch a task on the cluster that can start it soonest: a task file's path, a YAML string, a
         task as a dict (or anything with `model_dump()`), or a list of them (one probe for all).
@@ -145,14 +146,17 @@ class Client:
         The task's workdir and file_mounts are read here, relative to `base` (default: the current
         directory), and sent to the server. `num_jobs` > 1 is a sweep. With `dryrun`, nothing is
         submitted: returns each task's plan. With `detach=False`, returns once every job has ended.
-        `on_event` sees the server's progress events (step, plan, skipped, submitted) as they come.
+        `on_event` sees the server's progress events (step, plan, skipped, submitted, warning) as they come.
+        `workdir` replaces the task's (a local directory, sent as its workdir is); `image_id` its image.
         """
         if command is not None:
-            inputs = [self._task_or_command(task, command, base)]  # refuses a task given as well
+            inputs = [self._task_or_command(task, command, base, workdir)]  # refuses a task given as well
         else:
-            inputs = [self._task_input(t, base) for t in (task if isinstance(task, list) else [task])]
+            inputs = [self._task_input(t, base, workdir) for t in (task if isinstance(task, list) else [task])]
         body = {"tasks": inputs, "num_jobs": num_jobs, "dryrun": dryrun,
-                "overrides": _overrides(name, gpus, infra, num_nodes, cpus, memory, envs, secrets, time)}
+                "overrides": _overrides(name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
+                                        memory=memory, envs=envs, secrets=secrets, time=time, workdir=workdir,
+                                        image_id=image_id)}
         done = self._events("/launch", body, on_event)
         if dryrun:
             return [[PlanRow.from_json(r) for r in plan] for plan in done["plans"]]
@@ -165,11 +169,19 @@ class Client:
                        name: str | None = None,
                        gpus: str | None = None, infra: str | None = None, num_nodes: int | None = None,
                        cpus: str | None = None, memory: str | None = None, envs: Pairs = None,
-                       secrets: Pairs = None, base: Path | None = None) -> list[str]:
-        """Record managed jobs (recovered from failures, re-routed while pending); returns their ids."""
-        body = {"task": self._task_or_command(task, command, base), "num_jobs": num_jobs,
-                "overrides": _overrides(name, gpus, infra, num_nodes, cpus, memory, envs, secrets, None)}
-        return list(self._json("POST", "/managed", body=body)["job_ids"])
+                       secrets: Pairs = None, base: Path | None = None, workdir: str | None = None,
+                       image_id: str | None = None,
+                       on_event: Callable[[dict[str, Any]], None] | None = None) -> list[str]:
+        """Record managed jobs (recovered from failures, re-routed while pending); returns their ids.
+        `on_event` sees a `warning` event for each field of the task that has no meaning on Slurm."""
+        body = {"task": self._task_or_command(task, command, base, workdir), "num_jobs": num_jobs,
+                "overrides": _overrides(name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
+                                        memory=memory, envs=envs, secrets=secrets, workdir=workdir,
+                                        image_id=image_id)}
+        answer = self._json("POST", "/managed", body=body)
+        for message in answer.get("warnings", []) if on_event else []:
+            on_event({"event": "warning", "message": message})
+        return list(answer["job_ids"])
 
     def managed_jobs(self, *, limit: int = 20, page: int = 1, all: bool = False) -> tuple[list[ManagedJob], int]:
         """Live managed jobs and the newest ended ones, newest first; and how many more ended ones."""
@@ -239,15 +251,21 @@ class Client:
                    job_name: str | None = None, gpus: str | None = None, infra: str | None = None,
                    num_nodes: int | None = None, cpus: str | None = None, memory: str | None = None,
                    envs: Pairs = None, secrets: Pairs = None, base: Path | None = None, run: bool = False,
+                   workdir: str | None = None, image_id: str | None = None,
+                   default_idle_minutes: float | None = None,
                    on_event: Callable[[dict[str, Any]], None] | None = None,
                    on_output: Callable[[bytes], None] | None = None) -> dict[str, Any]:
         """Hold the dev allocation NAME (or reuse a live one of the same shape); with `wait`, until it is
         ready. Returns its cluster, partition, Slurm job id, whether it is `new`, and (ready) its nodes.
         With `run`, the task's `run` then runs in it (its output to `on_output`): `exit_code` and
-        `job_id` say how it ended."""
-        body = {"task": self._task_or_command(task, command, base), "idle_minutes": idle_minutes,
+        `job_id` say how it ended. The idle limit: `idle_minutes`, else the task's `resources.autostop`,
+        else `default_idle_minutes` (a user's setting), else none."""
+        body = {"task": self._task_or_command(task, command, base, workdir), "idle_minutes": idle_minutes,
+                "default_idle_minutes": default_idle_minutes,
                 "walltime": walltime, "wait": wait, "run": run,
-                "overrides": _overrides(job_name, gpus, infra, num_nodes, cpus, memory, envs, secrets, None)}
+                "overrides": _overrides(name=job_name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
+                                        memory=memory, envs=envs, secrets=secrets, workdir=workdir,
+                                        image_id=image_id)}
         done = self._events(f"/dev/{_quoted(name)}", body, _output_to(on_output, on_event))
         return {k: v for k, v in done.items() if k != "event"}
 
@@ -256,7 +274,7 @@ class Client:
                  on_output: Callable[[bytes], None] | None = None) -> tuple[str, int]:
         """Run a task (or one command) on every node of allocation NAME; (job id, exit status)."""
         body = {"task": self._task_or_command(task, command, base),
-                "overrides": _overrides(None, None, None, None, None, None, envs, secrets, None)}
+                "overrides": _overrides(envs=envs, secrets=secrets)}
         done = self._events(f"/dev/{_quoted(name)}/exec", body, _output_to(on_output, None))
         return str(done["job_id"]), int(done["exit_code"])
 
@@ -276,21 +294,31 @@ class Client:
         return list(self._json("GET", f"/dev/{_quoted(name)}/ssh", {"command": command})["argv"])
 
     # ---- tasks and their files ------------------------------------------------------------------
-    def _task_or_command(self, task: TaskLike, command: str | None, base: Path | None) -> dict[str, Any]:
+    def _task_or_command(self, task: TaskLike, command: str | None, base: Path | None,
+                         workdir: str | None = None) -> dict[str, Any]:
         """The API's task for a task given (see `launch`) or one command line (`-- COMMAND`)."""
         if command is None:
-            return self._task_input(task, base)
+            return self._task_input(task, base, workdir)
         if task is not None:
             raise TaskError("give either a task or a command, not both")
-        return {"source": "command line", "run": command}
+        return {"source": "command line", "run": command, **self._workdir_files(workdir, base)}
 
-    def _task_input(self, task: TaskLike, base: Path | None) -> dict[str, Any]:
-        """The API's task: its text (or one command) and the uploads that stand for its local files."""
+    def _workdir_files(self, workdir: str | None, base: Path | None) -> dict[str, Any]:
+        """`--workdir` without a task file: its files, sent as a task's workdir is."""
+        if workdir is None:
+            return {}
+        from corral.sdk import files
+
+        return {"files": self.send_files(files.task_files({"workdir": workdir}, base or Path.cwd()))}
+
+    def _task_input(self, task: TaskLike, base: Path | None, workdir: str | None = None) -> dict[str, Any]:
+        """The API's task: its text (or one command) and the uploads that stand for its local files;
+        `workdir` (`--workdir`) in place of the task's."""
         from corral import taskfile
 
         here = base or Path.cwd()
         if task is None:
-            return {"source": "command line"}
+            return {"source": "command line", **self._workdir_files(workdir, base)}
         if isinstance(task, Path) or (isinstance(task, str) and "\n" not in task and task.endswith((".yaml", ".yml"))):
             source = str(task)
             text = taskfile.read_task_text(Path(task))
@@ -304,6 +332,8 @@ class Client:
         from corral.sdk import files
 
         data = taskfile.parse_yaml(text, source)
+        if workdir is not None and isinstance(data, dict):
+            data = {**data, "workdir": workdir}
         return {"source": source, "yaml": text, "files": self.send_files(files.task_files(data, here))}
 
     def send_files(self, local: Any) -> dict[str, Any]:
@@ -460,14 +490,15 @@ def _pairs(values: Pairs, what: str) -> list[str]:
     return out
 
 
-def _overrides(name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None, cpus: str | None,
-               memory: str | None, envs: Pairs, secrets: Pairs, time: str | None) -> dict[str, Any]:
+def _overrides(*, name: str | None = None, gpus: str | None = None, infra: str | None = None,
+               num_nodes: int | None = None, cpus: str | None = None, memory: str | None = None,
+               envs: Pairs = None, secrets: Pairs = None, time: str | None = None, workdir: str | None = None,
+               image_id: str | None = None) -> dict[str, Any]:
+    """The API's overrides; a bare KEY in `envs` or `secrets` takes its value from this process's
+    environment (`--env KEY`, `--secret KEY`), as SkyPilot does."""
     given = {"name": name, "gpus": gpus, "infra": infra, "num_nodes": num_nodes, "cpus": cpus, "memory": memory,
-             "time": time}
+             "time": time, "workdir": workdir, "image_id": image_id}
     out: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-    if isinstance(envs, list) and any("=" not in e for e in envs):
-        bad = next(e for e in envs if "=" not in e)
-        raise TaskError(f"--env {bad!r}: expected KEY=VALUE")
     out["envs"] = _pairs(envs, "--env")
     out["secrets"] = _pairs(secrets, "--secret")
     return out

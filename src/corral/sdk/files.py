@@ -61,13 +61,20 @@ def task_files(data: Any, base: Path) -> LocalFiles:
     mounts: dict[str, Path] = {}
     raw = data.get("file_mounts")
     if isinstance(raw, dict):
-        for remote, local in raw.items():
-            if isinstance(remote, str) and isinstance(local, str) and local:
+        for remote, value in raw.items():
+            local = value.get("source") if isinstance(value, dict) else value  # SkyPilot's mapping form
+            if isinstance(remote, str) and isinstance(local, str) and local and not is_bucket_uri(local):
                 path = absolute(local, base)
                 if not path.exists():
                     raise TaskError(f"file_mounts[{remote!r}]: local path {local!r} does not exist")
                 mounts[remote] = path
     return LocalFiles(found, mounts)
+
+
+def is_bucket_uri(source: str) -> bool:
+    """An object store's URI (s3://, gs://, r2://, …): fetched where the job lands, not sent from here."""
+    scheme, sep, _ = source.partition("://")
+    return bool(sep) and scheme.isalnum()
 
 
 def absolute(path: str, base: Path) -> Path:
