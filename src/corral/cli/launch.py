@@ -138,7 +138,7 @@ def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
         job = job or _quietly(lambda: client.job(job_id))  # interrupted while it was still pending
         where = f" on slurm/{job.cluster}/{job.partition}" if job is not None and job.cluster else ""
         click.echo(f"\ncorral: {job_id} keeps running{where}; Ctrl-C only stopped following it. "
-                   f"`corral logs -f {job_id}` follows it again, `corral cancel {job_id}` stops it.", err=True)
+                   f"`corral logs {job_id}` follows it again, `corral cancel {job_id}` stops it.", err=True)
         return 130
     click.echo(f"corral: {job_id} {job.state} on slurm/{job.cluster}/{job.partition} (exit code {job.exit_code})",
                err=True)
