@@ -38,6 +38,7 @@ from testbed.spec import ALL_USERS, TEAM_GROUP, TEAM_USERS, TEST_USER, ClusterSp
 
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "openssh-server", "openssh-client",
                 "rsync", "sudo", "mariadb-server", "mariadb-client",
+                "environment-modules",  # `module load`, as HPC sites have it (cluster profiles' setup_prefix)
                 "postgresql",  # not Slurm's: the team-mode state store, tested against a real server
                 "chromium")  # nor this: the dashboard's tests drive it (Playwright, its system executable)
 # Daemons must be started through links with exactly these names: libslurm decides what it is from
@@ -46,13 +47,20 @@ DAEMON_BINARIES = {"slurmctld": "/usr/sbin/slurmctld-wlm", "slurmd": "/usr/sbin/
 CONFIG_MARKER = "# Written by the Corral testbed"
 SUDOERS_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "sudoers.example"
 READY_TIMEOUT = 45.0
+# A stand-in CUDA module: no CUDA is installed, the module sets what a real one sets for a job to read.
+CUDA_MODULEFILE = """#%Module1.0
+## Written by the Corral testbed: a stand-in for {cluster}'s CUDA {version} module (no CUDA is installed).
+setenv CUDA_VERSION {version}
+setenv CUDA_HOME /opt/cuda-{version}
+prepend-path PATH /opt/cuda-{version}/bin
+"""
 
 
 def install_packages() -> None:
     """apt-get install what the testbed needs, without letting postinst start system daemons."""
     missing = [b for b in ("/usr/sbin/slurmctld-wlm", "/usr/sbin/slurmd-wlm", "/usr/bin/sinfo", "/usr/sbin/slurmdbd",
                            "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync", "/usr/bin/sudo", "/usr/sbin/mariadbd",
-                           "/usr/share/postgresql-common", "/usr/bin/chromium")
+                           "/usr/share/postgresql-common", "/usr/bin/chromium", "/etc/profile.d/modules.sh")
                if not Path(b).exists()]
     if not missing:
         return
@@ -334,11 +342,26 @@ class Testbed:
                 if not link.is_symlink():
                     link.symlink_to("/dev/null")
             (paths.spool / node.name).mkdir(exist_ok=True)
+        self._write_site_files(spec)
         paths.slurm_conf.write_text(render_slurm_conf(spec, paths))
         paths.gres_conf.write_text(render_gres_conf(spec, paths))
         paths.sshd_config.write_text(
             render_sshd_config(spec, paths, self.paths.authorized_keys)
         )
+
+    def _write_site_files(self, spec: ClusterSpec) -> None:
+        """What differs between sites for the same task: a module tree with this site's CUDA versions,
+        and a scratch directory of its own."""
+        paths = self.paths.cluster(spec.name)
+        cuda = paths.modules / "cuda"
+        cuda.mkdir(parents=True, exist_ok=True)
+        for stale in cuda.iterdir():
+            if stale.name not in spec.cuda_modules:
+                stale.unlink()
+        for version in spec.cuda_modules:
+            (cuda / version).write_text(CUDA_MODULEFILE.format(version=version, cluster=spec.name))
+        paths.scratch.mkdir(exist_ok=True)
+        paths.scratch.chmod(0o1777)
 
     def _write_known_hosts(self) -> None:
         lines = []

@@ -49,6 +49,16 @@ class ClusterPaths:
         return self.root / "state"
 
     @property
+    def modules(self) -> Path:
+        """The site's environment-modules tree (`module use` it, as its users' docs would say)."""
+        return self.root / "modules"
+
+    @property
+    def scratch(self) -> Path:
+        """The site's scratch filesystem: world-writable with the sticky bit, as /scratch is."""
+        return self.root / "scratch"
+
+    @property
     def spool(self) -> Path:
         return self.root / "spool"
 

@@ -64,6 +64,8 @@ class ClusterSpec:
     dbd_port: int | None = None
     db_port: int | None = None
     extra_conf: tuple[str, ...] = field(default_factory=tuple)
+    # Versions of the stand-in `cuda` environment module this site offers (a module tree of its own).
+    cuda_modules: tuple[str, ...] = ("12.4",)
 
     @property
     def ctld_host(self) -> str:
@@ -96,6 +98,7 @@ def default_clusters() -> tuple[ClusterSpec, ...]:
             PartitionSpec("cpu", ("a3",)),
             PartitionSpec("inference", ("a4",)),
         ),
+        cuda_modules=("12.1", "12.2"),
     )
     borealis = ClusterSpec(
         name="borealis",
@@ -128,6 +131,7 @@ def default_clusters() -> tuple[ClusterSpec, ...]:
             PartitionSpec("debug", ("c3",), max_time="01:00:00", default_time="00:30:00"),
             PartitionSpec("maint", ()),
         ),
+        cuda_modules=("12.2",),
     )
     return (alpine, borealis, cirrus)
 

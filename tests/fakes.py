@@ -4,7 +4,6 @@ controller's rules run on it without Slurm. Capacity comes from recorded real pr
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from corral.infra.base import (
     RunsArrays,
     SubmitResult,
 )
+from corral.profiles import Profiles
 
 
 class FakeInfra(Infra, ReleasesHeld):
@@ -56,7 +56,7 @@ class FakeInfra(Infra, ReleasesHeld):
         if self.unreachable:
             raise ClusterUnreachableError(self.cluster, "login node refused the connection (fake)")
 
-    async def probe(self) -> ClusterSnapshot:
+    async def probe(self, *, associations: bool = False) -> ClusterSnapshot:
         self._check()
         return self.snapshot
 
@@ -152,6 +152,7 @@ class FakeClient:
         self.infras = infras
         self.registry = FakeRegistry(list(infras))
         self.transport = FakeTransport()
+        self.profiles = Profiles()
 
     def infra(self, cluster: str, owner: str = "") -> FakeInfra:
         self.registry.get(cluster)
@@ -163,7 +164,7 @@ class FakeClient:
     def cluster_users(self, cluster: str) -> list[str]:
         return []
 
-    async def probe(self, clusters: list[str] | None = None) -> list[ProbeOutcome]:
+    async def probe(self, clusters: list[str] | None = None, *, associations: bool = False) -> list[ProbeOutcome]:
         out = []
         for name in clusters or self.registry.names():
             infra = self.infras[name]

@@ -23,11 +23,12 @@ from corral.errors import (
     UnknownClusterError,
     UnknownPartitionError,
 )
-from corral.infra import connect
 from corral.gpu_names import normalize_gpu_name
+from corral.infra import connect
 from corral.infra.base import ClusterSnapshot, Infra, Node
 from corral.infra.selector import InfraSelector, parse_infra
 from corral.inventory import UNTYPED_GPU, GpuAvailability, filter_rows, gpu_availability
+from corral.profiles import Profiles
 from corral.ssh import SshTransport
 
 
@@ -61,19 +62,22 @@ class GpuReport:
     outcomes: list[ProbeOutcome] = field(default_factory=list)  # every cluster's probe, failed or not
 
 
-# Probes in flight, per event loop: (cluster file, cluster, timeout) -> the running probe.
-_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float],
+# Probes in flight, per event loop: (cluster file, cluster, timeout, with associations) -> the running probe.
+_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, bool],
                                                                      asyncio.Future[ProbeOutcome]]] = \
     weakref.WeakKeyDictionary()
 
 
 class Client:
     def __init__(self, registry: ClusterRegistry | None = None, transport: SshTransport | None = None,
-                 *, timeout: float | None = None, accounts: Accounts | None = None):
+                 *, timeout: float | None = None, accounts: Accounts | None = None,
+                 profiles: Profiles | None = None):
         self.registry = registry or load_registry()
         self.transport = transport or SshTransport(self.registry, timeout=timeout)
         # A team server's: whose account each user's jobs reach the clusters as (accounts.py).
         self.accounts = accounts or team_accounts.installed()
+        # What differs per cluster (account, modules, paths): the server's config.yaml, read once here.
+        self.profiles = profiles if profiles is not None else Profiles.load(self.registry.names())
         self._infras: dict[tuple[str, str], Infra] = {}
 
     def infra(self, cluster: str, owner: str = "") -> Infra:
@@ -100,24 +104,26 @@ class Client:
         """The team members' accounts on `cluster` whose jobs a status query lists (none outside a team)."""
         return self.accounts.cluster_users(cluster) if self.accounts else []
 
-    async def probe(self, clusters: list[str] | None = None) -> list[ProbeOutcome]:
+    async def probe(self, clusters: list[str] | None = None, *, associations: bool = False) -> list[ProbeOutcome]:
+        """Each cluster's snapshot (or why not), in parallel; `associations`: with the user's accounts
+        and QOS too (`corral check`)."""
         names = [e.name for e in self.registry.select(clusters)]
-        return list(await asyncio.gather(*(self._probe_one(n) for n in names)))
+        return list(await asyncio.gather(*(self._probe_one(n, associations) for n in names)))
 
-    async def _probe_one(self, cluster: str) -> ProbeOutcome:
+    async def _probe_one(self, cluster: str, associations: bool = False) -> ProbeOutcome:
         """This cluster's probe: the one in flight in this process if there is one, else a new one."""
         running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
-        key = (str(self.registry.path), cluster, self.transport.timeout)
+        key = (str(self.registry.path), cluster, self.transport.timeout, associations)
         probe = running.get(key)
         if probe is None:
-            probe = running[key] = asyncio.ensure_future(self._probe_now(cluster))
+            probe = running[key] = asyncio.ensure_future(self._probe_now(cluster, associations))
             probe.add_done_callback(lambda done: running.pop(key) if running.get(key) is done else None)
         return await asyncio.shield(probe)  # a caller that goes away leaves it to the others
 
-    async def _probe_now(self, cluster: str) -> ProbeOutcome:
+    async def _probe_now(self, cluster: str, associations: bool = False) -> ProbeOutcome:
         started = time.monotonic()
         try:
-            snapshot = await self.infra(cluster).probe()
+            snapshot = await self.infra(cluster).probe(associations=associations)
         except CorralError as exc:
             return ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
         return ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())

@@ -197,8 +197,9 @@ USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters")
 
 
 def load_user_settings() -> dict[str, object]:
-    """`~/.corral/config.yaml` (under CORRAL_HOME): defaults such as `idle_minutes: 60`, and a team
-    server's `submit_as` and per-cluster `clusters: {NAME: {submit_as: …}}` (accounts.py)."""
+    """`~/.corral/config.yaml` (under CORRAL_HOME): defaults such as `idle_minutes: 60`, a team
+    server's `submit_as`, and per cluster `clusters: {NAME: {submit_as: …, account: …, …}}`
+    (accounts.py, profiles.py)."""
     path = settings_path()
     if not path.exists():
         return {}
@@ -230,7 +231,9 @@ def settings_path() -> Path:
     return corral_home() / "config.yaml"
 
 
-_CLUSTER_SETTINGS = ("submit_as",)
+# `submit_as` (accounts.py), then a cluster's profile (profiles.py validates those).
+_CLUSTER_SETTINGS = ("submit_as", "account", "qos", "constraint", "reservation", "time", "sbatch_args", "env",
+                     "setup_prefix", "paths", "avoid_partitions", "partitions")
 
 
 def _check_cluster_settings(value: object, path: Path) -> None:

@@ -40,6 +40,7 @@ from corral.launch import (
     _no_candidate_message,
 )
 from corral.placement import Candidate
+from corral.profiles import with_prefix
 from corral.state import Store
 from corral.state.models import AllocationRow, AttemptRow, JobRow
 from corral.state.sealed import seal
@@ -275,8 +276,11 @@ class DevAllocations:
         infra = self._holder(row.cluster, row.owner)
         try:
             await self.sync_files(name, task)
+            # the cluster's profile, as for a job: its env under the task's, its prefix before the run
+            settings = self.client.profiles.settings(row.cluster, row.partition, task)
             status = await infra.exec_in(row.handle, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
-                                         envs, task.run or "", on_output)
+                                         {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
+                                         on_output)
         except BaseException:
             self.store.update_attempt(token, state="FAILED", reason="interrupted", ended_at=time.time())
             raise

@@ -37,6 +37,7 @@ from corral.infra.base import (
 )
 from corral.liveness import process_tag
 from corral.placement import Candidate, Plan, build_plan
+from corral.profiles import RunSettings, apply_profiles, with_prefix
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
 from corral.state.sealed import seal
@@ -168,7 +169,8 @@ class Launcher:
         unreachable.update(refused)
         runtimes = {c: bool(s.container_runtimes) for c, s in snapshots.items()}
         order = [o.cluster for o in outcomes]
-        plan = build_plan(task, options, snapshots, order, unreachable, runtimes)
+        plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable, runtimes), task,
+                              self.client.profiles)
         for option in options:
             sel = option.infra
             if sel.partition and sel.cluster in snapshots and not any(
@@ -220,6 +222,8 @@ class Launcher:
         """The generic request for one submission of `task` to `candidate`."""
         options = options or AttemptOptions()
         option = candidate.option
+        settings = candidate.runs_with or RunSettings(task.slurm.model_dump(exclude_none=True))
+        prefix = settings.prefix()
         return JobRequest(
             token=token,
             task_ids=job_ids,
@@ -229,14 +233,14 @@ class Launcher:
             accelerators_per_node=option.accelerator.count if option.accelerator else 0,
             cpus_per_node=math.ceil(option.cpus.value) if option.cpus else None,
             memory_mb=math.ceil(option.memory_gb.value * 1024) if option.memory_gb else None,
-            envs=envs,
-            setup=task.setup,
-            run=task.run,
+            envs={**settings.env, **envs},
+            setup=with_prefix(prefix, task.setup),
+            run=with_prefix(prefix, task.run),
             first_rank=first_rank,
             num_jobs=num_jobs,
             extra_env=dict(options.extra_env),
             checkpoint_dir=options.checkpoint_dir,
-            scheduler_options=task.slurm.model_dump(exclude_none=True),
+            scheduler_options=dict(settings.scheduler_options),
             requeue=options.requeue,
             held=options.held,
         )

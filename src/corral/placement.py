@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from corral.gpu_names import gpu_matches, normalize_gpu_name
 from corral.infra.base import ClusterSnapshot, Node, Partition
 from corral.task import ResourceOption, Task
+
+if TYPE_CHECKING:
+    from corral.profiles import RunSettings
 
 GENERIC_GPU = "gpu"
 
@@ -38,6 +42,7 @@ class Candidate:
     prediction_note: str | None = None
     cluster_index: int = 0
     partition_index: int = 0
+    runs_with: RunSettings | None = None  # the cluster's profile under the task (profiles.py)
 
     def with_prediction(self, start: float | None, note: str | None) -> Candidate:
         return replace(self, predicted_start=start, prediction_note=note)

@@ -37,6 +37,9 @@ def plan_json(plan: Plan) -> list[dict[str, object]]:
             "prediction": c.prediction_note,
             "pressure": round(c.pressure, 3),
             "chosen": c is chosen,
+            # what it would run with there: the cluster's profile under the task (profiles.py)
+            "runs_with": c.runs_with.to_json() if c.runs_with else None,
+            "runs_with_text": c.runs_with.describe() if c.runs_with else "",
         }
         for c in ranked
     ]

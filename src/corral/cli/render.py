@@ -33,6 +33,8 @@ def render_check(checks: list[ClusterCheck]) -> None:
     for c in checks:
         if c.error:
             err_console.print(f"[red]✗[/red] {c.error}", highlight=False)
+        for warning in c.warnings:  # the cluster answers; its profile names something it does not know
+            warn(f"{c.cluster}: {warning}")
 
 
 def render_gpus(report: GpuReport, gpu: str | None) -> None:
@@ -83,6 +85,11 @@ def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
         if r.get("unreachable"):
             table.add_row("", str(r["infra"]), "-", "-", "-", f"[red]{r.get('reason') or ''}[/red]")
     (console if full else err_console).print(table)
+    settled = [r for r in shown if r.get("feasible") and r.get("runs_with_text")]
+    if full and settled:  # --dryrun: what each candidate would run with (its cluster's profile, the task's slurm:)
+        console.print("\n[bold]Runs with[/bold]")
+        for r in settled:
+            console.print(f"  {r['infra']}: {r['runs_with_text']}", highlight=False, markup=False)
 
 
 class LaunchProgress:

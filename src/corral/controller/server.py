@@ -152,6 +152,7 @@ def start(options: ServerOptions | None = None) -> int:
             os.kill(pid, signal.SIGUSR1)  # the loop ticks at once on it (new work)
             return pid
         with open(private_file(log_file()), "ab") as log:
+            logged = log.tell()
             proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=log, start_new_session=True,
                                     env={**os.environ, **options.to_env()})
@@ -160,9 +161,25 @@ def start(options: ServerOptions | None = None) -> int:
             if running_pid() == proc.pid:
                 return proc.pid
             if proc.poll() is not None:
-                raise ControllerUnavailable(f"the controller exited at once; see {log_file()}")
+                raise _start_failure(logged, proc.returncode)
             time.sleep(0.05)
         raise ControllerUnavailable(f"the controller did not start within 10 s; see {log_file()}")
+
+
+STARTUP_ERROR = "corral: error: "  # how the background server says why it could not start (its last words)
+
+
+def _start_failure(logged: int, code: int) -> CorralError:
+    """Why the server just exited: its own `corral: error:` line in the log (a broken config.yaml, a
+    port in use), with its exit status; else where to look."""
+    with open(log_file(), "rb") as log:
+        log.seek(logged)
+        said = [line for line in log.read(65536).decode(errors="replace").splitlines() if line.startswith(STARTUP_ERROR)]
+    if not said:
+        return ControllerUnavailable(f"the controller exited at once; see {log_file()}")
+    error = CorralError(said[-1].removeprefix(STARTUP_ERROR))
+    error.exit_code = code or ControllerUnavailable.exit_code
+    return error
 
 
 def stop(timeout: float = 20) -> bool:

@@ -31,6 +31,7 @@ from corral.controller.v1_launch import stream_output
 from corral.errors import CorralError, ForbiddenError, UnknownClusterError
 from corral.state import Store
 from corral.infra.base import JobState
+from corral.profiles import profile_warnings
 from corral.state.store import JobFilter, JobNotFoundError
 from corral.tracker import RefreshReport, SharedRefresh, Tracker
 from corral.views import job_json
@@ -72,9 +73,12 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     @router.get("/check")
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it
                     timeout: Timeout = None) -> dict[str, object]:
-        """Probe each cluster (all, or those named) now, in parallel."""
-        outcomes = await Client(timeout=timeout).probe(cluster or None)
-        return {"clusters": [check_json(o) for o in outcomes]}
+        """Probe each cluster (all, or those named) now, in parallel, with the user's accounts and QOS;
+        `warnings` per cluster: what its profile names that the cluster does not know."""
+        client = Client(timeout=timeout)
+        outcomes = await client.probe(cluster or None, associations=True)
+        return {"clusters": [{**check_json(o), "warnings": profile_warnings(o.cluster, o.snapshot, client.profiles)
+                              if o.snapshot else []} for o in outcomes]}
 
     @router.get("/clusters/{name}")
     async def cluster(name: Annotated[str, Path(max_length=256)], timeout: Timeout = None) -> dict[str, object]:

@@ -85,6 +85,8 @@ class ClusterSnapshot:
     partitions: tuple[Partition, ...]
     pending: tuple[PendingDemand, ...] = ()
     container_runtimes: tuple[str, ...] = ()  # enroot, apptainer, singularity found on the login node
+    accounts: tuple[str, ...] | None = None  # the user's accounts, when asked and known (probe(associations=))
+    qos: tuple[str, ...] | None = None  # the QOS those accounts allow, likewise
     probe_seconds: float = 0.0
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
@@ -210,8 +212,10 @@ class Infra(ABC):
         """`<kind>/<name>`, e.g. `slurm/alpine`."""
 
     @abstractmethod
-    async def probe(self) -> ClusterSnapshot:
-        """Everything placement needs, in one round trip. Raises ClusterError."""
+    async def probe(self, *, associations: bool = False) -> ClusterSnapshot:
+        """Everything placement needs, in one round trip. Raises ClusterError. `associations`: in the
+        same round trip, the accounts and QOS the user may submit with, where the backend has such
+        things (`ClusterSnapshot.accounts`/`qos`; for `corral check`, not for placement)."""
 
     @abstractmethod
     def attempt_files(self, request: JobRequest) -> AttemptFiles:

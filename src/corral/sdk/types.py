@@ -23,13 +23,14 @@ class ClusterCheck:
     nodes: int
     seconds: float
     raw: dict[str, Any] = field(repr=False, compare=False)
+    warnings: list[str] = field(default_factory=list)  # what the cluster's profile names that it does not know
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterCheck:
         return cls(data["cluster"], bool(data["ok"]), data.get("error"), data.get("error_kind"),
                    data.get("slurm_version"), list(data.get("partitions") or []), data.get("default_partition"),
                    list(data.get("gpu_types") or []), int(data.get("nodes") or 0), float(data.get("seconds") or 0),
-                   data)
+                   data, list(data.get("warnings") or []))
 
 
 @dataclass(frozen=True)

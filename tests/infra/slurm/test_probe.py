@@ -78,3 +78,16 @@ def test_controller_timeout_and_missing_slurm():
 def test_script_is_constant_apart_from_the_timeout():
     assert probe_script(5) == probe_script(5)
     assert "timeout 7 " in probe_script(7) and "timeout 5 " not in probe_script(7)
+
+
+def test_associations_are_read_only_when_asked_and_only_when_accounting_answers():
+    from corral.infra.slurm.probe import ASSOCIATIONS, Section, parse_associations
+
+    assert "sacctmgr" not in probe_script(10) and ASSOCIATIONS in probe_script(10, associations=True)
+    # Recorded on the testbed: borealis keeps accounting, alpine does not (sacctmgr still exits 0).
+    assert parse_associations(Section(0, "research|normal\nresearch|high,normal\nops|")) == \
+        (("ops", "research"), ("high", "normal"), [])
+    accounts, qos, warnings = parse_associations(Section(0, "You are not running a supported accounting_storage "
+                                                            "plugin\nOnly 'accounting_storage/slurmdbd' is supported."))
+    assert (accounts, qos) == (None, None) and warnings[0].startswith("accounts and QOS unknown: sacctmgr: You are")
+    assert parse_associations(None) == (None, None, [])

@@ -70,9 +70,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     def name(self) -> str:
         return f"slurm/{self.cluster}"
 
-    async def probe(self) -> ClusterSnapshot:
+    async def probe(self, *, associations: bool = False) -> ClusterSnapshot:
         # One bound for the whole answer, a new connection included.
-        result = await self.transport.run(self.cluster, probe_script(self.slurm_timeout),
+        result = await self.transport.run(self.cluster, probe_script(self.slurm_timeout, associations=associations),
                                           timeout=self.transport.timeout)
         return parse_probe_output(self.cluster, result.stdout, self.slurm_timeout, result.seconds)
 

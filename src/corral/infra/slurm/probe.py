@@ -32,14 +32,19 @@ QUERIES = {
 }
 
 
-def probe_script(slurm_timeout: int) -> str:
+# `corral check` only: the user's associations (account|qos per line), from slurmdbd where there is one.
+ASSOCIATIONS = 'sacctmgr -nP show assoc where user="$(id -un)" format=account,qos'
+
+
+def probe_script(slurm_timeout: int, *, associations: bool = False) -> str:
     """The remote bash script. Built from constants only: nothing user-supplied reaches it."""
     seconds = int(slurm_timeout)
+    queries = {**QUERIES, **({"assoc": ASSOCIATIONS} if associations else {})}
     parallel = "\n".join(
         f'( timeout {seconds} {command} >"$d/{name}" 2>&1; echo $? >"$d/{name}.rc" ) &'
-        for name, command in QUERIES.items()
+        for name, command in queries.items()
     )
-    sections = " ".join(QUERIES)
+    sections = " ".join(queries)
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} version 0\\n'; sinfo --version 2>&1
@@ -110,6 +115,7 @@ def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: f
     nodes, node_warnings = parse_sinfo_nodes(sections["nodes"].text)
     pending, pending_warnings = parse_pending(sections["pending"].text)
     runtimes = sections.get("runtimes", Section(0, "")).text.split()
+    accounts, qos, assoc_warnings = parse_associations(sections.get("assoc"))
     return ClusterSnapshot(
         cluster=cluster,
         slurm_version=version,
@@ -118,8 +124,24 @@ def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: f
         partitions=tuple(parse_partitions(sections["partitions"].text)),
         pending=tuple(pending),
         probe_seconds=seconds,
-        warnings=tuple(node_warnings + pending_warnings),
+        warnings=tuple(node_warnings + pending_warnings + assoc_warnings),
+        accounts=accounts,
+        qos=qos,
     )
+
+
+def parse_associations(section: Section | None) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None, list[str]]:
+    """(accounts, QOS, warnings) from `sacctmgr -nP show assoc … format=account,qos`; None and a warning
+    when the cluster keeps no accounting (sacctmgr says so, with exit status 0) or sacctmgr failed."""
+    if section is None:
+        return None, None, []
+    lines = [line for line in section.text.splitlines() if line.strip()]
+    if section.status != 0 or any("|" not in line for line in lines):
+        why = _one_line(section.text) or f"exit status {section.status}"
+        return None, None, [f"accounts and QOS unknown: sacctmgr: {why}"]
+    accounts = {line.split("|")[0] for line in lines if line.split("|")[0]}
+    qos = {q for line in lines for q in line.split("|")[1].split(",") if q}
+    return tuple(sorted(accounts)), tuple(sorted(qos)), []
 
 
 def _one_line(text: str) -> str:
