@@ -54,6 +54,11 @@ class ClusterPaths:
         return self.root / "modules"
 
     @property
+    def runtime_bin(self) -> Path:
+        """The site's container runtimes (stand-ins), first on its users' PATH; jobs inherit it."""
+        return self.root / "runtime-bin"
+
+    @property
     def scratch(self) -> Path:
         """The site's scratch filesystem: world-writable with the sticky bit, as /scratch is."""
         return self.root / "scratch"
@@ -230,7 +235,8 @@ def render_sshd_config(spec: ClusterSpec, paths: ClusterPaths, authorized_keys: 
             "MaxSessions 64",
             "MaxStartups 64:30:128",
             "LogLevel VERBOSE",
-            f"SetEnv SLURM_CONF={paths.slurm_conf} CORRAL_TESTBED_CLUSTER={spec.name}",
+            f"SetEnv SLURM_CONF={paths.slurm_conf} CORRAL_TESTBED_CLUSTER={spec.name}"
+            + (f" PATH={paths.runtime_bin}:/usr/local/bin:/usr/bin:/bin" if spec.container_runtimes else ""),
             "Subsystem sftp internal-sftp",
             "",
         ]

@@ -66,6 +66,8 @@ class ClusterSpec:
     extra_conf: tuple[str, ...] = field(default_factory=tuple)
     # Versions of the stand-in `cuda` environment module this site offers (a module tree of its own).
     cuda_modules: tuple[str, ...] = ("12.4",)
+    # Container runtimes this site offers, as stand-ins on its login and compute PATH (see layout.py).
+    container_runtimes: tuple[str, ...] = ()
 
     @property
     def ctld_host(self) -> str:
@@ -132,6 +134,7 @@ def default_clusters() -> tuple[ClusterSpec, ...]:
             PartitionSpec("maint", ()),
         ),
         cuda_modules=("12.2",),
+        container_runtimes=("apptainer",),
     )
     return (alpine, borealis, cirrus)
 

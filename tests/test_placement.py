@@ -96,11 +96,20 @@ def test_ordered_preference_breaks_ties():
     assert places(plan_for(data).feasible()) == [("borealis", "l40s"), ("cirrus", "b300")]
 
 
-def test_image_needs_a_container_runtime():
-    plan = plan_for({"resources": {"accelerators": "B300:1", "image_id": "docker:nvcr.io/nvidia/pytorch:24.01"}})
+def test_image_needs_a_container_runtime_and_gets_the_preferred_one():
+    from dataclasses import replace
+
+    data = {"resources": {"accelerators": "B300:1", "image_id": "docker:nvcr.io/nvidia/pytorch:24.01"}}
+    plan = plan_for(data)
     assert plan.feasible() == []
     assert {c.reason for c in plan.candidates if c.partition == "b300"} == {
-        "image_id needs a container runtime (pyxis/enroot, apptainer), none found"}
+        "image_id needs a container runtime (Pyxis, Apptainer or Singularity); cirrus has none"}
+    for found, chosen in ((("singularity",), "singularity"), (("apptainer", "singularity"), "apptainer"),
+                          (("singularity", "apptainer", "pyxis"), "pyxis")):
+        with_runtime = {**SNAPSHOTS, "cirrus": replace(SNAPSHOTS["cirrus"], container_runtimes=found)}
+        [best] = plan_for(data, with_runtime).feasible()
+        assert (best.cluster, best.container_runtime) == ("cirrus", chosen)
+    assert all(c.container_runtime is None for c in plan_for({"resources": {"accelerators": "B300:1"}}).candidates)
 
 
 def test_slurm_minutes():

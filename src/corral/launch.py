@@ -167,9 +167,8 @@ class Launcher:
         snapshots = {o.cluster: o.snapshot for o in outcomes if o.snapshot and o.cluster not in refused}
         unreachable = {o.cluster: o.error_message or "" for o in outcomes if o.snapshot is None}
         unreachable.update(refused)
-        runtimes = {c: bool(s.container_runtimes) for c, s in snapshots.items()}
         order = [o.cluster for o in outcomes]
-        plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable, runtimes), task,
+        plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable), task,
                               self.client.profiles)
         for option in options:
             sel = option.infra
@@ -243,6 +242,8 @@ class Launcher:
             scheduler_options=dict(settings.scheduler_options),
             requeue=options.requeue,
             held=options.held,
+            container_image=option.image_id.removeprefix("docker:") if option.image_id else None,
+            container_runtime=candidate.container_runtime,
         )
 
     async def launch(self, task: Task, source: str, *, num_jobs: int = 1) -> list[Submitted]:

@@ -43,6 +43,7 @@ class Candidate:
     cluster_index: int = 0
     partition_index: int = 0
     runs_with: RunSettings | None = None  # the cluster's profile under the task (profiles.py)
+    container_runtime: str | None = None  # how the task's image runs there (CONTAINER_RUNTIMES), if it has one
 
     def with_prediction(self, start: float | None, note: str | None) -> Candidate:
         return replace(self, predicted_start=start, prediction_note=note)
@@ -144,7 +145,6 @@ def evaluate(
     partition: Partition,
     cluster_index: int,
     partition_index: int,
-    has_container_runtime: bool = False,
 ) -> Candidate:
     """One candidate: is it feasible, can it start now, what would it ask Slurm for."""
     base = Candidate(snapshot.cluster, partition.name, option, feasible=False,
@@ -154,8 +154,11 @@ def evaluate(
         return replace(base, reason=f"partition is {partition.state}")
     if not nodes:
         return replace(base, reason="partition has no nodes")
-    if option.image_id and not has_container_runtime:
-        return replace(base, reason="image_id needs a container runtime (pyxis/enroot, apptainer), none found")
+    runtime = container_runtime(snapshot) if option.image_id else None
+    if option.image_id and runtime is None:
+        return replace(base, reason="image_id needs a container runtime (Pyxis, Apptainer or Singularity); "
+                                    f"{snapshot.cluster} has none")
+    base = replace(base, container_runtime=runtime)
     limit = slurm_minutes(partition.max_time if partition.max_time != "UNLIMITED" else None)
     wanted = slurm_minutes(task.slurm.time)
     if wanted is not None and limit is not None and wanted > limit:
@@ -206,16 +209,24 @@ def evaluate(
     )
 
 
+# The runtimes Corral runs a task's image with, in order of preference: Pyxis (Slurm's own plugin,
+# `srun --container-image`), then Apptainer, then Singularity.
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
+
+
+def container_runtime(snapshot: ClusterSnapshot) -> str | None:
+    """The runtime a task's image would run with on this cluster, or None."""
+    return next((r for r in CONTAINER_RUNTIMES if r in snapshot.container_runtimes), None)
+
+
 def build_plan(
     task: Task,
     options: list[ResourceOption],
     snapshots: dict[str, ClusterSnapshot],
     cluster_order: list[str],
     unreachable: dict[str, str] | None = None,
-    container_runtimes: dict[str, bool] | None = None,
 ) -> Plan:
     candidates: list[Candidate] = []
-    runtimes = container_runtimes or {}
     for option in options:
         for cluster_index, cluster in enumerate(cluster_order):
             snapshot = snapshots.get(cluster)
@@ -224,8 +235,7 @@ def build_plan(
             for partition_index, partition in enumerate(snapshot.partitions):
                 if option.infra.partition and option.infra.partition != partition.name:
                     continue
-                candidates.append(evaluate(task, option, snapshot, partition, cluster_index, partition_index,
-                                           runtimes.get(cluster, False)))
+                candidates.append(evaluate(task, option, snapshot, partition, cluster_index, partition_index))
     # One candidate per place: the best option for it (an `ordered` list may name a place twice).
     best: dict[tuple[str, str], Candidate] = {}
     for candidate in sorted(candidates, key=Candidate.rank_key):

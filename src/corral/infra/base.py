@@ -84,7 +84,7 @@ class ClusterSnapshot:
     nodes: tuple[Node, ...]
     partitions: tuple[Partition, ...]
     pending: tuple[PendingDemand, ...] = ()
-    container_runtimes: tuple[str, ...] = ()  # enroot, apptainer, singularity found on the login node
+    container_runtimes: tuple[str, ...] = ()  # pyxis (srun --container-image), apptainer, singularity
     accounts: tuple[str, ...] | None = None  # the user's accounts, when asked and known (probe(associations=))
     qos: tuple[str, ...] | None = None  # the QOS those accounts allow, likewise
     probe_seconds: float = 0.0
@@ -176,6 +176,8 @@ class JobRequest:
     scheduler_options: Mapping[str, Any] = field(default_factory=dict)
     requeue: bool = True  # may the infra requeue the job itself (False: Corral's controller recovers it)
     held: bool = False  # queued but not to start until released (see ReleasesHeld)
+    container_image: str | None = None  # an OCI image (docker.io/library/ubuntu:22.04 or ubuntu:22.04)
+    container_runtime: str | None = None  # one the snapshot listed (placement.CONTAINER_RUNTIMES)
 
     @property
     def is_array(self) -> bool:

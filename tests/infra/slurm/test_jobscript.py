@@ -108,3 +108,27 @@ def test_cancel_leaves_each_job_its_marker_before_scancel():
     assert lines[1] == """[ -d "$HOME"/'.corral/runs/b c' ] && : > "$HOME"/'.corral/runs/b c'/cancelled.3"""
     assert lines[2].startswith("scancel 41 42_3 ")
     assert cancel_script(["41"]).startswith("scancel 41 ")  # without run dirs: scancel alone
+
+
+def test_an_image_with_pyxis_runs_the_step_in_it():
+    pyxis = spec(container_image="nvcr.io/nvidia/pytorch:24.01-py3", container_runtime="pyxis")
+    check_golden("container-pyxis.sbatch", render_sbatch(pyxis))
+    assert "container.sh" not in job_files(pyxis)
+    assert "--container-image=ubuntu:22.04 " in render_sbatch(spec(container_image="ubuntu:22.04",
+                                                                   container_runtime="pyxis"))
+
+
+def test_an_image_with_apptainer_wraps_setup_and_run():
+    files = job_files(spec(container_image="ubuntu:22.04", container_runtime="apptainer"))
+    check_golden("container-apptainer.sh", files["container.sh"])
+    assert files["job.sbatch"] == render_sbatch(spec())  # the batch script is the host's, as without an image
+    assert "--nv" not in job_files(spec(container_image="ubuntu:22.04", container_runtime="singularity",
+                                        gpus_per_node=0, gres=None))["container.sh"]
+
+
+def test_an_image_reference_that_could_break_the_script_is_refused():
+    from corral.infra.slurm.jobscript import UnsafeScriptValueError
+
+    for image in ("ubuntu:22.04; rm -rf ~", "a b", "$(id)", "'x'"):
+        with pytest.raises(UnsafeScriptValueError):
+            job_files(spec(container_image=image, container_runtime="apptainer"))

@@ -80,3 +80,17 @@ def test_a_marker_left_before_the_task_starts_stops_it(run_dir):
     assert ended_within(proc, 5) and proc.returncode == 143
     assert not (run_dir / "out").exists()
     assert "before the task started" in (run_dir / "fence.log").read_text()
+
+
+def test_with_container_sh_setup_and_run_go_through_it_in_the_task_env(run_dir):
+    (run_dir / "setup.sh").write_text(f"echo setup $IN_IMAGE $GREETING >> {run_dir}/out\n")
+    (run_dir / "run.sh").write_text(f"echo run $IN_IMAGE $GREETING >> {run_dir}/out\n")
+    (run_dir / "env.sh").write_text("export GREETING=hi PATH=/nowhere\n")  # the task's PATH cannot break it
+    # A stand-in runtime: marks what runs "in the image", then runs it (as `apptainer exec … "$@"` does).
+    (run_dir / "container.sh").write_text('#!/bin/bash\nIN_IMAGE=yes exec "$@"\n')
+    env = {**os.environ, "CORRAL_RUN_DIR": str(run_dir), "SLURM_NODEID": "0"}
+    env.pop("SLURM_ARRAY_TASK_ID", None)
+    done = subprocess.run(["bash", str(run_dir / "task.sh"), str(run_dir / "setup.sh"), str(run_dir / "run.sh"),
+                           str(run_dir / "env.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert (run_dir / "out").read_text() == "setup yes hi\nrun yes hi\n"

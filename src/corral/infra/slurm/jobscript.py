@@ -7,7 +7,9 @@ A job's run directory (`~/.corral/runs/<token>/`) holds:
 - `env.sh`: the task's envs, each value quoted with shlex.quote, so it arrives byte for byte. Only the
   processes that run `setup.sh` and `run.sh` source it: Corral's own commands (srun, scontrol, …)
   never run under the task's environment, so `PATH=/x` in a task cannot break them;
-- `setup.sh`, `run.sh`: the user's commands, verbatim; `task_ids` for job arrays.
+- `setup.sh`, `run.sh`: the user's commands, verbatim; `task_ids` for job arrays;
+- with an image: Pyxis options on the `srun` step (the step runs in the image), or `container.sh`,
+  through which `task.sh` runs setup and run in the image with Apptainer or Singularity.
 
 Nothing is installed on the cluster: bash, coreutils, getent and the Slurm commands are all it needs.
 """
@@ -53,6 +55,8 @@ class SlurmJobSpec:
     num_jobs: int = 1  # CORRAL_NUM_JOBS
     extra_env: dict[str, str] = field(default_factory=dict)
     checkpoint_dir: str | None = None  # managed jobs: relative to the remote home unless absolute
+    container_image: str | None = None  # an OCI image reference (validated: no spaces, quotes or $)
+    container_runtime: str | None = None  # pyxis, apptainer or singularity
 
     @property
     def is_array(self) -> bool:
@@ -101,6 +105,8 @@ def spec_for(request: JobRequest, cluster: str) -> SlurmJobSpec:
         num_jobs=request.num_jobs,
         extra_env=dict(request.extra_env),
         checkpoint_dir=request.checkpoint_dir,
+        container_image=request.container_image,
+        container_runtime=request.container_runtime,
     )
 
 
@@ -188,8 +194,41 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         lines += [f"export CORRAL_CHECKPOINT_DIR={where}", 'mkdir -p "$CORRAL_CHECKPOINT_DIR"']
     lines += node_env_lines('"$SLURM_JOB_NODELIST"')
     lines.append(f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
-                 "bash \"$CORRAL_RUN_DIR/task.sh\"")
+                 f"{pyxis_options(spec)}bash \"$CORRAL_RUN_DIR/task.sh\"")
     return "\n".join(lines) + "\n"
+
+
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@]*\Z", re.ASCII)
+
+
+def _image(spec: SlurmJobSpec) -> str:
+    image = spec.container_image or ""
+    if not _IMAGE.match(image):
+        raise UnsafeScriptValueError(f"image {image!r}: expected an image reference such as ubuntu:22.04")
+    return image
+
+
+def pyxis_options(spec: SlurmJobSpec) -> str:
+    """With Pyxis, the step itself runs in the image: the home (where the run directory is) mounted at
+    the same path, the job's workdir as the working directory. Nothing otherwise."""
+    if spec.container_runtime != "pyxis":
+        return ""
+    # Pyxis takes docker://-less references; a registry host is separated by '#' (enroot's syntax).
+    image = _image(spec).replace("/", "#", 1) if "." in _image(spec).split("/")[0] else _image(spec)
+    return (f"--container-image={image} --container-mounts=\"$HOME:$HOME\" "
+            "--container-workdir=\"$CORRAL_RUN_DIR/workdir\" ")
+
+
+def container_script(spec: SlurmJobSpec) -> str | None:
+    """`container.sh CMD…`: runs CMD in the task's image with Apptainer or Singularity (task.sh calls it
+    for setup and run only: Corral's own commands stay on the host). None without one of those."""
+    if spec.container_runtime not in ("apptainer", "singularity"):
+        return None
+    gpus = " --nv" if spec.gpus_per_node else ""
+    return ("#!/bin/bash\n"
+            f"# Written by Corral: runs its arguments in the task's image with {spec.container_runtime}, the home\n"
+            "# (and so the run directory) bound at the same path, in the current directory.\n"
+            f'exec {spec.container_runtime} exec{gpus} --bind "$HOME" --pwd "$PWD" docker://{_image(spec)} "$@"\n')
 
 
 def node_env_lines(nodelist: str) -> list[str]:
@@ -271,7 +310,11 @@ stop_if_cancelled() {  # the marker may have come after the job's script looked,
   echo "$(date +%s.%N) $(hostname) marker seen before the $1 started; not started" >> "$fence_log"
   exit 143
 }
-with_task_env() { "$BASH" -c '. "$1" || exit 1; shift; exec "$@"' task-env "$envfile" "$BASH" "$@"; }
+# The task's image (Apptainer, Singularity): setup and run go through container.sh, with the image's bash.
+inside=("$BASH")
+[ -f "$CORRAL_RUN_DIR/container.sh" ] && inside=("$BASH" "$CORRAL_RUN_DIR/container.sh" bash)
+# The task's env, then its commands, with the bash that sourced it (by path: the env may change PATH).
+with_task_env() { "${inside[@]}" -c '. "$1" || exit 1; shift; exec "$BASH" "$@"' task-env "$envfile" "$@"; }
 if [ -n "$setup" ] && [ -s "$setup" ]; then
   stop_if_cancelled setup
   with_task_env "$setup"
@@ -284,7 +327,7 @@ if [ -n "$setup" ] && [ -s "$setup" ]; then
 fi
 [ -n "$run" ] || exit 0
 stop_if_cancelled task
-exec "$BASH" -c '. "$1" || exit 1; shift; exec "$@"' task-env "$envfile" "$BASH" "$run"
+exec "${inside[@]}" -c '. "$1" || exit 1; shift; exec "$BASH" "$@"' task-env "$envfile" "$run"
 """
 
 
@@ -300,6 +343,9 @@ def job_files(spec: SlurmJobSpec) -> dict[str, str]:
         "setup.sh": spec.setup or "",
         "run.sh": spec.run or "",
     }
+    wrapper = container_script(spec)
+    if wrapper is not None:
+        files["container.sh"] = wrapper
     if spec.is_array:
         files["task_ids"] = "".join(f"{tid}\n" for tid in spec.task_ids)
     return files

@@ -1,6 +1,7 @@
 """The probe: one remote script, one SSH round trip, everything placement needs.
 
-The script asks the controller whether it is up first (`scontrol ping` answers in milliseconds when
+It also lists the container runtimes the login node offers (Pyxis when `srun --help` shows
+`--container-image`; `apptainer`, `singularity` on its PATH). The script asks the controller whether it is up first (`scontrol ping` answers in milliseconds when
 the controller port refuses), so a dead controller is reported at once instead of after Slurm's own
 ~10 s of retries; then it runs sinfo, scontrol and squeue in parallel, each under `timeout`, and
 prints their outputs as marked sections with their exit statuses.
@@ -48,7 +49,8 @@ def probe_script(slurm_timeout: int, *, associations: bool = False) -> str:
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} version 0\\n'; sinfo --version 2>&1
-printf '\\n{MARK} runtimes 0\\n'; for r in enroot apptainer singularity; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
+printf '\\n{MARK} runtimes 0\\n'; srun --help 2>&1 | grep -q -e --container-image && echo pyxis
+for r in apptainer singularity; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
 ping=$(timeout {seconds} scontrol ping 2>&1); rc=$?
 printf '\\n{MARK} ping %s\\n%s\\n' "$rc" "$ping"
 case "$ping" in *" is UP"*) ;; *) printf '\\n{MARK} end 0\\n'; exit 0 ;; esac
