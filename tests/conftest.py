@@ -173,3 +173,46 @@ def refusing_clusters(tmp_path_factory, monkeypatch) -> Iterator[Path]:
     from corral.controller import server
 
     server.stop()  # started by the commands that go through it
+
+
+class S3Server:
+    """A local S3-compatible server (moto's, over real HTTP): what an S3 client sees of a store, reached
+    through AWS_ENDPOINT_URL as MinIO or Ceph would be."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.url, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    def bucket_with_data(self, name: str) -> str:
+        """A new bucket holding imagenet/train/{a.txt, sub/b.txt} and model.bin (1000 bytes)."""
+        import re
+
+        bucket = "data-" + re.sub(r"[^a-z0-9-]", "-", name.lower())[-40:].strip("-")
+        client = self.client()
+        client.create_bucket(Bucket=bucket)
+        client.put_object(Bucket=bucket, Key="imagenet/train/a.txt", Body=b"alpha\n")
+        client.put_object(Bucket=bucket, Key="imagenet/train/sub/b.txt", Body=b"beta beta\n")
+        client.put_object(Bucket=bucket, Key="model.bin", Body=b"\x00" * 1000)
+        return bucket
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    yield S3Server(f"http://127.0.0.1:{port}")
+    server.stop()

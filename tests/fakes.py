@@ -56,7 +56,7 @@ class FakeInfra(Infra, ReleasesHeld):
         if self.unreachable:
             raise ClusterUnreachableError(self.cluster, "login node refused the connection (fake)")
 
-    async def probe(self, *, associations: bool = False) -> ClusterSnapshot:
+    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = ()) -> ClusterSnapshot:
         self._check()
         return self.snapshot
 
@@ -164,7 +164,8 @@ class FakeClient:
     def cluster_users(self, cluster: str) -> list[str]:
         return []
 
-    async def probe(self, clusters: list[str] | None = None, *, associations: bool = False) -> list[ProbeOutcome]:
+    async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
+                    paths: tuple[str, ...] = ()) -> list[ProbeOutcome]:
         out = []
         for name in clusters or self.registry.names():
             infra = self.infras[name]

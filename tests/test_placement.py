@@ -118,3 +118,16 @@ def test_slurm_minutes():
     assert slurm_minutes("2-00:00:00") == 2880
     assert slurm_minutes("1-12") == 2160
     assert slurm_minutes("UNLIMITED") == math.inf
+
+
+def test_a_task_needing_paths_goes_only_where_they_exist():
+    from dataclasses import replace
+
+    data = {"resources": {"accelerators": "B300:1", "paths": ["/datasets/imagenet", "~/ckpt"]}}
+    assert plan_for(data).feasible()  # a probe that was not asked about paths: no verdict on them
+    probed = {**SNAPSHOTS, "cirrus": replace(SNAPSHOTS["cirrus"], existing_paths=frozenset({"~/ckpt"}))}
+    [b300] = [c for c in plan_for(data, probed).candidates if c.partition == "b300"]
+    assert not b300.feasible and b300.reason == "needs /datasets/imagenet, which cirrus does not have"
+    found = {**SNAPSHOTS, "cirrus": replace(SNAPSHOTS["cirrus"], existing_paths=frozenset({"~/ckpt",
+                                                                                           "/datasets/imagenet"}))}
+    assert [(c.cluster, c.partition) for c in plan_for(data, found).feasible()] == [("cirrus", "b300")]

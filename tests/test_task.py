@@ -53,7 +53,7 @@ run: python train.py
     ("resources:\n  memory: 64XB\n", "invalid memory '64XB'"),
     ("resources:\n  region: alpine\n", "region and zone need cloud"),
     ("resources:\n  cloud: slurm\n  infra: slurm\n", "either infra or cloud/region/zone"),
-    ("file_mounts:\n  /data: s3://bucket/path\n", "s3:// object storage is not fetched onto Slurm clusters yet"),
+    ("file_mounts:\n  /data: gs://bucket/path\n", "gs:// object storage (SkyPilot's; not through this client) is not supported"),
     ("file_mounts:\n  /data: {sorce: ./d}\n", "'/data'.sorce: unknown field; did you mean 'source'?"),
     ("file_mounts:\n  /data: {name: v, store: volume}\n", "volumes are a cloud's disks"),
     ("file_mounts:\n  /data: {source: ./d, mode: LINK}\n", "use MOUNT, COPY or MOUNT_CACHED"),

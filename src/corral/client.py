@@ -62,8 +62,8 @@ class GpuReport:
     outcomes: list[ProbeOutcome] = field(default_factory=list)  # every cluster's probe, failed or not
 
 
-# Probes in flight, per event loop: (cluster file, cluster, timeout, with associations) -> the running probe.
-_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, bool],
+# Probes in flight, per event loop: (cluster file, cluster, timeout, associations, paths) -> the running probe.
+_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, bool, tuple[str, ...]],
                                                                      asyncio.Future[ProbeOutcome]]] = \
     weakref.WeakKeyDictionary()
 
@@ -104,26 +104,28 @@ class Client:
         """The team members' accounts on `cluster` whose jobs a status query lists (none outside a team)."""
         return self.accounts.cluster_users(cluster) if self.accounts else []
 
-    async def probe(self, clusters: list[str] | None = None, *, associations: bool = False) -> list[ProbeOutcome]:
+    async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
+                    paths: tuple[str, ...] = ()) -> list[ProbeOutcome]:
         """Each cluster's snapshot (or why not), in parallel; `associations`: with the user's accounts
-        and QOS too (`corral check`)."""
+        and QOS too (`corral check`); `paths`: which of these exist there (tasks' resources.paths)."""
         names = [e.name for e in self.registry.select(clusters)]
-        return list(await asyncio.gather(*(self._probe_one(n, associations) for n in names)))
+        asked = tuple(sorted(set(paths)))
+        return list(await asyncio.gather(*(self._probe_one(n, associations, asked) for n in names)))
 
-    async def _probe_one(self, cluster: str, associations: bool = False) -> ProbeOutcome:
+    async def _probe_one(self, cluster: str, associations: bool = False, paths: tuple[str, ...] = ()) -> ProbeOutcome:
         """This cluster's probe: the one in flight in this process if there is one, else a new one."""
         running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
-        key = (str(self.registry.path), cluster, self.transport.timeout, associations)
+        key = (str(self.registry.path), cluster, self.transport.timeout, associations, paths)
         probe = running.get(key)
         if probe is None:
-            probe = running[key] = asyncio.ensure_future(self._probe_now(cluster, associations))
+            probe = running[key] = asyncio.ensure_future(self._probe_now(cluster, associations, paths))
             probe.add_done_callback(lambda done: running.pop(key) if running.get(key) is done else None)
         return await asyncio.shield(probe)  # a caller that goes away leaves it to the others
 
-    async def _probe_now(self, cluster: str, associations: bool = False) -> ProbeOutcome:
+    async def _probe_now(self, cluster: str, associations: bool = False, paths: tuple[str, ...] = ()) -> ProbeOutcome:
         started = time.monotonic()
         try:
-            snapshot = await self.infra(cluster).probe(associations=associations)
+            snapshot = await self.infra(cluster).probe(associations=associations, paths=paths)
         except CorralError as exc:
             return ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
         return ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())
@@ -161,6 +163,9 @@ def check_json(outcome: ProbeOutcome) -> dict[str, object]:
         "gpu_types": snapshot.gpu_types if snapshot else [],
         "nodes": len(snapshot.nodes) if snapshot else 0,
         "seconds": round(outcome.seconds, 3),
+        "home_filesystem": snapshot.home_filesystem if snapshot else None,
+        "home_shared": snapshot.home_shared if snapshot else None,
+        "container_runtimes": list(snapshot.container_runtimes) if snapshot else [],
     }
 
 

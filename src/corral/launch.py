@@ -151,7 +151,8 @@ class Launcher:
         for cluster in pinned - {None}:
             self.client.registry.get(cluster)  # an unknown name fails here, naming the known ones
         clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
-        return await self.client.probe(clusters)
+        paths = {p for task in tasks for o in resource_options(task.resources) for p in o.paths}
+        return await self.client.probe(clusters, paths=tuple(sorted(paths)))
 
     async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None,
                    owner: str | None = None) -> Plan:

@@ -154,6 +154,9 @@ def evaluate(
         return replace(base, reason=f"partition is {partition.state}")
     if not nodes:
         return replace(base, reason="partition has no nodes")
+    missing = [p for p in option.paths if snapshot.existing_paths is not None and p not in snapshot.existing_paths]
+    if missing:
+        return replace(base, reason=f"needs {', '.join(missing)}, which {snapshot.cluster} does not have")
     runtime = container_runtime(snapshot) if option.image_id else None
     if option.image_id and runtime is None:
         return replace(base, reason="image_id needs a container runtime (Pyxis, Apptainer or Singularity); "

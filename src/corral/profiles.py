@@ -34,16 +34,16 @@ from corral.infra.base import ClusterSnapshot
 from corral.placement import Plan
 from corral.task import (
     RESERVED_ENV_PREFIX,
+    SAFE_PATH,
+    SAFE_PATH_CHARS,
     SlurmOptions,
     Task,
     check_line,
+    expandable,
     format_validation_error,
 )
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
-# A path may name the user's home or account, expanded on the node: $USER, ${USER}, $HOME, ${HOME}
-# and a leading ~; everything else is taken literally from a set that needs no quoting in "…".
-_PATH = re.compile(r"^(~|\$USER|\$\{USER\}|\$HOME|\$\{HOME\}|[A-Za-z0-9_./@+,:=\-])+\Z", re.ASCII)
 # Variables Corral itself sets in every job: a profile's path may not take their names.
 CORRAL_SETS = frozenset({"CORRAL_ATTEMPT", "CORRAL_CHECKPOINT_DIR", "CORRAL_CLUSTER", "CORRAL_JOB_RANK",
                          "CORRAL_NODE_IPS", "CORRAL_NODE_RANK", "CORRAL_NUM_GPUS_PER_NODE", "CORRAL_NUM_JOBS",
@@ -79,9 +79,8 @@ class PartitionProfile(SlurmOptions):
         for key, path in value.items():
             if not _ENV_NAME.match(key) or key in CORRAL_SETS:
                 raise ValueError(f"paths {key!r}: a variable name that Corral does not set itself")
-            if not isinstance(path, str) or not _PATH.match(path):
-                raise ValueError(f"paths {key}: {path!r}: letters, digits and _ . / @ + , : = -, with $USER, "
-                                 "$HOME or a leading ~ (no spaces, quotes or other $)")
+            if not isinstance(path, str) or not SAFE_PATH.match(path):
+                raise ValueError(f"paths {key}: {path!r}: {SAFE_PATH_CHARS} (no spaces, quotes or other $)")
         return value
 
     @field_validator("setup_prefix")
@@ -120,7 +119,7 @@ class RunSettings:
     def prefix(self) -> str:
         """Shell lines for the top of setup and run: the paths (kept when the task's env sets the name),
         then the profile's setup_prefix."""
-        lines = [f'export {name}="${{{name}-{_expandable(path)}}}"' for name, path in self.paths.items()]
+        lines = [f'export {name}="${{{name}-{expandable(path)}}}"' for name, path in self.paths.items()]
         if self.setup_prefix:
             lines.append(self.setup_prefix.rstrip("\n"))
         return "\n".join(lines)
@@ -139,11 +138,6 @@ class RunSettings:
         if self.setup_prefix:
             parts.append("then: " + "; ".join(line.strip() for line in self.setup_prefix.splitlines() if line.strip()))
         return " ".join(parts)
-
-
-def _expandable(path: str) -> str:
-    """A checked path inside double quotes: only $USER/$HOME expand; a leading ~ becomes $HOME."""
-    return "$HOME" + path[1:] if path.startswith("~") else path
 
 
 def with_prefix(prefix: str, commands: str | None) -> str | None:

@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from corral.buckets import check_source
 from corral.errors import CorralError, TaskError
 from corral.infra.selector import InfraSelector, parse_any_infra, supported
 from corral.taskfile import (
@@ -60,6 +61,15 @@ MAX_RESOURCE_OPTIONS = 64  # alternatives after expanding any_of/ordered and acc
 MAX_NAME_LENGTH = 200
 _SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)\Z", re.I | re.ASCII)
 _AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(\+?)\s*$")
+# A path on a cluster that Corral writes into a script: $USER, ${USER}, $HOME, ${HOME} and a leading ~
+# expand there; everything else is taken literally from a set that needs no quoting inside "…".
+SAFE_PATH = re.compile(r"^(~|\$USER|\$\{USER\}|\$HOME|\$\{HOME\}|[A-Za-z0-9_./@+,:=\-])+\Z", re.ASCII)
+SAFE_PATH_CHARS = "letters, digits and _ . / @ + , : = -, with $USER, $HOME or a leading ~"
+
+
+def expandable(path: str) -> str:
+    """A SAFE_PATH for the inside of double quotes: only $USER/$HOME expand; a leading ~ becomes $HOME."""
+    return "$HOME" + path[1:] if path.startswith("~") else path
 _IMAGE = re.compile(r"^(docker:)?[a-z0-9][a-z0-9._\-/:@]*\Z", re.I | re.ASCII)
 
 
@@ -285,6 +295,9 @@ class Resources(BaseModel):
     autostop: Autostop | None = Field(None, description="Dev allocations: release after this long idle "
                                                         "(true: 5 minutes, false: never, 10, 10h, 1d, …).")
     job_recovery: JobRecovery | None = Field(None, description="Managed jobs: when and where to restart after a failure.")
+    paths: list[str] | None = Field(
+        None, description="Corral's own: paths the task needs on the cluster (a dataset on its filesystem); placement "
+                          "picks only clusters where all exist. $USER, $HOME and ~ expand there.")
     any_of: list[Resources] | None = Field(None, description="Alternatives, any of which will do.")
     ordered: list[Resources] | None = Field(None, description="Alternatives in order of preference.")
     # SkyPilot's fields for clouds, with no meaning on Slurm: ignored with one warning line each.
@@ -305,6 +318,14 @@ class Resources(BaseModel):
     def _accelerators(cls, value: Any) -> Any:
         for item in _accelerator_items(value):
             parse_accelerator(item)
+        return value
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, value: list[str] | None) -> list[str] | None:
+        for path in value or []:
+            if not SAFE_PATH.match(path) or len(path) > 1024:
+                raise ValueError(f"paths: {path!r}: use {SAFE_PATH_CHARS} (no spaces, quotes or other $)")
         return value
 
     @field_validator("cpus")
@@ -452,11 +473,10 @@ class Task(BaseModel):
         for remote, local in value.items():
             check_line(remote, "file_mounts remote path")
             check_line(local, f"file_mounts[{remote!r}] local path")
-            scheme, sep, _ = local.partition("://")
-            if sep and scheme.isalnum():
-                raise ValueError(f"{remote!r}: {scheme}:// object storage is not fetched onto Slurm "
-                                 "clusters yet: copy the data to the cluster's filesystem (or sync it in setup) "
-                                 "and name that path")
+            try:
+                check_source(local)
+            except ValueError as exc:
+                raise ValueError(f"{remote!r}: {exc}") from None
         return value
 
     @field_validator("setup", "run")
@@ -503,9 +523,11 @@ def _mount_source(remote: Any, value: Any) -> Any:
     if mode not in _MOUNT_MODES:
         raise ValueError(f"{where}.mode: {value.get('mode')!r}: use MOUNT, COPY or MOUNT_CACHED")
     source = value.get("source")
+    if not source and isinstance(value.get("name"), str) and value.get("store"):
+        source = f"{value['store']}://{value['name']}"  # an existing bucket named, as SkyPilot allows
     if not isinstance(source, str) or not source:
-        raise ValueError(f"{where}: needs a source (a local path or a bucket URI); a new empty bucket has no "
-                         "meaning on Slurm")
+        raise ValueError(f"{where}: needs a source (a local path or a bucket URI), or an existing bucket's name "
+                         "and store; a new empty bucket has no meaning on Slurm")
     return source
 
 
@@ -519,6 +541,7 @@ class ResourceOption:
     infra: InfraSelector
     image_id: str | None
     preference: int  # 0 is most preferred; equal for any_of alternatives
+    paths: tuple[str, ...] = ()  # that must exist on the cluster
 
     def describe(self) -> str:
         parts = [str(self.accelerator) if self.accelerator else "no GPU"]
@@ -557,6 +580,7 @@ def _all_options(resources: Resources) -> list[ResourceOption]:
                     image_id=merged.image_id if isinstance(merged.image_id, str) and
                     merged.image_id.startswith("docker:") else None,
                     preference=preference * MAX_RESOURCE_OPTIONS + (index if merged.accelerators_ordered() else 0),
+                    paths=tuple(merged.paths or ()),
                 )
             )
 

@@ -135,11 +135,13 @@ def with_uploads(task: Any, files: dict[str, Any], owner: str = "") -> Any:
             (Path(update["workdir"]).parent / ORIGIN_FILE).write_text(json.dumps(f"{owner}@{origin}" if owner
                                                                                  else origin))
     if task.file_mounts:
-        missing = [remote for remote in task.file_mounts if not mounts.get(remote)]
+        # Object storage (s3://…) is not sent by the client: the server fetches it (buckets.py).
+        local = [remote for remote, source in task.file_mounts.items() if "://" not in source]
+        missing = [remote for remote in local if not mounts.get(remote)]
         if missing:
             raise TaskError(f"file_mounts {', '.join(map(repr, missing))}: their files were not sent with the task")
         update["file_mounts"] = {remote: str(resolve(mounts[remote], f"file_mounts[{remote!r}]", owner))
-                                 for remote in task.file_mounts}
+                                 if remote in local else source for remote, source in task.file_mounts.items()}
     return task.model_copy(update=update) if update else task
 
 

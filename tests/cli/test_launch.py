@@ -472,3 +472,24 @@ def test_skypilot_habits_a_command_without_dashes_env_from_the_shell_env_file_wo
     checked = corral("check", "slurm", "--json")
     assert checked.exit_code == 0 and {c["cluster"] for c in checked.json()} == {"alpine", "borealis", "cirrus"}
     assert [c["cluster"] for c in corral("check", "slurm/cirrus", "--json").json()] == ["cirrus"]
+
+
+
+def test_object_storage_mounts_reach_the_cluster_through_the_server(corral, corral_env, clean_queues, tmp_path,
+                                                                    s3_server):
+    bucket = s3_server.bucket_with_data(tmp_path.name)
+    env = {**corral_env, **s3_server.env}
+    task = tmp_path / "data.yaml"
+    task.write_text(f"resources: {{cpus: 1, infra: slurm/cirrus}}\nfile_mounts:\n  data: s3://{bucket}/imagenet/train\n"
+                    f"  /tmp/corral-test-model-{tmp_path.name}/model.bin: {{source: s3://{bucket}/model.bin, mode: COPY}}\n"
+                    "run: cat data/a.txt data/sub/b.txt; wc -c < /tmp/corral-test-model-*/model.bin\n")
+    planned = corral("launch", "--dryrun", str(task), env=env)
+    assert planned.exit_code == 0, planned.stderr
+    assert "Files to send: 1016 B at most" in planned.stdout  # listed, not fetched
+    ran = corral("launch", str(task), env=env)
+    assert ran.exit_code == 0, ran.stderr
+    assert ran.stdout.splitlines()[-3:] == ["alpha", "beta beta", "1000"]
+    gone = tmp_path / "gone.yaml"
+    gone.write_text(f"file_mounts:\n  data: s3://{bucket}/no/such/prefix\nrun: ls data\n")
+    refused = corral("launch", str(gone), env=env)
+    assert refused.exit_code == 65 and "s3://" in refused.stderr and "no objects under it" in refused.stderr

@@ -20,15 +20,18 @@ if TYPE_CHECKING:  # type hints only: a table must not cost the import of the en
 
 def render_check(checks: list[ClusterCheck]) -> None:
     table = Table(box=None, header_style="bold")
-    for column in ("CLUSTER", "STATUS", "SLURM", "PARTITIONS", "GPU TYPES", "TIME"):
+    for column in ("CLUSTER", "STATUS", "SLURM", "PARTITIONS", "GPU TYPES", "HOME", "CONTAINERS", "TIME"):
         table.add_column(column)
     for c in checks:
         if not c.ok:
-            table.add_row(c.cluster, f"[red]FAIL[/red] ({c.error_kind})", "-", "-", "-", f"{c.seconds:.2f}s")
+            table.add_row(c.cluster, f"[red]FAIL[/red] ({c.error_kind})", "-", "-", "-", "-", "-", f"{c.seconds:.2f}s")
             continue
         partitions = ", ".join(p + ("*" if p == c.default_partition else "") for p in c.partitions)
+        fs = c.raw.get("home_filesystem")
+        home = f"{fs} ({'shared' if c.raw.get('home_shared') else 'local'})" if fs else "?"
         table.add_row(c.cluster, "[green]OK[/green]", c.slurm_version or "?", partitions,
-                      ", ".join(c.gpu_types) or "-", f"{c.seconds:.2f}s")
+                      ", ".join(c.gpu_types) or "-", home, ", ".join(c.raw.get("container_runtimes") or []) or "-",
+                      f"{c.seconds:.2f}s")
     console.print(table)
     for c in checks:
         if c.error:
@@ -85,11 +88,24 @@ def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
         if r.get("unreachable"):
             table.add_row("", str(r["infra"]), "-", "-", "-", f"[red]{r.get('reason') or ''}[/red]")
     (console if full else err_console).print(table)
+    weight = next((r.get("transfer_bytes") for r in shown if r.get("transfer_bytes")), None)
+    if full and weight:  # --dryrun: what the task's files weigh (rsync sends a cluster only what it lacks)
+        console.print(f"\nFiles to send: {_bytes(weight)} at most, to whichever candidate is chosen "
+                      "(a cluster that holds an earlier copy gets only the changes)", highlight=False)
     settled = [r for r in shown if r.get("feasible") and r.get("runs_with_text")]
     if full and settled:  # --dryrun: what each candidate would run with (its cluster's profile, the task's slurm:)
         console.print("\n[bold]Runs with[/bold]")
         for r in settled:
             console.print(f"  {r['infra']}: {r['runs_with_text']}", highlight=False, markup=False)
+
+
+def _bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{count} B"
 
 
 class LaunchProgress:

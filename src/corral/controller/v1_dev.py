@@ -19,6 +19,7 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from corral import buckets
 from corral.client import Client
 from corral.controller.auth import Forbidden, Me, Principal
 from corral.controller.v1_launch import (
@@ -84,7 +85,9 @@ def add_routes(router: APIRouter, store: Store) -> None:
                              if m is not None), None)
 
         async def work(put: Put) -> dict[str, Any]:
+            nonlocal task
             put_warnings(put, task, source, dev=True)
+            task = await buckets.fetched(task, me.owner, lambda d: put({"event": "step", "step": "fetch", "detail": d}))
             allocations = dev(me, put)
             async with locks.setdefault((me.owner, name), asyncio.Lock()):
                 row, new = await allocations.launch(name, task, source, idle_minutes, request.walltime)
@@ -115,7 +118,8 @@ def add_routes(router: APIRouter, store: Store) -> None:
         task, source = build_task(request.task, request.overrides, me.owner)
 
         async def work(put: Put) -> dict[str, Any]:
-            job_id, code = await allocations.exec(name, task, source, output_events(put))
+            ready = await buckets.fetched(task, me.owner)
+            job_id, code = await allocations.exec(name, ready, source, output_events(put))
             return {"job_id": job_id, "exit_code": code}
 
         return event_stream(work)

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
-from corral import managed, uploads
+from corral import buckets, managed, uploads
 from corral.client import Client
 from corral.controller.auth import Me
 from corral.errors import CorralError, TaskError
@@ -191,10 +191,15 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
             for task, source in built:
                 put_warnings(put, task, source)
             launcher = Launcher(Client(), launcher_store, launch_events(put), owner=me.owner)
-            if request.dryrun:
+            if request.dryrun:  # nothing fetched: object storage is only listed, for its size
                 plans = [await launcher.plan(task, predict="all") for task, _ in built]
-                return {"plans": [plan_json(p) for p in plans]}
-            per_task = await launcher.launch_many(built, num_jobs=request.num_jobs)
+                sizes = [await asyncio.to_thread(buckets.transfer_bytes, task) for task, _ in built]
+                return {"plans": [[{**row, "transfer_bytes": size} for row in plan_json(p)]
+                                  for p, size in zip(plans, sizes)]}
+            step = launch_events(put).step
+            ready = [(await buckets.fetched(task, me.owner, lambda d: step("fetch", d)), source)
+                     for task, source in built]
+            per_task = await launcher.launch_many(ready, num_jobs=request.num_jobs)
             return {"tasks": [[submitted_json(s) for s in shares] for shares in per_task]}
 
         return event_stream(work)
@@ -203,6 +208,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
     async def managed_launch(me: Me, request: ManagedLaunchRequest) -> dict[str, object]:
         """Record managed jobs; the controller places and watches them (woken now)."""
         task, source = build_task(request.task, request.overrides, me.owner)
+        task = await buckets.fetched(task, me.owner)  # recoveries re-send the server's copy
         Launcher.check_local_files(task)
         ids = managed.record(store, task, source, request.num_jobs, owner=me.owner)
         wake()

@@ -75,6 +75,11 @@ class PendingDemand:
     gpus: int
 
 
+# Filesystem types (stat -f -c %T) that compute nodes share with the login node.
+SHARED_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "panfs", "wekafs",
+                                "fuse", "smb2", "cifs", "glusterfs", "vast"})
+
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     """What one probe saw on one cluster."""
@@ -87,6 +92,15 @@ class ClusterSnapshot:
     container_runtimes: tuple[str, ...] = ()  # pyxis (srun --container-image), apptainer, singularity
     accounts: tuple[str, ...] | None = None  # the user's accounts, when asked and known (probe(associations=))
     qos: tuple[str, ...] | None = None  # the QOS those accounts allow, likewise
+    home_filesystem: str | None = None  # the home's filesystem type (stat -f): nfs, lustre, gpfs, ext2/ext3, …
+    existing_paths: frozenset[str] | None = None  # of the paths asked about (probe(paths=)), those that exist
+
+    @property
+    def home_shared(self) -> bool | None:
+        """Is the home on a network filesystem (so every node sees a job's files)? None if unknown."""
+        if not self.home_filesystem:
+            return None
+        return self.home_filesystem.lower().split(".")[0] in SHARED_FILESYSTEMS
     probe_seconds: float = 0.0
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
@@ -214,10 +228,11 @@ class Infra(ABC):
         """`<kind>/<name>`, e.g. `slurm/alpine`."""
 
     @abstractmethod
-    async def probe(self, *, associations: bool = False) -> ClusterSnapshot:
+    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = ()) -> ClusterSnapshot:
         """Everything placement needs, in one round trip. Raises ClusterError. `associations`: in the
         same round trip, the accounts and QOS the user may submit with, where the backend has such
-        things (`ClusterSnapshot.accounts`/`qos`; for `corral check`, not for placement)."""
+        things (`ClusterSnapshot.accounts`/`qos`; for `corral check`, not for placement). `paths`
+        (task.SAFE_PATH): which exist where jobs would see them (`existing_paths`)."""
 
     @abstractmethod
     def attempt_files(self, request: JobRequest) -> AttemptFiles:

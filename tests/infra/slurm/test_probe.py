@@ -91,3 +91,17 @@ def test_associations_are_read_only_when_asked_and_only_when_accounting_answers(
                                                             "plugin\nOnly 'accounting_storage/slurmdbd' is supported."))
     assert (accounts, qos) == (None, None) and warnings[0].startswith("accounts and QOS unknown: sacctmgr: You are")
     assert parse_associations(None) == (None, None, [])
+
+
+def test_the_home_filesystem_and_the_paths_asked_about_come_in_the_same_round_trip():
+    script = probe_script(10, paths=("/datasets/imagenet", "~/data", "$USER-x"))
+    assert '[ -e "$HOME/data" ] && echo \'~/data\'' in script and "stat -f -c %T \"$HOME\"" in script
+    with pytest.raises(ValueError):
+        probe_script(10, paths=('/x"; rm -rf ~; "',))
+    recorded = (FIXTURES / "probe" / "cirrus-idle.txt").read_text()
+    out = recorded.replace("@@corral ping 0", "@@corral homefs 0\nnfs4\n@@corral paths 0\n~/data\n\n@@corral ping 0")
+    snapshot = parse_probe_output("cirrus", out, 5)
+    assert (snapshot.home_filesystem, snapshot.home_shared, snapshot.existing_paths) == ("nfs4", True,
+                                                                                      frozenset({"~/data"}))
+    old = parse_probe_output("cirrus", recorded, 5)  # a probe from before: nothing known, nothing assumed
+    assert (old.home_filesystem, old.home_shared, old.existing_paths) == (None, None, None)

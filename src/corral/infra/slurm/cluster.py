@@ -70,10 +70,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     def name(self) -> str:
         return f"slurm/{self.cluster}"
 
-    async def probe(self, *, associations: bool = False) -> ClusterSnapshot:
+    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = ()) -> ClusterSnapshot:
         # One bound for the whole answer, a new connection included.
-        result = await self.transport.run(self.cluster, probe_script(self.slurm_timeout, associations=associations),
-                                          timeout=self.transport.timeout)
+        script = probe_script(self.slurm_timeout, associations=associations, paths=paths)
+        result = await self.transport.run(self.cluster, script, timeout=self.transport.timeout)
         return parse_probe_output(self.cluster, result.stdout, self.slurm_timeout, result.seconds)
 
     def attempt_files(self, request: JobRequest) -> AttemptFiles:

@@ -9,10 +9,12 @@ prints their outputs as marked sections with their exit statuses.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from corral.errors import ProbeParseError, SlurmControllerError
 from corral.infra.base import ClusterSnapshot
+from corral.task import SAFE_PATH, expandable
 from corral.infra.slurm.parsing import (
     SINFO_FIELDS,
     SQUEUE_PENDING_FIELDS,
@@ -37,9 +39,14 @@ QUERIES = {
 ASSOCIATIONS = 'sacctmgr -nP show assoc where user="$(id -un)" format=account,qos'
 
 
-def probe_script(slurm_timeout: int, *, associations: bool = False) -> str:
-    """The remote bash script. Built from constants only: nothing user-supplied reaches it."""
+def probe_script(slurm_timeout: int, *, associations: bool = False, paths: tuple[str, ...] = ()) -> str:
+    """The remote bash script. Built from constants, and from `paths` that task.SAFE_PATH checked (only
+    $USER/$HOME expand inside their double quotes; each is echoed back single-quoted)."""
     seconds = int(slurm_timeout)
+    for path in paths:
+        if not SAFE_PATH.match(path):
+            raise ValueError(f"not a checked path: {path!r}")
+    exists = "".join(f'[ -e "{expandable(p)}" ] && echo {shlex.quote(p)}\n' for p in paths)
     queries = {**QUERIES, **({"assoc": ASSOCIATIONS} if associations else {})}
     parallel = "\n".join(
         f'( timeout {seconds} {command} >"$d/{name}" 2>&1; echo $? >"$d/{name}.rc" ) &'
@@ -49,7 +56,9 @@ def probe_script(slurm_timeout: int, *, associations: bool = False) -> str:
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} version 0\\n'; sinfo --version 2>&1
-printf '\\n{MARK} runtimes 0\\n'; srun --help 2>&1 | grep -q -e --container-image && echo pyxis
+printf '\\n{MARK} homefs 0\\n'; stat -f -c %T "$HOME" 2>/dev/null
+printf '\\n{MARK} paths 0\\n'
+{exists}printf '\\n{MARK} runtimes 0\\n'; srun --help 2>&1 | grep -q -e --container-image && echo pyxis
 for r in apptainer singularity; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
 ping=$(timeout {seconds} scontrol ping 2>&1); rc=$?
 printf '\\n{MARK} ping %s\\n%s\\n' "$rc" "$ping"
@@ -118,6 +127,8 @@ def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: f
     pending, pending_warnings = parse_pending(sections["pending"].text)
     runtimes = sections.get("runtimes", Section(0, "")).text.split()
     accounts, qos, assoc_warnings = parse_associations(sections.get("assoc"))
+    home_fs = sections.get("homefs", Section(0, "")).text.strip() or None
+    found = sections.get("paths")
     return ClusterSnapshot(
         cluster=cluster,
         slurm_version=version,
@@ -129,6 +140,8 @@ def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: f
         warnings=tuple(node_warnings + pending_warnings + assoc_warnings),
         accounts=accounts,
         qos=qos,
+        home_filesystem=home_fs,
+        existing_paths=frozenset(found.text.splitlines()) if found is not None else None,
     )
 
 
