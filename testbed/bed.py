@@ -46,6 +46,7 @@ APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "ope
 DAEMON_BINARIES = {"slurmctld": "/usr/sbin/slurmctld-wlm", "slurmd": "/usr/sbin/slurmd-wlm"}
 CONFIG_MARKER = "# Written by the Corral testbed"
 SUDOERS_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "sudoers.example"
+PROFILE_SCRIPT = Path("/etc/profile.d/corral-testbed.sh")
 READY_TIMEOUT = 45.0
 # A stand-in container runtime: no real one can run here (no user namespaces for them, no registry to
 # pull from). It takes exactly what Corral generates, `RUNTIME exec [--nv] [--bind P] [--pwd P]
@@ -147,6 +148,7 @@ class Testbed:
     def _up(self, install_user_config: bool) -> None:
         install_packages()
         self._ensure_user()
+        self._ensure_profile_script()
         self._ensure_binaries()
         self._ensure_client_key()
         for spec in self.clusters:
@@ -391,6 +393,16 @@ class Testbed:
                 standin.chmod(0o755)
             elif standin.exists():
                 standin.unlink()
+
+    def _ensure_profile_script(self) -> None:
+        """Each site's own PATH additions in its login shells, as sites do in /etc/profile.d (a login
+        shell's /etc/profile resets PATH, so sshd's SetEnv cannot carry them)."""
+        PROFILE_SCRIPT.write_text(
+            "# Written by the Corral testbed: the login node's site-specific PATH (its container runtimes).\n"
+            f'if [ -n "${{CORRAL_TESTBED_CLUSTER:-}}" ] && [ -d "{self.paths.root}/$CORRAL_TESTBED_CLUSTER/runtime-bin" ]; then\n'
+            f'  PATH="{self.paths.root}/$CORRAL_TESTBED_CLUSTER/runtime-bin:$PATH"\n'
+            "fi\n")
+        PROFILE_SCRIPT.chmod(0o644)
 
     def _write_known_hosts(self) -> None:
         lines = []

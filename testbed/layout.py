@@ -55,7 +55,8 @@ class ClusterPaths:
 
     @property
     def runtime_bin(self) -> Path:
-        """The site's container runtimes (stand-ins), first on its users' PATH; jobs inherit it."""
+        """The site's container runtimes (stand-ins), first on its login shells' PATH (PROFILE_SCRIPT);
+        jobs inherit it from the shell that submits them."""
         return self.root / "runtime-bin"
 
     @property
@@ -235,8 +236,7 @@ def render_sshd_config(spec: ClusterSpec, paths: ClusterPaths, authorized_keys: 
             "MaxSessions 64",
             "MaxStartups 64:30:128",
             "LogLevel VERBOSE",
-            f"SetEnv SLURM_CONF={paths.slurm_conf} CORRAL_TESTBED_CLUSTER={spec.name}"
-            + (f" PATH={paths.runtime_bin}:/usr/local/bin:/usr/bin:/bin" if spec.container_runtimes else ""),
+            f"SetEnv SLURM_CONF={paths.slurm_conf} CORRAL_TESTBED_CLUSTER={spec.name}",
             "Subsystem sftp internal-sftp",
             "",
         ]

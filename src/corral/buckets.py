@@ -10,7 +10,7 @@ reads the usual AWS_* settings on the server (AWS_ENDPOINT_URL for another store
 `cos://` and the others SkyPilot knows are refused with a clear error: the client Corral uses speaks S3.
 
 Cost: one HEAD or LIST per mount (its size and ETags, also what `--dryrun` reports), then the objects
-downloaded once per version (a version is the URI and every object's ETag), streamed to disk, bounded
+downloaded once per version (a version is the bucket, the prefix and every object's ETag), streamed to disk, bounded
 by CORRAL_MAX_UPLOAD_BYTES like an upload.
 """
 
@@ -76,8 +76,9 @@ class Listing:
         return sum(o.size for o in self.objects)
 
     def version(self) -> str:
-        """A name for this content: the URI and every object's ETag."""
-        data = json.dumps([self.uri, [(o.key, o.etag) for o in self.objects]]).encode()
+        """A name for this content: the bucket, the prefix (so `a/b` and `a/b/` are one) and every
+        object's key and ETag."""
+        data = json.dumps([self.bucket, self.prefix, self.single, [(o.key, o.etag) for o in self.objects]]).encode()
         return hashlib.sha256(data).hexdigest()
 
 

@@ -45,9 +45,16 @@ def private_home() -> Path:
     return private_dir(corral_home())
 
 
+def _parent_of_private(path: Path) -> None:
+    """A private file's folder: created mode 700 if missing; an existing one is left as it is (a file
+    Corral is pointed at in a shared folder, such as a SQLite store in /tmp, must not lock others out)."""
+    if not path.parent.is_dir():
+        private_dir(path.parent)
+
+
 def private_file(path: Path) -> Path:
     """Make sure `path` exists and is mode 600 (created so, never briefly readable by others)."""
-    private_dir(path.parent)
+    _parent_of_private(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     os.close(fd)
     if path.stat().st_mode & 0o077:
@@ -56,8 +63,8 @@ def private_file(path: Path) -> Path:
 
 
 def write_private(path: Path, text: str) -> Path:
-    """Replace `path` with `text` atomically, mode 600 (its folder 700)."""
-    private_dir(path.parent)
+    """Replace `path` with `text` atomically, mode 600 (its folder 700 when Corral creates it)."""
+    _parent_of_private(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

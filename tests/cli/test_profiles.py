@@ -57,9 +57,11 @@ def test_one_task_runs_unchanged_on_three_clusters_whose_profiles_differ(corral,
         ran = corral("launch", "--infra", f"slurm/{cluster}", str(task))  # only the place changes
         assert ran.exit_code == 0, ran.stderr
         assert ran.stdout.splitlines()[-1] == f"{cluster} cuda={version} site={cluster}-site"
-    written = sorted(p.parent.parent.parent.name for p in root.glob("*/scratch/corral-test/out-*"))
-    assert written == sorted(MODULES)  # each in its own cluster's scratch
-    borealis_job = next(j for j in corral("queue", "--json", "--all").json() if j["cluster"] == "borealis")
+    jobs = {j["cluster"]: j for j in corral("queue", "--json", "--all").json()}
+    for cluster, job in jobs.items():  # each wrote into its own cluster's scratch
+        assert [p.parent.parent.parent.name for p in root.glob(f"*/scratch/corral-test/out-{job['job_id']}")] == \
+            [cluster]
+    borealis_job = jobs["borealis"]
     account = ssh_login(testbed.cluster_config, "borealis",
                         f"sacct -n -X -P -j {borealis_job['slurm_job_id']} -o account").strip()
     assert account == "research"
