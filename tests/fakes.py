@@ -56,7 +56,8 @@ class FakeInfra(Infra, ReleasesHeld):
         if self.unreachable:
             raise ClusterUnreachableError(self.cluster, "login node refused the connection (fake)")
 
-    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = ()) -> ClusterSnapshot:
+    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = (),
+                    filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
         self._check()
         return self.snapshot
 
@@ -165,7 +166,8 @@ class FakeClient:
         return []
 
     async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
-                    paths: tuple[str, ...] = ()) -> list[ProbeOutcome]:
+                    paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None
+                    ) -> list[ProbeOutcome]:
         out = []
         for name in clusters or self.registry.names():
             infra = self.infras[name]

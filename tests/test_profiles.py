@@ -120,3 +120,14 @@ def test_the_config_example_in_the_docs_loads(tmp_path, monkeypatch):
     docs = (Path(__file__).resolve().parents[1] / "docs" / "profiles.md").read_text()
     example = docs.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert set(profiles(tmp_path, monkeypatch, example).clusters) == set(yaml.safe_load(example)["clusters"])
+
+
+def test_check_warns_of_a_profile_path_on_a_filesystem_the_nodes_do_not_share():
+    found = Profiles({"alpine": ClusterProfile.model_validate(
+        {"paths": {"CORRAL_SCRATCH": "/scratch/$USER", "DATA": "/lustre/data"}})})
+    parts = (Partition("gpu", True, "UP", "1:00:00", None, 2),)
+    snapshot = ClusterSnapshot("alpine", "22.05", (), parts, path_filesystems={"/scratch/$USER": "ext2/ext3",
+                                                                              "/lustre/data": "lustre"})
+    assert profile_warnings("alpine", snapshot, found) == [
+        "the profile's CORRAL_SCRATCH (/scratch/$USER) is on ext2/ext3, which the compute nodes may not share: "
+        "a multi-node job's nodes would not see each other's files there"]

@@ -62,8 +62,8 @@ class GpuReport:
     outcomes: list[ProbeOutcome] = field(default_factory=list)  # every cluster's probe, failed or not
 
 
-# Probes in flight, per event loop: (cluster file, cluster, timeout, associations, paths) -> the running probe.
-_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, bool, tuple[str, ...]],
+# Probes in flight, per event loop: (cluster file, cluster, timeout, what else it asks) -> the running probe.
+_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, tuple[bool, tuple[str, ...], tuple[str, ...]]],
                                                                      asyncio.Future[ProbeOutcome]]] = \
     weakref.WeakKeyDictionary()
 
@@ -105,27 +105,33 @@ class Client:
         return self.accounts.cluster_users(cluster) if self.accounts else []
 
     async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
-                    paths: tuple[str, ...] = ()) -> list[ProbeOutcome]:
+                    paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None
+                    ) -> list[ProbeOutcome]:
         """Each cluster's snapshot (or why not), in parallel; `associations`: with the user's accounts
-        and QOS too (`corral check`); `paths`: which of these exist there (tasks' resources.paths)."""
+        and QOS too (`corral check`); `paths`: which of these exist there (tasks' resources.paths);
+        `filesystems`: per cluster, paths whose filesystem type to read (profiles' paths, for check)."""
         names = [e.name for e in self.registry.select(clusters)]
         asked = tuple(sorted(set(paths)))
-        return list(await asyncio.gather(*(self._probe_one(n, associations, asked) for n in names)))
+        return list(await asyncio.gather(*(
+            self._probe_one(n, (associations, asked, tuple((filesystems or {}).get(n, ())))) for n in names)))
 
-    async def _probe_one(self, cluster: str, associations: bool = False, paths: tuple[str, ...] = ()) -> ProbeOutcome:
+    async def _probe_one(self, cluster: str, extras: tuple[bool, tuple[str, ...], tuple[str, ...]] = (False, (), ())
+                         ) -> ProbeOutcome:
         """This cluster's probe: the one in flight in this process if there is one, else a new one."""
         running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
-        key = (str(self.registry.path), cluster, self.transport.timeout, associations, paths)
+        key = (str(self.registry.path), cluster, self.transport.timeout, extras)
         probe = running.get(key)
         if probe is None:
-            probe = running[key] = asyncio.ensure_future(self._probe_now(cluster, associations, paths))
+            probe = running[key] = asyncio.ensure_future(self._probe_now(cluster, extras))
             probe.add_done_callback(lambda done: running.pop(key) if running.get(key) is done else None)
         return await asyncio.shield(probe)  # a caller that goes away leaves it to the others
 
-    async def _probe_now(self, cluster: str, associations: bool = False, paths: tuple[str, ...] = ()) -> ProbeOutcome:
+    async def _probe_now(self, cluster: str, extras: tuple[bool, tuple[str, ...], tuple[str, ...]]) -> ProbeOutcome:
         started = time.monotonic()
+        associations, paths, filesystems = extras
         try:
-            snapshot = await self.infra(cluster).probe(associations=associations, paths=paths)
+            snapshot = await self.infra(cluster).probe(associations=associations, paths=paths,
+                                                       filesystems=filesystems)
         except CorralError as exc:
             return ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
         return ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())

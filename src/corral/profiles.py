@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from corral.errors import ConfigError
-from corral.infra.base import ClusterSnapshot
+from corral.infra.base import ClusterSnapshot, shared_filesystem
 from corral.placement import Plan
 from corral.task import (
     RESERVED_ENV_PREFIX,
@@ -239,9 +239,15 @@ def apply_profiles(plan: Plan, task: Task, profiles: Profiles) -> Plan:
 
 def profile_warnings(cluster: str, snapshot: ClusterSnapshot, profiles: Profiles) -> list[str]:
     """What the cluster's profile names that the cluster does not know: a partition it lacks, an account
-    or QOS the user has no association with (when the probe learnt them; said when it could not)."""
+    or QOS the user has no association with (when the probe learnt them; said when it could not); and a
+    path of its on a filesystem the compute nodes do not share."""
     named = profiles.named(cluster)
     out = []
+    for name, path in named_paths(profiles, cluster).items():
+        kind = snapshot.path_filesystems.get(path)
+        if kind and shared_filesystem(kind) is False:
+            out.append(f"the profile's {name} ({path}) is on {kind}, which the compute nodes may not share: "
+                       "a multi-node job's nodes would not see each other's files there")
     partitions = sorted(p.name for p in snapshot.partitions)
     for name in sorted(named["partition"] - set(partitions)):
         out.append(f"the profile names partition {name!r}, which {cluster} does not have "
@@ -259,3 +265,14 @@ def profile_warnings(cluster: str, snapshot: ClusterSnapshot, profiles: Profiles
             out.append(f"the profile names {label} {name!r}, which your user has no association with on {cluster} "
                        f"(yours: {', '.join(known) or 'none'})")
     return out
+
+
+def named_paths(profiles: Profiles, cluster: str) -> dict[str, str]:
+    """The cluster's profile's `paths` (its partitions' too): name -> path."""
+    profile = profiles.clusters.get(cluster)
+    if profile is None:
+        return {}
+    found = dict(profile.paths)
+    for partition in profile.partitions.values():
+        found.update(partition.paths)
+    return found

@@ -31,7 +31,7 @@ from corral.controller.v1_launch import stream_output
 from corral.errors import CorralError, ForbiddenError, UnknownClusterError
 from corral.state import Store
 from corral.infra.base import JobState
-from corral.profiles import profile_warnings
+from corral.profiles import named_paths, profile_warnings
 from corral.state.store import JobFilter, JobNotFoundError
 from corral.tracker import RefreshReport, SharedRefresh, Tracker
 from corral.views import job_json
@@ -76,7 +76,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         """Probe each cluster (all, or those named) now, in parallel, with the user's accounts and QOS;
         `warnings` per cluster: what its profile names that the cluster does not know."""
         client = Client(timeout=timeout)
-        outcomes = await client.probe(cluster or None, associations=True)
+        paths = {name: tuple(sorted(set(named_paths(client.profiles, name).values())))
+                 for name in client.registry.names()}
+        outcomes = await client.probe(cluster or None, associations=True, filesystems=paths)
         return {"clusters": [{**check_json(o), "warnings": profile_warnings(o.cluster, o.snapshot, client.profiles)
                               if o.snapshot else []} for o in outcomes]}
 

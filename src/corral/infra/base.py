@@ -80,6 +80,11 @@ SHARED_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "ceph
                                 "fuse", "smb2", "cifs", "glusterfs", "vast"})
 
 
+def shared_filesystem(kind: str | None) -> bool | None:
+    """Is a filesystem of this type (stat -f -c %T) one the compute nodes share? None if unknown."""
+    return kind.lower().split(".")[0] in SHARED_FILESYSTEMS if kind else None
+
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     """What one probe saw on one cluster."""
@@ -94,13 +99,12 @@ class ClusterSnapshot:
     qos: tuple[str, ...] | None = None  # the QOS those accounts allow, likewise
     home_filesystem: str | None = None  # the home's filesystem type (stat -f): nfs, lustre, gpfs, ext2/ext3, …
     existing_paths: frozenset[str] | None = None  # of the paths asked about (probe(paths=)), those that exist
+    path_filesystems: Mapping[str, str] = field(default_factory=dict)  # probe(filesystems=): path -> type
 
     @property
     def home_shared(self) -> bool | None:
         """Is the home on a network filesystem (so every node sees a job's files)? None if unknown."""
-        if not self.home_filesystem:
-            return None
-        return self.home_filesystem.lower().split(".")[0] in SHARED_FILESYSTEMS
+        return shared_filesystem(self.home_filesystem)
     probe_seconds: float = 0.0
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
@@ -228,11 +232,13 @@ class Infra(ABC):
         """`<kind>/<name>`, e.g. `slurm/alpine`."""
 
     @abstractmethod
-    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = ()) -> ClusterSnapshot:
+    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = (),
+                    filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
         """Everything placement needs, in one round trip. Raises ClusterError. `associations`: in the
         same round trip, the accounts and QOS the user may submit with, where the backend has such
         things (`ClusterSnapshot.accounts`/`qos`; for `corral check`, not for placement). `paths`
-        (task.SAFE_PATH): which exist where jobs would see them (`existing_paths`)."""
+        (task.SAFE_PATH): which exist where jobs would see them (`existing_paths`); `filesystems`:
+        the filesystem type of each (`path_filesystems`; `corral check`, for profiles' paths)."""
 
     @abstractmethod
     def attempt_files(self, request: JobRequest) -> AttemptFiles:

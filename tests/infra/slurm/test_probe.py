@@ -105,3 +105,18 @@ def test_the_home_filesystem_and_the_paths_asked_about_come_in_the_same_round_tr
                                                                                       frozenset({"~/data"}))
     old = parse_probe_output("cirrus", recorded, 5)  # a probe from before: nothing known, nothing assumed
     assert (old.home_filesystem, old.home_shared, old.existing_paths) == (None, None, None)
+
+
+def test_the_filesystem_of_a_path_is_that_of_its_nearest_folder_that_exists(tmp_path):
+    import subprocess
+
+    from corral.infra.slurm.probe import split_sections
+
+    script = probe_script(10, filesystems=("$HOME/not/yet/there", "/proc"))
+    block = script[script.index("pathfs"):script.index("@@corral runtimes")]
+    lines = [line for line in block.splitlines() if line.startswith("p=")]
+    out = subprocess.run(["bash", "-c", "\n".join(lines)], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True).stdout
+    found = dict(line.rsplit("|", 1) for line in out.splitlines())
+    assert found["/proc"] == "proc" and found["$HOME/not/yet/there"]  # tmp_path's own filesystem
+    assert "pathfs" in split_sections("@@corral pathfs 0\n/x|nfs\n@@corral end 0\n")

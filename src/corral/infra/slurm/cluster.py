@@ -70,9 +70,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     def name(self) -> str:
         return f"slurm/{self.cluster}"
 
-    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = ()) -> ClusterSnapshot:
+    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = (),
+                    filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
         # One bound for the whole answer, a new connection included.
-        script = probe_script(self.slurm_timeout, associations=associations, paths=paths)
+        script = probe_script(self.slurm_timeout, associations=associations, paths=paths, filesystems=filesystems)
         result = await self.transport.run(self.cluster, script, timeout=self.transport.timeout)
         return parse_probe_output(self.cluster, result.stdout, self.slurm_timeout, result.seconds)
 

@@ -39,14 +39,20 @@ QUERIES = {
 ASSOCIATIONS = 'sacctmgr -nP show assoc where user="$(id -un)" format=account,qos'
 
 
-def probe_script(slurm_timeout: int, *, associations: bool = False, paths: tuple[str, ...] = ()) -> str:
-    """The remote bash script. Built from constants, and from `paths` that task.SAFE_PATH checked (only
-    $USER/$HOME expand inside their double quotes; each is echoed back single-quoted)."""
+def probe_script(slurm_timeout: int, *, associations: bool = False, paths: tuple[str, ...] = (),
+                 filesystems: tuple[str, ...] = ()) -> str:
+    """The remote bash script. Built from constants, and from `paths` and `filesystems` that
+    task.SAFE_PATH checked (only $USER/$HOME expand inside their double quotes; each is echoed back
+    single-quoted). `filesystems`: the filesystem type of each (of its nearest existing folder)."""
     seconds = int(slurm_timeout)
-    for path in paths:
+    for path in (*paths, *filesystems):
         if not SAFE_PATH.match(path):
             raise ValueError(f"not a checked path: {path!r}")
     exists = "".join(f'[ -e "{expandable(p)}" ] && echo {shlex.quote(p)}\n' for p in paths)
+    if filesystems:
+        exists += f"printf '\\n{MARK} pathfs 0\\n'\n" + "".join(
+            f'p="{expandable(p)}"; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done; '
+            f'echo {shlex.quote(p)}"|$(stat -f -c %T "$p" 2>/dev/null)"\n' for p in filesystems)
     queries = {**QUERIES, **({"assoc": ASSOCIATIONS} if associations else {})}
     parallel = "\n".join(
         f'( timeout {seconds} {command} >"$d/{name}" 2>&1; echo $? >"$d/{name}.rc" ) &'
@@ -129,6 +135,8 @@ def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: f
     accounts, qos, assoc_warnings = parse_associations(sections.get("assoc"))
     home_fs = sections.get("homefs", Section(0, "")).text.strip() or None
     found = sections.get("paths")
+    path_fs = dict(line.rsplit("|", 1) for line in sections.get("pathfs", Section(0, "")).text.splitlines()
+                   if "|" in line)
     return ClusterSnapshot(
         cluster=cluster,
         slurm_version=version,
@@ -142,6 +150,7 @@ def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: f
         qos=qos,
         home_filesystem=home_fs,
         existing_paths=frozenset(found.text.splitlines()) if found is not None else None,
+        path_filesystems=path_fs,
     )
 
 
