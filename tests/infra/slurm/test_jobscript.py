@@ -132,3 +132,26 @@ def test_an_image_reference_that_could_break_the_script_is_refused():
     for image in ("ubuntu:22.04; rm -rf ~", "a b", "$(id)", "'x'"):
         with pytest.raises(UnsafeScriptValueError):
             job_files(spec(container_image=image, container_runtime="apptainer"))
+
+
+def test_a_private_registrys_login_reaches_the_runtime_byte_for_byte(tmp_path):
+    from corral.infra.slurm.jobscript import render_env
+
+    files = job_files(spec(container_image="registry.example.com/team/img:1", container_runtime="apptainer"))
+    (tmp_path / "container.sh").write_text(files["container.sh"])
+    login = {"SKYPILOT_DOCKER_USERNAME": "robot$team", "SKYPILOT_DOCKER_PASSWORD": "p'a\"ss $(id)\\n\tx"}
+    (tmp_path / "env.sh").write_text(render_env({**login, "PATH": "/nowhere"}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text('#!/bin/bash\nprintf "%s\\0%s\\0%s\\0" "$APPTAINER_DOCKER_USERNAME" '
+                                       '"$APPTAINER_DOCKER_PASSWORD" "$*"\n')
+    (bin_dir / "apptainer").chmod(0o755)
+    env = {"CORRAL_RUN_DIR": str(tmp_path), "HOME": str(tmp_path), "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    out = subprocess.run(["bash", str(tmp_path / "container.sh"), "bash", "-c", "true"], env=env, cwd=tmp_path,
+                         capture_output=True, timeout=30)
+    user, password, argv, _ = out.stdout.decode().split("\0")
+    assert (user, password) == (login["SKYPILOT_DOCKER_USERNAME"], login["SKYPILOT_DOCKER_PASSWORD"])
+    assert argv.endswith("docker://registry.example.com/team/img:1 bash -c true")
+    (tmp_path / "env.sh").write_text(render_env({"OTHER": "x"}))  # no login: none passed on
+    out = subprocess.run(["bash", str(tmp_path / "container.sh"), "true"], env=env, cwd=tmp_path, capture_output=True)
+    assert out.stdout.decode().split("\0")[:2] == ["", ""]

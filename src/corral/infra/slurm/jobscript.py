@@ -225,9 +225,16 @@ def container_script(spec: SlurmJobSpec) -> str | None:
     if spec.container_runtime not in ("apptainer", "singularity"):
         return None
     gpus = " --nv" if spec.gpus_per_node else ""
+    prefix = spec.container_runtime.upper()
     return ("#!/bin/bash\n"
             f"# Written by Corral: runs its arguments in the task's image with {spec.container_runtime}, the home\n"
-            "# (and so the run directory) bound at the same path, in the current directory.\n"
+            "# (and so the run directory) bound at the same path, in the current directory. A private registry's\n"
+            "# login comes from the task's SKYPILOT_DOCKER_USERNAME/PASSWORD (envs or secrets), read from env.sh\n"
+            "# in a clean shell, as the runtime's own variables.\n"
+            "{ IFS= read -r -d '' user; IFS= read -r -d '' password; } < <(env -i bash -c \\\n"
+            """  '. "$1" >/dev/null 2>&1; printf "%s\\0%s\\0" "${SKYPILOT_DOCKER_USERNAME-}" "${SKYPILOT_DOCKER_PASSWORD-}"' \\\n"""
+            '  env "$CORRAL_RUN_DIR/env.sh")\n'
+            f'if [ -n "${{user:-}}" ]; then export {prefix}_DOCKER_USERNAME="$user" {prefix}_DOCKER_PASSWORD="$password"; fi\n'
             f'exec {spec.container_runtime} exec{gpus} --bind "$HOME" --pwd "$PWD" docker://{_image(spec)} "$@"\n')
 
 
