@@ -385,6 +385,28 @@ class Launcher:
             if not os.path.exists(path):
                 raise TaskError(f"{what}: {path!r} does not exist (any more) on the server")
 
+    async def transfer_sizes(self, task: Task, plan: Plan) -> dict[str, int]:
+        """For `--dryrun`: per feasible cluster, the bytes a launch there would send: the workdir as that
+        cluster's cache lacks it (an rsync dry run, one session per cluster, in parallel), plus the
+        file_mounts whole (objects as the store lists them)."""
+        from corral import buckets
+
+        mounts = await asyncio.to_thread(buckets.transfer_bytes, task.model_copy(update={"workdir": None}))
+        whole = await asyncio.to_thread(buckets.transfer_bytes, task) - mounts
+        clusters = sorted({c.cluster for c in plan.feasible()})
+
+        async def one(cluster: str) -> int:
+            if not task.workdir:
+                return 0
+            try:
+                found = await self.client.infra(cluster, self.owner).workdir_upload_size(
+                    Path(task.workdir), cache_key(task.workdir))
+            except CorralError:
+                found = None
+            return whole if found is None else found
+
+        return {c: mounts + size for c, size in zip(clusters, await asyncio.gather(*(one(c) for c in clusters)))}
+
     async def upload_files(self, task: Task, infra: Infra, run_dir: str) -> None:
         """The task's workdir (through the cluster-side cache) and file_mounts, for a job in `run_dir`."""
         if task.workdir:

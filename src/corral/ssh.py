@@ -339,6 +339,23 @@ class SshTransport:
             self._no_remote_rsync.add(cluster)
         await self._tar(cluster, source, destination, timeout, mirror)
 
+    async def sync_size(self, cluster: str, source: Path, destination: str, *, timeout: float = 120) -> int | None:
+        """What `sync(…, mirror=True)` would send: rsync's own dry run (`--stats`, no data moves), in one
+        session over the ControlMaster. None where rsync cannot tell (no rsync on either side)."""
+        if not shutil.which("rsync") or cluster not in self.registry.names() or cluster in self._no_remote_rsync:
+            return None
+        ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
+        src = os.path.abspath(source) + ("/" if source.is_dir() else "")
+        argv = ["rsync", "-a", "-s", "--dry-run", "--stats", "--delete", "-e", ssh,
+                f"--rsync-path={self.remote_rsync}", "--", src, f"{cluster}:{destination}"]
+        if self._acting(SubmitMode.SUDO) is not None:
+            return None  # the member's side runs through sudo: the estimate is not worth that detour
+        text, status = await self._transfer(cluster, argv, None, source, timeout, with_stdout=True)
+        if status != 0:
+            return None
+        found = re.search(r"Total transferred file size: ([\d,.]+) bytes", text)
+        return int(found.group(1).replace(",", "").replace(".", "")) if found else None
+
     async def _rsync(self, cluster: str, source: Path, destination: str, timeout: float,
                      options: list[str]) -> bool:
         """False if the cluster has no rsync; raises on any other failure."""
@@ -417,7 +434,8 @@ class SshTransport:
         return True
 
     async def _transfer(self, cluster: str, argv: list[str], stdin: bytes | None, source: Path,
-                        timeout: float) -> tuple[str, int]:
+                        timeout: float, with_stdout: bool = False) -> tuple[str, int]:
+        """(stderr, or stdout then stderr with `with_stdout`; exit status) of a local rsync or tar."""
         self.round_trips[cluster] += 1
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
@@ -428,7 +446,8 @@ class SshTransport:
         except asyncio.TimeoutError:
             await _kill(proc)
             raise SshTimeoutError(cluster, f"copying {source} took longer than {timeout:g}s") from None
-        return err.decode(errors="replace"), proc.returncode if proc.returncode is not None else -1
+        text = (_out + err) if with_stdout else err
+        return text.decode(errors="replace"), proc.returncode if proc.returncode is not None else -1
 
     async def close(self, cluster: str) -> None:
         """Stop the cluster's ControlMaster, if any (the next call opens a new one)."""

@@ -485,7 +485,7 @@ def test_object_storage_mounts_reach_the_cluster_through_the_server(corral, corr
                     "run: cat data/a.txt data/sub/b.txt; wc -c < /tmp/corral-test-model-*/model.bin\n")
     planned = corral("launch", "--dryrun", str(task), env=env)
     assert planned.exit_code == 0, planned.stderr
-    assert "Files to send: 1016 B at most" in planned.stdout  # listed, not fetched
+    assert "Files to send: cirrus 1016 B " in planned.stdout  # listed, not fetched
     ran = corral("launch", str(task), env=env)
     assert ran.exit_code == 0, ran.stderr
     assert ran.stdout.splitlines()[-3:] == ["alpha", "beta beta", "1000"]
@@ -493,3 +493,28 @@ def test_object_storage_mounts_reach_the_cluster_through_the_server(corral, corr
     gone.write_text(f"file_mounts:\n  data: s3://{bucket}/no/such/prefix\nrun: ls data\n")
     refused = corral("launch", str(gone), env=env)
     assert refused.exit_code == 65 and "s3://" in refused.stderr and "no objects under it" in refused.stderr
+
+
+
+def test_a_dry_run_says_what_each_cluster_must_be_sent(corral, clean_queues, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "weights.bin").write_bytes(b"w" * 50_000)
+    task = tmp_path / "t.yaml"
+    task.write_text(f"workdir: {work}\nresources:\n  cpus: 1\n  any_of: [{{infra: slurm/alpine/cpu}}, "
+                    "{infra: slurm/cirrus/debug}]\nrun: wc -c < weights.bin\n")
+
+    def sends() -> dict[str, int]:
+        planned = corral("launch", "--dryrun", "--json", str(task))
+        assert planned.exit_code == 0, planned.stderr
+        return {r["cluster"]: r["transfer_bytes"] for r in planned.json() if r.get("feasible")}
+
+    assert sends() == {"alpine": 50_000, "cirrus": 50_000}  # neither cluster has seen this workdir
+    ran = corral("launch", "--infra", "slurm/cirrus/debug", str(task))
+    assert ran.exit_code == 0 and ran.stdout.splitlines()[-1] == "50000", ran.stderr
+    # The cache now holds it: nothing to send. (The testbed's clusters share one machine and so one home:
+    # alpine's cache is cirrus's here; on real clusters only the cluster that ran it would say 0.)
+    assert sends() == {"alpine": 0, "cirrus": 0}
+    (work / "weights.bin").write_bytes(b"v" * 50_000)
+    (work / "notes.txt").write_bytes(b"n" * 700)
+    assert sends() == {"alpine": 50_700, "cirrus": 50_700}  # what changed, counted by rsync itself

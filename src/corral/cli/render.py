@@ -88,10 +88,10 @@ def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
         if r.get("unreachable"):
             table.add_row("", str(r["infra"]), "-", "-", "-", f"[red]{r.get('reason') or ''}[/red]")
     (console if full else err_console).print(table)
-    weight = next((r.get("transfer_bytes") for r in shown if r.get("transfer_bytes")), None)
-    if full and weight:  # --dryrun: what the task's files weigh (rsync sends a cluster only what it lacks)
-        console.print(f"\nFiles to send: {_bytes(weight)} at most, to whichever candidate is chosen "
-                      "(a cluster that holds an earlier copy gets only the changes)", highlight=False)
+    sends = {r["cluster"]: r["transfer_bytes"] for r in shown if r.get("feasible") and r.get("transfer_bytes") is not None}
+    if full and any(sends.values()):  # --dryrun: what the task's files cost to send to each cluster
+        console.print("\nFiles to send: " + ", ".join(f"{c} {_bytes(b)}" for c, b in sends.items())
+                      + " (a cluster's cache of the workdir gets only the changes)", highlight=False)
     settled = [r for r in shown if r.get("feasible") and r.get("runs_with_text")]
     if full and settled:  # --dryrun: what each candidate would run with (its cluster's profile, the task's slurm:)
         console.print("\n[bold]Runs with[/bold]")

@@ -193,8 +193,8 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
             launcher = Launcher(Client(), launcher_store, launch_events(put), owner=me.owner)
             if request.dryrun:  # nothing fetched: object storage is only listed, for its size
                 plans = [await launcher.plan(task, predict="all") for task, _ in built]
-                sizes = [await asyncio.to_thread(buckets.transfer_bytes, task) for task, _ in built]
-                return {"plans": [[{**row, "transfer_bytes": size} for row in plan_json(p)]
+                sizes = [await launcher.transfer_sizes(task, plan) for (task, _), plan in zip(built, plans)]
+                return {"plans": [[{**row, "transfer_bytes": size.get(row.get("cluster"))} for row in plan_json(p)]
                                   for p, size in zip(plans, sizes)]}
             step = launch_events(put).step
             ready = [(await buckets.fetched(task, me.owner, lambda d: step("fetch", d)), source)

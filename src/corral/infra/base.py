@@ -249,6 +249,11 @@ class Infra(ABC):
         """Copy a local file or folder's contents to `remote` (relative to the user's home there), so
         that the job sees it; only what changed travels where the backend can tell."""
 
+    async def workdir_upload_size(self, local: Any, cache_key: str) -> int | None:
+        """How many bytes `upload_workdir` would send now, given what the infra's cache holds (None:
+        it cannot tell; then count the whole workdir). For `--dryrun` only: it may cost a round trip."""
+        return None
+
     async def upload_workdir(self, local: Any, cache_key: str, remote: str) -> None:
         """A task's workdir, as `remote` (an attempt's own folder). Backends that can keep a per-task
         cache sync into it (only changes travel) and copy from it; by default, a plain upload."""

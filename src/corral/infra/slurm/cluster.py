@@ -86,6 +86,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def upload(self, local: Path, remote: str) -> None:
         await self.transport.sync(self.cluster, local, remote)
 
+    async def workdir_upload_size(self, local: Path, cache_key: str) -> int | None:
+        return await self.transport.sync_size(self.cluster, local, f"{CACHE_DIR}/{cache_key}/")
+
     async def upload_workdir(self, local: Path, cache_key: str, remote: str) -> None:
         """rsync into `~/.corral/cache/<key>` (a mirror of the last workdir sent from the same folder, so
         only changes travel), then a hard-linked copy into the attempt's folder: one more round trip,
