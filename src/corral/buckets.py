@@ -219,16 +219,14 @@ async def fetched(task: Any, owner: str, on_step: Any = None) -> Any:
 def transfer_bytes(task: Any) -> int:
     """What the task's files weigh: its workdir and file_mounts as the server holds them, and objects
     not fetched yet as the store lists them. At most what a cluster is sent (rsync sends only changes)."""
-    total = 0
-    for path in [task.workdir, *task.file_mounts.values()]:
-        if not path:
-            continue
-        if scheme(path):
-            total += list_source(path).size
-            continue
-        found = Path(path)
-        if found.is_file():
-            total += found.stat().st_size
-        elif found.is_dir():
-            total += sum(f.stat().st_size for f in found.rglob("*") if f.is_file() and not f.is_symlink())
-    return total
+    return sum(source_size(path) for path in [task.workdir, *task.file_mounts.values()] if path)
+
+
+def source_size(path: str) -> int:
+    """A workdir's or mount's bytes: a local file or folder as it is, an object-storage URI as listed."""
+    if scheme(path):
+        return list_source(path).size
+    found = Path(path)
+    if found.is_file():
+        return found.stat().st_size
+    return sum(f.stat().st_size for f in found.rglob("*") if f.is_file() and not f.is_symlink())

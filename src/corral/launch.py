@@ -392,7 +392,7 @@ class Launcher:
         from corral import buckets
 
         mounts = await asyncio.to_thread(buckets.transfer_bytes, task.model_copy(update={"workdir": None}))
-        whole = await asyncio.to_thread(buckets.transfer_bytes, task) - mounts
+        whole = await asyncio.to_thread(buckets.source_size, task.workdir) if task.workdir else 0
         clusters = sorted({c.cluster for c in plan.feasible()})
 
         async def one(cluster: str) -> int:
