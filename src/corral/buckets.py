@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from corral.errors import TaskError
+from corral.taskfile import source_scheme
 from corral.uploads import MAX_UPLOAD_BYTES, uploads_dir
 
 SUPPORTED = ("s3",)
@@ -38,10 +39,7 @@ class BucketError(TaskError):
     """An object-storage mount that cannot be read: its URI, why, what to do."""
 
 
-def scheme(source: str) -> str | None:
-    """The URI scheme of a file mount's source (`s3`), or None for a local path."""
-    name, sep, _ = source.partition("://")
-    return name.lower() if sep and name.isalnum() else None
+scheme = source_scheme  # a file mount's URI scheme (`s3`), or None for a local path
 
 
 def check_source(source: str) -> None:

@@ -62,8 +62,10 @@ class GpuReport:
     outcomes: list[ProbeOutcome] = field(default_factory=list)  # every cluster's probe, failed or not
 
 
+# What a probe asks besides placement's snapshot: (associations, paths, filesystems), as Infra.probe takes them.
+ProbeAsk = tuple[bool, tuple[str, ...], tuple[str, ...]]
 # Probes in flight, per event loop: (cluster file, cluster, timeout, what else it asks) -> the running probe.
-_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, tuple[bool, tuple[str, ...], tuple[str, ...]]],
+_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, ProbeAsk],
                                                                      asyncio.Future[ProbeOutcome]]] = \
     weakref.WeakKeyDictionary()
 
@@ -115,8 +117,7 @@ class Client:
         return list(await asyncio.gather(*(
             self._probe_one(n, (associations, asked, tuple((filesystems or {}).get(n, ())))) for n in names)))
 
-    async def _probe_one(self, cluster: str, extras: tuple[bool, tuple[str, ...], tuple[str, ...]] = (False, (), ())
-                         ) -> ProbeOutcome:
+    async def _probe_one(self, cluster: str, extras: ProbeAsk = (False, (), ())) -> ProbeOutcome:
         """This cluster's probe: the one in flight in this process if there is one, else a new one."""
         running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
         key = (str(self.registry.path), cluster, self.transport.timeout, extras)
@@ -126,7 +127,7 @@ class Client:
             probe.add_done_callback(lambda done: running.pop(key) if running.get(key) is done else None)
         return await asyncio.shield(probe)  # a caller that goes away leaves it to the others
 
-    async def _probe_now(self, cluster: str, extras: tuple[bool, tuple[str, ...], tuple[str, ...]]) -> ProbeOutcome:
+    async def _probe_now(self, cluster: str, extras: ProbeAsk) -> ProbeOutcome:
         started = time.monotonic()
         associations, paths, filesystems = extras
         try:

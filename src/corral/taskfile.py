@@ -19,6 +19,13 @@ MAX_YAML_DEPTH = 32
 MAX_SWEEP_JOBS = 10_000
 
 
+def source_scheme(source: str) -> str | None:
+    """A file mount's object-storage scheme (`s3` for s3://…), or None for a local path: the one rule the
+    CLI (what to send) and the server (what to fetch) share."""
+    name, sep, _ = source.partition("://")
+    return name.lower() if sep and name.isalnum() else None
+
+
 def check_num_jobs(num_jobs: int) -> int:
     if not 1 <= num_jobs <= MAX_SWEEP_JOBS:
         raise TaskError(f"--num-jobs {num_jobs}: a sweep has 1 to {MAX_SWEEP_JOBS:,} jobs (Slurm's default "

@@ -25,6 +25,7 @@ from typing import Any
 
 from corral.config import corral_home, private_dir
 from corral.errors import NotFoundError, TaskError
+from corral.taskfile import source_scheme
 
 DIGEST = re.compile(r"^[0-9a-f]{64}\Z")
 MAX_UPLOAD_BYTES = int(os.environ.get("CORRAL_MAX_UPLOAD_BYTES", str(8 << 30)))
@@ -136,7 +137,7 @@ def with_uploads(task: Any, files: dict[str, Any], owner: str = "") -> Any:
                                                                                  else origin))
     if task.file_mounts:
         # Object storage (s3://…) is not sent by the client: the server fetches it (buckets.py).
-        local = [remote for remote, source in task.file_mounts.items() if "://" not in source]
+        local = [remote for remote, source in task.file_mounts.items() if source_scheme(source) is None]
         missing = [remote for remote in local if not mounts.get(remote)]
         if missing:
             raise TaskError(f"file_mounts {', '.join(map(repr, missing))}: their files were not sent with the task")

@@ -73,8 +73,9 @@ def task_files(data: Any, base: Path) -> LocalFiles:
 
 def is_bucket_uri(source: str) -> bool:
     """An object store's URI (s3://, gs://, r2://, …): fetched where the job lands, not sent from here."""
-    scheme, sep, _ = source.partition("://")
-    return bool(sep) and scheme.isalnum()
+    from corral.taskfile import source_scheme
+
+    return source_scheme(source) is not None
 
 
 def absolute(path: str, base: Path) -> Path:
