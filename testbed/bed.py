@@ -398,9 +398,13 @@ class Testbed:
         """Each site's own PATH additions in its login shells, as sites do in /etc/profile.d (a login
         shell's /etc/profile resets PATH, so sshd's SetEnv cannot carry them)."""
         PROFILE_SCRIPT.write_text(
-            "# Written by the Corral testbed: the login node's site-specific PATH (its container runtimes).\n"
+            "# Written by the Corral testbed: the login node's site-specific PATH (its container runtimes), and\n"
+            "# its module tree on MODULEPATH (job scripts' `module load`, in login shells: `#!/bin/bash -l`).\n"
             f'if [ -n "${{CORRAL_TESTBED_CLUSTER:-}}" ] && [ -d "{self.paths.root}/$CORRAL_TESTBED_CLUSTER/runtime-bin" ]; then\n'
             f'  PATH="{self.paths.root}/$CORRAL_TESTBED_CLUSTER/runtime-bin:$PATH"\n'
+            "fi\n"
+            f'if [ -n "${{CORRAL_TESTBED_CLUSTER:-}}" ] && [ -d "{self.paths.root}/$CORRAL_TESTBED_CLUSTER/modules" ]; then\n'
+            f'  export MODULEPATH="{self.paths.root}/$CORRAL_TESTBED_CLUSTER/modules${{MODULEPATH:+:$MODULEPATH}}"\n'
             "fi\n")
         PROFILE_SCRIPT.chmod(0o644)
 

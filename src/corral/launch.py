@@ -32,12 +32,14 @@ from corral.infra.base import (
     JobRequest,
     PredictsStart,
     RunsArrays,
+    RunsJobScripts,
     SubmitResult,
     new_token,
 )
 from corral.liveness import process_tag
 from corral.placement import Candidate, Plan, build_plan
 from corral.profiles import RunSettings, apply_profiles, with_prefix
+from corral.script_task import copy_indices, script_copies, script_partitions
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
 from corral.state.sealed import seal
@@ -171,6 +173,8 @@ class Launcher:
         order = [o.cluster for o in outcomes]
         plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable), task,
                               self.client.profiles)
+        if task.slurm.script is not None:
+            plan = script_partitions(plan, task)
         for option in options:
             sel = option.infra
             if sel.partition and sel.cluster in snapshots and not any(
@@ -222,8 +226,16 @@ class Launcher:
         """The generic request for one submission of `task` to `candidate`."""
         options = options or AttemptOptions()
         option = candidate.option
-        settings = candidate.runs_with or RunSettings(task.slurm.model_dump(exclude_none=True))
+        settings = candidate.runs_with or RunSettings(task.slurm.model_dump(exclude_none=True, exclude={"script"}))
         prefix = settings.prefix()
+        scheduler_options = dict(settings.scheduler_options)
+        indices: tuple[int, ...] = ()
+        if task.slurm.script is not None:  # run as it is: the profile's paths and env go to its environment
+            scheduler_options["script"] = task.slurm.script.model_dump()
+            scheduler_options["script_paths"] = dict(settings.paths)
+            prefix = ""
+            every = copy_indices(task)
+            indices = tuple(every[first_rank:first_rank + len(job_ids)]) if every else ()
         return JobRequest(
             token=token,
             task_ids=job_ids,
@@ -240,11 +252,12 @@ class Launcher:
             num_jobs=num_jobs,
             extra_env=dict(options.extra_env),
             checkpoint_dir=options.checkpoint_dir,
-            scheduler_options=dict(settings.scheduler_options),
+            scheduler_options=scheduler_options,
             requeue=options.requeue,
             held=options.held,
             container_image=option.image_id.removeprefix("docker:") if option.image_id else None,
             container_runtime=candidate.container_runtime,
+            copy_indices=indices,
         )
 
     async def launch(self, task: Task, source: str, *, num_jobs: int = 1) -> list[Submitted]:
@@ -256,6 +269,7 @@ class Launcher:
         """Launch several task files at once: one probe round trip per cluster for all of them, then
         their submissions side by side. Returns, per task, one entry per share."""
         check_num_jobs(num_jobs)
+        num_jobs = script_copies(tasks, num_jobs)
         envs = [job_environment(task, source) for task, source in tasks]  # all checked before any is sent
         for task, _ in tasks:
             self.check_local_files(task)
@@ -292,11 +306,15 @@ class Launcher:
 
     async def submit_jobs(self, task: Task, envs: dict[str, str], feasible: list[Candidate],
                           jobs: list[JobRow], options: AttemptOptions | None = None) -> list[Submitted]:
-        """New attempts for recorded jobs of one task (contiguous ranks): split into shares, one array each."""
-        shares = [(candidate, start + offset, min(limit, count - offset))
-                  for candidate, start, count in split_sweep(feasible, len(jobs))
-                  for limit in [self._array_limit(candidate.cluster)]
-                  for offset in range(0, count, limit)]
+        """New attempts for recorded jobs of one task (contiguous ranks): split into shares, one array each.
+        A job script's own array is never split: it goes whole, as its --array says."""
+        if task.slurm.script is not None:
+            shares = [(feasible[0], 0, len(jobs))]
+        else:
+            shares = [(candidate, start + offset, min(limit, count - offset))
+                      for candidate, start, count in split_sweep(feasible, len(jobs))
+                      for limit in [self._array_limit(candidate.cluster)]
+                      for offset in range(0, count, limit)]
         dead: set[str] = set()
         results = await asyncio.gather(*(
             self._submit_share(task, envs, feasible, jobs[start:start + count], first, dead,
@@ -325,7 +343,8 @@ class Launcher:
                                        num_jobs=jobs[0].num_jobs, options=options)
             files = infra.attempt_files(request)
             attempts = [
-                AttemptRow(token=token if not request.is_array else f"{token}.{i}", job_id=jid, number=number,
+                AttemptRow(token=token if not request.is_array else f"{token}.{request.copy_index(i)}", job_id=jid,
+                           number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",
                            created_at=time.time(), run_dir=files.run_dir, log_path=files.log_paths[i],
                            submitter=process_tag(),
@@ -360,7 +379,8 @@ class Launcher:
         assert result.handle is not None
         infra = self.client.infra(candidate.cluster, jobs[0].owner)
         now = time.time()
-        handles = [infra.array_handle(result.handle, i) if request.is_array and isinstance(infra, RunsArrays)
+        handles = [infra.array_handle(result.handle, request.copy_index(i))
+                   if request.is_array and isinstance(infra, RunsArrays)
                    else result.handle for i in range(len(attempts))]
         self.store.update_attempts({a.token: {"handle": handle, "state": "PENDING", "submitted_at": now}
                                     for a, handle in zip(attempts, handles)})
@@ -384,6 +404,20 @@ class Launcher:
                                 "sent with the task (corral.sdk does)")
             if not os.path.exists(path):
                 raise TaskError(f"{what}: {path!r} does not exist (any more) on the server")
+
+    def script_previews(self, task: Task, plan: Plan) -> dict[tuple[str, str], tuple[str, str]]:
+        """For `--dryrun` of a job script: per feasible (cluster, partition), the script as it would be
+        received there and sbatch's command line (pure)."""
+        if task.slurm.script is None:
+            return {}
+        copies = len(copy_indices(task) or (0,))
+        out = {}
+        for c in plan.feasible():
+            infra = self.client.infra(c.cluster, self.owner)
+            if isinstance(infra, RunsJobScripts):
+                request = self.job_request(task, c, "000000000000", tuple(f"c-{i}" for i in range(copies)), {})
+                out[(c.cluster, c.partition)] = infra.script_for(request)
+        return out
 
     async def transfer_sizes(self, task: Task, plan: Plan) -> dict[str, int]:
         """For `--dryrun`: per feasible cluster, the bytes a launch there would send: the workdir as that

@@ -56,6 +56,7 @@ class PartitionProfile(SlurmOptions):
 
     model_config = ConfigDict(extra="forbid")
 
+    script: None = Field(None, exclude=True, description="Not in a profile: a job script belongs to a task.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment; the task's envs win.")
     setup_prefix: str | None = Field(None, description="Shell lines run before the task's setup and before its "
                                                        "run, in the same shell (e.g. `module load cuda/12.4`).")

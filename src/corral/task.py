@@ -149,6 +149,49 @@ def check_line(value: str, what: str, *, max_length: int = 4096) -> str:
     return value
 
 
+_SCRIPT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,127}\Z", re.ASCII)
+
+
+class JobScript(BaseModel):
+    """An sbatch job script, run as it is (`corral sbatch`, `corral launch script.sh`): its `#SBATCH`
+    directives give the resources; per cluster, Corral rewrites only the site-specific ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(max_length=MAX_TASK_FILE_BYTES, description="The script, byte for byte.")
+    file_name: str = Field("job.sh", description="Its file name on the cluster (sbatch's default job name).")
+    options: list[str] = Field(default_factory=list, max_length=1000,
+                               description="sbatch options from the command line, as words; they win over the "
+                                           "script's #SBATCH lines.")
+    args: list[str] = Field(default_factory=list, max_length=1000, description="The script's own arguments.")
+
+    @field_validator("file_name")
+    @classmethod
+    def _file_name(cls, value: str) -> str:
+        if not _SCRIPT_NAME.match(value):
+            raise ValueError(f"script file name {value!r}: use letters, digits and _ . + - (at most 128)")
+        return value
+
+    @field_validator("options", "args")
+    @classmethod
+    def _words(cls, value: list[str]) -> list[str]:
+        for word in value:
+            if "\x00" in word or len(word) > 4096:
+                raise ValueError(f"{word[:40]!r}: a word of at most 4096 characters, without NUL")
+        return value
+
+    @model_validator(mode="after")
+    def _readable(self) -> JobScript:
+        from corral.sbatch_script import ScriptError, parse_options, read_script
+
+        try:
+            read_script(self.text, self.file_name)
+            parse_options([(w, 0, 0) for w in self.options], "command line")
+        except ScriptError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
 class SlurmOptions(BaseModel):
     """Slurm options passed through to sbatch unchanged, for clusters that need them."""
 
@@ -160,6 +203,8 @@ class SlurmOptions(BaseModel):
     constraint: str | None = Field(None, description="sbatch --constraint (node features).")
     reservation: str | None = Field(None, description="sbatch --reservation.")
     sbatch_args: list[str] = Field(default_factory=list, description="Extra sbatch options, one per item, e.g. ['--exclusive'].")
+    script: JobScript | None = Field(None, description="A job script to run as it is, instead of setup and run "
+                                                       "(`corral sbatch`).")
 
     @field_validator("time")
     @classmethod

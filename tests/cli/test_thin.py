@@ -35,6 +35,7 @@ COMMANDS = [
     ["jobs", "logs", "nope"], ["jobs", "events", "nope"], ["jobs", "why", "nope"], ["jobs", "cancel", "nope"],
     ["status"], ["down", "nope"], ["exec", "nope", "--", "true"], ["ssh", "nope"], ["users", "list"],
     ["users", "remove", "nope"], ["users", "set", "nope", "--unix-user", "alpine=nope"], ["dashboard", "--print-url"],
+    ["sbatch", "--dryrun", "-p", "cpu", "SCRIPT"], ["sbatch", "SCRIPT", "arg"], ["launch", "--dryrun", "SCRIPT"],
 ]
 REFUSED = {"logs": "no job 'nope'", "cancel": "no job 'nope'", "jobs logs": "no managed job 'nope'",
            "jobs events": "no managed job 'nope'", "jobs why": "no managed job 'nope'",
@@ -46,7 +47,9 @@ REFUSED = {"logs": "no job 'nope'", "cancel": "no job 'nope'", "jobs logs": "no 
 def test_no_command_loads_an_engine_library(corral_env, clean_queues, tmp_path, argv):
     task = tmp_path / "task.yaml"
     task.write_text("resources:\n  cpus: 1\nrun: 'true'\n")
-    argv = [str(task) if a == "TASK" else a for a in argv]
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --time=1 -c 1\ntrue\n")
+    argv = [str(task) if a == "TASK" else str(script) if a == "SCRIPT" else a for a in argv]
     proc = subprocess.run([sys.executable, "-c", RUN_AND_LIST, *argv], env=corral_env, capture_output=True,
                           text=True, timeout=60)
     heavy = json.loads(proc.stderr.rsplit("HEAVY=", 1)[1])

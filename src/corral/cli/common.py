@@ -73,6 +73,8 @@ def task_arguments(args: tuple[str, ...], *, allow_empty: bool = False) -> tuple
     from corral.errors import TaskError
 
     paths, command = split_command(args)
+    if len(paths) == 1 and not command and batch_script(paths[0]):
+        return list(paths), None  # `corral launch job.sh`: an sbatch script, run as sbatch would
     if paths and not command and not all(p.endswith((".yaml", ".yml")) for p in paths):
         paths, command = (), paths  # `corral launch 'echo hi'`, as `sky launch 'echo hi'`
     if command and paths:
@@ -80,6 +82,18 @@ def task_arguments(args: tuple[str, ...], *, allow_empty: bool = False) -> tuple
     if not paths and not command and not allow_empty:
         raise TaskError("nothing to launch: give a task YAML or a command (`corral launch 'python train.py'`)")
     return list(paths), " ".join(command) if command else None
+
+
+def batch_script(path: str) -> bool:
+    """Does `path` name an sbatch job script (a `#!` line and `#SBATCH` directives)?"""
+    from corral.sbatch_script import is_batch_script
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64 * 1024)
+    except OSError:
+        return False
+    return is_batch_script(head.decode("utf-8", errors="replace"))
 
 
 def read_env_file(path: str) -> list[str]:

@@ -167,9 +167,10 @@ def cancel(jobs: tuple[str, ...], cancel_all: bool) -> None:
 
 def _register() -> None:
     """The other command groups, each in its own module (importing them costs click only)."""
-    from corral.cli import dashboard, dev, jobs, launch, server, users
+    from corral.cli import dashboard, dev, jobs, launch, sbatch, server, users
 
     cli.add_command(launch.launch)
+    cli.add_command(sbatch.sbatch)
     for command in (dev.exec_, dev.ssh, dev.status, dev.down):
         cli.add_command(command)
     cli.add_command(jobs.jobs)

@@ -92,7 +92,13 @@ def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
     if full and any(sends.values()):  # --dryrun: what the task's files cost to send to each cluster
         console.print("\nFiles to send: " + ", ".join(f"{c} {_bytes(b)}" for c, b in sends.items())
                       + " (a cluster's cache of the workdir gets only the changes)", highlight=False)
-    settled = [r for r in shown if r.get("feasible") and r.get("runs_with_text")]
+    scripts = [r for r in shown if r.get("feasible") and r.get("sbatch_command")]
+    if full and scripts:  # --dryrun of a job script: what each candidate would receive
+        for r in scripts:
+            console.print(f"\n[bold]{r['infra']}[/bold]: {r['sbatch_command']}", highlight=False)
+            console.print(r.get("script_diff") or "(the script as written: nothing to rewrite)",
+                          highlight=False, markup=False, end="" if r.get("script_diff") else "\n")
+    settled = [r for r in shown if r.get("feasible") and r.get("runs_with_text") and not r.get("sbatch_command")]
     if full and settled:  # --dryrun: what each candidate would run with (its cluster's profile, the task's slurm:)
         console.print("\n[bold]Runs with[/bold]")
         for r in settled:

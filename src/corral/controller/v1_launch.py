@@ -45,12 +45,26 @@ class TaskFiles(BaseModel):
     file_mounts: dict[Annotated[str, Field(max_length=4096)], Digest] = Field(default_factory=dict, max_length=1000)
 
 
+Word = Annotated[str, Field(max_length=4096)]
+
+
+class ScriptInput(BaseModel):
+    """An sbatch job script, run as it is (`corral sbatch [OPTIONS] script [ARGS]`)."""
+
+    text: Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)] = Field(description="The script, byte for byte")
+    file_name: Annotated[str, Field(min_length=1, max_length=128)] = "job.sh"
+    options: list[Word] = Field(default_factory=list, max_length=1000,
+                                description="sbatch options from the command line, as words")
+    args: list[Word] = Field(default_factory=list, max_length=1000, description="The script's arguments")
+
+
 class TaskInput(BaseModel):
     source: Annotated[str, Field(min_length=1, max_length=1000)] = "task"
     yaml: Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)] | None = Field(
         None, description="The task file's text (SkyPilot's task YAML)")
     run: Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)] | None = Field(
         None, description="A one-line task instead: `corral launch -- COMMAND`")
+    script: ScriptInput | None = Field(None, description="An sbatch job script instead (`corral sbatch`)")
     files: TaskFiles = Field(default_factory=TaskFiles)
 
 
@@ -100,8 +114,10 @@ class ManagedCancelRequest(BaseModel):
 def build_task(given: TaskInput, overrides: Overrides, owner: str = "") -> tuple[Task, str]:
     """The task the client sent, with its overrides, its files as server-side paths; validated."""
     source = given.source
-    if given.yaml is not None and given.run is not None:
-        raise TaskError("give either a task file or `-- COMMAND`, not both")
+    if sum(x is not None for x in (given.yaml, given.run, given.script)) > 1:
+        raise TaskError("give one of a task file, `-- COMMAND` or a job script")
+    if given.script is not None:
+        return _script_task(given, overrides, owner), source
     if given.run is not None:
         task, source = parse_task({"run": given.run}, "command line"), "command line"
     elif given.yaml is not None:
@@ -116,6 +132,49 @@ def build_task(given: TaskInput, overrides: Overrides, owner: str = "") -> tuple
         task = parse_task({**task.model_dump(exclude_none=True),
                            "slurm": {**task.slurm.model_dump(exclude_none=True), "time": overrides.time}}, source)
     return uploads.with_uploads(task, given.files.model_dump(), owner), source
+
+
+def _script_task(given: TaskInput, overrides: Overrides, owner: str) -> Task:
+    """A job script's task: its resources are the script's own; a place, envs, secrets and a workdir may
+    be given besides."""
+    assert given.script is not None
+    from pydantic import ValidationError
+
+    from corral.script_task import task_from_script
+    from corral.task import JobScript, format_validation_error
+
+    fixed = {"name": overrides.name, "gpus": overrides.gpus, "num_nodes": overrides.num_nodes,
+             "cpus": overrides.cpus, "memory": overrides.memory, "time": overrides.time,
+             "image_id": overrides.image_id}
+    given_too = [name for name, value in fixed.items() if value is not None]
+    if given_too:
+        raise TaskError(f"{given.source}: a job script says what it needs in its #SBATCH lines; give "
+                        f"{', '.join(given_too)} as sbatch options (e.g. corral sbatch --gres=gpu:h100:2 "
+                        "--time=1:00:00 script.sh), not as Corral's")
+    try:
+        script = JobScript.model_validate(given.script.model_dump())
+    except ValidationError as exc:
+        raise TaskError(format_validation_error(exc, given.source).replace("invalid task", "invalid job script"))
+    task = task_from_script(script, given.source, infra=overrides.infra)
+    task = apply_overrides(task, given.source, envs=overrides.envs, secrets=overrides.secrets,
+                           workdir=overrides.workdir)
+    return uploads.with_uploads(task, given.files.model_dump(), owner)
+
+
+def script_rows(task: Task, previews: dict[tuple[str, str], tuple[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
+    """Per candidate of a job script's dry run: the script it would receive, as a diff against the
+    original (empty when nothing changes), and sbatch's command line there."""
+    import difflib
+
+    if task.slurm.script is None:
+        return {}
+    original = task.slurm.script.text
+    name = task.slurm.script.file_name
+    return {key: {"script_diff": "".join(difflib.unified_diff(
+                      original.splitlines(keepends=True), text.splitlines(keepends=True),
+                      f"{name} (as written)", f"{name} (on slurm/{key[0]}/{key[1]})")),
+                  "sbatch_command": command}
+            for key, (text, command) in previews.items()}
 
 
 def put_warnings(put: Put, task: Task, source: str, *, dev: bool = False) -> None:
@@ -194,8 +253,11 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
             if request.dryrun:  # nothing fetched: object storage is only listed, for its size
                 plans = [await launcher.plan(task, predict="all") for task, _ in built]
                 sizes = [await launcher.transfer_sizes(task, plan) for (task, _), plan in zip(built, plans)]
-                return {"plans": [[{**row, "transfer_bytes": size.get(row.get("cluster"))} for row in plan_json(p)]
-                                  for p, size in zip(plans, sizes)]}
+                scripts = [script_rows(task, launcher.script_previews(task, plan)) for (task, _), plan in zip(built, plans)]
+                return {"plans": [[{**row, "transfer_bytes": size.get(row.get("cluster")),
+                                    **script.get((row.get("cluster"), row.get("partition")), {})}
+                                   for row in plan_json(p)]
+                                  for p, size, script in zip(plans, sizes, scripts)]}
             step = launch_events(put).step
             ready = [(await buckets.fetched(task, me.owner, lambda d: step("fetch", d)), source)
                      for task, source in built]

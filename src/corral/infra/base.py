@@ -4,7 +4,8 @@ An Infra is one place that can run work (`slurm/<cluster>`; later `k8s/<context>
 submitit's `Executor` and dstack's `Compute`, the base is narrow: `probe` (a capacity snapshot),
 `submit` (a generic request in, an opaque handle out), `status` (many handles, one round trip),
 `cancel` and `logs`. What only some backends can do is a capability mixin that callers test with
-`isinstance`: `PredictsStart`, `RunsArrays`, `HoldsAllocations`, `CopiesCheckpoints`. Statuses carry a
+`isinstance`: `PredictsStart`, `RunsArrays`, `HoldsAllocations`, `CopiesCheckpoints`,
+`RunsJobScripts`. Statuses carry a
 generic `JobState` and `FailureClass`, so that rules above the seam never read a backend's words.
 Nothing outside `corral/infra/` imports a backend's module (a test asserts it); `connect` makes one.
 """
@@ -196,10 +197,17 @@ class JobRequest:
     held: bool = False  # queued but not to start until released (see ReleasesHeld)
     container_image: str | None = None  # an OCI image (docker.io/library/ubuntu:22.04 or ubuntu:22.04)
     container_runtime: str | None = None  # one the snapshot listed (placement.CONTAINER_RUNTIMES)
+    # How the infra numbers the copies when the task fixes it (a job script's --array indices), one per
+    # task id; empty: 0, 1, 2, …
+    copy_indices: tuple[int, ...] = ()
+
+    def copy_index(self, position: int) -> int:
+        return self.copy_indices[position] if self.copy_indices else position
 
     @property
     def is_array(self) -> bool:
-        return len(self.task_ids) > 1
+        """Submitted as an array: several copies, or copies the task numbers itself (even one of them)."""
+        return len(self.task_ids) > 1 or bool(self.copy_indices)
 
 
 @dataclass(frozen=True)
@@ -377,6 +385,15 @@ class HoldsAllocations(ABC):
     @abstractmethod
     async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
         """What the ssh alias of the allocation needs."""
+
+
+class RunsJobScripts(ABC):
+    """The infra runs a user's own batch script (`corral sbatch`: the request's `scheduler_options`
+    carry it), rewriting only what is site-specific."""
+
+    @abstractmethod
+    def script_for(self, request: JobRequest) -> tuple[str, str]:
+        """The script as this infra would receive it, and the submit command line (pure: for dry runs)."""
 
 
 class ReleasesHeld(ABC):

@@ -29,7 +29,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from corral.errors import EXIT_DATAERR, EXIT_NOPERM, EXIT_UNAVAILABLE, CorralError, TaskError
+from corral.errors import (
+    EXIT_DATAERR,
+    EXIT_NOPERM,
+    EXIT_UNAVAILABLE,
+    CorralError,
+    TaskError,
+)
 from corral.sdk import endpoint as _endpoint
 from corral.sdk.types import (
     CancelOutcome,
@@ -164,6 +170,37 @@ class Client:
         if detach:
             return launched
         return Launched(launched.tasks, [self.wait(job_id) for job_id in launched.job_ids])
+
+    def sbatch(self, script: Path | str, *, options: list[str] | None = None, args: list[str] | None = None,
+               dryrun: bool = False, managed: bool = False, infra: str | None = None, envs: Pairs = None,
+               secrets: Pairs = None, workdir: str | None = None, base: Path | None = None,
+               on_event: Callable[[dict[str, Any]], None] | None = None) -> Launched | list[list[PlanRow]] | list[str]:
+        """Run an sbatch job script as it is, on the cluster that can start it soonest: `sbatch [options]
+        script [args]`. Its `#SBATCH` lines (and `options`, which win) say what it needs; per cluster,
+        Corral rewrites only the partition, the GPU type's spelling, and the profile's account and QOS.
+        With `dryrun`, each plan row carries `script_diff` and `sbatch_command`. With `managed`, the
+        controller recovers it (returns the job ids)."""
+        task = self._script_input(Path(script), options or [], args or [], base, workdir)
+        overrides = _overrides(infra=infra, envs=envs, secrets=secrets, workdir=workdir)
+        if managed:
+            answer = self._json("POST", "/managed", body={"task": task, "overrides": overrides})
+            for message in answer.get("warnings", []) if on_event else []:
+                on_event({"event": "warning", "message": message})
+            return list(answer["job_ids"])
+        done = self._events("/launch", {"tasks": [task], "dryrun": dryrun, "overrides": overrides}, on_event)
+        if dryrun:
+            return [[PlanRow.from_json(r) for r in plan] for plan in done["plans"]]
+        return Launched([[Submission.from_json(s) for s in shares] for shares in done["tasks"]])
+
+    def _script_input(self, path: Path, options: list[str], args: list[str], base: Path | None,
+                      workdir: str | None) -> dict[str, Any]:
+        """The API's task for a job script: its text, name, sbatch options and arguments (and a workdir's
+        files, when one is given)."""
+        from corral import taskfile
+
+        text = taskfile.read_task_text(path)
+        return {"source": str(path), "script": {"text": text, "file_name": path.name, "options": options,
+                                                "args": args}, **self._workdir_files(workdir, base)}
 
     def managed_launch(self, task: TaskLike = None, *, command: str | None = None, num_jobs: int = 1,
                        name: str | None = None,
@@ -322,6 +359,10 @@ class Client:
         if isinstance(task, Path) or (isinstance(task, str) and "\n" not in task and task.endswith((".yaml", ".yml"))):
             source = str(task)
             text = taskfile.read_task_text(Path(task))
+            from corral.sbatch_script import is_batch_script
+
+            if is_batch_script(text):  # `corral launch script.sh`: run as sbatch would
+                return self._script_input(Path(task), [], [], base, workdir)
         elif isinstance(task, str):
             source, text = "task", task
         else:

@@ -1,6 +1,11 @@
 """Parsing job status and predictions from output recorded on the testbed."""
 
-from corral.infra.slurm.jobs import _exit_code, parse_status, parse_submit, parse_test_only
+from corral.infra.slurm.jobs import (
+    _exit_code,
+    parse_status,
+    parse_submit,
+    parse_test_only,
+)
 from tests.conftest import FIXTURES
 
 
@@ -61,7 +66,7 @@ def test_failed_states_carry_a_failure_class():
     clock = parse_clock("1796015347 2026-12-01T10:00:00")
 
     def status(state: str):
-        return _status(["9", "corral-aaaa11112222", state, "None", "", "", "", "0:0", "gpu"], clock)
+        return _status(["9", "corral-aaaa11112222", state, "None", "", "", "", "0:0", "gpu", "(null)"], clock)
 
     assert status("NODE_FAIL").failure is FailureClass.INFRA and status("PREEMPTED").failure is FailureClass.INFRA
     assert status("BOOT_FAIL").state is JobState.FAILED and status("BOOT_FAIL").failure is FailureClass.INFRA

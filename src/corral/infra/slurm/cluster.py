@@ -30,11 +30,12 @@ from corral.infra.base import (
     ReleasesHeld,
     ReportsSetupFailure,
     RunsArrays,
+    RunsJobScripts,
     SessionKeys,
     SshRoute,
     SubmitResult,
 )
-from corral.infra.slurm import devscript
+from corral.infra.slurm import devscript, userscript
 from corral.infra.slurm.jobs import (
     cancel_script,
     follow_script,
@@ -56,7 +57,7 @@ JOB_TIMEOUT = 30  # seconds for a submission, a status query, a cancel (sbatch m
 
 
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
-                 ReleasesHeld):
+                 ReleasesHeld, RunsJobScripts):
     kind: ClassVar[str] = "slurm"
     max_array_size: ClassVar[int] = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 
@@ -78,6 +79,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         return parse_probe_output(self.cluster, result.stdout, self.slurm_timeout, result.seconds)
 
     def attempt_files(self, request: JobRequest) -> AttemptFiles:
+        if userscript.is_script_request(request):
+            submission = userscript.submission_for(request, self.cluster)
+            return AttemptFiles(submission.run_dir, submission.log_paths)
         spec = spec_for(request, self.cluster)
         logs = (tuple(spec.log_path(i) for i in range(len(request.task_ids))) if spec.is_array
                 else (spec.log_path(None),))
@@ -101,7 +105,8 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         await self.transport.run(self.cluster, script, timeout=JOB_TIMEOUT)
 
     async def submit(self, request: JobRequest) -> SubmitResult:
-        script = submit_script(spec_for(request, self.cluster))
+        script = (userscript.submit_script(request, self.cluster) if userscript.is_script_request(request)
+                  else submit_script(spec_for(request, self.cluster)))
         result = await self.transport.run(self.cluster, script, timeout=JOB_TIMEOUT)
         try:
             return parse_submit(result.stdout)
@@ -127,9 +132,13 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def predict(self, requests: list[JobRequest]) -> list[tuple[float | None, str]]:
         if not requests:
             return []
-        specs = [spec_for(r, self.cluster) for r in requests]
-        result = await self.transport.run(self.cluster, test_only_script(specs), timeout=JOB_TIMEOUT)
-        return parse_test_only(result.stdout, len(specs))
+        result = await self.transport.run(self.cluster, test_only_script(requests, self.cluster), timeout=JOB_TIMEOUT)
+        return parse_test_only(result.stdout, len(requests))
+
+    def script_for(self, request: JobRequest) -> tuple[str, str]:
+        """A job script's text as this cluster would receive it, and the sbatch command line (dry runs)."""
+        submission = userscript.submission_for(request, self.cluster)
+        return submission.text, submission.command().replace(f"--chdir={userscript._HOME_MARK}/", "--chdir=$HOME/")
 
     @staticmethod
     def array_handle(handle: str, index: int) -> str:

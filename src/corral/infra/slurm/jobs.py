@@ -9,8 +9,20 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from corral.errors import ProbeParseError
-from corral.infra.base import FailureClass, JobState, JobStatus, SubmitResult
-from corral.infra.slurm.jobscript import CANCEL_MARKER, JOB_NAME_PREFIX, SlurmJobSpec, sbatch_options
+from corral.infra.base import (
+    FailureClass,
+    JobRequest,
+    JobState,
+    JobStatus,
+    SubmitResult,
+)
+from corral.infra.slurm import userscript
+from corral.infra.slurm.jobscript import (
+    CANCEL_MARKER,
+    JOB_NAME_PREFIX,
+    sbatch_options,
+    spec_for,
+)
 from corral.infra.slurm.parsing import FIELD_SEPARATOR, format_spec
 from corral.infra.slurm.probe import MARK, split_sections
 
@@ -31,9 +43,11 @@ STATE_MAP: dict[str, JobState] = {
 }
 # Failed states that are the infrastructure's doing, not the task's: the controller recovers these.
 INFRA_FAILURE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
+# A job's name is the user's own text for a job script (it may hold the separator): second, so that a
+# line splits once from the left for the id, then from the right; the comment, last, is Corral's word.
 SQUEUE_FIELDS = ("JobArrayID", "Name", "State", "Reason", "SubmitTime", "StartTime", "EndTime", "exit_code",
-                 "Partition")
-SACCT_FIELDS = "JobID,JobName,State,Reason,Submit,Start,End,ExitCode,Partition"
+                 "Partition", "Comment")
+SACCT_FIELDS = "JobID,JobName,State,Reason,Submit,Start,End,ExitCode,Partition,Comment"
 
 
 _REJECTED = "sbatch rejected the job"
@@ -64,14 +78,19 @@ def parse_clock(text: str) -> Clock:
     return Clock(float(lines[0]), datetime.fromisoformat(lines[1]))
 
 
-def test_only_script(specs: list[SlurmJobSpec]) -> str:
-    """`sbatch --test-only` for several candidates at once, in parallel."""
+def test_only_script(requests: list[JobRequest], cluster: str) -> str:
+    """`sbatch --test-only` for several candidates at once, in parallel (a job script as rewritten for
+    the cluster, Corral's own jobs with their options and a `--wrap`)."""
     out = [CLOCK, 'd=$(mktemp -d "${TMPDIR:-/tmp}/corral-test.XXXXXX") || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
-    for i, spec in enumerate(specs):
-        opts = " ".join(shlex.quote(o) for o in sbatch_options(spec))
+    scripts = [i for i, r in enumerate(requests) if userscript.is_script_request(r)]
+    out += userscript.test_only_lines([requests[i] for i in scripts], cluster, scripts)
+    for i, request in enumerate(requests):
+        if i in scripts:
+            continue
+        opts = " ".join(shlex.quote(o) for o in sbatch_options(spec_for(request, cluster)))
         out.append(f"( cd /tmp && timeout 20 sbatch --test-only {opts} --wrap true >\"$d/{i}\" 2>&1 ) &")
     out.append("wait")
-    out += [f"printf '\\n{MARK} test{i} 0\\n'; cat \"$d/{i}\"" for i in range(len(specs))]
+    out += [f"printf '\\n{MARK} test{i} 0\\n'; cat \"$d/{i}\"" for i in range(len(requests))]
     return "\n".join(out) + "\n"
 
 
@@ -151,10 +170,33 @@ def _exit_code(raw: str) -> int | None:
     return None
 
 
+def _fields(line: str) -> list[str] | None:
+    """A status line's fields, the job name whole whatever it holds; None for a line that is not one."""
+    job_id, sep, rest = line.partition(FIELD_SEPARATOR)
+    fields = [job_id, *rest.rsplit(FIELD_SEPARATOR, len(SQUEUE_FIELDS) - 2)] if sep else []
+    return fields if len(fields) == len(SQUEUE_FIELDS) else None
+
+
+def _het_leader(fields: list[str]) -> list[str] | None:
+    """A heterogeneous job's components show as `123+0`, `123+1`, …: the job is its first component,
+    under the id sbatch gave (`123`); the others are left out."""
+    base, plus, offset = fields[0].partition("+")
+    if not plus:
+        return fields
+    return [base, *fields[1:]] if offset.strip() == "0" else None
+
+
+def _token(name: str, comment: str) -> str | None:
+    """The attempt token on a job: in its comment for a user's job script, in its name for Corral's own."""
+    if comment.startswith(userscript.COMMENT_PREFIX):
+        return comment[len(userscript.COMMENT_PREFIX):]
+    return name[len(JOB_NAME_PREFIX):] if name.startswith(JOB_NAME_PREFIX) else None
+
+
 def _status(fields: list[str], clock: Clock) -> JobStatus:
-    job_id, name, state, reason, submit, start, end, exit_raw, _partition = (f.strip() for f in fields)
+    job_id, name, state, reason, submit, start, end, exit_raw, _partition, comment = (f.strip() for f in fields)
     slurm_state = state.split()[0].rstrip("+") if state else "UNKNOWN"
-    token = name[len(JOB_NAME_PREFIX):] if name.startswith(JOB_NAME_PREFIX) else None
+    token = _token(name, comment)
     generic = STATE_MAP.get(slurm_state, JobState.UNKNOWN)
     ended = generic not in (JobState.PENDING, JobState.STARTING, JobState.RUNNING)
     failure = None
@@ -187,14 +229,13 @@ def parse_status(cluster: str, stdout: str) -> list[JobStatus]:
         raise SlurmControllerError(cluster, f"squeue failed: {' | '.join(squeue.text.splitlines()[-2:])}")
     out = []
     for line in squeue.text.splitlines():
-        fields = line.split(FIELD_SEPARATOR)
-        if len(fields) == len(SQUEUE_FIELDS):
+        if (fields := _fields(line)) is not None and (fields := _het_leader(fields)) is not None:
             out.append(_status(fields, clock))
     seen = {s.handle for s in out}
     sacct = sections.get("sacct")
     for line in sacct.text.splitlines() if sacct else []:
-        fields = line.split("|")
-        if len(fields) == 9 and fields[0] not in seen:
+        if (fields := _fields(line)) is not None and (fields := _het_leader(fields)) is not None \
+                and fields[0] not in seen:
             out.append(_status(fields, clock))
     return out
 
@@ -224,20 +265,23 @@ def release_script(job_ids: list[str]) -> str:
 
 
 def follow_script(log_path: str, slurm_job_id: str, follow: bool) -> str:
-    """Print a job's log; with `follow`, keep printing until the job has ended."""
+    """Print a job's log; with `follow`, keep printing until the job has ended. A job script's log path
+    is its --output pattern (absolute, or under the home), filled in for this job (`userscript.log_glob`)."""
     if not _JOB_ID.match(slurm_job_id):
         raise ValueError(f"not a Slurm job id: {slurm_job_id!r}")
-    path = f'"$HOME"/{shlex.quote(log_path)}'
+    word = (userscript.log_glob(log_path, slurm_job_id) if "%" in log_path or log_path.startswith("/")
+            else f'"$HOME"/{shlex.quote(log_path)}')
+    find = f'shopt -s nullglob\nfind_log() {{ set -- {word}; f="${{1-}}"; }}\nfind_log\n'
     if not follow:
-        return f"cat {path} 2>/dev/null; exit 0\n"
+        return find + '[ -n "$f" ] && cat -- "$f" 2>/dev/null; exit 0\n'
     # Not COMPLETING: the tasks are over then, and Slurm's clean-up can take a minute (a step whose
     # I/O it abandons after 60 s), which a person following a cancelled job should not wait for.
     alive = f"squeue -h -j {slurm_job_id} -t PD,CF,R,S,RQ,RS,RH,SO -o %T 2>/dev/null | grep -q ."
     return (
-        f"f={path}\n"
-        f'while [ ! -e "$f" ] && {alive}; do sleep 1; done\n'
-        '[ -e "$f" ] || exit 0\n'
-        'tail -n +1 -F "$f" 2>/dev/null & t=$!\n'
-        f"while {alive}; do sleep 2; done\n"
-        "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n"
+        find
+        + f'while {{ [ -z "$f" ] || [ ! -e "$f" ]; }} && {alive}; do sleep 1; find_log; done\n'
+        + '[ -n "$f" ] && [ -e "$f" ] || exit 0\n'
+        + 'tail -n +1 -F -- "$f" 2>/dev/null & t=$!\n'
+        + f"while {alive}; do sleep 2; done\n"
+        + "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n"
     )

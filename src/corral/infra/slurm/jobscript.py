@@ -382,12 +382,19 @@ CANCEL_MARKER = "cancelled"  # in the run dir; "cancelled.<array index>" for an 
 def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None, job_name: str | None = None) -> str:
     """Write the job's files and submit `job.sbatch`, unless a job with its name (and so its token)
     already exists: a retried or interrupted submission never makes a second job."""
-    files = job_files(spec) if files is None else files
     find = (f"squeue -h --me -t all --name={shlex.quote(job_name or spec.job_name)} -o %A 2>/dev/null"
             " | head -n 1")
+    return submit_files_script(spec.run_dir, job_files(spec) if files is None else files, find,
+                               "sbatch --parsable job.sbatch")
+
+
+def submit_files_script(run_dir: str, files: dict[str, str], find: str, sbatch: str) -> str:
+    """Write a job's files into `run_dir` and run `sbatch` there (a command line whose words are quoted
+    already), unless `find` prints the id of a job already submitted with this attempt's token. sbatch's
+    output goes to sbatch.out, its errors to sbatch.err; the answer is one `@@corral` line."""
     return (
         "umask 077\n"
-        + write_files_script(spec.run_dir, files)
+        + write_files_script(run_dir, files)
         + 'cd "$d" || exit 1\n'
         + f"existing=$({find})\n"
         + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
@@ -395,7 +402,7 @@ def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None, job_n
         # sleep and retry for minutes; seen at once (sbatch's stderr is read as it comes), that is a
         # rejection and the job fails over. The job may have got in on a retry before sbatch was
         # stopped: its name says so.
-        + 'exec 3< <(sbatch --parsable job.sbatch 2>&1 >"$d/sbatch.out" & echo "@@pid $!"; wait $!; echo "@@rc $?")\n'
+        + f'exec 3< <({sbatch} 2>&1 >"$d/sbatch.out" & echo "@@pid $!"; wait $!; echo "@@rc $?")\n'
         + 'rc=1; busy=; pid=; : > "$d/sbatch.err"\n'
         + "while IFS= read -r line <&3; do\n"
         + '  case "$line" in\n'

@@ -1,0 +1,120 @@
+"""`corral sbatch [CORRAL OPTIONS] [SBATCH OPTIONS] script [ARGS]`: an existing job script, routed to the
+cluster that can start it soonest (this process loads the SDK, and rich for --dryrun only).
+
+Corral's own options come first and are few (`--dryrun`, `--infra`, `--managed`, `--workdir`, `--env`,
+`--env-file`, `--secret`, `--json`); every other option before the script is sbatch's, read as sbatch
+reads it; every word after the script is the script's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from corral.cli.common import print_json, read_env_file, reports_errors, warnings_only
+
+# Corral's options: name -> takes a value. None of them is an sbatch option.
+CORRAL_OPTIONS = {"--dryrun": False, "--managed": False, "--json": False, "--infra": True, "--workdir": True,
+                  "--env": True, "--env-file": True, "--secret": True}
+USAGE = """Usage: corral sbatch [CORRAL OPTIONS] [SBATCH OPTIONS] SCRIPT [ARGS]...
+
+  Run an sbatch job script as it is, on the cluster that can start it soonest. Its #SBATCH lines,
+  and the sbatch options given here (which win, as with sbatch), say what it needs. Per cluster, Corral
+  rewrites only the partition, the GPU type's spelling (h100 -> nvidia_h100_80gb_hbm3) and the
+  profile's account and QOS; --dryrun shows each cluster's script as a diff.
+
+  -p/--partition here pins the partition; one in the script is kept on a cluster that has it, and
+  chosen by Corral elsewhere.
+
+Corral options (before the sbatch options):
+  --dryrun           Show the plan, and the script and command line each cluster would receive.
+  --infra TEXT       Where it may run: slurm/<cluster>[/<partition>].
+  --managed          A managed job: recovered from node failures and preemption, re-routed while pending.
+  --workdir DIR      Send DIR; the job starts in its copy (else in an empty folder of its own).
+  --env KEY=VALUE    Add to the job's environment (repeatable); --env-file FILE; --secret KEY[=VALUE].
+  --json             Machine-readable output.
+"""
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+               add_help_option=False)
+@click.argument("words", nargs=-1, type=click.UNPROCESSED)
+@reports_errors
+def sbatch(words: tuple[str, ...]) -> None:
+    """Run an sbatch job script as it is, on the cluster that can start it soonest."""
+    if not words or words[0] in ("--help", "-h"):
+        click.echo(USAGE)
+        return
+    ours, rest = _corral_options(words)
+    from corral.sbatch_script import split_command_line
+
+    options, option_words, script, args = split_command_line(rest)
+    if script is None:
+        from corral.errors import TaskError
+
+        raise TaskError("corral sbatch: no script given (corral sbatch [OPTIONS] script.sh [ARGS])")
+    envs = [*read_env_file(ours["--env-file"][-1]), *ours["--env"]] if ours["--env-file"] else list(ours["--env"])
+    from corral.sdk import Client
+
+    client = Client()
+    result = client.sbatch(Path(script), options=option_words, args=list(args), dryrun=bool(ours["--dryrun"]),
+                           managed=bool(ours["--managed"]), infra=_last(ours["--infra"]), envs=envs,
+                           secrets=list(ours["--secret"]), workdir=_last(ours["--workdir"]), on_event=warnings_only)
+    as_json = bool(ours["--json"])
+    if ours["--dryrun"]:
+        plan = [row.raw for row in result[0]]  # type: ignore[index]
+        if as_json:
+            print_json(plan)
+        else:
+            from corral.cli import render
+
+            render.render_plan(plan, full=True)
+        return
+    if ours["--managed"]:
+        for job_id in result:  # type: ignore[union-attr]
+            click.echo(job_id if as_json or any(o.name == "parsable" for o in options)
+                       else f"Submitted managed job {job_id}")
+        return
+    shares = [s.raw for s in result.submissions]  # type: ignore[union-attr]
+    if as_json:
+        from corral.cli import render
+
+        print_json(render.sweep_json(shares) if len(shares[0].get("job_ids", [])) > 1 else render.submitted_json(shares[0]))
+        return
+    parsable = any(o.name == "parsable" for o in options)
+    for share in shares:
+        ids = share.get("job_ids") or []
+        job = ids[0] if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)} array tasks)"
+        if parsable:
+            click.echo(f"{ids[0]};{share.get('cluster')}")
+        else:
+            click.echo(f"Submitted batch job {job} on slurm/{share.get('cluster')}/{share.get('partition')} "
+                       f"(Slurm job {share.get('slurm_job_id')})")
+
+
+def _corral_options(words: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Corral's options from the front of the words (up to the first that is not one), and the rest."""
+    ours: dict[str, list[str]] = {name: [] for name in CORRAL_OPTIONS}
+    i = 0
+    while i < len(words):
+        name, eq, value = words[i].partition("=")
+        if name not in CORRAL_OPTIONS:
+            break
+        if CORRAL_OPTIONS[name] and not eq:
+            if i + 1 >= len(words):
+                from corral.errors import TaskError
+
+                raise TaskError(f"corral sbatch: {name} needs a value")
+            i += 1
+            value = words[i]
+        ours[name].append(value if CORRAL_OPTIONS[name] else "1")
+        i += 1
+    return ours, list(words[i:])
+
+
+def _last(values: list[str]) -> str | None:
+    return values[-1] if values else None
+
+

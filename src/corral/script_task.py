@@ -1,0 +1,272 @@
+"""A job script as a task: what its `#SBATCH` directives and sbatch command-line options ask for, in the
+terms placement understands (nodes, GPUs of a type, CPUs and memory per node, walltime), and what keeps
+it from being routed at all.
+
+The script itself is not changed here: it travels in the task (`slurm.script`), and the Slurm backend
+rewrites only its site-specific options for the cluster placement picks (`infra/slurm/userscript.py`).
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from corral.placement import Plan
+from corral.sbatch_script import (
+    Option,
+    ScriptError,
+    array_indices,
+    effective,
+    parse_options,
+    read_script,
+)
+from corral.task import JobScript, Task, parse_task
+
+_COUNT = re.compile(r"^\d+\Z", re.ASCII)
+_MEMORY = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)B?\Z", re.I | re.ASCII)
+_MB_PER_UNIT = {"K": 1 / 1024, "M": 1, "": 1, "G": 1024, "T": 1024 * 1024}
+GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
+# Options that take the job away from Corral, or change what sbatch itself does.
+REFUSED = {
+    "clusters": "the script names Slurm clusters (-M/--clusters): Corral chooses the cluster; remove it, or pin "
+                "one with --infra slurm/<cluster>",
+    "wrap": "--wrap replaces the script; give either a script or `corral launch -- COMMAND`",
+    "test-only": "use --dryrun: it shows the plan and the exact script each cluster would receive",
+    "wait": "corral sbatch returns once the job is accepted; `corral logs JOB` follows it, `corral launch "
+            "script.sh` (without -d) waits for it",
+    "help": "corral sbatch --help lists what Corral reads", "usage": "corral sbatch --help lists what Corral reads",
+    "version": "corral --version",
+}
+
+
+@dataclass(frozen=True)
+class ScriptAsk:
+    """What a script asks for, per node, after the command line and the directives are merged."""
+
+    options: dict[str, Option]
+    num_nodes: int
+    gpu_type: str | None
+    gpus_per_node: int
+    cpus_per_node: int | None
+    memory_mb_per_node: int | None  # None: the partition's default (also for --mem=0, all of a node's)
+    time: str | None
+    partition: str | None
+    job_name: str
+    array: tuple[int, ...] | None
+    dependency_ids: tuple[str, ...]  # Slurm job ids the dependency names (they exist on one cluster only)
+
+
+def read_ask(script: JobScript) -> ScriptAsk:
+    """The resources the script asks for; ScriptError naming the option and what to do. A heterogeneous
+    job (`#SBATCH hetjob`) asks for the nodes of all its components, each the shape of the largest."""
+    parsed = read_script(script.text, script.file_name)
+    command_line = parse_options([(w, 0, 0) for w in script.options], "command line")
+    options = effective(command_line, parsed.directives)
+    for component in range(parsed.components):
+        for name, why in REFUSED.items():
+            if name in (mine := effective(command_line, parsed.directives, component)):
+                raise ScriptError(f"{_where(mine[name], script)}: {why}")
+    shapes = [_shape(effective(command_line, parsed.directives, c), script) for c in range(parsed.components)]
+    gpu_type = next((t for _, t, _, _, _ in shapes if t), None)
+    cpus = [c for _, _, _, c, _ in shapes if c is not None]
+    memory = [m for _, _, _, _, m in shapes if m is not None]
+    array = None
+    if "array" in options:
+        array = array_indices(options["array"].value or "", _where(options["array"], script))[0]
+    name = options["job-name"].value if "job-name" in options and options["job-name"].value else script.file_name
+    return ScriptAsk(options, sum(n for n, _, _, _, _ in shapes), gpu_type, max(g for _, _, g, _, _ in shapes),
+                     max(cpus) if cpus else None, max(memory) if memory else None,
+                     options["time"].value if "time" in options else None,
+                     options["partition"].value if "partition" in options else None, name or script.file_name,
+                     array, _dependency_ids(options, script))
+
+
+def _shape(options: dict[str, Option], script: JobScript) -> tuple[int, str | None, int, int | None, int | None]:
+    """One component's (nodes, GPU type, GPUs per node, CPUs per node or None, memory MB per node or None)."""
+    nodes = _count(options, "nodes", script, default=1, range_ok=True) or 1
+    tasks = _count(options, "ntasks", script, default=None)
+    per_node_tasks = _count(options, "ntasks-per-node", script, default=None)
+    if per_node_tasks is None:
+        # -n 8 alone: Slurm may pack the tasks on one node; ask for one such node.
+        per_node_tasks = math.ceil(tasks / nodes) if tasks else 1
+    cpus_per_task = _count(options, "cpus-per-task", script, default=1) or 1
+    gpu_type, gpus_per_node = _gpus(options, script, nodes, per_node_tasks)
+    cpus = per_node_tasks * cpus_per_task
+    if "cpus-per-gpu" in options and gpus_per_node:
+        cpus = max(cpus, gpus_per_node * (_count(options, "cpus-per-gpu", script, default=1) or 1))
+    if "mincpus" in options:
+        cpus = max(cpus, _count(options, "mincpus", script, default=1) or 1)
+    asked = any(n in options for n in ("cpus-per-task", "ntasks", "ntasks-per-node", "cpus-per-gpu", "mincpus"))
+    return nodes, gpu_type, gpus_per_node, cpus if asked else None, _memory(options, script, cpus, gpus_per_node)
+
+
+def task_from_script(script: JobScript, source: str, *, infra: str | None = None, envs: dict[str, Any] | None = None,
+                     workdir: str | None = None) -> Task:
+    """The task that runs `script` as it is. A dependency on Slurm job ids needs the cluster pinned."""
+    ask = read_ask(script)
+    if ask.dependency_ids and not (infra and infra.count("/") >= 1):
+        raise ScriptError(f"{_where(ask.options['dependency'], script)}: --dependency names Slurm job "
+                          f"{', '.join(ask.dependency_ids)}, which exist on one cluster only; pin that cluster with "
+                          "--infra slurm/<cluster> (or drop the dependency)")
+    resources: dict[str, Any] = {}
+    if ask.gpus_per_node:
+        resources["accelerators"] = f"{ask.gpu_type or 'gpu'}:{ask.gpus_per_node}"
+    if ask.cpus_per_node:
+        resources["cpus"] = ask.cpus_per_node
+    if ask.memory_mb_per_node:
+        resources["memory"] = f"{ask.memory_mb_per_node}MB"
+    if infra:
+        resources["infra"] = infra
+    slurm: dict[str, Any] = {"script": script.model_dump()}
+    if ask.time:
+        slurm["time"] = ask.time
+    data: dict[str, Any] = {"name": ask.job_name[:200], "num_nodes": ask.num_nodes, "resources": resources,
+                            "slurm": slurm, "envs": envs or {}}
+    if workdir:
+        data["workdir"] = workdir
+    return parse_task(data, source)
+
+
+def copy_indices(task: Task) -> tuple[int, ...] | None:
+    """A script's array indices, in order (its copies, as Slurm numbers them); None when not an array."""
+    script = task.slurm.script
+    return read_ask(script).array if script is not None else None
+
+
+def script_copies(tasks: list[tuple[Task, str]], num_jobs: int) -> int:
+    """How many copies a launch makes when a job script is among its tasks: its --array's tasks."""
+    scripts = [(task, source) for task, source in tasks if task.slurm.script is not None]
+    if not scripts:
+        return num_jobs
+    if len(tasks) > 1:
+        raise ScriptError(f"{scripts[0][1]}: a job script is launched on its own, not with other tasks")
+    if num_jobs > 1:
+        raise ScriptError(f"{scripts[0][1]}: a job script's copies come from its own --array (e.g. #SBATCH "
+                          "--array=0-9); --num-jobs is for task files")
+    indices = copy_indices(scripts[0][0])
+    return len(indices) if indices else 1
+
+
+def script_partitions(plan: Plan, task: Task) -> Plan:
+    """A partition on sbatch's command line is a pin: only partitions of that name are candidates. One in
+    the script is this site's name: a cluster that has it runs the script there; on the others,
+    placement chooses (and the partition is rewritten)."""
+    assert task.slurm.script is not None
+    script = task.slurm.script
+    pinned = [o for o in parse_options([(w, 0, 0) for w in script.options], "command line") if o.name == "partition"]
+    named = [o for o in read_script(script.text, script.file_name).directives if o.name == "partition"]
+    pin = set((pinned[-1].value or "").split(",")) if pinned else set()
+    wanted = set((named[-1].value or "").split(",")) if named and not pinned else set()
+    has = {(c.cluster, c.partition) for c in plan.candidates}
+    out = []
+    for c in plan.candidates:
+        if c.feasible and pin and c.partition not in pin:
+            c = replace(c, feasible=False, startable_now=False,
+                        reason=f"the command line pins --partition={pinned[-1].value}")
+        elif c.feasible and wanted and c.partition not in wanted and any((c.cluster, p) in has for p in wanted):
+            c = replace(c, feasible=False, startable_now=False,
+                        reason=f"the script asks for partition {named[-1].value}, which this cluster has")
+        out.append(c)
+    plan.candidates = out
+    return plan
+
+
+def _where(option: Option, script: JobScript) -> str:
+    if option.line is None:
+        return f"command line {option.spelling}"
+    return f"{script.file_name}:{option.line + 1} {option.spelling}"
+
+
+def _count(options: dict[str, Option], name: str, script: JobScript, *, default: int | None,
+           range_ok: bool = False) -> int | None:
+    option = options.get(name)
+    if option is None:
+        return default
+    value = (option.value or "").strip()
+    if range_ok and "-" in value:  # -N 2-4: at least 2 nodes; placement asks for the minimum
+        value = value.split("-", 1)[0]
+    if not _COUNT.match(value) or int(value) < (1 if name != "cpus-per-task" else 1) or int(value) > 100_000:
+        raise ScriptError(f"{_where(option, script)}={option.value}: expected a count from 1 to 100,000")
+    return int(value)
+
+
+def _gpu_items(value: str, gres: bool) -> list[tuple[str | None, int]]:
+    """(type, count) per GPU entry of a --gres value (`gpu:h100:2,shard:1`: its `gpu` entries) or of a
+    --gpus* value (`h100:2`, `2`)."""
+    out: list[tuple[str | None, int]] = []
+    for item in value.split(","):
+        parts = item.split("(")[0].split(":")
+        if gres:
+            if parts[0] != "gpu":
+                continue
+            parts = parts[1:]
+        if not parts or parts == [""]:
+            out.append((None, 1))
+        elif len(parts) == 1:
+            out.append((None, int(parts[0])) if parts[0].isdigit() else (parts[0] or None, 1))
+        elif parts[-1].isdigit():
+            out.append((parts[0] or None, int(parts[-1])))
+        else:
+            raise ValueError(item)
+    return out
+
+
+def _gpus(options: dict[str, Option], script: JobScript, nodes: int, tasks_per_node: int) -> tuple[str | None, int]:
+    """(GPU type or None, GPUs per node) from --gpus-per-node, --gres, --gpus-per-task, --gpus or
+    --gpus-per-socket (the first of these the script gives)."""
+    for name in ("gpus-per-node", "gres", "gpus-per-task", "gpus", "gpus-per-socket"):
+        option = options.get(name)
+        if option is None or not option.value:
+            continue
+        try:
+            items = _gpu_items(option.value, gres=name == "gres")
+        except ValueError:
+            raise ScriptError(f"{_where(option, script)}={option.value}: expected "
+                              + ("gpu[:type][:count]" if name == "gres" else "[type:]count, e.g. h100:2")) from None
+        if not items:
+            continue  # --gres without a gpu entry
+        gpu_type, count = items[0]
+        if name == "gpus":
+            count = math.ceil(count / nodes)
+        elif name == "gpus-per-task":
+            count *= tasks_per_node
+        elif name == "gpus-per-socket":
+            count *= _count(options, "sockets-per-node", script, default=1) or 1
+        return gpu_type, count
+    return None, 0
+
+
+def _memory(options: dict[str, Option], script: JobScript, cpus: int, gpus: int) -> int | None:
+    for name, times in (("mem", 1), ("mem-per-cpu", cpus), ("mem-per-gpu", gpus)):
+        option = options.get(name)
+        if option is None:
+            continue
+        match = _MEMORY.match((option.value or "").strip())
+        if not match:
+            raise ScriptError(f"{_where(option, script)}={option.value}: expected a size such as 4000, 16G or 512M")
+        megabytes = float(match.group(1)) * _MB_PER_UNIT[match.group(2).upper()] * max(times, 1)
+        return math.ceil(megabytes) if megabytes > 0 else None  # --mem=0: all of a node's memory
+    return None
+
+
+_DEPENDENCY_ID = re.compile(r"(?<![A-Za-z0-9_])(\d+)(?:_\d+)?(?:\+\d+)?", re.ASCII)
+
+
+def _dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str, ...]:
+    option = options.get("dependency")
+    if option is None or not option.value:
+        return ()
+    ids = []
+    for part in re.split(r"[,?]", option.value):
+        kind, _, rest = part.partition(":")
+        if kind in ("singleton", "expand") and not rest:
+            continue
+        ids += [m.group(1) for m in _DEPENDENCY_ID.finditer(rest)]
+    return tuple(dict.fromkeys(ids))
+
+
+__all__ = ["ScriptAsk", "ScriptError", "copy_indices", "read_ask", "script_copies", "script_partitions",
+           "task_from_script"]
