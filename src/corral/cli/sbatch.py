@@ -78,10 +78,8 @@ def sbatch(words: tuple[str, ...]) -> None:
                        else f"Submitted managed job {job_id}")
         return
     shares = [s.raw for s in result.submissions]  # type: ignore[union-attr]
-    if as_json:
-        from corral.cli import render
-
-        print_json(render.sweep_json(shares) if len(shares[0].get("job_ids", [])) > 1 else render.submitted_json(shares[0]))
+    if as_json:  # a script is one Slurm job (an array's tasks: one Corral job each, in job_ids and handles)
+        print_json(shares[0])
         return
     parsable = any(o.name == "parsable" for o in options)
     for share in shares:

@@ -1,0 +1,126 @@
+"""`corral sbatch` on the real testbed: job scripts in the shapes HPC centres document run unchanged on the
+cluster placement picks, with their output where their --output pattern says; the dry run shows each
+cluster's script as a diff; what cannot be routed says why; queue, logs, cancel and managed runs work
+as for any task."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+from tests.conftest import FIXTURES, wait_for
+from tests.helpers import ssh_login
+
+CORPUS = ("single_gpu", "mpi_multinode", "array", "gpus_per_node", "het_mem_per_cpu", "modules")
+# What each script prints (its --output file), whichever cluster it lands on.
+EXPECTED = {
+    "single_gpu": r"single-gpu on \w+ in (gpu|h100-cluster) gpus=\S+ task=c-\w+\nargs: --flag value",
+    "mpi_multinode": r"rank 0 of 4 on (\w+)\nrank 1 of 4 on \1\nrank 2 of 4 on (?!\1)\w+\nrank 3 of 4 on \w+\n"
+                     r"nodes: 2 \(",
+    "array": r"task \d of array \d+ on (alpine|borealis|cirrus)",
+    "gpus_per_node": r"inference on a4: nvidia_l4:1 gpus, 2 cpus per gpu",
+    "het_mem_per_cpu": r"coordinator on \w+ mem_per_cpu=2000\nworker 0 on \w+\nworker 1 on \w+",
+    "modules": r"cuda=12\.\d on (alpine|borealis|cirrus) \(\1\)",
+}
+
+
+def log_file(submitted: dict, index: int) -> str:
+    """Where the script's --output pattern puts copy `index`'s output, filled in as Slurm fills it (Corral
+    recorded the first copy's, with %a filled in)."""
+    handle = submitted["handles"][index]
+    base, _, task = handle.partition("_")
+    if task:  # an array task: the script's pattern is sweep_%A_%a.log
+        return submitted["log_path"].rpartition("/")[0] + f"/sweep_{base}_{task}.log"
+    return submitted["log_path"].replace("%j", handle)
+
+
+def test_the_corpus_runs_unchanged_where_placement_puts_it(corral, testbed, clean_queues, tmp_path):
+    for name in CORPUS:
+        shutil.copy(FIXTURES / "scripts" / f"{name}.sh", tmp_path / f"{name}.sh")
+    submitted = {}
+    for name in CORPUS:
+        args = ["--flag", "value"] if name == "single_gpu" else []
+        result = corral("sbatch", "--json", f"{name}.sh", *args, cwd=tmp_path)
+        assert result.exit_code == 0, f"{name}: {result.stderr}"
+        submitted[name] = result.json()
+        if name == "array":  # one Corral job per array task, under the user's own indices
+            assert [h.rpartition("_")[2] for h in submitted[name]["handles"]] == ["0", "2", "4", "6"]
+    assert submitted["gpus_per_node"]["partition"] == "inference"  # the only L4s
+
+    def ended() -> list[dict] | None:
+        jobs = corral("queue", "--json", "--all").json()
+        return jobs if all(j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") for j in jobs) else None
+
+    jobs = {j["job_id"]: j for j in wait_for("the scripts to end", ended, timeout=90)}
+    for name, share in submitted.items():
+        for index, job_id in enumerate(share["job_ids"]):
+            assert jobs[job_id]["state"] == "SUCCEEDED", (name, jobs[job_id])
+            where = log_file(share, index)
+            text = ssh_login(testbed.cluster_config, share["cluster"], f'cat "$HOME"/{where}')
+            assert re.search(EXPECTED[name], text), (name, where, text)
+            assert corral("logs", job_id).stdout == text  # Corral's logs read the same file
+    ran = ssh_login(testbed.cluster_config, submitted["single_gpu"]["cluster"],
+                    f"scontrol show job {submitted['single_gpu']['slurm_job_id']} 2>/dev/null || true")
+    assert not ran or "JobName=single-gpu" in ran  # the script's own name, not Corral's
+
+
+def test_the_dry_run_shows_each_clusters_script_as_a_diff(corral, tmp_path):
+    script = tmp_path / "single_gpu.sh"
+    shutil.copy(FIXTURES / "scripts" / "single_gpu.sh", script)
+    shown = corral("sbatch", "--dryrun", str(script))
+    assert shown.exit_code == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "-#SBATCH --partition=gpu" in lines and "+#SBATCH --partition=h100-cluster" in lines
+    assert "+#SBATCH --gres=gpu:H100:1          # one H100" in shown.stdout
+    assert "+#SBATCH --gres=gpu:nvidia_h100_80gb_hbm3:1          # one H100" in shown.stdout
+    rows = {r["infra"]: r for r in corral("sbatch", "--dryrun", "--json", str(script)).json()}
+    assert rows["slurm/alpine/gpu"]["sbatch_command"].endswith("single_gpu.sh")
+    assert "script_diff" not in rows["slurm/cirrus/b300"] and not rows["slurm/cirrus/b300"]["feasible"]
+
+    pinned = corral("sbatch", "--dryrun", "--json", "-p", "debug", "-c", "1", "--gres=gpu:1", str(script))
+    feasible = [r["infra"] for r in pinned.json() if r["feasible"]]
+    assert feasible == ["slurm/cirrus/debug"]  # a partition only cirrus has, pinned on the command line
+    assert {r["reason"] for r in pinned.json() if r["infra"] == "slurm/alpine/gpu"} == {
+        "the command line pins --partition=debug"}
+
+
+def test_what_cannot_be_routed_says_why(corral, tmp_path):
+    script = tmp_path / "elsewhere.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -M otherdomain\n#SBATCH -t 5\ntrue\n")
+    refused = corral("sbatch", str(script))
+    assert refused.exit_code == 65 and "elsewhere.sh:2 -M: the script names Slurm clusters" in refused.stderr
+    script.write_text("#!/bin/bash\n#SBATCH --dependency=afterok:12345\ntrue\n")
+    refused = corral("sbatch", str(script))
+    assert refused.exit_code == 65 and "--infra slurm/<cluster>" in refused.stderr
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=many\ntrue\n")
+    refused = corral("launch", str(script))  # recognised as a script by `corral launch` too
+    assert refused.exit_code == 65 and "elsewhere.sh:2 --nodes=many: expected a count" in refused.stderr
+    for result in (corral("sbatch", "--infra"), corral("sbatch", "-p", "gpu"), corral("sbatch", str(tmp_path / "no.sh"))):
+        assert result.exit_code != 0 and "Traceback" not in result.stderr and "corral: error:" in result.stderr
+
+
+def test_launch_cancel_and_a_managed_run_of_a_script(corral, testbed, clean_queues, tmp_path):
+    script = tmp_path / "long.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --job-name=long-one\n#SBATCH -c 1 -t 5\necho started; sleep 300\n")
+    launched = corral("launch", "-d", "--json", str(script))
+    assert launched.exit_code == 0, launched.stderr
+    job = launched.json()
+    wait_for("the script to start", lambda: corral("logs", "--no-follow", job["job_id"]).stdout == "started\n", timeout=30)
+    squeue = ssh_login(testbed.cluster_config, job["cluster"], "squeue --me -h -o '%i %j %k'")
+    assert f"{job['slurm_job_id']} long-one corral-" in squeue  # its own name; Corral's token in its comment
+    assert "cancelled" in corral("cancel", job["job_id"]).stdout
+    wait_for("Slurm to end it", lambda: job["slurm_job_id"] not in ssh_login(
+        testbed.cluster_config, job["cluster"], "squeue --me -h -t R,PD -o %i").split())
+
+    script.write_text("#!/bin/bash\n#SBATCH -c 1 -t 5\necho managed $CORRAL_TASK_ID\n")
+    managed = corral("sbatch", "--managed", str(script))
+    assert managed.exit_code == 0, managed.stderr
+    job_id = managed.stdout.split()[-1]
+
+    def succeeded() -> bool:
+        rows = json.loads(corral("jobs", "queue", "--json").stdout)
+        return any(r["job_id"] == job_id and r["state"] == "SUCCEEDED" for r in rows)
+
+    wait_for("the managed script to succeed", succeeded, timeout=60)
+    assert corral("jobs", "logs", job_id).stdout == f"managed {job_id}\n"

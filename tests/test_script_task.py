@@ -1,0 +1,101 @@
+"""A job script's ask, from the corpus of shapes HPC centres document; what keeps one from being routed;
+and how its partition lines steer placement (on recorded probes of the testbed's clusters)."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.placement import build_plan
+from corral.sbatch_script import ScriptError
+from corral.script_task import copy_indices, read_ask, script_copies, script_partitions, task_from_script
+from corral.task import JobScript, resource_options
+from tests.conftest import FIXTURES
+from tests.test_placement import ORDER, SNAPSHOTS
+
+
+def script(name: str, options: tuple[str, ...] = ()) -> JobScript:
+    return JobScript(text=(FIXTURES / "scripts" / f"{name}.sh").read_text(), file_name=f"{name}.sh",
+                     options=list(options))
+
+
+def inline(text: str, options: tuple[str, ...] = ()) -> JobScript:
+    return JobScript(text="#!/bin/bash\n" + text, file_name="job.sh", options=list(options))
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    # (nodes, GPU type, GPUs per node, CPUs per node, MB per node, time, job name, array)
+    ("single_gpu", (1, "h100", 1, 4, 16384, "00:10:00", "single-gpu", None)),
+    ("mpi_multinode", (2, None, 0, 2, None, "00:05:00", "mpi-ranks", None)),
+    ("array", (1, None, 0, 1, 500, "5", "param-sweep", (0, 2, 4, 6))),
+    ("gpus_per_node", (1, "l4", 1, 2, None, "00:05:00", "inference", None)),
+    ("het_mem_per_cpu", (2, None, 0, 2, 4000, "00:05:00", "het-mem", None)),  # 1 + 1 nodes, the larger shape
+    ("modules", (1, None, 0, 1, None, "00:05:00", "with-modules", None)),
+])
+def test_the_corpus_asks_for_what_its_directives_say(name, expected):
+    ask = read_ask(script(name))
+    assert (ask.num_nodes, ask.gpu_type, ask.gpus_per_node, ask.cpus_per_node, ask.memory_mb_per_node, ask.time,
+            ask.job_name, ask.array) == expected
+
+
+def test_gpu_forms_and_the_command_line_winning():
+    assert read_ask(inline("#SBATCH -N 2 --gpus=a100:6\n")).gpus_per_node == 3  # --gpus is for the whole job
+    assert read_ask(inline("#SBATCH --ntasks-per-node=4 --gpus-per-task=1\n")).gpus_per_node == 4
+    assert read_ask(inline("#SBATCH --gres=gpu:2,shard:1\n")).gpu_type is None
+    ask = read_ask(inline("#SBATCH --gres=tmpdisk:100\n"))
+    assert ask.gpus_per_node == 0
+    ask = read_ask(inline("#SBATCH --gres=gpu:a100:1 -t 10\n", ("--gres=gpu:h100:4", "-t", "20")))
+    assert (ask.gpu_type, ask.gpus_per_node, ask.time) == ("h100", 4, "20")
+    assert read_ask(inline("#SBATCH --mem=0\n")).memory_mb_per_node is None  # all of a node's memory
+    assert read_ask(inline("#SBATCH -c 2 --mem-per-gpu=10G --gres=gpu:2\n")).memory_mb_per_node == 20480
+
+
+def test_what_cannot_be_routed_says_why():
+    for text, message in (
+            ("#SBATCH -M other\n", "job.sh:2 -M: the script names Slurm clusters"),
+            ("#SBATCH --wrap=true\n", "--wrap replaces the script"),
+            ("#SBATCH --test-only\n", "use --dryrun"),
+            ("#SBATCH -N x\n", "expected a count"),
+            ("#SBATCH --mem=lots\n", "expected a size"),
+            ("#SBATCH --gpus-per-node=h100:x\n", r"expected \[type:\]count")):
+        with pytest.raises(ScriptError, match=message):
+            task_from_script(inline(text), "job.sh")
+    with pytest.raises(ScriptError, match=r"job.sh:2 --dependency.*Slurm job 123, 456.*--infra slurm/<cluster>"):
+        task_from_script(inline("#SBATCH --dependency=afterok:123:456_2,singleton\n"), "job.sh")
+    pinned = task_from_script(inline("#SBATCH --dependency=afterok:123\n"), "job.sh", infra="slurm/alpine")
+    assert resource_options(pinned.resources)[0].infra.cluster == "alpine"
+    assert task_from_script(inline("#SBATCH --dependency=singleton\n"), "job.sh").slurm.script is not None
+
+
+def test_an_array_is_the_jobs_copies():
+    task = task_from_script(script("array"), "array.sh")
+    assert copy_indices(task) == (0, 2, 4, 6) and script_copies([(task, "array.sh")], 1) == 4
+    with pytest.raises(ScriptError, match="own --array"):
+        script_copies([(task, "array.sh")], 3)
+    single = task_from_script(script("single_gpu"), "single_gpu.sh")
+    assert copy_indices(single) is None and script_copies([(single, "s")], 1) == 1
+    with pytest.raises(ScriptError, match="on its own"):
+        script_copies([(single, "s"), (single, "t")], 1)
+
+
+def plan_of(job: JobScript):
+    task = task_from_script(job, job.file_name)
+    return script_partitions(build_plan(task, resource_options(task.resources), SNAPSHOTS, ORDER), task)
+
+
+def test_a_partition_in_the_script_is_kept_where_the_cluster_has_it():
+    plan = plan_of(script("single_gpu"))  # -p gpu: alpine's name; borealis calls its H100s h100-cluster
+    feasible = {(c.cluster, c.partition) for c in plan.feasible()}
+    assert ("alpine", "gpu") in feasible and ("borealis", "h100-cluster") in feasible
+    reasons = {(c.cluster, c.partition): c.reason for c in plan.candidates if not c.feasible}
+    assert "no h100 GPUs" in reasons[("alpine", "inference")]  # its own reason first
+
+
+def test_a_partition_on_the_command_line_is_a_pin():
+    plan = plan_of(inline("#SBATCH -c 1\n", ("-p", "debug")))
+    assert [(c.cluster, c.partition) for c in plan.feasible()] == [("cirrus", "debug")]
+    reasons = {(c.cluster, c.partition): c.reason for c in plan.candidates}
+    assert reasons[("alpine", "cpu")] == "the command line pins --partition=debug"
+    plan = plan_of(inline("#SBATCH -c 1 -p cpu\n"))
+    reasons = {(c.cluster, c.partition): c.reason for c in plan.candidates}
+    assert reasons[("alpine", "gpu")] == "the script asks for partition cpu, which this cluster has"
+    assert any(c.cluster == "cirrus" and c.feasible for c in plan.candidates)  # elsewhere: placement's choice
