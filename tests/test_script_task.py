@@ -99,3 +99,24 @@ def test_a_partition_on_the_command_line_is_a_pin():
     reasons = {(c.cluster, c.partition): c.reason for c in plan.candidates}
     assert reasons[("alpine", "gpu")] == "the script asks for partition cpu, which this cluster has"
     assert any(c.cluster == "cirrus" and c.feasible for c in plan.candidates)  # elsewhere: placement's choice
+
+
+def test_a_dependency_on_corral_jobs_pins_their_cluster_and_names_their_slurm_ids():
+    jobs = {"c-0123abcd": ("alpine", "17"), "c-ffff0000": ("alpine", "18_3"), "c-1111aaaa": ("borealis", "3"),
+            "c-2222bbbb": ("alpine", None)}
+
+    def find(job_id: str) -> tuple[str, str | None]:
+        return jobs[job_id]
+
+    task = task_from_script(inline("#SBATCH --dependency=afterok:c-0123abcd:42?afterany:c-ffff0000\n"), "job.sh",
+                            find_job=find)
+    assert resource_options(task.resources)[0].infra.cluster == "alpine"  # 42 is then alpine's job 42
+    assert task.slurm.script.dependencies == {"c-0123abcd": "17", "c-ffff0000": "18_3"}
+    for text, message in (("afterok:c-0123abcd:c-1111aaaa", r"run on different clusters \(alpine: c-0123abcd; "
+                                                            r"borealis: c-1111aaaa\)"),
+                          ("afterok:c-9999ffff", "no job c-9999ffff"),
+                          ("afterany:c-2222bbbb", "has not reached its cluster yet")):
+        with pytest.raises(ScriptError, match=message):
+            task_from_script(inline(f"#SBATCH --dependency={text}\n"), "job.sh", find_job=find)
+    with pytest.raises(ScriptError, match="run on alpine, not borealis"):
+        task_from_script(inline("#SBATCH -d afterok:c-0123abcd\n"), "job.sh", infra="slurm/borealis", find_job=find)

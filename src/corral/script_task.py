@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -104,9 +105,14 @@ def _shape(options: dict[str, Option], script: JobScript) -> tuple[int, str | No
 
 
 def task_from_script(script: JobScript, source: str, *, infra: str | None = None, envs: dict[str, Any] | None = None,
-                     workdir: str | None = None) -> Task:
-    """The task that runs `script` as it is. A dependency on Slurm job ids needs the cluster pinned."""
+                     workdir: str | None = None, find_job: JobFinder | None = None) -> Task:
+    """The task that runs `script` as it is. A dependency must stay within one cluster: on Corral jobs
+    (`afterok:c-…`, found with `find_job`), it pins the script to their cluster; on Slurm job ids, the
+    cluster must be pinned already."""
     ask = read_ask(script)
+    corral_ids = corral_dependency_ids(ask.options, script)
+    if corral_ids:
+        infra, script = _pinned_to_dependencies(script, ask.options, corral_ids, infra, find_job)
     if ask.dependency_ids and not (infra and infra.count("/") >= 1):
         raise ScriptError(f"{_where(ask.options['dependency'], script)}: --dependency names Slurm job "
                           f"{', '.join(ask.dependency_ids)}, which exist on one cluster only; pin that cluster with "
@@ -128,6 +134,41 @@ def task_from_script(script: JobScript, source: str, *, infra: str | None = None
     if workdir:
         data["workdir"] = workdir
     return parse_task(data, source)
+
+
+JobFinder = Callable[[str], tuple[str, str | None]]  # Corral job id -> (cluster, Slurm id or None); KeyError if none
+_CORRAL_ID = re.compile(r"(?<![A-Za-z0-9_-])c-[0-9a-f]{4,32}(?![A-Za-z0-9_-])", re.ASCII)
+
+
+def corral_dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str, ...]:
+    option = options.get("dependency")
+    return tuple(dict.fromkeys(_CORRAL_ID.findall(option.value or ""))) if option is not None else ()
+
+
+def _pinned_to_dependencies(script: JobScript, options: dict[str, Option], ids: tuple[str, ...], infra: str | None,
+                            find_job: JobFinder | None) -> tuple[str, JobScript]:
+    where = _where(options["dependency"], script)
+    if find_job is None:
+        raise ScriptError(f"{where}: names Corral jobs ({', '.join(ids)}), which only a server can look up")
+    found: dict[str, tuple[str, str]] = {}
+    for job_id in ids:
+        try:
+            cluster, handle = find_job(job_id)
+        except KeyError:
+            raise ScriptError(f"{where}: no job {job_id} (see corral queue)") from None
+        if not handle:
+            raise ScriptError(f"{where}: {job_id} has not reached its cluster yet; submit this script once it has")
+        found[job_id] = (cluster, handle)
+    clusters = sorted({cluster for cluster, _ in found.values()})
+    if len(clusters) > 1:
+        by = "; ".join(f"{c}: {', '.join(j for j, (k, _) in found.items() if k == c)}" for c in clusters)
+        raise ScriptError(f"{where}: the jobs it waits for run on different clusters ({by}); a Slurm dependency "
+                          "stays within one cluster")
+    pinned = infra.split("/")[1] if infra and infra.count("/") >= 1 else None
+    if pinned and pinned != clusters[0]:
+        raise ScriptError(f"{where}: the jobs it waits for run on {clusters[0]}, not {pinned}")
+    infra = infra if pinned else f"slurm/{clusters[0]}"
+    return infra, script.model_copy(update={"dependencies": {j: h for j, (_, h) in found.items()}})
 
 
 def copy_indices(task: Task) -> tuple[int, ...] | None:
@@ -260,7 +301,7 @@ def _dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str,
     if option is None or not option.value:
         return ()
     ids = []
-    for part in re.split(r"[,?]", option.value):
+    for part in re.split(r"[,?]", _CORRAL_ID.sub("", option.value)):
         kind, _, rest = part.partition(":")
         if kind in ("singleton", "expand") and not rest:
             continue

@@ -164,6 +164,10 @@ class JobScript(BaseModel):
                                description="sbatch options from the command line, as words; they win over the "
                                            "script's #SBATCH lines.")
     args: list[str] = Field(default_factory=list, max_length=1000, description="The script's own arguments.")
+    dependencies: dict[str, str] = Field(
+        default_factory=dict, max_length=1000,
+        description="Set by the server: the Corral jobs its --dependency names (afterok:c-…), as the Slurm job ids "
+                    "they had on the cluster the script is pinned to.")
 
     @field_validator("file_name")
     @classmethod

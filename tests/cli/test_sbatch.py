@@ -124,3 +124,28 @@ def test_launch_cancel_and_a_managed_run_of_a_script(corral, testbed, clean_queu
 
     wait_for("the managed script to succeed", succeeded, timeout=60)
     assert corral("jobs", "logs", job_id).stdout == f"managed {job_id}\n"
+
+
+def test_a_pipeline_of_scripts_waits_on_the_cluster_of_the_job_it_depends_on(corral, testbed, clean_queues, tmp_path):
+    first = tmp_path / "prepare.sh"
+    first.write_text("#!/bin/bash\n#SBATCH -c 1 -t 5 -o prepare.out\nsleep 3; echo prepared\n")
+    second = tmp_path / "train.sh"
+    second.write_text("#!/bin/bash\n#SBATCH -c 1 -t 5 -o train.out\necho trained\n")
+    prepared = corral("sbatch", "--json", "--infra", "slurm/borealis", str(first))
+    assert prepared.exit_code == 0, prepared.stderr
+    before = prepared.json()
+    trained = corral("sbatch", "--json", f"--dependency=afterok:{before['job_id']}", str(second))
+    assert trained.exit_code == 0, trained.stderr
+    after = trained.json()
+    assert after["cluster"] == "borealis"  # where the job it waits for runs: nothing pinned it but the dependency
+    squeue = ssh_login(testbed.cluster_config, "borealis", f"squeue -h -j {after['slurm_job_id']} -o '%E %r'")
+    assert f"afterok:{before['slurm_job_id']}" in squeue
+
+    def ended() -> list[dict] | None:
+        jobs = {j["job_id"]: j for j in corral("queue", "--json", "--all").json()}
+        return jobs if jobs[after["job_id"]]["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+    jobs = wait_for("the dependent script to run", ended, timeout=60)
+    assert jobs[after["job_id"]]["state"] == "SUCCEEDED"
+    assert jobs[after["job_id"]]["started_at"] >= jobs[before["job_id"]]["ended_at"]
+    assert corral("logs", after["job_id"]).stdout == "trained\n"

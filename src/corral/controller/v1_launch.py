@@ -111,13 +111,15 @@ class ManagedCancelRequest(BaseModel):
     all: bool = False
 
 
-def build_task(given: TaskInput, overrides: Overrides, owner: str = "") -> tuple[Task, str]:
-    """The task the client sent, with its overrides, its files as server-side paths; validated."""
+def build_task(given: TaskInput, overrides: Overrides, owner: str = "", store: Store | None = None
+               ) -> tuple[Task, str]:
+    """The task the client sent, with its overrides, its files as server-side paths; validated. A job
+    script's dependencies on Corral jobs are looked up in `store`, among `owner`'s jobs."""
     source = given.source
     if sum(x is not None for x in (given.yaml, given.run, given.script)) > 1:
         raise TaskError("give one of a task file, `-- COMMAND` or a job script")
     if given.script is not None:
-        return _script_task(given, overrides, owner), source
+        return _script_task(given, overrides, owner, store), source
     if given.run is not None:
         task, source = parse_task({"run": given.run}, "command line"), "command line"
     elif given.yaml is not None:
@@ -134,7 +136,7 @@ def build_task(given: TaskInput, overrides: Overrides, owner: str = "") -> tuple
     return uploads.with_uploads(task, given.files.model_dump(), owner), source
 
 
-def _script_task(given: TaskInput, overrides: Overrides, owner: str) -> Task:
+def _script_task(given: TaskInput, overrides: Overrides, owner: str, store: Store | None) -> Task:
     """A job script's task: its resources are the script's own; a place, envs, secrets and a workdir may
     be given besides."""
     assert given.script is not None
@@ -154,8 +156,23 @@ def _script_task(given: TaskInput, overrides: Overrides, owner: str) -> Task:
     try:
         script = JobScript.model_validate(given.script.model_dump())
     except ValidationError as exc:
-        raise TaskError(format_validation_error(exc, given.source).replace("invalid task", "invalid job script"))
-    task = task_from_script(script, given.source, infra=overrides.infra)
+        unplaced = [e["msg"].removeprefix("Value error, ") for e in exc.errors() if not e["loc"]]
+        if unplaced:  # the script's own reader: its message names the file and line
+            raise TaskError(unplaced[0]) from None
+        raise TaskError(format_validation_error(exc, given.source).replace("invalid task", "invalid job script")
+                        ) from None
+
+    def find_job(job_id: str) -> tuple[str, str | None]:
+        if store is None:
+            raise KeyError(job_id)
+        try:
+            view = store.resolve(job_id, owner or None)
+        except CorralError:
+            raise KeyError(job_id) from None
+        return view.attempt.cluster, view.attempt.handle
+
+    task = task_from_script(script.model_copy(update={"dependencies": {}}), given.source, infra=overrides.infra,
+                            find_job=find_job)
     task = apply_overrides(task, given.source, envs=overrides.envs, secrets=overrides.secrets,
                            workdir=overrides.workdir)
     return uploads.with_uploads(task, given.files.model_dump(), owner)
@@ -243,7 +260,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
     @router.post("/launch")
     async def launch(me: Me, request: LaunchRequest) -> StreamingResponse:
         """Plan and submit tasks (with `dryrun`, plan only), streaming events as it goes."""
-        built = [build_task(t, request.overrides, me.owner) for t in request.tasks]
+        built = [build_task(t, request.overrides, me.owner, store) for t in request.tasks]
         launcher_store = store
 
         async def work(put: Put) -> dict[str, Any]:
@@ -269,7 +286,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
     @router.post("/managed")
     async def managed_launch(me: Me, request: ManagedLaunchRequest) -> dict[str, object]:
         """Record managed jobs; the controller places and watches them (woken now)."""
-        task, source = build_task(request.task, request.overrides, me.owner)
+        task, source = build_task(request.task, request.overrides, me.owner, store)
         task = await buckets.fetched(task, me.owner)  # recoveries re-send the server's copy
         Launcher.check_local_files(task)
         ids = managed.record(store, task, source, request.num_jobs, owner=me.owner)

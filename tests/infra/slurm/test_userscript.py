@@ -136,3 +136,15 @@ def test_log_paths_fill_the_output_pattern():
         'find_log() { set -- "$HOME"/.corral/runs/t/workdir/sweep_18_4.log; f="${1-}"; }')
     assert userscript.log_glob("/scratch/%u/%x-%5j.%N.out", "42") == "/scratch/\"$(id -un)\"/*-00042.*.out"
     assert userscript.log_glob("out-%j-%%.txt", "7") == '"$HOME"/out-7-%.txt'
+
+
+def test_a_dependency_on_corral_jobs_becomes_their_slurm_ids():
+    text = "#!/bin/bash\n#SBATCH --dependency=afterok:c-0123abcd:42,singleton -t 5\ntrue\n"
+    rewritten, words = userscript.rewrite(text, ["-d", "afterany:c-ffff0000"], partition="cpu", gpu_type=None,
+                                          account=None, qos=None,
+                                          dependencies={"c-0123abcd": "17", "c-ffff0000": "18_3"})
+    assert words == ["-d", "afterany:18_3"]  # the command line's wins, so it is the one rewritten
+    assert "#SBATCH --dependency=afterok:c-0123abcd:42,singleton -t 5\n" in rewritten
+    rewritten, _ = userscript.rewrite(text, [], partition="cpu", gpu_type=None, account=None, qos=None,
+                                      dependencies={"c-0123abcd": "17"})
+    assert "#SBATCH --dependency=afterok:17:42,singleton -t 5\n" in rewritten

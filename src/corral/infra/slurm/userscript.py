@@ -4,7 +4,8 @@ For the cluster placement picked, Corral rewrites only:
 - the partition (placement's choice, within any the user pinned);
 - the GPU type in `--gres`/`--gpus*` (the site's GRES spelling: `h100` -> `nvidia_h100_80gb_hbm3`);
 - the account and QOS, when the cluster's profile names them;
-- `--array`, only when a managed job resubmits some of its tasks.
+- `--array`, only when a managed job resubmits some of its tasks;
+- `--dependency` on Corral jobs (`afterok:c-…`): their Slurm ids on this cluster.
 
 Each is changed where it is written: in its `#SBATCH` line (only that option's characters), or in the
 command-line words that set it; one that is written nowhere becomes a new `#SBATCH` line after the
@@ -42,7 +43,8 @@ from corral.task import expandable
 
 COMMENT_PREFIX = "corral-"
 GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
-_SITE_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%=\-]{1,256}\Z", re.ASCII)
+_SITE_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%=?\-]{1,4096}\Z", re.ASCII)
+_CORRAL_JOB = re.compile(r"(?<![A-Za-z0-9_-])c-[0-9a-f]{4,32}(?![A-Za-z0-9_-])", re.ASCII)
 _PATTERN = re.compile(r"%(\d*)([A-Za-z%])")
 
 
@@ -73,7 +75,8 @@ def submission_for(request: JobRequest, cluster: str) -> ScriptSubmission:
     text, user_words = rewrite(
         script["text"], list(script.get("options", [])), partition=request.place,
         gpu_type=request.accelerator_type, account=request.scheduler_options.get("account"),
-        qos=request.scheduler_options.get("qos"), array=request.copy_indices or None)
+        qos=request.scheduler_options.get("qos"), array=request.copy_indices or None,
+        dependencies=dict(script.get("dependencies") or {}))
     options = _effective(text, user_words)
     run_dir = f"{RUNS_DIR}/{request.token}"
     corral = [f"--comment={COMMENT_PREFIX}{request.token}"]
@@ -151,7 +154,8 @@ def _effective(text: str, words: Sequence[str]) -> dict[str, Option]:
 
 
 def rewrite(text: str, words: list[str], *, partition: str, gpu_type: str | None, account: str | None,
-            qos: str | None, array: Sequence[int] | None = None) -> tuple[str, list[str]]:
+            qos: str | None, array: Sequence[int] | None = None,
+            dependencies: dict[str, str] | None = None) -> tuple[str, list[str]]:
     """The script and the command-line words with the site-specific options set for one cluster. In a
     heterogeneous job, a component that names its own partition, account or QOS gets the cluster's in
     its place; the others inherit the first component's, as Slurm propagates them."""
@@ -172,6 +176,10 @@ def rewrite(text: str, words: list[str], *, partition: str, gpu_type: str | None
                     changes.append((name, respelled))
         changes += [(name, value) for name, value in (("account", account), ("qos", qos))
                     if value and (first or name in options)]
+        dependency = options.get("dependency")
+        if dependencies and dependency is not None and dependency.value:
+            changes.append(("dependency", _CORRAL_JOB.sub(lambda m: dependencies.get(m.group(0), m.group(0)),
+                                                          dependency.value)))
         if first and array is not None and "array" in options:
             full, throttle = array_indices(options["array"].value or "")
             if tuple(array) != full:
