@@ -44,6 +44,8 @@ def read_task_text(path: Path) -> str:
         raise TaskError(f"{path}: is a directory, not a task file") from None
     except OSError as exc:
         raise TaskError(f"{path}: cannot read task file: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL in the name
+        raise TaskError(f"{str(path)!r}: not a file name (it holds a NUL character)") from None
     if len(raw) > MAX_TASK_FILE_BYTES:
         raise TaskError(f"{path}: task file is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
                         "keep data in file_mounts, not in the task")

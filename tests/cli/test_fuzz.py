@@ -5,6 +5,7 @@ runs its whole path without a testbed."""
 
 from __future__ import annotations
 
+import json
 
 import click
 import pytest
@@ -51,7 +52,15 @@ def with_values(path: list[str], targets: list[list[str]]) -> st.SearchStrategy[
 
 
 TARGETS = [["task.yaml"], ["bad.yaml"], ["--", "echo", "hi"], ["--", "true"], []]
-argvs = st.one_of(st.sampled_from(COMMANDS).flatmap(argv_for), with_values(["launch"], TARGETS),
+# Not --workdir: with "/" it would pack the whole filesystem (its handling is launch's, fuzzed above).
+SBATCH_WORDS = ["--dryrun", "--managed", "--json", "--infra", "--env", "-p", "gpu", "-N", "2", "-M", "x",
+                "--gres=gpu:h100:2", "--array=0-3:x", "-d", "afterok:c-0123abcd", "--dependency=afterok:7", ":",
+                "--bogus", "-q", "--wrap", "--partition=a b", "job.sh", "badjob.sh", "missing.sh", "task.yaml"]
+sbatch_argvs = st.lists(st.one_of(st.sampled_from(SBATCH_WORDS), st.sampled_from(VALUES), st.text(max_size=12)),
+                        max_size=8).map(lambda words: ["sbatch", *words])
+argvs = st.one_of(st.sampled_from(COMMANDS).flatmap(argv_for), with_values(["launch"], TARGETS), sbatch_argvs,
+                  st.lists(st.sampled_from(SBATCH_WORDS), max_size=5).map(lambda w: ["sbatch", *w, "job.sh"]),
+                  with_values(["launch"], [["job.sh"], ["badjob.sh"]]),
                   with_values(["exec"], [["dev", "--", "true"], ["dev", "task.yaml"]]),
                   with_values(["gpus"], [[], ["H100"]]), with_values(["check"], [[], ["alpine"], ["nope"]]))
 
@@ -70,6 +79,8 @@ def test_no_argument_list_ends_in_a_traceback(refusing_clusters, argv):
 
 
 @pytest.mark.parametrize(("argv", "fragment", "exit_code"), [
+    (["sbatch", "--bogus-option", "job.sh"], "command line: --bogus-option is not an sbatch option", 65),
+    (["sbatch", "badjob.sh"], "badjob.sh:2: --gress is not an sbatch option", 65),
     (["launch", "--infra", "slurm/nope", "--", "true"], "unknown cluster 'nope'; known clusters: alpine, borealis", 66),
     (["launch", "latin1.yaml"], "latin1.yaml: not UTF-8 text", 65),
     (["launch", "--num-jobs", "100000000", "--", "true"], "a sweep has 1 to 10,000 jobs", 65),
@@ -81,6 +92,13 @@ def test_no_argument_list_ends_in_a_traceback(refusing_clusters, argv):
 def test_regressions_are_one_line_errors(refusing_clusters, argv, fragment, exit_code):
     code, _out, err = run_cli(argv)
     assert code == exit_code and err.startswith("corral: error: ") and err.count("\n") == 1 and fragment in err, err
+
+
+def test_a_managed_dry_run_plans_and_records_nothing(refusing_clusters):
+    code, out, err = run_cli(["sbatch", "--dryrun", "--managed", "--json", "job.sh"])
+    assert code == 0 and "Traceback" not in err and all(row["unreachable"] for row in json.loads(out)), err
+    code, out, err = run_cli(["jobs", "queue", "--json"])
+    assert code == 0 and json.loads(out) == [], (out, err)
 
 
 def test_a_bug_is_one_line_and_a_crash_log(refusing_clusters, monkeypatch):

@@ -35,8 +35,17 @@ DIGESTS = st.one_of(st.just("0" * 64), st.text("0123456789abcdef", min_size=64, 
 TASK_TEXT = st.one_of(st.sampled_from(["run: echo hi", "resources:\n  accelerators: H100:1\nrun: x",
                                        "workdir: .\nrun: ls", "resources: [", "envs:\n  CORRAL_X: 1",
                                        "file_mounts:\n  /d: x", "num_nodes: 0", "{}", "- a"]), st.text(max_size=40))
+SCRIPT_TEXT = st.one_of(st.sampled_from([
+    "#!/bin/bash\n#SBATCH --gres=gpu:h100:1 -t 5\necho hi\n", "#!/bin/bash\n#SBATCH --array=0-3%2 -c 1\ntrue\n",
+    "#!/bin/bash\n#SBATCH -M other\n", "#!/bin/bash\n#SBATCH -d afterok:c-0123abcd\n", "#SBATCH -N 1\n",
+    "#!/bin/bash\n#SBATCH -N 1\n#SBATCH hetjob\n#SBATCH -N 2 --mem-per-cpu=1G\n", "#!/bin/bash\n#SBATCH -J 'x\n"]),
+    st.text(max_size=60).map(lambda t: "#!/bin/bash\n#SBATCH " + t))
+SCRIPT = st.fixed_dictionaries({"text": SCRIPT_TEXT}, optional={
+    "file_name": VALUES, "options": st.lists(st.one_of(VALUES, st.sampled_from(["-p", "--gres=gpu:x:1", "-N"])),
+                                             max_size=3),
+    "args": st.lists(VALUES, max_size=2)})
 TASK_INPUT = st.fixed_dictionaries({}, optional={
-    "source": VALUES, "yaml": TASK_TEXT, "run": VALUES,
+    "source": VALUES, "yaml": TASK_TEXT, "run": VALUES, "script": SCRIPT,
     "files": st.fixed_dictionaries({}, optional={"workdir": DIGESTS, "workdir_origin": VALUES,
                                                  "file_mounts": st.dictionaries(VALUES, DIGESTS, max_size=2)})})
 OVERRIDES = st.fixed_dictionaries({}, optional={

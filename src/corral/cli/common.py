@@ -91,7 +91,7 @@ def batch_script(path: str) -> bool:
     try:
         with open(path, "rb") as f:
             head = f.read(64 * 1024)
-    except OSError:
+    except (OSError, ValueError):
         return False
     return is_batch_script(head.decode("utf-8", errors="replace"))
 

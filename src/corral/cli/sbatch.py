@@ -72,7 +72,7 @@ def sbatch(words: tuple[str, ...]) -> None:
 
             render.render_plan(plan, full=True)
         return
-    if ours["--managed"]:
+    if ours["--managed"]:  # not with --dryrun, which returned above
         for job_id in result:  # type: ignore[union-attr]
             click.echo(job_id if as_json or any(o.name == "parsable" for o in options)
                        else f"Submitted managed job {job_id}")

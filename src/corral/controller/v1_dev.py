@@ -78,7 +78,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
     async def dev_launch(me: Me, name: Name, request: DevLaunchRequest) -> StreamingResponse:
         """Hold a named allocation (or reuse a live one of the same shape), then wait until it is ready."""
         check_name(name)
-        task, source = build_task(request.task, request.overrides, me.owner)
+        task, source = build_task(request.task, request.overrides, me.owner, scripts=False)
 
         # --idle-minutes, else the task's SkyPilot autostop (true: 5 minutes; false: never), else the default
         idle_minutes = next((m for m in (request.idle_minutes, autostop_minutes(task), request.default_idle_minutes)
@@ -115,7 +115,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
         """Run a task's `run` on every node of the allocation: its output as it comes, then its status."""
         allocations = dev(me)
         allocations.get(name)  # an unknown name is a 404 before the stream starts
-        task, source = build_task(request.task, request.overrides, me.owner)
+        task, source = build_task(request.task, request.overrides, me.owner, scripts=False)
 
         async def work(put: Put) -> dict[str, Any]:
             ready = await buckets.fetched(task, me.owner)

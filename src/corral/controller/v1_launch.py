@@ -111,13 +111,16 @@ class ManagedCancelRequest(BaseModel):
     all: bool = False
 
 
-def build_task(given: TaskInput, overrides: Overrides, owner: str = "", store: Store | None = None
-               ) -> tuple[Task, str]:
+def build_task(given: TaskInput, overrides: Overrides, owner: str = "", store: Store | None = None, *,
+               scripts: bool = True) -> tuple[Task, str]:
     """The task the client sent, with its overrides, its files as server-side paths; validated. A job
     script's dependencies on Corral jobs are looked up in `store`, among `owner`'s jobs."""
     source = given.source
     if sum(x is not None for x in (given.yaml, given.run, given.script)) > 1:
         raise TaskError("give one of a task file, `-- COMMAND` or a job script")
+    if given.script is not None and not scripts:
+        raise TaskError(f"{source}: a job script runs as its own batch job (corral sbatch); a dev allocation takes "
+                        "a task file or a command")
     if given.script is not None:
         return _script_task(given, overrides, owner, store), source
     if given.run is not None:

@@ -182,7 +182,7 @@ class Client:
         controller recovers it (returns the job ids)."""
         task = self._script_input(Path(script), options or [], args or [], base, workdir)
         overrides = _overrides(infra=infra, envs=envs, secrets=secrets, workdir=workdir)
-        if managed:
+        if managed and not dryrun:  # a dry run plans the same for both: nothing is recorded
             answer = self._json("POST", "/managed", body={"task": task, "overrides": overrides})
             for message in answer.get("warnings", []) if on_event else []:
                 on_event({"event": "warning", "message": message})
