@@ -92,9 +92,11 @@ def test_the_command_line_is_rewritten_where_it_sets_an_option():
         "borealis")
     assert submission.user_options == ("-p", "h100-cluster", "--gres=gpu:H100:2", "--exclusive")
     assert "#SBATCH --partition=gpu\n" in submission.text  # overridden by the command line: left as written
-    assert submission.command().startswith(
-        "sbatch --parsable --comment=corral-0123456789ab --chdir=@HOME@/.corral/runs/0123456789ab/workdir "
-        "-p h100-cluster --gres=gpu:H100:2 --exclusive single_gpu.sh --seed '1 2'")
+    assert submission.command() == (
+        "sbatch --parsable -p h100-cluster --gres=gpu:H100:2 --exclusive --comment=corral-0123456789ab "
+        "--chdir=@HOME@/.corral/runs/0123456789ab/workdir single_gpu.sh --seed '1 2'")
+    mine = userscript.submission_for(request("modules", "debug", None, options=("--comment=mine",)), "cirrus")
+    assert mine.command().index("--comment=mine") < mine.command().index("--comment=corral-")  # Corral's wins
 
 
 def test_a_managed_resubmission_of_some_array_tasks():

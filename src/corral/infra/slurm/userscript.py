@@ -61,7 +61,8 @@ class ScriptSubmission:
     log_paths: tuple[str, ...]  # per copy: relative to the home unless absolute; %j/%A/%a resolved later
 
     def command(self, sbatch: str = "sbatch") -> str:
-        words = [sbatch, "--parsable", *self.corral_options, *self.user_options, self.file_name, *self.args]
+        # Corral's after the user's: the later option wins, and its comment (the job's token) must.
+        words = [sbatch, "--parsable", *self.user_options, *self.corral_options, self.file_name, *self.args]
         return " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
 
 
