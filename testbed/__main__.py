@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("install", help="apt-get install the Slurm, munge and OpenSSH packages")
     up = sub.add_parser("up", help="start every cluster (idempotent)")
     up.add_argument("--no-user-config", action="store_true", help="do not write ~/.slurm/config")
+    up.add_argument("--machines", action="store_true", help="also the plain SSH machines (lab1-lab4)")
     down = sub.add_parser("down", help="stop every daemon")
     down.add_argument("--purge", action="store_true", help="also delete the testbed directory")
     sub.add_parser("status", help="which daemons run (JSON)")
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
                        ("stop-login", "cluster"), ("start-login", "cluster"),
                        ("freeze-login", "cluster"), ("thaw-login", "cluster"),
                        ("kill-node", "node"), ("start-node", "node"), ("drain", "node"),
-                       ("resume", "node")]:
+                       ("resume", "node"), ("stop-machine", "machine"), ("start-machine", "machine")]:
         sub.add_parser(name).add_argument(what)
     limit = sub.add_parser("limit-jobs", help="restart a controller with MaxJobCount=COUNT (0: the default)")
     limit.add_argument("cluster")
@@ -38,14 +39,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "install":
             install_packages()
         elif args.command == "up":
-            bed.up(install_user_config=not args.no_user_config)
+            bed.up(install_user_config=not args.no_user_config, machines=args.machines)
             names = ", ".join(s.name for s in bed.clusters)
             print(f"testbed up in {time.monotonic() - started:.1f}s: {names}; "
                   f"cluster file {bed.cluster_config}")
+            if args.machines:
+                print(f"SSH machines: {', '.join(m.name for m in bed.machines.machines)}; "
+                      f"ssh config {bed.machines.ssh_config}")
         elif args.command == "down":
             bed.down(purge=args.purge)
         elif args.command == "status":
-            print(json.dumps(bed.status(), indent=2))
+            report: dict[str, object] = dict(bed.status())
+            if bed.machines.root.exists():
+                report["machines"] = bed.machines.status()
+            print(json.dumps(report, indent=2))
+        elif args.command in ("stop-machine", "start-machine"):
+            getattr(bed.machines, args.command.replace("-", "_"))(args.machine)
         elif args.command == "sinfo":
             print(sinfo_summary(bed))
         elif args.command == "config-path":
@@ -53,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "limit-jobs":
             bed.limit_jobs(args.cluster, args.count or None)
         else:
-            target = getattr(args, "cluster", None) or args.node
+            target = getattr(args, "cluster", None) or getattr(args, "node", None)
             getattr(bed, args.command.replace("-", "_"))(target)
     except TestbedError as exc:
         print(f"testbed: {exc}", file=sys.stderr)

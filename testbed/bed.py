@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from testbed.accounting import Accounting
+from testbed.machines import Machines
 from testbed.layout import (
     TestbedPaths,
     render_cluster_config,
@@ -133,8 +134,13 @@ class Testbed:
     def cluster_config(self) -> Path:
         return self.paths.cluster_config
 
+    @property
+    def machines(self) -> Machines:
+        """The plain SSH machines (an `ssh/<pool>`'s), brought up with `up(machines=True)`."""
+        return Machines(self.paths.root, self.paths.authorized_keys, self.paths.client_key)
+
     # ---- whole testbed ------------------------------------------------------------------------
-    def up(self, install_user_config: bool = True) -> None:
+    def up(self, install_user_config: bool = True, machines: bool = False) -> None:
         if os.geteuid() != 0:
             raise TestbedError("the testbed needs root (it starts slurmd, munged and sshd)")
         # Its files are read by daemons running as other users (the controller's, corral-test): they
@@ -142,6 +148,8 @@ class Testbed:
         previous = os.umask(0o022)
         try:
             self._up(install_user_config)
+            if machines:
+                self.machines.up()
         finally:
             os.umask(previous)
 
@@ -165,6 +173,8 @@ class Testbed:
             self._install_user_config()
 
     def down(self, purge: bool = False) -> None:
+        if self.machines.root.exists():
+            self.machines.down()
         for spec in self.clusters:
             paths = self.paths.cluster(spec.name)
             self.stop_login(spec.name)
@@ -405,6 +415,10 @@ class Testbed:
             "fi\n"
             f'if [ -n "${{CORRAL_TESTBED_CLUSTER:-}}" ] && [ -d "{self.paths.root}/$CORRAL_TESTBED_CLUSTER/modules" ]; then\n'
             f'  export MODULEPATH="{self.paths.root}/$CORRAL_TESTBED_CLUSTER/modules${{MODULEPATH:+:$MODULEPATH}}"\n'
+            "fi\n"
+            "# An SSH machine's stand-in nvidia-smi (testbed/machines.py).\n"
+            f'if [ -n "${{CORRAL_TESTBED_MACHINE:-}}" ] && [ -d "{self.paths.root}/machines/$CORRAL_TESTBED_MACHINE/bin" ]; then\n'
+            f'  PATH="{self.paths.root}/machines/$CORRAL_TESTBED_MACHINE/bin:$PATH"\n'
             "fi\n")
         PROFILE_SCRIPT.chmod(0o644)
 

@@ -149,3 +149,34 @@ def test_a_pipeline_of_scripts_waits_on_the_cluster_of_the_job_it_depends_on(cor
     assert jobs[after["job_id"]]["state"] == "SUCCEEDED"
     assert jobs[after["job_id"]]["started_at"] >= jobs[before["job_id"]]["ended_at"]
     assert corral("logs", after["job_id"]).stdout == "trained\n"
+
+
+def test_a_managed_script_moves_to_the_cluster_that_frees_up(corral, corral_env, testbed, clean_queues, tmp_path):
+    """Both clusters' H100s are taken; the script waits where Slurm predicts the sooner start (alpine);
+    once borealis frees up, the controller submits it there held, releases it, and cancels alpine's copy.
+    The script that runs on borealis is alpine's rewritten again: its own partition and GRES spelling."""
+    from tests.cli.test_jobs import FAST
+    from tests.helpers import fill_h100s, job_state
+
+    env = {**corral_env, **FAST}
+    config = testbed.cluster_config
+    blocker_b = fill_h100s(config)["borealis"]
+    script = tmp_path / "moving.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --job-name=moving -p gpu\n#SBATCH --gres=gpu:h100:4 -t 5\n"
+                      "echo ran on $CORRAL_CLUSTER in $SLURM_JOB_PARTITION\n")
+    managed = corral("sbatch", "--managed", str(script), env=env)
+    assert managed.exit_code == 0, managed.stderr
+    job_id = managed.stdout.split()[-1]
+
+    def managed_job() -> dict:
+        return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job_id]
+
+    pending = wait_for("the script to wait on alpine", lambda: (j := managed_job())["slurm_job_id"]
+                       and j["state"] == "PENDING" and j, 60)
+    assert pending["cluster"] == "alpine"
+    ssh_login(config, "borealis", f"scancel {blocker_b}")
+    done = wait_for("the script to run on borealis", lambda: (j := managed_job())["state"] == "SUCCEEDED" and j, 90)
+    assert done["cluster"] == "borealis" and done["moves"] == 1
+    assert job_state(config, "alpine", pending["slurm_job_id"]) == "CANCELLED"
+    assert corral("jobs", "logs", "--no-follow", job_id, env=env).stdout == "ran on borealis in h100-cluster\n"
+    corral("server", "stop", env=env)
