@@ -75,3 +75,16 @@ def test_machines_up_is_idempotent(machines):
     before = {m.name: read_pid(machines.paths(m.name).sshd_pidfile) for m in machines.machines}
     machines.up()
     assert {m.name: read_pid(machines.paths(m.name).sshd_pidfile) for m in machines.machines} == before
+
+
+def test_one_round_trip_inventories_each_machine(machines):
+    """Corral's inventory script (the ssh/<pool> backend's probe of one machine) against the real sshds."""
+    from corral.infra.sshpool.inventory import inventory_script, parse_inventory
+
+    for spec in machines.machines:
+        answer = subprocess.run(["ssh", "-F", str(machines.ssh_config), spec.name, "bash", "-s"],
+                                input=inventory_script(), capture_output=True, text=True, timeout=20)
+        inventory = parse_inventory(spec.name, answer.stdout)
+        assert inventory.host == spec.name and inventory.cpus >= 1 and inventory.memory_mb > 0
+        assert [(g.name, g.memory_mib) for g in inventory.gpus] == [(g.name, g.memory_mib) for g in spec.gpus]
+        assert inventory.gpu_source == ("nvidia-smi" if spec.nvidia_smi else "none")
