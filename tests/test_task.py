@@ -94,7 +94,7 @@ def test_accelerator_forms_and_alternatives():
     ordered = resource_options(parse_task({"resources": {"cpus": 4, "ordered": [
         {"accelerators": "H100:1", "infra": "slurm/borealis"}, {"accelerators": "L4"}]}}, "t").resources)
     assert [(str(o.accelerator), str(o.infra), o.preference, str(o.cpus)) for o in ordered] == [
-        ("H100:1", "slurm/borealis", 0, "4"), ("L4:1", "slurm", 64, "4")]  # ordered first, then list order
+        ("H100:1", "slurm/borealis", 0, "4"), ("L4:1", "", 64, "4")]  # ordered first, then list order; "": any kind
     any_of = resource_options(parse_task({"resources": {"any_of": [{"accelerators": "H100"},
                                                                    {"accelerators": "B300"}]}}, "t").resources)
     assert {o.preference for o in any_of} == {0}

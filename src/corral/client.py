@@ -144,6 +144,8 @@ class Client:
         rows: list[GpuAvailability] = []
         failures: list[ProbeOutcome] = []
         for outcome in outcomes:
+            if selector.kind and self.registry.kind(outcome.cluster) != ("pool" if selector.kind == "ssh" else "slurm"):
+                continue
             if outcome.snapshot is None:
                 failures.append(outcome)
                 continue

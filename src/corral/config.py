@@ -1,8 +1,12 @@
-"""The cluster registry: the `Host` entries of ~/.slurm/config, and where Corral keeps its files.
+"""The cluster registry: the `Host` entries of ~/.slurm/config, the SSH pools of ~/.corral/config.yaml,
+and where Corral keeps its files.
 
 The file is OpenSSH client syntax and is handed to `ssh -F` as is, so every ssh option works
 (ProxyJump, IdentityFile, Port, User, ...). Corral itself only reads which Host names it defines: each
-concrete Host name is a cluster; patterns (`*`, `?`, `!`) only carry options for the others.
+concrete Host name is a Slurm cluster's login node, unless a pool names it; patterns (`*`, `?`, `!`)
+only carry options for the others. A pool (`pools: {lab: {hosts: [gpu1, gpu2]}}`) is a set of plain
+machines reached the same way (`ssh -F` the cluster file): its hosts are Host entries there or plain
+host names. The places work can go are the clusters and the pools (`names()`).
 """
 
 from __future__ import annotations
@@ -94,14 +98,18 @@ def cluster_file_path() -> Path:
     return Path(os.environ.get(CLUSTER_FILE_ENV) or Path.home() / ".slurm" / "config")
 
 
+SLURM, MACHINE, POOL = "slurm", "machine", "pool"
+
+
 @dataclass(frozen=True)
 class ClusterEntry:
-    """One cluster: a concrete `Host` name in the cluster file."""
+    """One ssh destination (a Slurm cluster's login node, or a pool's machine), or one pool."""
 
     name: str
     path: Path
     line: int
     hostname: str | None  # the HostName given in its own block, if any
+    kind: str = SLURM  # SLURM, MACHINE (a pool's), POOL
 
     @property
     def where(self) -> str:
@@ -109,24 +117,49 @@ class ClusterEntry:
 
 
 @dataclass(frozen=True)
+class PoolEntry:
+    """An SSH pool: its machines, and the GPUs of those the config describes (`TYPE:N`)."""
+
+    name: str
+    hosts: tuple[str, ...]
+    gpus: tuple[tuple[str, str], ...] = ()  # (host, "A100:4") where nvidia-smi is missing
+
+
+@dataclass(frozen=True)
 class ClusterRegistry:
     path: Path
     entries: tuple[ClusterEntry, ...]
+    pools: tuple[PoolEntry, ...] = ()
 
     def names(self) -> list[str]:
+        """The places work can go: the Slurm clusters, in file order, then the pools."""
+        return [e.name for e in self.entries if e.kind == SLURM] + [p.name for p in self.pools]
+
+    def hosts(self) -> list[str]:
+        """Every ssh destination: the clusters' login nodes and the pools' machines."""
         return [e.name for e in self.entries]
+
+    def kind(self, name: str) -> str:
+        return self.get(name).kind
+
+    def pool(self, name: str) -> PoolEntry:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise UnknownClusterError(name, self.names())
 
     def get(self, name: str) -> ClusterEntry:
         for entry in self.entries:
             if entry.name == name:
                 return entry
+        for pool in self.pools:
+            if pool.name == name:
+                return ClusterEntry(pool.name, self.path, 0, None, POOL)
         raise UnknownClusterError(name, self.names())
 
     def select(self, names: list[str] | tuple[str, ...] | None) -> list[ClusterEntry]:
-        """The named clusters, in the order given (default: all, in file order)."""
-        if not names:
-            return list(self.entries)
-        return [self.get(n) for n in dict.fromkeys(names)]
+        """The named places, in the order given (default: all, clusters in file order, then pools)."""
+        return [self.get(n) for n in (dict.fromkeys(names) if names else self.names())]
 
 
 def _is_pattern(name: str) -> bool:
@@ -195,12 +228,35 @@ def load_registry(path: Path | None = None) -> ClusterRegistry:
         )
     entries: list[ClusterEntry] = []
     _parse(path, entries, 0)
+    pools = _pools(load_user_settings().get("pools") or {})
+    for pool in pools:
+        for host in pool.hosts:
+            index = next((i for i, e in enumerate(entries) if e.name == host), None)
+            if index is None:  # a plain host name: reached with the file's `Host *` options
+                entries.append(ClusterEntry(host, path, 0, None, MACHINE))
+            elif entries[index].kind == MACHINE:
+                raise ConfigError(f"pools.{pool.name}: {host} is in another pool too; a machine is in one pool",
+                                  settings_path())
+            else:
+                entries[index] = ClusterEntry(host, entries[index].path, entries[index].line, entries[index].hostname,
+                                              MACHINE)
+        if any(e.name == pool.name for e in entries):
+            raise ConfigError(f"pools.{pool.name}: a cluster or machine of {path} has that name; name the pool "
+                              "differently", settings_path())
     if not entries:
         raise ConfigError("no clusters defined: add a `Host <cluster>` entry per login node", path)
-    return ClusterRegistry(path=path, entries=tuple(entries))
+    return ClusterRegistry(path=path, entries=tuple(entries), pools=tuple(pools))
 
 
-USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters")
+def _pools(raw: object) -> list[PoolEntry]:
+    """`pools:` of config.yaml (checked by load_user_settings) as entries."""
+    assert isinstance(raw, dict)
+    return [PoolEntry(str(name), tuple(str(h) for h in spec["hosts"]),
+                      tuple((str(h), str(g)) for h, g in (spec.get("gpus") or {}).items()))
+            for name, spec in raw.items()]
+
+
+USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools")
 
 
 def load_user_settings() -> dict[str, object]:
@@ -231,7 +287,42 @@ def load_user_settings() -> dict[str, object]:
             raise ConfigError("setting 'submit_as' must be one of ssh, sudo, service", path)
         if key == "clusters":
             _check_cluster_settings(value, path)
+        if key == "pools":
+            _check_pool_settings(value, path)
     return data
+
+
+_POOL_KEYS = ("hosts", "gpus")
+_GPU_COUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,63}:[1-9][0-9]{0,2}\Z", re.ASCII)
+
+
+def _check_pool_settings(value: object, path: Path) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError("setting 'pools' must map pool names to their machines, e.g. "
+                          "`pools: {lab: {hosts: [gpu1, gpu2]}}`", path)
+    for name, spec in value.items():
+        if not isinstance(name, str) or not _CLUSTER_NAME.match(name):
+            raise ConfigError(f"pools: {name!r} cannot be a pool's name (letters, digits, '_', '.', '-', '@', '+')",
+                              path)
+        if not isinstance(spec, dict) or not isinstance(spec.get("hosts"), list) or not spec["hosts"]:
+            raise ConfigError(f"pools.{name}: expected `hosts: [HOST, …]` (ssh destinations)", path)
+        for key in spec:
+            if key not in _POOL_KEYS:
+                raise ConfigError(f"pools.{name}: unknown setting {key!r}; known: {', '.join(_POOL_KEYS)}", path)
+        for host in spec["hosts"]:
+            if not isinstance(host, str) or not _CLUSTER_NAME.match(host):
+                raise ConfigError(f"pools.{name}.hosts: {host!r} is not a host name (letters, digits, '_', '.', "
+                                  "'-', '@', '+')", path)
+        if len(set(spec["hosts"])) != len(spec["hosts"]):
+            raise ConfigError(f"pools.{name}.hosts: a host is listed twice", path)
+        gpus = spec.get("gpus") or {}
+        if not isinstance(gpus, dict):
+            raise ConfigError(f"pools.{name}.gpus: expected `HOST: TYPE:COUNT`, e.g. `gpu2: A10G:1`", path)
+        for host, gpu in gpus.items():
+            if host not in spec["hosts"]:
+                raise ConfigError(f"pools.{name}.gpus: {host!r} is not one of the pool's hosts", path)
+            if not isinstance(gpu, str) or not _GPU_COUNT.match(gpu):
+                raise ConfigError(f"pools.{name}.gpus.{host}: {gpu!r}: expected TYPE:COUNT, e.g. A10G:1", path)
 
 
 def settings_path() -> Path:

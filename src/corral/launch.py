@@ -83,6 +83,7 @@ class Submitted:
     log_path: str
     tries: list[tuple[str, str]]  # (infra, why it was skipped)
     handles: list[str] = field(default_factory=list)  # one per job: its array task's handle in a share
+    infra: str = ""  # where: slurm/<cluster>/<partition>, ssh/<pool>
 
 
 @dataclass
@@ -385,7 +386,7 @@ class Launcher:
         self.store.update_attempts({a.token: {"handle": handle, "state": "PENDING", "submitted_at": now}
                                     for a, handle in zip(attempts, handles)})
         submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.handle,
-                              attempts[0].log_path, failover.tries, handles)
+                              attempts[0].log_path, failover.tries, handles, candidate.infra)
         self.events.submitted(submitted)
         return submitted
 

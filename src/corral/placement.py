@@ -44,6 +44,7 @@ class Candidate:
     partition_index: int = 0
     runs_with: RunSettings | None = None  # the cluster's profile under the task (profiles.py)
     container_runtime: str | None = None  # how the task's image runs there (CONTAINER_RUNTIMES), if it has one
+    kind: str = "slurm"  # the place's Infra kind: slurm, ssh (a pool, whose one partition is itself)
 
     def with_prediction(self, start: float | None, note: str | None) -> Candidate:
         return replace(self, predicted_start=start, prediction_note=note)
@@ -53,6 +54,7 @@ class Candidate:
             not self.feasible,
             not self.startable_now,
             self.predicted_start if self.predicted_start is not None else math.inf,
+            self.kind != "slurm",  # overflow: other kinds only where no Slurm candidate starts it sooner
             self.wastes_gpus,
             round(self.pressure, 3),
             self.option.preference,
@@ -62,7 +64,8 @@ class Candidate:
 
     @property
     def infra(self) -> str:
-        return f"slurm/{self.cluster}/{self.partition}"
+        return f"{self.kind}/{self.cluster}" if self.partition == self.cluster and self.kind != "slurm" else (
+            f"{self.kind}/{self.cluster}/{self.partition}")
 
 
 @dataclass
@@ -148,7 +151,11 @@ def evaluate(
 ) -> Candidate:
     """One candidate: is it feasible, can it start now, what would it ask Slurm for."""
     base = Candidate(snapshot.cluster, partition.name, option, feasible=False,
-                     cluster_index=cluster_index, partition_index=partition_index)
+                     cluster_index=cluster_index, partition_index=partition_index, kind=snapshot.kind)
+    if snapshot.kind != "slurm" and task.slurm.script is not None:
+        return replace(base, reason="a job script runs on Slurm clusters only")
+    if snapshot.kind == "ssh" and task.num_nodes > 1:
+        return replace(base, reason="a task runs on one machine of an SSH pool (multi-node there: not yet)")
     nodes = snapshot.nodes_in(partition.name)
     if not partition.up:
         return replace(base, reason=f"partition is {partition.state}")
@@ -233,7 +240,8 @@ def build_plan(
     for option in options:
         for cluster_index, cluster in enumerate(cluster_order):
             snapshot = snapshots.get(cluster)
-            if snapshot is None or (option.infra.cluster and option.infra.cluster != cluster):
+            if snapshot is None or (option.infra.cluster and option.infra.cluster != cluster) or (
+                    option.infra.kind and option.infra.kind != snapshot.kind):
                 continue
             for partition_index, partition in enumerate(snapshot.partitions):
                 if option.infra.partition and option.infra.partition != partition.name:

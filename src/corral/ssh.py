@@ -342,7 +342,7 @@ class SshTransport:
     async def sync_size(self, cluster: str, source: Path, destination: str, *, timeout: float = 120) -> int | None:
         """What `sync(…, mirror=True)` would send: rsync's own dry run (`--stats`, no data moves), in one
         session over the ControlMaster. None where rsync cannot tell (no rsync on either side)."""
-        if not shutil.which("rsync") or cluster not in self.registry.names() or cluster in self._no_remote_rsync:
+        if not shutil.which("rsync") or cluster not in self.registry.hosts() or cluster in self._no_remote_rsync:
             return None
         ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
         src = os.path.abspath(source) + ("/" if source.is_dir() else "")

@@ -184,6 +184,8 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
                                           "reason": "Slurm no longer knows this job (purged after MinJobAge; "
                                                     "the cluster has no accounting)"}
             continue
+        if status.state is JobState.UNKNOWN and attempt.handle is not None:
+            continue  # the infra cannot tell now (a machine that has just stopped answering): nothing changes
         fields: dict[str, object] = {
             "state": status.state.value,
             "reason": status.reason if status.state is not JobState.SUCCEEDED else None,

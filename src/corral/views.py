@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from corral.timefmt import minutes, start_text
@@ -52,14 +53,23 @@ def plan_json(plan: Plan) -> list[dict[str, object]]:
 def submitted_json(s: Submitted) -> dict[str, object]:
     """One share of a launch (one job, or one array of a sweep's jobs) and what was skipped first."""
     return {"job_id": s.job_ids[0], "job_ids": s.job_ids, "cluster": s.cluster, "partition": s.partition,
-            "slurm_job_id": s.handle, "skipped": [{"infra": i, "reason": r} for i, r in s.tries],
+            "infra": s.infra or infra_name("slurm", s.cluster, s.partition), "slurm_job_id": s.handle, "skipped": [{"infra": i, "reason": r} for i, r in s.tries],
             "handles": s.handles, "log_path": s.log_path}
 
 
-def job_json(view: JobView) -> dict[str, object]:
+def infra_name(kind: str, cluster: str, partition: str | None) -> str:
+    """How a place is written: slurm/<cluster>/<partition>; a pool (one place, named as itself) ssh/<pool>."""
+    if kind != "slurm":
+        return f"{kind}/{cluster}"
+    return f"slurm/{cluster}/{partition}" if partition else f"slurm/{cluster}"
+
+
+def job_json(view: JobView, kinds: Mapping[str, str] | None = None) -> dict[str, object]:
+    """`kinds`: each place's kind (slurm, ssh) by name; Slurm where not given."""
     a = view.attempt
     return {
         "job_id": view.job.id, "name": view.job.name, "owner": view.job.owner, "cluster": a.cluster, "partition": a.partition,
+        "infra": infra_name((kinds or {}).get(a.cluster, "slurm"), a.cluster, a.partition) if a.cluster else None,
         "slurm_job_id": a.handle, "state": a.state, "reason": a.reason, "attempt": a.number,
         "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
         "expected_start": a.expected_start if a.state == "PENDING" else None,

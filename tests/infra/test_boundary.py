@@ -8,7 +8,7 @@ from pathlib import Path
 import corral
 
 SOURCE = Path(corral.__file__).parent
-BACKENDS = ("corral.infra.slurm",)
+BACKENDS = ("corral.infra.slurm", "corral.infra.sshpool")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -30,6 +30,20 @@ def test_no_module_outside_infra_imports_a_backend():
         bad = sorted(m for m in imported_modules(path) if m.startswith(BACKENDS))
         if bad:
             offenders[str(path.relative_to(SOURCE))] = bad
+    assert offenders == {}
+
+
+def test_backends_do_not_import_each_other():
+    """Each backend stands on the seam alone (corral/infra/__init__.py's `connect` is the one place that
+    names them all)."""
+    offenders = {}
+    for backend in BACKENDS:
+        folder = SOURCE / "infra" / backend.rsplit(".", 1)[1]
+        others = tuple(b for b in BACKENDS if b != backend)
+        for path in folder.rglob("*.py"):
+            bad = sorted(m for m in imported_modules(path) if m.startswith(others))
+            if bad:
+                offenders[str(path.relative_to(SOURCE))] = bad
     assert offenders == {}
 
 

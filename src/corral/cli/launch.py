@@ -136,15 +136,20 @@ def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
     except KeyboardInterrupt:
         progress.clear()
         job = job or _quietly(lambda: client.job(job_id))  # interrupted while it was still pending
-        where = f" on slurm/{job.cluster}/{job.partition}" if job is not None and job.cluster else ""
+        where = f" on {_place(job)}" if job is not None and job.cluster else ""
         click.echo(f"\ncorral: {job_id} keeps running{where}; Ctrl-C only stopped following it. "
                    f"`corral logs {job_id}` follows it again, `corral cancel {job_id}` stops it.", err=True)
         return 130
-    click.echo(f"corral: {job_id} {job.state} on slurm/{job.cluster}/{job.partition} (exit code {job.exit_code})",
+    click.echo(f"corral: {job_id} {job.state} on {_place(job)} (exit code {job.exit_code})",
                err=True)
     if job.state == "SUCCEEDED":
         return 0
     return job.exit_code or 1
+
+
+def _place(job: Any) -> str:
+    """Where the job runs, as the server writes it (slurm/<cluster>/<partition>, ssh/<pool>)."""
+    return str(job.raw.get("infra") or f"slurm/{job.cluster}/{job.partition}")
 
 
 def _quietly(get: Any) -> Any:
@@ -166,7 +171,7 @@ def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
         expected = job.raw.get("expected_start")
         when = (f"; Slurm expects it to start {time.strftime('%H:%M:%S', time.localtime(expected))}"
                 if isinstance(expected, (int, float)) and expected > time.time() else "")
-        line = f"{job_id} {job.state} on slurm/{job.cluster}/{job.partition}" + (
+        line = f"{job_id} {job.state} on {_place(job)}" + (
             f" ({job.reason})" if job.reason else "") + when
         if line != shown:
             if not sys.stderr.isatty():

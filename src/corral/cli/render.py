@@ -138,8 +138,10 @@ class LaunchProgress:
             self.clear()
             ids = list(event.get("job_ids") or [])
             shown = ", ".join(ids[:3]) + (" …" if len(ids) > 3 else "")
-            err_console.print(f"[green]✓[/green] {shown} submitted to slurm/{event['cluster']}/{event['partition']} "
-                              f"as Slurm job {event['slurm_job_id']}", highlight=False)
+            where = event.get("infra") or f"slurm/{event['cluster']}/{event['partition']}"
+            what = "Slurm job" if where.startswith("slurm/") else "task"
+            err_console.print(f"[green]✓[/green] {shown} submitted to {where} as {what} {event['slurm_job_id']}",
+                              highlight=False)
 
     def waiting(self, text: str) -> None:
         self._show(text)
@@ -174,6 +176,12 @@ def submitted_json(share: dict[str, Any]) -> dict[str, object]:
     return {k: share[k] for k in ("job_id", "job_ids", "cluster", "partition", "slurm_job_id", "skipped")}
 
 
+def _where(job: Any) -> str:
+    """A job's place, short: alpine/gpu for Slurm (the queue's usual), ssh/lab for a pool."""
+    infra = job.raw.get("infra") if hasattr(job, "raw") else None
+    return str(infra).removeprefix("slurm/") if infra else f"{job.cluster}/{job.partition}"
+
+
 _STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "SUCCEEDED": "dim", "FAILED": "red",
                 "CANCELLED": "dim", "SUBMIT_FAILED": "red", "LOST": "red"}
 _QUEUE_COLUMNS = ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITTED", "STARTED", "ENDED")
@@ -185,7 +193,7 @@ def _styled(state: str) -> str:
 
 
 def _job_row(j: Job) -> tuple[str, ...]:
-    where = f"{j.cluster}/{j.partition}" if j.cluster else "-"  # "-": it never reached a cluster
+    where = _where(j) if j.cluster else "-"  # "-": it never reached a cluster
     return (j.job_id, j.name, where, j.slurm_job_id or "-", _styled(j.state),
             j.reason or "", _when(j.submitted_at), _when(j.started_at), _when(j.ended_at))
 
@@ -193,7 +201,7 @@ def _job_row(j: Job) -> tuple[str, ...]:
 def _sweep_row(jobs: list[Job], counts: dict[str, int]) -> tuple[str, ...]:
     """One row for a whole sweep: its jobs per state (all of them, not only those on the page)."""
     first = jobs[0]
-    places = sorted({f"{j.cluster}/{j.partition}" for j in jobs})
+    places = sorted({_where(j) for j in jobs})
     total = sum(counts.values()) or len(jobs)
     states = ", ".join(f"{n} {_styled(state)}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",

@@ -207,8 +207,7 @@ class Controller:
                 if now - (latest.submitted_at or now) >= self.settings.reroute_after:
                     pending.append((m, job, latest))
             elif state in ("STARTING", "RUNNING"):
-                self._set(m, state, f"on slurm/{latest.cluster}/{latest.partition} "
-                                       f"(attempt {latest.number})")
+                self._set(m, state, f"on {self._where(latest.cluster, latest.partition)} (attempt {latest.number})")
                 self._health_resets.add(latest.cluster)  # written once per cluster, below
             elif state == "SUCCEEDED":
                 self._set(m, "SUCCEEDED", f"attempt {latest.number} succeeded")
@@ -307,8 +306,8 @@ class Controller:
                 self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
                 continue
             self.store.note_managed({
-                job_id: f"attempt {number} submitted to slurm/{share.cluster}/{share.partition} as "
-                        f"{share.handles[i]}"
+                job_id: f"attempt {number} submitted to {share.infra or self._where(share.cluster, share.partition)} "
+                        f"as {share.handles[i]}"
                 for share in shares for i, job_id in enumerate(share.job_ids)
             })
             submitted += sum(len(share.job_ids) for share in shares)
@@ -475,6 +474,16 @@ class Controller:
                 self.store.update_attempt(a.token, state="CANCELLED", ended_at=time.time(),
                                           reason=a.reason or "cancelled by Corral")
         return len(done)
+
+    def _where(self, cluster: str, partition: str) -> str:
+        """slurm/<cluster>/<partition>, or ssh/<pool> for a pool."""
+        from corral.views import infra_name
+
+        try:
+            kind = "ssh" if self.client.registry.kind(cluster) == "pool" else "slurm"
+        except CorralError:
+            kind = "slurm"
+        return infra_name(kind, cluster, partition)
 
     # ---- cluster health -------------------------------------------------------------------------
     def _track_reachability(self, errors: dict[str, str], now: float) -> None:

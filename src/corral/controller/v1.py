@@ -56,6 +56,17 @@ def refused_status(exc: CorralError) -> int:
     return 400
 
 
+def place_kinds() -> dict[str, str]:
+    """Each place's kind by name (slurm, ssh), from the cluster file and the pools (small files, read now)."""
+    from corral.config import load_registry
+
+    try:
+        registry = load_registry()
+    except CorralError:
+        return {}
+    return {name: "ssh" if registry.kind(name) == "pool" else "slurm" for name in registry.names()}
+
+
 def create_router(store: Store, refreshes: SharedRefresh | None = None,
                   wake: Callable[[], None] = lambda: None) -> APIRouter:
     """`wake`: tick the controller now (new managed work)."""
@@ -127,7 +138,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
             raise AllocationNotFoundError(allocation, [r.name for r in store.allocations(me.owner)])
         shown = store.queue_page(limit=limit, offset=(page - 1) * limit, since=since, allocation=allocation,
                                  by_sweep=by_sweep, scope=me.scope)
-        return {"jobs": [job_json(v) for v in shown.views], "more": shown.more, "sweeps": shown.sweeps,
+        kinds = place_kinds()
+        return {"jobs": [job_json(v, kinds) for v in shown.views], "more": shown.more, "sweeps": shown.sweeps,
                 "warnings": [f"could not refresh {cluster}: {error}" for cluster, error in report.errors.items()]}
 
     @router.get("/jobs")
@@ -148,7 +160,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         shown, total = store.job_page(JobFilter(owner, state, cluster, name), limit=limit,
                                       offset=(page - 1) * limit, scope=me.scope)
         managed_states = {m.job_id: m.state for m in store.managed(v.job.id for v in shown)}
-        return {"jobs": [{**job_json(v), "managed": v.job.id in managed_states,
+        kinds = place_kinds()
+        return {"jobs": [{**job_json(v, kinds), "managed": v.job.id in managed_states,
                           "managed_state": managed_states.get(v.job.id)} for v in shown], "total": total,
                 "page": page,
                 "pages": max(1, -(-total // limit)),
@@ -160,10 +173,12 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         """Every job, newest first, one JSON object per line, after one Slurm query per cluster."""
         await refreshed()
 
+        kinds = place_kinds()
+
         async def rows() -> AsyncIterator[bytes]:
             batch: list[str] = []
             for view in store.iter_queue(since=since, allocation=allocation, scope=me.scope):
-                batch.append(json.dumps(job_json(view)))
+                batch.append(json.dumps(job_json(view, kinds)))
                 if len(batch) == 500:
                     yield ("\n".join(batch) + "\n").encode()
                     batch = []
@@ -178,7 +193,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         """One job by id, unique id prefix or unique name, refreshed."""
         view = store.resolve(job, me.scope)
         await refreshed()
-        return job_json(store.views([view.job.id])[0])
+        return job_json(store.views([view.job.id])[0], place_kinds())
 
     @router.get("/jobs/{job}/logs")
     async def logs(me: Me, job: Annotated[str, Path(max_length=200)], follow: bool = False) -> StreamingResponse:

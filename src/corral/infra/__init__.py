@@ -10,7 +10,12 @@ if TYPE_CHECKING:
 
 
 def connect(cluster: str, transport: SshTransport) -> Infra:
-    """The Infra for a cluster of the registry (every cluster there is a Slurm login node today)."""
+    """The Infra for a place of the registry: a Slurm cluster's login node, or an SSH pool."""
+    registry = transport.registry
+    if registry.kind(cluster) == "pool":
+        from corral.infra.sshpool.pool import SshPoolInfra
+
+        return SshPoolInfra(registry.pool(cluster), transport)
     from corral.infra.slurm import SlurmInfra
 
     return SlurmInfra(cluster, transport)

@@ -101,6 +101,7 @@ class ClusterSnapshot:
     home_filesystem: str | None = None  # the home's filesystem type (stat -f): nfs, lustre, gpfs, ext2/ext3, …
     existing_paths: frozenset[str] | None = None  # of the paths asked about (probe(paths=)), those that exist
     path_filesystems: Mapping[str, str] = field(default_factory=dict)  # probe(filesystems=): path -> type
+    kind: str = "slurm"  # the Infra's kind: `slurm`, `ssh` (a pool: its machines are the nodes, one partition)
 
     @property
     def home_shared(self) -> bool | None:

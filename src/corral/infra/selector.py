@@ -1,5 +1,5 @@
-"""`--infra` values: `slurm`, `slurm/<cluster>`, `slurm/<cluster>/<partition>`; and in task files, other
-kinds SkyPilot knows (aws, gcp/us-central1, k8s/<context>, …), which Corral skips."""
+"""`--infra` values: `slurm`, `slurm/<cluster>`, `slurm/<cluster>/<partition>`, `ssh`, `ssh/<pool>`; and in
+task files, other kinds SkyPilot knows (aws, gcp/us-central1, k8s/<context>, …), which Corral skips."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ from dataclasses import dataclass
 
 from corral.errors import InvalidInfraError
 
-SUPPORTED_KINDS = ("slurm",)
+SUPPORTED_KINDS = ("slurm", "ssh")
+MAX_PARTS = {"slurm": 3, "ssh": 2}  # ssh/<pool>: a pool has no partitions
+EXPECTED = "slurm, slurm/<cluster>, slurm/<cluster>/<partition>, ssh or ssh/<pool>"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+\-]{0,255}\Z", re.ASCII)
 
 
 @dataclass(frozen=True)
 class InfraSelector:
-    kind: str = "slurm"
+    kind: str = ""  # "": any kind
     cluster: str | None = None
     partition: str | None = None
 
@@ -24,10 +26,8 @@ class InfraSelector:
 
 def parse_infra(text: str) -> InfraSelector:
     parts = text.strip().strip("/").split("/")
-    if not parts[0] or len(parts) > 3 or any(not p for p in parts):
-        raise InvalidInfraError(
-            f"invalid infra {text!r}: expected slurm, slurm/<cluster> or slurm/<cluster>/<partition>"
-        )
+    if not parts[0] or len(parts) > MAX_PARTS.get(parts[0].lower(), 3) or any(not p for p in parts):
+        raise InvalidInfraError(f"invalid infra {text!r}: expected {EXPECTED}")
     for part in parts[1:]:
         if not _NAME.match(part):
             raise InvalidInfraError(f"invalid infra {text!r}: {part!r} is not a cluster or partition name "
@@ -55,4 +55,4 @@ def parse_any_infra(text: str) -> InfraSelector:
 
 
 def supported(selector: InfraSelector) -> bool:
-    return selector.kind in SUPPORTED_KINDS
+    return not selector.kind or selector.kind in SUPPORTED_KINDS

@@ -4,7 +4,8 @@ hold now. Pure apart from the script it writes: parsed from recorded output in t
 
 Corral keeps a machine's bookkeeping under `~/.corral/pool/<hostname>/` (per host: homes are often one
 NFS share across a lab's machines): `held/<gpu index>` names the task holding that GPU, and the
-holder's process id, so a GPU whose task has died is free again without anyone cleaning up.
+holder's process id and start time (so that a reused process id is not taken for the holder): a GPU
+whose task has died is free again without anyone cleaning up.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ MARK = "@@corral"
 NVIDIA_SMI_TIMEOUT = 10  # seconds; a wedged driver makes nvidia-smi hang
 QUERY = "index,name,memory.total,uuid"
 POOL_DIR = ".corral/pool"  # under the home; then <hostname>/
+# Bash: `alive PID START` is true while that very process runs (START: its start time, field 22 of
+# /proc/PID/stat, read after the command name, which may hold spaces); `started PID` prints it, and
+# fails for a zombie (a task whose parent is gone waits there until init reaps it: it is over).
+ALIVE = ("started() { local s; s=$(cat /proc/\"$1\"/stat 2>/dev/null) || return 1; s=${s##*) }; "
+         "set -- $s; [ \"$1\" != Z ] && echo \"${20}\"; }\n"
+         "alive() { [ -n \"${1:-}\" ] && [ \"$(started \"$1\")\" = \"${2:-}\" ] && [ -n \"${2:-}\" ]; }\n")
 
 
 def inventory_script() -> str:
@@ -33,10 +40,10 @@ else
   printf '\\n{MARK} gpus 127\\n'
 fi
 printf '\\n{MARK} held 0\\n'
-for f in "$HOME/{POOL_DIR}/$(hostname)/held/"*; do
+{ALIVE}for f in "$HOME/{POOL_DIR}/$(hostname)/held/"*; do
   [ -f "$f" ] || continue
-  read -r token pid < "$f" || true
-  if [ -n "${{pid:-}}" ] && kill -0 "$pid" 2>/dev/null; then echo "${{f##*/}} $token"; fi
+  read -r token pid start < "$f" || true
+  if alive "${{pid:-}}" "${{start:-}}"; then echo "${{f##*/}} $token"; fi
 done
 printf '\\n{MARK} end 0\\n'
 """

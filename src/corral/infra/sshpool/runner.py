@@ -1,0 +1,202 @@
+"""What runs on a pool's machine, as bash Corral sends over ssh (pure: golden-tested, run on the testbed).
+
+A task on a machine is a process group of its own (`setsid`), started from its run directory
+`~/.corral/runs/<token>/`, which holds:
+- `job.sh`: Corral's variables, then `setup.sh` and `run.sh` with the task's env (`env.sh`, sourced only
+  by the bash that runs them), in `workdir/`; it writes `exit_code` when run ends (`setup_failed` too
+  when setup fails);
+- `pid`: the group's leader and its start time (`inventory.ALIVE`), written once it started;
+  `log.txt`: its output;
+- `cancelled`: left before Corral kills the group, so that a task that had not started yet never does.
+
+GPUs are claimed under `flock` on `~/.corral/pool/<hostname>/lock`: a GPU is free unless
+`held/<index>` names a task whose process lives. The claim and the start are one step under the lock,
+so two launches never take the same GPU, and a retried submission finds the task it started (its
+`pid`) instead of starting it twice. Nothing is installed: bash, coreutils, flock (util-linux) and,
+where there are GPUs, nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+
+from corral.infra.base import JobRequest
+from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
+
+RUNS_DIR = ".corral/runs"
+_TOKEN = re.compile(r"^[0-9a-f]{12}(\.[0-9]+)?\Z", re.ASCII)
+
+
+def check_token(token: str) -> str:
+    if not _TOKEN.match(token):
+        raise ValueError(f"not an attempt token: {token!r}")
+    return token
+
+
+def run_dir(token: str) -> str:
+    return f"{RUNS_DIR}/{check_token(token)}"
+
+
+def _heredoc(path: str, content: str) -> str:
+    delimiter = "CORRAL_EOF"
+    while delimiter in content:
+        delimiter += "_X"
+    if content and not content.endswith("\n"):
+        return f"head -c -1 > {path} <<'{delimiter}'\n{content}\n{delimiter}\n"
+    return f"cat > {path} <<'{delimiter}'\n{content}{delimiter}\n"
+
+
+def job_script(request: JobRequest, pool: str) -> str:
+    """job.sh: the task on one machine, as the only node (rank 0)."""
+    variables = {
+        "CORRAL_TASK_ID": request.task_ids[0], "SKYPILOT_TASK_ID": request.task_ids[0],
+        "CORRAL_CLUSTER": pool, "CORRAL_JOB_RANK": str(request.first_rank), "CORRAL_NUM_JOBS": str(request.num_jobs),
+        "CORRAL_NODE_RANK": "0", "SKYPILOT_NODE_RANK": "0", "CORRAL_NUM_NODES": "1", "SKYPILOT_NUM_NODES": "1",
+        "CORRAL_NUM_GPUS_PER_NODE": str(request.accelerators_per_node),
+        "SKYPILOT_NUM_GPUS_PER_NODE": str(request.accelerators_per_node), **request.extra_env,
+    }
+    lines = ["#!/bin/bash", "# Written by Corral: the task on this machine (rank 0 of 1).", "set -u",
+             'export CORRAL_RUN_DIR="$(cd "$(dirname "$0")" && pwd)"',
+             'ip=$(hostname -I 2>/dev/null | awk "{print \\$1}")',
+             'export CORRAL_NODE_IPS="${ip:-$(hostname)}" SKYPILOT_NODE_IPS="${ip:-$(hostname)}"']
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(variables.items())]
+    if request.checkpoint_dir:
+        from corral.infra.base import DEFAULT_CHECKPOINT_DIR
+
+        path = request.checkpoint_dir
+        where = ('"$HOME"/.corral/checkpoints/' + shlex.quote(request.task_ids[0]) if path == DEFAULT_CHECKPOINT_DIR
+                 else shlex.quote(path) if path.startswith("/") else '"$HOME"/' + shlex.quote(path))
+        lines += [f"export CORRAL_CHECKPOINT_DIR={where}", 'mkdir -p "$CORRAL_CHECKPOINT_DIR"']
+    lines += [
+        'cd "$CORRAL_RUN_DIR/workdir" || exit 1',
+        'if [ -e "$CORRAL_RUN_DIR/cancelled" ]; then echo "corral: cancelled before it started"; exit 143; fi',
+        'with_env() { "$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env "$CORRAL_RUN_DIR/env.sh" "$@"; }',
+        'if [ -s "$CORRAL_RUN_DIR/setup.sh" ]; then',
+        '  with_env "$CORRAL_RUN_DIR/setup.sh"; rc=$?',
+        '  if [ "$rc" -ne 0 ]; then',
+        '    echo "corral: setup failed on $(hostname) with exit code $rc" >&2',
+        '    echo "$rc" > "$CORRAL_RUN_DIR/setup_failed"; echo "$rc" > "$CORRAL_RUN_DIR/exit_code"; exit "$rc"',
+        "  fi",
+        "fi",
+        'with_env "$CORRAL_RUN_DIR/run.sh"; rc=$?',
+        'echo "$rc" > "$CORRAL_RUN_DIR/exit_code.new" && mv "$CORRAL_RUN_DIR/exit_code.new" "$CORRAL_RUN_DIR/exit_code"',
+        'exit "$rc"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def gpu_list(configured: Sequence[str]) -> str:
+    """Bash printing `index, name` per GPU: nvidia-smi's, else the pool's config for this machine."""
+    if configured:
+        return "printf '%s\\n' " + " ".join(shlex.quote(f"{i}, {name}") for i, name in enumerate(configured))
+    return (f"{{ command -v nvidia-smi >/dev/null 2>&1 && timeout {NVIDIA_SMI_TIMEOUT} "
+            "nvidia-smi --query-gpu=index,name --format=csv,noheader; }")
+
+
+def submit_script(request: JobRequest, pool: str, files: dict[str, str], configured: Sequence[str] = ()) -> str:
+    """Claim the request's GPUs (of its type) and start the task, in one round trip; idempotent by token.
+    Answers `@@corral submitted <host>/<token> new|existing`, or `@@corral rejected <why>`."""
+    token = check_token(request.token)
+    directory = f'"$HOME"/{shlex.quote(run_dir(token))}'
+    wanted = request.accelerators_per_node
+    type_test = (f'[ "$name" = {shlex.quote(request.accelerator_type)} ] || continue\n'
+                 if request.accelerator_type else "")
+    writes = "".join(_heredoc(f'"$d"/{shlex.quote(name)}', content) for name, content in files.items())
+    return f"""\
+set -u
+umask 077
+host=$(hostname)
+base="$HOME/{POOL_DIR}/$host"
+d={directory}
+mkdir -p "$base/held" "$d/workdir" || exit 1
+{ALIVE}{writes}exec 9>"$base/lock"
+flock -w 20 9 || {{ echo "{MARK} rejected another launch on $host holds its lock"; exit 0; }}
+if [ -s "$d/pid" ]; then echo "{MARK} submitted $host/{token} existing"; exit 0; fi
+free=()
+while IFS=, read -r index name; do
+  index="${{index//[[:space:]]/}}"; name="${{name#"${{name%%[![:space:]]*}}"}}"
+  [ -n "$index" ] || continue
+  {type_test}  if [ -f "$base/held/$index" ]; then
+    read -r _ holder since < "$base/held/$index" || holder=
+    alive "$holder" "${{since:-}}" && continue
+  fi
+  free+=("$index")
+done < <({gpu_list(configured)})
+if [ "${{#free[@]}}" -lt {wanted} ]; then
+  echo "{MARK} rejected $host has ${{#free[@]}} free GPU(s) of the kind asked, not {wanted}"; exit 0
+fi
+pick=("${{free[@]:0:{wanted}}}")
+if [ {wanted} -gt 0 ]; then export CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${{pick[*]}}"); else export CUDA_VISIBLE_DEVICES=; fi
+cd "$d" || exit 1
+setsid bash "$d/job.sh" </dev/null >>"$d/log.txt" 2>&1 9>&- &
+pid=$!
+start=$(started "$pid")
+echo "$pid $start" > "$d/pid.new" && mv "$d/pid.new" "$d/pid"
+for index in "${{pick[@]}}"; do echo "{token} $pid $start" > "$base/held/$index"; done
+echo "{MARK} submitted $host/{token} new"
+"""
+
+
+def status_script(tokens: Sequence[str]) -> str:
+    """One line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
+    state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown."""
+    for token in tokens:
+        check_token(token)
+    body = " ".join(tokens)
+    return f"""\
+{ALIVE}printf '{MARK} clock %s\\n' "$(date +%s)"
+for t in {body}; do
+  d="$HOME/{RUNS_DIR}/$t"
+  at=$( [ -f "$d/pid" ] && stat -c %Y "$d/pid" || echo -)
+  pid= since=
+  [ -s "$d/pid" ] && read -r pid since < "$d/pid"
+  if [ -f "$d/exit_code" ]; then
+    ended=$(stat -c %Y "$d/exit_code")
+    if [ -e "$d/cancelled" ]; then state=cancelled; else state=ended; fi
+    echo "$t $state $(head -c 12 "$d/exit_code") $at $ended"
+  elif alive "$pid" "$since"; then
+    echo "$t running - $at -"
+  elif [ -e "$d/cancelled" ]; then
+    echo "$t cancelled - $at $(stat -c %Y "$d/cancelled")"
+  elif [ -n "$pid" ]; then
+    echo "$t vanished - $at -"
+  else
+    echo "$t unknown - - -"
+  fi
+done
+"""
+
+
+def cancel_script(tokens: Sequence[str]) -> str:
+    """Leave each task's cancel marker, then TERM its process group, and KILL what is left 10 s later."""
+    for token in tokens:
+        check_token(token)
+    body = " ".join(tokens)
+    return f"""\
+{ALIVE}for t in {body}; do
+  d="$HOME/{RUNS_DIR}/$t"
+  [ -d "$d" ] || continue
+  : > "$d/cancelled"
+  pid= since=
+  [ -s "$d/pid" ] && read -r pid since < "$d/pid"
+  alive "$pid" "$since" || continue
+  kill -TERM -- "-$pid" 2>/dev/null
+  ( sleep 10; alive "$pid" "$since" && kill -KILL -- "-$pid" 2>/dev/null ) </dev/null >/dev/null 2>&1 &
+done
+exit 0
+"""
+
+
+def follow_script(token: str, follow: bool) -> str:
+    directory = f'"$HOME"/{shlex.quote(run_dir(token))}'
+    if not follow:
+        return f"cat {directory}/log.txt 2>/dev/null; exit 0\n"
+    alive = f'{{ read -r pid since < {directory}/pid 2>/dev/null && alive "$pid" "$since"; }}'
+    return (ALIVE + f"f={directory}/log.txt\n"
+            f'while [ ! -e "$f" ] && {alive}; do sleep 1; done\n'
+            '[ -e "$f" ] || exit 0\n'
+            'tail -n +1 -F "$f" 2>/dev/null & t=$!\n'
+            f"while {alive}; do sleep 1; done\n"
+            "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n")

@@ -1,0 +1,115 @@
+"""`ssh/<pool>` on the real testbed: the testbed's SSH machines (lab1-lab4, each its own host with its own
+sshd and a stand-in nvidia-smi) as one pool next to the three Slurm clusters. One view; work overflows
+to the pool only where no Slurm cluster starts it sooner; tasks pack onto machines by free GPUs, each in
+its own process group with its GPUs in CUDA_VISIBLE_DEVICES; logs, cancel, queue; a machine that goes
+away fails its task as the infrastructure's doing, and a managed job is recovered elsewhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.helpers import counting_ssh
+
+POOL = {"pools": {"lab": {"hosts": ["lab1", "lab2", "lab3", "lab4"], "gpus": {"lab4": "A10G:1"}}}}
+
+
+@pytest.fixture(scope="module")
+def machines(testbed):
+    machines = testbed.machines
+    was_up = machines.root.exists() and all(machines.status().values())
+    machines.up()
+    yield machines
+    if not was_up:
+        machines.down()
+
+
+@pytest.fixture
+def pool_env(corral_env, testbed, machines, tmp_path):
+    """The testbed's cluster file with the machines' Host entries added, and the pool in config.yaml."""
+    config = tmp_path / "cluster-file"
+    config.write_text(testbed.cluster_config.read_text() + "\n" + machines.ssh_config.read_text())
+    home = tmp_path / "corral-home"
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(json.dumps(POOL))
+    env = {**corral_env, "CORRAL_SLURM_CONFIG": str(config)}
+    yield env
+    subprocess.run(["corral", "cancel", "--all"], env=env, capture_output=True)
+    for machine in machines.machines:
+        subprocess.run(["ssh", "-F", str(machines.ssh_config), machine.name, "pkill -u corral-test -f corral/runs/"],
+                       capture_output=True)
+
+
+def test_the_pool_is_in_the_one_view_at_one_round_trip_per_machine(corral, pool_env, tmp_path):
+    env, calls = counting_ssh(tmp_path, pool_env)
+    for attempt in ("cold", "warm"):
+        before = len(calls())
+        gpus = corral("gpus", "--json", env=env)
+        assert gpus.exit_code == 0, gpus.stderr
+        assert sorted(calls()[before:]) == ["alpine", "borealis", "cirrus", "lab1", "lab2", "lab3", "lab4"], attempt
+    rows = {(r["cluster"], r["gpu"]): r for r in gpus.json() if "error" not in r}
+    assert rows[("lab", "A100")]["total"] == 8 and rows[("lab", "A100")]["nodes"] == 2
+    assert rows[("lab", "A100")]["gres_type"] == "NVIDIA A100-SXM4-80GB"
+    assert rows[("lab", "L4")]["total"] == 2 and rows[("lab", "A10G")]["total"] == 1  # lab4's, from the config
+    assert ("alpine", "H100") in rows  # side by side with the clusters
+    only = corral("gpus", "--json", "--infra", "ssh", env=pool_env).json()
+    assert {r["cluster"] for r in only} == {"lab"}
+    checked = {c["cluster"]: c for c in corral("check", "--json", env=pool_env).json()}
+    assert checked["lab"]["ok"]
+
+
+def test_work_overflows_to_the_pool_and_packs_onto_machines(corral, pool_env):
+    # An L4 task: alpine's L4 can start it now, so Slurm first (the pool's L4s are the overflow).
+    l4 = corral("launch", "-d", "--json", "--gpus", "L4:1", "--", "true", env=pool_env).json()
+    assert l4["cluster"] == "alpine"
+    # A100s: only the pool has them. Two tasks of two share one machine; the third takes the next.
+    placed = [corral("launch", "-d", "--json", "--gpus", "A100:2", "--",
+                     'echo "$(hostname) $CUDA_VISIBLE_DEVICES $CORRAL_CLUSTER $CORRAL_TASK_ID"; sleep 300',
+                     env=pool_env).json() for _ in range(3)]
+    machines = [p["slurm_job_id"].split("/")[0] for p in placed]
+    assert machines[0] == machines[1] != machines[2]
+    outputs = [wait_for("its output", lambda p=p: corral("logs", "--no-follow", p["job_id"], env=pool_env).stdout)
+               for p in placed]
+    lines = [o.split() for o in outputs]
+    assert {lines[0][1], lines[1][1]} == {"0,1", "2,3"} and lines[2][1] == "0,1"  # its own GPUs each
+    assert all(line[2] == "lab" and line[3] == p["job_id"] for line, p in zip(lines, placed))
+    queue = {j["job_id"]: j for j in corral("queue", "--json", env=pool_env).json()}
+    assert all(queue[p["job_id"]]["state"] == "RUNNING" and queue[p["job_id"]]["infra"] == "ssh/lab" for p in placed)
+    assert "ssh/lab" in corral("queue", env=pool_env).stdout
+    # Cancel ends the task's whole process group, and its GPUs are free again.
+    assert "cancelled" in corral("cancel", placed[0]["job_id"], env=pool_env).stdout
+    host, token = placed[0]["slurm_job_id"].split("/")
+    wait_for("the task's processes to end", lambda: subprocess.run(
+        ["pgrep", "-f", f"corral/runs/{token}/"], capture_output=True).returncode != 0, timeout=20)
+    free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
+    assert free["A100"] == 4
+
+
+def test_a_machine_that_goes_away_fails_its_task_and_a_managed_job_recovers(corral, pool_env, machines, tmp_path):
+    env = {**pool_env, "CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_GRACE_SECONDS": "6"}
+    task = tmp_path / "survivor.yaml"
+    task.write_text(json.dumps({"name": "survivor", "resources": {"accelerators": "A100:4"},
+                                "run": 'echo "on $(hostname)"; sleep 600'}))
+    launched = corral("jobs", "launch", "--json", str(task), env=env)
+    assert launched.exit_code == 0, launched.stderr
+    job_id = launched.json()["job_id"]
+
+    def managed() -> dict:
+        return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job_id]
+
+    first = wait_for("the job to run on a machine", lambda: (j := managed())["state"] == "RUNNING" and j, 60)
+    host = first["slurm_job_id"].split("/")[0]
+    machines.stop_machine(host)
+    try:
+        moved = wait_for("the job to be recovered on another machine", lambda: (j := managed())["state"] == "RUNNING"
+                         and (j["slurm_job_id"] or "").split("/")[0] not in (host, "") and j, 120)
+        events = corral("jobs", "events", job_id, "--json", env=env).json()
+        assert any("MACHINE_DOWN" in (e.get("reason") or "") and "has not answered" in e["reason"] for e in events), events
+        assert any(f"submitted to ssh/lab as {moved['slurm_job_id']}" in (e.get("reason") or "") for e in events), events
+        assert moved["recoveries"] >= 1
+    finally:
+        machines.start_machine(host)
+        corral("jobs", "cancel", job_id, env=env)
