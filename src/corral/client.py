@@ -163,6 +163,7 @@ def check_json(outcome: ProbeOutcome) -> dict[str, object]:
     snapshot = outcome.snapshot
     return {
         "cluster": outcome.cluster,
+        "kind": snapshot.kind if snapshot else None,
         "ok": outcome.ok,
         "error": outcome.error_message,
         "error_kind": outcome.error_kind,
