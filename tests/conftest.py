@@ -43,6 +43,17 @@ def testbed() -> Iterator[object]:
         bed.down()
 
 
+@pytest.fixture(scope="session")
+def machines(testbed) -> Iterator[object]:
+    """The testbed's plain SSH machines (an ssh/<pool>'s), brought up once (and down if we started them)."""
+    machines = testbed.machines
+    was_up = machines.root.exists() and all(machines.status().values())
+    machines.up()
+    yield machines
+    if not was_up:
+        machines.down()
+
+
 @pytest.fixture
 def controller_stopped(testbed) -> Iterator[str]:
     """cirrus' slurmctld stopped for the test (its login node still answers)."""

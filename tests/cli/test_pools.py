@@ -17,16 +17,6 @@ from tests.helpers import counting_ssh
 POOL = {"pools": {"lab": {"hosts": ["lab1", "lab2", "lab3", "lab4"], "gpus": {"lab4": "A10G:1"}}}}
 
 
-@pytest.fixture(scope="module")
-def machines(testbed):
-    machines = testbed.machines
-    was_up = machines.root.exists() and all(machines.status().values())
-    machines.up()
-    yield machines
-    if not was_up:
-        machines.down()
-
-
 @pytest.fixture
 def pool_env(corral_env, testbed, machines, tmp_path):
     """The testbed's cluster file with the machines' Host entries added, and the pool in config.yaml."""

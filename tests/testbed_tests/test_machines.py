@@ -5,20 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
-
 from testbed.processes import read_pid
 from tests.conftest import wait_for
-
-
-@pytest.fixture(scope="module")
-def machines(testbed):
-    machines = testbed.machines
-    was_up = machines.root.exists() and all(machines.status().values())
-    machines.up()
-    yield machines
-    if not was_up:
-        machines.down()
 
 
 def on(machines, name: str, command: str, timeout: float = 20) -> subprocess.CompletedProcess:

@@ -4,7 +4,6 @@ directives Corral rewrites; its submission, its status whatever its name, and it
 from __future__ import annotations
 
 import difflib
-import os
 
 import pytest
 
@@ -14,8 +13,8 @@ from corral.infra.slurm import jobs
 from corral.infra.slurm.jobs import follow_script, parse_status
 from corral.sbatch_script import read_script
 from tests.conftest import FIXTURES
+from tests.infra.slurm.test_jobscript import check_golden
 
-GOLDEN = FIXTURES / "golden" / "scripts"
 REWRITTEN = {"partition", "gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "account", "qos",
              "array"}
 # (corpus script, cluster, partition, the site's GRES type for the task's GPU, profile account, profile QOS)
@@ -46,13 +45,6 @@ def request(name: str, partition: str, gres_type: str | None, account: str | Non
     return JobRequest(**base)
 
 
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("CORRAL_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text(), f"{name} changed; review it and rerun with CORRAL_UPDATE_GOLDEN=1"
-
-
 def changed_options(before: str, after: str) -> set[str]:
     """The options whose value differs (or that appear) between two scripts; and every line that is not
     a directive must be the same, in the same order."""
@@ -68,7 +60,7 @@ def test_each_cluster_receives_the_script_with_only_its_site_specific_options_re
     name, cluster, partition, gres_type, account, qos = target
     original = (FIXTURES / "scripts" / f"{name}.sh").read_text()
     submission = userscript.submission_for(request(name, partition, gres_type, account, qos), cluster)
-    check_golden(f"{name}.{cluster}.sh", submission.text)
+    check_golden(f"scripts/{name}.{cluster}.sh", submission.text)
     assert changed_options(original, submission.text) <= REWRITTEN
     for line in difflib.ndiff(original.splitlines(), submission.text.splitlines()):
         if line.startswith(("- ", "+ ")):
@@ -94,7 +86,7 @@ def test_the_command_line_is_rewritten_where_it_sets_an_option():
     assert "#SBATCH --partition=gpu\n" in submission.text  # overridden by the command line: left as written
     assert submission.command() == (
         "sbatch --parsable -p h100-cluster --gres=gpu:H100:2 --exclusive --comment=corral-0123456789ab "
-        "--chdir=@HOME@/.corral/runs/0123456789ab/workdir single_gpu.sh --seed '1 2'")
+        "--chdir=$HOME/.corral/runs/0123456789ab/workdir single_gpu.sh --seed '1 2'")
     mine = userscript.submission_for(request("modules", "debug", None, options=("--comment=mine",)), "cirrus")
     assert mine.command().index("--comment=mine") < mine.command().index("--comment=corral-")  # Corral's wins
 

@@ -138,7 +138,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     def script_for(self, request: JobRequest) -> tuple[str, str]:
         """A job script's text as this cluster would receive it, and the sbatch command line (dry runs)."""
         submission = userscript.submission_for(request, self.cluster)
-        return submission.text, submission.command().replace(f"--chdir={userscript._HOME_MARK}/", "--chdir=$HOME/")
+        return submission.text, submission.command()
 
     @staticmethod
     def array_handle(handle: str, index: int) -> str:

@@ -60,10 +60,13 @@ class ScriptSubmission:
     run_dir: str
     log_paths: tuple[str, ...]  # per copy: relative to the home unless absolute; %j/%A/%a resolved later
 
-    def command(self, sbatch: str = "sbatch") -> str:
+    def command(self, sbatch: str = "sbatch", home: str = "$HOME") -> str:
+        """sbatch's command line; `home` stands for the login node's home in --chdir ("$HOME" shows it,
+        '"$HOME"' is what the login node's shell expands)."""
         # Corral's after the user's: the later option wins, and its comment (the job's token) must.
         words = [sbatch, "--parsable", *self.user_options, *self.corral_options, self.file_name, *self.args]
-        return " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
+        line = " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
+        return line.replace(f"--chdir={_HOME_MARK}/", f"--chdir={home}/")
 
 
 def is_script_request(request: JobRequest) -> bool:
@@ -285,8 +288,7 @@ def _find(token: str) -> str:
 def submit_script(request: JobRequest, cluster: str) -> str:
     """Write the script and env.sh, and submit it with Corral's options (idempotent by the comment)."""
     submission = submission_for(request, cluster)
-    command = submission.command('"$sb"').replace(shlex.quote(f"--chdir={_HOME_MARK}/"), '--chdir="$HOME"/')
-    command = command.replace(f"--chdir={_HOME_MARK}/", '--chdir="$HOME"/')
+    command = submission.command('"$sb"', home='"$HOME"')
     sbatch = (' ( sb=$(command -v sbatch) || sb=sbatch; set -a; . "$d/env.sh" || exit 1; set +a; '
               f"exec {command} )")
     return submit_files_script(submission.run_dir, files(request, cluster, submission), _find(request.token), sbatch)
