@@ -13,6 +13,7 @@ import re
 import shlex
 
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
+from corral.infra.shell import render_env
 from corral.infra.slurm.jobs import STATE_MAP
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
@@ -20,7 +21,6 @@ from corral.infra.slurm.jobscript import (
     TASK_SH,
     SlurmJobSpec,
     node_env_lines,
-    render_env,
     sbatch_options,
     submit_script,
     write_files_script,

@@ -17,15 +17,14 @@ Nothing is installed on the cluster: bash, coreutils, getent and the Slurm comma
 from __future__ import annotations
 
 import re
-import secrets
 import shlex
 from dataclasses import dataclass, field
 
 from corral.errors import TaskError
-from corral.infra.base import DEFAULT_CHECKPOINT_DIR, JobRequest
+from corral.infra.base import JobRequest
+from corral.infra.shell import checkpoint_lines, heredoc, render_env
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
-# Managed jobs' default CORRAL_CHECKPOINT_DIR (DEFAULT_CHECKPOINT_DIR): ~/.corral/checkpoints/<job id>, per job.
 JOB_NAME_PREFIX = "corral-"
 
 
@@ -186,12 +185,7 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         ]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
     if spec.checkpoint_dir:
-        path = spec.checkpoint_dir
-        if path == DEFAULT_CHECKPOINT_DIR:
-            where = '"$HOME"/.corral/checkpoints/"$CORRAL_TASK_ID"'
-        else:
-            where = shlex.quote(path) if path.startswith("/") else f'"$HOME"/{shlex.quote(path)}'
-        lines += [f"export CORRAL_CHECKPOINT_DIR={where}", 'mkdir -p "$CORRAL_CHECKPOINT_DIR"']
+        lines += checkpoint_lines(spec.checkpoint_dir, '"$CORRAL_TASK_ID"')
     lines += node_env_lines('"$SLURM_JOB_NODELIST"')
     lines.append(f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
                  f"{pyxis_options(spec)}bash \"$CORRAL_RUN_DIR/task.sh\"")
@@ -338,10 +332,6 @@ exec "${inside[@]}" -c '. "$1" || exit 1; shift; exec "$BASH" "$@"' task-env "$e
 """
 
 
-def render_env(envs: dict[str, str]) -> str:
-    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in envs.items())
-
-
 def job_files(spec: SlurmJobSpec) -> dict[str, str]:
     files = {
         "job.sbatch": render_sbatch(spec),
@@ -363,15 +353,7 @@ def write_files_script(run_dir: str, files: dict[str, str]) -> str:
     out = [f'd="$HOME"/{shlex.quote(run_dir)}', 'mkdir -p "$d/workdir"']
     for folder in sorted({name.rsplit("/", 1)[0] for name in files if "/" in name}):
         out.append(f'mkdir -p "$d"/{shlex.quote(folder)}')
-    for name, content in files.items():
-        delimiter = "CORRAL_EOF_" + secrets.token_hex(8)
-        while delimiter in content:
-            delimiter = "CORRAL_EOF_" + secrets.token_hex(8)
-        if content and not content.endswith("\n"):
-            # A heredoc always ends with a newline; strip it again so the file is byte-exact.
-            out.append(f"head -c -1 > \"$d\"/{shlex.quote(name)} <<'{delimiter}'\n{content}\n{delimiter}")
-        else:
-            out.append(f"cat > \"$d\"/{shlex.quote(name)} <<'{delimiter}'\n{content}{delimiter}")
+    out += [heredoc(f'"$d"/{shlex.quote(name)}', content) for name, content in files.items()]
     return "\n".join(out) + "\n"
 
 

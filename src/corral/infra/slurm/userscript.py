@@ -29,7 +29,8 @@ from typing import Any
 
 from corral.errors import TaskError
 from corral.infra.base import JobRequest
-from corral.infra.slurm.jobscript import RUNS_DIR, render_env, submit_files_script
+from corral.infra.shell import checkpoint_lines, render_env
+from corral.infra.slurm.jobscript import RUNS_DIR, submit_files_script
 from corral.sbatch_script import (
     DIRECTIVE,
     Option,
@@ -263,12 +264,8 @@ def environment(request: JobRequest, cluster: str) -> str:
     lines += render_env(dict(request.envs)) + render_env(values)
     lines += f'export CORRAL_RUN_DIR="$HOME"/{shlex.quote(f"{RUNS_DIR}/{request.token}")}\n'
     if request.checkpoint_dir and not request.is_array:
-        from corral.infra.base import DEFAULT_CHECKPOINT_DIR
-
-        path = request.checkpoint_dir
-        where = ('"$HOME"/.corral/checkpoints/' + shlex.quote(request.task_ids[0]) if path == DEFAULT_CHECKPOINT_DIR
-                 else shlex.quote(path) if path.startswith("/") else '"$HOME"/' + shlex.quote(path))
-        lines += f'export CORRAL_CHECKPOINT_DIR={where}\nmkdir -p "$CORRAL_CHECKPOINT_DIR"\n'
+        lines += "".join(line + "\n" for line in checkpoint_lines(request.checkpoint_dir,
+                                                                   shlex.quote(request.task_ids[0])))
     return lines
 
 

@@ -40,6 +40,7 @@ from corral.infra.base import (
     ReportsSetupFailure,
     SubmitResult,
 )
+from corral.infra.shell import render_env
 from corral.infra.sshpool import runner
 from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, inventory_script, parse_inventory
 from corral.ssh import SshTransport
@@ -47,10 +48,6 @@ from corral.ssh import SshTransport
 JOB_TIMEOUT = 30
 MACHINE_GRACE_SECONDS = 30.0
 _RUN_DIR = re.compile(r"^\.corral/runs/([0-9a-f]{12}(?:\.[0-9]+)?)/")
-
-
-def render_env(envs: dict[str, str]) -> str:
-    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in envs.items())
 
 
 def configured_gpus(spec: str) -> tuple[Gpu, ...]:

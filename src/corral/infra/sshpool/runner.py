@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Sequence
 
 from corral.infra.base import JobRequest
+from corral.infra.shell import checkpoint_lines, heredoc
 from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
 
 RUNS_DIR = ".corral/runs"
@@ -37,15 +38,6 @@ def check_token(token: str) -> str:
 
 def run_dir(token: str) -> str:
     return f"{RUNS_DIR}/{check_token(token)}"
-
-
-def _heredoc(path: str, content: str) -> str:
-    delimiter = "CORRAL_EOF"
-    while delimiter in content:
-        delimiter += "_X"
-    if content and not content.endswith("\n"):
-        return f"head -c -1 > {path} <<'{delimiter}'\n{content}\n{delimiter}\n"
-    return f"cat > {path} <<'{delimiter}'\n{content}{delimiter}\n"
 
 
 def job_script(request: JobRequest, pool: str) -> str:
@@ -63,12 +55,7 @@ def job_script(request: JobRequest, pool: str) -> str:
              'export CORRAL_NODE_IPS="${ip:-$(hostname)}" SKYPILOT_NODE_IPS="${ip:-$(hostname)}"']
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(variables.items())]
     if request.checkpoint_dir:
-        from corral.infra.base import DEFAULT_CHECKPOINT_DIR
-
-        path = request.checkpoint_dir
-        where = ('"$HOME"/.corral/checkpoints/' + shlex.quote(request.task_ids[0]) if path == DEFAULT_CHECKPOINT_DIR
-                 else shlex.quote(path) if path.startswith("/") else '"$HOME"/' + shlex.quote(path))
-        lines += [f"export CORRAL_CHECKPOINT_DIR={where}", 'mkdir -p "$CORRAL_CHECKPOINT_DIR"']
+        lines += checkpoint_lines(request.checkpoint_dir, shlex.quote(request.task_ids[0]))
     lines += [
         'cd "$CORRAL_RUN_DIR/workdir" || exit 1',
         'if [ -e "$CORRAL_RUN_DIR/cancelled" ]; then echo "corral: cancelled before it started"; exit 143; fi',
@@ -103,7 +90,7 @@ def submit_script(request: JobRequest, pool: str, files: dict[str, str], configu
     wanted = request.accelerators_per_node
     type_test = (f'[ "$name" = {shlex.quote(request.accelerator_type)} ] || continue\n'
                  if request.accelerator_type else "")
-    writes = "".join(_heredoc(f'"$d"/{shlex.quote(name)}', content) for name, content in files.items())
+    writes = "".join(heredoc(f'"$d"/{shlex.quote(name)}', content) + "\n" for name, content in files.items())
     return f"""\
 set -u
 umask 077
