@@ -46,11 +46,15 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
         "rank=1 host=b2 n=2 gpus=2 cvd=0,1 ips=127.0.0.1,127.0.0.1 cluster=borealis",
     ]
     assert corral("exec", "dev", "--", "exit 4").exit_code == 4
+    # One node fails, the other is ended for it (--kill-on-bad-exit): the failure's own status wins.
+    one_fails = corral("exec", "dev", "--", '[ "$CORRAL_NODE_RANK" = 1 ] && exit 3; sleep 60')
+    assert (one_fails.exit_code, one_fails.seconds < 50) == (3, True), one_fails.stderr
     # The task's PATH is the task's: exec's own srun and node-list code on the login node still run.
     no_path = corral("exec", "dev", "--env", "PATH=/nowhere", "--", 'echo "path=$PATH"')
     assert no_path.exit_code == 0 and no_path.stdout == "path=/nowhere\npath=/nowhere\n", no_path.stderr
     jobs = corral("queue", "dev", "--json").json()
-    assert [(j["state"], j["exit_code"]) for j in jobs] == [("SUCCEEDED", 0), ("FAILED", 4), ("SUCCEEDED", 0)]
+    assert [(j["state"], j["exit_code"]) for j in jobs] == [("SUCCEEDED", 0), ("FAILED", 3), ("FAILED", 4),
+                                                              ("SUCCEEDED", 0)]
     assert all(j["cluster"] == "borealis" for j in jobs)
     # Same name, same resources: reused, no second allocation; the task just runs in it.
     again = corral("launch", "-c", "dev", "--gpus", "H100:2", "--num-nodes", "2", "--", "hostname")

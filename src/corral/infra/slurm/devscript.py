@@ -153,10 +153,17 @@ def session_proxy_command(name: str, job_id: str, head_node: str, run_dir: str) 
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
                 envs: dict[str, str], run: str) -> str:
-    """Run `run` on every node of the allocation as one step, from the login node; exits with its status."""
+    """Run `run` on every node of the allocation as one step, from the login node.
+
+    It exits with the status of a node whose command failed by itself. With `--kill-on-bad-exit` the
+    first failure ends the other nodes (143), and srun's own status is whichever it saw last, so each
+    node records its command's status and the lowest rank's own failure wins. srun reads nothing: its
+    stdin is this script, which must go on after it."""
     _check_id(job_id)
     exec_dir = f"exec/{exec_id}"
-    files = {f"{exec_dir}/run.sh": run, f"{exec_dir}/env.sh": render_env(envs)}
+    node = (f'"$BASH" "$CORRAL_RUN_DIR"/{exec_dir}/cmd.sh; rc=$?\n'
+            f'echo "$rc" > "$CORRAL_RUN_DIR"/{exec_dir}/rc."$SLURM_NODEID"\nexit "$rc"\n')
+    files = {f"{exec_dir}/cmd.sh": run, f"{exec_dir}/run.sh": node, f"{exec_dir}/env.sh": render_env(envs)}
     return (
         write_files_script(run_dir, files)
         + 'cd "$d" || exit 1\n'
@@ -168,7 +175,11 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
         + "\n".join(node_env_lines(f'"$(squeue -h -j {job_id} -o %N)"')) + "\n"
         + f'srun --jobid={job_id} --overlap --nodes={num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 '
-        + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh"\n'
+        + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh" </dev/null\n'
+        + 'status=$?\n'
+        + f'for rank in $(seq 0 {num_nodes - 1}); do rc=$(cat "$d/{exec_dir}/rc.$rank" 2>/dev/null); '
+        + 'case "$rc" in ""|0|12[89]|1[3-9][0-9]|2[0-9][0-9]) ;; *) exit "$rc" ;; esac; done\n'
+        + 'exit "$status"\n'
     )
 
 
