@@ -74,3 +74,39 @@ def test_select_keeps_order_and_dedups(tmp_path: Path) -> None:
     registry = load_registry(write(tmp_path, "Host a b c\n"))
     assert [e.name for e in registry.select(["c", "a", "c"])] == ["c", "a"]
     assert [e.name for e in registry.select(None)] == ["a", "b", "c"]
+
+
+def kube_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Path:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(text)
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    return write(tmp_path, "Host alpine\n")
+
+
+def test_kubernetes_contexts_are_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = kube_settings(tmp_path, monkeypatch, "kubernetes:\n  allowed_contexts: [gke-ml, kind-dev]\n"
+                                                "  namespace: research\n  kubeconfig: /etc/kube/config\n")
+    registry = load_registry(path)
+    assert registry.names() == ["alpine", "gke-ml", "kind-dev"]
+    assert [registry.infra_kind(n) for n in registry.names()] == ["slurm", "k8s", "k8s"]
+    context = registry.kube_context("gke-ml")
+    assert (context.namespace, context.kubeconfig) == ("research", "/etc/kube/config")
+    assert registry.hosts() == ["alpine"]  # a context is no ssh destination
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("kubernetes: [a]\n", "must be a mapping"),
+    ("kubernetes: {}\n", "allowed_contexts: expected a list"),
+    ("kubernetes: {allowed_contexts: [a], contexts: [b]}\n", "unknown setting 'contexts'"),
+    ("kubernetes: {allowed_contexts: ['bad name']}\n", "cannot be a place's name"),
+    ("kubernetes: {allowed_contexts: [a, a]}\n", "listed twice"),
+    ("kubernetes: {allowed_contexts: [a], namespace: Bad_NS}\n", "not a namespace name"),
+    ("kubernetes: {allowed_contexts: [a], kubeconfig: [x]}\n", "path of a kubeconfig"),
+    ("kubernetes: {allowed_contexts: [alpine]}\n", "also the name of a cluster"),
+])
+def test_bad_kubernetes_settings_say_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
+                                                   message: str) -> None:
+    path = kube_settings(tmp_path, monkeypatch, text)
+    with pytest.raises(ConfigError, match=message):
+        load_registry(path)

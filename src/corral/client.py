@@ -144,7 +144,7 @@ class Client:
         rows: list[GpuAvailability] = []
         failures: list[ProbeOutcome] = []
         for outcome in outcomes:
-            if selector.kind and self.registry.kind(outcome.cluster) != ("pool" if selector.kind == "ssh" else "slurm"):
+            if selector.kind and self.registry.infra_kind(outcome.cluster) != selector.kind:
                 continue
             if outcome.snapshot is None:
                 failures.append(outcome)
@@ -183,7 +183,8 @@ def health_json(outcome: ProbeOutcome) -> dict[str, object]:
     """A cluster's health as the dashboard shows it: did its probe answer, how fast, when."""
     return {"cluster": outcome.cluster, "ok": outcome.ok, "error": outcome.error_message,
             "error_kind": outcome.error_kind, "seconds": round(outcome.seconds, 3), "probed_at": outcome.at,
-            "node_count": len(outcome.snapshot.nodes) if outcome.snapshot else 0}
+            "node_count": len(outcome.snapshot.nodes) if outcome.snapshot else 0,
+            "kind": outcome.snapshot.kind if outcome.snapshot else None}
 
 
 def node_condition(node: Node) -> str:

@@ -6,7 +6,9 @@ The file is OpenSSH client syntax and is handed to `ssh -F` as is, so every ssh 
 concrete Host name is a Slurm cluster's login node, unless a pool names it; patterns (`*`, `?`, `!`)
 only carry options for the others. A pool (`pools: {lab: {hosts: [gpu1, gpu2]}}`) is a set of plain
 machines reached the same way (`ssh -F` the cluster file): its hosts are Host entries there or plain
-host names. The places work can go are the clusters and the pools (`names()`).
+host names. Kubernetes contexts (`kubernetes: {allowed_contexts: [ctx]}`) of the user's kubeconfig are
+places too. The places work can go are the clusters, the pools and the contexts (`names()`); each has an
+infra kind (`infra_kind()`: slurm, ssh, k8s).
 """
 
 from __future__ import annotations
@@ -98,7 +100,9 @@ def cluster_file_path() -> Path:
     return Path(os.environ.get(CLUSTER_FILE_ENV) or Path.home() / ".slurm" / "config")
 
 
-SLURM, MACHINE, POOL = "slurm", "machine", "pool"
+SLURM, MACHINE, POOL, KUBE = "slurm", "machine", "pool", "k8s"
+# The Infra kind of each kind of registry entry (a pool's machines are not places of their own).
+INFRA_KINDS = {SLURM: "slurm", POOL: "ssh", KUBE: "k8s"}
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class ClusterEntry:
     path: Path
     line: int
     hostname: str | None  # the HostName given in its own block, if any
-    kind: str = SLURM  # SLURM, MACHINE (a pool's), POOL
+    kind: str = SLURM  # SLURM, MACHINE (a pool's), POOL, KUBE
 
     @property
     def where(self) -> str:
@@ -126,14 +130,35 @@ class PoolEntry:
 
 
 @dataclass(frozen=True)
+class KubeEntry:
+    """A Kubernetes context of a kubeconfig, and the namespace Corral's jobs go in (None: the context's)."""
+
+    name: str
+    kubeconfig: str | None = None  # None: $KUBECONFIG, else ~/.kube/config (as kubectl)
+    namespace: str | None = None
+
+
+@dataclass(frozen=True)
 class ClusterRegistry:
     path: Path
     entries: tuple[ClusterEntry, ...]
     pools: tuple[PoolEntry, ...] = ()
+    kube: tuple[KubeEntry, ...] = ()
 
     def names(self) -> list[str]:
-        """The places work can go: the Slurm clusters, in file order, then the pools."""
-        return [e.name for e in self.entries if e.kind == SLURM] + [p.name for p in self.pools]
+        """The places work can go: the Slurm clusters, in file order, then the pools, then the contexts."""
+        return ([e.name for e in self.entries if e.kind == SLURM] + [p.name for p in self.pools]
+                + [k.name for k in self.kube])
+
+    def infra_kind(self, name: str) -> str:
+        """The place's Infra kind: slurm, ssh (a pool) or k8s (a context)."""
+        return INFRA_KINDS[self.kind(name)]
+
+    def kube_context(self, name: str) -> KubeEntry:
+        for context in self.kube:
+            if context.name == name:
+                return context
+        raise UnknownClusterError(name, self.names())
 
     def hosts(self) -> list[str]:
         """Every ssh destination: the clusters' login nodes and the pools' machines."""
@@ -155,10 +180,13 @@ class ClusterRegistry:
         for pool in self.pools:
             if pool.name == name:
                 return ClusterEntry(pool.name, self.path, 0, None, POOL)
+        for context in self.kube:
+            if context.name == name:
+                return ClusterEntry(context.name, settings_path(), 0, None, KUBE)
         raise UnknownClusterError(name, self.names())
 
     def select(self, names: list[str] | tuple[str, ...] | None) -> list[ClusterEntry]:
-        """The named places, in the order given (default: all, clusters in file order, then pools)."""
+        """The named places, in the order given (default: all; clusters in file order, pools, contexts)."""
         return [self.get(n) for n in (dict.fromkeys(names) if names else self.names())]
 
 
@@ -228,7 +256,8 @@ def load_registry(path: Path | None = None) -> ClusterRegistry:
         )
     entries: list[ClusterEntry] = []
     _parse(path, entries, 0)
-    pools = _pools(load_user_settings().get("pools") or {})
+    settings = load_user_settings()
+    pools = _pools(settings.get("pools") or {})
     for pool in pools:
         for host in pool.hosts:
             index = next((i for i, e in enumerate(entries) if e.name == host), None)
@@ -243,9 +272,23 @@ def load_registry(path: Path | None = None) -> ClusterRegistry:
         if any(e.name == pool.name for e in entries):
             raise ConfigError(f"pools.{pool.name}: a cluster or machine of {path} has that name; name the pool "
                               "differently", settings_path())
+    kube = _kube_contexts(settings.get("kubernetes") or {})
+    for context in kube:
+        if any(e.name == context.name for e in entries) or any(p.name == context.name for p in pools):
+            raise ConfigError(f"kubernetes.allowed_contexts: {context.name} is also the name of a cluster, machine "
+                              "or pool; a place has one name", settings_path())
     if not entries:
         raise ConfigError("no clusters defined: add a `Host <cluster>` entry per login node", path)
-    return ClusterRegistry(path=path, entries=tuple(entries), pools=tuple(pools))
+    return ClusterRegistry(path=path, entries=tuple(entries), pools=tuple(pools), kube=tuple(kube))
+
+
+def _kube_contexts(raw: object) -> list[KubeEntry]:
+    """`kubernetes:` of config.yaml (checked by load_user_settings) as entries."""
+    assert isinstance(raw, dict)
+    kubeconfig = raw.get("kubeconfig")
+    return [KubeEntry(str(name), str(kubeconfig) if kubeconfig else None,
+                      str(raw["namespace"]) if raw.get("namespace") else None)
+            for name in raw.get("allowed_contexts") or []]
 
 
 def _pools(raw: object) -> list[PoolEntry]:
@@ -256,7 +299,7 @@ def _pools(raw: object) -> list[PoolEntry]:
             for name, spec in raw.items()]
 
 
-USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools")
+USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes")
 
 
 def load_user_settings() -> dict[str, object]:
@@ -289,7 +332,39 @@ def load_user_settings() -> dict[str, object]:
             _check_cluster_settings(value, path)
         if key == "pools":
             _check_pool_settings(value, path)
+        if key == "kubernetes":
+            _check_kube_settings(value, path)
     return data
+
+
+_KUBE_KEYS = ("allowed_contexts", "namespace", "kubeconfig")
+# A namespace is a DNS label (RFC 1123).
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?\Z", re.ASCII)
+
+
+def _check_kube_settings(value: object, path: Path) -> None:
+    example = "`kubernetes: {allowed_contexts: [my-context], namespace: default}`"
+    if not isinstance(value, dict):
+        raise ConfigError(f"setting 'kubernetes' must be a mapping, e.g. {example}", path)
+    for key in value:
+        if key not in _KUBE_KEYS:
+            raise ConfigError(f"kubernetes: unknown setting {key!r}; known: {', '.join(_KUBE_KEYS)}", path)
+    contexts = value.get("allowed_contexts")
+    if not isinstance(contexts, list) or not contexts:
+        raise ConfigError(f"kubernetes.allowed_contexts: expected a list of kubeconfig contexts, e.g. {example}", path)
+    for context in contexts:
+        if not isinstance(context, str) or not _CLUSTER_NAME.match(context):
+            raise ConfigError(f"kubernetes.allowed_contexts: {context!r} cannot be a place's name (letters, digits, "
+                              "'_', '.', '-', '@', '+'); rename the context in the kubeconfig", path)
+    if len(set(contexts)) != len(contexts):
+        raise ConfigError("kubernetes.allowed_contexts: a context is listed twice", path)
+    namespace = value.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.match(namespace)):
+        raise ConfigError(f"kubernetes.namespace: {namespace!r} is not a namespace name (lowercase letters, digits "
+                          "and '-', at most 63)", path)
+    kubeconfig = value.get("kubeconfig")
+    if kubeconfig is not None and not isinstance(kubeconfig, str):
+        raise ConfigError("kubernetes.kubeconfig: expected the path of a kubeconfig file", path)
 
 
 _POOL_KEYS = ("hosts", "gpus")

@@ -174,6 +174,7 @@ class Launcher:
         order = [o.cluster for o in outcomes]
         plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable), task,
                               self.client.profiles)
+        plan.kinds = {c: kind for c in unreachable if (kind := self.client.registry.infra_kind(c)) != "slurm"}
         if task.slurm.script is not None:
             plan = script_partitions(plan, task)
         for option in options:
@@ -237,6 +238,8 @@ class Launcher:
             prefix = ""
             every = copy_indices(task)
             indices = tuple(every[first_rank:first_rank + len(job_ids)]) if every else ()
+        if candidate.kind == "k8s":  # the task's own section for Kubernetes (pod_config), as in SkyPilot
+            scheduler_options = dict((task.config or {}).get("kubernetes") or {})
         return JobRequest(
             token=token,
             task_ids=job_ids,
@@ -486,7 +489,7 @@ def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidat
 
 def _no_candidate_message(plan: Plan) -> str:
     reasons = [f"{c.infra}: {c.reason}" for c in plan.ranked()]
-    reasons += [f"slurm/{cluster}: {error}" for cluster, error in plan.unreachable.items()]
+    reasons += [f"{plan.place_infra(cluster)}: {error}" for cluster, error in plan.unreachable.items()]
     if not reasons:
         return "no cluster matches the task's infra"
     return "no cluster can run this task: " + "; ".join(reasons)

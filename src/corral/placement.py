@@ -72,6 +72,11 @@ class Candidate:
 class Plan:
     candidates: list[Candidate]
     unreachable: dict[str, str] = field(default_factory=dict)  # cluster -> error
+    kinds: dict[str, str] = field(default_factory=dict)  # place -> its Infra kind, where not slurm
+
+    def place_infra(self, cluster: str) -> str:
+        """How an unreachable place is written: slurm/<cluster>, ssh/<pool>, k8s/<context>."""
+        return f"{self.kinds.get(cluster, 'slurm')}/{cluster}"
 
     def ranked(self) -> list[Candidate]:
         return sorted(self.candidates, key=Candidate.rank_key)
@@ -220,8 +225,8 @@ def evaluate(
 
 
 # The runtimes Corral runs a task's image with, in order of preference: Pyxis (Slurm's own plugin,
-# `srun --container-image`), then Apptainer, then Singularity.
-CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
+# `srun --container-image`), then Apptainer, then Singularity; on Kubernetes, every pod is one.
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity", "kubernetes")
 
 
 def container_runtime(snapshot: ClusterSnapshot) -> str | None:

@@ -44,7 +44,7 @@ def plan_json(plan: Plan) -> list[dict[str, object]]:
         }
         for c in ranked
     ]
-    rows += [{"cluster": cluster, "partition": None, "infra": f"slurm/{cluster}", "feasible": False, "reason": error,
+    rows += [{"cluster": cluster, "partition": None, "infra": plan.place_infra(cluster), "feasible": False, "reason": error,
               "free_gpus": 0, "predicted_start": None, "chosen": False, "unreachable": True}
              for cluster, error in plan.unreachable.items()]
     return rows
@@ -92,7 +92,8 @@ def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings)
     others = [c for c in plan.feasible() if (c.cluster, c.partition) != (latest.cluster, latest.partition)]
     best = min(others, key=lambda c: c.predicted_start if c.predicted_start is not None else math.inf, default=None)
     reason = latest.reason or "waiting for the scheduler"
-    lines = [f"{view.job.id} is pending on slurm/{latest.cluster}/{latest.partition}: {reason}"]
+    where = here.infra if here is not None else infra_name("slurm", latest.cluster, latest.partition)
+    lines = [f"{view.job.id} is pending on {where}: {reason}"]
     here_start = latest.expected_start or (here.predicted_start if here else None)
     source = "Slurm's estimate for this job" if latest.expected_start else "predicted by sbatch --test-only"
     lines.append(f"  start there: {_at(here_start, now)} ({source})" if here_start else

@@ -29,7 +29,7 @@ def render_check(checks: list[ClusterCheck]) -> None:
         partitions = ", ".join(p + ("*" if p == c.default_partition else "") for p in c.partitions)
         fs = c.raw.get("home_filesystem")
         home = f"{fs} ({'shared' if c.raw.get('home_shared') else 'local'})" if fs else "?"
-        version = "(ssh pool)" if c.raw.get("kind") == "ssh" else c.slurm_version or "?"
+        version = {"ssh": "(ssh pool)", "k8s": "(kubernetes)"}.get(str(c.raw.get("kind")), c.slurm_version or "?")
         table.add_row(c.cluster, "[green]OK[/green]", version, partitions,
                       ", ".join(c.gpu_types) or "-", home, ", ".join(c.raw.get("container_runtimes") or []) or "-",
                       f"{c.seconds:.2f}s")

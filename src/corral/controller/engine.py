@@ -476,11 +476,11 @@ class Controller:
         return len(done)
 
     def _where(self, cluster: str, partition: str) -> str:
-        """slurm/<cluster>/<partition>, or ssh/<pool> for a pool."""
+        """slurm/<cluster>/<partition>, ssh/<pool> or k8s/<context>."""
         from corral.views import infra_name
 
         try:
-            kind = "ssh" if self.client.registry.kind(cluster) == "pool" else "slurm"
+            kind = self.client.registry.infra_kind(cluster)
         except CorralError:
             kind = "slurm"
         return infra_name(kind, cluster, partition)

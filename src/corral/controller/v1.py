@@ -64,7 +64,7 @@ def place_kinds() -> dict[str, str]:
         registry = load_registry()
     except CorralError:
         return {}
-    return {name: "ssh" if registry.kind(name) == "pool" else "slurm" for name in registry.names()}
+    return {name: registry.infra_kind(name) for name in registry.names()}
 
 
 def create_router(store: Store, refreshes: SharedRefresh | None = None,

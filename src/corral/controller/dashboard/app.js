@@ -140,6 +140,8 @@ function useBar(used, total) {
   return bar;
 }
 
+const KINDS = { slurm: "Slurm", ssh: "SSH pool", k8s: "Kubernetes" };
+
 async function drawInfra() {
   const report = await api("GET", "/gpus");
   const health = $("health").querySelector("tbody");
@@ -151,6 +153,7 @@ async function drawInfra() {
     cell(tr, c.ok ? c.node_count : "", "num");
     cell(tr, `${c.seconds.toFixed(2)} s`, "num");
     timeCell(tr, c.probed_at);
+    cell(tr, KINDS[c.kind] || c.kind || "", "kind");
     return tr;
   }));
   const body = $("infra").querySelector("tbody");
@@ -271,7 +274,7 @@ async function drawCluster(name) {
 
 // ---- Jobs -------------------------------------------------------------------------------------
 function where(job) {
-  return job.cluster ? `${job.cluster}/${job.partition}` : "-";
+  return job.infra || (job.cluster ? `${job.cluster}/${job.partition}` : "-");
 }
 
 async function cancelJobs(ids, status, redraw) {
