@@ -54,6 +54,18 @@ def machines(testbed) -> Iterator[object]:
         machines.down()
 
 
+@pytest.fixture(scope="session")
+def kube(testbed) -> Iterator[object]:
+    """A FAKE Kubernetes API server (testbed/kubeapi.py: no real Kubernetes can be installed here), with
+    nodes kn1-kn4 and a kubeconfig whose context is `kind-fake`; one for the session."""
+    from testbed.kubeapi import FakeKubernetes
+
+    fake = FakeKubernetes(testbed.paths.root / "kube")
+    fake.up()
+    yield fake
+    fake.down()
+
+
 @pytest.fixture
 def controller_stopped(testbed) -> Iterator[str]:
     """cirrus' slurmctld stopped for the test (its login node still answers)."""

@@ -43,7 +43,7 @@ run: python train.py
     ("resources:\n  accelerators: H100:0\n", "the count must be at least 1"),
     ("num_nodes: 0\n", "num_nodes: Input should be greater than or equal to 1"),
     ("num_nodes: two\n", "num_nodes: Input should be a valid integer"),
-    ("resources:\n  infra: k8s/ctx\n", "every alternative is on infra Corral does not run (k8s/ctx)"),
+    ("resources:\n  infra: aws/us-east-1\n", "every alternative is on infra Corral does not run (aws/us-east-1)"),
     ("resources:\n  infra: slrum/alpine\n", "every alternative is on infra Corral does not run (slrum/alpine)"),
     ("resources:\n  use_spt: true\n", "resources.use_spt: unknown field; did you mean 'use_spot'?"),
     ("resources:\n  autostop: {idle_minuts: 5}\n", "resources.autostop.idle_minuts: unknown field; did you mean"),

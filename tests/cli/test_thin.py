@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-HEAVY = ("sqlalchemy", "pydantic", "fastapi", "uvicorn", "starlette", "asyncio", "yaml")
+HEAVY = ("sqlalchemy", "pydantic", "fastapi", "uvicorn", "starlette", "asyncio", "yaml", "kubernetes")
 
 # The real CLI in a fresh interpreter, then the heavy top-level packages it imported, on stderr.
 RUN_AND_LIST = f"""

@@ -42,7 +42,7 @@ def test_the_sdk_sees_what_the_cli_sees(corral, corral_env):
         client.job("c-nope")
     assert refused.value.status == 404 and refused.value.kind == "JobNotFoundError"
     with pytest.raises(ApiError) as bad:
-        client.gpus(infra="k8s/x")
+        client.gpus(infra="aws/x")
     assert bad.value.status == 400 and "slurm" in str(bad.value)
     with pytest.raises(ApiError) as malformed:
         client.queue(limit=0)

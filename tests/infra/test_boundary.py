@@ -8,7 +8,7 @@ from pathlib import Path
 import corral
 
 SOURCE = Path(corral.__file__).parent
-BACKENDS = ("corral.infra.slurm", "corral.infra.sshpool")
+BACKENDS = ("corral.infra.slurm", "corral.infra.sshpool", "corral.infra.kube")
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -11,6 +11,10 @@ from corral.infra.selector import InfraSelector, parse_infra
         ("slurm/alpine", InfraSelector("slurm", "alpine")),
         ("slurm/alpine/h100-cluster", InfraSelector("slurm", "alpine", "h100-cluster")),
         ("Slurm/alpine/", InfraSelector("slurm", "alpine")),
+        ("ssh/lab", InfraSelector("ssh", "lab")),
+        ("k8s", InfraSelector("k8s")),
+        ("k8s/kind-fake", InfraSelector("k8s", "kind-fake")),
+        ("kubernetes/gke_proj_us-central1_ml", InfraSelector("k8s", "gke_proj_us-central1_ml")),  # SkyPilot's spelling
     ],
 )
 def test_parse(text: str, expected: InfraSelector) -> None:
@@ -21,7 +25,8 @@ def test_parse(text: str, expected: InfraSelector) -> None:
     ("slurm/a/b/c", "expected slurm"),
     ("slurm//b", "expected slurm"),
     ("", "expected slurm"),
-    ("k8s/ctx", "not supported"),
+    ("aws/us-east-1", "not supported"),
+    ("k8s/ctx/part", "expected slurm"),  # a context is one place
 ])
 def test_invalid(text: str, message: str) -> None:
     with pytest.raises(InvalidInfraError, match=message):

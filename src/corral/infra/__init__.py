@@ -10,9 +10,15 @@ if TYPE_CHECKING:
 
 
 def connect(cluster: str, transport: SshTransport) -> Infra:
-    """The Infra for a place of the registry: a Slurm cluster's login node, or an SSH pool."""
+    """The Infra for a place of the registry: a Slurm cluster's login node, an SSH pool, or a Kubernetes
+    context."""
     registry = transport.registry
-    if registry.kind(cluster) == "pool":
+    kind = registry.infra_kind(cluster)
+    if kind == "k8s":
+        from corral.infra.kube.cluster import KubeInfra
+
+        return KubeInfra(registry.kube_context(cluster), transport.round_trips, transport.timeout)
+    if kind == "ssh":
         from corral.infra.sshpool.pool import SshPoolInfra
 
         return SshPoolInfra(registry.pool(cluster), transport)

@@ -1,0 +1,1 @@
+"""Kubernetes contexts (`k8s/<context>`) through the official `kubernetes` client."""

@@ -1,0 +1,278 @@
+"""KubeInfra: one Kubernetes context behind the Infra seam (`k8s/<context>`), through the official
+`kubernetes` client (its blocking calls in worker threads; lists as raw JSON, parsed by the pure
+modules here).
+
+Cost per call, in API requests (each counted as a round trip of the context, requests of one call
+going out together):
+- probe: nodes and pods (every namespace), in parallel: one round trip;
+- submit: the ConfigMap, then the Job (409: it exists, the retried submission found it), then the
+  Service: three; the Job is found again by name, which is its token's;
+- status: Corral's Jobs and pods in the namespace, in parallel, plus its Warning events when a pod
+  is pending: one or two round trips, whatever the number of jobs;
+- cancel: delete each Job (its pods with it), Service and ConfigMap; logs: the head pod's (index 0),
+  streamed with `follow`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import tarfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from corral.config import KubeEntry
+from corral.errors import ClusterError, ClusterUnreachableError, ConfigError, CorralError
+from corral.infra.base import (
+    AttemptFiles,
+    ClusterSnapshot,
+    Infra,
+    JobRequest,
+    JobStatus,
+    OutputSink,
+    SubmitResult,
+)
+from corral.infra.kube import capacity, manifests, states
+from corral.infra.shell import render_env
+
+LOG_POLL_SECONDS = 1.0
+
+
+class KubeInfra(Infra):
+    kind: ClassVar[str] = "k8s"
+
+    def __init__(self, entry: KubeEntry, round_trips: Any = None, timeout: float = 10.0):
+        self.entry = entry
+        self.timeout = timeout
+        self._round_trips = round_trips  # the transport's Counter, so that every kind is counted alike
+        self._api: Any = None
+        self._namespace: str | None = entry.namespace
+        self._gpu_label: dict[str, tuple[str, str]] = {}  # GPU type as labelled -> (label, resource)
+        self._uploads: dict[str, list[tuple[Path, str]]] = {}  # token -> (local, remote) for its ConfigMap
+
+    @property
+    def name(self) -> str:
+        return f"k8s/{self.entry.name}"
+
+    # ---- the API ----------------------------------------------------------------------------------------
+    def _client(self) -> Any:
+        if self._api is None:
+            from kubernetes import config  # the server's import only: not on the CLI's path
+
+            path = self.entry.kubeconfig
+            try:
+                contexts, _ = config.list_kube_config_contexts(config_file=path)
+                found = next((c for c in contexts if c.get("name") == self.entry.name), None)
+                if found is None:
+                    known = ", ".join(sorted(c.get("name", "?") for c in contexts)) or "none"
+                    raise ConfigError(f"kubernetes: no context {self.entry.name!r} in the kubeconfig "
+                                      f"({path or '$KUBECONFIG or ~/.kube/config'}); its contexts: {known}")
+                self._namespace = self._namespace or (found.get("context") or {}).get("namespace") or "default"
+                self._api = config.new_client_from_config(config_file=path, context=self.entry.name)
+            except CorralError:
+                raise
+            except Exception as exc:  # the client's own errors: a missing or malformed kubeconfig
+                raise ConfigError(f"kubernetes: cannot load the kubeconfig for context {self.entry.name!r}: "
+                                  f"{' '.join(str(exc).split())}") from None
+        return self._api
+
+    @property
+    def namespace(self) -> str:
+        self._client()
+        return self._namespace or "default"
+
+    def _send(self, method: str, path: str, query: Sequence[tuple[str, Any]], body: Any,
+              timeout: Any) -> Any:
+        """One request (blocking), its urllib3 response unread. Raises ClusterUnreachableError."""
+        api = self._client()
+        if self._round_trips is not None:
+            self._round_trips[self.entry.name] += 1
+        try:
+            method, url, headers, body, post = api.param_serialize(
+                method, path, query_params=list(query), body=body, auth_settings=["BearerToken"],
+                header_params={"Accept": "application/json", "Content-Type": "application/json"})
+            return api.call_api(method, url, header_params=headers, body=body, post_params=post,
+                                _request_timeout=timeout).response
+        except Exception as exc:  # urllib3's: refused, timed out, name not resolved
+            raise ClusterUnreachableError(self.entry.name, f"the API server does not answer "
+                                                           f"({' '.join(str(exc).split())[:300]})") from None
+
+    async def _call(self, method: str, path: str, *, query: Sequence[tuple[str, Any]] = (), body: Any = None,
+                    allow: tuple[int, ...] = ()) -> tuple[int, Any]:
+        """One API request in a worker thread: (status, parsed JSON). Statuses in `allow` are answers."""
+        def send() -> tuple[int, Any]:
+            response = self._send(method, path, query, body, (self.timeout, self.timeout * 3))
+            data = response.data
+            if response.status < 300 or response.status in allow:
+                return response.status, _loads(data)
+            raise ClusterError(self.entry.name, _api_message(response.status, data, response.reason))
+
+        return await asyncio.to_thread(send)
+
+    async def _list(self, path: str, **query: str) -> list[dict[str, Any]]:
+        _, answer = await self._call("GET", path, query=[(k, v) for k, v in query.items() if v])
+        return list((answer or {}).get("items") or [])
+
+    # ---- capacity ---------------------------------------------------------------------------------------
+    async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = (),
+                    filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
+        started = time.monotonic()
+        nodes, pods = await asyncio.gather(
+            self._list("/api/v1/nodes"),
+            self._list("/api/v1/pods", fieldSelector="status.phase!=Succeeded,status.phase!=Failed"))
+        try:
+            snap = capacity.snapshot(self.entry.name, nodes, pods, probe_seconds=time.monotonic() - started)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ClusterError(self.entry.name, f"cannot read the API's node or pod list: {exc}") from None
+        for node in nodes:
+            gpu = capacity.node_gpus(node)
+            if gpu is not None and gpu.value:
+                self._gpu_label[gpu.value] = (gpu.label, gpu.resource)
+        return snap
+
+    # ---- files ------------------------------------------------------------------------------------------
+    def attempt_files(self, request: JobRequest) -> AttemptFiles:
+        name = manifests.object_name(request.token)
+        return AttemptFiles(f".corral/runs/{request.token}", (f"pod:{name}",))
+
+    async def upload(self, local: Any, remote: str) -> None:
+        """Kept for the attempt's ConfigMap; a path outside a run's folder goes into every later one."""
+        token = _run_token(remote) or ""
+        self._uploads.setdefault(token, []).append((Path(local), remote))
+
+    # ---- jobs -------------------------------------------------------------------------------------------
+    async def submit(self, request: JobRequest) -> SubmitResult:
+        ns = self.namespace
+        name = manifests.object_name(request.token)
+        archives = _archives(self._uploads.get(request.token, []) + self._uploads.get("", []))
+        size = sum(len(v) for v in archives.values())
+        if size > manifests.CONFIGMAP_LIMIT:
+            return SubmitResult(False, None, False,
+                                f"{self.name}: the workdir and file mounts come to {size // 1024} KiB packed; a "
+                                "ConfigMap holds at most 1 MiB: put the data on a volume the pods mount "
+                                "(config.kubernetes.pod_config)")
+        files = {"setup.sh": request.setup or "", "run.sh": request.run or "", "env.sh": render_env(dict(request.envs))}
+        label, resource = self._gpu_label.get(request.accelerator_type or "",
+                                              (capacity.DEFAULT_GPU_LABEL, capacity.DEFAULT_GPU_RESOURCE))
+        status, answer = await self._call("POST", f"/api/v1/namespaces/{ns}/configmaps",
+                                          body=manifests.config_map(request, files, archives), allow=(409, 422))
+        if status == 422:
+            return SubmitResult(False, None, False, f"{self.name}: {_api_message(status, answer)}")
+        status, answer = await self._call("POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
+                                          body=manifests.job(request, self.entry.name, label, resource),
+                                          allow=(400, 403, 409, 422))
+        if status in (400, 403, 422):
+            await self._delete([f"/api/v1/namespaces/{ns}/configmaps/{name}"])
+            return SubmitResult(False, None, False, f"{self.name}: {_api_message(status, answer)}")
+        await self._call("POST", f"/api/v1/namespaces/{ns}/services", body=manifests.service(request), allow=(409,))
+        self._uploads.pop(request.token, None)
+        return SubmitResult(True, name, status == 409, "")
+
+    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
+        ns = self.namespace
+        selector = f"{manifests.LABEL_MANAGED}=corral"
+        jobs, pods = await asyncio.gather(self._list(f"/apis/batch/v1/namespaces/{ns}/jobs", labelSelector=selector),
+                                          self._list(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector))
+        events: list[dict[str, Any]] = []
+        if any((p.get("status") or {}).get("phase") == "Pending" for p in pods):
+            events = await self._list(f"/api/v1/namespaces/{ns}/events", fieldSelector="type=Warning")
+        return states.statuses(jobs, pods, events)
+
+    async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
+        ns = self.namespace
+        paths = []
+        for handle in handles:
+            if manifests.token_of(handle) is None:
+                continue
+            paths += [f"/apis/batch/v1/namespaces/{ns}/jobs/{handle}", f"/api/v1/namespaces/{ns}/services/{handle}",
+                      f"/api/v1/namespaces/{ns}/configmaps/{handle}"]
+        await self._delete(paths)
+
+    async def _delete(self, paths: list[str]) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        await asyncio.gather(*(self._call("DELETE", p, body=body, allow=(404,)) for p in paths))
+
+    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
+        """The head pod's output (node 0's, as SkyPilot shows); with `follow`, once it starts, until it ends."""
+        ns = self.namespace
+        selector = f"{states.JOB_NAME_LABEL}={handle},{states.INDEX_LABEL}=0"
+        while True:
+            pods = await self._list(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector)
+            phase = ((pods[0].get("status") or {}).get("phase") if pods else None) or "Pending"
+            if phase != "Pending" or not follow:
+                break
+            jobs = await self._list(f"/apis/batch/v1/namespaces/{ns}/jobs", fieldSelector=f"metadata.name={handle}")
+            if not jobs or states.statuses(jobs, pods)[0].state.value not in ("PENDING", "RUNNING"):
+                return
+            await asyncio.sleep(LOG_POLL_SECONDS)
+        if not pods:
+            return
+        pod = pods[0]["metadata"]["name"]
+        await asyncio.to_thread(self._stream_log, ns, pod, follow and phase == "Running",
+                                _thread_safe(on_output))
+
+    def _stream_log(self, ns: str, pod: str, follow: bool, on_output: OutputSink) -> None:
+        response = self._send("GET", f"/api/v1/namespaces/{ns}/pods/{pod}/log",
+                              [("follow", "true" if follow else "false")], None,
+                              (self.timeout, None) if follow else (self.timeout, self.timeout * 3))
+        try:
+            if response.status in (400, 404):  # not started yet, or gone
+                return
+            if response.status >= 300:
+                raise ClusterError(self.entry.name, _api_message(response.status, response.data, response.reason))
+            for chunk in response.stream(65536):
+                on_output(chunk)
+        finally:
+            response.release_conn()
+
+
+def _thread_safe(sink: OutputSink) -> Callable[[bytes], None]:
+    loop = asyncio.get_running_loop()
+    return lambda chunk: loop.call_soon_threadsafe(sink, chunk)
+
+
+def _loads(data: Any) -> Any:
+    if not data:
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, TypeError):
+        return None
+
+
+def _api_message(status: int, body: Any, reason: str | None = None) -> str:
+    """The API's own words (a Status object's message), with its code."""
+    answer = _loads(body) if isinstance(body, (str, bytes)) else body
+    message = (answer or {}).get("message") if isinstance(answer, dict) else None
+    return f"the API answered {status}: {' '.join(str(message or reason or 'no message').split())}"
+
+
+def _run_token(remote: str) -> str | None:
+    prefix = ".corral/runs/"
+    if remote.startswith(prefix):
+        return remote[len(prefix):].split("/", 1)[0]
+    return None
+
+
+def _archives(uploads: list[tuple[Path, str]]) -> dict[str, str]:
+    """The uploads as `home.tar.gz` (paths under the home) and `root.tar.gz` (absolute), base64."""
+    trees: dict[str, io.BytesIO] = {}
+    tars: dict[str, tarfile.TarFile] = {}
+    for local, remote in uploads:
+        key = "root.tar.gz" if remote.startswith("/") else "home.tar.gz"
+        if key not in tars:
+            trees[key] = io.BytesIO()
+            tars[key] = tarfile.open(fileobj=trees[key], mode="w:gz")
+        target = remote.lstrip("/").removeprefix("~/").rstrip("/")
+        if local.is_dir():
+            for path in sorted(local.rglob("*")):
+                tars[key].add(path, arcname=f"{target}/{path.relative_to(local)}", recursive=False)
+        else:
+            tars[key].add(local, arcname=f"{target}/{local.name}" if remote.endswith("/") else target)
+    for tar in tars.values():
+        tar.close()
+    return {key: base64.b64encode(tree.getvalue()).decode() for key, tree in trees.items()}

@@ -1,0 +1,184 @@
+"""`k8s/<context>` next to the real Slurm testbed. The Kubernetes side is a FAKE API server
+(testbed/kubeapi.py: no real Kubernetes can be installed on these machines) that schedules pods by their
+requests, runs Indexed Jobs' pods as local processes and reports as the API does; Corral reaches it
+through the official `kubernetes` client as it would a real one. What these tests show: one view of
+every kind at one round trip each; overflow to Kubernetes only where Slurm cannot start the work
+sooner; Indexed Jobs with the same variables; pending reasons from the scheduler; logs, cancel, queue;
+pod_config passed through; a lost node failing the attempt as the infrastructure's doing, and a managed
+job recovered. `tests/infra/kube/test_real_cluster.py` runs against a real cluster when one is named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_pools import POOL
+from tests.conftest import wait_for
+from tests.helpers import counting_ssh
+
+
+def kube_settings(kube) -> dict:
+    return {"kubernetes": {"allowed_contexts": [kube.context], "kubeconfig": str(kube.kubeconfig)}}
+
+
+@pytest.fixture
+def kube_env(corral_env, kube, tmp_path):
+    home = tmp_path / "corral-home"
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(json.dumps(kube_settings(kube)))
+    yield corral_env
+    subprocess.run(["corral", "cancel", "--all"], env=corral_env, capture_output=True)
+    wait_for("the fake's pods to end", lambda: not [p for p in pods(kube) if p["status"]["phase"] == "Running"], 30)
+
+
+def pods(kube, selector: str = "app.kubernetes.io/managed-by=corral") -> list[dict]:
+    return kube.request("GET", f"/api/v1/namespaces/default/pods?labelSelector={selector}")["items"]
+
+
+def job_of(corral, env, job_id: str) -> dict:
+    return {j["job_id"]: j for j in corral("queue", "--json", env=env).json()}[job_id]
+
+
+def test_one_view_of_every_kind_at_one_round_trip_each(corral, corral_env, kube, machines, testbed, tmp_path):
+    config = tmp_path / "cluster-file"
+    config.write_text(testbed.cluster_config.read_text() + "\n" + machines.ssh_config.read_text())
+    home = tmp_path / "corral-home"
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(json.dumps({**POOL, **kube_settings(kube)}))
+    env, calls = counting_ssh(tmp_path, {**corral_env, "CORRAL_SLURM_CONFIG": str(config)})
+    for attempt in ("cold", "warm"):
+        before, requests_before = len(calls()), len(kube.requests())
+        gpus = corral("gpus", "--json", env=env)
+        assert gpus.exit_code == 0, gpus.stderr
+        assert sorted(calls()[before:]) == ["alpine", "borealis", "cirrus", "lab1", "lab2", "lab3", "lab4"], attempt
+        # The context's one round trip: its nodes and its pods, asked together.
+        assert sorted(kube.requests()[requests_before:]) == ["GET /api/v1/nodes", "GET /api/v1/pods"], attempt
+    rows = {(r["cluster"], r["gpu"]): r for r in gpus.json() if "error" not in r}
+    assert (rows[("kind-fake", "A100")]["total"], rows[("kind-fake", "A100")]["nodes"]) == (8, 2)
+    assert rows[("kind-fake", "A100")]["gres_type"] == "NVIDIA-A100-SXM4-80GB"  # GPU feature discovery's label
+    assert rows[("kind-fake", "L4")]["gres_type"] == "nvidia-l4"  # GKE's label
+    assert ("lab", "A100") in rows and ("alpine", "H100") in rows  # side by side
+    table = corral("gpus", env=env).stdout
+    assert "kind-fake" in table and "lab" in table and "borealis" in table
+    only = corral("gpus", "--json", "--infra", "k8s", env=env).json()
+    assert {r["cluster"] for r in only} == {"kind-fake"}
+    assert {r["cluster"] for r in corral("gpus", "--json", "--infra", "kubernetes/kind-fake", env=env).json()} == {
+        "kind-fake"}
+    checked = {c["cluster"]: c for c in corral("check", "--json", env=env).json()}
+    assert checked["kind-fake"]["ok"] and checked["lab"]["ok"] and checked["alpine"]["ok"]
+    assert "(kubernetes)" in corral("check", env=env).stdout
+
+
+def test_work_overflows_to_kubernetes_as_indexed_jobs(corral, kube_env, kube):
+    # L4: alpine can start it now, so Slurm first (the context's L4 node is the overflow).
+    l4 = corral("launch", "-d", "--json", "--gpus", "L4:1", "--", "true", env=kube_env).json()
+    assert l4["cluster"] == "alpine"
+    run = ('echo "rank=$CORRAL_NODE_RANK host=$(hostname) gpus=$NVIDIA_VISIBLE_DEVICES '
+           'nodes=$(echo $CORRAL_NODE_IPS | tr " " ,) n=$CORRAL_NUM_NODES cluster=$CORRAL_CLUSTER id=$CORRAL_TASK_ID"; '
+           "sleep 300")
+    both = corral("launch", "-d", "--json", "--gpus", "A100:4", "--num-nodes", "2", "--", run, env=kube_env)
+    assert both.exit_code == 0, both.stderr
+    placed = both.json()
+    handle, job_id = placed["slurm_job_id"], placed["job_id"]
+    assert placed["cluster"] == "kind-fake" and handle.startswith("corral-")
+    wait_for("both pods to run", lambda: job_of(corral, kube_env, job_id)["state"] == "RUNNING", 30)
+    out = wait_for("its output", lambda: corral("logs", "--no-follow", job_id, env=kube_env).stdout)
+    assert out.strip() == (f"rank=0 host={handle}-0 gpus=0,1,2,3 nodes={handle}-0.{handle},{handle}-1.{handle} n=2 "
+                           f"cluster=kind-fake id={job_id}")
+    assert sorted(p["spec"]["nodeName"] for p in pods(kube, f"job-name={handle}")) == ["kn1", "kn2"]
+    assert job_of(corral, kube_env, job_id)["infra"] == "k8s/kind-fake"
+    assert "k8s/kind-fake" in corral("queue", env=kube_env).stdout
+    # Every A100 is taken: the next task waits in the context, with the scheduler's own reason.
+    waiting = corral("launch", "-d", "--json", "--gpus", "A100:1", "--", "echo later", env=kube_env).json()
+    assert waiting["cluster"] == "kind-fake"
+    reason = wait_for("the scheduler's reason", lambda: job_of(corral, kube_env, waiting["job_id"])["reason"], 20)
+    assert "0/4 nodes are available" in reason and "Insufficient nvidia.com/gpu" in reason, reason
+    assert job_of(corral, kube_env, waiting["job_id"])["state"] == "PENDING"
+    # Cancel ends the pods (their processes too); the waiting task gets the GPUs and runs.
+    assert "cancelled" in corral("cancel", job_id, env=kube_env).stdout
+    token = handle.removeprefix("corral-")
+    wait_for("the pods' processes to end", lambda: subprocess.run(["pgrep", "-f", f"runs/{token}"],
+                                                                  capture_output=True).returncode != 0, 20)
+    wait_for("the waiting task to run and end", lambda: job_of(corral, kube_env, waiting["job_id"])["state"]
+             == "SUCCEEDED", 30)
+    assert corral("logs", "--no-follow", waiting["job_id"], env=kube_env).stdout == "later\n"
+    assert job_of(corral, kube_env, job_id)["state"] == "CANCELLED"
+    # A task's own failure: its exit code, as the task's doing.
+    failed = corral("launch", "-d", "--json", "--infra", "k8s/kind-fake", "--gpus", "L4:1", "--", "exit 3",
+                    env=kube_env).json()
+    ended = wait_for("it to fail", lambda: (j := job_of(corral, kube_env, failed["job_id"]))["state"] == "FAILED" and j)
+    assert (ended["exit_code"], ended["reason"]) == (3, "Error (exit code 3)")
+
+
+def test_pod_config_mounts_shared_storage_and_the_workdir_and_env_travel(corral, kube_env, testbed, tmp_path):
+    shared = testbed.paths.root / "kube-shared"  # stands for the NFS export the Slurm clusters mount
+    shared.mkdir(exist_ok=True)
+    (shared / "data.txt").write_text("from the shared filesystem\n")
+    shared.chmod(0o755)
+    (shared / "data.txt").chmod(0o644)
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "train.py").write_text("print('trained')\n")
+    task = tmp_path / "task.yaml"
+    task.write_text(json.dumps({
+        "name": "podcfg", "workdir": str(workdir), "envs": {"GREETING": "hello 'world'"},
+        "resources": {"infra": "k8s/kind-fake", "accelerators": "L4:1"},
+        "setup": "echo setup-ran > setup.out",
+        "run": 'cat setup.out; python3 train.py; cat /shared/data.txt; echo "$GREETING $FROM_POD_CONFIG"',
+        "config": {"kubernetes": {"pod_config": {"spec": {
+            "containers": [{"env": [{"name": "FROM_POD_CONFIG", "value": "yes"}],
+                            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
+            "volumes": [{"name": "shared", "hostPath": {"path": str(shared)}}]}}}},
+    }))
+    launched = corral("launch", "-d", "--json", str(task), env=kube_env)
+    assert launched.exit_code == 0, launched.stderr
+    job_id = launched.json()["job_id"]
+    ended = wait_for("it to end", lambda: (j := job_of(corral, kube_env, job_id))["state"] in ("SUCCEEDED", "FAILED")
+                     and j, 30)
+    logs = corral("logs", "--no-follow", job_id, env=kube_env).stdout
+    assert ended["state"] == "SUCCEEDED", logs
+    assert logs == "setup-ran\ntrained\nfrom the shared filesystem\nhello 'world' yes\n"
+
+
+def test_a_lost_node_fails_the_attempt_as_infrastructure_and_a_managed_job_recovers(corral, kube_env, kube,
+                                                                                      tmp_path):
+    env = {**kube_env, "CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_GRACE_SECONDS": "6"}
+    task = tmp_path / "survivor.yaml"
+    task.write_text(json.dumps({"name": "survivor", "resources": {"infra": "k8s", "accelerators": "A100:4"},
+                                "run": 'echo "on $(hostname)"; sleep 600'}))
+    launched = corral("jobs", "launch", "--json", str(task), env=env)
+    assert launched.exit_code == 0, launched.stderr
+    job_id = launched.json()["job_id"]
+
+    def managed() -> dict:
+        return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job_id]
+
+    first = wait_for("the job to run", lambda: (j := managed())["state"] == "RUNNING" and j, 60)
+    node = pods(kube, f"job-name={first['slurm_job_id']}")[0]["spec"]["nodeName"]
+    kube.lose_node(node)
+    try:
+        moved = wait_for("the job to be recovered on another node", lambda: (j := managed())["state"] == "RUNNING"
+                         and j["slurm_job_id"] not in (first["slurm_job_id"], None) and j, 90)
+        again = pods(kube, f"job-name={moved['slurm_job_id']}")
+        assert [p["spec"]["nodeName"] for p in again] != [node]
+        events = corral("jobs", "events", job_id, "--json", env=env).json()
+        assert any("node no longer exists" in (e.get("reason") or "") for e in events), events
+        assert moved["recoveries"] >= 1
+    finally:
+        kube.restore_node(node)
+        corral("jobs", "cancel", job_id, env=env)
+
+
+def test_the_fake_is_only_reached_through_the_kubeconfig(kube, tmp_path):
+    """The backend's one way in is the kubeconfig: a wrong token is refused as a real API server does."""
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    with pytest.raises(HTTPError) as refused:
+        urlopen(Request(f"http://127.0.0.1:{kube.port}/api/v1/nodes", headers={"Authorization": "Bearer wrong"}),
+                timeout=5)
+    assert refused.value.code == 401
+    assert json.loads(Path(kube.kubeconfig).read_text())["contexts"][0]["name"] == "kind-fake"

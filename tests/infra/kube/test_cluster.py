@@ -1,0 +1,95 @@
+"""KubeInfra's answers at the edges, against the fake API server (testbed/kubeapi.py) through the official
+client: a retried submission makes no second Job, what the API refuses says why and leaves nothing
+behind, and a missing context, a wrong token or a silent server are clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+
+from corral.config import KubeEntry
+from corral.errors import ClusterError, ClusterUnreachableError, ConfigError
+from corral.infra.base import JobRequest, JobState, new_token
+from corral.infra.kube.cluster import KubeInfra
+
+
+def infra(kube, **overrides) -> KubeInfra:
+    entry = KubeEntry(overrides.pop("context", kube.context), str(overrides.pop("kubeconfig", kube.kubeconfig)))
+    return KubeInfra(entry, Counter(), timeout=3)
+
+
+def request(**overrides) -> JobRequest:
+    base = dict(token=new_token(), task_ids=("c-kubetest0001",), place="kind-fake", num_nodes=1,
+                accelerator_type=None, accelerators_per_node=0, cpus_per_node=1, memory_mb=None, envs={},
+                setup=None, run="sleep 30")
+    base.update(overrides)
+    return JobRequest(**base)
+
+
+def objects(kube, kind: str, token: str) -> list[dict]:
+    path = {"jobs": "/apis/batch/v1/namespaces/default/jobs",
+            "configmaps": "/api/v1/namespaces/default/configmaps"}[kind]
+    return kube.request("GET", f"{path}?labelSelector=corral.dev/token={token}")["items"]
+
+
+def test_a_retried_submission_finds_its_job(kube):
+    backend = infra(kube)
+    asked = request()
+    first = asyncio.run(backend.submit(asked))
+    again = asyncio.run(infra(kube).submit(asked))
+    try:
+        assert (first.accepted, first.already_existed) == (True, False)
+        assert (again.accepted, again.already_existed, again.handle) == (True, True, first.handle)
+        assert len(objects(kube, "jobs", asked.token)) == 1
+        status = asyncio.run(backend.status([first.handle]))
+        assert [s.state for s in status if s.handle == first.handle] in ([JobState.PENDING], [JobState.RUNNING])
+    finally:
+        asyncio.run(backend.cancel([first.handle], [""]))
+    assert objects(kube, "jobs", asked.token) == [] and objects(kube, "configmaps", asked.token) == []
+
+
+def test_what_the_api_refuses_says_why_and_leaves_nothing(kube):
+    asked = request(scheduler_options={"pod_config": {"spec": {"containers": [
+        {"resources": {"requests": {"cpu": "lots"}}}]}}})
+    answer = asyncio.run(infra(kube).submit(asked))
+    assert not answer.accepted
+    assert "the API answered 422" in answer.message and "lots" in answer.message
+    assert objects(kube, "configmaps", asked.token) == []
+
+
+def test_a_workdir_too_large_for_a_config_map_is_refused_before_anything_is_created(kube, tmp_path):
+    big = tmp_path / "big.bin"
+    big.write_bytes(__import__("os").urandom(1_200_000))
+    backend = infra(kube)
+    asked = request()
+    asyncio.run(backend.upload(big, f".corral/runs/{asked.token}/workdir/big.bin"))
+    answer = asyncio.run(backend.submit(asked))
+    assert not answer.accepted and "a ConfigMap holds at most 1 MiB" in answer.message
+    assert "pod_config" in answer.message and objects(kube, "configmaps", asked.token) == []
+
+
+def test_an_unknown_context_names_the_ones_there_are(kube):
+    with pytest.raises(ConfigError, match="no context 'nope' in the kubeconfig.*its contexts: kind-fake"):
+        asyncio.run(infra(kube, context="nope").probe())
+
+
+def test_a_missing_kubeconfig_is_a_config_error(kube, tmp_path):
+    with pytest.raises(ConfigError, match="cannot load the kubeconfig"):
+        asyncio.run(infra(kube, kubeconfig=tmp_path / "absent").probe())
+
+
+def test_a_wrong_token_and_a_silent_server(kube, tmp_path):
+    config = json.loads(kube.kubeconfig.read_text())
+    config["users"][0]["user"]["token"] = "wrong"
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text(json.dumps(config))
+    with pytest.raises(ClusterError, match="the API answered 401: Unauthorized"):
+        asyncio.run(infra(kube, kubeconfig=wrong).probe())
+    config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"  # discard: nothing listens
+    silent = tmp_path / "silent"
+    silent.write_text(json.dumps(config))
+    with pytest.raises(ClusterUnreachableError, match="the API server does not answer"):
+        asyncio.run(infra(kube, kubeconfig=silent).probe())
