@@ -15,7 +15,8 @@ events), and plays the parts behind them in one process:
   bind-mounted at their mountPaths (created on the host if missing; not under /tmp), its GPUs as
   `NVIDIA_VISIBLE_DEVICES` (what the device plugin would hand over). Logs are its output.
 
-No DNS, no networking between pods, no watches, no TTL controller, no admission beyond a few checks.
+No DNS, no networking between pods, no watches, no TTL controller, no admission beyond a few checks;
+merge patches only; the garbage collector removes what a deleted object owned.
 Nodes come from `--nodes` (JSON). `POST /fake/nodes/<name>/lose` takes a node away as a crashed one
 goes: its pods fail with a `DisruptionTarget` condition (`.../restore` brings it back). `GET /fake/requests` lists every request
 served (tests count round trips with it). `FakeKubernetes` starts and stops one for tests. Run: `python -m testbed.kubeapi --port P
@@ -171,11 +172,28 @@ class Cluster:
             return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.version)},
                     "items": items}
 
+    def patch(self, kind: str, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386), as `application/merge-patch+json` asks."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the patch is not a JSON object")
+        with self.lock:
+            obj = self.objects.get((kind, namespace, name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+            _merge_patch(obj, body)
+            self._stamp(obj)
+            return copy.deepcopy(obj)
+
     def delete(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
         with self.lock:
             obj = self.objects.pop((kind, namespace, name), None)
             if obj is None:
                 raise ApiError(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+            uid = obj["metadata"].get("uid")
+            for key, other in list(self.objects.items()):  # the garbage collector: what it owned goes too
+                if key[0] != "Pod" and any(ref.get("uid") == uid for ref in other["metadata"].get("ownerReferences")
+                                           or []):
+                    del self.objects[key]
             if kind == "Job":  # propagation: its pods go too (ended now, removed once their process is gone)
                 for (k, ns, _), pod in list(self.objects.items()):
                     if k == "Pod" and ns == namespace and pod["metadata"]["labels"].get("job-name") == name:
@@ -481,6 +499,16 @@ def _user_ids() -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
+def _merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
 def _labels_match(obj: dict[str, Any], selector: str) -> bool:
     labels = obj.get("metadata", {}).get("labels") or {}
     for term in filter(None, selector.split(",")):
@@ -564,7 +592,7 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                     raise ApiError(401, "Unauthorized", "Unauthorized")
                 url = urlparse(self.path)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                body = self._body() if method in ("POST", "DELETE") else None
+                body = self._body() if method in ("POST", "DELETE", "PATCH") else None
                 if url.path == "/version":
                     return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-corral-fake"})
                 if method == "GET" and url.path == "/fake/requests":
@@ -590,6 +618,10 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                         return self._send(201, cluster.create(kind, namespace, body))
                     if method == "DELETE" and name and namespace:
                         return self._send(200, cluster.delete(kind, namespace, name))
+                    if method == "PATCH" and name and namespace:
+                        if "merge-patch" not in (self.headers.get("Content-Type") or ""):
+                            raise ApiError(415, "UnsupportedMediaType", "the fake takes merge patches only")
+                        return self._send(200, cluster.patch(kind, namespace, name, body))
                     raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {url.path}")
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             except ApiError as exc:
@@ -621,6 +653,9 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
 
         def do_DELETE(self) -> None:  # noqa: N802
             self._handle("DELETE")
+
+        def do_PATCH(self) -> None:  # noqa: N802
+            self._handle("PATCH")
 
     return Handler
 

@@ -19,7 +19,7 @@ CORPUS = Path(__file__).parent / "fixtures" / "skypilot"
 WARNED = {
     "minimal.yaml": set(),
     "syntax.yaml": {f"resources.{f}" for f in IGNORED_RESOURCE_FIELDS} | {"resources.image_id", "resources.autostop",
-                                                                          "config"},
+                                                                          "config.kubernetes.provision_timeout"},
     "accelerators.yaml": set(),
     "location_forms.yaml": {"resources"},  # the aws and gcp alternatives, skipped
     "cpus_memory.yaml": set(),

@@ -44,10 +44,18 @@ def ignored_fields(task: Task, *, dev: bool = False) -> list[str]:
             lines.append(f"{path}.autostop.hook: not run by Corral (the allocation is released without it)")
     foreign = foreign_alternatives(task.resources)
     if foreign:
-        lines.append(f"resources: alternatives on {', '.join(foreign)} skipped (Corral runs on Slurm clusters)")
+        lines.append(f"resources: alternatives on {', '.join(foreign)} skipped (Corral runs on Slurm clusters, "
+                     "SSH pools and Kubernetes)")
     if task.config:
-        lines.append(f"config: ignored on Slurm ({', '.join(map(str, task.config))}: settings for SkyPilot's "
-                     "clouds and Kubernetes)")
+        kube = task.config.get("kubernetes")
+        for key in kube if isinstance(kube, dict) else ():
+            if key != "pod_config":
+                lines.append(f"config.kubernetes.{key}: ignored (Corral passes pod_config to Kubernetes, nothing "
+                             "else)")
+        others = [str(key) for key in task.config if key != "kubernetes"]
+        if others:
+            lines.append(f"config: {', '.join(others)} ignored (settings for SkyPilot's clouds; Corral reads "
+                         "config.kubernetes.pod_config only)")
     if task.service:
         lines.append("service: ignored; Corral runs the task as a job and sets up no SkyServe service")
     return lines

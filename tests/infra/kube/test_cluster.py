@@ -93,3 +93,18 @@ def test_a_wrong_token_and_a_silent_server(kube, tmp_path):
     silent.write_text(json.dumps(config))
     with pytest.raises(ClusterUnreachableError, match="the API server does not answer"):
         asyncio.run(infra(kube, kubeconfig=silent).probe())
+
+
+def test_the_service_and_config_map_belong_to_the_job(kube):
+    backend = infra(kube)
+    asked = request(run="true")
+    submitted = asyncio.run(backend.submit(asked))
+    assert submitted.accepted, submitted.message
+    [config] = objects(kube, "configmaps", asked.token)
+    [job] = objects(kube, "jobs", asked.token)
+    assert config["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    service = kube.request("GET", f"/api/v1/namespaces/default/services/{submitted.handle}")
+    assert service["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    # Deleting the Job alone (as Kubernetes' TTL controller does once it ended) takes them with it.
+    kube.request("DELETE", f"/apis/batch/v1/namespaces/default/jobs/{submitted.handle}")
+    assert objects(kube, "configmaps", asked.token) == []

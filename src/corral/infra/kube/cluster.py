@@ -5,8 +5,9 @@ modules here).
 Cost per call, in API requests (each counted as a round trip of the context, requests of one call
 going out together):
 - probe: nodes and pods (every namespace), in parallel: one round trip;
-- submit: the ConfigMap, then the Job (409: it exists, the retried submission found it), then the
-  Service: three; the Job is found again by name, which is its token's;
+- submit: the ConfigMap, then the Job (409: it exists, the retried submission found it, and reads
+  it), then the Service and the ConfigMap's owner (the Job, so that both go with it) together: three
+  or four round trips; the Job is found again by name, which is its token's;
 - status: Corral's Jobs and pods in the namespace, in parallel, plus its Warning events when a pod
   is pending: one or two round trips, whatever the number of jobs;
 - cancel: delete each Job (its pods with it), Service and ConfigMap; logs: the head pod's (index 0),
@@ -85,8 +86,8 @@ class KubeInfra(Infra):
         self._client()
         return self._namespace or "default"
 
-    def _send(self, method: str, path: str, query: Sequence[tuple[str, Any]], body: Any,
-              timeout: Any) -> Any:
+    def _send(self, method: str, path: str, query: Sequence[tuple[str, Any]], body: Any, timeout: Any,
+              content_type: str = "application/json") -> Any:
         """One request (blocking), its urllib3 response unread. Raises ClusterUnreachableError."""
         api = self._client()
         if self._round_trips is not None:
@@ -94,7 +95,7 @@ class KubeInfra(Infra):
         try:
             method, url, headers, body, post = api.param_serialize(
                 method, path, query_params=list(query), body=body, auth_settings=["BearerToken"],
-                header_params={"Accept": "application/json", "Content-Type": "application/json"})
+                header_params={"Accept": "application/json", "Content-Type": content_type})
             return api.call_api(method, url, header_params=headers, body=body, post_params=post,
                                 _request_timeout=timeout).response
         except Exception as exc:  # urllib3's: refused, timed out, name not resolved
@@ -102,10 +103,10 @@ class KubeInfra(Infra):
                                                            f"({' '.join(str(exc).split())[:300]})") from None
 
     async def _call(self, method: str, path: str, *, query: Sequence[tuple[str, Any]] = (), body: Any = None,
-                    allow: tuple[int, ...] = ()) -> tuple[int, Any]:
+                    allow: tuple[int, ...] = (), content_type: str = "application/json") -> tuple[int, Any]:
         """One API request in a worker thread: (status, parsed JSON). Statuses in `allow` are answers."""
         def send() -> tuple[int, Any]:
-            response = self._send(method, path, query, body, (self.timeout, self.timeout * 3))
+            response = self._send(method, path, query, body, (self.timeout, self.timeout * 3), content_type)
             data = response.data
             if response.status < 300 or response.status in allow:
                 return response.status, _loads(data)
@@ -168,7 +169,16 @@ class KubeInfra(Infra):
         if status in (400, 403, 422):
             await self._delete([f"/api/v1/namespaces/{ns}/configmaps/{name}"])
             return SubmitResult(False, None, False, f"{self.name}: {_api_message(status, answer)}")
-        await self._call("POST", f"/api/v1/namespaces/{ns}/services", body=manifests.service(request), allow=(409,))
+        if status == 409:  # a retried submission: its Job (and what the first try made) is there
+            _, answer = await self._call("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/{name}", allow=(404,))
+        owner = manifests.owned_by(answer or {})
+        # The Service and the ConfigMap belong to the Job: Kubernetes removes them with it.
+        calls = [self._call("POST", f"/api/v1/namespaces/{ns}/services", body=manifests.service(request, owner),
+                            allow=(409,))]
+        if owner:
+            calls.append(self._call("PATCH", f"/api/v1/namespaces/{ns}/configmaps/{name}", body={"metadata": owner},
+                                    content_type="application/merge-patch+json", allow=(404,)))
+        await asyncio.gather(*calls)
         self._uploads.pop(request.token, None)
         return SubmitResult(True, name, status == 409, "")
 

@@ -8,6 +8,8 @@
   `corral-<token>-<i>` under the Service, so the nodes reach each other by name.
 - a headless Service `corral-<token>` for that rendezvous.
 
+The Service and the ConfigMap are owned by the Job (`ownerReferences`), so they go when it goes.
+
 Every object carries `LABEL_TOKEN` (the attempt's token, so a retried submission finds its job) and
 `LABEL_MANAGED`. The task's `config.kubernetes.pod_config` is merged onto the pod as SkyPilot does:
 maps key by key, the first container onto Corral's, other lists appended.
@@ -96,9 +98,19 @@ def config_map(request: JobRequest, files: Mapping[str, str], archives: Mapping[
             "data": dict(files), "binaryData": dict(archives)}
 
 
-def service(request: JobRequest) -> dict[str, Any]:
+def owned_by(job_object: Mapping[str, Any]) -> dict[str, Any]:
+    """Metadata making an object the Job's (garbage-collected with it); {} without the Job's uid."""
+    meta = job_object.get("metadata") or {}
+    if not meta.get("uid"):
+        return {}
+    return {"ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta.get("name"),
+                                 "uid": meta["uid"], "blockOwnerDeletion": False}]}
+
+
+def service(request: JobRequest, owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
     name = object_name(request.token)
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels(request)},
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "labels": labels(request), **(owner or {})},
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": {LABEL_TOKEN: labels(request)[LABEL_TOKEN]}}}
 
