@@ -102,3 +102,22 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
         os.umask(umask)
     out.seek(0)
     return code, out.read(), err.getvalue()
+
+
+# Every node of every partition of the three clusters taken, by jobs submitted outside Corral.
+NODE_BLOCKERS = {"alpine": [("gpu", 2), ("cpu", 1), ("inference", 1)], "borealis": [("h100-cluster", 2), ("l40s", 1)],
+                 "cirrus": [("b300", 2), ("debug", 1)]}
+
+
+def fill_every_node(config: Path) -> dict[str, list[str]]:
+    """Submit a blocker per partition and wait until they run: no Slurm cluster can start anything now.
+    Returns their Slurm ids by cluster (scancel them afterwards)."""
+    from tests.conftest import wait_for
+
+    blockers = {cluster: [ssh_login(config, cluster, f"sbatch --parsable -p {partition} -N{nodes} --exclusive -t 50 "
+                                                      "--wrap 'sleep 1800'").strip() for partition, nodes in parts]
+                for cluster, parts in NODE_BLOCKERS.items()}
+    for cluster, jobs in blockers.items():
+        for job in jobs:
+            wait_for(f"{cluster} to be full", lambda c=cluster, j=job: job_state(config, c, j) == "RUNNING")
+    return blockers

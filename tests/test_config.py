@@ -1,6 +1,8 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from corral.config import load_registry
 from corral.errors import ConfigError, UnknownClusterError
@@ -110,3 +112,22 @@ def test_bad_kubernetes_settings_say_what_is_wrong(tmp_path: Path, monkeypatch: 
     path = kube_settings(tmp_path, monkeypatch, text)
     with pytest.raises(ConfigError, match=message):
         load_registry(path)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
+                          lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                  st.dictionaries(st.sampled_from(
+                                                      ["allowed_contexts", "namespace", "kubeconfig", "x"]), inner,
+                                                      max_size=3)), max_leaves=8))
+def test_any_kubernetes_setting_loads_or_says_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             value: object) -> None:
+    import yaml
+
+    path = kube_settings(tmp_path, monkeypatch, yaml.safe_dump({"kubernetes": value}))
+    try:
+        registry = load_registry(path)
+    except ConfigError as exc:
+        assert "kubernetes" in str(exc)
+        return
+    assert all(registry.infra_kind(name) in ("slurm", "k8s") for name in registry.names())
