@@ -12,7 +12,7 @@ from collections import Counter
 from tests.cli.test_kube import kube_settings
 from tests.cli.test_pools import POOL
 from tests.conftest import wait_for
-from tests.helpers import fill_every_node, ssh_login
+from tests.helpers import fill_every_node, job_state, ssh_login
 
 
 def test_a_sweep_with_every_slurm_cluster_full_overflows_and_runs_each_job_once(corral, corral_env, kube, machines,
@@ -57,3 +57,63 @@ def test_a_sweep_with_every_slurm_cluster_full_overflows_and_runs_each_job_once(
         for cluster, jobs in blockers.items():
             ssh_login(testbed.cluster_config, cluster, "scancel " + " ".join(jobs))
         subprocess.run(["corral", "cancel", "--all"], env=env, capture_output=True)
+
+
+def test_a_managed_job_moves_to_a_pool_machine_that_frees_up_and_back(corral, corral_env, machines, testbed,
+                                                                      tmp_path):
+    """L4s: alpine's two (its `inference` node) and lab3's two. With all four taken, a managed L4 job waits
+    on alpine (Slurm predicts a start, the pool cannot). lab3 frees up: the controller moves the job there.
+    Then alpine frees up and lab3 goes away: the job fails there as the machine's doing and comes back
+    to alpine."""
+    config = tmp_path / "cluster-file"
+    config.write_text(testbed.cluster_config.read_text() + "\n" + machines.ssh_config.read_text())
+    home = tmp_path / "corral-home"
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(json.dumps(POOL))
+    env = {**corral_env, "CORRAL_SLURM_CONFIG": str(config), "CORRAL_CONTROLLER_INTERVAL": "1",
+           "CORRAL_CONTROLLER_GRACE_SECONDS": "6", "CORRAL_CONTROLLER_REROUTE_AFTER": "2",
+           "CORRAL_CONTROLLER_REROUTE_COOLDOWN": "5", "CORRAL_CONTROLLER_PREDICT_INTERVAL": "2"}
+    alpine_l4 = ssh_login(testbed.cluster_config, "alpine",
+                          "sbatch --parsable -p inference -N1 --exclusive -t 50 --wrap 'sleep 1800'").strip()
+    pool_l4 = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "L4:2", "--", "sleep 600", env=env)
+    assert pool_l4.exit_code == 0, pool_l4.stderr
+    task = tmp_path / "mover.yaml"
+    task.write_text(json.dumps({"name": "mover", "resources": {"accelerators": "L4:1"},
+                                "run": 'echo "on $CORRAL_CLUSTER $(hostname)"; sleep 600'}))
+    try:
+        launched = corral("jobs", "launch", "--json", str(task), env=env)
+        assert launched.exit_code == 0, launched.stderr
+        job = launched.json()["job_id"]
+
+        def managed() -> dict:
+            return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job]
+
+        waiting = wait_for("the job to wait on alpine", lambda: (j := managed())["state"] == "PENDING"
+                           and j["cluster"] == "alpine" and j["slurm_job_id"] and j, 60)
+        assert waiting["moves"] == 0
+        corral("cancel", pool_l4.json()["job_id"], env=env)  # lab3's L4s free up
+        on_pool = wait_for("the job to move to the pool", lambda: (j := managed())["state"] == "RUNNING"
+                           and j["cluster"] == "lab" and j, 90)
+        assert on_pool["slurm_job_id"].startswith("lab3/") and on_pool["moves"] == 1
+        story = [e["reason"] or "" for e in corral("jobs", "events", job, "--json", env=env).json()]
+        assert any(r.startswith("re-routed to ssh/lab") for r in story), story
+        wait_for("alpine's attempt to be cancelled", lambda: job_state(testbed.cluster_config, "alpine",
+                                                                       waiting["slurm_job_id"]) == "CANCELLED")
+        # Back: alpine frees up, and lab3 goes away with the job on it.
+        ssh_login(testbed.cluster_config, "alpine", f"scancel {alpine_l4}")
+        machines.stop_machine("lab3")
+        try:
+            back = wait_for("the job to come back to alpine", lambda: (j := managed())["state"] == "RUNNING"
+                            and j["cluster"] == "alpine" and j, 120)
+        finally:
+            machines.start_machine("lab3")
+        story = [e["reason"] or "" for e in corral("jobs", "events", job, "--json", env=env).json()]
+        assert any("MACHINE_DOWN" in r for r in story), story
+        assert back["recoveries"] >= 1
+        assert "on alpine a4" in wait_for("its output on alpine", lambda: corral(
+            "jobs", "logs", "--no-follow", job, env=env).stdout, 30)
+    finally:
+        ssh_login(testbed.cluster_config, "alpine", f"scancel {alpine_l4}")
+        corral("jobs", "cancel", "--all", env=env)
+        subprocess.run(["corral", "cancel", "--all"], env=env, capture_output=True)
+        subprocess.run(["corral", "server", "stop"], env=env, capture_output=True)
