@@ -131,3 +131,17 @@ def test_any_kubernetes_setting_loads_or_says_what_is_wrong(tmp_path: Path, monk
         assert "kubernetes" in str(exc)
         return
     assert all(registry.infra_kind(name) in ("slurm", "k8s") for name in registry.names())
+
+
+@pytest.mark.parametrize("value", ["[slurm, slurm]", "[aws]", "slurm", "[]"])
+def test_a_bad_infra_order_says_what_it_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    path = kube_settings(tmp_path, monkeypatch, f"infra_order: {value}\n")
+    with pytest.raises(ConfigError, match="'infra_order' must list kinds of place"):
+        load_registry(path)
+
+
+def test_infra_order_fills_in_the_kinds_it_leaves_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.config import infra_order
+
+    kube_settings(tmp_path, monkeypatch, "infra_order: [k8s]\n")
+    assert infra_order() == ("k8s", "slurm", "ssh")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from corral.infra.slurm.probe import parse_probe_output
-from corral.placement import build_plan, slurm_minutes
-from corral.task import parse_task, resource_options
+from corral.placement import DEFAULT_KIND_ORDER, build_plan, slurm_minutes
+from corral.task import Task, parse_task, resource_options
 from tests.conftest import FIXTURES
 
 
@@ -131,3 +131,34 @@ def test_a_task_needing_paths_goes_only_where_they_exist():
     found = {**SNAPSHOTS, "cirrus": replace(SNAPSHOTS["cirrus"], existing_paths=frozenset({"~/ckpt",
                                                                                            "/datasets/imagenet"}))}
     assert [(c.cluster, c.partition) for c in plan_for(data, found).feasible()] == [("cirrus", "b300")]
+
+
+def test_among_equal_starts_slurm_first_then_pools_then_kubernetes_unless_told_otherwise():
+    """Three idle places of three kinds, each with free L4s: the kind order decides (the config's
+    `infra_order`, or the task's own `ordered` list)."""
+    from dataclasses import replace as with_
+
+    from corral.infra.base import ClusterSnapshot, GpuPool, Node, Partition
+
+    def place(name: str, kind: str) -> ClusterSnapshot:
+        node = Node(f"{name}-n1", (name,), "idle", True, 8, 0, 65536, 0, (GpuPool("L4", 2, 0),))
+        return ClusterSnapshot(name, None, (node,), (Partition(name, True, "UP", "UNLIMITED", None, 1),), kind=kind)
+
+    snapshots = {"slurmy": place("slurmy", "slurm"), "lab": place("lab", "ssh"), "kube": place("kube", "k8s")}
+    order = ["kube", "lab", "slurmy"]  # the registry's order must not decide
+    task = Task.model_validate({"resources": {"accelerators": "L4:1"}})
+
+    def ranked(task: Task, kinds=DEFAULT_KIND_ORDER) -> list[str]:
+        plan = build_plan(task, resource_options(task.resources), snapshots, order, kind_order=kinds)
+        return [c.infra for c in plan.ranked()]
+
+    assert ranked(task) == ["slurm/slurmy/slurmy", "ssh/lab", "k8s/kube"]
+    assert ranked(task, ("k8s", "slurm")) == ["k8s/kube", "slurm/slurmy/slurmy", "ssh/lab"]  # ssh follows, unnamed
+    ordered = Task.model_validate({"resources": {"ordered": [{"infra": "k8s", "accelerators": "L4:1"},
+                                                             {"infra": "ssh", "accelerators": "L4:1"},
+                                                             {"infra": "slurm", "accelerators": "L4:1"}]}})
+    assert ranked(ordered) == ["k8s/kube", "ssh/lab", "slurm/slurmy/slurmy"]
+    # A place that can start it sooner still wins over the preferred kind.
+    busy = Node("slurmy-n1", ("slurmy",), "mixed", True, 8, 8, 65536, 0, (GpuPool("L4", 2, 2),))
+    snapshots["slurmy"] = with_(snapshots["slurmy"], nodes=(busy,))
+    assert ranked(task)[0] == "ssh/lab"

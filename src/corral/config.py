@@ -299,7 +299,8 @@ def _pools(raw: object) -> list[PoolEntry]:
             for name, spec in raw.items()]
 
 
-USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes")
+USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes", "infra_order")
+INFRA_ORDER_KINDS = ("slurm", "ssh", "k8s")
 
 
 def load_user_settings() -> dict[str, object]:
@@ -334,7 +335,19 @@ def load_user_settings() -> dict[str, object]:
             _check_pool_settings(value, path)
         if key == "kubernetes":
             _check_kube_settings(value, path)
+        if key == "infra_order" and (not isinstance(value, list) or not value
+                                     or any(v not in INFRA_ORDER_KINDS for v in value) or len(set(value)) != len(value)):
+            raise ConfigError("setting 'infra_order' must list kinds of place, each once, most preferred first, e.g. "
+                              f"`infra_order: [slurm, k8s, ssh]` (kinds: {', '.join(INFRA_ORDER_KINDS)})", path)
     return data
+
+
+def infra_order() -> tuple[str, ...]:
+    """`infra_order:` of config.yaml: among places that can start a task equally soon, which kind first
+    (kinds it leaves out follow, in the default order slurm, ssh, k8s)."""
+    value = load_user_settings().get("infra_order") or INFRA_ORDER_KINDS
+    assert isinstance(value, list | tuple)
+    return tuple(dict.fromkeys([*map(str, value), *INFRA_ORDER_KINDS]))
 
 
 _KUBE_KEYS = ("allowed_contexts", "namespace", "kubeconfig")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from corral.client import Client, ProbeOutcome
+from corral.config import infra_order
 from corral.errors import (
     ClusterError,
     CorralError,
@@ -172,7 +173,7 @@ class Launcher:
         unreachable = {o.cluster: o.error_message or "" for o in outcomes if o.snapshot is None}
         unreachable.update(refused)
         order = [o.cluster for o in outcomes]
-        plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable), task,
+        plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable, infra_order()), task,
                               self.client.profiles)
         plan.kinds = {c: kind for c in unreachable if (kind := self.client.registry.infra_kind(c)) != "slurm"}
         if task.slurm.script is not None:

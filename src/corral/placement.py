@@ -4,8 +4,10 @@
    nodes of the right shape, CPUs, memory, time limit, container runtime. Infeasible candidates carry
    the reason.
 2. Ranking, deterministic: can start now (enough free GPUs, CPUs and memory on enough usable nodes)
-   first; then earliest predicted start (`sbatch --test-only`); then no GPUs wasted on a CPU-only
-   task; then queue pressure; then the user's `ordered` preference; then cluster file order.
+   first; then earliest predicted start (`sbatch --test-only`); then the kind of place (Slurm, then
+   SSH pools, then Kubernetes, unless the config's `infra_order` or the task's `ordered` list says
+   otherwise); then no GPUs wasted on a CPU-only task; then queue pressure; then the user's `ordered`
+   preference; then cluster file order.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class Candidate:
     partition_index: int = 0
     runs_with: RunSettings | None = None  # the cluster's profile under the task (profiles.py)
     container_runtime: str | None = None  # how the task's image runs there (CONTAINER_RUNTIMES), if it has one
-    kind: str = "slurm"  # the place's Infra kind: slurm, ssh (a pool, whose one partition is itself)
+    kind: str = "slurm"  # the place's Infra kind: slurm, ssh (a pool, whose one partition is itself), k8s
+    kind_rank: int = 0  # the kind's place in the kind order (build_plan): overflow goes to later kinds
 
     def with_prediction(self, start: float | None, note: str | None) -> Candidate:
         return replace(self, predicted_start=start, prediction_note=note)
@@ -54,7 +57,7 @@ class Candidate:
             not self.feasible,
             not self.startable_now,
             self.predicted_start if self.predicted_start is not None else math.inf,
-            self.kind != "slurm",  # overflow: other kinds only where no Slurm candidate starts it sooner
+            self.kind_rank,  # overflow: later kinds only where no earlier kind starts it sooner
             self.wastes_gpus,
             round(self.pressure, 3),
             self.option.preference,
@@ -234,13 +237,28 @@ def container_runtime(snapshot: ClusterSnapshot) -> str | None:
     return next((r for r in CONTAINER_RUNTIMES if r in snapshot.container_runtimes), None)
 
 
+# Among places that can start a task equally soon: Slurm clusters first, then SSH pools, then Kubernetes.
+DEFAULT_KIND_ORDER = ("slurm", "ssh", "k8s")
+
+
+def kind_ranks(options: list[ResourceOption], kind_order: tuple[str, ...] = DEFAULT_KIND_ORDER) -> dict[str, int]:
+    """Each kind's rank among equal starts: the config's order, or none at all for a task whose `ordered`
+    list states its own preference (then that list decides, as it does between clusters)."""
+    if len({option.preference for option in options}) > 1 and any(option.infra.kind for option in options):
+        return {}
+    order = list(dict.fromkeys([*kind_order, *DEFAULT_KIND_ORDER]))
+    return {kind: index for index, kind in enumerate(order)}
+
+
 def build_plan(
     task: Task,
     options: list[ResourceOption],
     snapshots: dict[str, ClusterSnapshot],
     cluster_order: list[str],
     unreachable: dict[str, str] | None = None,
+    kind_order: tuple[str, ...] = DEFAULT_KIND_ORDER,
 ) -> Plan:
+    ranks = kind_ranks(options, kind_order)
     candidates: list[Candidate] = []
     for option in options:
         for cluster_index, cluster in enumerate(cluster_order):
@@ -251,7 +269,8 @@ def build_plan(
             for partition_index, partition in enumerate(snapshot.partitions):
                 if option.infra.partition and option.infra.partition != partition.name:
                     continue
-                candidates.append(evaluate(task, option, snapshot, partition, cluster_index, partition_index))
+                candidates.append(replace(evaluate(task, option, snapshot, partition, cluster_index, partition_index),
+                                          kind_rank=ranks.get(snapshot.kind, 0)))
     # One candidate per place: the best option for it (an `ordered` list may name a place twice).
     best: dict[tuple[str, str], Candidate] = {}
     for candidate in sorted(candidates, key=Candidate.rank_key):
