@@ -162,8 +162,6 @@ def evaluate(
                      cluster_index=cluster_index, partition_index=partition_index, kind=snapshot.kind)
     if snapshot.kind != "slurm" and task.slurm.script is not None:
         return replace(base, reason="a job script runs on Slurm clusters only")
-    if snapshot.kind == "ssh" and task.num_nodes > 1:
-        return replace(base, reason="a task runs on one machine of an SSH pool (multi-node there: not yet)")
     nodes = snapshot.nodes_in(partition.name)
     if not partition.up:
         return replace(base, reason=f"partition is {partition.state}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,40 @@ def test_a_machine_that_goes_away_fails_its_task_and_a_managed_job_recovers(corr
     finally:
         machines.start_machine(host)
         corral("jobs", "cancel", job_id, env=env)
+
+
+def test_a_multi_node_task_spans_machines_whose_ranks_reach_each_other(corral, pool_env):
+    run = ('head=$(echo $CORRAL_NODE_IPS | cut -d" " -f1)\n'
+           'echo "rank=$CORRAL_NODE_RANK host=$(hostname) n=$CORRAL_NUM_NODES ips=$(echo $CORRAL_NODE_IPS | tr " " ,) '
+           'gpus=$CUDA_VISIBLE_DEVICES"\n'
+           'if [ "$CORRAL_NODE_RANK" = 0 ]; then echo "hello from rank 0" > msg; exec python3 -m http.server 18777 '
+           '--bind "$head" >/dev/null 2>&1; fi\n'
+           'for i in $(seq 50); do curl -sf "http://$head:18777/msg" && break; sleep 0.2; done\n'
+           "sleep 300\n")
+    placed = corral("launch", "-d", "--json", "--gpus", "A100:4", "--num-nodes", "2", "--", run, env=pool_env)
+    assert placed.exit_code == 0, placed.stderr
+    job = placed.json()
+    hosts, token = job["slurm_job_id"].split("/")
+    assert job["cluster"] == "lab" and sorted(hosts.split(",")) == ["lab1", "lab2"]
+    head, other = hosts.split(",")
+    addresses = {"lab1": "10.201.0.11", "lab2": "10.201.0.12"}
+    out = wait_for("rank 0's output", lambda: corral("logs", "--no-follow", job["job_id"], env=pool_env).stdout)
+    assert out.strip() == f"rank=0 host={head} n=2 ips={addresses[head]},{addresses[other]} gpus=0,1,2,3"
+    rank1 = Path(f"/home/corral-test/.corral/runs/{token}.1/log.txt")  # the machines share this host's disk
+    wait_for("rank 1 to reach rank 0", lambda: "hello from rank 0" in (rank1.read_text() if rank1.exists() else ""))
+    assert rank1.read_text().splitlines()[0] == (f"rank=1 host={other} n=2 ips={addresses[head]},{addresses[other]} "
+                                                 "gpus=0,1,2,3")
+    queued = {j["job_id"]: j for j in corral("queue", "--json", env=pool_env).json()}[job["job_id"]]
+    assert (queued["state"], queued["infra"]) == ("RUNNING", "ssh/lab")
+    assert "cancelled" in corral("cancel", job["job_id"], env=pool_env).stdout
+    wait_for("both ranks to end", lambda: subprocess.run(["pgrep", "-f", f"corral/runs/{token}"],
+                                                         capture_output=True).returncode != 0, timeout=20)
+    # One rank fails: the task fails with it, and the other rank is ended (as srun's --kill-on-bad-exit).
+    failing = corral("launch", "-d", "--json", "--gpus", "A100:4", "--num-nodes", "2", "--",
+                     '[ "$CORRAL_NODE_RANK" = 1 ] && { sleep 2; exit 7; }; sleep 300', env=pool_env).json()
+    ended = wait_for("the task to fail", lambda: (j := {q["job_id"]: q for q in corral(
+        "queue", "--json", env=pool_env).json()}[failing["job_id"]])["state"] == "FAILED" and j, 30)
+    assert (ended["exit_code"], ended["reason"]) == (7, "rank 1: FAILED (exit code 7)")
+    failed_token = failing["slurm_job_id"].split("/")[1]
+    wait_for("rank 0 to be ended too", lambda: subprocess.run(["pgrep", "-f", f"corral/runs/{failed_token}"],
+                                                              capture_output=True).returncode != 0, timeout=30)

@@ -20,6 +20,7 @@ def test_gpus_cpus_and_memory_from_one_round_trip():
     assert [(g.index, g.name, g.memory_mib) for g in lab1.gpus] == [(i, "NVIDIA A100-SXM4-80GB", 81920) for i in range(4)]
     assert lab1.gpus[0].uuid == "GPU-lab1-0000-corral-testbed" and lab1.gpu_source == "nvidia-smi"
     assert lab1.held == {} and len(lab1.free_gpus) == 4
+    assert lab1.address == "10.201.0.11"  # how a multi-node task's other ranks reach it
 
 
 def test_a_gpu_is_held_only_while_its_task_lives():

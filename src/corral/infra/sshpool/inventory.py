@@ -27,7 +27,7 @@ ALIVE = ("started() { local s; s=$(cat /proc/\"$1\"/stat 2>/dev/null) || return 
 
 
 def inventory_script() -> str:
-    """Bash printing `@@corral <section> <status>` sections: host, cpus, memory, gpus, held."""
+    """Bash printing `@@corral <section> <status>` sections: host, cpus, memory, gpus, held, address."""
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} host 0\\n'; hostname
@@ -45,6 +45,7 @@ printf '\\n{MARK} held 0\\n'
   read -r token pid start < "$f" || true
   if alive "${{pid:-}}" "${{start:-}}"; then echo "${{f##*/}} $token"; fi
 done
+printf '\\n{MARK} address 0\\n'; hostname -I 2>/dev/null | awk '{{print $1}}'
 printf '\\n{MARK} end 0\\n'
 """
 
@@ -67,6 +68,7 @@ class Inventory:
     held: dict[int, str]  # GPU index -> the token of the live task holding it
     gpu_source: str  # "nvidia-smi", "config", or "none"
     warnings: tuple[str, ...] = ()
+    address: str | None = None  # its first address (`hostname -I`): how a multi-node task's ranks reach it
 
     @property
     def free_gpus(self) -> list[Gpu]:
@@ -122,7 +124,8 @@ def parse_inventory(machine: str, stdout: str, configured: tuple[Gpu, ...] = ())
             held[int(index)] = token
     return Inventory(host=sections.get("host", (0, machine))[1].strip() or machine, cpus=cpus,
                      memory_mb=memory[0] // 1024, memory_available_mb=(memory[1] if len(memory) > 1 else memory[0]) // 1024,
-                     gpus=tuple(gpus), held=held, gpu_source=source, warnings=tuple(warnings))
+                     gpus=tuple(gpus), held=held, gpu_source=source, warnings=tuple(warnings),
+                     address=sections.get("address", (0, ""))[1].strip() or None)
 
 
 def _nvidia_smi(text: str) -> tuple[list[Gpu], list[str]]:

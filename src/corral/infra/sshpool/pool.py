@@ -5,12 +5,17 @@ with the transport's ControlMasters; nothing is installed on them.
   node that is down, with the reason; the pool is one place (`partition`) named as the pool.
 - submit: the machines that have the GPUs free (as the last probe saw them), fullest first, so that
   tasks pack; on each in turn, the task's files, then one round trip that claims GPUs and starts it
-  (`runner.submit_script`), until one accepts. A task runs on one machine (multi-node: not yet).
-- status: one round trip per machine that has tasks. A machine that stops answering fails its tasks
+  (`runner.submit_script`), until one accepts. A multi-node task takes one machine per node, in rank
+  order, each rank in its own run dir (`<token>.<rank>`, as homes are often shared); when too few
+  machines accept, the ranks started are cancelled and the task is refused. Its handle names its
+  machines, rank 0 first (`<host0>,<host1>/<token>`).
+- status: one round trip per machine that has tasks; a multi-node task is running while its ranks
+  run, has ended when all have, and fails with its first failing rank (the others are then cancelled,
+  as srun's --kill-on-bad-exit does). A machine that stops answering fails its tasks
   (an infrastructure failure, which the controller recovers elsewhere) once it has been silent for
   MACHINE_GRACE_SECONDS; before that, its tasks' state is UNKNOWN (nothing changes). The other
   machines' tasks are reported as usual: one machine down is not the pool down.
-- cancel, logs: on the task's machine, named in its handle (`<host>/<token>`).
+- cancel, logs: on the task's machines, named in its handle (`<host>/<token>`); logs are rank 0's.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import re
 import shlex
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -66,6 +72,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
         self._inventories: dict[str, Inventory] = {}
         self._pending: dict[str, list[tuple[str, Path, str]]] = {}  # token -> uploads for its machine
         self._silent_since: dict[str, float] = {}
+        self._existing: dict[str, bool] = {}  # token -> its rank 0 was already running (a retried submit)
 
     @property
     def name(self) -> str:
@@ -89,7 +96,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
         if not any(n.usable for n in nodes):
             reasons = "; ".join(n.reason or n.name for n in nodes)
             raise ClusterUnreachableError(self.pool.name, f"no machine of the pool answers ({reasons})")
-        partition = Partition(self.pool.name, True, "UP", "UNLIMITED", 1, len(nodes))
+        partition = Partition(self.pool.name, True, "UP", "UNLIMITED", None, len(nodes))
         return ClusterSnapshot(self.pool.name, None, tuple(nodes), (partition,), kind="ssh",
                                probe_seconds=time.monotonic() - started, warnings=tuple(warnings))
 
@@ -102,15 +109,15 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
 
     # ---- files ----------------------------------------------------------------------------------------
     def attempt_files(self, request: JobRequest) -> AttemptFiles:
-        directory = runner.run_dir(request.token)
+        directory = runner.run_dir(_rank_token(request.token, 0, request.num_nodes))
         return AttemptFiles(directory, (f"{directory}/log.txt",))
 
     async def upload(self, local: Path, remote: str) -> None:
         """Kept until the task's machine is chosen (submit); a path outside a run's folder goes to every
         machine of the pool at once."""
         match = _RUN_DIR.match(remote)
-        if match:
-            self._pending.setdefault(match.group(1), []).append(("file", Path(local), remote))
+        if match:  # keyed by the attempt's token; a multi-node task's rank 0 dir stands for every rank's
+            self._pending.setdefault(match.group(1).split(".")[0], []).append(("file", Path(local), remote))
             return
         await asyncio.gather(*(self.transport.sync(host, Path(local), remote) for host in self.pool.hosts))
 
@@ -133,38 +140,81 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
         return fits + [h for h in self.pool.hosts if h not in fits]
 
     async def submit(self, request: JobRequest) -> SubmitResult:
-        if request.num_nodes != 1:
-            return SubmitResult(False, None, False, f"{self.name}: a task runs on one machine of a pool")
-        files = {"job.sh": runner.job_script(request, self.pool.name), "env.sh": render_env(dict(request.envs)),
-                 "setup.sh": request.setup or "", "run.sh": request.run or ""}
+        if request.num_nodes > 1:
+            return await self._submit_ranks(request)
         why: list[str] = []
         for host in self._order(request):
-            try:
-                for _, local, remote in self._pending.get(request.token, []):
-                    await self.transport.sync(host, local, remote)
-                configured = [g.name for g in self._configured.get(host, ())]
-                result = await self.transport.run(host, runner.submit_script(request, self.pool.name, files,
-                                                                             configured), timeout=JOB_TIMEOUT)
-            except ClusterError as exc:
-                why.append(str(exc))
-                continue
-            answer = next((line for line in result.stdout.splitlines() if line.startswith(MARK + " ")), "")
-            words = answer.split(maxsplit=3)
-            if words[1:2] == ["submitted"] and len(words) >= 3:
+            answer = await self._start_rank(request, host, 0, ())
+            if answer is None:
                 self._pending.pop(request.token, None)
-                return SubmitResult(True, words[2], len(words) > 3 and words[3] == "existing", "")
-            why.append(answer.removeprefix(f"{MARK} rejected ").strip() or f"{host}: no answer")
+                return SubmitResult(True, f"{host}/{request.token}", self._existing.pop(request.token, False), "")
+            why.append(answer)
         return SubmitResult(False, None, False, f"no machine of {self.name} can start it now ({'; '.join(why)})")
+
+    async def _submit_ranks(self, request: JobRequest) -> SubmitResult:
+        """One rank per machine, on the first machines the last probe saw with the GPUs free, each told
+        every rank's address; all start, or those started are cancelled and the task is refused."""
+        hosts = [h for h in self._order(request) if self._fits(h, request)][:request.num_nodes]
+        if len(hosts) < request.num_nodes:
+            return SubmitResult(False, None, False, f"{self.name}: {len(hosts)} machine(s) have the GPUs free, "
+                                                    f"not {request.num_nodes}")
+        addresses = [self._address(h) for h in hosts]
+        handle = f"{','.join(hosts)}/{request.token}"
+        for rank, host in enumerate(hosts):
+            answer = await self._start_rank(request, host, rank, addresses)
+            if answer is not None:
+                await self._cancel_ranks([(h, f"{request.token}.{r}") for r, h in enumerate(hosts[:rank])])
+                self._existing.pop(request.token, None)
+                return SubmitResult(False, None, False, f"{self.name}: rank {rank} could not start on {host} ({answer})")
+        self._pending.pop(request.token, None)
+        return SubmitResult(True, handle, self._existing.pop(request.token, False), "")
+
+    def _fits(self, host: str, request: JobRequest) -> bool:
+        inventory = self._inventories.get(host)
+        return inventory is not None and sum(
+            1 for g in inventory.free_gpus
+            if request.accelerator_type is None or g.name == request.accelerator_type) >= request.accelerators_per_node
+
+    def _address(self, host: str) -> str:
+        inventory = self._inventories.get(host)
+        return (inventory.address if inventory else None) or host
+
+    async def _start_rank(self, request: JobRequest, host: str, rank: int, addresses: Sequence[str]) -> str | None:
+        """Start node `rank` of the request on `host`; None when it runs, else why not."""
+        token = _rank_token(request.token, rank, request.num_nodes)
+        ranked = replace(request, token=token)
+        files = {"job.sh": runner.job_script(request, self.pool.name, rank, addresses),
+                 "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
+        try:
+            for _, local, remote in self._pending.get(request.token, []):
+                await self.transport.sync(host, local, _for_rank(remote, request.token, token))
+            configured = [g.name for g in self._configured.get(host, ())]
+            result = await self.transport.run(host, runner.submit_script(ranked, self.pool.name, files, configured),
+                                              timeout=JOB_TIMEOUT)
+        except ClusterError as exc:
+            return str(exc)
+        answer = next((line for line in result.stdout.splitlines() if line.startswith(MARK + " ")), "")
+        words = answer.split(maxsplit=3)
+        if words[1:2] == ["submitted"] and len(words) >= 3:
+            if len(words) > 3 and words[3] == "existing" and rank == 0:
+                self._existing[request.token] = True
+            return None
+        return answer.removeprefix(f"{MARK} rejected ").strip() or f"{host}: no answer"
 
     async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
         by_host: dict[str, list[str]] = {}
+        tasks: list[tuple[str, list[tuple[str, str]]]] = []  # (handle, (host, rank token) per rank)
         for handle in handles:
-            host, _, token = handle.partition("/")
-            if host in self.pool.hosts and token:
-                by_host.setdefault(host, []).append(runner.check_token(token))
+            hosts, token = _hosts_and_token(handle)
+            if not hosts or any(h not in self.pool.hosts for h in hosts) or not token:
+                continue
+            ranks = [(h, runner.check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
+            tasks.append((handle, ranks))
+            for host, rank_token in ranks:
+                by_host.setdefault(host, []).append(rank_token)
         answers = await asyncio.gather(*(self.transport.run(h, runner.status_script(t), timeout=JOB_TIMEOUT)
                                          for h, t in by_host.items()), return_exceptions=True)
-        out: list[JobStatus] = []
+        found: dict[tuple[str, str], JobStatus] = {}
         now = time.time()
         for (host, tokens), answer in zip(by_host.items(), answers):
             if isinstance(answer, BaseException):
@@ -172,32 +222,53 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
                     raise answer
                 since = self._silent_since.setdefault(host, now)
                 if now - since < MACHINE_GRACE_SECONDS:
-                    out += [JobStatus(f"{host}/{t}", t, JobState.UNKNOWN, "NO_ANSWER",
-                                      f"{host} does not answer ({answer.detail})", None, None, None, None)
-                            for t in tokens]
+                    for t in tokens:
+                        found[(host, t)] = JobStatus(f"{host}/{t}", t, JobState.UNKNOWN, "NO_ANSWER",
+                                                     f"{host} does not answer ({answer.detail})", None, None, None, None)
                     continue
-                out += [JobStatus(f"{host}/{t}", t, JobState.FAILED, "MACHINE_DOWN",
-                                  f"{host} has not answered for {now - since:.0f} s ({answer.detail})", None, None, now,
-                                  None, failure=FailureClass.INFRA) for t in tokens]
+                for t in tokens:
+                    found[(host, t)] = JobStatus(f"{host}/{t}", t, JobState.FAILED, "MACHINE_DOWN",
+                                                 f"{host} has not answered for {now - since:.0f} s ({answer.detail})",
+                                                 None, None, now, None, failure=FailureClass.INFRA)
                 continue
             self._silent_since.pop(host, None)
-            out += _statuses(host, answer.stdout)
+            for status in _statuses(host, answer.stdout):
+                found[(host, status.token or "")] = status
+        out, stray = [], []
+        for handle, ranks in tasks:
+            parts = [found[r] for r in ranks if r in found]
+            if len(parts) != len(ranks):
+                continue  # a rank the machine does not know (yet): the task as a whole is not known
+            combined = _combined(handle, _hosts_and_token(handle)[1], parts)
+            out.append(combined)
+            if len(parts) > 1 and combined.state in (JobState.FAILED, JobState.CANCELLED):
+                stray += [f"{p.handle.split('/')[0]}/{p.token}" for p in parts if p.state is JobState.RUNNING]
+        if stray:  # a multi-node task that failed on one node ends on every node
+            await self._cancel_ranks([(h.split("/")[0], h.split("/")[1]) for h in stray])
         return out
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
-        by_host: dict[str, list[str]] = {}
+        ranks = []
         for handle in handles:
-            host, _, token = handle.partition("/")
-            if host in self.pool.hosts and token:
-                by_host.setdefault(host, []).append(runner.check_token(token))
+            hosts, token = _hosts_and_token(handle)
+            if hosts and token and all(h in self.pool.hosts for h in hosts):
+                ranks += [(h, runner.check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
+        await self._cancel_ranks(ranks)
+
+    async def _cancel_ranks(self, ranks: list[tuple[str, str]]) -> None:
+        by_host: dict[str, list[str]] = {}
+        for host, token in ranks:
+            by_host.setdefault(host, []).append(token)
         await asyncio.gather(*(self.transport.run(h, runner.cancel_script(t), timeout=JOB_TIMEOUT)
                                for h, t in by_host.items()))
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
-        host, _, token = handle.partition("/")
-        if host not in self.pool.hosts:
-            raise CorralError(f"{self.name}: {host!r} is not one of its machines (any more)")
-        await self.transport.stream(host, runner.follow_script(token, follow), on_output)
+        """Rank 0's output (the head's, as SkyPilot shows a multi-node task's)."""
+        hosts, token = _hosts_and_token(handle)
+        if not hosts or hosts[0] not in self.pool.hosts:
+            raise CorralError(f"{self.name}: {hosts[0] if hosts else handle!r} is not one of its machines (any more)")
+        await self.transport.stream(hosts[0], runner.follow_script(_rank_token(token, 0, len(hosts)), follow),
+                                    on_output)
 
     async def setup_failed(self, run_dir: str) -> bool:
         script = f'test -e "$HOME"/{shlex.quote(run_dir)}/setup_failed\n'
@@ -208,6 +279,47 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
             except CorralError:
                 continue
         return False
+
+
+def _hosts_and_token(handle: str) -> tuple[list[str], str]:
+    """A handle's machines, rank 0 first, and its attempt token."""
+    hosts, _, token = handle.partition("/")
+    return [h for h in hosts.split(",") if h], token
+
+
+def _rank_token(token: str, rank: int, nodes: int) -> str:
+    """The run dir's name of one rank: the token itself for a single node, else `<token>.<rank>`."""
+    return token if nodes == 1 else f"{token}.{rank}"
+
+
+def _for_rank(remote: str, token: str, rank_token: str) -> str:
+    """An upload into rank 0's run dir, redirected to this rank's."""
+    for prefix in (f"{runner.RUNS_DIR}/{token}.0/", f"{runner.RUNS_DIR}/{token}/"):
+        if remote.startswith(prefix):
+            return f"{runner.RUNS_DIR}/{rank_token}/" + remote[len(prefix):]
+    return remote
+
+
+def _combined(handle: str, token: str, parts: list[JobStatus]) -> JobStatus:
+    """One task's status from its ranks': the first failure, else cancelled, running, or ended."""
+    if len(parts) == 1:
+        return replace(parts[0], handle=handle, token=token)
+    starts = [p.started_at for p in parts if p.started_at]
+    started = min(starts) if starts else None
+    failed = next((p for p in parts if p.state is JobState.FAILED), None)
+    if failed is not None:
+        rank = parts.index(failed)
+        return replace(failed, handle=handle, token=token, started_at=started,
+                       reason=f"rank {rank}: {failed.reason or failed.native_state}"
+                       + (f" (exit code {failed.exit_code})" if failed.exit_code else ""))
+    if any(p.state is JobState.CANCELLED for p in parts):
+        cancelled = next(p for p in parts if p.state is JobState.CANCELLED)
+        return replace(cancelled, handle=handle, token=token, started_at=started)
+    if any(p.state in (JobState.RUNNING, JobState.UNKNOWN) for p in parts):
+        live = next(p for p in parts if p.state in (JobState.RUNNING, JobState.UNKNOWN))
+        return replace(live, handle=handle, token=token, started_at=started, ended_at=None, exit_code=None)
+    ends = [p.ended_at for p in parts if p.ended_at]
+    return replace(parts[0], handle=handle, token=token, started_at=started, ended_at=max(ends) if ends else None)
 
 
 def _node(pool: str, host: str, inventory: Inventory) -> Node:

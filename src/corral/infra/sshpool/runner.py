@@ -40,19 +40,25 @@ def run_dir(token: str) -> str:
     return f"{RUNS_DIR}/{check_token(token)}"
 
 
-def job_script(request: JobRequest, pool: str) -> str:
-    """job.sh: the task on one machine, as the only node (rank 0)."""
+def job_script(request: JobRequest, pool: str, rank: int = 0, node_addresses: Sequence[str] = ()) -> str:
+    """job.sh: the task on one machine, as node `rank` of the request's nodes. `node_addresses`: every
+    node's, rank 0 first (a single node finds its own)."""
+    nodes = str(request.num_nodes)
     variables = {
         "CORRAL_TASK_ID": request.task_ids[0], "SKYPILOT_TASK_ID": request.task_ids[0],
         "CORRAL_CLUSTER": pool, "CORRAL_JOB_RANK": str(request.first_rank), "CORRAL_NUM_JOBS": str(request.num_jobs),
-        "CORRAL_NODE_RANK": "0", "SKYPILOT_NODE_RANK": "0", "CORRAL_NUM_NODES": "1", "SKYPILOT_NUM_NODES": "1",
-        "CORRAL_NUM_GPUS_PER_NODE": str(request.accelerators_per_node),
+        "CORRAL_NODE_RANK": str(rank), "SKYPILOT_NODE_RANK": str(rank), "CORRAL_NUM_NODES": nodes,
+        "SKYPILOT_NUM_NODES": nodes, "CORRAL_NUM_GPUS_PER_NODE": str(request.accelerators_per_node),
         "SKYPILOT_NUM_GPUS_PER_NODE": str(request.accelerators_per_node), **request.extra_env,
     }
-    lines = ["#!/bin/bash", "# Written by Corral: the task on this machine (rank 0 of 1).", "set -u",
-             'export CORRAL_RUN_DIR="$(cd "$(dirname "$0")" && pwd)"',
-             'ip=$(hostname -I 2>/dev/null | awk "{print \\$1}")',
-             'export CORRAL_NODE_IPS="${ip:-$(hostname)}" SKYPILOT_NODE_IPS="${ip:-$(hostname)}"']
+    lines = ["#!/bin/bash", f"# Written by Corral: the task on this machine (rank {rank} of {nodes}).", "set -u",
+             'export CORRAL_RUN_DIR="$(cd "$(dirname "$0")" && pwd)"']
+    if node_addresses:
+        listed = shlex.quote("\n".join(node_addresses))
+        lines.append(f"export CORRAL_NODE_IPS={listed} SKYPILOT_NODE_IPS={listed}")
+    else:
+        lines += ['ip=$(hostname -I 2>/dev/null | awk "{print \\$1}")',
+                  'export CORRAL_NODE_IPS="${ip:-$(hostname)}" SKYPILOT_NODE_IPS="${ip:-$(hostname)}"']
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(variables.items())]
     if request.checkpoint_dir:
         lines += checkpoint_lines(request.checkpoint_dir, shlex.quote(request.task_ids[0]))
