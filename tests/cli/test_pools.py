@@ -141,3 +141,51 @@ def test_a_multi_node_task_spans_machines_whose_ranks_reach_each_other(corral, p
     failed_token = failing["slurm_job_id"].split("/")[1]
     wait_for("rank 0 to be ended too", lambda: subprocess.run(["pgrep", "-f", f"corral/runs/{failed_token}"],
                                                               capture_output=True).returncode != 0, timeout=30)
+
+
+def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env):
+    up = corral("launch", "-c", "labdev", "--infra", "ssh/lab", "--gpus", "A100:2", "--json", env=pool_env)
+    assert up.exit_code == 0, up.stderr
+    info = up.json()
+    assert info["cluster"] == "lab" and info["new"] and len(info["nodes"]) == 1
+    host = info["nodes"][0]
+    result = corral("exec", "labdev", "--",
+                    'echo "$(hostname) $CUDA_VISIBLE_DEVICES $CORRAL_CLUSTER $CORRAL_NODE_RANK $CORRAL_TASK_ID"',
+                    env=pool_env)
+    assert result.exit_code == 0, result.stderr
+    words = result.stdout.split()
+    assert words[:4] == [host, "0,1", "lab", "0"] and words[4].startswith("c-")
+    assert corral("exec", "labdev", "--", "exit 4", env=pool_env).exit_code == 4
+    shell = corral("ssh", "labdev", "--", 'echo "$(hostname) $CUDA_VISIBLE_DEVICES $(basename $(dirname $PWD))"',
+                   env=pool_env)
+    assert shell.exit_code == 0, shell.stderr
+    assert shell.stdout.split()[:2] == [host, "0,1"]
+    status = next(s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "labdev")
+    assert status["state"] == "READY" and status["nodes"] == [host]
+    free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
+    assert free["A100"] == 6  # its two held while it lives
+    assert corral("down", "labdev", env=pool_env).exit_code == 0
+    free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
+    assert free["A100"] == 8
+    # Two machines: exec runs on both, each as its rank, with both addresses.
+    pair = corral("launch", "-c", "pair", "--infra", "ssh/lab", "--gpus", "A100:4", "--num-nodes", "2", "--json",
+                  env=pool_env)
+    assert pair.exit_code == 0, pair.stderr
+    assert sorted(pair.json()["nodes"]) == ["lab1", "lab2"]
+    ranks = corral("exec", "pair", "--", 'echo "$CORRAL_NODE_RANK $(hostname) $(echo $CORRAL_NODE_IPS | tr " " ,)"',
+                   env=pool_env)
+    assert ranks.exit_code == 0, ranks.stderr
+    head, other = pair.json()["nodes"]
+    ips = {"lab1": "10.201.0.11", "lab2": "10.201.0.12"}
+    both = f"{ips[head]},{ips[other]}"
+    assert sorted(ranks.stdout.splitlines()) == [f"0 {head} {both}", f"1 {other} {both}"]
+    assert corral("down", "pair", env=pool_env).exit_code == 0
+    # An allocation nothing runs in is released by its holder on the machine, without a server.
+    idle = corral("launch", "-c", "idler", "--infra", "ssh/lab", "--gpus", "L4:1", "--idle-minutes", "0.1", "--json",
+                  env=pool_env)
+    assert idle.exit_code == 0, idle.stderr
+    ended = wait_for("the idle allocation to be released", lambda: (s := next(
+        s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "idler"))["state"] == "ENDED" and s,
+        timeout=40)
+    assert ended["reason"] == "released after being idle"
+    corral("down", "idler", env=pool_env)

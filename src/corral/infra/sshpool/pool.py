@@ -16,6 +16,8 @@ with the transport's ControlMasters; nothing is installed on them.
   MACHINE_GRACE_SECONDS; before that, its tasks' state is UNKNOWN (nothing changes). The other
   machines' tasks are reported as usual: one machine down is not the pool down.
 - cancel, logs: on the task's machines, named in its handle (`<host>/<token>`); logs are rank 0's.
+- dev allocations: a holder task per machine (`runner.holder_script`, `dev.py`); exec runs on every
+  machine at once over ssh, `corral ssh` and the ssh alias reach the head machine directly.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from typing import ClassVar
 from corral.config import PoolEntry
 from corral.errors import ClusterError, ClusterUnreachableError, CorralError, ProbeParseError
 from corral.infra.base import (
+    EXIT_NOT_READY,
+    AllocationPhase,
+    AllocationState,
     AttemptFiles,
     ClusterSnapshot,
     FailureClass,
     GpuPool,
+    HoldsAllocations,
     Infra,
     JobRequest,
     JobState,
@@ -44,9 +50,12 @@ from corral.infra.base import (
     OutputSink,
     Partition,
     ReportsSetupFailure,
+    SessionKeys,
+    SshRoute,
     SubmitResult,
 )
 from corral.infra.shell import render_env
+from corral.infra.sshpool import dev as pooldev
 from corral.infra.sshpool import runner
 from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, inventory_script, parse_inventory
 from corral.ssh import SshTransport
@@ -62,7 +71,7 @@ def configured_gpus(spec: str) -> tuple[Gpu, ...]:
     return tuple(Gpu(i, name, None, None) for i in range(int(count)))
 
 
-class SshPoolInfra(Infra, ReportsSetupFailure):
+class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations):
     kind: ClassVar[str] = "ssh"
 
     def __init__(self, pool: PoolEntry, transport: SshTransport):
@@ -140,18 +149,21 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
         return fits + [h for h in self.pool.hosts if h not in fits]
 
     async def submit(self, request: JobRequest) -> SubmitResult:
+        return await self._submit(request, None)
+
+    async def _submit(self, request: JobRequest, idle_seconds: int | None) -> SubmitResult:
         if request.num_nodes > 1:
-            return await self._submit_ranks(request)
+            return await self._submit_ranks(request, idle_seconds)
         why: list[str] = []
         for host in self._order(request):
-            answer = await self._start_rank(request, host, 0, ())
+            answer = await self._start_rank(request, host, 0, (), idle_seconds)
             if answer is None:
                 self._pending.pop(request.token, None)
                 return SubmitResult(True, f"{host}/{request.token}", self._existing.pop(request.token, False), "")
             why.append(answer)
         return SubmitResult(False, None, False, f"no machine of {self.name} can start it now ({'; '.join(why)})")
 
-    async def _submit_ranks(self, request: JobRequest) -> SubmitResult:
+    async def _submit_ranks(self, request: JobRequest, idle_seconds: int | None) -> SubmitResult:
         """One rank per machine, on the first machines the last probe saw with the GPUs free, each told
         every rank's address; all start, or those started are cancelled and the task is refused."""
         hosts = [h for h in self._order(request) if self._fits(h, request)][:request.num_nodes]
@@ -161,7 +173,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
         addresses = [self._address(h) for h in hosts]
         handle = f"{','.join(hosts)}/{request.token}"
         for rank, host in enumerate(hosts):
-            answer = await self._start_rank(request, host, rank, addresses)
+            answer = await self._start_rank(request, host, rank, addresses, idle_seconds)
             if answer is not None:
                 await self._cancel_ranks([(h, f"{request.token}.{r}") for r, h in enumerate(hosts[:rank])])
                 self._existing.pop(request.token, None)
@@ -179,11 +191,15 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
         inventory = self._inventories.get(host)
         return (inventory.address if inventory else None) or host
 
-    async def _start_rank(self, request: JobRequest, host: str, rank: int, addresses: Sequence[str]) -> str | None:
-        """Start node `rank` of the request on `host`; None when it runs, else why not."""
+    async def _start_rank(self, request: JobRequest, host: str, rank: int, addresses: Sequence[str],
+                          idle_seconds: int | None = None) -> str | None:
+        """Start node `rank` of the request on `host` (with `idle_seconds`, a dev allocation's holder);
+        None when it runs, else why not."""
         token = _rank_token(request.token, rank, request.num_nodes)
         ranked = replace(request, token=token)
-        files = {"job.sh": runner.job_script(request, self.pool.name, rank, addresses),
+        job = (runner.job_script(request, self.pool.name, rank, addresses) if idle_seconds is None
+               else runner.holder_script(request, self.pool.name, rank, addresses, idle_seconds))
+        files = {"job.sh": job,
                  "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
         try:
             for _, local, remote in self._pending.get(request.token, []):
@@ -270,6 +286,86 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
         await self.transport.stream(hosts[0], runner.follow_script(_rank_token(token, 0, len(hosts)), follow),
                                     on_output)
 
+    # ---- dev allocations ------------------------------------------------------------------------------
+    async def hold(self, request: JobRequest, idle_seconds: int, session_keys: SessionKeys) -> SubmitResult:
+        """A holder on each machine of the allocation (the machines' own sshd serves sessions: the keys
+        are not needed)."""
+        return await self._submit(request, idle_seconds)
+
+    async def allocation_states(self, held: list[tuple[str, str]]) -> dict[str, AllocationState]:
+        by_host: dict[str, list[str]] = {}
+        for handle, _ in held:
+            hosts, token = _hosts_and_token(handle)
+            for rank, host in enumerate(hosts):
+                by_host.setdefault(host, []).append(_rank_token(token, rank, len(hosts)))
+        answers = await asyncio.gather(*(self.transport.run(h, pooldev.states_script(t), timeout=JOB_TIMEOUT)
+                                         for h, t in by_host.items()), return_exceptions=True)
+        lines: dict[tuple[str, str], list[str]] = {}
+        silent: dict[str, str] = {}
+        for host, answer in zip(by_host, answers):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, CorralError):
+                    raise answer
+                silent[host] = str(answer)
+                continue
+            for line in answer.stdout.splitlines():
+                parts = line.split()
+                if len(parts) == 6 and not line.startswith(MARK):
+                    lines[(host, parts[0])] = parts
+        out: dict[str, AllocationState] = {}
+        for handle, _ in held:
+            hosts, token = _hosts_and_token(handle)
+            ranks = [(h, _rank_token(token, r, len(hosts))) for r, h in enumerate(hosts)]
+            out[handle] = _allocation_state(hosts, [lines.get(r) for r in ranks], silent)
+        return out
+
+    async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
+                      envs: dict[str, str], run: str, on_output: OutputSink) -> int:
+        """`run` on every machine of the allocation at once; the lowest rank's failure is the status."""
+        hosts, token = _hosts_and_token(handle)
+        statuses = await asyncio.gather(*(
+            self.transport.stream(host, pooldev.exec_script(_rank_token(token, rank, len(hosts)), exec_id, envs, run),
+                                  on_output)
+            for rank, host in enumerate(hosts)))
+        if EXIT_NOT_READY in statuses:
+            return EXIT_NOT_READY
+        return next((s for s in statuses if s != 0), 0)
+
+    async def release(self, handle: str | None, run_dir: str) -> None:
+        if handle is None:
+            return
+        hosts, token = _hosts_and_token(handle)
+        await asyncio.gather(*(self.transport.run(host, pooldev.release_script([_rank_token(token, rank, len(hosts))]),
+                                                  timeout=JOB_TIMEOUT)
+                               for rank, host in enumerate(hosts) if host in self.pool.hosts),
+                             return_exceptions=True)  # a machine that is gone has released it already
+
+    def _head(self, handle: str) -> tuple[str, str]:
+        hosts, token = _hosts_and_token(handle)
+        return hosts[0], _rank_token(token, 0, len(hosts))
+
+    def shell_argv(self, handle: str, head_node: str, command: str | None) -> list[str]:
+        host, token = self._head(handle)
+        options = ("-t", "-o", "BatchMode=no") if command is None else ()
+        return self.transport.ssh_argv(host, [pooldev.shell_command(token, command)], options)
+
+    def login_shell_command(self, handle: str, head_node: str) -> str:
+        host, token = self._head(handle)
+        return shlex.join(["ssh", "-t", host, pooldev.shell_command(token, None)])
+
+    async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
+        """The machine is reached directly, with its own ssh settings; the session is the shell above."""
+        host, token = self._head(handle)
+        proc = await asyncio.create_subprocess_exec(
+            "ssh", "-G", "-F", str(self.transport.registry.path), "--", host,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        settings: dict[str, list[str]] = {}
+        for line in out.decode().splitlines():
+            key, _, value = line.partition(" ")
+            settings.setdefault(key, []).append(value)
+        return SshRoute(settings, None, pooldev.shell_command(token, None))
+
     async def setup_failed(self, run_dir: str) -> bool:
         script = f'test -e "$HOME"/{shlex.quote(run_dir)}/setup_failed\n'
         for host in self.pool.hosts:  # the run dir is on one machine (or on a home they share)
@@ -279,6 +375,30 @@ class SshPoolInfra(Infra, ReportsSetupFailure):
             except CorralError:
                 continue
         return False
+
+
+def _allocation_state(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, str]) -> AllocationState:
+    """An allocation's state from its ranks' lines (`pooldev.states_script`)."""
+    gone = [h for h in hosts if h in silent]
+    if gone:
+        return AllocationState(AllocationPhase.UNKNOWN, f"{gone[0]} does not answer ({silent[gone[0]]})", hosts,
+                               None, None)
+    if any(r is None for r in ranks):
+        return AllocationState(AllocationPhase.ENDED, "its holder is gone", hosts, None, None)
+    active = [float(r[3]) for r in ranks if r and r[3].isdigit()]
+    last_active = max(active) if active else None
+    failed = next((r for r in ranks if r and r[4] != "-"), None)
+    if failed is not None:
+        return AllocationState(AllocationPhase.FAILED, f"setup failed with exit code {failed[4]}", hosts, last_active,
+                               None)
+    if all(r and r[1] == "1" for r in ranks):
+        ready = all(r and r[2] == "1" for r in ranks)
+        return AllocationState(AllocationPhase.READY if ready else AllocationPhase.STARTING,
+                               None if ready else "running setup", hosts, last_active, None)
+    ended = next((r[5] for r in ranks if r and r[5] != "-"), "-")
+    why = {"idle": "released after being idle", "down": "released (corral down)"}.get(
+        ended, "its holder ended (the machine restarted, or the process was killed)")
+    return AllocationState(AllocationPhase.ENDED, why, hosts, last_active, None)
 
 
 def _hosts_and_token(handle: str) -> tuple[list[str], str]:

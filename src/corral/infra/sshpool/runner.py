@@ -43,6 +43,41 @@ def run_dir(token: str) -> str:
 def job_script(request: JobRequest, pool: str, rank: int = 0, node_addresses: Sequence[str] = ()) -> str:
     """job.sh: the task on one machine, as node `rank` of the request's nodes. `node_addresses`: every
     node's, rank 0 first (a single node finds its own)."""
+    lines = _prologue(request, pool, rank, node_addresses, "the task")
+    lines += [
+        'with_env "$CORRAL_RUN_DIR/run.sh"; rc=$?',
+        'echo "$rc" > "$CORRAL_RUN_DIR/exit_code.new" && mv "$CORRAL_RUN_DIR/exit_code.new" "$CORRAL_RUN_DIR/exit_code"',
+        'exit "$rc"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def holder_script(request: JobRequest, pool: str, rank: int, node_addresses: Sequence[str], idle_seconds: int) -> str:
+    """job.sh of a dev allocation: setup, then hold the machine's claimed GPUs until `corral down` (the
+    cancel marker), or until nothing has run in it (`last_active`, kept fresh by each exec and ssh
+    session) for `idle_seconds` (0: never). `vars.sh` keeps Corral's variables and the GPUs for them."""
+    lines = _prologue(request, pool, rank, node_addresses, "a dev allocation's holder")
+    lines += [
+        "export -p | grep -E '^declare -x (CORRAL_|SKYPILOT_|CUDA_VISIBLE_DEVICES=)' > \"$CORRAL_RUN_DIR/vars.sh\"",
+        'date +%s > "$CORRAL_RUN_DIR/last_active"',
+        ': > "$CORRAL_RUN_DIR/ready"',
+        f"idle_limit={int(idle_seconds)}",
+        'poll=5; if [ "$idle_limit" -gt 0 ] && [ "$idle_limit" -lt 15 ]; then poll=1; fi',
+        "while true; do",
+        '  sleep "$poll"',
+        '  if [ -e "$CORRAL_RUN_DIR/cancelled" ] || [ ! -d "$CORRAL_RUN_DIR" ]; then exit 0; fi',
+        '  active=$(stat -c %Y "$CORRAL_RUN_DIR/last_active" 2>/dev/null || echo 0)',
+        '  if [ "$idle_limit" -gt 0 ] && [ $(( $(date +%s) - active )) -ge "$idle_limit" ]; then',
+        '    echo "corral: idle for ${idle_limit}s: releasing the allocation"; echo idle > "$CORRAL_RUN_DIR/ended"',
+        '    echo 0 > "$CORRAL_RUN_DIR/exit_code"; exit 0',
+        "  fi",
+        "done",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequence[str], what: str) -> list[str]:
+    """Corral's variables, the workdir, the cancel fence and setup (its failure recorded), as bash lines."""
     nodes = str(request.num_nodes)
     variables = {
         "CORRAL_TASK_ID": request.task_ids[0], "SKYPILOT_TASK_ID": request.task_ids[0],
@@ -51,7 +86,7 @@ def job_script(request: JobRequest, pool: str, rank: int = 0, node_addresses: Se
         "SKYPILOT_NUM_NODES": nodes, "CORRAL_NUM_GPUS_PER_NODE": str(request.accelerators_per_node),
         "SKYPILOT_NUM_GPUS_PER_NODE": str(request.accelerators_per_node), **request.extra_env,
     }
-    lines = ["#!/bin/bash", f"# Written by Corral: the task on this machine (rank {rank} of {nodes}).", "set -u",
+    lines = ["#!/bin/bash", f"# Written by Corral: {what} on this machine (rank {rank} of {nodes}).", "set -u",
              'export CORRAL_RUN_DIR="$(cd "$(dirname "$0")" && pwd)"']
     if node_addresses:
         listed = shlex.quote("\n".join(node_addresses))
@@ -62,7 +97,7 @@ def job_script(request: JobRequest, pool: str, rank: int = 0, node_addresses: Se
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(variables.items())]
     if request.checkpoint_dir:
         lines += checkpoint_lines(request.checkpoint_dir, shlex.quote(request.task_ids[0]))
-    lines += [
+    return lines + [
         'cd "$CORRAL_RUN_DIR/workdir" || exit 1',
         'if [ -e "$CORRAL_RUN_DIR/cancelled" ]; then echo "corral: cancelled before it started"; exit 143; fi',
         'with_env() { "$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env "$CORRAL_RUN_DIR/env.sh" "$@"; }',
@@ -73,11 +108,7 @@ def job_script(request: JobRequest, pool: str, rank: int = 0, node_addresses: Se
         '    echo "$rc" > "$CORRAL_RUN_DIR/setup_failed"; echo "$rc" > "$CORRAL_RUN_DIR/exit_code"; exit "$rc"',
         "  fi",
         "fi",
-        'with_env "$CORRAL_RUN_DIR/run.sh"; rc=$?',
-        'echo "$rc" > "$CORRAL_RUN_DIR/exit_code.new" && mv "$CORRAL_RUN_DIR/exit_code.new" "$CORRAL_RUN_DIR/exit_code"',
-        'exit "$rc"',
     ]
-    return "\n".join(lines) + "\n"
 
 
 def gpu_list(configured: Sequence[str]) -> str:

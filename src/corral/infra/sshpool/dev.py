@@ -1,0 +1,77 @@
+"""Dev allocations on a pool's machines, as bash Corral sends over ssh (pure).
+
+The holder is a task like any other on its machine (`runner.holder_script`): it claims the GPUs, runs
+setup, writes `vars.sh` (Corral's variables and `CUDA_VISIBLE_DEVICES`), marks itself `ready`, and
+holds until `corral down` leaves the cancel marker or nothing has run in it for the idle limit. Each
+exec and each `corral ssh` session keeps `last_active` fresh while it runs, so the holder itself can
+tell when the allocation is idle, with no server up.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from corral.infra.base import EXIT_NOT_READY
+from corral.infra.shell import heredoc, render_env
+from corral.infra.sshpool.inventory import ALIVE, MARK
+from corral.infra.sshpool.runner import RUNS_DIR, check_token
+
+_KEEP_ACTIVE = ('( while kill -0 "$$" 2>/dev/null; do touch "$d/last_active"; sleep 5; done ) '
+                "</dev/null >/dev/null 2>&1 &\n")
+
+
+def _ready_check(token: str) -> str:
+    """Bash: `d` is the holder's run dir; exit EXIT_NOT_READY unless the holder lives and is ready."""
+    return (f'd="$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}\n' + ALIVE
+            + 'pid= since=; [ -s "$d/pid" ] && read -r pid since < "$d/pid"\n'
+            + 'if ! alive "$pid" "$since" || [ ! -e "$d/ready" ]; then '
+            + f'echo "corral: the allocation is not ready on $(hostname)" >&2; exit {EXIT_NOT_READY}; fi\n')
+
+
+def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str) -> str:
+    """Run `run` in the allocation's rank on this machine, with its variables and GPUs; its exit status."""
+    folder = f"exec/{exec_id}"
+    return (_ready_check(token)
+            + f'mkdir -p "$d"/{shlex.quote(folder)}\n'
+            + heredoc(f'"$d"/{shlex.quote(folder)}/run.sh', run) + "\n"
+            + heredoc(f'"$d"/{shlex.quote(folder)}/env.sh', render_env(envs)) + "\n"
+            + _KEEP_ACTIVE
+            + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
+            + 'cd "$d/workdir" || exit 1\n'
+            + f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env "$d"/{shlex.quote(folder)}/env.sh '
+            + f'"$d"/{shlex.quote(folder)}/run.sh </dev/null\n')
+
+
+def shell_command(token: str, command: str | None) -> str:
+    """The remote command of `corral ssh`: a login shell (or `command`) in the allocation's workdir,
+    with its variables and GPUs, keeping it active while it runs."""
+    script = (_ready_check(token) + _KEEP_ACTIVE + '. "$d/vars.sh"; cd "$d/workdir" || exit 1\n'
+              + ('"$BASH" -l\n' if command is None else f'"$BASH" -lc {shlex.quote(command)}\n'))
+    return f"bash -c {shlex.quote(script)}"
+
+
+def states_script(tokens: list[str]) -> str:
+    """One line per token: `<token> <alive 0|1> <ready 0|1> <last active or -> <setup exit code or -> <ended
+    reason or ->`."""
+    body = " ".join(check_token(t) for t in tokens)
+    return (ALIVE + f"printf '{MARK} clock %s\\n' \"$(date +%s)\"\n"
+            + f"for t in {body}; do\n"
+            + f'  d="$HOME/{RUNS_DIR}/$t"; pid= since=; [ -s "$d/pid" ] && read -r pid since < "$d/pid"\n'
+            + '  if alive "$pid" "$since"; then a=1; else a=0; fi\n'
+            + '  if [ -e "$d/ready" ]; then r=1; else r=0; fi\n'
+            + '  l=$(stat -c %Y "$d/last_active" 2>/dev/null || echo -)\n'
+            + '  s=$(head -c 12 "$d/setup_failed" 2>/dev/null || echo -)\n'
+            + '  e=$( { [ -e "$d/cancelled" ] && echo down; } || head -c 12 "$d/ended" 2>/dev/null || echo -)\n'
+            + '  echo "$t $a $r $l ${s:--} ${e:--}"\n'
+            + "done\nexit 0\n")
+
+
+def release_script(tokens: list[str]) -> str:
+    """Leave each holder's cancel marker, end its process group, and remove its run dir."""
+    body = " ".join(check_token(t) for t in tokens)
+    return (ALIVE + f"for t in {body}; do\n"
+            + f'  d="$HOME/{RUNS_DIR}/$t"; [ -d "$d" ] || continue\n'
+            + '  : > "$d/cancelled"; pid= since=; [ -s "$d/pid" ] && read -r pid since < "$d/pid"\n'
+            + '  if alive "$pid" "$since"; then kill -TERM -- "-$pid" 2>/dev/null; fi\n'
+            + '  rm -rf "$d"\n'
+            + "done\nexit 0\n")
