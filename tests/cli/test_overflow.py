@@ -79,7 +79,9 @@ def test_a_managed_job_moves_to_a_pool_machine_that_frees_up_and_back(corral, co
     assert pool_l4.exit_code == 0, pool_l4.stderr
     task = tmp_path / "mover.yaml"
     task.write_text(json.dumps({"name": "mover", "resources": {"accelerators": "L4:1"},
-                                "run": 'echo "on $CORRAL_CLUSTER $(hostname)"; sleep 600'}))
+                                "run": 'n=$(cat "$CORRAL_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); n=$((n + 1)); '
+                                       'echo "$n" > "$CORRAL_CHECKPOINT_DIR/n"; '
+                                       'echo "on $CORRAL_CLUSTER $(hostname) run $n"; sleep 600'}))
     try:
         launched = corral("jobs", "launch", "--json", str(task), env=env)
         assert launched.exit_code == 0, launched.stderr
@@ -109,8 +111,9 @@ def test_a_managed_job_moves_to_a_pool_machine_that_frees_up_and_back(corral, co
             machines.start_machine("lab3")
         story = [e["reason"] or "" for e in corral("jobs", "events", job, "--json", env=env).json()]
         assert any("MACHINE_DOWN" in r for r in story), story
+        assert "checkpoint copied from lab to alpine" in story, story  # from a machine of the pool that has it
         assert back["recoveries"] >= 1
-        assert "on alpine a4" in wait_for("its output on alpine", lambda: corral(
+        assert "on alpine a4 run 2" in wait_for("its output on alpine", lambda: corral(
             "jobs", "logs", "--no-follow", job, env=env).stdout, 30)
     finally:
         ssh_login(testbed.cluster_config, "alpine", f"scancel {alpine_l4}")

@@ -180,6 +180,7 @@ class KubeInfra(Infra):
                                     content_type="application/merge-patch+json", allow=(404,)))
         await asyncio.gather(*calls)
         self._uploads.pop(request.token, None)
+        self._uploads.pop("", None)  # what went outside a run's folder (a checkpoint) rode with this attempt
         return SubmitResult(True, name, status == 409, "")
 
     async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:

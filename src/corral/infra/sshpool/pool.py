@@ -16,6 +16,7 @@ with the transport's ControlMasters; nothing is installed on them.
   MACHINE_GRACE_SECONDS; before that, its tasks' state is UNKNOWN (nothing changes). The other
   machines' tasks are reported as usual: one machine down is not the pool down.
 - cancel, logs: on the task's machines, named in its handle (`<host>/<token>`); logs are rank 0's.
+- checkpoints (CopiesCheckpoints): fetched from the machine whose copy changed last.
 - dev allocations: a holder task per machine (`runner.holder_script`, `dev.py`); exec runs on every
   machine at once over ssh, `corral ssh` and the ssh alias reach the head machine directly.
 """
@@ -39,6 +40,7 @@ from corral.infra.base import (
     AllocationState,
     AttemptFiles,
     ClusterSnapshot,
+    CopiesCheckpoints,
     FailureClass,
     GpuPool,
     HoldsAllocations,
@@ -71,7 +73,7 @@ def configured_gpus(spec: str) -> tuple[Gpu, ...]:
     return tuple(Gpu(i, name, None, None) for i in range(int(count)))
 
 
-class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations):
+class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoints):
     kind: ClassVar[str] = "ssh"
 
     def __init__(self, pool: PoolEntry, transport: SshTransport):
@@ -365,6 +367,18 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations):
             key, _, value = line.partition(" ")
             settings.setdefault(key, []).append(value)
         return SshRoute(settings, None, pooldev.shell_command(token, None))
+
+    async def fetch_dir(self, remote_dir: str, local_dir: Path) -> bool:
+        """From the machine whose copy of `remote_dir` changed last (each machine is asked, in parallel:
+        a task's checkpoints are on the machine it ran on, or on a home they share)."""
+        script = f'stat -c %Y "$HOME"/{shlex.quote(remote_dir.rstrip("/"))} 2>/dev/null || echo -\n'
+        answers = await asyncio.gather(*(self.transport.run(h, script, timeout=15, check=False)
+                                         for h in self.pool.hosts), return_exceptions=True)
+        found = [(int(a.stdout.split()[0]), h) for h, a in zip(self.pool.hosts, answers)
+                 if not isinstance(a, BaseException) and a.stdout.split()[:1] and a.stdout.split()[0].isdigit()]
+        if not found:
+            return False
+        return await self.transport.fetch(max(found)[1], remote_dir, local_dir)
 
     async def setup_failed(self, run_dir: str) -> bool:
         script = f'test -e "$HOME"/{shlex.quote(run_dir)}/setup_failed\n'
