@@ -218,14 +218,19 @@ class Cluster:
         self._stamp(event)
         self.objects[key] = event
 
+    def _set_ready(self, name: str, ready: bool) -> None:
+        node = self.objects.get(("Node", "", name))
+        if node is None:
+            raise ApiError(404, "NotFound", f'nodes "{name}" not found')
+        node["status"]["conditions"] = [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+            if ready else {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                           "message": "Kubelet stopped posting node status."}]
+        self._stamp(node)
+
     def lose_node(self, name: str) -> None:
         with self.lock:
-            node = self.objects.get(("Node", "", name))
-            if node is None:
-                raise ApiError(404, "NotFound", f'nodes "{name}" not found')
-            node["status"]["conditions"] = [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
-                                             "message": "Kubelet stopped posting node status."}]
-            self._stamp(node)
+            self._set_ready(name, False)
             for (kind, _, _), pod in self.objects.items():
                 if kind == "Pod" and pod["spec"].get("nodeName") == name and pod["status"]["phase"] in ("Pending",
                                                                                                           "Running"):
@@ -238,12 +243,7 @@ class Cluster:
 
     def restore_node(self, name: str) -> None:
         with self.lock:
-            node = self.objects.get(("Node", "", name))
-            if node is None:
-                raise ApiError(404, "NotFound", f'nodes "{name}" not found')
-            node["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                             "message": "kubelet is posting ready status"}]
-            self._stamp(node)
+            self._set_ready(name, True)
 
     # ---- the controllers ------------------------------------------------------------------------------------
     def tick(self) -> None:

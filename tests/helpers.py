@@ -121,3 +121,19 @@ def fill_every_node(config: Path) -> dict[str, list[str]]:
         for job in jobs:
             wait_for(f"{cluster} to be full", lambda c=cluster, j=job: job_state(config, c, j) == "RUNNING")
     return blockers
+
+
+def launch_managed(corral, env: dict[str, str], task: Path, spec: dict) -> tuple[str, Callable[[], dict]]:
+    """Write `spec` as the task file `task` and launch it as a managed job: its id, and a function
+    giving its row of `corral jobs queue -a` now."""
+    import json
+
+    task.write_text(json.dumps(spec))
+    launched = corral("jobs", "launch", "--json", str(task), env=env)
+    assert launched.exit_code == 0, launched.stderr
+    job_id = launched.json()["job_id"]
+
+    def managed() -> dict:
+        return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job_id]
+
+    return job_id, managed

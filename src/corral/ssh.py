@@ -404,6 +404,19 @@ class SshTransport:
             raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}", exit_status=status,
                                      stderr=text)
 
+    async def host_settings(self, host: str) -> dict[str, list[str]]:
+        """What `ssh -G` resolves for a host of the cluster file (HostName, User, ProxyJump, …), by
+        lowercase keyword; no connection is made."""
+        proc = await asyncio.create_subprocess_exec(
+            "ssh", "-G", "-F", str(self.registry.path), "--", host,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        settings: dict[str, list[str]] = {}
+        for line in out.decode().splitlines():
+            key, _, value = line.partition(" ")
+            settings.setdefault(key, []).append(value)
+        return settings
+
     async def fetch(self, cluster: str, remote_dir: str, local_dir: Path, *, timeout: float = 600) -> bool:
         """Copy a remote directory's contents into `local_dir` (a tar stream). False if it does not exist."""
         path = remote_dir.rstrip("/")

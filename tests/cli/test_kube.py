@@ -17,7 +17,7 @@ import pytest
 
 from tests.cli.test_pools import POOL
 from tests.conftest import wait_for
-from tests.helpers import counting_ssh
+from tests.helpers import counting_ssh, launch_managed
 
 
 def kube_settings(kube) -> dict:
@@ -146,15 +146,9 @@ def test_pod_config_mounts_shared_storage_and_the_workdir_and_env_travel(corral,
 def test_a_lost_node_fails_the_attempt_as_infrastructure_and_a_managed_job_recovers(corral, kube_env, kube,
                                                                                       tmp_path):
     env = {**kube_env, "CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_GRACE_SECONDS": "6"}
-    task = tmp_path / "survivor.yaml"
-    task.write_text(json.dumps({"name": "survivor", "resources": {"infra": "k8s", "accelerators": "A100:4"},
-                                "run": 'echo "on $(hostname)"; sleep 600'}))
-    launched = corral("jobs", "launch", "--json", str(task), env=env)
-    assert launched.exit_code == 0, launched.stderr
-    job_id = launched.json()["job_id"]
-
-    def managed() -> dict:
-        return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job_id]
+    job_id, managed = launch_managed(corral, env, tmp_path / "survivor.yaml", {
+        "name": "survivor", "resources": {"infra": "k8s", "accelerators": "A100:4"},
+        "run": 'echo "on $(hostname)"; sleep 600'})
 
     first = wait_for("the job to run", lambda: (j := managed())["state"] == "RUNNING" and j, 60)
     node = pods(kube, f"job-name={first['slurm_job_id']}")[0]["spec"]["nodeName"]

@@ -12,7 +12,7 @@ from collections import Counter
 from tests.cli.test_kube import kube_settings
 from tests.cli.test_pools import POOL
 from tests.conftest import wait_for
-from tests.helpers import fill_every_node, job_state, ssh_login
+from tests.helpers import fill_every_node, job_state, launch_managed, ssh_login
 
 
 def test_a_sweep_with_every_slurm_cluster_full_overflows_and_runs_each_job_once(corral, corral_env, kube, machines,
@@ -77,19 +77,11 @@ def test_a_managed_job_moves_to_a_pool_machine_that_frees_up_and_back(corral, co
                           "sbatch --parsable -p inference -N1 --exclusive -t 50 --wrap 'sleep 1800'").strip()
     pool_l4 = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "L4:2", "--", "sleep 600", env=env)
     assert pool_l4.exit_code == 0, pool_l4.stderr
-    task = tmp_path / "mover.yaml"
-    task.write_text(json.dumps({"name": "mover", "resources": {"accelerators": "L4:1"},
-                                "run": 'n=$(cat "$CORRAL_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); n=$((n + 1)); '
-                                       'echo "$n" > "$CORRAL_CHECKPOINT_DIR/n"; '
-                                       'echo "on $CORRAL_CLUSTER $(hostname) run $n"; sleep 600'}))
     try:
-        launched = corral("jobs", "launch", "--json", str(task), env=env)
-        assert launched.exit_code == 0, launched.stderr
-        job = launched.json()["job_id"]
-
-        def managed() -> dict:
-            return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job]
-
+        job, managed = launch_managed(corral, env, tmp_path / "mover.yaml", {
+            "name": "mover", "resources": {"accelerators": "L4:1"},
+            "run": 'n=$(cat "$CORRAL_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); n=$((n + 1)); '
+                   'echo "$n" > "$CORRAL_CHECKPOINT_DIR/n"; echo "on $CORRAL_CLUSTER $(hostname) run $n"; sleep 600'})
         waiting = wait_for("the job to wait on alpine", lambda: (j := managed())["state"] == "PENDING"
                            and j["cluster"] == "alpine" and j["slurm_job_id"] and j, 60)
         assert waiting["moves"] == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.helpers import counting_ssh
+from tests.helpers import counting_ssh, launch_managed
 
 POOL = {"pools": {"lab": {"hosts": ["lab1", "lab2", "lab3", "lab4"], "gpus": {"lab4": "A10G:1"}}}}
 
@@ -81,15 +81,8 @@ def test_work_overflows_to_the_pool_and_packs_onto_machines(corral, pool_env):
 
 def test_a_machine_that_goes_away_fails_its_task_and_a_managed_job_recovers(corral, pool_env, machines, tmp_path):
     env = {**pool_env, "CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_GRACE_SECONDS": "6"}
-    task = tmp_path / "survivor.yaml"
-    task.write_text(json.dumps({"name": "survivor", "resources": {"accelerators": "A100:4"},
-                                "run": 'echo "on $(hostname)"; sleep 600'}))
-    launched = corral("jobs", "launch", "--json", str(task), env=env)
-    assert launched.exit_code == 0, launched.stderr
-    job_id = launched.json()["job_id"]
-
-    def managed() -> dict:
-        return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job_id]
+    job_id, managed = launch_managed(corral, env, tmp_path / "survivor.yaml", {
+        "name": "survivor", "resources": {"accelerators": "A100:4"}, "run": 'echo "on $(hostname)"; sleep 600'})
 
     first = wait_for("the job to run on a machine", lambda: (j := managed())["state"] == "RUNNING" and j, 60)
     host = first["slurm_job_id"].split("/")[0]

@@ -7,7 +7,6 @@ for what squeue forgot), a cancel, a prediction for many requests (`sbatch --tes
 
 from __future__ import annotations
 
-import asyncio
 import math
 import shlex
 from collections.abc import Sequence
@@ -196,14 +195,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         return devscript.shell_command(handle, head_node, None)
 
     async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
-        proc = await asyncio.create_subprocess_exec(
-            "ssh", "-G", "-F", str(self.transport.registry.path), "--", self.cluster,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        out, _ = await proc.communicate()
-        settings: dict[str, list[str]] = {}
-        for line in out.decode().splitlines():
-            key, _, value = line.partition(" ")
-            settings.setdefault(key, []).append(value)
+        settings = await self.transport.host_settings(self.cluster)
         proxy = None
         if sshd:
             proxy = self.transport.ssh_argv(

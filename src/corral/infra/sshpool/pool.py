@@ -358,15 +358,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
     async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
         """The machine is reached directly, with its own ssh settings; the session is the shell above."""
         host, token = self._head(handle)
-        proc = await asyncio.create_subprocess_exec(
-            "ssh", "-G", "-F", str(self.transport.registry.path), "--", host,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        out, _ = await proc.communicate()
-        settings: dict[str, list[str]] = {}
-        for line in out.decode().splitlines():
-            key, _, value = line.partition(" ")
-            settings.setdefault(key, []).append(value)
-        return SshRoute(settings, None, pooldev.shell_command(token, None))
+        return SshRoute(await self.transport.host_settings(host), None, pooldev.shell_command(token, None))
 
     async def fetch_dir(self, remote_dir: str, local_dir: Path) -> bool:
         """From the machine whose copy of `remote_dir` changed last (each machine is asked, in parallel:
