@@ -15,11 +15,12 @@ events), and plays the parts behind them in one process:
   bind-mounted at their mountPaths (created on the host if missing; not under /tmp), its GPUs as
   `NVIDIA_VISIBLE_DEVICES` (what the device plugin would hand over). Logs are its output.
 
-No DNS, no networking between pods, no watches, no TTL controller, no admission beyond a few checks;
+No DNS, no networking between pods, no TTL controller, no admission beyond a few checks;
 merge patches only; the garbage collector removes what a deleted object owned.
 Nodes come from `--nodes` (JSON). `POST /fake/nodes/<name>/lose` takes a node away as a crashed one
 goes: its pods fail with a `DisruptionTarget` condition (`.../restore` brings it back). `GET /fake/requests` lists every request
-served (tests count round trips with it). `FakeKubernetes` starts and stops one for tests. Run: `python -m testbed.kubeapi --port P
+served (tests count round trips with it). Lists and watches (`?watch=true` from a resourceVersion,
+with bookmarks, 410 once the change log no longer reaches back) are served as the API serves them. `FakeKubernetes` starts and stops one for tests. Run: `python -m testbed.kubeapi --port P
 --token T --root DIR`.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import copy
 import json
 import os
@@ -98,13 +100,39 @@ class Cluster:
         self.devices: dict[str, dict[int, str]] = {}  # node -> GPU index -> pod uid
         self.killing: dict[str, float] = {}  # pod uid -> when TERM was sent
         self.requests: list[str] = []  # "METHOD path" of every request, for tests that count them
+        self.event_times: dict[tuple[str, str, str], float] = {}  # an Event's last update
+        self.log: collections.deque[tuple[int, str, tuple[str, str, str], dict[str, Any]]] = collections.deque(
+            maxlen=20000)  # (resourceVersion, ADDED/MODIFIED/DELETED, key, object) for watches
         for spec in nodes:
             self._add_node(spec)
 
     # ---- objects ------------------------------------------------------------------------------------------
     def _stamp(self, obj: dict[str, Any]) -> None:
+        """A new resourceVersion for a changed object, and its watch event (ADDED before it is stored)."""
         self.version += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
+        key = (obj.get("kind", ""), obj["metadata"].get("namespace", ""), obj["metadata"].get("name", ""))
+        self.log.append((self.version, "MODIFIED" if key in self.objects else "ADDED", key, copy.deepcopy(obj)))
+
+    def _remove(self, key: tuple[str, str, str]) -> None:
+        obj = self.objects.pop(key, None)
+        if obj is not None:
+            self.version += 1
+            obj["metadata"]["resourceVersion"] = str(self.version)
+            self.log.append((self.version, "DELETED", key, copy.deepcopy(obj)))
+
+    def changes(self, after: int, kind: str, namespace: str | None, labels: str) -> tuple[list[dict[str, Any]], int]:
+        """Watch events after resourceVersion `after` (ERROR 410 when the log no longer reaches back so
+        far), and the version they bring the watcher to."""
+        with self.lock:
+            if self.log and after < self.log[0][0] - 1:
+                return [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                                     "code": 410, "reason": "Expired",
+                                                     "message": f"too old resource version: {after}"}}], after
+            out = [{"type": event, "object": obj} for version, event, key, obj in self.log
+                   if version > after and key[0] == kind and (namespace is None or key[1] == namespace)
+                   and _labels_match(obj, labels)]
+            return out, self.version
 
     def _add_node(self, spec: dict[str, Any]) -> None:
         allocatable = {"cpu": spec["cpu"], "memory": spec["memory"], "pods": "110"}
@@ -186,14 +214,15 @@ class Cluster:
 
     def delete(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
         with self.lock:
-            obj = self.objects.pop((kind, namespace, name), None)
+            obj = self.objects.get((kind, namespace, name))
             if obj is None:
                 raise ApiError(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+            self._remove((kind, namespace, name))
             uid = obj["metadata"].get("uid")
             for key, other in list(self.objects.items()):  # the garbage collector: what it owned goes too
                 if key[0] != "Pod" and any(ref.get("uid") == uid for ref in other["metadata"].get("ownerReferences")
                                            or []):
-                    del self.objects[key]
+                    self._remove(key)
             if kind == "Job":  # propagation: its pods go too (ended now, removed once their process is gone)
                 for (k, ns, _), pod in list(self.objects.items()):
                     if k == "Pod" and ns == namespace and pod["metadata"]["labels"].get("job-name") == name:
@@ -206,6 +235,9 @@ class Cluster:
         key = ("Event", namespace, name)
         existing = self.objects.get(key)
         if existing and existing["message"] == message:
+            if time.time() - self.event_times.get(key, 0) < 5:  # as the scheduler retries: not every tick
+                return
+            self.event_times[key] = time.time()
             existing["count"] += 1
             existing["lastTimestamp"] = now_text()
             self._stamp(existing)
@@ -263,6 +295,7 @@ class Cluster:
         name, spec, status = job["metadata"]["name"], job["spec"], job["status"]
         if any(c["type"] in ("Complete", "Failed") for c in status.get("conditions", [])):
             return
+        before = json.dumps(status, sort_keys=True)
         pods = self._pods_of(namespace, name)
         completions = int(spec.get("completions") or 1)
         have = {p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] for p in pods}
@@ -286,7 +319,8 @@ class Cluster:
         elif len(succeeded) >= completions:
             status["completionTime"] = now_text()
             status["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": now_text()}]
-        self._stamp(job)
+        if json.dumps(status, sort_keys=True) != before:
+            self._stamp(job)
 
     def _create_pod(self, namespace: str, job: dict[str, Any], index: int) -> None:
         name = job["metadata"]["name"]
@@ -324,7 +358,7 @@ class Cluster:
             self._stop(pod, signal.SIGTERM)
             self._reap(pod)
             if uid not in self.processes:
-                self.objects.pop(("Pod", namespace, pod["metadata"]["name"]), None)
+                self._remove(("Pod", namespace, pod["metadata"]["name"]))
             return
         phase = pod["status"]["phase"]
         if phase == "Pending" and not pod["spec"].get("nodeName"):
@@ -611,6 +645,8 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                     name = match.group(2) if namespaced and match.lastindex and match.lastindex >= 2 else None
                     if method == "GET" and name:
                         return self._send(200, cluster.get(kind, namespace or "", name))
+                    if method == "GET" and query.get("watch") == "true":
+                        return self._watch(kind, namespace, query)
                     if method == "GET":
                         return self._send(200, cluster.list(kind, namespace, query.get("labelSelector", ""),
                                                             query.get("fieldSelector", "")))
@@ -626,6 +662,33 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             except ApiError as exc:
                 self._send(exc.code, exc.body())
+
+        def _watch(self, kind: str, namespace: str | None, query: dict[str, str]) -> None:
+            """Events as JSON lines from `resourceVersion` on, until `timeoutSeconds` or the client goes."""
+            version = int(query.get("resourceVersion") or cluster.version)
+            ends = time.monotonic() + min(float(query.get("timeoutSeconds") or 300), 1800)
+            bookmark = time.monotonic()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                while time.monotonic() < ends:
+                    events, version = cluster.changes(version, kind, namespace, query.get("labelSelector", ""))
+                    if query.get("allowWatchBookmarks") == "true" and time.monotonic() - bookmark > 5:
+                        events.append({"type": "BOOKMARK", "object": {"kind": kind,
+                                                                      "metadata": {"resourceVersion": str(version)}}})
+                        bookmark = time.monotonic()
+                    for event in events:
+                        line = json.dumps(event).encode() + b"\n"
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                    if any(e["type"] == "ERROR" for e in events):
+                        break
+                    time.sleep(0.1)
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:  # the watcher went away
+                self.close_connection = True
 
         def _log(self, namespace: str, name: str, follow: bool) -> None:
             path, process = cluster.log(namespace, name)

@@ -14,6 +14,7 @@ from corral.config import KubeEntry
 from corral.errors import ClusterError, ClusterUnreachableError, ConfigError
 from corral.infra.base import JobRequest, JobState, new_token
 from corral.infra.kube.cluster import KubeInfra
+from tests.conftest import wait_for
 
 
 def infra(kube, **overrides) -> KubeInfra:
@@ -108,3 +109,24 @@ def test_the_service_and_config_map_belong_to_the_job(kube):
     # Deleting the Job alone (as Kubernetes' TTL controller does once it ended) takes them with it.
     kube.request("DELETE", f"/apis/batch/v1/namespaces/default/jobs/{submitted.handle}")
     assert objects(kube, "configmaps", asked.token) == []
+
+
+def test_once_the_watches_are_synced_a_status_query_makes_no_request(kube):
+    backend = infra(kube)
+    asked = request(run="sleep 2")
+    submitted = asyncio.run(backend.submit(asked))
+    assert submitted.accepted, submitted.message
+    wait_for("the watches to sync", lambda: backend._watch().synced, timeout=10)
+    before = len(kube.requests())
+    seen = []
+
+    def ended() -> bool:
+        [mine] = [s for s in asyncio.run(backend.status([submitted.handle])) if s.handle == submitted.handle]
+        seen.append(mine.state)
+        return mine.state is JobState.SUCCEEDED
+
+    wait_for("the job to end, as the watches tell", ended, timeout=20)
+    asked_for = [r for r in kube.requests()[before:] if "watch" not in r]
+    # No list of Jobs or pods: at most the Warning events while a pod was pending.
+    assert [r for r in asked_for if not r.endswith("/events")] == [], asked_for
+    assert JobState.RUNNING in seen or JobState.PENDING in seen

@@ -8,8 +8,9 @@ going out together):
 - submit: the ConfigMap, then the Job (409: it exists, the retried submission found it, and reads
   it), then the Service and the ConfigMap's owner (the Job, so that both go with it) together: three
   or four round trips; the Job is found again by name, which is its token's;
-- status: Corral's Jobs and pods in the namespace, in parallel, plus its Warning events when a pod
-  is pending: one or two round trips, whatever the number of jobs;
+- status: Corral's Jobs and pods in the namespace, as watches keep them (`watch.py`): no request once
+  synced, plus the Warning events when a pod is pending; before that, or for a job the watches have
+  not shown yet, both listed together: one or two round trips, whatever the number of jobs;
 - cancel: delete each Job (its pods with it), Service and ConfigMap; logs: the head pod's (index 0),
   streamed with `follow`.
 """
@@ -21,6 +22,7 @@ import base64
 import io
 import json
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,10 +39,13 @@ from corral.infra.base import (
     OutputSink,
     SubmitResult,
 )
-from corral.infra.kube import capacity, manifests, states
+from corral.infra.kube import capacity, manifests, states, watch
 from corral.infra.shell import render_env
 
 LOG_POLL_SECONDS = 1.0
+# A server makes a Client (and so KubeInfras) per request: the watches are the process's, not theirs.
+_WATCHERS: dict[tuple[str, str, str], watch.Watcher] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 class KubeInfra(Infra):
@@ -54,6 +59,7 @@ class KubeInfra(Infra):
         self._namespace: str | None = entry.namespace
         self._gpu_label: dict[str, tuple[str, str]] = {}  # GPU type as labelled -> (label, resource)
         self._uploads: dict[str, list[tuple[Path, str]]] = {}  # token -> (local, remote) for its ConfigMap
+        self._watcher: watch.Watcher | None = None
 
     @property
     def name(self) -> str:
@@ -183,11 +189,51 @@ class KubeInfra(Infra):
         self._uploads.pop("", None)  # what went outside a run's folder (a checkpoint) rode with this attempt
         return SubmitResult(True, name, status == 409, "")
 
+    def _watch(self) -> watch.Watcher:
+        """The namespace's Corral Jobs and pods, kept current by watches: one set per kubeconfig,
+        context and namespace in this process (started on first use, shared by every KubeInfra of it)."""
+        if self._watcher is None:
+            ns = self.namespace
+            key = (self.entry.kubeconfig or "", self.entry.name, ns)
+            with _SHARED_LOCK:
+                found = _WATCHERS.get(key)
+                if found is None:
+                    found = _WATCHERS[key] = watch.Watcher(
+                        {"jobs": f"/apis/batch/v1/namespaces/{ns}/jobs", "pods": f"/api/v1/namespaces/{ns}/pods"},
+                        f"{manifests.LABEL_MANAGED}=corral", self._list_sync, self._stream_sync)
+            self._watcher = found
+        return self._watcher
+
+    def _list_sync(self, path: str, query: list[tuple[str, str]]) -> tuple[list[dict[str, Any]], str | None]:
+        response = self._send("GET", path, query, None, (self.timeout, self.timeout * 3))
+        if response.status >= 300:
+            raise ClusterError(self.entry.name, _api_message(response.status, response.data, response.reason))
+        answer = _loads(response.data) or {}
+        return list(answer.get("items") or []), (answer.get("metadata") or {}).get("resourceVersion")
+
+    def _stream_sync(self, path: str, query: list[tuple[str, str]]) -> Any:
+        response = self._send("GET", path, query, None, (self.timeout, watch.WATCH_SECONDS + 30))
+        try:
+            if response.status >= 300:
+                raise ClusterError(self.entry.name, _api_message(response.status, response.data, response.reason))
+            yield from response.stream(65536)
+        finally:
+            response.release_conn()
+
     async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
+        """From the watches' cache once it is synced and holds every handle asked about (no request);
+        otherwise from two lists, asked together."""
         ns = self.namespace
         selector = f"{manifests.LABEL_MANAGED}=corral"
-        jobs, pods = await asyncio.gather(self._list(f"/apis/batch/v1/namespaces/{ns}/jobs", labelSelector=selector),
-                                          self._list(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector))
+        watcher = self._watch()
+        cached = watcher.snapshot() if watcher.synced else None
+        names = {j["metadata"]["name"] for j in cached["jobs"]} if cached else set()
+        if cached and all(h in names for h in handles if manifests.token_of(h)):
+            jobs, pods = cached["jobs"], cached["pods"]
+        else:
+            jobs, pods = await asyncio.gather(
+                self._list(f"/apis/batch/v1/namespaces/{ns}/jobs", labelSelector=selector),
+                self._list(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector))
         events: list[dict[str, Any]] = []
         if any((p.get("status") or {}).get("phase") == "Pending" for p in pods):
             events = await self._list(f"/api/v1/namespaces/{ns}/events", fieldSelector="type=Warning")
