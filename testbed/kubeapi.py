@@ -101,7 +101,7 @@ class Cluster:
         self.killing: dict[str, float] = {}  # pod uid -> when TERM was sent
         self.requests: list[str] = []  # "METHOD path" of every request, for tests that count them
         self.event_times: dict[tuple[str, str, str], float] = {}  # an Event's last update
-        self.log: collections.deque[tuple[int, str, tuple[str, str, str], dict[str, Any]]] = collections.deque(
+        self.changelog: collections.deque[tuple[int, str, tuple[str, str, str], dict[str, Any]]] = collections.deque(
             maxlen=20000)  # (resourceVersion, ADDED/MODIFIED/DELETED, key, object) for watches
         for spec in nodes:
             self._add_node(spec)
@@ -112,24 +112,24 @@ class Cluster:
         self.version += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
         key = (obj.get("kind", ""), obj["metadata"].get("namespace", ""), obj["metadata"].get("name", ""))
-        self.log.append((self.version, "MODIFIED" if key in self.objects else "ADDED", key, copy.deepcopy(obj)))
+        self.changelog.append((self.version, "MODIFIED" if key in self.objects else "ADDED", key, copy.deepcopy(obj)))
 
     def _remove(self, key: tuple[str, str, str]) -> None:
         obj = self.objects.pop(key, None)
         if obj is not None:
             self.version += 1
             obj["metadata"]["resourceVersion"] = str(self.version)
-            self.log.append((self.version, "DELETED", key, copy.deepcopy(obj)))
+            self.changelog.append((self.version, "DELETED", key, copy.deepcopy(obj)))
 
     def changes(self, after: int, kind: str, namespace: str | None, labels: str) -> tuple[list[dict[str, Any]], int]:
         """Watch events after resourceVersion `after` (ERROR 410 when the log no longer reaches back so
         far), and the version they bring the watcher to."""
         with self.lock:
-            if self.log and after < self.log[0][0] - 1:
+            if self.changelog and after < self.changelog[0][0] - 1:
                 return [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                                      "code": 410, "reason": "Expired",
                                                      "message": f"too old resource version: {after}"}}], after
-            out = [{"type": event, "object": obj} for version, event, key, obj in self.log
+            out = [{"type": event, "object": obj} for version, event, key, obj in self.changelog
                    if version > after and key[0] == kind and (namespace is None or key[1] == namespace)
                    and _labels_match(obj, labels)]
             return out, self.version
@@ -662,6 +662,8 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             except ApiError as exc:
                 self._send(exc.code, exc.body())
+            except Exception as exc:  # a bug of the fake: a 500 with the reason, not a dropped connection
+                self._send(500, ApiError(500, "InternalError", f"the fake failed: {exc!r}").body())
 
         def _watch(self, kind: str, namespace: str | None, query: dict[str, str]) -> None:
             """Events as JSON lines from `resourceVersion` on, until `timeoutSeconds` or the client goes."""

@@ -176,3 +176,21 @@ def test_the_fake_is_only_reached_through_the_kubeconfig(kube, tmp_path):
                 timeout=5)
     assert refused.value.code == 401
     assert json.loads(Path(kube.kubeconfig).read_text())["contexts"][0]["name"] == "kind-fake"
+
+
+def test_jobs_why_says_where_a_managed_job_waits_in_kubernetes_and_why(corral, kube_env, tmp_path):
+    env = {**kube_env, "CORRAL_CONTROLLER_INTERVAL": "1"}
+    full = corral("launch", "-d", "--json", "--gpus", "A100:4", "--num-nodes", "2", "--", "sleep 300", env=env)
+    assert full.exit_code == 0 and full.json()["cluster"] == "kind-fake", full.stderr
+    job_id, managed = launch_managed(corral, env, tmp_path / "waiter.yaml", {
+        "name": "waiter", "resources": {"infra": "k8s/kind-fake", "accelerators": "A100:1"}, "run": "true"})
+    try:
+        wait_for("it to wait with the scheduler's reason", lambda: (j := managed())["state"] == "PENDING"
+                 and "nodes are available" in (j.get("reason") or ""), 30)
+        why = corral("jobs", "why", job_id, env=env)
+        assert why.exit_code == 0, why.stderr
+        first = why.stdout.splitlines()[0]
+        assert first.startswith(f"{job_id} is pending on k8s/kind-fake: FailedScheduling: 0/4 nodes are available"), first
+        assert "Insufficient nvidia.com/gpu" in first
+    finally:
+        corral("jobs", "cancel", job_id, env=env)

@@ -274,3 +274,32 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     wait_for("Slurm to end the allocation", lambda: job_state(testbed.cluster_config, "cirrus", slurm_id)
              in ("", "CANCELLED", "COMPLETED"), timeout=30)
     context.close()
+
+
+def test_the_infra_page_shows_every_kind_side_by_side(browser, corral, corral_env, kube, machines, testbed, tmp_path):
+    """The three Slurm clusters, the SSH pool and the Kubernetes context (the fake API server) on one page."""
+    from tests.cli.test_kube import kube_settings
+    from tests.cli.test_pools import POOL
+
+    config = tmp_path / "cluster-file"
+    config.write_text(testbed.cluster_config.read_text() + "\n" + machines.ssh_config.read_text())
+    home = Path(corral_env["CORRAL_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(json.dumps({"submit_as": "service", **POOL, **kube_settings(kube)}))
+    env = {**corral_env, "CORRAL_SLURM_CONFIG": str(config)}
+    port = free_port()
+    started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port), env=env)
+    assert started.exit_code == 0, started.stderr
+    try:
+        context, page, _ = logged_in(browser, corral, env)
+        page.wait_for_selector("#infra[data-loaded=true]", timeout=30_000)
+        kinds = dict(page.eval_on_selector_all("#health tbody tr", "rows => rows.map(r => [r.dataset.cluster, "
+                                               "r.querySelector('.kind').textContent])"))
+        assert kinds == {"alpine": "Slurm", "borealis": "Slurm", "cirrus": "Slurm", "lab": "SSH pool",
+                         "kind-fake": "Kubernetes"}
+        rows = page.eval_on_selector_all("#infra tbody tr", "rows => rows.map(r => [r.dataset.cluster, r.dataset.gpu])")
+        assert ["kind-fake", "A100"] in rows and ["lab", "A100"] in rows and ["alpine", "H100"] in rows
+        assert accessible(page) == []
+        context.close()
+    finally:
+        corral("server", "stop", env=env)
