@@ -145,3 +145,12 @@ def test_infra_order_fills_in_the_kinds_it_leaves_out(tmp_path: Path, monkeypatc
 
     kube_settings(tmp_path, monkeypatch, "infra_order: [k8s]\n")
     assert infra_order() == ("k8s", "slurm", "ssh")
+
+
+@pytest.mark.parametrize("text", ["rpc_budget: 60\n", "rpc_budget: {commands_per_minute: 0}\n",
+                                  "rpc_budget: {commands_per_minute: 10, sessions: 2}\n",
+                                  "clusters: {alpine: {rpc_budget: {commands_per_minute: many}}}\n"])
+def test_a_bad_rpc_budget_says_what_it_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    path = kube_settings(tmp_path, monkeypatch, text)
+    with pytest.raises(ConfigError, match=r"rpc_budget: expected `\{commands_per_minute: N\}`"):
+        load_registry(path)

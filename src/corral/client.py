@@ -14,6 +14,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from corral import accounts as team_accounts
+from corral import budget
 from corral.accounts import Accounts
 from corral.config import ClusterRegistry, load_registry
 from corral.errors import (
@@ -184,7 +185,7 @@ def health_json(outcome: ProbeOutcome) -> dict[str, object]:
     return {"cluster": outcome.cluster, "ok": outcome.ok, "error": outcome.error_message,
             "error_kind": outcome.error_kind, "seconds": round(outcome.seconds, 3), "probed_at": outcome.at,
             "node_count": len(outcome.snapshot.nodes) if outcome.snapshot else 0,
-            "kind": outcome.snapshot.kind if outcome.snapshot else None}
+            "kind": outcome.snapshot.kind if outcome.snapshot else None, "rpc_budget": budget.report_of(outcome.cluster)}
 
 
 def node_condition(node: Node) -> str:

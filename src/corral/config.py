@@ -299,7 +299,7 @@ def _pools(raw: object) -> list[PoolEntry]:
             for name, spec in raw.items()]
 
 
-USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes", "infra_order")
+USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes", "infra_order", "rpc_budget")
 INFRA_ORDER_KINDS = ("slurm", "ssh", "k8s")
 
 
@@ -335,11 +335,22 @@ def load_user_settings() -> dict[str, object]:
             _check_pool_settings(value, path)
         if key == "kubernetes":
             _check_kube_settings(value, path)
+        if key == "rpc_budget":
+            check_rpc_budget(value, "rpc_budget", path)
         if key == "infra_order" and (not isinstance(value, list) or not value
                                      or any(v not in INFRA_ORDER_KINDS for v in value) or len(set(value)) != len(value)):
             raise ConfigError("setting 'infra_order' must list kinds of place, each once, most preferred first, e.g. "
                               f"`infra_order: [slurm, k8s, ssh]` (kinds: {', '.join(INFRA_ORDER_KINDS)})", path)
     return data
+
+
+def check_rpc_budget(value: object, where: str, path: Path | None = None) -> None:
+    """`rpc_budget: {commands_per_minute: N}`: the most Slurm commands a minute Corral sends a cluster."""
+    if (not isinstance(value, dict) or set(value) != {"commands_per_minute"}
+            or not isinstance(value["commands_per_minute"], int) or isinstance(value["commands_per_minute"], bool)
+            or not 1 <= value["commands_per_minute"] <= 1_000_000):
+        raise ConfigError(f"{where}: expected `{{commands_per_minute: N}}`, N from 1 to 1000000 (the most Slurm "
+                          "commands a minute Corral sends a cluster's controller)", path)
 
 
 def infra_order() -> tuple[str, ...]:
@@ -419,7 +430,7 @@ def settings_path() -> Path:
 
 # `submit_as` (accounts.py), then a cluster's profile (profiles.py validates those).
 _CLUSTER_SETTINGS = ("submit_as", "account", "qos", "constraint", "reservation", "time", "sbatch_args", "env",
-                     "setup_prefix", "paths", "avoid_partitions", "partitions")
+                     "setup_prefix", "paths", "avoid_partitions", "partitions", "rpc_budget")
 
 
 def _check_cluster_settings(value: object, path: Path) -> None:
@@ -433,3 +444,5 @@ def _check_cluster_settings(value: object, path: Path) -> None:
             if key not in _CLUSTER_SETTINGS:
                 raise ConfigError(f"clusters.{name}: unknown setting {key!r}; known: {', '.join(_CLUSTER_SETTINGS)}",
                                   path)
+        if "rpc_budget" in options:
+            check_rpc_budget(options["rpc_budget"], f"clusters.{name}.rpc_budget", path)

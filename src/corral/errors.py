@@ -122,6 +122,12 @@ class SshTimeoutError(ClusterError):
     reason = "timeout"
 
 
+class ClusterBusyError(ClusterError):
+    """Corral holds back: the cluster's command budget is spent, or its controller said it is busy."""
+
+    reason = "busy"
+
+
 class RemoteCommandError(ClusterError):
     """The remote command ran and failed; carries its exit status and stderr."""
 

@@ -99,6 +99,8 @@ class ClusterProfile(PartitionProfile):
     avoid_partitions: list[str] = Field(default_factory=list, description="Never placed there, unless the task "
                                                                           "names the partition.")
     partitions: dict[str, PartitionProfile] = Field(default_factory=dict)
+    rpc_budget: dict[str, int] | None = Field(None, description="The most Slurm commands a minute Corral sends "
+                                                                "this cluster (budget.py; checked by config.py).")
 
     @field_validator("avoid_partitions")
     @classmethod

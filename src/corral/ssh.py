@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.accounts import Login, SubmitMode
+from corral.budget import Budget, budget_for, next_slot_text
 from corral.config import (
     ClusterRegistry,
     check_timeout,
@@ -38,6 +39,7 @@ from corral.config import (
     write_private,
 )
 from corral.errors import (
+    ClusterBusyError,
     ClusterError,
     ClusterUnreachableError,
     ConfigError,
@@ -121,6 +123,26 @@ _SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asynci
     weakref.WeakKeyDictionary()
 
 
+async def _within_budget(cluster: str, allowance: Budget, cost: int, timeout: float) -> None:
+    """Wait for the cluster's budget to allow `cost` commands; ClusterBusyError past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (wait := allowance.wait_seconds(cost)) > 0:
+        if time.monotonic() + wait > deadline:
+            report = allowance.report()
+            if report["busy_reason"]:
+                raise ClusterBusyError(cluster, f"its Slurm controller is busy ({report['busy_reason']}); Corral "
+                                                f"backs off for {report['backoff_seconds']} s")
+            raise ClusterBusyError(cluster, f"Corral's budget of {allowance.per_minute} Slurm commands a minute "
+                                            f"there is spent (rpc_budget in config.yaml); the next slot comes in "
+                                            f"{next_slot_text(wait)}")
+        allowance.waiting += 1
+        try:
+            await asyncio.sleep(min(wait, 1.0))
+        finally:
+            allowance.waiting -= 1
+    allowance.spend(cost)
+
+
 def _session_limit(cluster: str, size: int) -> asyncio.Semaphore:
     limits = _SESSIONS.setdefault(asyncio.get_running_loop(), {})
     return limits.setdefault(cluster, asyncio.Semaphore(size))
@@ -197,13 +219,17 @@ class SshTransport:
         ssh = shutil.which("ssh") or "ssh"
         return [ssh, "-F", str(self.config_file), *self._login_options(), *options, "--", cluster, *remote]
 
-    async def run(self, cluster: str, script: str, *, timeout: float, check: bool = True) -> RemoteResult:
-        """Run a bash script on the cluster's login node in one round trip.
+    async def run(self, cluster: str, script: str, *, timeout: float, check: bool = True,
+                  cost: int = 1) -> RemoteResult:
+        """Run a bash script on the cluster's login node in one round trip, which runs `cost` Slurm
+        commands (budget.py: it waits for them within `timeout`, and backs off a busy controller).
 
         Raises a ClusterError subclass that names the cluster when ssh itself fails, when the call
         exceeds `timeout` seconds, or (with `check`) when the script exits non-zero.
         """
         entry = self.registry.get(cluster)
+        allowance = budget_for(cluster)
+        await _within_budget(cluster, allowance, cost, timeout)
         # The remote side enforces the limit too, so nothing we gave up on keeps running there.
         remote_limit = str(math.ceil(timeout) + 1)
         argv = self.ssh_argv(entry.name, ["timeout", "-k", "2", remote_limit, *self.as_user(["bash", "--login", "-s"])])
@@ -234,6 +260,7 @@ class SshTransport:
             stderr=err.decode(errors="replace"),
             seconds=time.monotonic() - started,
         )
+        allowance.answered(result.stdout + result.stderr)
         if result.exit_status == SSH_FAILURE:
             raise self.classify_failure(cluster, result.stderr)
         refused = self._sudo_refusal(result.stderr) if result.exit_status == 1 else None

@@ -96,6 +96,11 @@ def server_status(as_json: bool) -> None:
                        + (f", errors {last['errors']}" if last["errors"] else ""))
         if lease:
             click.echo(f"lease held by {lease['holder']} for {max(0, lease['expires_at'] - time.time()):.0f}s more")
+        for cluster, used in (health.get("rpc_budget") or {}).items():
+            busy = (f", backing off {used['backoff_seconds']}s ({used['busy_reason']})" if used.get("busy_reason")
+                    else "")
+            click.echo(f"{cluster}: {used['used_last_minute']} of {used['commands_per_minute']} Slurm commands in "
+                       f"the last minute, {used['waiting']} waiting{busy}")
     if health is None:
         sys.exit(1)
 

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from corral import budget
 from corral.controller.engine import LEASE
 from corral.errors import CorralError
 from corral.state import Store
@@ -87,13 +88,14 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
             return response
 
     async def health() -> dict[str, object]:
-        """The server's pid, uptime, controller ticks and the store's lease."""
+        """The server's pid, uptime, controller ticks, the store's lease, and each cluster's Slurm
+        command budget as used in the last minute (budget.py)."""
         lease = store.lease(LEASE)
         return {"pid": status.pid, "holder": status.holder, "started_at": status.started_at,
                 "uptime_seconds": round(time.time() - status.started_at, 3), "interval": status.interval,
                 "ticks": status.ticks, "last_tick": asdict(status.last_tick) if status.last_tick else None,
                 "lease": {"holder": lease.holder, "expires_at": lease.expires_at} if lease else None,
-                "api": API_VERSION, "version": __version__}
+                "rpc_budget": budget.report(), "api": API_VERSION, "version": __version__}
 
     async def wake() -> dict[str, object]:
         """Tick the controller now (new managed work)."""

@@ -154,6 +154,9 @@ async function drawInfra() {
     cell(tr, `${c.seconds.toFixed(2)} s`, "num");
     timeCell(tr, c.probed_at);
     cell(tr, KINDS[c.kind] || c.kind || "", "kind");
+    const used = c.rpc_budget;  // what Corral has sent it, against its budget (rpc_budget)
+    cell(tr, used ? `${used.used_last_minute} of ${used.commands_per_minute}` +
+      (used.busy_reason ? `, backing off: ${used.busy_reason}` : "") : "", "num budget");
     return tr;
   }));
   const body = $("infra").querySelector("tbody");

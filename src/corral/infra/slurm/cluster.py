@@ -46,7 +46,7 @@ from corral.infra.slurm.jobs import (
     test_only_script,
 )
 from corral.infra.slurm.jobscript import spec_for, submit_script
-from corral.infra.slurm.probe import parse_probe_output, probe_script
+from corral.infra.slurm.probe import QUERIES, parse_probe_output, probe_script
 from corral.ssh import SshTransport, remote_path
 
 # What the login node keeps for itself out of the transport's timeout: connecting and answering.
@@ -74,7 +74,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                     filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
         # One bound for the whole answer, a new connection included.
         script = probe_script(self.slurm_timeout, associations=associations, paths=paths, filesystems=filesystems)
-        result = await self.transport.run(self.cluster, script, timeout=self.transport.timeout)
+        # Its Slurm commands: scontrol ping and the queries (sinfo, squeue, sacctmgr), in parallel.
+        commands = 1 + len(QUERIES) + (1 if associations else 0)
+        result = await self.transport.run(self.cluster, script, timeout=self.transport.timeout, cost=commands)
         return parse_probe_output(self.cluster, result.stdout, self.slurm_timeout, result.seconds)
 
     def attempt_files(self, request: JobRequest) -> AttemptFiles:
@@ -114,7 +116,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
 
     async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
         result = await self.transport.run(self.cluster, status_script(handles, accounts=accounts),
-                                          timeout=JOB_TIMEOUT)
+                                          timeout=JOB_TIMEOUT, cost=2)  # squeue, and sacct for what it forgot
         return parse_status(self.cluster, result.stdout)
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:

@@ -1,0 +1,125 @@
+"""The load Corral puts on each cluster's Slurm controller: a budget of Slurm commands per minute per
+login node, and a back-off when the controller says it is busy. One state per cluster in this process
+(the server), whatever the number of clients or requests; pure apart from the clock it is given.
+
+- Each round trip to a login node spends the Slurm commands it runs (a probe: its `scontrol ping` and
+  its queries; a status refresh: squeue and sacct; a submission, a cancel: one). A token bucket holds
+  a minute's budget (`rpc_budget: {commands_per_minute: N}` in config.yaml, per cluster under
+  `clusters:`; 600 by default) and refills at N/60 a second, so bursts up to N pass at once and the
+  long-run rate is N a minute.
+- A round trip whose answer says the controller is overloaded (`BUSY_MARKERS`: "Socket timed out",
+  "Resource temporarily unavailable", …) starts a back-off: no round trip to that cluster for 2 s,
+  doubling with each busy answer in a row up to 60 s; the first answer without them ends it.
+- A caller waits for its slot, up to its own timeout; past that it gets ClusterBusyError, saying
+  when the next slot comes. `report()` is what `corral server status` and the dashboard show.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+DEFAULT_PER_MINUTE = 600
+BACKOFF_FIRST = 2.0
+BACKOFF_MAX = 60.0
+BUSY_MARKERS = ("Socket timed out on send/recv operation", "Resource temporarily unavailable",
+                "temporarily unable to accept job", "Slurm controller not responding",
+                "Unable to contact slurm controller")
+
+
+@dataclass
+class Budget:
+    """One cluster's budget: a token bucket of Slurm commands, and its back-off."""
+
+    per_minute: int
+    clock: Callable[[], float] = time.monotonic
+    tokens: float = field(init=False)
+    updated: float = field(init=False)
+    spent: deque[tuple[float, int]] = field(default_factory=deque)  # (when, commands) in the last minute
+    waiting: int = 0
+    backoff: float = 0.0
+    busy_until: float = 0.0
+    busy_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.per_minute)
+        self.updated = self.clock()
+
+    def _refill(self, now: float) -> None:
+        self.tokens = min(float(self.per_minute), self.tokens + (now - self.updated) * self.per_minute / 60.0)
+        self.updated = now
+        while self.spent and self.spent[0][0] <= now - 60.0:
+            self.spent.popleft()
+
+    def wait_seconds(self, cost: int) -> float:
+        """How long until `cost` commands may go (0: now)."""
+        now = self.clock()
+        self._refill(now)
+        cost = min(cost, self.per_minute)  # a round trip dearer than the whole budget waits for a full bucket
+        short = max(0.0, cost - self.tokens) * 60.0 / self.per_minute
+        return max(short, self.busy_until - now, 0.0)
+
+    def spend(self, cost: int) -> None:
+        now = self.clock()
+        self._refill(now)
+        self.tokens -= min(cost, self.per_minute)
+        self.spent.append((now, cost))
+
+    def answered(self, text: str) -> None:
+        """What a round trip printed: a busy controller backs off, any other answer ends the back-off."""
+        marker = next((m for m in BUSY_MARKERS if m in text), None)
+        if marker is None:
+            self.backoff, self.busy_reason = 0.0, None
+            return
+        self.backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, self.backoff * 2))
+        self.busy_until = self.clock() + self.backoff
+        self.busy_reason = marker
+
+    def report(self) -> dict[str, object]:
+        now = self.clock()
+        self._refill(now)
+        return {"commands_per_minute": self.per_minute, "used_last_minute": sum(c for _, c in self.spent),
+                "waiting": self.waiting, "backoff_seconds": round(max(0.0, self.busy_until - now), 1),
+                "busy_reason": self.busy_reason if self.busy_until > now else None}
+
+
+_BUDGETS: dict[str, Budget] = {}
+
+
+def budget_for(cluster: str, per_minute: int | None = None) -> Budget:
+    """This process's budget for the cluster (created with `per_minute`, or the config's)."""
+    found = _BUDGETS.get(cluster)
+    if found is None:
+        found = _BUDGETS[cluster] = Budget(per_minute or configured_per_minute(cluster))
+    return found
+
+
+def configured_per_minute(cluster: str) -> int:
+    from corral.config import load_user_settings
+
+    settings = load_user_settings()
+    per_cluster = ((settings.get("clusters") or {}).get(cluster) or {}) if isinstance(settings.get("clusters"),
+                                                                                     dict) else {}
+    for source in (per_cluster, settings):
+        value = (source.get("rpc_budget") or {}).get("commands_per_minute") if isinstance(source, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_PER_MINUTE
+
+
+def report_of(cluster: str) -> dict[str, object] | None:
+    """The cluster's budget as this process has used it, or None before its first round trip."""
+    found = _BUDGETS.get(cluster)
+    return found.report() if found is not None else None
+
+
+def report() -> dict[str, dict[str, object]]:
+    """Every cluster's budget as this process has used it."""
+    return {cluster: budget.report() for cluster, budget in sorted(_BUDGETS.items())}
+
+
+def next_slot_text(seconds: float) -> str:
+    return f"{math.ceil(seconds)} s"
