@@ -2,7 +2,9 @@
 
 A job's run directory (`~/.corral/runs/<token>/`) holds:
 - `job.sbatch`: the batch script (golden-file tested): sbatch options, the CORRAL_*/SKYPILOT_*
-  environment, and one `srun` step across the allocation running `task.sh` on every node;
+  environment, and one `srun` step across the allocation running `task.sh` on every node; a
+  single-node task without a Pyxis image runs `task.sh` in the batch step itself, with no step (one
+  request to slurmctld fewer per task, which matters for large sweeps of short tasks);
 - `task.sh`: per node: rank, then `setup.sh`, then `run.sh`, from the job's `workdir/`;
 - `env.sh`: the task's envs, each value quoted with shlex.quote, so it arrives byte for byte. Only the
   processes that run `setup.sh` and `run.sh` source it: Corral's own commands (srun, scontrol, …)
@@ -162,7 +164,7 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         **spec.extra_env,
     }
     lines += [
-        "# Written by Corral. Runs setup then run on every node, in one srun step.",
+        "# Written by Corral. Runs setup then run on every node (in one srun step, where it takes one).",
         "set -u",
         'export CORRAL_RUN_DIR="$SLURM_SUBMIT_DIR"',
         "cd \"$CORRAL_RUN_DIR\"",
@@ -187,8 +189,15 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
     if spec.checkpoint_dir:
         lines += checkpoint_lines(spec.checkpoint_dir, '"$CORRAL_TASK_ID"')
     lines += node_env_lines('"$SLURM_JOB_NODELIST"')
-    lines.append(f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
-                 f"{pyxis_options(spec)}bash \"$CORRAL_RUN_DIR/task.sh\"")
+    if spec.num_nodes == 1 and spec.container_runtime != "pyxis":
+        # One node, no Pyxis image: the task runs in the batch step itself, as a group of its own (for
+        # the cancel fence), with no srun step: a step is one more request to slurmctld per task, and
+        # a step launch that fails under load can leave the task hanging in srun.
+        lines.append('export SLURM_NODEID="${SLURM_NODEID:-0}"')
+        lines.append('exec setsid -w bash "$CORRAL_RUN_DIR/task.sh"')
+    else:
+        lines.append(f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+                     f"{pyxis_options(spec)}bash \"$CORRAL_RUN_DIR/task.sh\"")
     return "\n".join(lines) + "\n"
 
 
