@@ -116,7 +116,9 @@ def test_once_the_watches_are_synced_a_status_query_makes_no_request(kube):
     asked = request(run="sleep 2")
     submitted = asyncio.run(backend.submit(asked))
     assert submitted.accepted, submitted.message
-    wait_for("the watches to sync", lambda: backend._watch().synced, timeout=10)
+    # Until the watches have shown the new Job, a status query lists (it never answers with less).
+    wait_for("the watches to show the new Job", lambda: backend._watch().synced and submitted.handle in {
+        j["metadata"]["name"] for j in backend._watch().snapshot()["jobs"]}, timeout=10)
     before = len(kube.requests())
     seen = []
 
