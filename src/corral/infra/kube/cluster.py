@@ -121,8 +121,8 @@ class KubeInfra(Infra):
         return await asyncio.to_thread(send)
 
     async def _list(self, path: str, **query: str) -> list[dict[str, Any]]:
-        _, answer = await self._call("GET", path, query=[(k, v) for k, v in query.items() if v])
-        return list((answer or {}).get("items") or [])
+        items, _ = await asyncio.to_thread(self._list_sync, path, [(k, v) for k, v in query.items() if v])
+        return items
 
     # ---- capacity ---------------------------------------------------------------------------------------
     async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = (),

@@ -136,18 +136,22 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         await self.upload(local, remote + "/")
 
     # ---- jobs -----------------------------------------------------------------------------------------
+    def _free_gpus(self, host: str, request: JobRequest) -> int:
+        """GPUs of the request's type the last probe saw free on the machine (-1: not probed)."""
+        inventory = self._inventories.get(host)
+        if inventory is None:
+            return -1
+        return sum(1 for g in inventory.free_gpus
+                   if request.accelerator_type is None or g.name == request.accelerator_type)
+
+    def _fits(self, host: str, request: JobRequest) -> bool:
+        return self._free_gpus(host, request) >= request.accelerators_per_node
+
     def _order(self, request: JobRequest) -> list[str]:
         """Machines to try: those the last probe saw with enough free GPUs of the type, fullest first
         (tasks pack, keeping whole machines free); then the others, which may have freed up."""
-        def free(host: str) -> int:
-            inventory = self._inventories.get(host)
-            if inventory is None:
-                return -1
-            return sum(1 for g in inventory.free_gpus
-                       if request.accelerator_type is None or g.name == request.accelerator_type)
-
-        wanted = request.accelerators_per_node
-        fits = sorted((h for h in self.pool.hosts if free(h) >= wanted), key=lambda h: (free(h), self.pool.hosts.index(h)))
+        fits = sorted((h for h in self.pool.hosts if self._fits(h, request)),
+                      key=lambda h: (self._free_gpus(h, request), self.pool.hosts.index(h)))
         return fits + [h for h in self.pool.hosts if h not in fits]
 
     async def submit(self, request: JobRequest) -> SubmitResult:
@@ -182,12 +186,6 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
                 return SubmitResult(False, None, False, f"{self.name}: rank {rank} could not start on {host} ({answer})")
         self._pending.pop(request.token, None)
         return SubmitResult(True, handle, self._existing.pop(request.token, False), "")
-
-    def _fits(self, host: str, request: JobRequest) -> bool:
-        inventory = self._inventories.get(host)
-        return inventory is not None and sum(
-            1 for g in inventory.free_gpus
-            if request.accelerator_type is None or g.name == request.accelerator_type) >= request.accelerators_per_node
 
     def _address(self, host: str) -> str:
         inventory = self._inventories.get(host)
