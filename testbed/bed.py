@@ -101,6 +101,22 @@ def install_packages() -> None:
             policy.unlink()
 
 
+# The daemons' fixed ports sit inside Linux's ephemeral range (32768-60999): an outgoing connection
+# given one of them as its local port makes a daemon's bind fail ("Address already in use"). Reserved,
+# the kernel hands them to no outgoing connection. Best effort: a container may not allow the write.
+RESERVED_PORTS = "47000-47299"
+
+
+def _reserve_ports() -> None:
+    path = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+    try:
+        current = path.read_text().strip()
+        if RESERVED_PORTS not in current.split(","):
+            path.write_text(",".join(filter(None, [current, RESERVED_PORTS])) + "\n")
+    except OSError:
+        pass
+
+
 class Testbed:
     def __init__(self, root: Path | None = None, clusters: tuple[ClusterSpec, ...] | None = None):
         self.paths = TestbedPaths(root or testbed_root())
@@ -155,6 +171,7 @@ class Testbed:
 
     def _up(self, install_user_config: bool) -> None:
         install_packages()
+        _reserve_ports()
         self._ensure_user()
         self._ensure_profile_script()
         self._ensure_binaries()
