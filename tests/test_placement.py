@@ -162,3 +162,23 @@ def test_among_equal_starts_slurm_first_then_pools_then_kubernetes_unless_told_o
     busy = Node("slurmy-n1", ("slurmy",), "mixed", True, 8, 8, 65536, 0, (GpuPool("L4", 2, 2),))
     snapshots["slurmy"] = with_(snapshots["slurmy"], nodes=(busy,))
     assert ranked(task)[0] == "ssh/lab"
+
+
+def test_a_constraint_counts_only_the_nodes_with_those_features():
+    # borealis's H100 nodes b1 and b2 carry the feature ib (sinfo's Features); alpine's carry none.
+    task = parse_task({"resources": {"accelerators": "H100:1"}}, "t")
+    plan = build_plan(task, resource_options(task.resources), SNAPSHOTS, ORDER,
+                      constraint_at=lambda cluster, partition: "ib")
+    assert places(plan.feasible()) == [("borealis", "h100-cluster")]
+    why = {(c.cluster, c.partition): c.reason for c in plan.candidates}
+    assert why[("alpine", "gpu")] == "no node matches --constraint=ib (its nodes have no features)"
+    plan = build_plan(task, resource_options(task.resources), SNAPSHOTS, ORDER,
+                      constraint_at=lambda cluster, partition: "ib*3")
+    assert why_not(plan, "borealis", "h100-cluster") == "--constraint=ib*3 needs 3 node(s) with ib; the partition has 2"
+    unread = build_plan(task, resource_options(task.resources), SNAPSHOTS, ORDER,
+                        constraint_at=lambda cluster, partition: "ib&(")
+    assert len(unread.feasible()) == len(plan_for({"resources": {"accelerators": "H100:1"}}).feasible())
+
+
+def why_not(plan, cluster, partition):
+    return next(c.reason for c in plan.candidates if (c.cluster, c.partition) == (cluster, partition))

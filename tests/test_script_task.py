@@ -7,7 +7,14 @@ import pytest
 
 from corral.placement import build_plan
 from corral.sbatch_script import ScriptError
-from corral.script_task import copy_indices, read_ask, script_copies, script_partitions, task_from_script
+from corral.script_task import (
+    copy_indices,
+    read_ask,
+    script_constraint,
+    script_copies,
+    script_partitions,
+    task_from_script,
+)
 from corral.task import JobScript, resource_options
 from tests.conftest import FIXTURES
 from tests.test_placement import ORDER, SNAPSHOTS
@@ -120,3 +127,13 @@ def test_a_dependency_on_corral_jobs_pins_their_cluster_and_names_their_slurm_id
             task_from_script(inline(f"#SBATCH --dependency={text}\n"), "job.sh", find_job=find)
     with pytest.raises(ScriptError, match="run on alpine, not borealis"):
         task_from_script(inline("#SBATCH -d afterok:c-0123abcd\n"), "job.sh", infra="slurm/borealis", find_job=find)
+
+
+def test_the_constraint_placement_checks_is_the_one_sbatch_would_use():
+    def constraint(text: str, options: tuple[str, ...] = ()) -> str | None:
+        return script_constraint(task_from_script(inline(text, options), "job.sh"))
+
+    assert constraint("#SBATCH -C ib -t 5\ntrue\n") == "ib"
+    assert constraint("#SBATCH --constraint='ib&hdr'\ntrue\n", ("--constraint=a100",)) == "a100"  # command line wins
+    assert constraint("#SBATCH -t 5\ntrue\n") is None
+    assert constraint("#SBATCH -C ib\n#SBATCH hetjob\n#SBATCH -C eth\ntrue\n") is None  # each component its own

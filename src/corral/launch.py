@@ -40,7 +40,7 @@ from corral.infra.base import (
 from corral.liveness import process_tag
 from corral.placement import Candidate, Plan, build_plan
 from corral.profiles import RunSettings, apply_profiles, with_prefix
-from corral.script_task import copy_indices, script_copies, script_partitions
+from corral.script_task import copy_indices, script_constraint, script_copies, script_partitions
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
 from corral.state.sealed import seal
@@ -173,8 +173,8 @@ class Launcher:
         unreachable = {o.cluster: o.error_message or "" for o in outcomes if o.snapshot is None}
         unreachable.update(refused)
         order = [o.cluster for o in outcomes]
-        plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable, infra_order()), task,
-                              self.client.profiles)
+        plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable, infra_order(),
+                                         self._constraint_at(task)), task, self.client.profiles)
         plan.kinds = {c: kind for c in unreachable if (kind := self.client.registry.infra_kind(c)) != "slurm"}
         if task.slurm.script is not None:
             plan = script_partitions(plan, task)
@@ -191,6 +191,16 @@ class Launcher:
         plan.candidates = [c.with_prediction(now, "can start now") if c.startable_now else c
                            for c in plan.candidates]
         return plan
+
+    def _constraint_at(self, task: Task) -> Callable[[str, str], str | None]:
+        """Where the task would be submitted with which `--constraint`: a script's own everywhere (its
+        profile does not add one); a task's `slurm.constraint` over its cluster profile's."""
+        if task.slurm.script is not None:
+            constraint = script_constraint(task)
+            return lambda cluster, partition: constraint
+        profiles = self.client.profiles
+        return lambda cluster, partition: profiles.settings(cluster, partition, task).scheduler_options.get(
+            "constraint")
 
     async def predict(self, plans: list[tuple[Task, Plan]], owner: str | None = None) -> None:
         """Predicted starts (`sbatch --test-only`, as `owner`: their account's limits) for the feasible

@@ -1,8 +1,8 @@
 """Placement: which (cluster, partition) can run a task, and which should.
 
 1. Feasibility per (cluster, partition, resource option): GPU type present (tolerant matching), enough
-   nodes of the right shape, CPUs, memory, time limit, container runtime. Infeasible candidates carry
-   the reason.
+   nodes of the right shape and features (`--constraint`), CPUs, memory, time limit, container
+   runtime. Infeasible candidates carry the reason.
 2. Ranking, deterministic: can start now (enough free GPUs, CPUs and memory on enough usable nodes)
    first; then earliest predicted start (`sbatch --test-only`); then the kind of place (Slurm, then
    SSH pools, then Kubernetes, unless the config's `infra_order` or the task's `ordered` list says
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from corral.constraints import Constraint, parse_constraint
 from corral.gpu_names import gpu_matches, normalize_gpu_name
 from corral.infra.base import ClusterSnapshot, Node, Partition
 from corral.task import ResourceOption, Task
@@ -149,6 +151,16 @@ def _copies(node: Node, gres_type: str | None, gpus: int, cpus: int, memory_mb: 
     return max(0, min(limits))
 
 
+def _matching(nodes: list[Node], constraint: Constraint) -> list[Node] | str:
+    """The nodes whose features satisfy the constraint, or why the partition cannot."""
+    matching = [n for n in nodes if constraint.node_ok(frozenset(n.features))]
+    if not matching:
+        present = sorted({f for n in nodes for f in n.features})
+        has = f"its nodes have {', '.join(present)}" if present else "its nodes have no features"
+        return f"no node matches --constraint={constraint.text} ({has})"
+    return constraint.short_of([frozenset(n.features) for n in nodes]) or matching
+
+
 def evaluate(
     task: Task,
     option: ResourceOption,
@@ -156,8 +168,10 @@ def evaluate(
     partition: Partition,
     cluster_index: int,
     partition_index: int,
+    constraint: Constraint | None = None,
 ) -> Candidate:
-    """One candidate: is it feasible, can it start now, what would it ask Slurm for."""
+    """One candidate: is it feasible, can it start now, what would it ask Slurm for. `constraint`: the
+    `--constraint` it would be submitted with; only nodes whose features satisfy it count (Slurm only)."""
     base = Candidate(snapshot.cluster, partition.name, option, feasible=False,
                      cluster_index=cluster_index, partition_index=partition_index, kind=snapshot.kind)
     if snapshot.kind != "slurm" and task.slurm.script is not None:
@@ -194,6 +208,15 @@ def evaluate(
                               for n in nodes for p in n.gpus})
             has = f"has {', '.join(present)}" if present else "has no GPUs"
             return replace(base, reason=f"no {accel.name} GPUs ({has})")
+    if constraint is not None and snapshot.kind == "slurm":
+        nodes_or_why = _matching(nodes, constraint)
+        if isinstance(nodes_or_why, str):
+            return replace(base, reason=nodes_or_why)
+        nodes = nodes_or_why
+    if accel:
+        types = _gpu_pool_types(nodes, accel.name)
+        if not types:
+            return replace(base, reason=f"no {accel.name} GPUs on the nodes that match --constraint")
         # Among matching types, the one with the most free GPUs.
         gres_type = max(types, key=lambda t: sum(n.gpus_free(t) for n in nodes)) if not any_type else None
     shaped = [n for n in nodes if _fits(n, gres_type, gpus, cpus, memory_mb, any_type)]
@@ -255,8 +278,22 @@ def build_plan(
     cluster_order: list[str],
     unreachable: dict[str, str] | None = None,
     kind_order: tuple[str, ...] = DEFAULT_KIND_ORDER,
+    constraint_at: Callable[[str, str], str | None] | None = None,
 ) -> Plan:
+    """Every (place, option) evaluated and ranked. `constraint_at(cluster, partition)`: the `--constraint`
+    a job would be submitted with there (the task's or its profile's), which placement checks against
+    the nodes' features."""
     ranks = kind_ranks(options, kind_order)
+    parsed: dict[str, Constraint | None] = {}
+
+    def constraint(cluster: str, partition: str) -> Constraint | None:
+        text = constraint_at(cluster, partition) if constraint_at else None
+        if not text:
+            return None
+        if text not in parsed:
+            parsed[text] = parse_constraint(text)
+        return parsed[text]
+
     candidates: list[Candidate] = []
     for option in options:
         for cluster_index, cluster in enumerate(cluster_order):
@@ -267,7 +304,8 @@ def build_plan(
             for partition_index, partition in enumerate(snapshot.partitions):
                 if option.infra.partition and option.infra.partition != partition.name:
                     continue
-                candidates.append(replace(evaluate(task, option, snapshot, partition, cluster_index, partition_index),
+                candidates.append(replace(evaluate(task, option, snapshot, partition, cluster_index, partition_index,
+                                                   constraint(cluster, partition.name)),
                                           kind_rank=ranks.get(snapshot.kind, 0)))
     # One candidate per place: the best option for it (an `ordered` list may name a place twice).
     best: dict[tuple[str, str], Candidate] = {}

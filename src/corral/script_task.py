@@ -177,6 +177,21 @@ def copy_indices(task: Task) -> tuple[int, ...] | None:
     return read_ask(script).array if script is not None else None
 
 
+def script_constraint(task: Task) -> str | None:
+    """The `--constraint` a script's job is submitted with (the command line's over its directives'), for
+    placement to check against node features. None for a heterogeneous job: each component has its
+    own, and Slurm checks those."""
+    script = task.slurm.script
+    if script is None:
+        return None
+    parsed = read_script(script.text, script.file_name)
+    if parsed.components > 1:
+        return None
+    option = effective(parse_options([(w, 0, 0) for w in script.options], "command line"),
+                       parsed.directives).get("constraint")
+    return option.value if option is not None else None
+
+
 def script_copies(tasks: list[tuple[Task, str]], num_jobs: int) -> int:
     """How many copies a launch makes when a job script is among its tasks: its --array's tasks."""
     scripts = [(task, source) for task, source in tasks if task.slurm.script is not None]
@@ -309,5 +324,5 @@ def _dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str,
     return tuple(dict.fromkeys(ids))
 
 
-__all__ = ["ScriptAsk", "ScriptError", "copy_indices", "read_ask", "script_copies", "script_partitions",
-           "task_from_script"]
+__all__ = ["ScriptAsk", "ScriptError", "copy_indices", "read_ask", "script_constraint", "script_copies",
+           "script_partitions", "task_from_script"]

@@ -100,6 +100,30 @@ def test_what_cannot_be_routed_says_why(corral, tmp_path):
         assert result.exit_code != 0 and "Traceback" not in result.stderr and "corral: error:" in result.stderr
 
 
+def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):
+    """Only borealis's H100 nodes carry the feature ib: the plan says so of every other place, the script
+    lands there, and a task file's slurm.constraint is read the same way."""
+    script = tmp_path / "ib.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --gres=gpu:h100:1 --constraint=ib\n#SBATCH -t 5 -o ib-%j.out\n"
+                      "echo on $SLURMD_NODENAME\n")
+    rows = {r["infra"]: r for r in corral("sbatch", "--dryrun", "--json", str(script)).json()}
+    assert [infra for infra, r in rows.items() if r["feasible"]] == ["slurm/borealis/h100-cluster"]
+    assert rows["slurm/alpine/gpu"]["reason"] == "no node matches --constraint=ib (its nodes have no features)"
+    submitted = corral("sbatch", "--json", str(script))
+    assert submitted.exit_code == 0, submitted.stderr
+    job = submitted.json()
+    assert job["cluster"] == "borealis"
+    wait_for("the script to end", lambda: {j["job_id"]: j for j in corral("queue", "--json", "--all").json()}[
+        job["job_id"]]["state"] == "SUCCEEDED", timeout=60)
+    assert corral("logs", job["job_id"]).stdout in ("on b1\n", "on b2\n")
+
+    task = tmp_path / "task.yaml"
+    task.write_text("resources: {accelerators: H100:1}\nslurm: {constraint: ib|hdr}\nrun: hostname\n")
+    rows = {r["infra"]: r for r in corral("launch", "--dryrun", "--json", str(task)).json()}
+    assert [infra for infra, r in rows.items() if r["feasible"]] == ["slurm/borealis/h100-cluster"]
+    assert rows["slurm/alpine/cpu"]["reason"] == "no H100 GPUs (has no GPUs)"  # the GPU type is said first
+
+
 def test_launch_cancel_and_a_managed_run_of_a_script(corral, testbed, clean_queues, tmp_path):
     script = tmp_path / "long.sh"
     script.write_text("#!/bin/bash\n#SBATCH --job-name=long-one\n#SBATCH -c 1 -t 5\necho started; sleep 300\n")

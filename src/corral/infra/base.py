@@ -41,6 +41,7 @@ class Node:
     memory_alloc_mb: int
     gpus: tuple[GpuPool, ...] = ()
     reason: str | None = None
+    features: tuple[str, ...] = ()  # Slurm node features (what --constraint matches); Slurm only
 
     @property
     def cpus_free(self) -> int:

@@ -59,9 +59,9 @@ def test_split_state():
 
 def test_sinfo_merges_rows_of_a_node_in_several_partitions():
     text = (
-        "a1|gpu*|mixed|gpu:nvidia_h100_80gb_hbm3:4|gpu:nvidia_h100_80gb_hbm3:2(IDX:0-1)|1/7/0/8|64000|1000|none\n"
-        "a1|debug|mixed|gpu:nvidia_h100_80gb_hbm3:4|gpu:nvidia_h100_80gb_hbm3:2(IDX:0-1)|1/7/0/8|64000|1000|none\n"
-        "a4|inference|drained|gpu:nvidia_l4:2|gpu:nvidia_l4:0(IDX:N/A)|0/0/8/8|64000|0|maintenance: bad | fan\n"
+        "a1|gpu*|mixed|gpu:nvidia_h100_80gb_hbm3:4|gpu:nvidia_h100_80gb_hbm3:2(IDX:0-1)|1/7/0/8|64000|1000|(null)|none\n"
+        "a1|debug|mixed|gpu:nvidia_h100_80gb_hbm3:4|gpu:nvidia_h100_80gb_hbm3:2(IDX:0-1)|1/7/0/8|64000|1000|(null)|none\n"
+        "a4|inference|drained|gpu:nvidia_l4:2|gpu:nvidia_l4:0(IDX:N/A)|0/0/8/8|64000|0|(null)|maintenance: bad | fan\n"
     )
     nodes, warnings = parse_sinfo_nodes(text)
     assert warnings == []
@@ -76,19 +76,19 @@ def test_sinfo_merges_rows_of_a_node_in_several_partitions():
 
 def test_sinfo_cpu_only_and_untyped():
     nodes, _ = parse_sinfo_nodes(
-        "a3|cpu|allocated|(null)|gpu:0|16/0/0/16|64000|16000|none\nc3|debug|idle|gpu:2|gpu:0|0/8/0/8|64000|0|none\n"
+        "a3|cpu|allocated|(null)|gpu:0|16/0/0/16|64000|16000|(null)|none\nc3|debug|idle|gpu:2|gpu:0|0/8/0/8|64000|0|(null)|none\n"
     )
     assert nodes[0].gpus == ()
     assert nodes[1].gpus[0].gres_type is None and nodes[1].gpus_free(None) == 2
 
 
 def test_node_with_all_cpus_allocated_has_no_free_gpus():
-    nodes, _ = parse_sinfo_nodes("x1|p|allocated|gpu:h100:4|gpu:h100:1(IDX:0)|8/0/0/8|64000|8000|none\n")
+    nodes, _ = parse_sinfo_nodes("x1|p|allocated|gpu:h100:4|gpu:h100:1(IDX:0)|8/0/0/8|64000|8000|(null)|none\n")
     assert nodes[0].gpus_free("h100") == 0
 
 
 def test_unreadable_sinfo_line_is_a_warning_not_a_crash():
-    nodes, warnings = parse_sinfo_nodes("garbage\nc3|debug|idle|gpu:2|gpu:0|0/8/0/8|64000|0|none\n")
+    nodes, warnings = parse_sinfo_nodes("garbage\nc3|debug|idle|gpu:2|gpu:0|0/8/0/8|64000|0|(null)|none\n")
     assert [n.name for n in nodes] == ["c3"]
     assert warnings == ["unreadable sinfo line: 'garbage'"]
 

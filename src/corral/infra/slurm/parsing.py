@@ -10,7 +10,7 @@ from corral.infra.base import GpuPool, Node, Partition, PendingDemand
 
 # sinfo -N -O fields, in this order; Reason last because it is free text.
 SINFO_FIELDS = ("NodeList", "Partition", "StateLong", "Gres", "GresUsed", "CPUsState", "Memory",
-                "AllocMem", "Reason")
+                "AllocMem", "Features", "Reason")
 SQUEUE_PENDING_FIELDS = ("JobID", "Partition", "NumNodes", "NumTasks", "tres-per-job",
                          "tres-per-node", "tres-per-task", "Reason")
 FIELD_SEPARATOR = "|"
@@ -118,7 +118,8 @@ def parse_sinfo_nodes(text: str) -> tuple[list[Node], list[str]]:
         if len(fields) != len(SINFO_FIELDS):
             warnings.append(f"unreadable sinfo line: {line!r}")
             continue
-        name, partition, state, gres, gres_used, cpus, memory, alloc_mem, reason = (f.strip() for f in fields)
+        name, partition, state, gres, gres_used, cpus, memory, alloc_mem, features, reason = (
+            f.strip() for f in fields)
         partition = partition.rstrip("*")
         if name in rows:
             node = rows[name]
@@ -143,8 +144,14 @@ def parse_sinfo_nodes(text: str) -> tuple[list[Node], list[str]]:
             memory_alloc_mb=alloc_mem_mb,
             gpus=_merge_pools(parse_gres(gres), parse_gres(gres_used)),
             reason=None if reason in ("none", "", "(null)") else reason,
+            features=parse_features(features),
         )
     return list(rows.values()), warnings
+
+
+def parse_features(text: str) -> tuple[str, ...]:
+    """A node's available features, as sinfo's Features field lists them (`ib,hdr`; `(null)`: none)."""
+    return () if text in ("", "(null)") else tuple(f for f in text.split(",") if f)
 
 
 def parse_key_values(line: str) -> dict[str, str]:
