@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, what in [("stop-controller", "cluster"), ("start-controller", "cluster"),
                        ("stop-login", "cluster"), ("start-login", "cluster"),
                        ("freeze-login", "cluster"), ("thaw-login", "cluster"),
-                       ("kill-node", "node"), ("start-node", "node"), ("drain", "node"),
+                       ("kill-node", "node"), ("start-node", "node"), ("freeze-node", "node"),
+                       ("thaw-node", "node"), ("drain", "node"),
                        ("resume", "node"), ("stop-machine", "machine"), ("start-machine", "machine")]:
         sub.add_parser(name).add_argument(what)
     limit = sub.add_parser("limit-jobs", help="restart a controller with MaxJobCount=COUNT (0: the default)")

@@ -265,6 +265,21 @@ class Testbed:
         self._start_sshd(spec)
         wait_until(f"{cluster} login sshd", lambda: port_open(spec.ssh_port), READY_TIMEOUT)
 
+    def freeze_node(self, node: str) -> None:
+        """The node's slurmd stops answering while slurmctld still counts it up (until SlurmdTimeout):
+        SIGSTOP the daemon alone (running jobs' slurmstepds go on), as a hung node looks to a step launch."""
+        spec = self.cluster_of_node(node)
+        pid = running(self.paths.cluster(spec.name).slurmd_pidfile(node))
+        if pid is None:
+            raise TestbedError(f"{node}'s slurmd is not running")
+        os.kill(pid, signal.SIGSTOP)
+
+    def thaw_node(self, node: str) -> None:
+        spec = self.cluster_of_node(node)
+        pid = running(self.paths.cluster(spec.name).slurmd_pidfile(node))
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+
     def kill_node(self, node: str) -> None:
         spec = self.cluster_of_node(node)
         self._stop(self.paths.cluster(spec.name).slurmd_pidfile(node), sig=signal.SIGKILL)

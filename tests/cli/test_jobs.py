@@ -329,3 +329,27 @@ def test_a_relative_workdir_is_read_from_where_the_user_ran_the_command(corral, 
     job = result.json()["job_id"]
     wait_job(corral, env, job, {"SUCCEEDED"})
     assert "from the user workdir" in corral("jobs", "logs", "--no-follow", job, env=env).stdout
+
+
+def test_a_step_that_does_not_start_within_the_bound_is_reported_and_recovered(corral, env, testbed, tmp_path):
+    """b2's slurmd hangs while slurmctld still counts it up: the 2-node job is allocated b1 and b2, its
+    batch script runs on b1, and srun's step starts on b1 only. The step-start bound (4 s here) ends the
+    job and says why in its comment; the controller recovers the managed job once b2 answers again."""
+    env = {**env, "CORRAL_STEP_START_BOUND": "4"}
+    corral("server", "stop", env=env)  # the bound is read by the engine: start one with it
+    task = tmp_path / "two-nodes.yaml"
+    task.write_text("resources: {infra: slurm/borealis/h100-cluster, accelerators: 'H100:1'}\nnum_nodes: 2\n"
+                    "run: echo rank $CORRAL_NODE_RANK ran\n")
+    testbed.freeze_node("b2")
+    try:
+        job = launch(corral, env, str(task))
+        wait_for("the first attempt to fail", lambda: any(
+            e["state"] == "RECOVERING" for e in events(corral, env, job)), timeout=60)
+    finally:
+        testbed.thaw_node("b2")
+        testbed.resume("b2")  # slurmctld set it down when the step launch failed; back at once, not at its next ping
+    done = wait_job(corral, env, job, {"SUCCEEDED"}, timeout=120)
+    assert done["attempts"] == 2
+    story = " | ".join(f"{e['state']}: {e['reason']}" for e in events(corral, env, job))
+    assert "the srun step started on 1 of 2 node(s) within 4 s of the batch script" in story, story
+    corral("server", "stop", env=env)

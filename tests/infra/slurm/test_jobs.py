@@ -73,3 +73,11 @@ def test_failed_states_carry_a_failure_class():
     assert status("TIMEOUT").failure is FailureClass.TASK and status("OUT_OF_MEMORY").failure is FailureClass.TASK
     assert status("FAILED").failure is FailureClass.TASK and status("FAILED").native_state == "FAILED"
     assert status("COMPLETED").failure is None and status("RUNNING").failure is None
+
+
+def test_a_job_the_step_start_bound_ended_is_an_infrastructure_failure_with_its_reason():
+    # Recorded on the testbed: b2's slurmd frozen, the bound at 4 s (tests/cli/test_jobs.py).
+    [status] = parse_status("borealis", fixture("borealis-step-bound-status"))
+    assert status.state == "FAILED" and status.failure == "infra" and status.token == "ac8a1a323b5c"
+    assert status.reason == ("the srun step started on 1 of 2 node(s) within 4 s of the batch script; "
+                             "Corral ended the job")

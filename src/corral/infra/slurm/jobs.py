@@ -20,6 +20,7 @@ from corral.infra.slurm import userscript
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
     JOB_NAME_PREFIX,
+    STEP_COMMENT_PREFIX,
     sbatch_options,
     spec_for,
 )
@@ -202,6 +203,9 @@ def _status(fields: list[str], clock: Clock) -> JobStatus:
     failure = None
     if generic is JobState.FAILED:
         failure = FailureClass.INFRA if slurm_state in INFRA_FAILURE_STATES else FailureClass.TASK
+    if comment.startswith(STEP_COMMENT_PREFIX) and ended:
+        # The step-start bound ended it (jobscript.step_bound_lines): the step, not the task, failed.
+        generic, failure, reason = JobState.FAILED, FailureClass.INFRA, comment[len(STEP_COMMENT_PREFIX):]
     return JobStatus(
         handle=job_id,
         token=token,

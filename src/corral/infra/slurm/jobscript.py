@@ -6,6 +6,10 @@ A job's run directory (`~/.corral/runs/<token>/`) holds:
   single-node task without a Pyxis image runs `task.sh` in the batch step itself, with no step (one
   request to slurmctld fewer per task, which matters for large sweeps of short tasks);
 - `task.sh`: per node: rank, then `setup.sh`, then `run.sh`, from the job's `workdir/`;
+- the step-start bound, where there is a step: a watcher in the batch script ends the job when the
+  step has not started `task.sh` on every node within `step_start_bound` seconds of the script's start
+  (a lost step reply can otherwise leave it waiting in srun for hours), and says so in the job's
+  comment, which the status query already reads: no round trip of its own;
 - `env.sh`: the task's envs, each value quoted with shlex.quote, so it arrives byte for byte. Only the
   processes that run `setup.sh` and `run.sh` source it: Corral's own commands (srun, scontrol, …)
   never run under the task's environment, so `PATH=/x` in a task cannot break them;
@@ -18,6 +22,7 @@ Nothing is installed on the cluster: bash, coreutils, getent and the Slurm comma
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -28,6 +33,23 @@ from corral.infra.shell import checkpoint_lines, heredoc, render_env
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
 JOB_NAME_PREFIX = "corral-"
+# The step-start bound, in seconds from the batch script's start to task.sh running on every node; an
+# image gets longer (Pyxis pulls it while the step starts). CORRAL_STEP_START_BOUND, on the server,
+# sets both.
+STEP_START_BOUND = 300
+IMAGE_STEP_START_BOUND = 1800
+STEP_START_BOUND_ENV = "CORRAL_STEP_START_BOUND"
+# A job the bound ended carries this at the start of its comment (a script's jobs use the comment for
+# their token, "corral-…"; the bound only applies to Corral's own job scripts, whose token is their name).
+STEP_COMMENT_PREFIX = "Corral: "
+
+
+def step_start_bound(container_runtime: str | None) -> int:
+    """The bound for a job's step: the server's CORRAL_STEP_START_BOUND, else the default for its kind."""
+    configured = os.environ.get(STEP_START_BOUND_ENV, "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    return IMAGE_STEP_START_BOUND if container_runtime == "pyxis" else STEP_START_BOUND
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,7 @@ class SlurmJobSpec:
     checkpoint_dir: str | None = None  # managed jobs: relative to the remote home unless absolute
     container_image: str | None = None  # an OCI image reference (validated: no spaces, quotes or $)
     container_runtime: str | None = None  # pyxis, apptainer or singularity
+    step_start_bound: int = STEP_START_BOUND  # seconds (see STEP_START_BOUND)
 
     @property
     def is_array(self) -> bool:
@@ -108,6 +131,7 @@ def spec_for(request: JobRequest, cluster: str) -> SlurmJobSpec:
         checkpoint_dir=request.checkpoint_dir,
         container_image=request.container_image,
         container_runtime=request.container_runtime,
+        step_start_bound=step_start_bound(request.container_runtime),
     )
 
 
@@ -175,6 +199,9 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         # Not 0: Slurm would call it COMPLETED, and Corral a success of a task that never ran.
         'echo "corral: cancelled before it started"; exit 143; fi',
     ]
+    in_batch_step = spec.num_nodes == 1 and spec.container_runtime != "pyxis"
+    if not in_batch_step:
+        lines += step_bound_lines(spec.num_nodes, spec.step_start_bound)
     if spec.is_array:
         lines += [
             'export CORRAL_TASK_ID="$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" task_ids)"',
@@ -189,7 +216,7 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
     if spec.checkpoint_dir:
         lines += checkpoint_lines(spec.checkpoint_dir, '"$CORRAL_TASK_ID"')
     lines += node_env_lines('"$SLURM_JOB_NODELIST"')
-    if spec.num_nodes == 1 and spec.container_runtime != "pyxis":
+    if in_batch_step:
         # One node, no Pyxis image: the task runs in the batch step itself, as a group of its own (for
         # the cancel fence), with no srun step: a step is one more request to slurmctld per task, and
         # a step launch that fails under load can leave the task hanging in srun.
@@ -199,6 +226,35 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         lines.append(f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
                      f"{pyxis_options(spec)}bash \"$CORRAL_RUN_DIR/task.sh\"")
     return "\n".join(lines) + "\n"
+
+
+def step_bound_lines(num_nodes: int, bound: int) -> list[str]:
+    """The step-start bound's watcher (see the module's docstring). task.sh leaves a mark per node as it
+    starts; past the bound, the watcher records why in the job's comment and ends srun and the script
+    (the job then fails, and the status query reads the comment as an infrastructure failure)."""
+    why = (f"the srun step started on ${{#started[@]}} of {int(num_nodes)} node(s) within {int(bound)} s "
+           "of the batch script; Corral ended the job")
+    return [
+        "# The step-start bound: task.sh must start on every node within the bound, or the job ends.",
+        'export CORRAL_STEP_MARK="$CORRAL_RUN_DIR/step_started${SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}"',
+        'rm -f "$CORRAL_STEP_MARK".*',
+        "(",
+        "  trap '' TERM",
+        f"  for _ in $(seq {int(bound)}); do",
+        '    kill -0 $$ 2>/dev/null || exit 0',
+        '    started=("$CORRAL_STEP_MARK".*); [ -e "${started[0]}" ] || started=()',
+        f'    [ "${{#started[@]}}" -ge {int(num_nodes)} ] && exit 0',
+        "    sleep 1",
+        "  done",
+        '  started=("$CORRAL_STEP_MARK".*); [ -e "${started[0]}" ] || started=()',
+        f'  why="{why}"',
+        '  echo "corral: $why"',
+        '  timeout 10 scontrol update JobId="${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}" '
+        f'Comment="{STEP_COMMENT_PREFIX}$why" >/dev/null 2>&1',
+        '  pkill -TERM -P $$ 2>/dev/null',
+        '  kill -TERM $$',
+        ") </dev/null &",
+    ]
 
 
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@]*\Z", re.ASCII)
@@ -280,6 +336,8 @@ if [ -z "${CORRAL_TERM_UNBLOCKED-}" ]; then
     echo "corral: the task starts with SIGTERM blocked, and neither env --default-signal nor perl can unblock it" >&2
   fi
 fi
+# The step-start bound's mark: this node's task.sh has started (see job.sbatch).
+[ -n "${CORRAL_STEP_MARK-}" ] && : > "$CORRAL_STEP_MARK.${SLURM_NODEID:-0}"
 setup="${1-$CORRAL_RUN_DIR/setup.sh}"
 run="${2-$CORRAL_RUN_DIR/run.sh}"
 envfile="${3-$CORRAL_RUN_DIR/env.sh}"
