@@ -1,6 +1,7 @@
 """The controller's cost per tick with many managed jobs, and how fast a pending job moves.
 
 Run as root with the testbed (`python -m testbed up`):  python bench/bench_controller.py
+(`--clusters 50`: part 1 only, over the scale mode's 50 small clusters instead of the main three.)
 1. N managed jobs (held in Slurm, so nothing runs): the first tick submits them (arrays); then
    steady-state ticks: SSH round trips per cluster and the controller's CPU seconds per tick, vs a
    raw `ssh <login> squeue` per cluster (what any poller must at least pay).
@@ -29,8 +30,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--ticks", type=int, default=5)
     parser.add_argument("--intervals", type=float, nargs="+", default=[1.0, 5.0])
+    parser.add_argument("--clusters", type=int, default=0, help="the scale mode's N clusters (ticks only)")
     args = parser.parse_args()
-    with bench_testbed() as bench:
+    scale = None
+    if args.clusters:
+        from testbed.bed import scale_testbed
+
+        scale = scale_testbed(args.clusters)
+        args.intervals = []  # the move needs the main clusters' shapes
+    with bench_testbed(scale) as bench:
         for key in ("CORRAL_SLURM_CONFIG", "CORRAL_HOME"):
             os.environ[key] = bench.env[key]
         from corral import managed

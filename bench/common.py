@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def time_command(argv: Sequence[str], env: dict[str, str] | None = None, check: bool = True) -> float:
@@ -63,12 +64,13 @@ class BenchSetup:
 
 
 @contextmanager
-def bench_testbed() -> Iterator[BenchSetup]:
-    """Bring the testbed up; afterwards close every ControlMaster the benchmark opened."""
+def bench_testbed(bed: Any = None) -> Iterator[BenchSetup]:
+    """Bring the testbed up (the main three clusters, or `bed`, e.g. the scale mode's); afterwards close
+    every ControlMaster the benchmark opened."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from testbed import Testbed
 
-    bed = Testbed()
+    bed = bed or Testbed()
     bed.up(install_user_config=False)
     scratch = Path(tempfile.mkdtemp(prefix="corral-bench-"))
     env = {**os.environ, "CORRAL_SLURM_CONFIG": str(bed.cluster_config), "CORRAL_HOME": str(scratch / "home")}

@@ -26,6 +26,7 @@ from testbed.layout import (
 )
 from testbed.processes import (
     TestbedError,
+    descendants,
     kill_tree,
     port_open,
     run,
@@ -35,7 +36,16 @@ from testbed.processes import (
     spawn_as_host,
     wait_until,
 )
-from testbed.spec import ALL_USERS, TEAM_GROUP, TEAM_USERS, TEST_USER, ClusterSpec, default_clusters, testbed_root
+from testbed.spec import (
+    ALL_USERS,
+    TEAM_GROUP,
+    TEAM_USERS,
+    TEST_USER,
+    ClusterSpec,
+    default_clusters,
+    scale_clusters,
+    testbed_root,
+)
 
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "openssh-server", "openssh-client",
                 "rsync", "sudo", "mariadb-server", "mariadb-client",
@@ -104,23 +114,28 @@ def install_packages() -> None:
 # The daemons' fixed ports sit inside Linux's ephemeral range (32768-60999): an outgoing connection
 # given one of them as its local port makes a daemon's bind fail ("Address already in use"). Reserved,
 # the kernel hands them to no outgoing connection. Best effort: a container may not allow the write.
-RESERVED_PORTS = "47000-47299"
+RESERVED_PORTS = ("47000-47299", "48000-48999")  # the three clusters'; the scale mode's (spec.scale_clusters)
 
 
 def _reserve_ports() -> None:
     path = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
     try:
         current = path.read_text().strip()
-        if RESERVED_PORTS not in current.split(","):
-            path.write_text(",".join(filter(None, [current, RESERVED_PORTS])) + "\n")
+        missing = [r for r in RESERVED_PORTS if r not in current.split(",")]
+        if missing:
+            path.write_text(",".join(filter(None, [current, *missing])) + "\n")
     except OSError:
         pass
 
 
 class Testbed:
-    def __init__(self, root: Path | None = None, clusters: tuple[ClusterSpec, ...] | None = None):
+    def __init__(self, root: Path | None = None, clusters: tuple[ClusterSpec, ...] | None = None,
+                 main: bool = True):
+        """`main`: the testbed the tests and the user's ~/.slurm/config use. Another (the scale mode's,
+        `scale_testbed`) leaves the login shells' profile script and the user's cluster file alone."""
         self.paths = TestbedPaths(root or testbed_root())
         self.clusters = clusters or default_clusters()
+        self.main = main
 
     # ---- lookup -------------------------------------------------------------------------------
     def spec(self, cluster: str) -> ClusterSpec:
@@ -173,7 +188,8 @@ class Testbed:
         install_packages()
         _reserve_ports()
         self._ensure_user()
-        self._ensure_profile_script()
+        if self.main:
+            self._ensure_profile_script()
         self._ensure_binaries()
         self._ensure_client_key()
         for spec in self.clusters:
@@ -186,7 +202,7 @@ class Testbed:
             self._start_cluster(spec)
         for spec in self.clusters:
             self.wait_ready(spec.name)
-        if install_user_config:
+        if install_user_config and self.main:
             self._install_user_config()
 
     def down(self, purge: bool = False) -> None:
@@ -538,6 +554,32 @@ class Testbed:
             return
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(self.paths.cluster_config.read_text())
+
+
+def scale_testbed(count: int) -> Testbed:
+    """`count` small clusters of their own (`python -m testbed up --clusters N`), beside the main three:
+    their own directory, ports, daemons and cluster file (`config-path --clusters N`)."""
+    return Testbed(testbed_root() / "scale", scale_clusters(count), main=False)
+
+
+def daemons_memory_mb(bed: Testbed) -> float:
+    """The resident memory of every daemon of the testbed's clusters (munged, slurmctld, slurmd, the
+    login sshd and their children), in MB, from /proc."""
+    pids: list[int] = []
+    for spec in bed.clusters:
+        paths = bed.paths.cluster(spec.name)
+        for pidfile in [paths.run / "munged.pid", paths.ctld_pidfile(), paths.sshd_pidfile(),
+                        *(paths.slurmd_pidfile(n.name) for n in spec.nodes)]:
+            if (pid := running(pidfile)) is not None:
+                pids += [pid, *descendants(pid)]
+    total_kb = 0
+    for pid in set(pids):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total_kb / 1024
 
 
 def sinfo_summary(bed: Testbed) -> str:

@@ -141,3 +141,33 @@ def default_clusters() -> tuple[ClusterSpec, ...]:
 
 def testbed_root() -> Path:
     return Path(os.environ.get("CORRAL_TESTBED_DIR", "/var/lib/corral-testbed"))
+
+
+# The scale mode's clusters take 20 ports each from here: the controller, the login sshd, two slurmd.
+SCALE_PORT_BASE = 48000
+MAX_SCALE_CLUSTERS = 50
+# Sites spell GPU types their own way; the scale clusters rotate through the spellings Corral maps.
+SCALE_GPU_TYPES = ("nvidia_h100_80gb_hbm3", "H100", "nvidia_a100_80gb_pcie", "l40s", "b300")
+
+
+def scale_clusters(count: int) -> tuple[ClusterSpec, ...]:
+    """`count` (1-50) small clusters s01, s02, …: each a controller, one GPU node (4 GPUs of a rotating
+    type, in partition `gpu`), one CPU node (partition `cpu`) and its own login sshd. Kept cheap: no
+    accounting, small nodes; the binaries, users and client key are shared with every cluster."""
+    if not 1 <= count <= MAX_SCALE_CLUSTERS:
+        raise ValueError(f"the scale mode runs 1 to {MAX_SCALE_CLUSTERS} clusters, not {count}")
+    clusters = []
+    for index in range(count):
+        base = SCALE_PORT_BASE + 20 * index
+        name = f"s{index + 1:02d}"
+        gpu_node, cpu_node = f"{name}g1", f"{name}c1"
+        clusters.append(ClusterSpec(
+            name=name,
+            ctld_port=base,
+            ssh_port=base + 2,
+            nodes=(NodeSpec(gpu_node, base + 3, cores_per_socket=8, gpus=4,
+                            gpu_type=SCALE_GPU_TYPES[index % len(SCALE_GPU_TYPES)]),
+                   NodeSpec(cpu_node, base + 4, cores_per_socket=4, memory_mb=16000)),
+            partitions=(PartitionSpec("gpu", (gpu_node,), default=True), PartitionSpec("cpu", (cpu_node,))),
+        ))
+    return tuple(clusters)

@@ -88,9 +88,10 @@ def test_stopped_controller_fails_over_and_says_why(corral, testbed, clean_queue
 
 
 def test_rejected_submission_fails_over_at_once(corral, corral_env, clean_queues, tmp_path):
-    # Only borealis' nodes have the feature "ib": alpine ranks first, its sbatch says no.
+    # Only borealis' nodes have the feature "ib". Placement reads slurm.constraint (and would leave alpine
+    # out), not a raw sbatch argument: alpine ranks first, and its sbatch says no.
     task = tmp_path / "ib.yaml"
-    task.write_text("resources:\n  accelerators: gpu:1\nslurm:\n  constraint: ib\nrun: echo on-ib\n")
+    task.write_text("resources:\n  accelerators: gpu:1\nslurm:\n  sbatch_args: [--constraint=ib]\nrun: echo on-ib\n")
     result = corral("launch", "-d", "--json", str(task))
     assert result.exit_code == 0, result.stderr
     submitted = result.json()
