@@ -19,24 +19,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_testbed, close_masters, corral_argv, median_of, print_table, time_command  # noqa: E402
+from bench.common import (  # noqa: E402
+    bench_testbed,
+    close_masters,
+    corral_argv,
+    median_of,
+    print_table,
+    server_pid,
+    time_command,
+)
 
 
-def server_rss_mb(home: Path) -> float | None:
-    """The resident memory of the Corral server whose CORRAL_HOME is `home` (found through /proc)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if b"corral.controller" not in (proc / "cmdline").read_bytes():
-                continue
-            if f"CORRAL_HOME={home}".encode() not in (proc / "environ").read_bytes().split(b"\0"):
-                continue
-            status = (proc / "status").read_text()
-        except OSError:
-            continue
-        return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
-    return None
+def resident_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
 
 
 def main() -> None:
@@ -79,7 +75,8 @@ def main() -> None:
         table_cold = median_of(args.runs, gpus_cold)
         table_warm = median_of(args.runs, lambda: time_command(corral_argv("gpus"), env=bench.env))
         shown = subprocess.run(corral_argv("gpus", "--json"), env=bench.env, capture_output=True, text=True)
-        server_mb = server_rss_mb(Path(bench.env["CORRAL_HOME"]))
+        pid = server_pid(Path(bench.env["CORRAL_HOME"]))
+        server_mb = resident_mb(pid) if pid else None
     answered = shown.stdout.count('"cluster"')
     print(f"testbed: {len(clusters)} clusters up from nothing in {start_seconds:.1f} s; "
           f"their daemons hold {memory_mb:.0f} MB resident ({memory_mb / len(clusters):.1f} MB a cluster)")

@@ -81,6 +81,21 @@ def bench_testbed(bed: Any = None) -> Iterator[BenchSetup]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def server_pid(home: Path) -> int | None:
+    """The pid of the Corral server whose CORRAL_HOME is `home` (found through /proc), or None."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"corral.controller" not in (proc / "cmdline").read_bytes():
+                continue
+            if f"CORRAL_HOME={home}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
 def close_masters(root: Path) -> None:
     """Stop the Corral server of each CORRAL_HOME below root, then `ssh -O exit` every ControlMaster socket."""
     sockets = list(root.glob("raw-*"))
