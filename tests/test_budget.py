@@ -1,5 +1,6 @@
-"""A cluster's Slurm command budget on a clock the test turns: bursts up to a minute's budget, then the
-refill rate; a busy controller's back-off, doubling and ended by the next normal answer."""
+"""A cluster's Slurm command budget on a clock the test turns: a quarter at once, then the budget's rate,
+and never more than the budget in any minute; a busy controller's back-off, doubling and ended by the
+next normal answer."""
 
 from __future__ import annotations
 
@@ -20,19 +21,34 @@ class Clock:
         return self.now
 
 
-def test_a_minute_s_budget_passes_at_once_then_the_refill_rate():
+def test_a_quarter_passes_at_once_the_rest_at_the_budget_s_rate_and_never_more_than_the_budget_a_minute():
     clock = Clock()
-    budget = Budget(60, clock)  # one command a second
-    for _ in range(15):
+    budget = Budget(60, clock)  # one command a second; a burst of 15
+    for _ in range(3):
         assert budget.wait_seconds(4) == 0
         budget.spend(4)
-    assert budget.report()["used_last_minute"] == 60
-    assert budget.wait_seconds(4) == pytest.approx(4.0)  # four commands at one a second
-    clock.now += 4
-    assert budget.wait_seconds(4) == 0
+    assert budget.wait_seconds(4) == pytest.approx(1.0)  # 3 tokens left, one a second
+    spent: list[tuple[float, int]] = [(clock.now, 12)]
+    for _ in range(200):  # a caller that takes every slot as soon as it comes, for minutes
+        clock.now += budget.wait_seconds(4)
+        budget.spend(4)
+        spent.append((clock.now, 4))
+        in_window = sum(c for when, c in spent if when > clock.now - 60)
+        assert in_window <= 60, (clock.now, in_window)
+    assert budget.report()["used_last_minute"] <= 60
     clock.now += 61
     assert budget.report()["used_last_minute"] == 0  # a minute on, nothing counted any more
     assert budget.wait_seconds(1000) == 0  # a round trip dearer than the budget waits for a full bucket only
+
+
+def test_the_minute_s_window_holds_after_a_burst():
+    clock = Clock()
+    budget = Budget(8, clock)  # a burst of 2
+    for _ in range(8):
+        clock.now += budget.wait_seconds(1)
+        budget.spend(1)
+    assert budget.report()["used_last_minute"] == 8
+    assert budget.wait_seconds(1) == pytest.approx(1000.0 + 60 - clock.now)  # until the first command's minute ends
 
 
 def test_a_busy_controller_backs_off_doubling_and_a_normal_answer_ends_it():
@@ -52,11 +68,11 @@ def test_a_busy_controller_backs_off_doubling_and_a_normal_answer_ends_it():
 
 
 def test_a_caller_waits_within_its_timeout_and_past_it_is_told_when_the_next_slot_comes():
-    budget = Budget(600)  # ten a second, on the real clock
-    for _ in range(600):
+    budget = Budget(600)  # ten a second, on the real clock; a burst of 150
+    for _ in range(150):
         budget.spend(1)
     asyncio.run(_within_budget("alpine", budget, 2, timeout=5))  # 0.2 s of refill: it waits, then goes
-    assert budget.report()["used_last_minute"] == 602
+    assert budget.report()["used_last_minute"] == 152
     with pytest.raises(ClusterBusyError, match=r"alpine: Corral's budget of 600 Slurm commands a minute there is "
                                                r"spent \(rpc_budget in config.yaml\); the next slot comes in \d+ s"):
         asyncio.run(_within_budget("alpine", budget, 500, timeout=1))

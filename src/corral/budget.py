@@ -3,10 +3,11 @@ login node, and a back-off when the controller says it is busy. One state per cl
 (the server), whatever the number of clients or requests; pure apart from the clock it is given.
 
 - Each round trip to a login node spends the Slurm commands it runs (a probe: its `scontrol ping` and
-  its queries; a status refresh: squeue and sacct; a submission, a cancel: one). A token bucket holds
-  a minute's budget (`rpc_budget: {commands_per_minute: N}` in config.yaml, per cluster under
-  `clusters:`; 600 by default) and refills at N/60 a second, so bursts up to N pass at once and the
-  long-run rate is N a minute.
+  its queries; a status refresh: squeue and sacct; a submission, a cancel: one). The budget
+  (`rpc_budget: {commands_per_minute: N}` in config.yaml, per cluster under `clusters:`; 600 by
+  default) holds in every 60 s window: never more than N commands in any minute. Within it, a token
+  bucket of a quarter of N, refilled at N/60 a second, spreads them: a burst of N/4 passes at once,
+  and the rest follow at the budget's rate instead of the whole minute's going in the first second.
 - A round trip whose answer says the controller is overloaded (`BUSY_MARKERS`: "Socket timed out",
   "Resource temporarily unavailable", …) starts a back-off: no round trip to that cluster for 2 s,
   doubling with each busy answer in a row up to 60 s; the first answer without them ends it.
@@ -32,7 +33,8 @@ BUSY_MARKERS = ("Socket timed out on send/recv operation", "Resource temporarily
 
 @dataclass
 class Budget:
-    """One cluster's budget: a token bucket of Slurm commands, and its back-off."""
+    """One cluster's budget: at most `per_minute` Slurm commands in any minute, spread by a token bucket
+    of a quarter of that; and its back-off."""
 
     per_minute: int
     clock: Callable[[], float] = time.monotonic
@@ -45,27 +47,40 @@ class Budget:
     busy_reason: str | None = None
 
     def __post_init__(self) -> None:
-        self.tokens = float(self.per_minute)
+        self.tokens = self.burst
         self.updated = self.clock()
 
+    @property
+    def burst(self) -> float:
+        """What may go at once: a quarter of the minute's budget (at least one command)."""
+        return max(1.0, self.per_minute / 4)
+
     def _refill(self, now: float) -> None:
-        self.tokens = min(float(self.per_minute), self.tokens + (now - self.updated) * self.per_minute / 60.0)
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.per_minute / 60.0)
         self.updated = now
         while self.spent and self.spent[0][0] <= now - 60.0:
             self.spent.popleft()
 
     def wait_seconds(self, cost: int) -> float:
-        """How long until `cost` commands may go (0: now)."""
+        """How long until `cost` commands may go (0: now): the bucket's refill, the minute's window (a
+        round trip dearer than the burst, or than the whole budget, waits for a full bucket or an empty
+        window only), and the back-off."""
         now = self.clock()
         self._refill(now)
-        cost = min(cost, self.per_minute)  # a round trip dearer than the whole budget waits for a full bucket
-        short = max(0.0, cost - self.tokens) * 60.0 / self.per_minute
-        return max(short, self.busy_until - now, 0.0)
+        short = max(0.0, min(cost, self.burst) - self.tokens) * 60.0 / self.per_minute
+        excess = sum(c for _, c in self.spent) + min(cost, self.per_minute) - self.per_minute
+        window = 0.0
+        for when, spent in self.spent:  # oldest first: until enough of the minute's commands have aged out
+            if excess <= 0:
+                break
+            excess -= spent
+            window = when + 60.0 - now
+        return max(short, window, self.busy_until - now, 0.0)
 
     def spend(self, cost: int) -> None:
         now = self.clock()
         self._refill(now)
-        self.tokens -= min(cost, self.per_minute)
+        self.tokens -= min(cost, self.burst)
         self.spent.append((now, cost))
 
     def answered(self, text: str) -> None:

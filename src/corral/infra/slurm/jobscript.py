@@ -251,8 +251,8 @@ def step_bound_lines(num_nodes: int, bound: int) -> list[str]:
         '  echo "corral: $why"',
         '  timeout 10 scontrol update JobId="${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}" '
         f'Comment="{STEP_COMMENT_PREFIX}$why" >/dev/null 2>&1',
-        '  pkill -TERM -P $$ 2>/dev/null',
-        '  kill -TERM $$',
+        # The batch script leads its process group (slurmstepd makes it so), srun in it: end them all.
+        '  kill -TERM -- -$$ 2>/dev/null || kill -TERM $$',
         ") </dev/null &",
     ]
 
