@@ -166,8 +166,8 @@ class FakeClient:
         return []
 
     async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
-                    paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None
-                    ) -> list[ProbeOutcome]:
+                    paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None,
+                    reuse_when_busy: bool = False) -> list[ProbeOutcome]:
         out = []
         for name in clusters or self.registry.names():
             infra = self.infras[name]

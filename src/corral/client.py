@@ -69,6 +69,12 @@ ProbeAsk = tuple[bool, tuple[str, ...], tuple[str, ...]]
 _IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, ProbeAsk],
                                                                      asyncio.Future[ProbeOutcome]]] = \
     weakref.WeakKeyDictionary()
+# Placement under load (`probe(reuse_when_busy=True)`): each cluster's latest answered probe, kept for
+# RECENT_PROBE_MAX_AGE seconds, answers a placement whose fresh probe the cluster's budget cannot afford
+# at once (its PROBE_COST commands), rather than the launch waiting for a slot or failing as busy.
+_RECENT: dict[tuple[str, str, ProbeAsk], tuple[float, ProbeOutcome]] = {}  # -> (monotonic when, outcome)
+RECENT_PROBE_MAX_AGE = 30.0
+PROBE_COST = 4
 
 
 class Client:
@@ -108,18 +114,28 @@ class Client:
         return self.accounts.cluster_users(cluster) if self.accounts else []
 
     async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
-                    paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None
-                    ) -> list[ProbeOutcome]:
+                    paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None,
+                    reuse_when_busy: bool = False) -> list[ProbeOutcome]:
         """Each cluster's snapshot (or why not), in parallel; `associations`: with the user's accounts
         and QOS too (`corral check`); `paths`: which of these exist there (tasks' resources.paths);
-        `filesystems`: per cluster, paths whose filesystem type to read (profiles' paths, for check)."""
+        `filesystems`: per cluster, paths whose filesystem type to read (profiles' paths, for check).
+        `reuse_when_busy` (placement): where the cluster's budget cannot afford a probe at once, the
+        latest snapshot of the last RECENT_PROBE_MAX_AGE seconds answers instead of a wait for a slot."""
         names = [e.name for e in self.registry.select(clusters)]
         asked = tuple(sorted(set(paths)))
         return list(await asyncio.gather(*(
-            self._probe_one(n, (associations, asked, tuple((filesystems or {}).get(n, ())))) for n in names)))
+            self._probe_one(n, (associations, asked, tuple((filesystems or {}).get(n, ()))), reuse_when_busy)
+            for n in names)))
 
-    async def _probe_one(self, cluster: str, extras: ProbeAsk = (False, (), ())) -> ProbeOutcome:
-        """This cluster's probe: the one in flight in this process if there is one, else a new one."""
+    async def _probe_one(self, cluster: str, extras: ProbeAsk = (False, (), ()),
+                         reuse_when_busy: bool = False) -> ProbeOutcome:
+        """This cluster's probe: the one in flight in this process if there is one, else a new one (or,
+        with `reuse_when_busy` and the budget short, the latest recent one)."""
+        if reuse_when_busy:
+            recent = _RECENT.get((str(self.registry.path), cluster, extras))
+            if recent is not None and time.monotonic() - recent[0] <= RECENT_PROBE_MAX_AGE \
+                    and budget.budget_for(cluster).wait_seconds(PROBE_COST) > 0:
+                return recent[1]
         running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
         key = (str(self.registry.path), cluster, self.transport.timeout, extras)
         probe = running.get(key)
@@ -136,7 +152,9 @@ class Client:
                                                        filesystems=filesystems)
         except CorralError as exc:
             return ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
-        return ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())
+        outcome = ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())
+        _RECENT[(str(self.registry.path), cluster, extras)] = (time.monotonic(), outcome)
+        return outcome
 
     async def gpus(self, gpu: str | None = None, infra: str | None = None) -> GpuReport:
         selector = parse_infra(infra) if infra else InfraSelector()

@@ -156,7 +156,8 @@ class Launcher:
             self.client.registry.get(cluster)  # an unknown name fails here, naming the known ones
         clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
         paths = {p for task in tasks for o in resource_options(task.resources) for p in o.paths}
-        return await self.client.probe(clusters, paths=tuple(sorted(paths)))
+        # Under load, a snapshot up to half a minute old rather than a wait for the budget (client.py).
+        return await self.client.probe(clusters, paths=tuple(sorted(paths)), reuse_when_busy=True)
 
     async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None,
                    owner: str | None = None) -> Plan:
