@@ -182,3 +182,18 @@ def test_a_constraint_counts_only_the_nodes_with_those_features():
 
 def why_not(plan, cluster, partition):
     return next(c.reason for c in plan.candidates if (c.cluster, c.partition) == (cluster, partition))
+
+
+def test_of_places_that_start_it_now_one_whose_budget_takes_the_submission_now_comes_first():
+    from dataclasses import replace
+
+    plan = plan_for({"resources": {"cpus": 1}})
+    assert plan.feasible()[0].cluster == "alpine" and plan.feasible()[1].startable_now
+    plan.candidates = [replace(c, budget_short=c.cluster == "alpine") for c in plan.candidates]
+    assert plan.feasible()[0].cluster != "alpine" and plan.feasible()[0].startable_now
+    only = plan_for({"resources": {"accelerators": "H100:1"}})  # alpine alone starts it now: still first
+    only.candidates = [replace(c, budget_short=c.cluster == "alpine") for c in only.candidates]
+    assert only.feasible()[0].cluster == "alpine"
+    waiting = plan_for({"resources": {"accelerators": "H100:16"}}).feasible()  # nowhere starts it now
+    assert [c.cluster for c in sorted([replace(c, budget_short=True) for c in waiting],
+                                      key=lambda c: c.rank_key())] == [c.cluster for c in waiting]

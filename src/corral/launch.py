@@ -15,10 +15,11 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from corral.budget import budget_for
 from corral.client import Client, ProbeOutcome
 from corral.config import infra_order
 from corral.errors import (
@@ -189,8 +190,9 @@ class Launcher:
         if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):
             await self.predict([(task, plan)], owner=owner)
         now = time.time()
-        plan.candidates = [c.with_prediction(now, "can start now") if c.startable_now else c
-                           for c in plan.candidates]
+        short = {c.cluster for c in plan.candidates if c.startable_now and budget_for(c.cluster).wait_seconds(1) > 0}
+        plan.candidates = [replace(c.with_prediction(now, "can start now"), budget_short=c.cluster in short)
+                           if c.startable_now else c for c in plan.candidates]
         return plan
 
     def _constraint_at(self, task: Task) -> Callable[[str, str], str | None]:

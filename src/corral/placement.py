@@ -4,7 +4,8 @@
    nodes of the right shape and features (`--constraint`), CPUs, memory, time limit, container
    runtime. Infeasible candidates carry the reason.
 2. Ranking, deterministic: can start now (enough free GPUs, CPUs and memory on enough usable nodes)
-   first; then earliest predicted start (`sbatch --test-only`); then the kind of place (Slurm, then
+   first, and of those a cluster whose RPC budget can take the submission at once before one whose
+   cannot; then earliest predicted start (`sbatch --test-only`); then the kind of place (Slurm, then
    SSH pools, then Kubernetes, unless the config's `infra_order` or the task's `ordered` list says
    otherwise); then no GPUs wasted on a CPU-only task; then queue pressure; then the user's `ordered`
    preference; then cluster file order.
@@ -50,6 +51,7 @@ class Candidate:
     container_runtime: str | None = None  # how the task's image runs there (CONTAINER_RUNTIMES), if it has one
     kind: str = "slurm"  # the place's Infra kind: slurm, ssh (a pool, whose one partition is itself), k8s
     kind_rank: int = 0  # the kind's place in the kind order (build_plan): overflow goes to later kinds
+    budget_short: bool = False  # its cluster's RPC budget cannot take a submission at once (budget.py)
 
     def with_prediction(self, start: float | None, note: str | None) -> Candidate:
         return replace(self, predicted_start=start, prediction_note=note)
@@ -58,6 +60,7 @@ class Candidate:
         return (
             not self.feasible,
             not self.startable_now,
+            self.startable_now and self.budget_short,  # of places that start it now, one Corral may submit to now
             self.predicted_start if self.predicted_start is not None else math.inf,
             self.kind_rank,  # overflow: later kinds only where no earlier kind starts it sooner
             self.wastes_gpus,

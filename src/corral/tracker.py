@@ -10,15 +10,20 @@ The same answer catches orphans: a job Slurm runs under the token of an attempt 
 failed to submit (its submission got no answer, so the job went on elsewhere) or cancelled (a
 cancel crossed a start) is cancelled, so that a lost answer never makes a job run twice. Clusters
 where a submission got no answer in the last hour are queried for that, even with no live job there.
+
+Under load a cluster whose RPC budget cannot afford the query at once is left as last seen, for up
+to REFRESH_DEFER_SECONDS since its last refresh (the report says which were deferred).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from corral import budget
 from corral.client import Client
 from corral.errors import CorralError
 from corral.infra.base import LIVE_STATES, FailureClass, Infra, JobState, JobStatus, RunsArrays
@@ -30,6 +35,12 @@ from corral.state.store import TERMINAL_STATES, JobView
 SUBMIT_GRACE_SECONDS = 120  # an attempt still SUBMITTING after this, and unknown to Slurm, never got there
 UNSENT_WATCH_SECONDS = 86400  # how far back jobs recorded without any attempt are looked for
 ORPHAN_WATCH_SECONDS = 3600  # how long a cluster where a submission failed is watched for orphans
+# Under load, a cluster whose budget cannot afford a status query at once (its 2 commands) is left as
+# last seen, for at most this long since its last refresh: a `queue` answers at once, not after the
+# slot. Past it, the refresh waits for the slot as any round trip does.
+REFRESH_DEFER_SECONDS = 10.0
+STATUS_COST = 2
+_LAST_REFRESHED: dict[str, float] = {}  # cluster -> time.monotonic() of its last refresh, this process
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class RefreshReport:
     errors: dict[str, str]  # cluster -> why it could not be refreshed
     round_trips: dict[str, int]
     reaped: dict[str, list[str]] = field(default_factory=dict)  # cluster -> Slurm ids of orphans cancelled
+    deferred: list[str] = field(default_factory=list)  # clusters left as last seen: their budget was short
 
 
 class Tracker:
@@ -56,12 +68,18 @@ class Tracker:
         known = set(self.client.registry.names())
         errors: dict[str, str] = {}
         reaped: dict[str, list[str]] = {}
+        deferred: list[str] = []
         before = dict(self.client.transport.round_trips)
 
         async def one(cluster: str, attempts: list[AttemptRow]) -> None:
             if cluster not in known:
                 errors[cluster] = f"cluster {cluster!r} is no longer in {self.client.registry.path}"
                 return
+            if time.monotonic() - _LAST_REFRESHED.get(cluster, -math.inf) < REFRESH_DEFER_SECONDS \
+                    and budget.budget_for(cluster).wait_seconds(STATUS_COST) > 0:
+                deferred.append(cluster)
+                return
+            _LAST_REFRESHED[cluster] = time.monotonic()
             ids = [a.handle for a in attempts if a.handle]
             try:
                 # Everyone's jobs in one query through the service account, whoever submitted them.
@@ -81,7 +99,7 @@ class Tracker:
         await asyncio.gather(*(one(c, a) for c, a in by_cluster.items()))
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
-        return RefreshReport(errors, trips, reaped)
+        return RefreshReport(errors, trips, reaped, sorted(deferred))
 
     def _settle_unsent(self) -> None:
         """Jobs recorded by a launch that died before giving them an attempt (kill -9 while a sweep

@@ -1,0 +1,37 @@
+"""The tracker under load: a cluster whose RPC budget cannot afford a status query at once is left as
+last seen, for a bounded time, instead of every `queue` waiting for its slot."""
+
+from __future__ import annotations
+
+import asyncio
+
+from corral import budget, tracker
+from corral.state import Store
+from corral.tracker import Tracker
+from tests.fakes import FakeInfra
+from tests.test_seam import fakes, launch
+
+
+class CountingInfra(FakeInfra):
+    async def status(self, handles, accounts=()):
+        self.queried = getattr(self, "queried", 0) + 1
+        return await super().status(handles, accounts)
+
+
+def test_a_short_budget_defers_a_cluster_s_refresh_for_a_bounded_time(tmp_path, monkeypatch):
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    client = fakes(kind=CountingInfra)
+    [share] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    cirrus = client.infras["cirrus"]
+    monkeypatch.setattr(tracker, "_LAST_REFRESHED", {})
+    monkeypatch.setitem(budget._BUDGETS, "cirrus", budget.Budget(8))
+    budget._BUDGETS["cirrus"].spend(8)  # its minute spent
+
+    def refresh():
+        return asyncio.run(Tracker(client, store).refresh())
+
+    assert refresh().deferred == [] and cirrus.queried == 1  # never refreshed yet: it waits for its slot
+    assert refresh().deferred == ["cirrus"] and cirrus.queried == 1  # refreshed just now: left as last seen
+    monkeypatch.setattr(tracker, "REFRESH_DEFER_SECONDS", 0.0)
+    assert refresh().deferred == [] and cirrus.queried == 2  # too long since: refreshed, slot or not
+    assert share.cluster == "cirrus"
