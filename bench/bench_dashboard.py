@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,12 +23,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_queue import seed  # noqa: E402
-from bench.common import bench_testbed, corral_argv, median_of, print_table, time_command  # noqa: E402
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.common import (  # noqa: E402
+    bench_testbed,
+    corral_argv,
+    cpu_seconds,
+    median_of,
+    print_table,
+    time_command,
+)
 
 
 def main() -> None:

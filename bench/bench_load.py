@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_testbed, median_of, server_pid, time_command  # noqa: E402
+from bench.common import bench_testbed, cpu_seconds, median_of, server_pid, time_command  # noqa: E402
 
 TASK = {"resources": {"cpus": 1}, "run": "true"}
 SWEEP = 10
@@ -41,11 +41,6 @@ MIX = ("single",) * 4 + ("managed",) + ("single",) * 4 + ("sweep",) + ("single",
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

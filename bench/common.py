@@ -81,6 +81,12 @@ def bench_testbed(bed: Any = None) -> Iterator[BenchSetup]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far, in seconds (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def server_pid(home: Path) -> int | None:
     """The pid of the Corral server whose CORRAL_HOME is `home` (found through /proc), or None."""
     for proc in Path("/proc").iterdir():

@@ -71,10 +71,9 @@ _IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str,
     weakref.WeakKeyDictionary()
 # Placement under load (`probe(reuse_when_busy=True)`): each cluster's latest answered probe, kept for
 # RECENT_PROBE_MAX_AGE seconds, answers a placement whose fresh probe the cluster's budget cannot afford
-# at once (its PROBE_COST commands), rather than the launch waiting for a slot or failing as busy.
+# at once (its Infra's probe_commands), rather than the launch waiting for a slot or failing as busy.
 _RECENT: dict[tuple[str, str, ProbeAsk], tuple[float, ProbeOutcome]] = {}  # -> (monotonic when, outcome)
 RECENT_PROBE_MAX_AGE = 30.0
-PROBE_COST = 4
 
 
 class Client:
@@ -134,7 +133,7 @@ class Client:
         if reuse_when_busy:
             recent = _RECENT.get((str(self.registry.path), cluster, extras))
             if recent is not None and time.monotonic() - recent[0] <= RECENT_PROBE_MAX_AGE \
-                    and budget.budget_for(cluster).wait_seconds(PROBE_COST) > 0:
+                    and budget.budget_for(cluster).wait_seconds(self.infra(cluster).probe_commands) > 0:
                 return recent[1]
         running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
         key = (str(self.registry.path), cluster, self.transport.timeout, extras)

@@ -35,11 +35,10 @@ from corral.state.store import TERMINAL_STATES, JobView
 SUBMIT_GRACE_SECONDS = 120  # an attempt still SUBMITTING after this, and unknown to Slurm, never got there
 UNSENT_WATCH_SECONDS = 86400  # how far back jobs recorded without any attempt are looked for
 ORPHAN_WATCH_SECONDS = 3600  # how long a cluster where a submission failed is watched for orphans
-# Under load, a cluster whose budget cannot afford a status query at once (its 2 commands) is left as
-# last seen, for at most this long since its last refresh: a `queue` answers at once, not after the
-# slot. Past it, the refresh waits for the slot as any round trip does.
+# Under load, a cluster whose budget cannot afford a status query at once (its Infra's status_commands)
+# is left as last seen, for at most this long since its last refresh: a `queue` answers at once, not
+# after the slot. Past it, the refresh waits for the slot as any round trip does.
 REFRESH_DEFER_SECONDS = 10.0
-STATUS_COST = 2
 _LAST_REFRESHED: dict[str, float] = {}  # cluster -> time.monotonic() of its last refresh, this process
 
 
@@ -76,7 +75,7 @@ class Tracker:
                 errors[cluster] = f"cluster {cluster!r} is no longer in {self.client.registry.path}"
                 return
             if time.monotonic() - _LAST_REFRESHED.get(cluster, -math.inf) < REFRESH_DEFER_SECONDS \
-                    and budget.budget_for(cluster).wait_seconds(STATUS_COST) > 0:
+                    and budget.budget_for(cluster).wait_seconds(self.client.infra(cluster).status_commands) > 0:
                 deferred.append(cluster)
                 return
             _LAST_REFRESHED[cluster] = time.monotonic()

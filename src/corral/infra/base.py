@@ -235,6 +235,9 @@ class Infra(ABC):
     """One place that runs work."""
 
     kind: ClassVar[str]
+    # What a probe and a status query spend of the place's budget of commands a minute (budget.py).
+    probe_commands: ClassVar[int] = 1
+    status_commands: ClassVar[int] = 1
 
     @property
     @abstractmethod

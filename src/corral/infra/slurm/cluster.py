@@ -58,6 +58,8 @@ JOB_TIMEOUT = 30  # seconds for a submission, a status query, a cancel (sbatch m
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
                  ReleasesHeld, RunsJobScripts):
     kind: ClassVar[str] = "slurm"
+    probe_commands: ClassVar[int] = 1 + len(QUERIES)  # scontrol ping, and the queries (sinfo, squeue, …)
+    status_commands: ClassVar[int] = 2  # squeue, and sacct for what it forgot
     max_array_size: ClassVar[int] = 1000  # Slurm's default MaxArraySize is 1001 (indices 0-1000)
 
     def __init__(self, cluster: str, transport: SshTransport):
@@ -74,8 +76,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                     filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
         # One bound for the whole answer, a new connection included.
         script = probe_script(self.slurm_timeout, associations=associations, paths=paths, filesystems=filesystems)
-        # Its Slurm commands: scontrol ping and the queries (sinfo, squeue, sacctmgr), in parallel.
-        commands = 1 + len(QUERIES) + (1 if associations else 0)
+        commands = self.probe_commands + (1 if associations else 0)  # sacctmgr too, for check
         result = await self.transport.run(self.cluster, script, timeout=self.transport.timeout, cost=commands)
         return parse_probe_output(self.cluster, result.stdout, self.slurm_timeout, result.seconds)
 
@@ -116,7 +117,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
 
     async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
         result = await self.transport.run(self.cluster, status_script(handles, accounts=accounts),
-                                          timeout=JOB_TIMEOUT, cost=2)  # squeue, and sacct for what it forgot
+                                          timeout=JOB_TIMEOUT, cost=self.status_commands)
         return parse_status(self.cluster, result.stdout)
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
