@@ -42,4 +42,8 @@ def test_placement_reuses_a_recent_probe_only_when_the_budget_cannot_afford_a_fr
     assert probe() is not reused and CountingInfra.probes == 3  # gpus and check always probe
     monkeypatch.setattr(client, "RECENT_PROBE_MAX_AGE", 0.0)
     assert probe(reuse_when_busy=True) and CountingInfra.probes == 4  # too old: fresh (and waits, in real use)
+    monkeypatch.setattr(client, "RECENT_PROBES_KEPT", 0)
+    monkeypatch.setitem(client._RECENT, ("fake", "gone", (False, ("/old",), ())), (-1e9, first))
+    probe()
+    assert ("fake", "gone", (False, ("/old",), ())) not in client._RECENT  # aged-out snapshots are dropped
     del budget._BUDGETS[cluster]

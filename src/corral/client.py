@@ -74,6 +74,7 @@ _IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str,
 # at once (its Infra's probe_commands), rather than the launch waiting for a slot or failing as busy.
 _RECENT: dict[tuple[str, str, ProbeAsk], tuple[float, ProbeOutcome]] = {}  # -> (monotonic when, outcome)
 RECENT_PROBE_MAX_AGE = 30.0
+RECENT_PROBES_KEPT = 256
 
 
 class Client:
@@ -152,7 +153,11 @@ class Client:
         except CorralError as exc:
             return ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
         outcome = ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())
-        _RECENT[(str(self.registry.path), cluster, extras)] = (time.monotonic(), outcome)
+        now = time.monotonic()
+        _RECENT[(str(self.registry.path), cluster, extras)] = (now, outcome)
+        if len(_RECENT) > RECENT_PROBES_KEPT:  # tasks' paths make keys of their own: drop what aged out
+            for key in [k for k, (when, _) in _RECENT.items() if now - when > RECENT_PROBE_MAX_AGE]:
+                del _RECENT[key]
         return outcome
 
     async def gpus(self, gpu: str | None = None, infra: str | None = None) -> GpuReport:
