@@ -125,6 +125,11 @@ def configured_per_minute(cluster: str) -> int:
     return DEFAULT_PER_MINUTE
 
 
+def affords_now(cluster: str, commands: int) -> bool:
+    """Can `commands` Slurm commands go to the cluster at once (no wait for the budget or a back-off)?"""
+    return budget_for(cluster).wait_seconds(commands) == 0
+
+
 def report_of(cluster: str) -> dict[str, object] | None:
     """The cluster's budget as this process has used it, or None before its first round trip."""
     found = _BUDGETS.get(cluster)

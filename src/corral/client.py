@@ -134,7 +134,7 @@ class Client:
         if reuse_when_busy:
             recent = _RECENT.get((str(self.registry.path), cluster, extras))
             if recent is not None and time.monotonic() - recent[0] <= RECENT_PROBE_MAX_AGE \
-                    and budget.budget_for(cluster).wait_seconds(self.infra(cluster).probe_commands) > 0:
+                    and not budget.affords_now(cluster, self.infra(cluster).probe_commands):
                 return recent[1]
         running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
         key = (str(self.registry.path), cluster, self.transport.timeout, extras)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from corral.budget import budget_for
+from corral.budget import affords_now
 from corral.client import Client, ProbeOutcome
 from corral.config import infra_order
 from corral.errors import (
@@ -190,7 +190,7 @@ class Launcher:
         if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):
             await self.predict([(task, plan)], owner=owner)
         now = time.time()
-        short = {c.cluster for c in plan.candidates if c.startable_now and budget_for(c.cluster).wait_seconds(1) > 0}
+        short = {c.cluster for c in plan.candidates if c.startable_now and not affords_now(c.cluster, 1)}
         plan.candidates = [replace(c.with_prediction(now, "can start now"), budget_short=c.cluster in short)
                            if c.startable_now else c for c in plan.candidates]
         return plan

@@ -64,7 +64,7 @@ def read_ask(script: JobScript) -> ScriptAsk:
     """The resources the script asks for; ScriptError naming the option and what to do. A heterogeneous
     job (`#SBATCH hetjob`) asks for the nodes of all its components, each the shape of the largest."""
     parsed = read_script(script.text, script.file_name)
-    command_line = parse_options([(w, 0, 0) for w in script.options], "command line")
+    command_line = _command_line(script)
     options = effective(command_line, parsed.directives)
     for component in range(parsed.components):
         for name, why in REFUSED.items():
@@ -187,8 +187,7 @@ def script_constraint(task: Task) -> str | None:
     parsed = read_script(script.text, script.file_name)
     if parsed.components > 1:
         return None
-    option = effective(parse_options([(w, 0, 0) for w in script.options], "command line"),
-                       parsed.directives).get("constraint")
+    option = effective(_command_line(script), parsed.directives).get("constraint")
     return option.value if option is not None else None
 
 
@@ -212,7 +211,7 @@ def script_partitions(plan: Plan, task: Task) -> Plan:
     placement chooses (and the partition is rewritten)."""
     assert task.slurm.script is not None
     script = task.slurm.script
-    pinned = [o for o in parse_options([(w, 0, 0) for w in script.options], "command line") if o.name == "partition"]
+    pinned = [o for o in _command_line(script) if o.name == "partition"]
     named = [o for o in read_script(script.text, script.file_name).directives if o.name == "partition"]
     pin = set((pinned[-1].value or "").split(",")) if pinned else set()
     wanted = set((named[-1].value or "").split(",")) if named and not pinned else set()
@@ -228,6 +227,11 @@ def script_partitions(plan: Plan, task: Task) -> Plan:
         out.append(c)
     plan.candidates = out
     return plan
+
+
+def _command_line(script: JobScript) -> list[Option]:
+    """The sbatch options given on the command line (`corral sbatch -p gpu script.sh`), as parsed."""
+    return parse_options([(w, 0, 0) for w in script.options], "command line")
 
 
 def _where(option: Option, script: JobScript) -> str:

@@ -75,7 +75,7 @@ class Tracker:
                 errors[cluster] = f"cluster {cluster!r} is no longer in {self.client.registry.path}"
                 return
             if time.monotonic() - _LAST_REFRESHED.get(cluster, -math.inf) < REFRESH_DEFER_SECONDS \
-                    and budget.budget_for(cluster).wait_seconds(self.client.infra(cluster).status_commands) > 0:
+                    and not budget.affords_now(cluster, self.client.infra(cluster).status_commands):
                 deferred.append(cluster)
                 return
             _LAST_REFRESHED[cluster] = time.monotonic()
