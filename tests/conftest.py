@@ -122,44 +122,20 @@ def wait_for(what: str, predicate: Callable[[], object], timeout: float = 30, in
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A private, real PostgreSQL server on a unix socket, for the team-mode state store."""
-    import glob
-    import pwd
+    from testbed import postgres
 
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if os.geteuid() != 0 or not bins:
+    if not postgres.available():
         pytest.skip("needs root and Debian's postgresql package")
-    bindir = Path(bins[-1]).parent
-    import tempfile
-
-    data = Path(tempfile.mkdtemp(prefix="corral-pg-"))  # pytest's tmp dirs are not reachable by postgres
-    user = pwd.getpwnam("postgres")
-    os.chown(data, user.pw_uid, user.pw_gid)
-    as_postgres = ["runuser", "-u", "postgres", "--"]
-    subprocess.run([*as_postgres, str(bindir / "initdb"), "-A", "trust", "-D", str(data / "db")], check=True,
-                   capture_output=True)
-    port = "47432"
-    subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-w", "-l", str(data / "log"),
-                    "-o", f"-k {data} -p {port} -c listen_addresses=''", "start"], check=True, capture_output=True)
-    try:
-        subprocess.run([*as_postgres, str(bindir / "createdb"), "-h", str(data), "-p", port, "corral"], check=True,
-                       capture_output=True)
-        yield f"postgresql+psycopg://postgres@/corral?host={data}&port={port}"
-    finally:
-        subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "fast", "stop"],
-                       capture_output=True)
-        shutil.rmtree(data, ignore_errors=True)
+    with postgres.postgres_server() as url:
+        yield url
 
 
 @pytest.fixture
 def fresh_postgres(postgres_url: str) -> Iterator[str]:
     """The session's PostgreSQL database, emptied: a store made on it starts from nothing."""
-    from sqlalchemy import create_engine
+    from testbed import postgres
 
-    engine = create_engine(postgres_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
-        conn.exec_driver_sql("CREATE SCHEMA public")
-    engine.dispose()
+    postgres.empty(postgres_url)
     yield postgres_url
 
 

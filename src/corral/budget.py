@@ -13,6 +13,8 @@ login node, and a back-off when the controller says it is busy. One state per cl
   doubling with each busy answer in a row up to 60 s; the first answer without them ends it.
 - A caller waits for its slot, up to its own timeout; past that it gets ClusterBusyError, saying
   when the next slot comes. `report()` is what `corral server status` and the dashboard show.
+- Several server replicas on one store split each cluster's budget evenly (`share_between`, set by
+  the controller each tick from the live replicas): together they stay within it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class Budget:
     """One cluster's budget: at most `per_minute` Slurm commands in any minute, spread by a token bucket
     of a quarter of that; and its back-off."""
 
-    per_minute: int
+    configured: int  # the cluster's whole budget, commands per minute
     clock: Callable[[], float] = time.monotonic
+    replicas: int = 1  # live replicas sharing it: this one may spend per_minute of it
     tokens: float = field(init=False)
     updated: float = field(init=False)
     spent: deque[tuple[float, int]] = field(default_factory=deque)  # (when, commands) in the last minute
@@ -49,6 +52,11 @@ class Budget:
     def __post_init__(self) -> None:
         self.tokens = self.burst
         self.updated = self.clock()
+
+    @property
+    def per_minute(self) -> int:
+        """This replica's part of the budget."""
+        return max(1, self.configured // max(1, self.replicas))
 
     @property
     def burst(self) -> float:
@@ -96,20 +104,32 @@ class Budget:
     def report(self) -> dict[str, object]:
         now = self.clock()
         self._refill(now)
-        return {"commands_per_minute": self.per_minute, "used_last_minute": sum(c for _, c in self.spent),
+        return {"commands_per_minute": self.per_minute, "configured_per_minute": self.configured,
+                "replicas": self.replicas, "used_last_minute": sum(c for _, c in self.spent),
                 "waiting": self.waiting, "backoff_seconds": round(max(0.0, self.busy_until - now), 1),
                 "busy_reason": self.busy_reason if self.busy_until > now else None}
 
 
 _BUDGETS: dict[str, Budget] = {}
+_REPLICAS = 1
 
 
 def budget_for(cluster: str, per_minute: int | None = None) -> Budget:
     """This process's budget for the cluster (created with `per_minute`, or the config's)."""
     found = _BUDGETS.get(cluster)
     if found is None:
-        found = _BUDGETS[cluster] = Budget(per_minute or configured_per_minute(cluster))
+        found = _BUDGETS[cluster] = Budget(per_minute or configured_per_minute(cluster), replicas=_REPLICAS)
     return found
+
+
+def share_between(replicas: int) -> None:
+    """Every cluster's budget, in this process, is now one of `replicas` equal parts."""
+    global _REPLICAS
+    _REPLICAS = max(1, replicas)
+    for found in _BUDGETS.values():
+        if found.replicas != _REPLICAS:
+            found.tokens = min(found.tokens, max(1.0, found.configured // _REPLICAS / 4))
+            found.replicas = _REPLICAS
 
 
 def configured_per_minute(cluster: str) -> int:

@@ -11,6 +11,9 @@ failed to submit (its submission got no answer, so the job went on elsewhere) or
 cancel crossed a start) is cancelled, so that a lost answer never makes a job run twice. Clusters
 where a submission got no answer in the last hour are queried for that, even with no live job there.
 
+Replicas on one store refresh only the clusters they hold (`RefreshScope`, set by the controller; see
+controller/shards.py): each cluster is queried by one of them, and the others read its states.
+
 Under load a cluster whose RPC budget cannot afford the query at once is left as last seen, for up
 to REFRESH_DEFER_SECONDS since its last refresh (the report says which were deferred).
 """
@@ -50,13 +53,25 @@ class RefreshReport:
     deferred: list[str] = field(default_factory=list)  # clusters left as last seen: their budget was short
 
 
+@dataclass(frozen=True)
+class RefreshScope:
+    """What one replica of several refreshes: the clusters it holds, and (`chores`) the store-wide part
+    (settling interrupted launches, reporting clusters no longer configured)."""
+
+    clusters: frozenset[str]
+    chores: bool
+
+
 class Tracker:
     def __init__(self, client: Client, store: Store):
         self.client = client
         self.store = store
 
-    async def refresh(self) -> RefreshReport:
-        self._settle_unsent()
+    async def refresh(self, scope: RefreshScope | None = None) -> RefreshReport:
+        """Query every cluster with live jobs (or, with a scope, those of its clusters) and write what
+        changed."""
+        if scope is None or scope.chores:
+            self._settle_unsent()
         active = self.store.active_attempts()
         by_cluster: dict[str, list[AttemptRow]] = {}
         for attempt in active:
@@ -65,6 +80,9 @@ class Tracker:
             if attempt.failure != FailureClass.REJECTED:  # the infra said no: it holds no copy to watch for
                 by_cluster.setdefault(attempt.cluster, [])
         known = set(self.client.registry.names())
+        if scope is not None:  # clusters no longer configured are reported by the chores' holder
+            by_cluster = {c: a for c, a in by_cluster.items()
+                          if c in scope.clusters or (scope.chores and c not in known)}
         errors: dict[str, str] = {}
         reaped: dict[str, list[str]] = {}
         deferred: list[str] = []
@@ -231,21 +249,29 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
 class SharedRefresh:
     """One refresh at a time in a process that serves many callers (the server: its ticks and its API).
     A caller that arrives while one runs shares its result, and one that finished less than `max_age`
-    seconds ago is reused: a `queue` right after a tick costs no second query per cluster."""
+    seconds ago is reused: a `queue` right after a tick costs no second query per cluster. A caller that
+    accepts a refresh `fresh_within` seconds old (the API) does not wait for a running one when the last
+    one finished that recently: under load, when refreshes follow each other (and wait for budget), a
+    `queue` answers at once from the store, as of at most that many seconds ago."""
 
     def __init__(self, max_age: float = 1.0):
         self.max_age = max_age
+        self.scope: RefreshScope | None = None  # set by the controller each tick (None: everything)
         self._running: asyncio.Future[RefreshReport] | None = None
         self._last: tuple[float, float, RefreshReport] | None = None  # (started, finished, report), monotonic
 
-    async def refresh(self, tracker: Tracker, *, newer_than: float = 0.0) -> RefreshReport:
-        """A refresh at most `max_age` old that started at or after `newer_than` (time.monotonic())."""
-        if self._running is not None:
-            return await asyncio.shield(self._running)
+    async def refresh(self, tracker: Tracker, *, newer_than: float = 0.0,
+                      fresh_within: float = 0.0) -> RefreshReport:
+        """A refresh at most `max_age` old that started at or after `newer_than` (time.monotonic()); or,
+        while one runs, the last one if it finished less than `fresh_within` seconds ago."""
         now = time.monotonic()
+        if self._running is not None:
+            if self._last is not None and self._last[0] >= newer_than and now - self._last[1] < fresh_within:
+                return self._last[2]
+            return await asyncio.shield(self._running)
         if self._last is not None and self._last[0] >= newer_than and now - self._last[1] < self.max_age:
             return self._last[2]
-        running = self._running = asyncio.ensure_future(tracker.refresh())
+        running = self._running = asyncio.ensure_future(tracker.refresh(self.scope))
         try:
             report = await asyncio.shield(running)
         finally:

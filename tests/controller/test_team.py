@@ -219,19 +219,25 @@ def _template(path: str) -> str:
     return "/".join(out)
 
 
-def test_two_replicas_on_one_postgresql_share_the_api_and_one_drives(corral, corral_env, fresh_postgres,
-                                                                    clean_queues, tmp_path):
-    """Both answer every user; only the lease holder drives managed jobs; kill -9 the holder and the
-    other takes over within one lease period, the job driven to its end exactly once."""
+def test_replicas_on_one_postgresql_split_the_clusters_and_hand_over_a_dead_ones(corral, corral_env,
+                                                                                 fresh_postgres, clean_queues,
+                                                                                 tmp_path):
+    """Every replica answers every user; the clusters are split between the replicas, each held (and
+    its jobs driven) by one; a third replica gets its share; kill -9 the one holding alpine and another
+    takes alpine within one lease period and a tick, the job there driven to its end exactly once."""
+    import math
     import os
     import signal
     import time
 
+    from corral.client import Client as EngineClient
     from tests.helpers import ssh_login
 
+    configured = EngineClient().registry.names()
     fast = {"CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_LEASE_SECONDS": "5"}
-    replicas = {}  # pid -> (its environment, its URL)
-    for name in ("one", "two"):
+    replicas: dict[int, tuple[dict[str, str], str]] = {}  # pid -> (its environment, its URL)
+
+    def start(name: str) -> int:
         env = {**corral_env, **fast, "CORRAL_HOME": str(tmp_path / name)}
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text("submit_as: service\n")  # one account for everyone
@@ -241,32 +247,48 @@ def test_two_replicas_on_one_postgresql_share_the_api_and_one_drives(corral, cor
         assert started.exit_code == 0, started.stderr
         pid = json.loads((tmp_path / name / "controller.json").read_text())["pid"]
         replicas[pid] = (env, f"http://127.0.0.1:{port}")
+        return pid
+
+    def holders(asked: Client) -> dict[str, int]:
+        """cluster -> the pid of the replica holding it."""
+        return {c: int(h.rsplit(":", 1)[1]) for c, h in asked.health()["shards"]["clusters"].items()}
+
+    def split_between(asked: Client, pids: set[int]) -> dict[str, int] | None:
+        held = holders(asked)
+        counts = [list(held.values()).count(pid) for pid in pids]
+        return held if (set(held) == set(configured) and set(held.values()) == pids
+                        and max(counts) <= math.ceil(len(configured) / len(pids))) else None
+
+    for name in ("one", "two"):
+        start(name)
     try:
         first_env = next(iter(replicas.values()))[0]
         token = add_user(lambda *a: corral(*a, env=first_env), "ada")  # added through one replica...
         clients = {pid: Client(url, token) for pid, (_, url) in replicas.items()}
         assert {c.me()["name"] for c in clients.values()} == {"ada"}  # ...known to both: the API works on each
-
-        def holder(asked: Client) -> str:
-            lease = asked.health()["lease"]
-            return lease["holder"] if lease else ""
-
-        first = wait_for("one replica to hold the lease", lambda: holder(next(iter(clients.values()))), timeout=20)
-        driver = next(pid for pid in replicas if first.endswith(f":{pid}"))
-        [other] = [pid for pid in replicas if pid != driver]
+        any_client = next(iter(clients.values()))
+        wait_for("two replicas to split the clusters", lambda: split_between(any_client, set(replicas)), timeout=30)
+        third = start("three")
+        clients[third] = Client(replicas[third][1], token)
+        held = wait_for("three replicas to split the clusters",
+                        lambda: split_between(clients[third], set(replicas)), timeout=30)
+        driver = held["alpine"]
+        other = next(pid for pid in replicas if pid != driver)
         out = f"replicas-{os.getpid()}"
-        # recorded through the replica that does not drive: the holder picks it up from the shared store
+        # recorded through a replica that does not hold alpine: alpine's holder drives it from the shared store
         [job] = clients[other].managed_launch(command=f'echo "$CORRAL_ATTEMPT" >> ~/{out}; sleep 15',
                                               infra="slurm/alpine/cpu", cpus="1")
-        wait_for("the holder to start it", lambda: clients[other].managed_job(job)["state"] == "RUNNING",
+        wait_for("alpine's holder to start it", lambda: clients[other].managed_job(job)["state"] == "RUNNING",
                  timeout=60)
         os.kill(driver, signal.SIGKILL)
         killed_at = time.monotonic()
-        wait_for("the other replica to take the lease", lambda: holder(clients[other]) not in ("", first),
+        survivors = set(replicas) - {driver}
+        wait_for("another replica to take alpine", lambda: holders(clients[other]).get("alpine") in survivors,
                  timeout=20, interval=0.1)
         took = time.monotonic() - killed_at
-        print(f"lease taken over {took:.1f} s after the kill")
+        print(f"alpine taken over {took:.1f} s after the kill")
         assert took <= 5 + 2, took  # one lease period, plus a tick
+        wait_for("the survivors to split every cluster", lambda: split_between(clients[other], survivors), timeout=20)
         done = wait_for("the job to end", lambda: (j := clients[other].managed_job(job))["state"] in
                         ("SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=90)
         assert done["state"] == "SUCCEEDED" and len(done["attempt_list"]) == 1  # driven on, never resubmitted

@@ -96,11 +96,19 @@ def server_status(as_json: bool) -> None:
                        + (f", errors {last['errors']}" if last["errors"] else ""))
         if lease:
             click.echo(f"lease held by {lease['holder']} for {max(0, lease['expires_at'] - time.time()):.0f}s more")
+        shards = health.get("shards") or {}
+        held = sorted(c for c, h in (shards.get("clusters") or {}).items() if h == health["holder"])
+        replicas = len(shards.get("replicas") or {}) or 1
+        if replicas > 1 or held:
+            click.echo(f"drives {', '.join(held) or 'no cluster'} ({len(held)} of {len(shards.get('clusters') or {})}"
+                       f" held; {replicas} replica{'s' if replicas != 1 else ''} on this store)")
         for cluster, used in (health.get("rpc_budget") or {}).items():
             busy = (f", backing off {used['backoff_seconds']}s ({used['busy_reason']})" if used.get("busy_reason")
                     else "")
-            click.echo(f"{cluster}: {used['used_last_minute']} of {used['commands_per_minute']} Slurm commands in "
-                       f"the last minute, {used['waiting']} waiting{busy}")
+            shared = (f" (this replica's share of {used['configured_per_minute']})"
+                      if used.get("replicas", 1) > 1 else "")
+            click.echo(f"{cluster}: {used['used_last_minute']} of {used['commands_per_minute']}{shared} Slurm "
+                       f"commands in the last minute, {used['waiting']} waiting{busy}")
     if health is None:
         sys.exit(1)
 

@@ -51,6 +51,16 @@ class ControllerStatus:
 API_VERSION = "v1"
 
 
+def shards_of(store: Store) -> dict[str, object]:
+    """Who drives what: each cluster's holder, and the live replicas with their heartbeat's expiry."""
+    from corral.controller.shards import CLUSTER, REPLICA
+
+    now = time.time()
+    rows = [r for r in store.leases() if r.expires_at >= now]
+    return {"clusters": {r.name[len(CLUSTER):]: r.holder for r in rows if r.name.startswith(CLUSTER)},
+            "replicas": {r.holder: r.expires_at for r in rows if r.name.startswith(REPLICA)}}
+
+
 def create_app(status: ControllerStatus, store: Store, token: str, refreshes: Any = None, *,
                sso_header: str | None = None, trusted_proxies: tuple[str, ...] = (),
                access_log: bool = False) -> FastAPI:
@@ -95,6 +105,7 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                 "uptime_seconds": round(time.time() - status.started_at, 3), "interval": status.interval,
                 "ticks": status.ticks, "last_tick": asdict(status.last_tick) if status.last_tick else None,
                 "lease": {"holder": lease.holder, "expires_at": lease.expires_at} if lease else None,
+                "shards": shards_of(store),
                 "rpc_budget": budget.report(), "api": API_VERSION, "version": __version__}
 
     async def wake() -> dict[str, object]:

@@ -7,8 +7,10 @@ round trip (`sbatch --test-only`, at most every `predict_interval` per task and 
 Slurm RPCs per cluster per tick do not grow with the number of jobs.
 
 State is in the store, not in this process: kill -9 it at any point and a new controller carries on.
-A lease in the store makes sure two controllers on one store never drive jobs at the same time, and
-submissions stay idempotent through their tokens (see `launch.py`).
+Replicas on one store share the work by leasing clusters (shards.py): each refreshes and drives only
+the jobs whose home cluster it holds, so no job is driven by two at once; a replica that dies hands its
+clusters over once their leases lapse. One of them also holds the `controller` lease for the chores
+done once per store. Submissions stay idempotent through their tokens (see `launch.py`).
 
 Rules, per managed job and tick:
 - no live attempt yet, or the last one failed for infrastructure reasons (node failure, preemption,
@@ -38,7 +40,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corral import budget
 from corral.client import Client
+from corral.controller.shards import Shards, home_cluster
 from corral.errors import CorralError
 from corral.infra.base import (
     DEFAULT_CHECKPOINT_DIR,
@@ -54,7 +58,7 @@ from corral.state.models import AttemptRow, JobRow, ManagedJobRow
 from corral.state.sealed import unseal
 from corral.state.store import TERMINAL_STATES
 from corral.task import RecoveryStrategy, Task, resolved_envs
-from corral.tracker import SharedRefresh, Tracker, sent_by_account
+from corral.tracker import RefreshScope, SharedRefresh, Tracker, sent_by_account
 
 LEASE = "controller"
 # How long a held replacement waits after its predecessor ended, for the task-side cancel fence: the
@@ -93,8 +97,11 @@ class ControllerSettings:
 
 @dataclass
 class TickReport:
-    drove: bool
-    jobs: int = 0
+    drove: bool  # held any cluster (or the chores lease): did anything
+    chores: bool = False  # held the chores lease (usage samples, settling interrupted launches)
+    clusters: list[str] = field(default_factory=list)  # the clusters this replica held and drove
+    replicas: int = 1  # live replicas on the store, this one included
+    jobs: int = 0  # live managed jobs this replica drove
     submitted: int = 0
     moved: int = 0
     cancelled: int = 0
@@ -115,32 +122,54 @@ class Controller:
         self._changes: list[tuple[str, str | None, str | None, dict[str, object]]] = []  # written once per tick
         self._health_resets: set[str] = set()  # clusters with a running job this tick
         self.refreshes = SharedRefresh()  # shared with the server's API: one Slurm query per cluster at a time
+        self.shards = Shards(store, holder, self.settings.lease_seconds, client.registry.names)
         self._last_tick = 0.0  # time.monotonic() at the end of the last tick
 
     async def tick(self) -> TickReport:
-        if not self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds):
-            return TickReport(drove=False)
+        chores = self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds)
+        held = self.shards.claim()
+        budget.share_between(self.shards.replicas)
+        if chores and self.shards.replicas > 1:
+            self.shards.forget_gone_replicas()
+        if not chores and not held:
+            self.refreshes.scope = RefreshScope(clusters=frozenset(), chores=False)
+            return TickReport(drove=False, replicas=self.shards.replicas)
         before = dict(self.client.transport.round_trips)
-        report = TickReport(drove=True)
+        report = TickReport(drove=True, chores=chores, clusters=sorted(held), replicas=self.shards.replicas)
+        # Only this replica's clusters are queried (their holders write the others' states to the store),
+        # by the ticks and by the API alike.
+        self.refreshes.scope = RefreshScope(clusters=frozenset(held), chores=chores)
         # Never this controller's own previous refresh; one the API made since the last tick will do.
         refresh = await self.refreshes.refresh(Tracker(self.client, self.store), newer_than=self._last_tick)
         report.errors = dict(refresh.errors)
         now = time.time()
         self._track_reachability(refresh.errors, now)
         managed = self.store.managed(live_only=True)
-        report.jobs = len(managed)
         if managed:
-            await self._drive(managed, now, report)
+            # Attempts of every live managed job in one query; the jobs themselves (their task, sealed
+            # secrets) only for the few this tick places, moves or judges: memory stays flat with 10,000.
+            attempts = self.store.attempts_of_live_managed()
+            configured = self.client.registry.names()
+            managed = [m for m in managed if self._drives(m.job_id, attempts, configured, held, chores)]
+            report.jobs = len(managed)
+            if managed:
+                await self._drive(managed, attempts, held, now, report)
         report.round_trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                               if n - before.get(c, 0)}
         self._last_tick = time.monotonic()
         return report
 
     # ---- one tick over all managed jobs ---------------------------------------------------------
-    async def _drive(self, managed: list[ManagedJobRow], now: float, report: TickReport) -> None:
-        # Attempts of every live managed job in one query; the jobs themselves (their task, sealed
-        # secrets) only for the few this tick places, moves or judges: memory stays flat with 10,000.
-        attempts = self.store.attempts_of_live_managed()
+    @staticmethod
+    def _drives(job_id: str, attempts: dict[str, list[AttemptRow]], configured: list[str], held: set[str],
+                chores: bool) -> bool:
+        """Is this replica the one that drives the job: does it hold the job's home cluster (shards.py)?"""
+        mine = attempts.get(job_id)
+        home = home_cluster(job_id, mine[-1].cluster if mine else None, configured)
+        return home in held if home is not None else chores
+
+    async def _drive(self, managed: list[ManagedJobRow], attempts: dict[str, list[AttemptRow]], held: set[str],
+                     now: float, report: TickReport) -> None:
         unreachable = self._unreachable_beyond_grace(now)
         to_place: list[tuple[str, str]] = []  # (job id, why)
         pending: list[tuple[ManagedJobRow, str, AttemptRow]] = []
@@ -239,8 +268,9 @@ class Controller:
                                            f"(exit code {code}, {latest.reason or 'FAILED'})")
         self._write_changes()
         self._write_health_resets()
-        abandoned = [a for mine in attempts.values() for a in mine
-                     if a.state == "CANCELLING" and a.cluster not in unreachable and a not in to_cancel]
+        # Each cluster's holder re-cancels what is left there, whoever moved the job away from it.
+        abandoned = [a for mine in attempts.values() for a in mine if a.state == "CANCELLING"
+                     and a.cluster in held and a.cluster not in unreachable and a not in to_cancel]
         report.cancelled += await self._cancel(to_cancel)
         await self._release(to_release)
         # Cancelled again each tick, and left CANCELLING: the tracker settles each one from Slurm's own
@@ -285,6 +315,8 @@ class Controller:
         submitted = 0
         avoid = unreachable | self._unhealthy(now)
         for number, jobs in _batches(to_place, attempts):
+            if self.shards.lapsing():  # the rest wait for the next tick, under renewed leases
+                break
             task = _task(jobs[0])
             plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes, owner=jobs[0].owner)
             feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
@@ -418,6 +450,8 @@ class Controller:
     async def _move(self, m: ManagedJobRow, job: JobRow, current: AttemptRow, task: Task, target: Candidate,
                     attempts: dict[str, list[AttemptRow]], why: str) -> int:
         """Submit the new attempt first; cancel the old one only once the new one is accepted."""
+        if self.shards.lapsing():
+            return 0
         number = max(a.number for a in attempts.get(job.id, [current])) + 1
         # Held where the infra can hold it: it keeps its place in the queue, and starts only once the
         # old attempt is known not to run (a kill lost while Slurm launched it must not make two runs).

@@ -300,8 +300,8 @@ async def _run(options: ServerOptions) -> None:
     print(f"corral controller {holder} started (interval {base:g}s, {served})", flush=True)
     interval = base
     sampler = UsageSampler.from_env()
-    # Renewed (by the holder) and looked at (by a standby replica) well within one lease period: the
-    # lease never lapses between a holder's ticks, and a standby takes over soon after it does.
+    # Renewed (by their holder) and looked at (by the other replicas) well within one lease period: a
+    # lease never lapses between its holder's ticks, and another replica takes it soon after it does.
     longest = min(max(MAX_INTERVAL, base), controller.settings.lease_seconds / 3)
     pruned_at = -math.inf
     try:
@@ -313,7 +313,7 @@ async def _run(options: ServerOptions) -> None:
             try:
                 report = await controller.tick()
                 status.ticks += 1
-                if report.drove and sampler.due(time.monotonic()):  # one replica samples: the holder
+                if report.chores and sampler.due(time.monotonic()):  # one replica samples: the chores' holder
                     await sampler.sample(Client(), store)
                 status.last_tick = TickFigures(at=time.time(), seconds=round(time.monotonic() - started, 4),
                                                drove=report.drove, jobs=report.jobs, submitted=report.submitted,
@@ -347,6 +347,7 @@ async def _run(options: ServerOptions) -> None:
         api.should_exit = True
         await serving
         store.release_lease(LEASE, holder)
+        controller.shards.release_all()  # the other replicas take its clusters on their next tick
         if running_pid() == os.getpid():
             pid_file().unlink(missing_ok=True)
             endpoint.unlink(missing_ok=True)

@@ -67,6 +67,9 @@ def place_kinds() -> dict[str, str]:
     return {name: registry.infra_kind(name) for name in registry.names()}
 
 
+API_FRESH_WITHIN = 5.0  # seconds: how old a finished refresh may be for a request not to wait for a running one
+
+
 def create_router(store: Store, refreshes: SharedRefresh | None = None,
                   wake: Callable[[], None] = lambda: None) -> APIRouter:
     """`wake`: tick the controller now (new managed work)."""
@@ -78,8 +81,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     web.add_api_routes(router, store)
 
     async def refreshed() -> RefreshReport:
-        """Slurm's view of every live job, from one query per cluster shared with the controller's tick."""
-        return await shared.refresh(Tracker(Client(), store))
+        """Slurm's view of every live job, from one query per cluster shared with the controller's tick
+        (or, while one runs, the last one if it is recent enough: a request does not wait for it)."""
+        return await shared.refresh(Tracker(Client(), store), fresh_within=API_FRESH_WITHIN)
 
     @router.get("/check")
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it

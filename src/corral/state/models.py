@@ -101,7 +101,9 @@ class JobEventRow(Base):
 
 
 class LeaseRow(Base):
-    """Who drives managed jobs: one controller per store holds the lease, renewing it every tick."""
+    """A lease in the store, renewed by its holder every tick: `controller` (the chores one replica does:
+    usage samples, settling interrupted launches), `cluster:<name>` (who refreshes and drives that
+    cluster's jobs) and `replica:<holder>` (a live replica's heartbeat); see controller/shards.py."""
 
     __tablename__ = "leases"
 

@@ -426,12 +426,12 @@ class Store:
                 out.setdefault(row.job_id, []).append(row)
             return out
 
-    def acquire_lease(self, name: str, holder: str, ttl: float) -> bool:
+    def acquire_lease(self, name: str, holder: str, ttl: float, now: float | None = None) -> bool:
         """Take or renew the lease; False while another holder's lease has not expired."""
         from sqlalchemy import or_, update
         from sqlalchemy.exc import IntegrityError
 
-        now = time.time()
+        now = time.time() if now is None else now
         with self.session() as s, s.begin():
             result = s.execute(update(LeaseRow).where(LeaseRow.name == name,
                                                       or_(LeaseRow.holder == holder, LeaseRow.expires_at < now))
@@ -456,6 +456,33 @@ class Store:
     def lease(self, name: str) -> LeaseRow | None:
         with self.session() as s:
             return s.get(LeaseRow, name)
+
+    def leases(self, prefix: str = "") -> list[LeaseRow]:
+        """Every lease whose name starts with `prefix`, expired or not, by name."""
+        with self.session() as s:
+            return list(s.scalars(select(LeaseRow).where(LeaseRow.name.startswith(prefix, autoescape=True))
+                                  .order_by(LeaseRow.name)))
+
+    def renew_leases(self, holder: str, prefix: str, ttl: float, now: float | None = None) -> int:
+        """Extend, in one statement, the holder's leases under `prefix` that have not expired (an expired
+        one may be another holder's by now: it is taken again through `acquire_lease`)."""
+        now = time.time() if now is None else now
+        with self.session() as s, s.begin():
+            return s.execute(update(LeaseRow).where(LeaseRow.name.startswith(prefix, autoescape=True),
+                                                    LeaseRow.holder == holder, LeaseRow.expires_at >= now)
+                             .values(expires_at=now + ttl)).rowcount
+
+    def release_leases(self, holder: str, prefix: str = "") -> None:
+        """Give up every lease of the holder under `prefix` (a replica stopping)."""
+        with self.session() as s, s.begin():
+            s.execute(delete(LeaseRow).where(LeaseRow.name.startswith(prefix, autoescape=True),
+                                             LeaseRow.holder == holder))
+
+    def forget_leases(self, prefix: str, expired_before: float) -> None:
+        """Remove leases under `prefix` that expired before then (replicas long gone)."""
+        with self.session() as s, s.begin():
+            s.execute(delete(LeaseRow).where(LeaseRow.name.startswith(prefix, autoescape=True),
+                                             LeaseRow.expires_at < expired_before))
 
     def health(self) -> dict[str, ClusterHealthRow]:
         with self.session() as s:

@@ -1,0 +1,125 @@
+"""Which clusters this replica drives: replicas on one store share the work by leasing clusters.
+
+Each replica renews a heartbeat lease (`replica:<holder>`) and holds a fair share of the configured
+clusters (`cluster:<name>`): ceil(clusters / live replicas). The holder of a cluster is the only
+replica that refreshes its jobs' states (one status query per cluster per tick, whatever the number
+of replicas) and drives the managed jobs whose home it is (`home_cluster`): the cluster of the job's
+latest attempt, or, before its first attempt, one picked from the job id. So every managed job is
+driven by exactly one replica, and a replica that dies hands its clusters over once their leases
+lapse: the others are then below their share and take them on their next tick.
+
+`rebalance` decides; `Shards.claim` does the store's part, once per tick: a heartbeat, one read of
+every lease, one renewal of the replica's own, and one statement per lease taken or given up.
+Replicas must share the cluster list (the same clusters file): a job not yet placed is homed by it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from corral.state import Store
+
+CLUSTER = "cluster:"
+REPLICA = "replica:"
+FORGET_REPLICAS_AFTER = 86400.0  # a replica's heartbeat row is removed this long after it lapsed
+
+
+def fair_share(clusters: int, replicas: int) -> int:
+    """The most clusters one replica should hold: clusters over replicas, rounded up."""
+    return math.ceil(clusters / max(1, replicas))
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    take: list[str]
+    release: list[str]
+
+
+def rebalance(holder: str, configured: list[str], holders: dict[str, str], replicas: int) -> Rebalance:
+    """What to take and give up so that this replica holds its fair share. It gives up what is beyond
+    the share rounded up (a replica has joined); it takes free clusters up to the share rounded down,
+    plus one while fewer other replicas than the remainder hold that one more, so that 7 clusters
+    over 3 replicas split 3, 2, 2. Free clusters are tried in an order of the holder's own, so that
+    replicas starting together mostly ask for different ones."""
+    replicas = max(1, replicas)
+    mine = [c for c in configured if holders.get(c) == holder]
+    release = sorted(c for c, h in holders.items() if h == holder and c not in configured)  # gone from the file
+    release += mine[fair_share(len(configured), replicas):]
+    kept = min(len(mine), fair_share(len(configured), replicas))
+    floor, remainder = divmod(len(configured), replicas)
+    counts: dict[str, int] = {}
+    for cluster, other in holders.items():
+        if other != holder and cluster in configured:
+            counts[other] = counts.get(other, 0) + 1
+    target = floor + (1 if sum(1 for n in counts.values() if n > floor) < remainder else 0)
+    free = [c for c in configured if c not in holders]
+    if free:
+        start = zlib.crc32(holder.encode()) % len(free)
+        free = free[start:] + free[:start]
+    return Rebalance(take=free[:max(0, target - kept)], release=release)
+
+
+def home_cluster(job_id: str, latest_cluster: str | None, configured: list[str]) -> str | None:
+    """The cluster whose holder drives this job: its latest attempt's, else (no attempt yet, or one on
+    a cluster no longer configured) one chosen by the job id, the same on every replica."""
+    if latest_cluster and latest_cluster in configured:
+        return latest_cluster
+    if not configured:
+        return None
+    return configured[zlib.crc32(job_id.encode()) % len(configured)]
+
+
+@dataclass
+class Shards:
+    """This replica's clusters, claimed from the store once per tick."""
+
+    store: Store
+    holder: str
+    ttl: float
+    configured: Callable[[], list[str]]
+    held: set[str] = field(default_factory=set)
+    replicas: int = 1
+    holders: dict[str, str] = field(default_factory=dict)  # cluster -> its holder, as of the last claim
+    valid_until: float = 0.0  # time.monotonic() until which the held leases are safely this replica's
+    clock: Callable[[], float] = time.time  # the store's leases are in wall-clock time
+
+    def claim(self) -> set[str]:
+        now = self.clock()
+        started = time.monotonic()
+        self.store.acquire_lease(REPLICA + self.holder, self.holder, self.ttl, now=now)
+        self.store.renew_leases(self.holder, CLUSTER, self.ttl, now=now)
+        rows = [r for r in self.store.leases() if r.expires_at >= now]
+        self.replicas = max(1, sum(1 for r in rows if r.name.startswith(REPLICA)))
+        holders = {r.name[len(CLUSTER):]: r.holder for r in rows if r.name.startswith(CLUSTER)}
+        mine = {c for c, h in holders.items() if h == self.holder}
+        plan = rebalance(self.holder, self.configured(), holders, self.replicas)
+        for cluster in plan.release:
+            self.store.release_lease(CLUSTER + cluster, self.holder)
+            mine.discard(cluster)
+            holders.pop(cluster, None)
+        for cluster in plan.take:
+            if self.store.acquire_lease(CLUSTER + cluster, self.holder, self.ttl, now=now):
+                mine.add(cluster)
+                holders[cluster] = self.holder
+        self.held = mine
+        self.holders = holders
+        # Another replica can take a lease only once it lapses: until a third of the lease before then,
+        # decisions made under it are this replica's alone (clocks agreeing to well within that).
+        self.valid_until = started + self.ttl * 2 / 3
+        return set(mine)
+
+    def lapsing(self) -> bool:
+        """Has this tick run so long that its leases may be taken by now? Then it stops deciding."""
+        return time.monotonic() > self.valid_until
+
+    def forget_gone_replicas(self) -> None:
+        self.store.forget_leases(REPLICA, expired_before=self.clock() - FORGET_REPLICAS_AFTER)
+
+    def release_all(self) -> None:
+        self.store.release_leases(self.holder, CLUSTER)
+        self.store.release_lease(REPLICA + self.holder, self.holder)
+        self.held = set()

@@ -1,0 +1,141 @@
+"""Replicas on one store share the clusters: fair shares, no cluster held twice, a dead replica's
+clusters handed over once their leases lapse, and every managed job driven by one replica only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.controller.shards import Shards, fair_share, home_cluster, rebalance
+from corral.state import Store
+
+CLUSTERS = [f"c{i}" for i in range(7)]
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(f"sqlite:///{tmp_path / 'state.db'}")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_fair_share_is_the_clusters_over_the_replicas_rounded_up():
+    assert [fair_share(7, r) for r in (1, 2, 3, 7, 9)] == [7, 4, 3, 1, 1]
+    assert fair_share(7, 0) == 7
+
+
+def test_rebalance_takes_free_clusters_up_to_the_share_and_gives_up_the_rest():
+    # Alone: everything free is taken.
+    plan = rebalance("a", CLUSTERS, {}, replicas=1)
+    assert sorted(plan.take) == CLUSTERS and plan.release == []
+    # A second replica arrived: the first gives up what is beyond its share (4 of 7)...
+    plan = rebalance("a", CLUSTERS, dict.fromkeys(CLUSTERS, "a"), replicas=2)
+    assert plan.take == [] and len(plan.release) == 3
+    # ...and the second takes only what nobody holds.
+    held_by_a = {c: "a" for c in CLUSTERS if c not in plan.release}
+    plan = rebalance("b", CLUSTERS, held_by_a, replicas=2)
+    assert set(plan.take) == set(plan.take) - set(held_by_a) and len(plan.take) == 3
+    # Seven over three: one replica holds three, the others two each.
+    holders = {"c0": "a", "c1": "a", "c2": "a", "c3": "b", "c4": "b"}
+    assert len(rebalance("c", CLUSTERS, holders, replicas=3).take) == 2
+    holders = {"c0": "a", "c1": "a", "c3": "b", "c4": "b"}
+    assert len(rebalance("c", CLUSTERS, holders, replicas=3).take) == 3
+    # A cluster gone from the clusters file is given up.
+    assert rebalance("a", CLUSTERS, {"gone": "a"}, replicas=1).release == ["gone"]
+
+
+def test_a_job_is_homed_on_its_latest_attempts_cluster_else_by_its_id():
+    assert home_cluster("job1", "c3", CLUSTERS) == "c3"
+    first = home_cluster("job1", None, CLUSTERS)
+    assert first in CLUSTERS and home_cluster("job1", "removed", CLUSTERS) == first  # the same everywhere
+    assert len({home_cluster(f"job{i}", None, CLUSTERS) for i in range(200)}) == len(CLUSTERS)
+    assert home_cluster("job1", None, []) is None
+
+
+def claim_all(replicas: list[Shards], rounds: int = 3) -> None:
+    for _ in range(rounds):
+        for shards in replicas:
+            shards.claim()
+
+
+def assert_partition(replicas: list[Shards]) -> None:
+    held = [s.held for s in replicas]
+    assert set().union(*held) == set(CLUSTERS)
+    assert sum(len(h) for h in held) == len(CLUSTERS)  # no cluster held by two
+
+
+def test_replicas_split_the_clusters_and_a_dead_ones_are_taken_once_its_leases_lapse(store):
+    clock = Clock()
+    replicas = [Shards(store, name, 30.0, lambda: CLUSTERS, clock=clock) for name in ("a", "b", "c")]
+    replicas[0].claim()
+    assert replicas[0].held == set(CLUSTERS)  # the first one alone holds everything
+    claim_all(replicas)
+    assert_partition(replicas)
+    assert sorted(len(s.held) for s in replicas) == [2, 2, 3] and {s.replicas for s in replicas} == {3}
+    # "b" dies (stops renewing). Within its lease, nobody takes its clusters...
+    dead, alive = replicas[1], [replicas[0], replicas[2]]
+    lost = set(dead.held)
+    clock.now += 29.0
+    claim_all(alive)
+    assert not lost & (alive[0].held | alive[1].held)
+    # ...once its leases lapse, the others do, on their next tick.
+    clock.now += 2.0
+    claim_all(alive, rounds=1)
+    assert alive[0].held | alive[1].held == set(CLUSTERS)
+    assert sorted(len(s.held) for s in alive) == [3, 4] and {s.replicas for s in alive} == {2}
+
+
+def test_a_replica_that_stops_hands_its_clusters_over_at_once(store):
+    clock = Clock()
+    replicas = [Shards(store, name, 30.0, lambda: CLUSTERS, clock=clock) for name in ("a", "b")]
+    claim_all(replicas)
+    assert_partition(replicas)
+    replicas[1].release_all()
+    replicas[0].claim()
+    assert replicas[0].held == set(CLUSTERS) and replicas[0].replicas == 1
+
+
+def test_two_controllers_on_one_store_drive_each_managed_job_exactly_once(store):
+    """Fifty managed jobs, two replicas ticking in turn over three fake clusters: every job gets exactly one
+    attempt, each submitted once, whichever replica recorded it; then one replica dies and the other
+    drives its jobs to their end."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+    from corral.infra.base import JobState
+    from corral.task import parse_task
+    from tests.test_seam import fakes
+
+    client = fakes()
+    clock = Clock()
+    controllers = [Controller(client, store, name, ControllerSettings()) for name in ("a", "b")]
+    for controller in controllers:
+        controller.shards.clock = clock
+    task = parse_task({"resources": {"cpus": 1}, "run": "true"}, "t")
+    jobs = [managed.record(store, task, "t")[0] for _ in range(50)]
+    for _ in range(3):
+        reports = [asyncio.run(c.tick()) for c in controllers]
+    assert {len(r.clusters) for r in reports} == {1, 2}  # three clusters split two and one
+    assert set(reports[0].clusters) | set(reports[1].clusters) == {"alpine", "borealis", "cirrus"}
+    attempts = store.attempts_of(jobs)
+    assert all(len(attempts[j]) == 1 for j in jobs)
+    requests = sum(len(infra.requests) for infra in client.infras.values())
+    assert requests == len(jobs)  # each job submitted once
+    # Each drove only the jobs whose cluster it holds.
+    assert reports[0].jobs + reports[1].jobs == len(jobs)
+    # "b" dies; "a" takes its clusters once their leases lapse, and sees every job to its end.
+    for infra in client.infras.values():
+        for handle in list(infra.jobs):
+            infra.finish(handle, JobState.SUCCEEDED)
+    clock.now += 31.0
+    report = asyncio.run(controllers[0].tick())
+    assert report.clusters == ["alpine", "borealis", "cirrus"] and report.jobs == len(jobs)
+    views = managed.views(store, jobs)
+    assert {v.managed.state for v in views} == {"SUCCEEDED"}
+    assert sum(len(infra.requests) for infra in client.infras.values()) == len(jobs)
