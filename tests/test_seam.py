@@ -250,3 +250,27 @@ def test_a_move_whose_old_attempt_ran_after_all_is_never_released(store):
     assert client.infras["borealis"].released == [] and new.handle in client.infras["borealis"].cancelled
     assert view.managed.state == "SUCCEEDED"
     assert [a.state for a in view.attempts] == ["SUCCEEDED", "CANCELLED"]
+
+
+def test_separate_managed_jobs_placed_in_one_tick_share_each_places_free_capacity(store):
+    """Jobs launched one by one and placed in the same tick are spread as one sweep of them would be:
+    each sees what the ones before it took of a place's free capacity, instead of all going to the
+    place that ranked first and waiting there."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+    from corral.launch import split_sweep
+
+    client = fakes()
+    task = parse_task({"resources": {"cpus": 8}, "run": "true"}, "t")  # 1, 1, 2 and 1 can start now
+    plan = asyncio.run(Launcher(client, store).plan(task, predict="never"))
+    expected: dict[str, int] = {}
+    for candidate, _first, count in split_sweep(plan.feasible(), 6):
+        expected[candidate.cluster] = expected.get(candidate.cluster, 0) + count
+    assert len(expected) > 1  # the first place cannot start all six now
+    jobs = [managed.record(store, task, "t")[0] for _ in range(6)]
+    assert asyncio.run(Controller(client, store, "test", ControllerSettings()).tick()).submitted == 6
+    placed: dict[str, int] = {}
+    for job in jobs:
+        [attempt] = store.attempts_of([job])[job]
+        placed[attempt.cluster] = placed.get(attempt.cluster, 0) + 1
+    assert placed == expected

@@ -30,6 +30,7 @@ Rules, per managed job and tick:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -51,7 +52,7 @@ from corral.infra.base import (
     ReleasesHeld,
     ReportsSetupFailure,
 )
-from corral.launch import AttemptOptions, Launcher, LaunchEvents
+from corral.launch import AttemptOptions, Launcher, LaunchEvents, split_sweep
 from corral.placement import Candidate, Plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow
@@ -312,8 +313,12 @@ class Controller:
     # ---- placing new attempts -------------------------------------------------------------------
     async def _place(self, to_place: list[tuple[JobRow, str]], attempts: dict[str, list[AttemptRow]],
                      outcomes: list, unreachable: set[str], now: float) -> int:
-        submitted = 0
+        """Decide where every batch goes, one after the other on this tick's probe, each seeing what the
+        ones before took of each place's free capacity; then submit them all at once (the transport
+        and the budget bound the sessions per cluster)."""
         avoid = unreachable | self._unhealthy(now)
+        taken: dict[tuple[str, str], int] = {}  # copies placed on each place this tick
+        decided: list[tuple[int, list[JobRow], Task, list[Candidate]]] = []
         for number, jobs in _batches(to_place, attempts):
             if self.shards.lapsing():  # the rest wait for the next tick, under renewed leases
                 break
@@ -322,28 +327,37 @@ class Controller:
             feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
             before = attempts.get(jobs[0].id, [])
             recovery = task.resources.job_recovery
-            feasible = recovery_order(feasible, recovery.strategy if recovery else None,
+            feasible = recovery_order(after_taken(feasible, taken), recovery.strategy if recovery else None,
                                       before[-1].cluster if before else None)
             if not feasible:
                 self.store.set_managed_many([(job.id, "PENDING", "no cluster can run it now: " + _reasons(plan), {})
                                              for job in jobs])
                 continue
-            for job in jobs:
-                previous = attempts.get(job.id, [])
-                await self._carry_checkpoint(job, task, previous[-1] if previous else None, feasible[0].cluster)
-            try:
-                shares = await self.launcher.submit_jobs(task, _environment(jobs[0], task),
-                                                         feasible, jobs, _attempt_options(task, number))
-            except CorralError as exc:
-                self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
-                continue
-            self.store.note_managed({
-                job_id: f"attempt {number} submitted to {share.infra or self._where(share.cluster, share.partition)} "
-                        f"as {share.handles[i]}"
-                for share in shares for i, job_id in enumerate(share.job_ids)
-            })
-            submitted += sum(len(share.job_ids) for share in shares)
-        return submitted
+            for candidate, _first, count in split_sweep(feasible, len(jobs)):
+                key = (candidate.cluster, candidate.partition)
+                taken[key] = taken.get(key, 0) + count
+            decided.append((number, jobs, task, feasible))
+        submitted = await asyncio.gather(*(self._submit_batch(number, jobs, task, feasible, attempts)
+                                           for number, jobs, task, feasible in decided))
+        return sum(submitted)
+
+    async def _submit_batch(self, number: int, jobs: list[JobRow], task: Task, feasible: list[Candidate],
+                            attempts: dict[str, list[AttemptRow]]) -> int:
+        for job in jobs:
+            previous = attempts.get(job.id, [])
+            await self._carry_checkpoint(job, task, previous[-1] if previous else None, feasible[0].cluster)
+        try:
+            shares = await self.launcher.submit_jobs(task, _environment(jobs[0], task),
+                                                     feasible, jobs, _attempt_options(task, number))
+        except CorralError as exc:
+            self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
+            return 0
+        self.store.note_managed({
+            job_id: f"attempt {number} submitted to {share.infra or self._where(share.cluster, share.partition)} "
+                    f"as {share.handles[i]}"
+            for share in shares for i, job_id in enumerate(share.job_ids)
+        })
+        return sum(len(share.job_ids) for share in shares)
 
     async def _carry_checkpoint(self, job: JobRow, task: Task, previous: AttemptRow | None, target: str) -> None:
         """Copy the checkpoint directory from the previous attempt's cluster to the new one."""
@@ -605,6 +619,20 @@ def _last_cluster(attempts: dict[str, list[AttemptRow]], job: JobRow) -> str | N
     """Where the job's last attempt ran (a batch shares it: recovery strategies order by it)."""
     mine = attempts.get(job.id)
     return mine[-1].cluster if mine else None
+
+
+def after_taken(feasible: list[Candidate], taken: dict[tuple[str, str], int]) -> list[Candidate]:
+    """The ranked candidates with what this tick already placed taken off what each can start now;
+    those that can still start a copy now first, each group in its rank order."""
+    adjusted = []
+    for candidate in feasible:
+        used = taken.get((candidate.cluster, candidate.partition), 0)
+        if used:
+            left = max(0, candidate.startable_copies - used)
+            candidate = dataclasses.replace(candidate, startable_copies=left,
+                                            startable_now=candidate.startable_now and left > 0)
+        adjusted.append(candidate)
+    return sorted(adjusted, key=lambda c: not c.startable_now)
 
 
 def recovery_order(feasible: list[Candidate], strategy: RecoveryStrategy | None,
