@@ -8,8 +8,10 @@ For each number of replicas, on an emptied store: that many `corral server start
 over every cluster) sent through the API round-robin over the replicas by 8 threads. Reported:
 - how the clusters were split (each replica's count);
 - jobs accepted per second, and jobs driven to SUCCEEDED per second (from the first request to the last
-  job's end), against a raw `ssh <login> sbatch` on a new connection measured in the same run;
-- exactly once: every job has one attempt, and Slurm holds one record per job;
+  job's end), against the same number of jobs sent raw (`sbatch --wrap true`, an equal part to each
+  cluster) drained in the same run;
+- exactly once: Slurm holds one record per attempt Corral made (a job moved while pending, to a
+  cluster that could start it sooner, has two attempts: the first cancelled, held, before it ran);
 - the replicas' CPU together, in cores, over the drain;
 - with two or more: kill -9 the replica holding most clusters, and how long until the others hold every
   one of its clusters (against the lease period).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -85,9 +88,12 @@ def run_once(bench: BenchSetup, url: str, count: int, jobs: int, lease: float) -
                                env=replicas[0][2], check=True, capture_output=True, text=True)
         token = json.loads(added.stdout)["token"]
         clients = [Client(api, token) for _, api, _ in replicas]
+        share = math.ceil(len(bench.clusters) / count)
         split = wait_for("the replicas to split the clusters", lambda: (
-            h if set(h) == set(bench.clusters) and set(h.values()) == set(pids) else None)
+            h if set(h) == set(bench.clusters) and set(h.values()) == set(pids)
+            and max(list(h.values()).count(pid) for pid in pids) <= share else None)
             if (h := holders(clients[0])) else None, timeout=60)
+        since = time.strftime("%Y-%m-%dT%H:%M:%S")
         counts = sorted((list(split.values()).count(pid) for pid in pids), reverse=True)
         cpu_before = sum(cpu_seconds(pid) for pid in pids)
         started = time.monotonic()
@@ -108,15 +114,18 @@ def run_once(bench: BenchSetup, url: str, count: int, jobs: int, lease: float) -
         attempts = sum(j.attempts for j in final)
         records = 0
         for cluster in bench.clusters:
-            out = subprocess.run([*bench.raw_ssh(cluster), "sacct -X -n -P -o JobName -S now-2hours 2>/dev/null || "
-                                  "squeue -h -t all -o %j"], capture_output=True, text=True).stdout
-            records += sum(1 for line in out.splitlines() if line.startswith("corral-"))
-        result = {"replicas": count, "split": counts, "accepted_per_s": jobs / accepted,
+            out = subprocess.run([*bench.raw_ssh(cluster), "squeue -h -t all -o '%j|%V'"], capture_output=True,
+                                 text=True).stdout  # the scale clusters keep ended jobs a day (MinJobAge)
+            records += sum(1 for line in out.splitlines()
+                           if line.startswith("corral-") and line.rsplit("|", 1)[-1] >= since)
+        result = {"replicas": count, "split": counts, "moves": sum(j.moves for j in final),
+                  "accepted_per_s": jobs / accepted,
                   "drained_per_s": jobs / drained, "drain_s": drained, "states": states, "attempts": attempts,
                   "records": records, "cores": cpu / drained, "handover_s": None}
         if count >= 2:
-            victim = max(pids, key=lambda pid: list(split.values()).count(pid))
-            lost = {c for c, pid in split.items() if pid == victim}
+            now_held = holders(clients[0])  # as it is now: shares may have moved during the drain
+            victim = max(pids, key=lambda pid: list(now_held.values()).count(pid))
+            lost = {c for c, pid in now_held.items() if pid == victim}
             survivor = clients[pids.index(next(p for p in pids if p != victim))]
             os.kill(victim, signal.SIGKILL)
             killed = time.monotonic()
@@ -130,6 +139,23 @@ def run_once(bench: BenchSetup, url: str, count: int, jobs: int, lease: float) -
             subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env=env, capture_output=True)
         for cluster in bench.clusters:
             subprocess.run([*bench.raw_ssh(cluster), "scancel -u corral-test"], capture_output=True)
+
+
+def drain_raw(bench: BenchSetup, jobs: int) -> float:
+    """Slurm's own pace on these clusters: the jobs sent straight to them, until none is left in squeue."""
+    per = -(-jobs // len(bench.clusters))
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(bench.clusters)) as pool:
+        list(pool.map(lambda c: subprocess.run(
+            [*bench.raw_ssh(c), f"for i in $(seq {per}); do sbatch -Q -p cpu -n1 --wrap true; done"],
+            check=True, capture_output=True), bench.clusters))
+
+    def empty() -> bool:
+        return all(not subprocess.run([*bench.raw_ssh(c), "squeue -h --me -t PD,R,CG"], capture_output=True,
+                                      text=True).stdout.strip() for c in bench.clusters)
+
+    wait_for("the raw jobs to drain", empty, timeout=1800, interval=1.0)
+    return time.monotonic() - started
 
 
 def main() -> None:
@@ -148,16 +174,19 @@ def main() -> None:
         raw_sbatch = median_of(5, lambda: time_command(
             [*bench.raw_ssh(bench.clusters[0], mux=False), "sbatch --parsable --hold -p cpu --wrap true"]))
         subprocess.run([*bench.raw_ssh(bench.clusters[0]), "scancel -u corral-test"], check=True)
+        raw_drain = drain_raw(bench, args.jobs)
         results = [run_once(bench, url, count, args.jobs, args.lease) for count in args.replicas]
-    print(f"\nreplicas on one PostgreSQL: {args.jobs} managed jobs of `true` over {args.clusters} clusters "
-          f"(raw ssh sbatch, new connection: {raw_sbatch:.3f} s, i.e. {1 / raw_sbatch:.1f} jobs/s one at a time)")
+    print(f"\nreplicas on one PostgreSQL: {args.jobs} managed jobs of `true` over {args.clusters} clusters")
+    print(f"baselines: raw ssh sbatch on a new connection {raw_sbatch:.3f} s; the same {args.jobs} jobs sent "
+          f"raw (sbatch --wrap true, an equal part per cluster, one ssh each) drain in {raw_drain:.0f} s, "
+          f"{args.jobs / raw_drain:.1f} jobs/s")
     print(f"{'replicas':>8} {'split':>10} {'accepted/s':>11} {'drained/s':>10} {'drain s':>8} {'cores':>6} "
-          f"{'attempts':>9} {'records':>8} {'hand-over':>10}  end states")
+          f"{'attempts':>9} {'moves':>6} {'records':>8} {'hand-over':>10}  end states")
     for r in results:
         handover = f"{r['handover_s']:.1f} s" if r["handover_s"] is not None else "-"
         print(f"{r['replicas']:>8} {'/'.join(map(str, r['split'])):>10} {r['accepted_per_s']:>11.1f} "
               f"{r['drained_per_s']:>10.1f} {r['drain_s']:>8.0f} {r['cores']:>6.2f} {r['attempts']:>9} "
-              f"{r['records']:>8} {handover:>10}  {r['states']}")
+              f"{r['moves']:>6} {r['records']:>8} {handover:>10}  {r['states']}")
     print(f"(hand-over: from kill -9 of the replica holding most clusters until the others hold all of them; "
           f"lease {args.lease:g} s)")
 

@@ -85,7 +85,9 @@ def test_replicas_split_the_clusters_and_a_dead_ones_are_taken_once_its_leases_l
     clock.now += 29.0
     claim_all(alive)
     assert not lost & (alive[0].held | alive[1].held)
-    # ...once its leases lapse, the others do, on their next tick.
+    # The others know when its leases lapse if it does not renew them (the server's loop wakes then)...
+    assert alive[0].seconds_to_next_lapse() == pytest.approx(1.0)
+    # ...once they lapse, the others take its clusters on their next tick.
     clock.now += 2.0
     claim_all(alive, rounds=1)
     assert alive[0].held | alive[1].held == set(CLUSTERS)
@@ -139,3 +141,21 @@ def test_two_controllers_on_one_store_drive_each_managed_job_exactly_once(store)
     views = managed.views(store, jobs)
     assert {v.managed.state for v in views} == {"SUCCEEDED"}
     assert sum(len(infra.requests) for infra in client.infras.values()) == len(jobs)
+
+
+def test_a_cluster_another_replica_took_first_is_passed_over_for_the_next_free_one(store, monkeypatch):
+    clock = Clock()
+    a = Shards(store, "a", 30.0, lambda: CLUSTERS, clock=clock)
+    store.acquire_lease("replica:b", "b", 30.0, now=clock.now)
+    acquire = store.acquire_lease
+    stolen: list[str] = []
+
+    def racing(name, holder, ttl, now=None):
+        if name.startswith("cluster:") and holder == "a" and not stolen:
+            stolen.append(name)
+            acquire(name, "b", ttl, now=now)  # b takes it between a's read of the leases and a's take
+        return acquire(name, holder, ttl, now=now)
+
+    monkeypatch.setattr(store, "acquire_lease", racing)
+    assert len(a.claim()) == 4  # its whole share in this one claim, not one short until the next tick
+    assert stolen and stolen[0].removeprefix("cluster:") not in a.held

@@ -335,6 +335,9 @@ async def _run(options: ServerOptions) -> None:
             _return_free_memory()
             status.interval = interval
             remaining = max(0.0, interval - (time.monotonic() - started))
+            lapse = controller.shards.seconds_to_next_lapse()
+            if lapse is not None:  # another replica's lease lapses sooner: be there to take its clusters
+                remaining = min(remaining, lapse + LAPSE_MARGIN)
             woken = asyncio.ensure_future(status.wake.wait())
             stop = asyncio.ensure_future(stopping.wait())
             await asyncio.wait([woken, stop], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
@@ -354,6 +357,7 @@ async def _run(options: ServerOptions) -> None:
 
 
 PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads
+LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the tick that may take it
 
 
 def _prune_uploads(store: Any) -> None:

@@ -6,7 +6,8 @@ replica that refreshes its jobs' states (one status query per cluster per tick, 
 of replicas) and drives the managed jobs whose home it is (`home_cluster`): the cluster of the job's
 latest attempt, or, before its first attempt, one picked from the job id. So every managed job is
 driven by exactly one replica, and a replica that dies hands its clusters over once their leases
-lapse: the others are then below their share and take them on their next tick.
+lapse: the others are then below their share and take them on their next tick, which the server's
+loop times for that moment (`seconds_to_next_lapse`).
 
 `rebalance` decides; `Shards.claim` does the store's part, once per tick: a heartbeat, one read of
 every lease, one renewal of the replica's own, and one statement per lease taken or given up.
@@ -35,8 +36,14 @@ def fair_share(clusters: int, replicas: int) -> int:
 
 @dataclass(frozen=True)
 class Rebalance:
-    take: list[str]
+    wanted: int  # how many more clusters to take
+    free: list[str]  # the free ones, in the order to try them (another replica may take one first)
     release: list[str]
+
+    @property
+    def take(self) -> list[str]:
+        """What to take if no other replica takes any of them first."""
+        return self.free[:self.wanted]
 
 
 def rebalance(holder: str, configured: list[str], holders: dict[str, str], replicas: int) -> Rebalance:
@@ -60,7 +67,7 @@ def rebalance(holder: str, configured: list[str], holders: dict[str, str], repli
     if free:
         start = zlib.crc32(holder.encode()) % len(free)
         free = free[start:] + free[:start]
-    return Rebalance(take=free[:max(0, target - kept)], release=release)
+    return Rebalance(wanted=max(0, target - kept), free=free, release=release)
 
 
 def home_cluster(job_id: str, latest_cluster: str | None, configured: list[str]) -> str | None:
@@ -85,6 +92,7 @@ class Shards:
     replicas: int = 1
     holders: dict[str, str] = field(default_factory=dict)  # cluster -> its holder, as of the last claim
     valid_until: float = 0.0  # time.monotonic() until which the held leases are safely this replica's
+    next_lapse: float | None = None  # time.time() at which another replica's lease lapses unless renewed
     clock: Callable[[], float] = time.time  # the store's leases are in wall-clock time
 
     def claim(self) -> set[str]:
@@ -101,16 +109,28 @@ class Shards:
             self.store.release_lease(CLUSTER + cluster, self.holder)
             mine.discard(cluster)
             holders.pop(cluster, None)
-        for cluster in plan.take:
+        wanted = plan.wanted
+        for cluster in plan.free:  # past one another replica took just now, on to the next
+            if wanted == 0:
+                break
             if self.store.acquire_lease(CLUSTER + cluster, self.holder, self.ttl, now=now):
                 mine.add(cluster)
                 holders[cluster] = self.holder
+                wanted -= 1
         self.held = mine
         self.holders = holders
+        foreign = [r.expires_at for r in rows if r.holder != self.holder
+                   and r.name.startswith((CLUSTER, REPLICA))]
+        self.next_lapse = min(foreign, default=None)
         # Another replica can take a lease only once it lapses: until a third of the lease before then,
         # decisions made under it are this replica's alone (clocks agreeing to well within that).
         self.valid_until = started + self.ttl * 2 / 3
         return set(mine)
+
+    def seconds_to_next_lapse(self) -> float | None:
+        """How long until another replica's lease lapses if it is not renewed: the tick after that moment
+        takes a dead replica's clusters, so the loop wakes then rather than up to an interval later."""
+        return None if self.next_lapse is None else max(0.0, self.next_lapse - self.clock())
 
     def lapsing(self) -> bool:
         """Has this tick run so long that its leases may be taken by now? Then it stops deciding."""
