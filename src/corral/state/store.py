@@ -20,6 +20,7 @@ from corral.config import private_file, private_home
 from corral.errors import NotFoundError
 from corral.infra.base import TERMINAL_JOB_STATES, JobState
 from corral.state import migrations
+from corral.state.plain import columns_of, plain_rows
 from corral.state.models import (
     AllocationRow,
     AttemptRow,
@@ -294,11 +295,12 @@ class Store:
             return counts
 
     def active_attempts(self) -> list[AttemptRow]:
-        """Live attempts of batch jobs (exec jobs in dev allocations are tracked by `corral exec`)."""
+        """Live attempts of batch jobs (exec jobs in dev allocations are tracked by `corral exec`), as
+        plain copies (state/plain.py): the tracker reads every live one each refresh."""
         with self.session() as s:
-            query = (select(AttemptRow).join(JobRow, JobRow.id == AttemptRow.job_id)
+            query = (columns_of(AttemptRow).join(JobRow, JobRow.id == AttemptRow.job_id)
                      .where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES), JobRow.allocation.is_(None)))
-            return list(s.scalars(query))
+            return plain_rows(s, AttemptRow, query)
 
     # ---- managed jobs ----
     def add_managed(self, job_ids: Iterable[str]) -> None:
@@ -309,13 +311,14 @@ class Store:
                 s.add(JobEventRow(job_id=job_id, at=now, state="PENDING", reason="submitted"))
 
     def managed(self, job_ids: Iterable[str] | None = None, live_only: bool = False) -> list[ManagedJobRow]:
+        """Managed jobs' own rows, as plain copies (state/plain.py): each tick reads every live one."""
         with self.session() as s:
-            query = select(ManagedJobRow)
+            query = columns_of(ManagedJobRow)
             if job_ids is not None:
                 query = query.where(ManagedJobRow.job_id.in_(list(job_ids)))
             if live_only:
                 query = query.where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))
-            return list(s.scalars(query))
+            return plain_rows(s, ManagedJobRow, query)
 
     def set_managed(self, job_id: str, state: str | None = None, reason: str | None = None,
                     **fields: object) -> None:
@@ -406,12 +409,12 @@ class Store:
 
     def attempts_of_live_managed(self) -> dict[str, list[AttemptRow]]:
         """Every attempt of every managed job not yet ended, by job, in attempt order: one query (a
-        join, not a list of ids), whatever their number."""
+        join, not a list of ids), whatever their number; plain copies (state/plain.py)."""
         with self.session() as s:
-            rows = s.scalars(select(AttemptRow)
-                             .join(ManagedJobRow, ManagedJobRow.job_id == AttemptRow.job_id)
-                             .where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))
-                             .order_by(AttemptRow.job_id, AttemptRow.number))
+            rows = plain_rows(s, AttemptRow, columns_of(AttemptRow)
+                              .join(ManagedJobRow, ManagedJobRow.job_id == AttemptRow.job_id)
+                              .where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))
+                              .order_by(AttemptRow.job_id, AttemptRow.number))
             out: dict[str, list[AttemptRow]] = {}
             for row in rows:
                 out.setdefault(row.job_id, []).append(row)
