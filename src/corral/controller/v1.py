@@ -80,10 +80,10 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     v1_users.add_routes(router, store)
     web.add_api_routes(router, store)
 
-    async def refreshed() -> RefreshReport:
+    async def refreshed(fresh_within: float = API_FRESH_WITHIN) -> RefreshReport:
         """Slurm's view of every live job, from one query per cluster shared with the controller's tick
         (or, while one runs, the last one if it is recent enough: a request does not wait for it)."""
-        return await shared.refresh(Tracker(Client(), store), fresh_within=API_FRESH_WITHIN)
+        return await shared.refresh(Tracker(Client(), store), fresh_within=fresh_within)
 
     @router.get("/check")
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it
@@ -212,7 +212,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
         tracker = Tracker(Client(), store)
-        await refreshed()
+        await refreshed(fresh_within=0.0)  # what is cancelled must be what runs now, not a while ago
         views = (store.views(scope=me.scope) if request.all
                  else [store.resolve(j, me.scope) for j in request.jobs])
         cancelled = await tracker.cancel(views)
