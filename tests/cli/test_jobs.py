@@ -236,6 +236,12 @@ def test_kill_9_the_controller_during_a_sweep(corral, env, testbed):
     os.kill(pid, signal.SIGKILL)
     restarted = corral("server", "start", env=env)
     assert restarted.exit_code == 0, restarted.stderr
+    # The dead server's leases are released at once (it was this home's), not after the 30 s lease.
+    new_pid = int(open(os.path.join(env["CORRAL_HOME"], "controller.pid")).read())
+    wait_for("the new server to hold every cluster", lambda: (status := corral("server", "status", "--json",
+                                                                               env=env).json())
+             and set(status["shards"]["clusters"].values()) == {status["holder"]}
+             and len(status["shards"]["clusters"]) >= 3 and status["pid"] == new_pid, timeout=10, interval=0.2)
     wait_for("all jobs to succeed", lambda: all(jobs(corral, env)[i]["state"] == "SUCCEEDED" for i in ids),
              timeout=240, interval=2)
     ran = ssh_login(testbed.cluster_config, "alpine", f"cat {out_dir}/ran").split("\n")
@@ -244,7 +250,7 @@ def test_kill_9_the_controller_during_a_sweep(corral, env, testbed):
     ssh_login(testbed.cluster_config, "alpine", f"rm -rf {out_dir}")
 
 
-def test_two_controllers_never_drive_at_once(env, monkeypatch):
+def test_two_controllers_never_drive_the_same_cluster(env, monkeypatch):
     import asyncio
 
     from corral.client import Client
@@ -254,13 +260,20 @@ def test_two_controllers_never_drive_at_once(env, monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     store = open_store()
+    everything = set(Client().registry.names())
     first = Controller(Client(), store, "first")
     second = Controller(Client(), store, "second")
-    assert asyncio.run(first.tick()).drove
-    assert not asyncio.run(second.tick()).drove
-    assert asyncio.run(first.tick()).drove  # the holder renews
+    report = asyncio.run(first.tick())
+    assert report.drove and report.chores and set(report.clusters) == everything  # alone: all of it
+    report = asyncio.run(second.tick())
+    assert not report.drove and report.clusters == []  # everything is held by the first
+    ones, twos = asyncio.run(first.tick()), asyncio.run(second.tick())  # the first gives up what is beyond its share
+    assert set(ones.clusters) | set(twos.clusters) == everything and not set(ones.clusters) & set(twos.clusters)
+    assert ones.chores and not twos.chores  # the chores: one replica only
+    first.shards.release_all()
     store.release_lease("controller", "first")
-    assert asyncio.run(second.tick()).drove
+    report = asyncio.run(second.tick())
+    assert report.chores and set(report.clusters) == everything
 
 
 def test_churn_never_runs_a_job_twice(corral, env, testbed):

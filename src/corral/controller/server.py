@@ -55,6 +55,19 @@ def running_pid() -> int | None:
     return pid
 
 
+def _crashed_holder() -> str | None:
+    """The lease holder name of this home's previous server, if it left its pid file behind and no
+    longer runs (killed, or its machine rebooted). Only one server runs per home (the start lock), so
+    it is known dead, and its leases can go at once instead of after the lease period."""
+    try:
+        pid = int(pid_file().read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if pid == os.getpid() or running_pid() == pid:
+        return None
+    return f"{socket.gethostname()}:{pid}"
+
+
 def endpoint_file() -> Path:
     return corral_home() / "controller.json"
 
@@ -263,6 +276,11 @@ async def _run(options: ServerOptions) -> None:
         print("submit as: " + ", ".join(f"{c}={submit.mode(c).value}" for c in Client().registry.names()),
               flush=True)
     holder = f"{socket.gethostname()}:{os.getpid()}"
+    previous = _crashed_holder()
+    if previous is not None:  # its leases would keep its clusters undriven until they lapse
+        store.release_leases(previous)
+        print(f"released the leases of {previous}, this home's previous server, which is no longer running",
+              flush=True)
     controller = Controller(Client(), store, holder, ControllerSettings.from_env())
     base = float(os.environ.get("CORRAL_CONTROLLER_INTERVAL", "5"))
     status = ControllerStatus(pid=os.getpid(), holder=holder, started_at=time.time(), interval=base,

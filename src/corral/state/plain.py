@@ -29,4 +29,4 @@ def columns_of(model: type) -> Select[Any]:
 def plain_rows(session: Session, model: type, statement: Select[Any]) -> list[Any]:
     """Run a `columns_of(model)` statement; one plain copy per row."""
     make = plain_class(model)
-    return [make(*row) for row in session.execute(statement)]
+    return [make(*row) for row in session.connection().execute(statement)]  # Core: no ORM row loading
