@@ -5,7 +5,8 @@ Run as root with the testbed (`python -m testbed up`):  python bench/bench_serve
    `ssh <login> sbatch` on a new connection (medians of --runs); a fresh probe every time;
 2. --concurrent `corral launch -d` started at the same moment on a fresh store: all accepted, each job
    submitted exactly once (counted in Slurm by its token), one engine process;
-3. the server's resident memory with --managed managed jobs live (one held sweep, so nothing runs).
+3. the server's resident memory with --managed managed jobs live (one held sweep, so nothing runs);
+   `--memory-only` measures this part alone.
 Every benchmark job is held (`--hold`) and cancelled at the end.
 """
 
@@ -31,12 +32,21 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--concurrent", type=int, default=50)
     parser.add_argument("--managed", type=int, default=10_000)
+    parser.add_argument("--memory-only", action="store_true", help="part 3 alone")
     args = parser.parse_args()
     with bench_testbed() as bench:
         config, clusters = bench.config, bench.clusters
         task = bench.scratch / "held.yaml"
         task.write_text(HELD_TASK)
         env = bench.env
+        if args.memory_only:
+            try:
+                rss_idle, rss_loaded, live = _memory(args.managed, task, env)
+            finally:
+                cancel_all(config, clusters)
+            print(f"server memory: {rss_idle:.0f} MB idle, {rss_loaded:.0f} MB with {live} live managed jobs "
+                  f"(goal <= 150 MB with 10,000)")
+            return
         try:
             cancel_all(config, clusters)
             raw_new = median_of(args.runs, lambda: time_command(
