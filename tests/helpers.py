@@ -11,6 +11,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+class ManualClock:
+    """A clock a test moves by hand: `clock.now += 30`."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def ssh_login(config: Path, cluster: str, command: str, timeout: float = 30) -> str:
     """Run a command on a testbed login node with plain ssh (the baseline, not Corral)."""
     proc = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", cluster, command],

@@ -11,18 +11,12 @@ import pytest
 from corral.budget import BACKOFF_MAX, Budget, configured_per_minute
 from corral.errors import ClusterBusyError
 from corral.ssh import _within_budget
+from tests.helpers import ManualClock
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_quarter_passes_at_once_the_rest_at_the_budget_s_rate_and_never_more_than_the_budget_a_minute():
-    clock = Clock()
+    clock = ManualClock()
     budget = Budget(60, clock)  # one command a second; a burst of 15
     for _ in range(3):
         assert budget.wait_seconds(4) == 0
@@ -42,7 +36,7 @@ def test_a_quarter_passes_at_once_the_rest_at_the_budget_s_rate_and_never_more_t
 
 
 def test_the_minute_s_window_holds_after_a_burst():
-    clock = Clock()
+    clock = ManualClock()
     budget = Budget(8, clock)  # a burst of 2
     for _ in range(8):
         clock.now += budget.wait_seconds(1)
@@ -52,7 +46,7 @@ def test_the_minute_s_window_holds_after_a_burst():
 
 
 def test_a_busy_controller_backs_off_doubling_and_a_normal_answer_ends_it():
-    clock = Clock()
+    clock = ManualClock()
     budget = Budget(600, clock)
     budget.answered("squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation")
     assert budget.wait_seconds(1) == pytest.approx(2.0)

@@ -11,7 +11,7 @@ import pexpect
 import pytest
 
 from tests.conftest import wait_for
-from tests.helpers import job_state, ssh_login
+from tests.helpers import free_port, job_state, ssh_login
 
 
 @pytest.fixture
@@ -142,11 +142,6 @@ def check_editor_connections(alias: str, tmp_path) -> None:
         server.wait(10)
         socks.wait(10)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fetch_via_socks(socks_port: int, port: int, path: str) -> bytes | None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.controller.test_team import add_user, call, free_port
+from tests.controller.test_team import add_user, call
+from tests.helpers import free_port
 from tests.helpers import fill_h100s, job_state, ssh_login
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -9,6 +9,7 @@ import pytest
 
 from corral.controller.shards import Shards, fair_share, home_cluster, rebalance
 from corral.state import Store
+from tests.helpers import ManualClock
 
 CLUSTERS = [f"c{i}" for i in range(7)]
 
@@ -17,13 +18,6 @@ CLUSTERS = [f"c{i}" for i in range(7)]
 def store(tmp_path) -> Store:
     return Store(f"sqlite:///{tmp_path / 'state.db'}")
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_fair_share_is_the_clusters_over_the_replicas_rounded_up():
@@ -72,7 +66,7 @@ def assert_partition(replicas: list[Shards]) -> None:
 
 
 def test_replicas_split_the_clusters_and_a_dead_ones_are_taken_once_its_leases_lapse(store):
-    clock = Clock()
+    clock = ManualClock(1000000.0)
     replicas = [Shards(store, name, 30.0, lambda: CLUSTERS, clock=clock) for name in ("a", "b", "c")]
     replicas[0].claim()
     assert replicas[0].held == set(CLUSTERS)  # the first one alone holds everything
@@ -95,7 +89,7 @@ def test_replicas_split_the_clusters_and_a_dead_ones_are_taken_once_its_leases_l
 
 
 def test_a_replica_that_stops_hands_its_clusters_over_at_once(store):
-    clock = Clock()
+    clock = ManualClock(1000000.0)
     replicas = [Shards(store, name, 30.0, lambda: CLUSTERS, clock=clock) for name in ("a", "b")]
     claim_all(replicas)
     assert_partition(replicas)
@@ -115,7 +109,7 @@ def test_two_controllers_on_one_store_drive_each_managed_job_exactly_once(store)
     from tests.test_seam import fakes
 
     client = fakes()
-    clock = Clock()
+    clock = ManualClock(1000000.0)
     controllers = [Controller(client, store, name, ControllerSettings()) for name in ("a", "b")]
     for controller in controllers:
         controller.shards.clock = clock
@@ -144,7 +138,7 @@ def test_two_controllers_on_one_store_drive_each_managed_job_exactly_once(store)
 
 
 def test_a_cluster_another_replica_took_first_is_passed_over_for_the_next_free_one(store, monkeypatch):
-    clock = Clock()
+    clock = ManualClock(1000000.0)
     a = Shards(store, "a", 30.0, lambda: CLUSTERS, clock=clock)
     store.acquire_lease("replica:b", "b", 30.0, now=clock.now)
     acquire = store.acquire_lease

@@ -13,7 +13,8 @@ import pytest
 
 from corral.sdk import ApiError, Client
 from tests.conftest import wait_for
-from tests.controller.test_team import add_user, free_port
+from tests.controller.test_team import add_user
+from tests.helpers import free_port
 from tests.helpers import as_member, ssh_login
 
 ALICE, BOB = "corral-alice", "corral-bob"

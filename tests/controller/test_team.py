@@ -5,7 +5,6 @@ over the published API with two users' tokens and with none."""
 from __future__ import annotations
 
 import json
-import socket
 import stat
 import urllib.error
 import urllib.request
@@ -16,14 +15,10 @@ import pytest
 from corral.sdk import ApiError, Client
 from corral.sdk.files import LocalFiles
 from tests.conftest import wait_for
+from tests.helpers import free_port
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -53,12 +53,10 @@ API_VERSION = "v1"
 
 def shards_of(store: Store) -> dict[str, object]:
     """Who drives what: each cluster's holder, and the live replicas with their heartbeat's expiry."""
-    from corral.controller.shards import CLUSTER, REPLICA
+    from corral.controller.shards import live_leases
 
-    now = time.time()
-    rows = [r for r in store.leases() if r.expires_at >= now]
-    return {"clusters": {r.name[len(CLUSTER):]: r.holder for r in rows if r.name.startswith(CLUSTER)},
-            "replicas": {r.holder: r.expires_at for r in rows if r.name.startswith(REPLICA)}}
+    live = live_leases(store, time.time())
+    return {"clusters": live.clusters, "replicas": live.replicas}
 
 
 def create_app(status: ControllerStatus, store: Store, token: str, refreshes: Any = None, *,

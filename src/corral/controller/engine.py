@@ -130,8 +130,6 @@ class Controller:
         chores = self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds)
         held = self.shards.claim()
         budget.share_between(self.shards.replicas)
-        if chores and self.shards.replicas > 1:
-            self.shards.forget_gone_replicas()
         if not chores and not held:
             self.refreshes.scope = RefreshScope(clusters=frozenset(), chores=False)
             return TickReport(drove=False, replicas=self.shards.replicas)

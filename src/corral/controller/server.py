@@ -328,6 +328,10 @@ async def _run(options: ServerOptions) -> None:
             if started - pruned_at > PRUNE_INTERVAL:
                 pruned_at = started
                 _prune_uploads(store)
+                try:
+                    controller.shards.forget_gone_replicas()  # heartbeats of replicas gone for a day
+                except Exception as exc:  # noqa: BLE001 - housekeeping: never a reason to stop driving jobs
+                    print(f"forgetting gone replicas failed: {exc!r}", flush=True)
             try:
                 report = await controller.tick()
                 status.ticks += 1
@@ -374,7 +378,7 @@ async def _run(options: ServerOptions) -> None:
             endpoint.unlink(missing_ok=True)
 
 
-PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads
+PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads and of long-gone replicas' heartbeats
 LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the tick that may take it
 
 

@@ -70,6 +70,22 @@ def rebalance(holder: str, configured: list[str], holders: dict[str, str], repli
     return Rebalance(wanted=max(0, target - kept), free=free, release=release)
 
 
+@dataclass(frozen=True)
+class LiveLeases:
+    """The leases that have not lapsed, read from the store at one moment."""
+
+    clusters: dict[str, str]  # cluster -> its holder
+    replicas: dict[str, float]  # live replica -> when its heartbeat lapses
+    expiries: list[tuple[str, float]]  # (holder, expiry) of every cluster lease and heartbeat
+
+
+def live_leases(store: Store, now: float) -> LiveLeases:
+    rows = [r for r in store.leases() if r.expires_at >= now and r.name.startswith((CLUSTER, REPLICA))]
+    return LiveLeases(clusters={r.name[len(CLUSTER):]: r.holder for r in rows if r.name.startswith(CLUSTER)},
+                      replicas={r.holder: r.expires_at for r in rows if r.name.startswith(REPLICA)},
+                      expiries=[(r.holder, r.expires_at) for r in rows])
+
+
 def home_cluster(job_id: str, latest_cluster: str | None, configured: list[str]) -> str | None:
     """The cluster whose holder drives this job: its latest attempt's, else (no attempt yet, or one on
     a cluster no longer configured) one chosen by the job id, the same on every replica."""
@@ -90,7 +106,6 @@ class Shards:
     configured: Callable[[], list[str]]
     held: set[str] = field(default_factory=set)
     replicas: int = 1
-    holders: dict[str, str] = field(default_factory=dict)  # cluster -> its holder, as of the last claim
     valid_until: float = 0.0  # time.monotonic() until which the held leases are safely this replica's
     next_lapse: float | None = None  # time.time() at which another replica's lease lapses unless renewed
     clock: Callable[[], float] = time.time  # the store's leases are in wall-clock time
@@ -100,9 +115,9 @@ class Shards:
         started = time.monotonic()
         self.store.acquire_lease(REPLICA + self.holder, self.holder, self.ttl, now=now)
         self.store.renew_leases(self.holder, CLUSTER, self.ttl, now=now)
-        rows = [r for r in self.store.leases() if r.expires_at >= now]
-        self.replicas = max(1, sum(1 for r in rows if r.name.startswith(REPLICA)))
-        holders = {r.name[len(CLUSTER):]: r.holder for r in rows if r.name.startswith(CLUSTER)}
+        live = live_leases(self.store, now)
+        self.replicas = max(1, len(live.replicas))
+        holders = dict(live.clusters)
         mine = {c for c, h in holders.items() if h == self.holder}
         plan = rebalance(self.holder, self.configured(), holders, self.replicas)
         for cluster in plan.release:
@@ -118,10 +133,7 @@ class Shards:
                 holders[cluster] = self.holder
                 wanted -= 1
         self.held = mine
-        self.holders = holders
-        foreign = [r.expires_at for r in rows if r.holder != self.holder
-                   and r.name.startswith((CLUSTER, REPLICA))]
-        self.next_lapse = min(foreign, default=None)
+        self.next_lapse = min((expiry for holder, expiry in live.expiries if holder != self.holder), default=None)
         # Another replica can take a lease only once it lapses: until a third of the lease before then,
         # decisions made under it are this replica's alone (clocks agreeing to well within that).
         self.valid_until = started + self.ttl * 2 / 3
