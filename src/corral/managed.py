@@ -49,11 +49,11 @@ def record(store: Store, task: Task, source: str, num_jobs: int = 1, owner: str 
     sealed = seal(resolved_secrets(task, source))
     ids = store.new_job_ids(num_jobs)
     sweep = ids[0] if num_jobs > 1 else None
-    jobs = [JobRow(id=job_id, name=task.name or "task", task_json=task_json, secrets_sealed=sealed, created_at=now,
-                   job_rank=i, num_jobs=num_jobs, sweep_id=sweep, owner=owner) for i, job_id in enumerate(ids)]
-    store.add_jobs(jobs, [])
-    store.add_managed(j.id for j in jobs)
-    return [j.id for j in jobs]
+    store.add_managed_jobs([{"id": job_id, "name": task.name or "task", "task_json": task_json,
+                             "secrets_sealed": sealed, "created_at": now, "job_rank": i, "num_jobs": num_jobs,
+                             "sweep_id": sweep, "submitter": None, "allocation": None, "owner": owner}
+                            for i, job_id in enumerate(ids)])
+    return ids
 
 
 def views(store: Store, job_ids: list[str] | None = None, scope: str | None = None) -> list[ManagedView]:

@@ -61,8 +61,12 @@ def test_a_second_store_on_the_same_url_sees_committed_writes(store):
 
 
 def test_managed_changes_in_one_transaction_keep_their_order_and_events(store):
-    store.add_jobs([job(f"c-{i}", rank=i) for i in range(3)], [attempt(f"t{i}", f"c-{i}") for i in range(3)])
-    store.add_managed(["c-0", "c-1", "c-2"])
+    from corral.state.models import JobRow
+
+    columns = [c.key for c in JobRow.__table__.columns]
+    store.add_managed_jobs([{key: getattr(row, key) for key in columns}
+                            for row in (job(f"c-{i}", rank=i) for i in range(3))])
+    store.add_jobs([], [attempt(f"t{i}", f"c-{i}") for i in range(3)])
     store.set_managed_many([
         ("c-0", "RUNNING", "on slurm/alpine/gpu", {}),
         ("c-0", None, "checkpoint copied", {"moves": 1}),
@@ -201,3 +205,15 @@ def test_resolve_finds_by_id_prefix_and_name_without_reading_history(store):
     assert store.resolve("the-one").job.id == "c-named"
     with pytest.raises(JobNotFoundError, match="matches several jobs"):
         store.resolve("train")
+
+
+def test_managed_jobs_are_recorded_all_or_none(store):
+    from sqlalchemy.exc import IntegrityError
+
+    from corral.state.models import JobRow
+
+    columns = [c.key for c in JobRow.__table__.columns]
+    rows = [{key: getattr(row, key) for key in columns} for row in (job("c-1"), job("c-2"), job("c-1"))]
+    with pytest.raises(IntegrityError):  # the third repeats the first's id
+        store.add_managed_jobs(rows)
+    assert store.views() == [] and store.managed() == [] and store.events("c-2") == []
