@@ -31,7 +31,8 @@ def test_the_budget_holds_corral_to_its_commands_a_minute(corral, corral_env, tm
         status = corral("server", "status", "--json", env=env).json()
         assert status["rpc_budget"]["alpine"]["used_last_minute"] == 4
         assert status["rpc_budget"]["alpine"]["commands_per_minute"] == 8
-        assert status["rpc_budget"]["borealis"] == {"commands_per_minute": 600, "used_last_minute": 12, "waiting": 0,
+        assert status["rpc_budget"]["borealis"] == {"commands_per_minute": 600, "configured_per_minute": 600,
+                                                    "replicas": 1, "used_last_minute": 12, "waiting": 0,
                                                     "backoff_seconds": 0.0, "busy_reason": None}
         assert "alpine: 4 of 8 Slurm commands in the last minute" in corral("server", "status", env=env).stdout
     finally:
