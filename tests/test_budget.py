@@ -83,3 +83,22 @@ def test_the_budget_comes_from_the_config_per_cluster_first(tmp_path, monkeypatc
                                       "clusters: {alpine: {rpc_budget: {commands_per_minute: 30}}}\n")
     monkeypatch.setenv("CORRAL_HOME", str(home))
     assert (configured_per_minute("alpine"), configured_per_minute("borealis")) == (30, 120)
+
+
+def test_replicas_split_each_cluster_s_budget_evenly(monkeypatch):
+    from corral import budget
+
+    monkeypatch.setattr(budget, "_BUDGETS", {})
+    monkeypatch.setattr(budget, "_REPLICAS", 1)
+    clock = ManualClock()
+    alpine = budget._BUDGETS["alpine"] = Budget(600, clock)
+    budget.share_between(3)
+    assert alpine.per_minute == 200 and alpine.burst == 50  # this replica's third
+    assert budget.report()["alpine"]["configured_per_minute"] == 600 and budget.report()["alpine"]["replicas"] == 3
+    for _ in range(4):
+        clock.now += 15
+        alpine.spend(50)
+    assert alpine.wait_seconds(1) > 0  # 200 spent in the last minute: its share is used up
+    assert budget.budget_for("borealis", 90).per_minute == 30  # a budget made later is shared too
+    budget.share_between(1)
+    assert alpine.per_minute == 600
