@@ -48,7 +48,7 @@ def test_a_sweep_with_every_slurm_cluster_full_overflows_and_runs_each_job_once(
             return jobs if all(j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") for j in jobs) else []
 
         jobs = wait_for("every job to end", ended, timeout=180, interval=2)
-        assert Counter(j["state"] for j in jobs) == {"SUCCEEDED": 100}
+        assert Counter(j["state"] for j in jobs) == {"SUCCEEDED": 100}, [j for j in jobs if j["state"] != "SUCCEEDED"]
         assert {j["infra"] for j in jobs} == {"ssh/lab", "k8s/kind-fake"}
         written = {path.name: path.read_text().strip() for path in out.iterdir()}
         assert sorted(written) == sorted(ids)  # each job once: a second run could not have written its file
