@@ -72,9 +72,7 @@ class Tracker:
         changed."""
         if scope is None or scope.chores:
             self._settle_unsent()
-        # The reads and writes of every live job run in a worker thread (their own store sessions), so
-        # that the server's event loop keeps answering requests meanwhile.
-        active = await asyncio.to_thread(self.store.active_attempts)
+        active = self.store.active_attempts()
         by_cluster: dict[str, list[AttemptRow]] = {}
         for attempt in active:
             by_cluster.setdefault(attempt.cluster, []).append(attempt)
@@ -106,8 +104,7 @@ class Tracker:
             except CorralError as exc:
                 errors[cluster] = str(exc)
                 return
-            infra = self.client.infra(cluster)
-            await asyncio.to_thread(lambda: self.store.update_attempts(_updates(attempts, statuses, infra)))
+            self.store.update_attempts(_updates(attempts, statuses, self.client.infra(cluster)))
             try:
                 cancelled = await self._reap(cluster, attempts, statuses)
             except CorralError as exc:

@@ -143,12 +143,11 @@ class Controller:
         report.errors = dict(refresh.errors)
         now = time.time()
         self._track_reachability(refresh.errors, now)
-        # Read in a worker thread (as the tracker's), so that the API keeps answering meanwhile.
-        managed = await asyncio.to_thread(self.store.managed, live_only=True)
+        managed = self.store.managed(live_only=True)
         if managed:
             # Attempts of every live managed job in one query; the jobs themselves (their task, sealed
             # secrets) only for the few this tick places, moves or judges: memory stays flat with 10,000.
-            attempts = await asyncio.to_thread(self.store.attempts_of_live_managed)
+            attempts = self.store.attempts_of_live_managed()
             configured = self.client.registry.names()
             managed = [m for m in managed if self._drives(m.job_id, attempts, configured, held, chores)]
             report.jobs = len(managed)

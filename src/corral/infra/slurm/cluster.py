@@ -7,7 +7,6 @@ for what squeue forgot), a cancel, a prediction for many requests (`sbatch --tes
 
 from __future__ import annotations
 
-import asyncio
 import math
 import shlex
 from collections.abc import Sequence
@@ -119,8 +118,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
         result = await self.transport.run(self.cluster, status_script(handles, accounts=accounts),
                                           timeout=JOB_TIMEOUT, cost=self.status_commands)
-        # Thousands of lines under load: parsed off the event loop, which keeps answering the API.
-        return await asyncio.to_thread(parse_status, self.cluster, result.stdout)
+        return parse_status(self.cluster, result.stdout)
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
         if handles:
