@@ -134,7 +134,8 @@ def main() -> None:
             thread.join()
         jobs = {j.job_id: j for j in client.queue_all()}
         deadline = time.monotonic() + 300
-        while any(not jobs[j].slurm_job_id for j in job_ids if j in jobs) and time.monotonic() < deadline:
+        # A managed job has no row in the queue until the controller gives it its first attempt.
+        while any(j not in jobs or not jobs[j].slurm_job_id for j in job_ids) and time.monotonic() < deadline:
             time.sleep(2)  # managed jobs are submitted by the controller's next ticks
             jobs = {j.job_id: j for j in client.queue_all()}
         records: dict[str, set[str]] = {}
@@ -149,11 +150,13 @@ def main() -> None:
         missing = [j for j in job_ids if not (jobs.get(j) and jobs[j].slurm_job_id
                                               and jobs[j].slurm_job_id in records.get(jobs[j].cluster or "", ()))]
         attempts = sum(max(1, jobs[j].attempt) for j in job_ids if j in jobs)
+        unsent = sum(1 for j in job_ids if j not in jobs)
         client.cancel(all=True)
     print(f"\nsustained load: {len(job_ids)} jobs in {wall:.0f} s ({len(job_ids) / wall:.1f} jobs/s, goal "
           f"{args.rate:.1f}); {args.clients} status clients at 1 query/s each")
     print(f"  exactly once: {len(job_ids) - len(missing)} of {len(job_ids)} jobs found in Slurm under their id; "
-          f"Slurm holds {counted} Corral records from the run for {attempts} attempts; failures: {len(failures)}")
+          f"Slurm holds {counted} Corral records from the run for {attempts} attempts; never submitted within 300 s "
+          f"of the end: {unsent}; failures: {len(failures)}")
     for failure in failures[:5]:
         print(f"    {failure}")
     print(f"  engine CPU: {cpu:.1f} s over {wall:.0f} s = {cpu / wall:.2f} cores (goal < 1)")
