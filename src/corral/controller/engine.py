@@ -397,9 +397,9 @@ class Controller:
             here = _candidate_at(plan, current)
             if here is not None and here.startable_now:
                 continue  # Slurm will start it where it is
-            best = next((c for c in plan.feasible() if c.startable_now and c.cluster not in avoid
-                         and (c.cluster, c.partition) != (current.cluster, current.partition)
-                         and taken.get((c.cluster, c.partition), 0) < c.startable_copies), None)
+            best = next((c for c in after_taken(plan.feasible(), taken)
+                         if c.startable_now and c.cluster not in avoid
+                         and (c.cluster, c.partition) != (current.cluster, current.partition)), None)
             if best is None:
                 waiting.append((m, job, current, task))
                 continue
