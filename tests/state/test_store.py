@@ -217,3 +217,32 @@ def test_managed_jobs_are_recorded_all_or_none(store):
     with pytest.raises(IntegrityError):  # the third repeats the first's id
         store.add_managed_jobs(rows)
     assert store.views() == [] and store.managed() == [] and store.events("c-2") == []
+
+
+def test_a_write_of_many_rows_goes_in_batches_and_a_sweeps_jobs_share_their_task(store):
+    """A tick's write of thousands of changes is sent WRITE_BATCH rows at a time (the server's heap
+    peaks at one batch's parameters), all in one transaction; a read of a sweep's jobs keeps one copy
+    of their task's text."""
+    from sqlalchemy import event
+
+    from corral.state.store import WRITE_BATCH
+
+    count = 2 * WRITE_BATCH + 1
+    store.add_jobs([JobRow(id=f"c-{i}", name="sweep", task_json='{"run": "true"}', created_at=1.0, job_rank=i,
+                           num_jobs=count) for i in range(count)],
+                   [attempt(f"t{i}", f"c-{i}") for i in range(count)])
+    batches: list[int] = []
+
+    def executed(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE ATTEMPTS"):
+            batches.append(len(parameters) if executemany else 1)
+
+    event.listen(store.engine, "before_cursor_execute", executed)
+    try:
+        store.update_attempts({f"t{i}": {"state": "PENDING", "reason": "Priority"} for i in range(count)})
+    finally:
+        event.remove(store.engine, "before_cursor_execute", executed)
+    assert batches == [WRITE_BATCH, WRITE_BATCH, 1]
+    assert {a.state for a in store.active_attempts()} == {"PENDING"} and len(store.active_attempts()) == count
+    jobs = store.jobs([f"c-{i}" for i in range(count)])
+    assert len(jobs) == count and len({id(j.task_json) for j in jobs.values()}) == 1

@@ -143,9 +143,8 @@ class Store:
             tokens = list(updates)
             known = {t for chunk in _chunks(tokens, 5000)
                      for t in s.scalars(select(AttemptRow.token).where(AttemptRow.token.in_(chunk)))}
-            rows = [{"token": token, **fields} for token, fields in updates.items() if token in known]
-            if rows:
-                s.execute(update(AttemptRow), rows)
+            _execute_in_batches(s, update(AttemptRow),
+                                [{"token": token, **fields} for token, fields in updates.items() if token in known])
 
     def views(self, job_ids: Iterable[str] | None = None, scope: str | None = None) -> list[JobView]:
         """Jobs with their latest attempt, oldest first. `scope`: only this owner's (None: everyone's)."""
@@ -309,13 +308,12 @@ class Store:
         10,000 builds no 30,000 instances the server's heap would keep the shape of."""
         now = time.time()
         with self.session() as s, s.begin():
-            s.execute(insert(JobRow), jobs)
-            s.execute(insert(ManagedJobRow), [{"job_id": j["id"], "state": "PENDING", "reason": None,
-                                               "restarts_on_errors": 0, "recoveries": 0, "moves": 0,
-                                               "last_move_at": 0.0, "cancel_requested": False,
-                                               "updated_at": now} for j in jobs])
-            s.execute(insert(JobEventRow), [{"job_id": j["id"], "at": now, "state": "PENDING",
-                                             "reason": "submitted"} for j in jobs])
+            _execute_in_batches(s, insert(JobRow), jobs)
+            _execute_in_batches(s, insert(ManagedJobRow), [
+                {"job_id": j["id"], "state": "PENDING", "reason": None, "restarts_on_errors": 0, "recoveries": 0,
+                 "moves": 0, "last_move_at": 0.0, "cancel_requested": False, "updated_at": now} for j in jobs])
+            _execute_in_batches(s, insert(JobEventRow), [{"job_id": j["id"], "at": now, "state": "PENDING",
+                                                          "reason": "submitted"} for j in jobs])
 
     def managed(self, job_ids: Iterable[str] | None = None, live_only: bool = False) -> list[ManagedJobRow]:
         """Managed jobs' own rows, as plain copies (state/plain.py): each tick reads every live one."""
@@ -353,9 +351,8 @@ class Store:
                 elif reason is not None and state is None:  # a note that keeps the state
                     events.append({"job_id": job_id, "at": now, "state": had_state, "reason": reason})
                 row.update(fields, updated_at=now)
-            s.execute(update(ManagedJobRow), list(rows.values()))
-            if events:
-                s.execute(insert(JobEventRow), events)
+            _execute_in_batches(s, update(ManagedJobRow), list(rows.values()))
+            _execute_in_batches(s, insert(JobEventRow), events)
 
     @staticmethod
     def _managed_states(s: Session, job_ids: list[str]) -> dict[str, tuple[str, str | None]]:
@@ -375,10 +372,17 @@ class Store:
             return list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)))
 
     def jobs(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
+        """Jobs by id, as plain copies (state/plain.py): a tick reads every job it places or may move.
+        A sweep's jobs share one copy of their task's text."""
         wanted = sorted(set(job_ids))
+        tasks: dict[str, str] = {}
+        found: dict[str, JobRow] = {}
         with self.session() as s:
-            return {j.id: j for chunk in _chunks(wanted, 5000)
-                    for j in s.scalars(select(JobRow).where(JobRow.id.in_(chunk)))}
+            for chunk in _chunks(wanted, 5000):
+                for job in plain_rows(s, JobRow, columns_of(JobRow).where(JobRow.id.in_(chunk))):
+                    job.task_json = tasks.setdefault(job.task_json, job.task_json)
+                    found[job.id] = job
+        return found
 
     def owners(self, job_ids: Iterable[str]) -> dict[str, str]:
         """Each job's owner (whose account acts on its attempts), by job id."""
@@ -713,6 +717,16 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.close()
+
+
+WRITE_BATCH = 1000  # rows per executemany: a tick's write of 10,000 changes builds 1,000 rows' parameters at a time
+
+
+def _execute_in_batches(s: Session, statement: Any, rows: list[dict[str, object]]) -> None:
+    """One bulk INSERT or UPDATE by primary key, sent WRITE_BATCH rows at a time in the caller's
+    transaction: the server's heap peaks at a batch's worth, not at the whole write's."""
+    for start in range(0, len(rows), WRITE_BATCH):
+        s.execute(statement, rows[start:start + WRITE_BATCH])
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
