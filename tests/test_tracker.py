@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 from corral import budget, tracker
-from corral.errors import CorralError
 from corral.state import Store
 from corral.tracker import Tracker
 from tests.fakes import FakeInfra
@@ -71,58 +70,5 @@ def test_a_caller_that_accepts_a_recent_refresh_does_not_wait_for_a_running_one(
         assert not waiting.done() and gated.started == 2
         gated.gate.set()
         assert await waiting is await running is not first
-
-    asyncio.run(scenario())
-
-
-def test_a_caller_that_accepts_a_recent_refresh_starts_the_next_one_without_waiting_for_it():
-    async def scenario() -> None:
-        shared = tracker.SharedRefresh(max_age=0.0)
-        gated = GatedTracker()
-        gated.gate.set()
-        first = await shared.refresh(gated)
-        gated.gate.clear()
-        # Nothing runs and the last one is older than max_age: the API's request answers from it at once...
-        assert await asyncio.wait_for(shared.refresh(gated, fresh_within=5.0), timeout=1) is first
-        assert gated.started == 2  # ...and a refresh started behind it
-        assert await asyncio.wait_for(shared.refresh(gated, fresh_within=5.0), timeout=1) is first
-        assert gated.started == 2  # the next request shares that one, still without waiting
-        gated.gate.set()
-        for _ in range(20):  # the background refresh ends with nobody waiting for it
-            if shared._running is None:
-                break
-            await asyncio.sleep(0)
-        newer = await asyncio.wait_for(shared.refresh(gated, fresh_within=5.0), timeout=1)
-        assert newer is not first and gated.started == 3  # it became the last; another starts behind
-        # With patience, a refresh that ends within it is the answer (unloaded, the answer is fresh).
-        for _ in range(20):
-            if shared._running is None:
-                break
-            await asyncio.sleep(0)
-        newest = await asyncio.wait_for(shared.refresh(gated, fresh_within=5.0, patience=1.0), timeout=2)
-        assert newest is not newer and gated.started == 4
-        # Under load (the last refresh took longer than the patience) a request does not wait at all,
-        # even for one that would end at once.
-        slow = tracker.SharedRefresh(max_age=0.0)
-        gated.gate.clear()
-        first_slow = asyncio.ensure_future(slow.refresh(gated))
-        await asyncio.sleep(0.05)
-        gated.gate.set()
-        last = await first_slow
-        assert await slow.refresh(gated, fresh_within=5.0, patience=0.01) is last
-        # A failed background refresh replaces nothing and is not left unretrieved.
-        shared = tracker.SharedRefresh(max_age=0.0)
-        failing = GatedTracker()
-        failing.gate.set()
-        kept = await shared.refresh(failing)
-
-        async def broken(scope=None):
-            raise CorralError("alpine: connection refused")
-
-        failing.refresh = broken
-        assert await shared.refresh(failing, fresh_within=5.0) is kept
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert shared._running is None and shared._last[2] is kept
 
     asyncio.run(scenario())

@@ -250,11 +250,9 @@ class SharedRefresh:
     """One refresh at a time in a process that serves many callers (the server: its ticks and its API).
     A caller that arrives while one runs shares its result, and one that finished less than `max_age`
     seconds ago is reused: a `queue` right after a tick costs no second query per cluster. A caller that
-    accepts a refresh `fresh_within` seconds old (the API) does not wait for the next one when the last
-    finished that recently, unless the last took at most `patience` seconds: then it waits that long at
-    most. Either way the next refresh starts (or goes on) behind it. Unloaded, a refresh takes tens of
-    milliseconds and the answer is fresh; under load, when every round trip is slow, a `queue` answers
-    at once as of at most `fresh_within` seconds ago instead of waiting behind them."""
+    accepts a refresh `fresh_within` seconds old (the API) does not wait for a running one when the last
+    one finished that recently: under load, when refreshes follow each other (and wait for budget), a
+    `queue` answers at once from the store, as of at most that many seconds ago."""
 
     def __init__(self, max_age: float = 1.0):
         self.max_age = max_age
@@ -262,34 +260,22 @@ class SharedRefresh:
         self._running: asyncio.Future[RefreshReport] | None = None
         self._last: tuple[float, float, RefreshReport] | None = None  # (started, finished, report), monotonic
 
-    async def refresh(self, tracker: Tracker, *, newer_than: float = 0.0, fresh_within: float = 0.0,
-                      patience: float = 0.0) -> RefreshReport:
-        """A refresh at most `max_age` old that started at or after `newer_than` (time.monotonic()); or
-        the last one when it finished less than `fresh_within` seconds ago and the next one (started now
-        unless one runs) does not end within `patience` seconds (not waited for at all when the last
-        one took longer than that)."""
+    async def refresh(self, tracker: Tracker, *, newer_than: float = 0.0,
+                      fresh_within: float = 0.0) -> RefreshReport:
+        """A refresh at most `max_age` old that started at or after `newer_than` (time.monotonic()); or,
+        while one runs, the last one if it finished less than `fresh_within` seconds ago."""
         now = time.monotonic()
-        last = self._last
-        usable = last is not None and last[0] >= newer_than
-        if last is not None and usable and now - last[1] < self.max_age:
-            return last[2]
-        running = self._running or self._start(tracker, now)
-        if last is not None and usable and now - last[1] < fresh_within:
-            quick = last[1] - last[0] <= patience
-            done, _ = await asyncio.wait([running], timeout=patience) if quick else (set(), set())
-            return running.result() if done and running.exception() is None else last[2]
-        return await asyncio.shield(running)
-
-    def _start(self, tracker: Tracker, started: float) -> asyncio.Future[RefreshReport]:
-        """A refresh that records itself as the last when it ends, whether anyone waits for it or not
-        (a failed one is left to whoever waits: it replaces nothing)."""
+        if self._running is not None:
+            if self._last is not None and self._last[0] >= newer_than and now - self._last[1] < fresh_within:
+                return self._last[2]
+            return await asyncio.shield(self._running)
+        if self._last is not None and self._last[0] >= newer_than and now - self._last[1] < self.max_age:
+            return self._last[2]
         running = self._running = asyncio.ensure_future(tracker.refresh(self.scope))
-
-        def ended(future: asyncio.Future[RefreshReport]) -> None:
-            if self._running is future:
+        try:
+            report = await asyncio.shield(running)
+        finally:
+            if self._running is running:
                 self._running = None
-            if not future.cancelled() and future.exception() is None:
-                self._last = (started, time.monotonic(), future.result())
-
-        running.add_done_callback(ended)
-        return running
+        self._last = (now, time.monotonic(), report)
+        return report

@@ -67,8 +67,7 @@ def place_kinds() -> dict[str, str]:
     return {name: registry.infra_kind(name) for name in registry.names()}
 
 
-API_FRESH_WITHIN = 5.0  # seconds: how old a finished refresh may be for a request not to wait for the next one
-API_PATIENCE = 0.1  # seconds a request waits for that next one (unloaded, a refresh takes tens of milliseconds)
+API_FRESH_WITHIN = 5.0  # seconds: how old a finished refresh may be for a request not to wait for a running one
 
 
 def create_router(store: Store, refreshes: SharedRefresh | None = None,
@@ -83,8 +82,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
 
     async def refreshed(fresh_within: float = API_FRESH_WITHIN) -> RefreshReport:
         """Slurm's view of every live job, from one query per cluster shared with the controller's tick
-        (or, if that takes longer than API_PATIENCE, the last one when it is recent enough)."""
-        return await shared.refresh(Tracker(Client(), store), fresh_within=fresh_within, patience=API_PATIENCE)
+        (or, while one runs, the last one if it is recent enough: a request does not wait for it)."""
+        return await shared.refresh(Tracker(Client(), store), fresh_within=fresh_within)
 
     @router.get("/check")
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it
