@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, delete, event, exists, func, insert, select, update
 from sqlalchemy.engine import Engine
@@ -719,16 +719,17 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.close()
 
 
+T = TypeVar("T")
 WRITE_BATCH = 1000  # rows per executemany: a tick's write of 10,000 changes builds 1,000 rows' parameters at a time
 
 
 def _execute_in_batches(s: Session, statement: Any, rows: list[dict[str, object]]) -> None:
     """One bulk INSERT or UPDATE by primary key, sent WRITE_BATCH rows at a time in the caller's
     transaction: the server's heap peaks at a batch's worth, not at the whole write's."""
-    for start in range(0, len(rows), WRITE_BATCH):
-        s.execute(statement, rows[start:start + WRITE_BATCH])
+    for batch in _chunks(rows, WRITE_BATCH):
+        s.execute(statement, batch)
 
 
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
