@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_testbed, cancel_all, corral_argv, median_of, print_table, time_command  # noqa: E402
+from corral.taskfile import MAX_SWEEP_JOBS  # noqa: E402
 
-MAX_SWEEP = 10_000
 HELD_TASK = "resources:\n  cpus: 1\nslurm:\n  sbatch_args: [--hold]\nrun: 'true'\n"
 
 
@@ -45,8 +45,7 @@ def main() -> None:
                 rss_idle, rss_loaded, live = _memory(args.managed, task, env)
             finally:
                 cancel_all(config, clusters)
-            print(f"server memory: {rss_idle:.0f} MB idle, {rss_loaded:.0f} MB with {live} live managed jobs "
-                  f"(goal <= 150 MB with 10,000, <= 500 MB with 100,000)")
+            _print_memory(rss_idle, rss_loaded, live)
             return
         try:
             cancel_all(config, clusters)
@@ -82,8 +81,12 @@ def main() -> None:
     print(f"\n{args.concurrent} `corral launch -d` at once on a fresh store: {burst:.2f} s for all; "
           f"{accepted} accepted, {submitted} jobs in Slurm, {engines} engine process(es) "
           f"(goal: {args.concurrent}, {args.concurrent}, 1)")
-    print(f"server memory: {rss_idle:.0f} MB idle, {rss_loaded:.0f} MB with {live} live managed jobs "
-          f"(goal <= 150 MB with 10,000)")
+    _print_memory(rss_idle, rss_loaded, live)
+
+
+def _print_memory(idle: float, loaded: float, live: int) -> None:
+    print(f"server memory: {idle:.0f} MB idle, {loaded:.0f} MB with {live} live managed jobs "
+          f"(goal <= 150 MB with 10,000, <= 500 MB with 100,000)")
 
 
 def _burst(n: int, task: Path, env: dict[str, str], config: str, clusters: list[str]) -> tuple[float, int, int, int]:
@@ -125,8 +128,8 @@ def _memory(n: int, task: Path, env: dict[str, str]) -> tuple[float, float, int]
     subprocess.run(corral_argv("queue"), env=env, check=True, capture_output=True)
     pid = _server_pid(env)
     idle = _rss_mb(pid)
-    for start in range(0, n, MAX_SWEEP):  # sweeps of at most 10,000 jobs (the CLI's limit)
-        subprocess.run(corral_argv("jobs", "launch", "--num-jobs", str(min(MAX_SWEEP, n - start)), str(task)),
+    for start in range(0, n, MAX_SWEEP_JOBS):  # sweeps no larger than a sweep may be
+        subprocess.run(corral_argv("jobs", "launch", "--num-jobs", str(min(MAX_SWEEP_JOBS, n - start)), str(task)),
                        env=env, check=True, capture_output=True)
     deadline = time.monotonic() + 900
     live = 0
