@@ -57,6 +57,7 @@ def main() -> None:
         baseline_warm = median_of(args.runs, lambda: slowest_sinfo(mux=True))
         gpus_warm = median_of(args.runs, lambda: corral_gpus_warm("--json"))
         table_warm = median_of(args.runs, corral_gpus_warm)
+        table_shared = median_of(args.runs, lambda: corral_gpus_warm("--max-age", "10"))
         python_start = median_of(args.runs, lambda: time_command([sys.executable, "-c", "pass"]))
         help_time = median_of(args.runs, lambda: time_command(corral_argv("--help"), env=bench.env))
     print_table(
@@ -65,6 +66,8 @@ def main() -> None:
             ("corral gpus (table), first call: starts the server (vs slowest ssh sinfo, new conn)", table_cold,
              baseline_cold, "-"),
             ("corral gpus (table), server and masters up (vs slowest ssh sinfo, new conn)", table_warm,
+             baseline_cold, "<= 0.5x"),
+            ("corral gpus --max-age 10 (table), server up (vs slowest ssh sinfo, new conn)", table_shared,
              baseline_cold, "<= 0.5x"),
             ("corral gpus --json, first call (vs slowest ssh sinfo, new conn)", gpus_cold, baseline_cold, "-"),
             ("corral gpus --json, first call (vs ssh sinfo to all, parallel)", gpus_cold, parallel_cold,

@@ -5,7 +5,9 @@ Measured in the same run, against the same login nodes:
 - the testbed itself: the time to bring N clusters up from nothing, and their daemons' resident memory;
 - `corral gpus`, the table a person reads: its first call (a fresh CORRAL_HOME: the server starts and
   opens a ControlMaster per cluster) and with the server up; against `ssh <c> sinfo` to every cluster
-  at once on new connections (what a shell loop with `&` does), and the slowest single one;
+  at once on new connections (what a shell loop with `&` does), and the slowest single one; and
+  `corral gpus --max-age 10`, which answers from the server's latest probes (renewed behind the answer
+  past half that age);
 - the server's resident memory once it holds N clusters' masters and snapshots.
 """
 
@@ -74,6 +76,8 @@ def main() -> None:
         baseline_slowest = median_of(args.runs, slowest_sinfo, warmup=0)
         table_cold = median_of(args.runs, gpus_cold)
         table_warm = median_of(args.runs, lambda: time_command(corral_argv("gpus"), env=bench.env))
+        table_shared = median_of(args.runs, lambda: time_command(corral_argv("gpus", "--max-age", "10"),
+                                                                 env=bench.env))
         shown = subprocess.run(corral_argv("gpus", "--json"), env=bench.env, capture_output=True, text=True)
         pid = server_pid(Path(bench.env["CORRAL_HOME"]))
         server_mb = resident_mb(pid) if pid else None
@@ -92,6 +96,8 @@ def main() -> None:
              baseline_parallel, "<= 0.5 s"),
             ("corral gpus (table), server up (vs slowest single ssh sinfo, new conn)", table_warm,
              baseline_slowest, "-"),
+            ("corral gpus --max-age 10 (table), server up (vs ssh sinfo to all, parallel)", table_shared,
+             baseline_parallel, "<= 0.5 s"),
         ],
     )
 

@@ -3,7 +3,10 @@
 A cluster that is down never delays the others: each probe has its own timeout, and its failure
 becomes that cluster's row instead of an exception. Probes are single-flight per process: a request
 that arrives while a probe of the same cluster runs shares its answer (a server taking 200 launches at
-once probes each cluster once, not 200 times); no answer is kept once its probe has ended.
+once probes each cluster once, not 200 times). A probe's answer is kept, but answers a later caller
+only where it asked for that (`max_age`: `gpus --max-age` and the dashboard's refreshes) or where
+placement under a spent RPC budget would otherwise wait (`reuse_when_busy`); `gpus`, `check` and a
+launch's placement otherwise probe afresh.
 """
 
 from __future__ import annotations
@@ -69,10 +72,15 @@ ProbeAsk = tuple[bool, tuple[str, ...], tuple[str, ...]]
 _IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str, float, ProbeAsk],
                                                                      asyncio.Future[ProbeOutcome]]] = \
     weakref.WeakKeyDictionary()
-# Placement under load (`probe(reuse_when_busy=True)`): each cluster's latest answered probe, kept for
-# RECENT_PROBE_MAX_AGE seconds, answers a placement whose fresh probe the cluster's budget cannot afford
-# at once (its Infra's probe_commands), rather than the launch waiting for a slot or failing as busy.
-_RECENT: dict[tuple[str, str, ProbeAsk], tuple[float, ProbeOutcome]] = {}  # -> (monotonic when, outcome)
+# Each probe's latest answer, failed or not, per (cluster file, cluster, what it asks): (monotonic start,
+# monotonic end, outcome). It answers two kinds of caller instead of a new probe:
+# - placement under load (`reuse_when_busy`): an answered probe of the last RECENT_PROBE_MAX_AGE seconds,
+#   where the cluster's budget cannot afford a fresh probe at once (its Infra's probe_commands), rather
+#   than the launch waiting for a slot or failing as busy;
+# - `max_age` (`gpus --max-age`, the dashboard's refreshes): a probe started at most that long ago,
+#   shared by every caller, so that watchers and a team's dashboards cost each cluster one probe per
+#   period whatever their number; past half its age a new probe starts behind the answer.
+_LATEST: dict[tuple[str, str, ProbeAsk], tuple[float, float, ProbeOutcome]] = {}
 RECENT_PROBE_MAX_AGE = 30.0
 RECENT_PROBES_KEPT = 256
 
@@ -115,34 +123,45 @@ class Client:
 
     async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
                     paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None,
-                    reuse_when_busy: bool = False) -> list[ProbeOutcome]:
+                    reuse_when_busy: bool = False, max_age: float = 0.0) -> list[ProbeOutcome]:
         """Each cluster's snapshot (or why not), in parallel; `associations`: with the user's accounts
         and QOS too (`corral check`); `paths`: which of these exist there (tasks' resources.paths);
         `filesystems`: per cluster, paths whose filesystem type to read (profiles' paths, for check).
         `reuse_when_busy` (placement): where the cluster's budget cannot afford a probe at once, the
-        latest snapshot of the last RECENT_PROBE_MAX_AGE seconds answers instead of a wait for a slot."""
+        latest snapshot of the last RECENT_PROBE_MAX_AGE seconds answers instead of a wait for a slot.
+        `max_age` > 0: the latest probe of each cluster answers if it started at most that many seconds ago."""
         names = [e.name for e in self.registry.select(clusters)]
         asked = tuple(sorted(set(paths)))
         return list(await asyncio.gather(*(
-            self._probe_one(n, (associations, asked, tuple((filesystems or {}).get(n, ()))), reuse_when_busy)
+            self._probe_one(n, (associations, asked, tuple((filesystems or {}).get(n, ()))), reuse_when_busy, max_age)
             for n in names)))
 
     async def _probe_one(self, cluster: str, extras: ProbeAsk = (False, (), ()),
-                         reuse_when_busy: bool = False) -> ProbeOutcome:
-        """This cluster's probe: the one in flight in this process if there is one, else a new one (or,
-        with `reuse_when_busy` and the budget short, the latest recent one)."""
-        if reuse_when_busy:
-            recent = _RECENT.get((str(self.registry.path), cluster, extras))
-            if recent is not None and time.monotonic() - recent[0] <= RECENT_PROBE_MAX_AGE \
+                         reuse_when_busy: bool = False, max_age: float = 0.0) -> ProbeOutcome:
+        """This cluster's probe: the latest one where `max_age` or `reuse_when_busy` lets it answer, else
+        the one in flight in this process if there is one, else a new one."""
+        latest = _LATEST.get((str(self.registry.path), cluster, extras))
+        if latest is not None:
+            started, finished, outcome = latest
+            age = time.monotonic() - started
+            if 0 < max_age and age <= max_age:
+                if age > max_age / 2:
+                    self._in_flight(cluster, extras)  # the next caller gets a newer one
+                return outcome
+            if reuse_when_busy and outcome.ok and time.monotonic() - finished <= RECENT_PROBE_MAX_AGE \
                     and not budget.affords_now(cluster, self.infra(cluster).probe_commands):
-                return recent[1]
+                return outcome
+        return await asyncio.shield(self._in_flight(cluster, extras))  # a caller that goes away leaves it to the others
+
+    def _in_flight(self, cluster: str, extras: ProbeAsk) -> asyncio.Future[ProbeOutcome]:
+        """The probe of this cluster running in this process, started now if none is."""
         running = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
         key = (str(self.registry.path), cluster, self.transport.timeout, extras)
         probe = running.get(key)
         if probe is None:
             probe = running[key] = asyncio.ensure_future(self._probe_now(cluster, extras))
             probe.add_done_callback(lambda done: running.pop(key) if running.get(key) is done else None)
-        return await asyncio.shield(probe)  # a caller that goes away leaves it to the others
+        return probe
 
     async def _probe_now(self, cluster: str, extras: ProbeAsk) -> ProbeOutcome:
         started = time.monotonic()
@@ -150,20 +169,22 @@ class Client:
         try:
             snapshot = await self.infra(cluster).probe(associations=associations, paths=paths,
                                                        filesystems=filesystems)
+            outcome = ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())
         except CorralError as exc:
-            return ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
-        outcome = ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())
+            outcome = ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
         now = time.monotonic()
-        _RECENT[(str(self.registry.path), cluster, extras)] = (now, outcome)
-        if len(_RECENT) > RECENT_PROBES_KEPT:  # tasks' paths make keys of their own: drop what aged out
-            for key in [k for k, (when, _) in _RECENT.items() if now - when > RECENT_PROBE_MAX_AGE]:
-                del _RECENT[key]
+        _LATEST[(str(self.registry.path), cluster, extras)] = (started, now, outcome)
+        if len(_LATEST) > RECENT_PROBES_KEPT:  # tasks' paths make keys of their own: drop what aged out
+            for key in [k for k, (_, ended, _) in _LATEST.items() if now - ended > RECENT_PROBE_MAX_AGE]:
+                del _LATEST[key]
         return outcome
 
-    async def gpus(self, gpu: str | None = None, infra: str | None = None) -> GpuReport:
+    async def gpus(self, gpu: str | None = None, infra: str | None = None, max_age: float = 0.0) -> GpuReport:
+        """GPUs per cluster and partition from a probe of each cluster: a new one, or with `max_age` the
+        latest one started at most that many seconds ago (see _LATEST)."""
         selector = parse_infra(infra) if infra else InfraSelector()
         clusters = [selector.cluster] if selector.cluster else None
-        outcomes = await self.probe(clusters)
+        outcomes = await self.probe(clusters, max_age=max_age)
         rows: list[GpuAvailability] = []
         failures: list[ProbeOutcome] = []
         for outcome in outcomes:

@@ -114,3 +114,19 @@ def test_one_ssh_round_trip_per_cluster(corral, corral_env, tmp_path):
         result = corral("gpus", "--json", env=env)
         assert result.exit_code == 0, result.stderr
         assert sorted(calls()[before:]) == ["alpine", "borealis", "cirrus"], attempt
+
+
+def test_max_age_answers_from_the_servers_latest_probes_and_says_how_old(corral, corral_env, tmp_path):
+    """`--max-age`: the server's latest probe of each cluster answers while it is young enough, with no
+    round trip; the table says how old it is; without it every call probes."""
+    env, calls = counting_ssh(tmp_path, corral_env)
+    fresh = corral("gpus", "--json", env=env)
+    assert fresh.exit_code == 0, fresh.stderr
+    before = len(calls())
+    shared = corral("gpus", "--json", "--max-age", "600", env=env)
+    assert shared.exit_code == 0 and shared.json() == fresh.json()
+    table = wait_for("the table to say its probes' age",
+                     lambda: (t := corral("gpus", "--max-age", "600", env=env)).stderr and "as of" in t.stderr and t)
+    assert "--max-age; 0 probes now" in table.stderr and "alpine" in table.stdout
+    assert calls()[before:] == []  # no cluster asked again
+    assert sorted(corral("gpus", "--json", env=env) and calls()[before:]) == ["alpine", "borealis", "cirrus"]

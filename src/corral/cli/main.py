@@ -59,8 +59,11 @@ def check(clusters: tuple[str, ...], as_json: bool, timeout: float | None) -> No
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows (and of unreachable clusters).")
 @click.option("--timeout", type=click.FloatRange(1, 3600), default=None,
               help="Most seconds to wait for each cluster's answer [default: CORRAL_TIMEOUT or 10].")
+@click.option("--max-age", type=click.FloatRange(0, 3600), default=0, metavar="SECONDS",
+              help="Answer from the server's latest probe of each cluster if it started at most this long ago "
+                   "(shared with every caller: for watch loops and many clusters) [default: 0, probe now].")
 @reports_errors
-def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | None) -> None:
+def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | None, max_age: float) -> None:
     """GPUs across every cluster: type, free/total, nodes and pending demand.
 
     GPU filters by name tolerantly: H100 matches the GRES type nvidia_h100_80gb_hbm3; L4 does not
@@ -68,13 +71,13 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | Non
     """
     from corral.sdk import Client
 
-    report = Client().gpus(gpu, infra, timeout=timeout)
+    report = Client().gpus(gpu, infra, timeout=timeout, max_age=max_age)
     if as_json:
         print_json([r.raw for r in report.rows] + [f.raw for f in report.failures])
     else:
         from corral.cli.render import render_gpus
 
-        render_gpus(report, gpu)
+        render_gpus(report, gpu, shared=max_age > 0)
     if report.failures and not report.rows:
         sys.exit(1)
 

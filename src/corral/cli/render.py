@@ -41,7 +41,8 @@ def render_check(checks: list[ClusterCheck]) -> None:
             warn(f"{c.cluster}: {warning}")
 
 
-def render_gpus(report: GpuReport, gpu: str | None) -> None:
+def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> None:
+    """The table; `shared`: answered from the server's latest probes (`--max-age`), whose age it says."""
     table = Table(box=None, header_style="bold")
     for column in ("CLUSTER", "PARTITION", "GPU", "GRES TYPE", "FREE", "TOTAL", "NODES", "PENDING"):
         table.add_column(column, justify="right" if column in ("FREE", "TOTAL", "NODES", "PENDING") else "left")
@@ -57,6 +58,9 @@ def render_gpus(report: GpuReport, gpu: str | None) -> None:
         console.print(f"No GPUs{' matching ' + repr(gpu) if gpu else ''} on any cluster.")
     for f in report.failures:
         err_console.print(f"[red]✗[/red] {f.error_message}", highlight=False)
+    if shared and report.as_of is not None and time.time() - report.as_of >= 1:
+        err_console.print(f"[dim]as of {time.time() - report.as_of:.0f} s ago (--max-age; 0 probes now)[/dim]",
+                          highlight=False)
 
 
 # ---- launch, queue --------------------------------------------------------------------------------

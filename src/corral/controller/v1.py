@@ -107,9 +107,12 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     @router.get("/gpus")
     async def gpus(gpu: Annotated[str | None, Query(max_length=200)] = None,
                    infra: Annotated[str | None, Query(max_length=500)] = None,
-                   timeout: Timeout = None) -> dict[str, object]:
-        """GPUs per cluster and partition from a fresh probe, and the clusters that did not answer."""
-        report = await Client(timeout=timeout).gpus(gpu, infra)
+                   timeout: Timeout = None,
+                   max_age: Annotated[float, Query(ge=0, le=3600)] = 0) -> dict[str, object]:
+        """GPUs per cluster and partition, and the clusters that did not answer, from a fresh probe of each
+        cluster; with `max_age` (seconds), from the server's latest probe of a cluster where it started at
+        most that long ago (shared by every caller; `clusters[].probed_at` says when each answered)."""
+        report = await Client(timeout=timeout).gpus(gpu, infra, max_age)
         return {"rows": [r.to_json() for r in report.rows],
                 "failures": [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
                              for f in report.failures],

@@ -95,11 +95,15 @@ class Client:
         data = self._json("GET", "/check", {"cluster": clusters or [], "timeout": timeout})
         return [ClusterCheck.from_json(c) for c in data["clusters"]]
 
-    def gpus(self, gpu: str | None = None, infra: str | None = None, *, timeout: float | None = None) -> GpuReport:
-        """GPUs per cluster and partition, probed now (never cached capacity)."""
-        data = self._json("GET", "/gpus", {"gpu": gpu, "infra": infra, "timeout": timeout})
+    def gpus(self, gpu: str | None = None, infra: str | None = None, *, timeout: float | None = None,
+             max_age: float = 0) -> GpuReport:
+        """GPUs per cluster and partition, probed now; with `max_age` (seconds), from the server's latest
+        probe of each cluster where it started at most that long ago (shared with every other caller)."""
+        data = self._json("GET", "/gpus", {"gpu": gpu, "infra": infra, "timeout": timeout,
+                                           "max_age": max_age or None})
+        answered = [c["probed_at"] for c in data.get("clusters") or [] if c.get("probed_at")]
         return GpuReport([GpuRow.from_json(r) for r in data["rows"]],
-                         [Unreachable.from_json(f) for f in data["failures"]])
+                         [Unreachable.from_json(f) for f in data["failures"]], min(answered, default=None))
 
     def queue(self, *, limit: int = 20, page: int = 1, since: float | None = None, allocation: str | None = None,
               by_sweep: bool = False) -> QueuePage:

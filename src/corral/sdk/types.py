@@ -67,6 +67,7 @@ class Unreachable:
 class GpuReport:
     rows: list[GpuRow]
     failures: list[Unreachable]
+    as_of: float | None = None  # when the oldest of the clusters' answers came (epoch seconds)
 
 
 @dataclass(frozen=True)

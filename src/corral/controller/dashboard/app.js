@@ -142,8 +142,12 @@ function useBar(used, total) {
 
 const KINDS = { slurm: "Slurm", ssh: "SSH pool", k8s: "Kubernetes" };
 
-async function drawInfra() {
-  const report = await api("GET", "/gpus");
+const INFRA_EVERY = 15000;  // ms between the Infra page's refreshes
+
+async function drawInfra(first) {
+  // Opening the page probes every cluster; its refreshes share the server's latest probes, so that
+  // any number of open dashboards costs each cluster one probe per period.
+  const report = await api("GET", first ? "/gpus" : `/gpus?max_age=${INFRA_EVERY / 1000}`);
   const health = $("health").querySelector("tbody");
   health.replaceChildren(...report.clusters.map((c) => {
     const tr = el("tr");
@@ -583,7 +587,7 @@ function parseRoute() {
   if (page === "job" && arg) return ["job", (first) => drawJob(arg, first), 2000, "job-status"];
   if (page === "managed" && arg) return ["managed-job", (first) => drawManagedJob(arg, first), 2000, "mjob-status"];
   if (pages[page]) return [page, ...pages[page]];
-  return ["infra", async () => { await drawInfra(); await drawUsage(); }, 15000, "usage-hint"];
+  return ["infra", async (first) => { await drawInfra(first); await drawUsage(); }, INFRA_EVERY, "usage-hint"];
 }
 
 async function route() {
