@@ -86,6 +86,7 @@ def test_no_argument_list_ends_in_a_traceback(refusing_clusters, argv):
     (["launch", "--num-jobs", "100000000", "--", "true"], "a sweep has 1 to 10,000 jobs", 65),
     (["launch", "--num-jobs", "0", "--", "true"], "a sweep has 1 to 10,000 jobs", 65),
     (["gpus", "--infra", "slurm/nope"], "unknown cluster 'nope'", 66),
+    (["gpus", "--max-age", "nan"], "Invalid value for '--max-age': 'nan' is not a number.", 2),
     (["launch", "--env", "CORRAL_TASK_ID=1", "--", "true"], "Corral's own variables", 65),
     (["launch", "--secret", "NOT_IN_ENV_FOR_SURE", "--", "true"], "is not set in your environment", 65),
 ])

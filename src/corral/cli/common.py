@@ -15,6 +15,16 @@ import click
 DEFAULT_QUEUE_LIMIT = 20
 
 
+class NumberRange(click.FloatRange):
+    """click's FloatRange that also refuses `nan` (which compares false with both bounds, so passes them)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if number != number:
+            self.fail(f"{value!r} is not a number.", param, ctx)
+        return number
+
+
 def reports_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Print a CorralError as one line on stderr and exit with its code, instead of a traceback."""
 

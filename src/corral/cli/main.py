@@ -9,7 +9,7 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli.common import one_line, paging, print_json, reports_errors, write_bytes
+from corral.cli.common import NumberRange, one_line, paging, print_json, reports_errors, write_bytes
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,7 +32,7 @@ def infra_clusters(names: tuple[str, ...]) -> list[str]:
 @cli.command()
 @click.argument("clusters", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per cluster.")
-@click.option("--timeout", type=click.FloatRange(1, 3600), default=None,
+@click.option("--timeout", type=NumberRange(1, 3600), default=None,
               help="Most seconds to wait for each cluster's answer [default: CORRAL_TIMEOUT or 10].")
 @reports_errors
 def check(clusters: tuple[str, ...], as_json: bool, timeout: float | None) -> None:
@@ -57,9 +57,9 @@ def check(clusters: tuple[str, ...], as_json: bool, timeout: float | None) -> No
 @click.argument("gpu", required=False)
 @click.option("--infra", help="Only this infra: slurm/<cluster>[/<partition>].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows (and of unreachable clusters).")
-@click.option("--timeout", type=click.FloatRange(1, 3600), default=None,
+@click.option("--timeout", type=NumberRange(1, 3600), default=None,
               help="Most seconds to wait for each cluster's answer [default: CORRAL_TIMEOUT or 10].")
-@click.option("--max-age", type=click.FloatRange(0, 3600), default=0, metavar="SECONDS",
+@click.option("--max-age", type=NumberRange(0, 3600), default=0, metavar="SECONDS",
               help="Answer from the server's latest probe of each cluster if it started at most this long ago "
                    "(shared with every caller: for watch loops and many clusters) [default: 0, probe now].")
 @reports_errors

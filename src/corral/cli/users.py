@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from corral.cli.common import print_json, reports_errors
+from corral.cli.common import NumberRange, print_json, reports_errors
 
 
 @click.group()
@@ -20,7 +20,7 @@ def users() -> None:
 @click.option("--unix-user", "unix_users", multiple=True, metavar="CLUSTER=NAME",
               help="The user's own account on a cluster (repeat per cluster). Their jobs run as it.")
 @click.option("--service", is_flag=True, help="A service account (CI, bots): its token must expire.")
-@click.option("--expires", "expires_days", type=click.FloatRange(min=0, min_open=True, max=3650), metavar="DAYS",
+@click.option("--expires", "expires_days", type=NumberRange(min=0, min_open=True, max=3650), metavar="DAYS",
               help="The token stops working after DAYS days.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"name", "token"} as JSON.')
 @reports_errors
