@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.helpers import counting_ssh
 
 
 @pytest.fixture
@@ -97,3 +98,21 @@ def test_api_on_loopback_with_a_token(corral, slow_controller):
     stopped = corral("server", "status", env=env)
     assert stopped.exit_code == 1 and stopped.stdout.strip() == "controller not running"
     assert os.path.exists(Path(env["CORRAL_HOME"]) / "controller.log")
+
+
+def test_a_starting_server_opens_a_master_to_every_slurm_cluster_ahead(corral, slow_controller, tmp_path):
+    """While its modules load, the server opens each cluster's ControlMaster (`ssh -N -f`, no remote
+    command); the first probe then goes over it, and the only round trip per cluster is the probe's."""
+    from corral.ssh import control_dir
+
+    env, calls = counting_ssh(tmp_path, slow_controller)
+    assert corral("server", "start", env=env).exit_code == 0
+    log = (tmp_path / "ssh-calls").read_text().splitlines()
+    assert sorted(line.split(" -- ")[1] for line in log) == ["alpine", "borealis", "cirrus"]
+    assert all(" -N -f -- " in line for line in log)
+    sockets = control_dir()
+    wait_for("a master per cluster", lambda: len([s for s in sockets.iterdir() if s.is_socket()]) == 3, timeout=20)
+    gpus = corral("gpus", "--json", env=env)
+    assert gpus.exit_code == 0, gpus.stderr
+    assert sorted(calls()) == ["alpine", "borealis", "cirrus"]  # the probes: over the masters
+    assert len([s for s in sockets.iterdir() if s.is_socket()]) == 3  # no second connection to any

@@ -36,11 +36,25 @@ def test_the_head_the_store_checks_for_is_alembics():
     assert migrations.HEAD == migrations.head()
 
 
-def test_a_new_store_is_made_by_the_migrations_and_matches_the_models(empty_url):
+def test_a_new_store_is_made_at_head_and_matches_the_models(empty_url):
     store = Store(empty_url)
     with store.engine.connect() as conn:
         assert migrations.current(conn) == migrations.HEAD
     assert schema_differences(store) == []
+    with store.engine.begin() as conn:  # Alembic reads the stamp: nothing left to run
+        assert MigrationContext.configure(conn).get_current_heads() == (migrations.HEAD,)
+
+
+def test_every_revision_from_an_empty_store_gives_the_models_schema(empty_url):
+    """What an old store is upgraded through gives what a new store is made with."""
+    from alembic import command
+
+    engine = create_engine(empty_url)
+    with engine.begin() as conn:
+        command.upgrade(migrations._config(conn), "head")
+        assert migrations.current(conn) == migrations.HEAD
+    engine.dispose()
+    assert schema_differences(Store(empty_url)) == []
 
 
 def test_a_store_from_before_alembic_is_upgraded_with_its_data(empty_url):

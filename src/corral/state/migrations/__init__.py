@@ -1,5 +1,10 @@
 """The store's schema history as Alembic revisions (`versions/`), applied by `upgrade()` whenever a
-store is opened: a new store is created by them, an older one is brought up to date, data kept.
+store is opened: an older store is brought up to date, data kept.
+
+A new store is made from the models at once and stamped with the newest revision, as Alembic's own
+guide advises ("create_all, then stamp head"): running every revision on an empty store imports
+Alembic (~0.2 s) and replays six schema changes, and a person's first `corral` call pays for it.
+tests/state/test_migrations.py checks that both ways give the same schema, the models'.
 
 Stores made before Corral used Alembic (created from the models directly, then widened column by
 column) are first completed to the baseline revision's columns and stamped with it, then upgraded.
@@ -31,6 +36,9 @@ def upgrade(connection: Connection) -> None:
     tables = set(inspect(connection).get_table_names())
     if "alembic_version" in tables and current(connection) == HEAD:
         return
+    if not tables:
+        create_at_head(connection)
+        return
     from alembic import command
 
     config = _config(connection)
@@ -40,6 +48,19 @@ def upgrade(connection: Connection) -> None:
         v0001_baseline.complete_legacy(connection)
         command.stamp(config, v0001_baseline.revision)
     command.upgrade(config, "head")
+
+
+def create_at_head(connection: Connection) -> None:
+    """A new store: the models' tables, and Alembic's version table saying HEAD (as `alembic stamp` writes it)."""
+    from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table
+
+    from corral.state.models import Base
+
+    Base.metadata.create_all(connection)
+    version = Table("alembic_version", MetaData(), Column("version_num", String(32), nullable=False),
+                    PrimaryKeyConstraint("version_num", name="alembic_version_pkc"))
+    version.create(connection)
+    connection.execute(version.insert().values(version_num=HEAD))
 
 
 def current(connection: Connection) -> str | None:
