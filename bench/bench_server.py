@@ -2,7 +2,9 @@
 
 Run as root with the testbed (`python -m testbed up`):  python bench/bench_server.py
 1. `corral launch -d` with the server running, and the first call that starts it, against a raw
-   `ssh <login> sbatch` on a new connection (medians of --runs); a fresh probe every time;
+   `ssh <login> sbatch` on a new connection (medians of --runs); a fresh probe every time. The first
+   call twice: with the server stopped (its store and ControlMasters left from before), and a person's
+   very first (a new CORRAL_HOME: no store, no masters);
 2. --concurrent `corral launch -d` started at the same moment on a fresh store: all accepted, each job
    submitted exactly once (counted in Slurm by its token), one engine process;
 3. the server's resident memory with --managed managed jobs live (held sweeps of up to 10,000, so
@@ -22,7 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_testbed, cancel_all, corral_argv, median_of, print_table, time_command  # noqa: E402
+from bench.common import (  # noqa: E402
+    bench_testbed,
+    cancel_all,
+    close_masters,
+    corral_argv,
+    median_of,
+    print_table,
+    time_command,
+)
 from corral.taskfile import MAX_SWEEP_JOBS  # noqa: E402
 
 HELD_TASK = "resources:\n  cpus: 1\nslurm:\n  sbatch_args: [--hold]\nrun: 'true'\n"
@@ -62,6 +72,15 @@ def main() -> None:
                 return time_command(launch, env=env)
 
             cold_pinned = median_of(args.runs, cold, warmup=0)
+            homes = iter(range(10**6))
+
+            def first_ever() -> float:
+                home = bench.scratch / "first" / f"home-{next(homes)}"
+                seconds = time_command(launch, env={**env, "CORRAL_HOME": str(home)})
+                close_masters(home.parent)
+                return seconds
+
+            first_pinned = median_of(args.runs, first_ever, warmup=0)
             cancel_all(config, clusters)
 
             fresh = {**env, "CORRAL_HOME": str(bench.scratch / "home-concurrent")}
@@ -77,6 +96,7 @@ def main() -> None:
         ("corral launch -d --infra slurm/alpine/cpu, server running", warm_pinned, raw_new, "<= 1.0x"),
         ("corral launch -d, placed over 3 clusters, server running", warm_any, raw_new, "<= 1.0x"),
         ("corral launch -d --infra slurm/alpine/cpu, first call (starts it)", cold_pinned, raw_new, "<= 3x"),
+        ("corral launch -d --infra slurm/alpine/cpu, first call in a new home", first_pinned, raw_new, "-"),
     ])
     print(f"\n{args.concurrent} `corral launch -d` at once on a fresh store: {burst:.2f} s for all; "
           f"{accepted} accepted, {submitted} jobs in Slurm, {engines} engine process(es) "
