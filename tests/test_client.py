@@ -60,7 +60,7 @@ def test_max_age_callers_share_the_latest_probe_and_renew_it_past_half_its_age(m
     probing, fake = counting_client(cluster)
     key = ("fake", cluster, (False, (), ()))
     clock = [1000.0]
-    monkeypatch.setattr(client.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(client, "monotonic", lambda: clock[0])  # the client's clock only, not the event loop's
 
     async def gpus(max_age: float):
         report = await probing.gpus(max_age=max_age)

@@ -15,6 +15,7 @@ import asyncio
 import time
 import weakref
 from dataclasses import dataclass, field
+from time import monotonic
 
 from corral import accounts as team_accounts
 from corral import budget
@@ -143,12 +144,12 @@ class Client:
         latest = _LATEST.get((str(self.registry.path), cluster, extras))
         if latest is not None:
             started, finished, outcome = latest
-            age = time.monotonic() - started
+            age = monotonic() - started
             if 0 < max_age and age <= max_age:
                 if age > max_age / 2:
                     self._in_flight(cluster, extras)  # the next caller gets a newer one
                 return outcome
-            if reuse_when_busy and outcome.ok and time.monotonic() - finished <= RECENT_PROBE_MAX_AGE \
+            if reuse_when_busy and outcome.ok and monotonic() - finished <= RECENT_PROBE_MAX_AGE \
                     and not budget.affords_now(cluster, self.infra(cluster).probe_commands):
                 return outcome
         return await asyncio.shield(self._in_flight(cluster, extras))  # a caller that goes away leaves it to the others
@@ -164,15 +165,15 @@ class Client:
         return probe
 
     async def _probe_now(self, cluster: str, extras: ProbeAsk) -> ProbeOutcome:
-        started = time.monotonic()
+        started = monotonic()
         associations, paths, filesystems = extras
         try:
             snapshot = await self.infra(cluster).probe(associations=associations, paths=paths,
                                                        filesystems=filesystems)
-            outcome = ProbeOutcome(cluster, snapshot, None, time.monotonic() - started, time.time())
+            outcome = ProbeOutcome(cluster, snapshot, None, monotonic() - started, time.time())
         except CorralError as exc:
-            outcome = ProbeOutcome(cluster, None, exc, time.monotonic() - started, time.time())
-        now = time.monotonic()
+            outcome = ProbeOutcome(cluster, None, exc, monotonic() - started, time.time())
+        now = monotonic()
         _LATEST[(str(self.registry.path), cluster, extras)] = (started, now, outcome)
         if len(_LATEST) > RECENT_PROBES_KEPT:  # tasks' paths make keys of their own: drop what aged out
             for key in [k for k, (_, ended, _) in _LATEST.items() if now - ended > RECENT_PROBE_MAX_AGE]:
