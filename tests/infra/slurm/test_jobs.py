@@ -75,6 +75,28 @@ def test_failed_states_carry_a_failure_class():
     assert status("COMPLETED").failure is None and status("RUNNING").failure is None
 
 
+def test_a_corral_job_slurm_could_not_launch_is_an_infrastructure_failure():
+    # Recorded on the testbed: a job named as Corral names its own, its output in a missing directory.
+    statuses = {s.handle: s for s in parse_status("borealis", fixture("borealis-launch-failure-status"))}
+    failed = statuses["35"]
+    assert (failed.state, failed.reason, failed.token) == ("FAILED", "JobLaunchFailure", "1a0f2b3c4d5e")
+    assert failed.failure == "infra"  # the controller recovers it elsewhere, as after NODE_FAIL
+    assert statuses["5"].failure is None and statuses["24"].token is None
+
+
+def test_a_users_own_script_slurm_could_not_launch_stays_the_tasks_failure():
+    """Its own #SBATCH --output may be what failed, on every cluster alike: recovering would loop."""
+    from corral.infra.slurm import userscript
+    from corral.infra.slurm.jobs import _status, parse_clock
+
+    clock = parse_clock("1796015347 2026-12-01T10:00:00")
+    mine = _status(["9", "train", "FAILED", "JobLaunchFailure", "", "", "", "0:53", "gpu",
+                    f"{userscript.COMMENT_PREFIX}aaaa11112222"], clock)
+    assert mine.token == "aaaa11112222" and mine.failure == "task"
+    corral = _status(["9", "corral-aaaa11112222", "FAILED", "SystemFailure", "", "", "", "0:0", "gpu", "(null)"], clock)
+    assert corral.failure == "infra"
+
+
 def test_a_job_the_step_start_bound_ended_is_an_infrastructure_failure_with_its_reason():
     # Recorded on the testbed: b2's slurmd frozen, the bound at 4 s (tests/cli/test_jobs.py).
     [status] = parse_status("borealis", fixture("borealis-step-bound-status"))

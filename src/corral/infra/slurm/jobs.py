@@ -44,6 +44,11 @@ STATE_MAP: dict[str, JobState] = {
 }
 # Failed states that are the infrastructure's doing, not the task's: the controller recovers these.
 INFRA_FAILURE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
+# FAILED for these reasons, Slurm could not start the batch script at all (a node's filesystem or
+# slurmd, a dispatch never confirmed): the infrastructure's failure for the scripts Corral writes,
+# whose output paths and options are its own. A user's own job script stays the task's: its
+# `#SBATCH --output` into a missing directory fails the same way, on every cluster.
+INFRA_FAILURE_REASONS = frozenset({"JobLaunchFailure", "SystemFailure"})
 # A job's name is the user's own text for a job script (it may hold the separator): second, so that a
 # line splits once from the left for the id, then from the right; the comment, last, is Corral's word.
 SQUEUE_FIELDS = ("JobArrayID", "Name", "State", "Reason", "SubmitTime", "StartTime", "EndTime", "exit_code",
@@ -202,7 +207,9 @@ def _status(fields: list[str], clock: Clock) -> JobStatus:
     ended = generic not in (JobState.PENDING, JobState.STARTING, JobState.RUNNING)
     failure = None
     if generic is JobState.FAILED:
-        failure = FailureClass.INFRA if slurm_state in INFRA_FAILURE_STATES else FailureClass.TASK
+        corral_script = name.startswith(JOB_NAME_PREFIX) and not comment.startswith(userscript.COMMENT_PREFIX)
+        infra = slurm_state in INFRA_FAILURE_STATES or (corral_script and reason in INFRA_FAILURE_REASONS)
+        failure = FailureClass.INFRA if infra else FailureClass.TASK
     if comment.startswith(STEP_COMMENT_PREFIX) and ended:
         # The step-start bound ended it (jobscript.step_bound_lines): the step, not the task, failed.
         generic, failure, reason = JobState.FAILED, FailureClass.INFRA, comment[len(STEP_COMMENT_PREFIX):]
