@@ -88,7 +88,8 @@ def fill_h100s(config: Path) -> dict[str, str]:
 def counting_ssh(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], Callable[[], list[str]]]:
     """An environment whose `ssh` is a PATH shim that logs each call, and a function giving the
     cluster of every call made so far, in order: SSH round trips counted, not timed. The masters a
-    starting server opens ahead (`ssh -N -f`: a connection, no remote command) are not round trips."""
+    starting server opens ahead (`ssh -G` to read the settings, then `ssh -N -f`: a connection, no remote
+    command) are not round trips."""
     shim_dir = tmp_path / "bin"
     shim_dir.mkdir(exist_ok=True)
     log = tmp_path / "ssh-calls"
@@ -97,7 +98,7 @@ def counting_ssh(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], C
 
     def calls() -> list[str]:
         lines = log.read_text().splitlines() if log.exists() else []
-        return [line.split(" -- ")[1].split()[0] for line in lines if " -N -f -- " not in line]
+        return [line.split(" -- ")[1].split()[0] for line in lines if not {"-N", "-G"} & set(line.split(" -- ")[0].split())]
 
     return {**env, "PATH": f"{shim_dir}{os.pathsep}{env.get('PATH', os.environ['PATH'])}"}, calls
 

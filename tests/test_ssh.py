@@ -261,3 +261,22 @@ def test_a_burst_of_requests_shares_probes_and_session_slots(testbed, corral_env
     probes = sum(c.transport.round_trips[cluster] for c in clients for cluster in ("borealis", "cirrus"))
     assert probes == 2  # borealis and cirrus once each, whoever asked
     assert 1 <= most_open <= clients[0].transport.max_sessions_per_cluster
+
+
+@pytest.mark.parametrize(("extra", "keeps"), [
+    ("", True),  # Corral's defaults: ControlMaster auto, a ControlPath, ControlPersist 600
+    ("    ControlMaster no\n", False),
+    ("    ControlPath none\n", False),
+    ("    ControlPersist no\n", False),  # the master would stay as long as its own -N session: forever
+    ("    ControlPersist yes\n", True),
+])
+def test_masters_are_opened_ahead_only_where_the_users_ssh_config_keeps_them(tmp_path, corral_env, extra, keeps):
+    """`open_masters` reads real `ssh -G` output: the user's settings come first and win."""
+    import subprocess
+
+    from corral.ssh import keeps_masters
+
+    path = write_config(tmp_path, f"Host lab\n    HostName 127.0.0.1\n{extra}")
+    transport = transport_for(path)
+    settings = subprocess.run(transport.ssh_argv("lab", [], ("-G",)), capture_output=True, text=True, check=True)
+    assert keeps_masters(settings.stdout) is keeps

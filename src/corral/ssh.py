@@ -21,6 +21,8 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
+import threading
 import time
 import weakref
 from collections import Counter
@@ -146,6 +148,38 @@ async def _within_budget(cluster: str, allowance: Budget, cost: int, timeout: fl
 def _session_limit(cluster: str, size: int) -> asyncio.Semaphore:
     limits = _SESSIONS.setdefault(asyncio.get_running_loop(), {})
     return limits.setdefault(cluster, asyncio.Semaphore(size))
+
+
+def open_masters(registry: ClusterRegistry, clusters: list[str]) -> None:
+    """Open a ControlMaster to each cluster in the background (`ssh -N -f`: a connection, no remote
+    command; it returns once the master is up or has failed). A starting server calls this before it
+    loads its modules, so the handshakes overlap that. A cluster that does not answer costs nothing
+    here: its first call reports it. Only where the effective ssh config (`ssh -G`) keeps masters:
+    elsewhere `-N -f` would leave an idle connection behind. A call that comes before its cluster's
+    master is up makes a connection of its own, as it would without this."""
+    transport = SshTransport(registry)
+
+    def open_all() -> None:
+        try:
+            asked = [(name, subprocess.Popen(transport.ssh_argv(name, [], ("-G",)), stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)) for name in clusters]
+            opening = [subprocess.Popen(transport.ssh_argv(name, [], ("-N", "-f")), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       for name, settings in asked if keeps_masters(settings.communicate()[0].decode(errors="replace"))]
+        except OSError:
+            return  # no ssh: the first call says so
+        for proc in opening:
+            proc.wait()
+
+    threading.Thread(target=open_all, daemon=True).start()
+
+
+def keeps_masters(settings: str) -> bool:
+    """Whether `ssh -G`'s effective settings make a connection a ControlMaster that goes away on its own
+    (ControlMaster yes or auto, a ControlPath, and ControlPersist not `no`)."""
+    values = dict(line.split(" ", 1) for line in settings.splitlines() if " " in line)
+    return (values.get("controlmaster") in ("auto", "true") and values.get("controlpath", "none") != "none"
+            and values.get("controlpersist", "no") != "no")
 
 
 class SshTransport:

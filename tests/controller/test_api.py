@@ -107,11 +107,11 @@ def test_a_starting_server_opens_a_master_to_every_slurm_cluster_ahead(corral, s
 
     env, calls = counting_ssh(tmp_path, slow_controller)
     assert corral("server", "start", env=env).exit_code == 0
-    log = (tmp_path / "ssh-calls").read_text().splitlines()
-    assert sorted(line.split(" -- ")[1] for line in log) == ["alpine", "borealis", "cirrus"]
-    assert all(" -N -f -- " in line for line in log)
     sockets = control_dir()
     wait_for("a master per cluster", lambda: len([s for s in sockets.iterdir() if s.is_socket()]) == 3, timeout=20)
+    log = (tmp_path / "ssh-calls").read_text().splitlines()
+    opened = sorted(line.split(" -- ")[1] for line in log if " -N -f -- " in line)
+    assert opened == ["alpine", "borealis", "cirrus"] and len(log) == 6  # and an `ssh -G` each
     gpus = corral("gpus", "--json", env=env)
     assert gpus.exit_code == 0, gpus.stderr
     assert sorted(calls()) == ["alpine", "borealis", "cirrus"]  # the probes: over the masters

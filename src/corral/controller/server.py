@@ -225,31 +225,16 @@ def run(options: ServerOptions | None = None) -> None:
 
 
 def _open_masters() -> None:
-    """Open a ControlMaster to every Slurm cluster in the background (`ssh -N -f`: a connection, no remote
-    command), so that the SSH handshakes run while the engine's modules load (~1 s) instead of after:
-    the call that started the server then finds its masters up. A cluster that does not answer costs
-    nothing here; its first probe reports it. Masters the user's ssh config turns off are not opened."""
-    import threading
-
+    """The SSH handshakes to every Slurm cluster, started before the engine's modules load (~1 s), so
+    that they run meanwhile (ssh.open_masters)."""
     from corral.config import load_registry
-    from corral.ssh import SshTransport
+    from corral.ssh import open_masters
 
     try:
         registry = load_registry()
-        transport = SshTransport(registry)
-        argvs = [transport.ssh_argv(name, [], ("-N", "-f")) for name in registry.names()
-                 if registry.infra_kind(name) == "slurm"]
     except CorralError:
         return  # a broken cluster file: the first command says what is wrong with it
-    opening = []
-    for argv in argvs:
-        try:
-            opening.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL))
-        except OSError:
-            return  # no ssh: the first probe says so
-    # Each returns once its master is up (or failed); waiting reaps them.
-    threading.Thread(target=lambda: [p.wait() for p in opening], daemon=True).start()
+    open_masters(registry, [name for name in registry.names() if registry.infra_kind(name) == "slurm"])
 
 
 def _listener(options: ServerOptions) -> socket.socket:
