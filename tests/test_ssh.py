@@ -274,9 +274,9 @@ def test_masters_are_opened_ahead_only_where_the_users_ssh_config_keeps_them(tmp
     """`open_masters` reads real `ssh -G` output: the user's settings come first and win."""
     import subprocess
 
-    from corral.ssh import keeps_masters
+    from corral.ssh import keeps_masters, ssh_settings
 
     path = write_config(tmp_path, f"Host lab\n    HostName 127.0.0.1\n{extra}")
     transport = transport_for(path)
     settings = subprocess.run(transport.ssh_argv("lab", [], ("-G",)), capture_output=True, text=True, check=True)
-    assert keeps_masters(settings.stdout) is keeps
+    assert keeps_masters(ssh_settings(settings.stdout)) is keeps

@@ -165,7 +165,8 @@ def open_masters(registry: ClusterRegistry, clusters: list[str]) -> None:
                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)) for name in clusters]
             opening = [subprocess.Popen(transport.ssh_argv(name, [], ("-N", "-f")), stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                       for name, settings in asked if keeps_masters(settings.communicate()[0].decode(errors="replace"))]
+                       for name, answer in asked
+                       if keeps_masters(ssh_settings(answer.communicate()[0].decode(errors="replace")))]
         except OSError:
             return  # no ssh: the first call says so
         for proc in opening:
@@ -174,12 +175,23 @@ def open_masters(registry: ClusterRegistry, clusters: list[str]) -> None:
     threading.Thread(target=open_all, daemon=True).start()
 
 
-def keeps_masters(settings: str) -> bool:
-    """Whether `ssh -G`'s effective settings make a connection a ControlMaster that goes away on its own
-    (ControlMaster yes or auto, a ControlPath, and ControlPersist not `no`)."""
-    values = dict(line.split(" ", 1) for line in settings.splitlines() if " " in line)
-    return (values.get("controlmaster") in ("auto", "true") and values.get("controlpath", "none") != "none"
-            and values.get("controlpersist", "no") != "no")
+def ssh_settings(text: str) -> dict[str, list[str]]:
+    """`ssh -G` output by lowercase keyword; a keyword may come more than once (IdentityFile, …)."""
+    settings: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        settings.setdefault(key, []).append(value)
+    return settings
+
+
+def keeps_masters(settings: dict[str, list[str]]) -> bool:
+    """Whether effective ssh settings (`ssh_settings`) make a connection a ControlMaster that goes away
+    on its own (ControlMaster yes or auto, a ControlPath, and ControlPersist not `no`)."""
+    def first(key: str, default: str) -> str:
+        return (settings.get(key) or [default])[0]
+
+    return (first("controlmaster", "false") in ("auto", "true") and first("controlpath", "none") != "none"
+            and first("controlpersist", "no") != "no")
 
 
 class SshTransport:
@@ -472,11 +484,7 @@ class SshTransport:
             "ssh", "-G", "-F", str(self.registry.path), "--", host,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         out, _ = await proc.communicate()
-        settings: dict[str, list[str]] = {}
-        for line in out.decode().splitlines():
-            key, _, value = line.partition(" ")
-            settings.setdefault(key, []).append(value)
-        return settings
+        return ssh_settings(out.decode())
 
     async def fetch(self, cluster: str, remote_dir: str, local_dir: Path, *, timeout: float = 600) -> bool:
         """Copy a remote directory's contents into `local_dir` (a tar stream). False if it does not exist."""

@@ -58,9 +58,9 @@ def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> Non
         console.print(f"No GPUs{' matching ' + repr(gpu) if gpu else ''} on any cluster.")
     for f in report.failures:
         err_console.print(f"[red]✗[/red] {f.error_message}", highlight=False)
-    if shared and report.as_of is not None and time.time() - report.as_of >= 1:
-        err_console.print(f"[dim]as of {time.time() - report.as_of:.0f} s ago (--max-age; 0 probes now)[/dim]",
-                          highlight=False)
+    age = time.time() - report.as_of if shared and report.as_of is not None else 0
+    if age >= 1:
+        err_console.print(f"[dim]as of {age:.0f} s ago (--max-age; 0 probes now)[/dim]", highlight=False)
 
 
 # ---- launch, queue --------------------------------------------------------------------------------
