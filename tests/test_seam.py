@@ -274,3 +274,35 @@ def test_separate_managed_jobs_placed_in_one_tick_share_each_places_free_capacit
         [attempt] = store.attempts_of([job])[job]
         placed[attempt.cluster] = placed.get(attempt.cluster, 0) + 1
     assert placed == expected
+
+
+def test_a_job_the_infrastructure_fails_at_once_every_time_is_failed_not_recovered_forever(store):
+    """A launch failure is recovered like a node failure, but one that follows the job everywhere (five
+    attempts in a row ended as soon as they started) fails it, with why; a long run in between resets it."""
+    import dataclasses
+
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    [job_id] = managed.record(store, parse_task({"resources": {"cpus": 1}, "run": "true"}, "t"), "t")
+    controller = Controller(client, store, "test", ControllerSettings(unhealthy_after_failures=100))
+
+    def fail_latest(ran_for: float = 0.0) -> None:
+        latest = store.attempts_of([job_id])[job_id][-1]
+        infra = client.infras[latest.cluster]
+        infra.finish(latest.handle, JobState.FAILED, FailureClass.INFRA, native="JobLaunchFailure", ended_at=2000.0)
+        infra.jobs[latest.handle] = dataclasses.replace(infra.jobs[latest.handle], started_at=2000.0 - ran_for)
+
+    asyncio.run(controller.tick())
+    fail_latest(ran_for=3600)  # a node failure after an hour's run: recovered, and not counted
+    for _ in range(5):
+        asyncio.run(controller.tick())
+        [view] = managed.views(store, [job_id])
+        assert view.managed.state != "FAILED"
+        fail_latest()
+    asyncio.run(controller.tick())
+    [view] = managed.views(store, [job_id])
+    assert [a.state for a in view.attempts] == ["FAILED"] * 6  # no seventh attempt
+    assert view.managed.state == "FAILED"
+    assert "not recovered again: its last 5 attempts all ended as soon as they started" in view.managed.reason

@@ -79,6 +79,7 @@ class ControllerSettings:
     max_predicted_tasks: int = 16  # distinct tasks predicted per tick (each is one sbatch --test-only per place)
     unhealthy_after_failures: int = 3  # infrastructure failures in a row that mark a cluster unhealthy
     unhealthy_seconds: float = 300.0  # how long an unhealthy cluster is avoided
+    max_launch_failures: int = 5  # attempts in a row the infrastructure ended at once: then FAILED, not recovered
     lease_seconds: float = 30.0
 
     def margin(self, here_start: float, now: float) -> float:
@@ -246,7 +247,12 @@ class Controller:
             elif state in ("SUBMIT_FAILED", "LOST") or _infra_failure(latest):
                 why = f"attempt {latest.number} on {latest.cluster}: {latest.reason or state}"
                 self._note_failure(latest.cluster, now)
-                self._recover(m, job, why, to_place)
+                quick = launch_failures_in_a_row(mine)
+                if quick >= self.settings.max_launch_failures:
+                    self._set(m, "FAILED", f"{why}; not recovered again: its last {quick} attempts all ended as "
+                                           "soon as they started (look at its resources and sbatch_args)")
+                else:
+                    self._recover(m, job, why, to_place)
             elif state == "FAILED":
                 task = _task(self.store.jobs([job])[job])
                 recovery = task.resources.job_recovery
@@ -651,6 +657,24 @@ def _task_key(job: JobRow) -> tuple[str, str]:
 
 def _infra_failure(attempt: AttemptRow) -> bool:
     return attempt.state == "FAILED" and attempt.failure == FailureClass.INFRA
+
+
+QUICK_FAILURE_SECONDS = 60.0  # an attempt the infrastructure ended this soon after it started never really ran
+
+
+def launch_failures_in_a_row(attempts: list[AttemptRow]) -> int:
+    """How many of a job's latest attempts (oldest first in `attempts`) the infrastructure ended before
+    or within QUICK_FAILURE_SECONDS of their start: a job Slurm fails to launch wherever it goes, not one
+    a cluster lost while it ran. Submissions that reached no cluster neither count nor end the run."""
+    count = 0
+    for attempt in reversed(attempts):
+        if attempt.state == "SUBMIT_FAILED":
+            continue
+        ran = (attempt.ended_at or 0.0) - (attempt.started_at or attempt.ended_at or 0.0)
+        if not _infra_failure(attempt) or ran > QUICK_FAILURE_SECONDS:
+            break
+        count += 1
+    return count
 
 
 def _reasons(plan: Plan) -> str:
