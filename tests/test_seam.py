@@ -306,3 +306,18 @@ def test_a_job_the_infrastructure_fails_at_once_every_time_is_failed_not_recover
     assert [a.state for a in view.attempts] == ["FAILED"] * 6  # no seventh attempt
     assert view.managed.state == "FAILED"
     assert "not recovered again: its last 5 attempts all ended as soon as they started" in view.managed.reason
+
+
+def test_one_probe_for_many_jobs_of_one_task_reads_the_tasks_alternatives_once(store, monkeypatch):
+    """A tick probes for every job it places or may move (10,000 pending jobs of a sweep): their shared
+    task's alternatives are expanded once, not once per job."""
+    from corral import launch as launch_module
+
+    calls = []
+    expand = launch_module.resource_options
+    monkeypatch.setattr(launch_module, "resource_options", lambda res: calls.append(res) or expand(res))
+    task = parse_task({"resources": {"cpus": 1, "infra": "slurm/alpine"}, "run": "true"}, "t")
+    other = parse_task({"resources": {"cpus": 2, "infra": "slurm/borealis"}, "run": "true"}, "t")
+    outcomes = asyncio.run(Launcher(fakes(), store).probe_for([task] * 1000 + [other] * 1000))
+    assert len(calls) == 2
+    assert sorted(o.cluster for o in outcomes) == ["alpine", "borealis"]  # the pinned clusters, as before

@@ -152,11 +152,13 @@ class Launcher:
 
     async def probe_for(self, tasks: list[Task]) -> list[ProbeOutcome]:
         """One probe of every cluster any of the tasks may run on."""
-        pinned = {o.infra.cluster for task in tasks for o in resource_options(task.resources)}
+        # Each distinct task once: a sweep's jobs share one parsed task (engine._parse_task).
+        options = [o for task in {id(t): t for t in tasks}.values() for o in resource_options(task.resources)]
+        pinned = {o.infra.cluster for o in options}
         for cluster in pinned - {None}:
             self.client.registry.get(cluster)  # an unknown name fails here, naming the known ones
         clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
-        paths = {p for task in tasks for o in resource_options(task.resources) for p in o.paths}
+        paths = {p for o in options for p in o.paths}
         # Under load, a snapshot up to half a minute old rather than a wait for the budget (client.py).
         return await self.client.probe(clusters, paths=tuple(sorted(paths)), reuse_when_busy=True)
 
