@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from corral.controller.shards import Shards, fair_share, home_cluster, rebalance
+from corral.controller.shards import Shards, cluster_list_note, fair_share, home_cluster, rebalance
 from corral.state import Store
 from tests.helpers import ManualClock
 
@@ -140,16 +140,69 @@ def test_two_controllers_on_one_store_drive_each_managed_job_exactly_once(store)
 def test_a_cluster_another_replica_took_first_is_passed_over_for_the_next_free_one(store, monkeypatch):
     clock = ManualClock(1000000.0)
     a = Shards(store, "a", 30.0, lambda: CLUSTERS, clock=clock)
-    store.acquire_lease("replica:b", "b", 30.0, now=clock.now)
+    store.acquire_lease("replica:b", "b", 30.0, now=clock.now, note=cluster_list_note(CLUSTERS))
     acquire = store.acquire_lease
     stolen: list[str] = []
 
-    def racing(name, holder, ttl, now=None):
+    def racing(name, holder, ttl, now=None, note=None):
         if name.startswith("cluster:") and holder == "a" and not stolen:
             stolen.append(name)
             acquire(name, "b", ttl, now=now)  # b takes it between a's read of the leases and a's take
-        return acquire(name, holder, ttl, now=now)
+        return acquire(name, holder, ttl, now=now, note=note)
 
     monkeypatch.setattr(store, "acquire_lease", racing)
     assert len(a.claim()) == 4  # its whole share in this one claim, not one short until the next tick
     assert stolen and stolen[0].removeprefix("cluster:") not in a.held
+
+
+def test_replicas_that_read_different_cluster_lists_drive_nothing_and_say_why_until_they_agree(store):
+    """A job not yet placed is homed by the cluster list: two replicas reading different lists would each
+    home it on a cluster they hold and both place it. So neither holds a cluster, or the chores lease,
+    while their lists differ (a cluster more, or the same ones in another order); no job is submitted;
+    each says why. Once they read the same list they share the clusters again."""
+    from corral import managed
+    from corral.controller.engine import LEASE, Controller, ControllerSettings
+    from corral.task import parse_task
+    from tests.test_seam import fakes
+
+    clock = ManualClock(1000000.0)
+    a_client = fakes()
+    b_client = type(a_client)(a_client.infras)  # the same clusters, read from another file
+    b_client.registry.order = ["cirrus", "alpine", "borealis"]  # the same clusters, another order
+    controllers = [Controller(client, store, name, ControllerSettings()) for name, client
+                   in (("a", a_client), ("b", b_client))]
+    for controller in controllers:
+        controller.shards.clock = clock
+    task = parse_task({"resources": {"cpus": 1}, "run": "true"}, "t")
+    jobs = [managed.record(store, task, "t")[0] for _ in range(20)]
+    first = asyncio.run(controllers[0].tick())  # alone: "a" drives everything
+    assert first.clusters == ["alpine", "borealis", "cirrus"] and first.submitted == 20
+    assert asyncio.run(controllers[1].tick()).disagreement  # "b" starts, and sees "a"'s other list
+    jobs += [managed.record(store, task, "t")[0] for _ in range(20)]
+    for _ in range(2):
+        reports = [asyncio.run(c.tick()) for c in controllers]
+    assert [r.drove for r in reports] == [False, False] and store.leases("cluster:") == []
+    assert store.lease(LEASE) is None
+    assert "this one, b, reads 3 clusters, digest" in reports[1].disagreement
+    assert "; a reads 3 clusters, digest" in reports[1].disagreement
+    assert "this one, a, reads" in reports[0].disagreement and "; b reads" in reports[0].disagreement
+    assert sum(len(infra.requests) for infra in a_client.infras.values()) == 20
+    assert all(not attempts for attempts in store.attempts_of(jobs[20:]).values())  # none placed, by either
+    # "b" is given the same list: they share the clusters and place the new jobs, each exactly once.
+    b_client.registry.order = ["alpine", "borealis", "cirrus"]
+    for _ in range(3):
+        reports = [asyncio.run(c.tick()) for c in controllers]
+    assert [r.disagreement for r in reports] == [None, None]
+    assert sorted(reports[0].clusters + reports[1].clusters) == ["alpine", "borealis", "cirrus"]
+    attempts = store.attempts_of(jobs)
+    assert all(len(attempts[j]) == 1 for j in jobs)
+
+
+def test_a_replica_whose_heartbeat_says_no_cluster_list_is_an_older_corral_and_counts_as_disagreeing(store):
+    clock = ManualClock(1000000.0)
+    store.acquire_lease("replica:old", "old", 30.0, now=clock.now)  # as a replica before lease notes
+    shards = Shards(store, "new", 30.0, lambda: CLUSTERS, clock=clock)
+    assert shards.claim() == set()
+    assert "old reads a list it does not say (an older Corral)" in shards.disagreement
+    clock.now += 31.0  # it is gone
+    assert shards.claim() == set(CLUSTERS) and shards.disagreement is None

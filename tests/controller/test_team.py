@@ -293,6 +293,49 @@ def test_replicas_on_one_postgresql_split_the_clusters_and_hand_over_a_dead_ones
             corral("server", "stop", env=env)
 
 
+def test_replicas_that_read_different_clusters_files_drive_nothing_and_server_status_says_why(
+        corral, corral_env, fresh_postgres, tmp_path):
+    """A second replica reads the same clusters in another order (its own copy of the clusters file):
+    both stop driving, `corral server status` on either says why, and once it stops the first one
+    holds every cluster again."""
+    import re
+
+    from corral.client import Client as EngineClient
+
+    configured = EngineClient().registry.names()
+    head, *hosts = re.split(r"(?m)^(?=Host )", Path(corral_env["CORRAL_SLURM_CONFIG"]).read_text())
+    reordered = tmp_path / "reordered-clusters"
+    reordered.write_text(head + "".join(h.rstrip("\n") + "\n\n" for h in reversed(hosts)))
+    fast = {"CORRAL_CONTROLLER_INTERVAL": "1", "CORRAL_CONTROLLER_LEASE_SECONDS": "5"}
+    envs = {}
+    for name, clusters_file in (("one", corral_env["CORRAL_SLURM_CONFIG"]), ("two", str(reordered))):
+        envs[name] = {**corral_env, **fast, "CORRAL_HOME": str(tmp_path / name), "CORRAL_SLURM_CONFIG": clusters_file}
+        (tmp_path / name).mkdir()
+        started = corral("server", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--db",
+                         fresh_postgres, env=envs[name])
+        assert started.exit_code == 0, started.stderr
+
+    def status(name: str) -> dict:
+        return json.loads(corral("server", "status", "--json", env=envs[name]).stdout)
+
+    try:
+        both = wait_for("both replicas to see they disagree", lambda: all(
+            ((status(n).get("last_tick") or {}).get("disagreement") or "").startswith("replicas read different")
+            for n in envs) and [status(n) for n in envs], timeout=30)
+        assert all(s["shards"]["clusters"] == {} for s in both)  # no cluster held, by either
+        assert len(set(both[0]["shards"]["cluster_lists"].values())) == 2
+        shown = corral("server", "status", env=envs["one"]).stdout
+        assert "drives nothing: replicas read different cluster lists (this one, " in shown
+        assert f"reads {len(configured)} clusters, digest " in shown and "same clusters file" in shown
+        corral("server", "stop", env=envs["two"])
+        wait_for("the first replica to hold every cluster again",
+                 lambda: set(status("one")["shards"]["clusters"]) == set(configured)
+                 and not status("one")["last_tick"]["disagreement"], timeout=20)
+    finally:
+        for env in envs.values():
+            corral("server", "stop", env=env)
+
+
 def _self_signed(where: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key, as a small site's own CA would issue."""
     import datetime

@@ -94,6 +94,8 @@ def server_status(as_json: bool) -> None:
             click.echo(f"last tick {time.time() - last['at']:.1f}s ago: {last['jobs']} live jobs, "
                        f"{last['seconds']:.3f}s, SSH calls {last['round_trips'] or {}}"
                        + (f", errors {last['errors']}" if last["errors"] else ""))
+        if last and last.get("disagreement"):
+            click.echo(f"drives nothing: {last['disagreement']}")
         if lease:
             click.echo(f"lease held by {lease['holder']} for {max(0, lease['expires_at'] - time.time()):.0f}s more")
         shards = health.get("shards") or {}

@@ -32,6 +32,7 @@ class TickFigures:
     cancelled: int
     round_trips: dict[str, int]
     errors: dict[str, str]
+    disagreement: str | None = None  # replicas read different cluster lists: nothing was driven
 
 
 @dataclass
@@ -52,11 +53,12 @@ API_VERSION = "v1"
 
 
 def shards_of(store: Store) -> dict[str, object]:
-    """Who drives what: each cluster's holder, and the live replicas with their heartbeat's expiry."""
+    """Who drives what: each cluster's holder, and the live replicas with their heartbeat's expiry and the
+    cluster list each reads (shards.cluster_list_note)."""
     from corral.controller.shards import live_leases
 
     live = live_leases(store, time.time())
-    return {"clusters": live.clusters, "replicas": live.replicas}
+    return {"clusters": live.clusters, "replicas": live.replicas, "cluster_lists": live.cluster_lists}
 
 
 def create_app(status: ControllerStatus, store: Store, token: str, refreshes: Any = None, *,

@@ -109,6 +109,7 @@ class TickReport:
     cancelled: int = 0
     round_trips: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    disagreement: str | None = None  # why it drove nothing: replicas read different cluster lists (shards.py)
 
 
 class Controller:
@@ -128,12 +129,16 @@ class Controller:
         self._last_tick = 0.0  # time.monotonic() at the end of the last tick
 
     async def tick(self) -> TickReport:
-        chores = self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds)
         held = self.shards.claim()
+        if self.shards.disagreement:  # replicas read different cluster lists: this one does nothing
+            self.store.release_lease(LEASE, self.holder)
+            chores = False
+        else:
+            chores = self.store.acquire_lease(LEASE, self.holder, self.settings.lease_seconds)
         budget.share_between(self.shards.replicas)
         if not chores and not held:
             self.refreshes.scope = RefreshScope(clusters=frozenset(), chores=False)
-            return TickReport(drove=False, replicas=self.shards.replicas)
+            return TickReport(drove=False, replicas=self.shards.replicas, disagreement=self.shards.disagreement)
         before = dict(self.client.transport.round_trips)
         report = TickReport(drove=True, chores=chores, clusters=sorted(held), replicas=self.shards.replicas)
         # Only this replica's clusters are queried (their holders write the others' states to the store),

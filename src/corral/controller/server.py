@@ -336,6 +336,7 @@ async def _run(options: ServerOptions) -> None:
     # lease never lapses between its holder's ticks, and another replica takes it soon after it does.
     longest = min(max(MAX_INTERVAL, base), controller.settings.lease_seconds / 3)
     pruned_at = -math.inf
+    disagreement: str | None = None
     try:
         while not stopping.is_set():
             started = time.monotonic()
@@ -354,7 +355,11 @@ async def _run(options: ServerOptions) -> None:
                 status.last_tick = TickFigures(at=time.time(), seconds=round(time.monotonic() - started, 4),
                                                drove=report.drove, jobs=report.jobs, submitted=report.submitted,
                                                moved=report.moved, cancelled=report.cancelled,
-                                               round_trips=report.round_trips, errors=report.errors)
+                                               round_trips=report.round_trips, errors=report.errors,
+                                               disagreement=report.disagreement)
+                if report.disagreement != disagreement:  # said once when it starts, and when it ends
+                    disagreement = report.disagreement
+                    print(disagreement or "replicas read the same cluster list again: driving jobs", flush=True)
                 if report.errors:  # back off while clusters fail
                     interval = min(longest, interval * 1.5)
                 elif report.jobs:  # live managed jobs: the configured pace

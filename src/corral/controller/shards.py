@@ -11,11 +11,16 @@ loop times for that moment (`seconds_to_next_lapse`).
 
 `rebalance` decides; `Shards.claim` does the store's part, once per tick: a heartbeat, one read of
 every lease, one renewal of the replica's own, and one statement per lease taken or given up.
-Replicas must share the cluster list (the same clusters file): a job not yet placed is homed by it.
+Replicas must share the cluster list (the same clusters file, the same order): a job not yet placed
+is homed by it, and a replica that lacks a cluster homes that cluster's jobs elsewhere. So each
+heartbeat says which list its replica reads (`cluster_list_note`), and while any two live replicas
+disagree, none holds a cluster: no managed job is driven, rather than some driven twice, and
+`corral server status` says why until every replica reads the same file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 import zlib
@@ -77,13 +82,34 @@ class LiveLeases:
     clusters: dict[str, str]  # cluster -> its holder
     replicas: dict[str, float]  # live replica -> when its heartbeat lapses
     expiries: list[tuple[str, float]]  # (holder, expiry) of every cluster lease and heartbeat
+    cluster_lists: dict[str, str | None] = field(default_factory=dict)  # live replica -> its cluster_list_note
 
 
 def live_leases(store: Store, now: float) -> LiveLeases:
     rows = [r for r in store.leases() if r.expires_at >= now and r.name.startswith((CLUSTER, REPLICA))]
+    heartbeats = [r for r in rows if r.name.startswith(REPLICA)]
     return LiveLeases(clusters={r.name[len(CLUSTER):]: r.holder for r in rows if r.name.startswith(CLUSTER)},
-                      replicas={r.holder: r.expires_at for r in rows if r.name.startswith(REPLICA)},
-                      expiries=[(r.holder, r.expires_at) for r in rows])
+                      replicas={r.holder: r.expires_at for r in heartbeats},
+                      expiries=[(r.holder, r.expires_at) for r in rows],
+                      cluster_lists={r.holder: r.note for r in heartbeats})
+
+
+def cluster_list_note(configured: list[str]) -> str:
+    """What a replica's heartbeat says about the clusters it reads: how many, and a digest of their
+    names in order (the order homes the jobs not yet placed)."""
+    digest = hashlib.sha256("\n".join(configured).encode()).hexdigest()[:12]
+    return f"{len(configured)} clusters, digest {digest}"
+
+
+def disagreement(holder: str, note: str, cluster_lists: dict[str, str | None]) -> str | None:
+    """Why this replica must drive nothing: live replicas that read another cluster list; else None."""
+    others = sorted((other, theirs) for other, theirs in cluster_lists.items() if other != holder and theirs != note)
+    if not others:
+        return None
+    described = "; ".join(f"{other} reads {theirs or 'a list it does not say (an older Corral)'}"
+                          for other, theirs in others)
+    return (f"replicas read different cluster lists (this one, {holder}, reads {note}; {described}): none drives "
+            "managed jobs until every replica reads the same clusters file, with the clusters in the same order")
 
 
 def home_cluster(job_id: str, latest_cluster: str | None, configured: list[str]) -> str | None:
@@ -109,17 +135,26 @@ class Shards:
     valid_until: float = 0.0  # time.monotonic() until which the held leases are safely this replica's
     next_lapse: float | None = None  # time.time() at which another replica's lease lapses unless renewed
     clock: Callable[[], float] = time.time  # the store's leases are in wall-clock time
+    disagreement: str | None = None  # why this replica holds no cluster: replicas read different lists
 
     def claim(self) -> set[str]:
         now = self.clock()
         started = time.monotonic()
-        self.store.acquire_lease(REPLICA + self.holder, self.holder, self.ttl, now=now)
+        configured = self.configured()
+        note = cluster_list_note(configured)
+        self.store.acquire_lease(REPLICA + self.holder, self.holder, self.ttl, now=now, note=note)
         self.store.renew_leases(self.holder, CLUSTER, self.ttl, now=now)
         live = live_leases(self.store, now)
         self.replicas = max(1, len(live.replicas))
+        self.next_lapse = min((expiry for holder, expiry in live.expiries if holder != self.holder), default=None)
+        self.disagreement = disagreement(self.holder, note, live.cluster_lists)
+        if self.disagreement:  # fail closed: no job driven rather than one driven twice
+            self.store.release_leases(self.holder, CLUSTER)
+            self.held = set()
+            return set()
         holders = dict(live.clusters)
         mine = {c for c, h in holders.items() if h == self.holder}
-        plan = rebalance(self.holder, self.configured(), holders, self.replicas)
+        plan = rebalance(self.holder, configured, holders, self.replicas)
         for cluster in plan.release:
             self.store.release_lease(CLUSTER + cluster, self.holder)
             mine.discard(cluster)
@@ -133,7 +168,6 @@ class Shards:
                 holders[cluster] = self.holder
                 wanted -= 1
         self.held = mine
-        self.next_lapse = min((expiry for holder, expiry in live.expiries if holder != self.holder), default=None)
         # Another replica can take a lease only once it lapses: until a third of the lease before then,
         # decisions made under it are this replica's alone (clocks agreeing to well within that).
         self.valid_until = started + self.ttl * 2 / 3

@@ -110,6 +110,7 @@ class LeaseRow(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     holder: Mapped[str] = mapped_column(String(128))
     expires_at: Mapped[float] = mapped_column(Float)
+    note: Mapped[str | None] = mapped_column(String(256), nullable=True, default=None)  # a replica's cluster list
 
 
 class ClusterHealthRow(Base):

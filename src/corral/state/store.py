@@ -440,8 +440,10 @@ class Store:
                 out.setdefault(row.job_id, []).append(row)
             return out
 
-    def acquire_lease(self, name: str, holder: str, ttl: float, now: float | None = None) -> bool:
-        """Take or renew the lease; False while another holder's lease has not expired."""
+    def acquire_lease(self, name: str, holder: str, ttl: float, now: float | None = None,
+                      note: str | None = None) -> bool:
+        """Take or renew the lease, with the holder's `note` (if given); False while another holder's
+        lease has not expired."""
         from sqlalchemy import or_, update
         from sqlalchemy.exc import IntegrityError
 
@@ -449,14 +451,15 @@ class Store:
         with self.session() as s, s.begin():
             result = s.execute(update(LeaseRow).where(LeaseRow.name == name,
                                                       or_(LeaseRow.holder == holder, LeaseRow.expires_at < now))
-                               .values(holder=holder, expires_at=now + ttl))
+                               .values(holder=holder, expires_at=now + ttl,
+                                       **({"note": note} if note is not None else {})))
             if result.rowcount:
                 return True
             if s.get(LeaseRow, name) is not None:
                 return False
         try:
             with self.session() as s, s.begin():
-                s.add(LeaseRow(name=name, holder=holder, expires_at=now + ttl))
+                s.add(LeaseRow(name=name, holder=holder, expires_at=now + ttl, note=note))
             return True
         except IntegrityError:
             return False
