@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,9 +105,10 @@ class Tracker:
             except CorralError as exc:
                 errors[cluster] = str(exc)
                 return
-            self.store.update_attempts(_updates(attempts, statuses, self.client.infra(cluster)))
+            by_token = by_attempt_token(statuses, self.client.infra(cluster))
+            self.store.update_attempts(_updates(attempts, statuses, by_token))
             try:
-                cancelled = await self._reap(cluster, attempts, statuses)
+                cancelled = await self._reap(cluster, attempts, by_token)
             except CorralError as exc:
                 errors[cluster] = f"could not cancel an orphaned job: {exc}"
                 return
@@ -131,10 +133,9 @@ class Tracker:
                 reason="the command that launched it was interrupted before submitting it; nothing reached a "
                        "cluster (launch it again)") for job in stranded])
 
-    async def _reap(self, cluster: str, attempts: list[AttemptRow], statuses: list[JobStatus]) -> list[str]:
+    async def _reap(self, cluster: str, attempts: list[AttemptRow], by_token: dict[str, JobStatus]) -> list[str]:
         """Cancel live Slurm jobs whose attempt Corral holds as ended; returns their Slurm ids."""
-        infra = self.client.infra(cluster)
-        live = {_attempt_key(s, infra): s for s in statuses if s.token and s.state in LIVE_STATES}
+        live = {token: s for token, s in by_token.items() if s.state in LIVE_STATES}
         for attempt in attempts:
             live.pop(attempt.token, None)
         if not live:
@@ -192,15 +193,27 @@ def sent_by_account(store: Store, attempts: list[AttemptRow], handles: dict[str,
     return groups
 
 
-def _attempt_key(status: JobStatus, infra: Infra) -> str:
-    """The attempt token a job stands for: its own token, plus the copy's index for an array's copies."""
-    index = infra.array_index(status.handle) if isinstance(infra, RunsArrays) else None
-    return f"{status.token}.{index}" if index is not None else status.token or ""
+def by_attempt_token(statuses: list[JobStatus], infra: Infra) -> dict[str, JobStatus]:
+    """Corral's jobs by the attempt token each stands for: its own token, plus the copy's index for an
+    array's copies."""
+    if not isinstance(infra, RunsArrays):
+        return {s.token: s for s in statuses if s.token}
+    out: dict[str, JobStatus] = {}
+    for status in statuses:
+        if status.token:
+            index = infra.array_index(status.handle)
+            out[f"{status.token}.{index}" if index is not None else status.token] = status
+    return out
 
 
-def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra) -> dict[str, dict[str, object]]:
+_UPDATED_FIELDS = ("state", "reason", "submitted_at", "started_at", "expected_start", "ended_at", "exit_code",
+                   "failure")
+_current = operator.attrgetter(*_UPDATED_FIELDS)  # one C call per attempt, for the quiet tick's comparison
+
+
+def _updates(attempts: list[AttemptRow], statuses: list[JobStatus],
+             by_name: dict[str, JobStatus]) -> dict[str, dict[str, object]]:
     by_id = {s.handle: s for s in statuses}
-    by_name = {_attempt_key(s, infra): s for s in statuses if s.token}
     now = time.time()
     updates: dict[str, dict[str, object]] = {}
     for attempt in attempts:
@@ -241,7 +254,7 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], infra: Infra
         if status.state is JobState.FAILED and status.native_state != JobState.FAILED.value:
             # NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY…: the infra's word first, its reason after.
             fields["reason"] = status.native_state + (f" ({status.reason})" if status.reason else "")
-        if any(getattr(attempt, key) != value for key, value in fields.items()):
+        if "handle" in fields or _current(attempt) != tuple(fields[key] for key in _UPDATED_FIELDS):
             updates[attempt.token] = fields  # a quiet tick writes nothing
     return updates
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, delete, event, exists, func, insert, select, update
+from sqlalchemy import bindparam, create_engine, delete, event, exists, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
@@ -143,8 +143,8 @@ class Store:
             tokens = list(updates)
             known = {t for chunk in _chunks(tokens, 5000)
                      for t in s.scalars(select(AttemptRow.token).where(AttemptRow.token.in_(chunk)))}
-            _execute_in_batches(s, update(AttemptRow),
-                                [{"token": token, **fields} for token, fields in updates.items() if token in known])
+            _update_in_batches(s, AttemptRow,
+                               [{"token": token, **fields} for token, fields in updates.items() if token in known])
 
     def views(self, job_ids: Iterable[str] | None = None, scope: str | None = None) -> list[JobView]:
         """Jobs with their latest attempt, oldest first. `scope`: only this owner's (None: everyone's)."""
@@ -351,7 +351,7 @@ class Store:
                 elif reason is not None and state is None:  # a note that keeps the state
                     events.append({"job_id": job_id, "at": now, "state": had_state, "reason": reason})
                 row.update(fields, updated_at=now)
-            _execute_in_batches(s, update(ManagedJobRow), list(rows.values()))
+            _update_in_batches(s, ManagedJobRow, list(rows.values()))
             _execute_in_batches(s, insert(JobEventRow), events)
 
     @staticmethod
@@ -731,6 +731,25 @@ def _execute_in_batches(s: Session, statement: Any, rows: list[dict[str, object]
     transaction: the server's heap peaks at a batch's worth, not at the whole write's."""
     for batch in _chunks(rows, WRITE_BATCH):
         s.execute(statement, batch)
+
+
+def _update_in_batches(s: Session, model: type, rows: list[dict[str, object]]) -> None:
+    """Bulk UPDATE by primary key through Core, one executemany per set of changed columns, WRITE_BATCH
+    rows at a time in the caller's transaction. The ORM's bulk UPDATE does the same, but inspects every
+    row first (a tick writing 10,000 jobs' first states spent a tenth of its CPU there)."""
+    table = model.__table__  # type: ignore[attr-defined]
+    [key] = table.primary_key.columns
+    by_columns: dict[tuple[str, ...], list[dict[str, object]]] = {}
+    for row in rows:
+        values = {name: value for name, value in row.items() if name != key.key}
+        by_columns.setdefault(tuple(sorted(values)), []).append({"_key": row[key.key], **values})
+    for columns, group in by_columns.items():
+        if not columns:
+            continue
+        # No .values(): Core sets the columns the parameters name (the same in every row of a group).
+        statement = table.update().where(key == bindparam("_key"))
+        for batch in _chunks(group, WRITE_BATCH):
+            s.execute(statement, batch)
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:

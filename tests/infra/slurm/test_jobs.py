@@ -1,6 +1,7 @@
 """Parsing job status and predictions from output recorded on the testbed."""
 
 from corral.infra.slurm.jobs import (
+    StatusLines,
     _exit_code,
     parse_status,
     parse_submit,
@@ -24,6 +25,30 @@ def test_status_of_all_my_jobs_from_one_squeue():
     assert statuses["2"].state == "SUCCEEDED" and statuses["2"].exit_code == 0
     assert statuses["8"].token is None  # not Corral's
     assert statuses["5"].submitted_at == 1796015347 - 4  # local times converted with the cluster's clock
+
+
+def test_a_status_line_seen_in_the_last_query_is_looked_up_not_parsed_again():
+    """A tick's squeue is mostly the last one's lines: those give the statuses parsed before (the same
+    objects); a changed line, or a cluster clock at another offset, is parsed afresh, and a line gone
+    from the queue is forgotten."""
+    output = fixture("alpine-status")
+    lines = StatusLines()
+    first = {s.handle: s for s in parse_status("alpine", output, lines)}
+    assert first == {s.handle: s for s in parse_status("alpine", output)}  # as without the lines
+    running = next(line for line in output.splitlines() if line.startswith("5|"))
+    ended = running.replace("|RUNNING|", "|COMPLETED|")
+    second = {s.handle: s for s in parse_status("alpine", output.replace(running, ended), lines)}
+    assert all(second[h] is first[h] for h in first if h != "5")
+    assert second["5"].state == "SUCCEEDED" and first["5"].state == "RUNNING"
+    assert running not in lines.parsed and ended in lines.parsed
+    # Ten seconds later by the clock, the same offset: still looked up.
+    later = output.replace("1796015347\n2026-11-30T05:09:07", "1796015357\n2026-11-30T05:09:17")
+    third = {s.handle: s for s in parse_status("alpine", later, lines)}
+    assert third["6"] is first["6"]
+    # The cluster's clock moved an hour against UTC (a time zone change): every line is parsed again.
+    moved = output.replace("1796015347\n2026-11-30T05:09:07", "1796015347\n2026-11-30T06:09:07")
+    fourth = {s.handle: s for s in parse_status("alpine", moved, lines)}
+    assert fourth["6"] is not first["6"] and fourth["6"].submitted_at == first["6"].submitted_at - 3600
 
 
 def test_predictions():
@@ -66,7 +91,7 @@ def test_failed_states_carry_a_failure_class():
     clock = parse_clock("1796015347 2026-12-01T10:00:00")
 
     def status(state: str):
-        return _status(["9", "corral-aaaa11112222", state, "None", "", "", "", "0:0", "gpu", "(null)"], clock)
+        return _status(["9", "corral-aaaa11112222", state, "None", "", "", "", "0:0", "gpu", "(null)"], clock.to_epoch)
 
     assert status("NODE_FAIL").failure is FailureClass.INFRA and status("PREEMPTED").failure is FailureClass.INFRA
     assert status("BOOT_FAIL").state is JobState.FAILED and status("BOOT_FAIL").failure is FailureClass.INFRA
@@ -91,9 +116,10 @@ def test_a_users_own_script_slurm_could_not_launch_stays_the_tasks_failure():
 
     clock = parse_clock("1796015347 2026-12-01T10:00:00")
     mine = _status(["9", "train", "FAILED", "JobLaunchFailure", "", "", "", "0:53", "gpu",
-                    f"{userscript.COMMENT_PREFIX}aaaa11112222"], clock)
+                    f"{userscript.COMMENT_PREFIX}aaaa11112222"], clock.to_epoch)
     assert mine.token == "aaaa11112222" and mine.failure == "task"
-    corral = _status(["9", "corral-aaaa11112222", "FAILED", "SystemFailure", "", "", "", "0:0", "gpu", "(null)"], clock)
+    corral = _status(["9", "corral-aaaa11112222", "FAILED", "SystemFailure", "", "", "", "0:0", "gpu", "(null)"],
+                     clock.to_epoch)
     assert corral.failure == "infra"
 
 

@@ -36,6 +36,7 @@ from corral.infra.base import (
 )
 from corral.infra.slurm import devscript, userscript
 from corral.infra.slurm.jobs import (
+    StatusLines,
     cancel_script,
     follow_script,
     parse_status,
@@ -67,6 +68,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         self.transport = transport
         # Slurm's commands get what is left of the one timeout once ssh has had its share.
         self.slurm_timeout = max(1, math.floor(transport.timeout) - _SSH_MARGIN)
+        self._status_lines = StatusLines()  # the last status query's lines, parsed (most come again)
 
     @property
     def name(self) -> str:
@@ -118,7 +120,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
         result = await self.transport.run(self.cluster, status_script(handles, accounts=accounts),
                                           timeout=JOB_TIMEOUT, cost=self.status_commands)
-        return parse_status(self.cluster, result.stdout)
+        return parse_status(self.cluster, result.stdout, self._status_lines)
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
         if handles:

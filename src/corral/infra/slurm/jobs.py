@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from corral.errors import ProbeParseError
@@ -75,6 +76,9 @@ class Clock:
         except ValueError:
             return None
         return self.epoch + (when - self.local).total_seconds()
+
+
+_EPOCH = datetime(1970, 1, 1)
 
 
 def parse_clock(text: str) -> Clock:
@@ -199,8 +203,8 @@ def _token(name: str, comment: str) -> str | None:
     return name[len(JOB_NAME_PREFIX):] if name.startswith(JOB_NAME_PREFIX) else None
 
 
-def _status(fields: list[str], clock: Clock) -> JobStatus:
-    job_id, name, state, reason, submit, start, end, exit_raw, _partition, comment = (f.strip() for f in fields)
+def _status(fields: list[str], to_epoch: Callable[[str], float | None]) -> JobStatus:
+    job_id, name, state, reason, submit, start, end, exit_raw, _partition, comment = map(str.strip, fields)
     slurm_state = state.split()[0].rstrip("+") if state else "UNKNOWN"
     token = _token(name, comment)
     generic = STATE_MAP.get(slurm_state, JobState.UNKNOWN)
@@ -219,35 +223,57 @@ def _status(fields: list[str], clock: Clock) -> JobStatus:
         state=generic,
         native_state=slurm_state,
         reason=None if reason in ("None", "", "(null)") else reason,
-        submitted_at=clock.to_epoch(submit),
-        started_at=clock.to_epoch(start) if generic is not JobState.PENDING else None,
-        expected_start=clock.to_epoch(start) if generic is JobState.PENDING else None,
-        ended_at=clock.to_epoch(end) if ended else None,
+        submitted_at=to_epoch(submit),
+        started_at=to_epoch(start) if generic is not JobState.PENDING else None,
+        expected_start=to_epoch(start) if generic is JobState.PENDING else None,
+        ended_at=to_epoch(end) if ended else None,
         exit_code=_exit_code(exit_raw) if ended else None,
         failure=failure,
     )
 
 
-def parse_status(cluster: str, stdout: str) -> list[JobStatus]:
+@dataclass
+class StatusLines:
+    """What the last status query's squeue lines parsed to, kept by the cluster's Infra between queries.
+    From one tick to the next most of a queue's lines are the same, byte for byte (10,000 jobs held or
+    running): those are looked up, not parsed again. A line's status depends only on the line and on
+    the cluster clock's offset from UTC, so a new offset starts afresh."""
+
+    offset: float | None = None
+    parsed: dict[str, JobStatus] = field(default_factory=dict)
+
+
+def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None) -> list[JobStatus]:
+    """The statuses in a status query's output; `lines`: the last query's, reused and then replaced."""
     sections = split_sections(stdout)
     if "clock" not in sections or "squeue" not in sections:
         raise ProbeParseError(cluster, "the status query's output is incomplete")
     clock = parse_clock(sections["clock"].text)
+    to_epoch = functools.lru_cache(maxsize=4096)(clock.to_epoch)  # a sweep's copies share their times
     squeue = sections["squeue"]
     if squeue.status != 0:
         from corral.errors import SlurmControllerError
 
         raise SlurmControllerError(cluster, f"squeue failed: {' | '.join(squeue.text.splitlines()[-2:])}")
+    offset = clock.epoch - (clock.local - _EPOCH).total_seconds()
+    known = lines.parsed if lines is not None and lines.offset == offset else {}
+    parsed: dict[str, JobStatus] = {}
     out = []
     for line in squeue.text.splitlines():
-        if (fields := _fields(line)) is not None and (fields := _het_leader(fields)) is not None:
-            out.append(_status(fields, clock))
+        status = known.get(line)
+        if status is None and (fields := _fields(line)) is not None and (fields := _het_leader(fields)) is not None:
+            status = _status(fields, to_epoch)
+        if status is not None:
+            parsed[line] = status
+            out.append(status)
+    if lines is not None:
+        lines.offset, lines.parsed = offset, parsed
     seen = {s.handle for s in out}
     sacct = sections.get("sacct")
     for line in sacct.text.splitlines() if sacct else []:
         if (fields := _fields(line)) is not None and (fields := _het_leader(fields)) is not None \
                 and fields[0] not in seen:
-            out.append(_status(fields, clock))
+            out.append(_status(fields, to_epoch))
     return out
 
 
