@@ -77,6 +77,11 @@ class Clock:
             return None
         return self.epoch + (when - self.local).total_seconds()
 
+    @property
+    def offset(self) -> float:
+        """Seconds from the cluster's local time to UTC: a local time's epoch is it plus this."""
+        return self.epoch - (self.local - _EPOCH).total_seconds()
+
 
 _EPOCH = datetime(1970, 1, 1)
 
@@ -255,7 +260,7 @@ def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None) ->
         from corral.errors import SlurmControllerError
 
         raise SlurmControllerError(cluster, f"squeue failed: {' | '.join(squeue.text.splitlines()[-2:])}")
-    offset = clock.epoch - (clock.local - _EPOCH).total_seconds()
+    offset = clock.offset
     known = lines.parsed if lines is not None and lines.offset == offset else {}
     parsed: dict[str, JobStatus] = {}
     out = []
