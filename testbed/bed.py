@@ -13,6 +13,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 from testbed.accounting import Accounting
@@ -301,9 +302,37 @@ class Testbed:
         self._stop(self.paths.cluster(spec.name).slurmd_pidfile(node), sig=signal.SIGKILL)
 
     def start_node(self, node: str) -> None:
+        """Start a node's slurmd (if it is not running) and wait until that slurmd has registered.
+
+        Right after a kill the controller still shows the node idle, so readiness alone would pass
+        before the new daemon is up, and while it truncates and rewrites its pid file."""
         spec = self.cluster_of_node(node)
-        self._start_slurmd(spec, node)
+        paths = self.paths.cluster(spec.name)
+        since = datetime.now().replace(microsecond=0)
+        daemon = self._start_slurmd(spec, node)
+        if daemon is not None:
+
+            def registered() -> bool:
+                if daemon.poll() is not None:
+                    log = paths.log / f"slurmd-{node}.out"
+                    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                    raise TestbedError(f"{node}'s slurmd exited: {' | '.join(tail)} (see {log})")
+                started = self._slurmd_started(spec.name, node)
+                return running(paths.slurmd_pidfile(node)) is not None and started is not None and started >= since
+
+            wait_until(f"{node}'s new slurmd to register", registered, READY_TIMEOUT, 0.25)
         self.wait_ready(spec.name, nodes=[node])
+
+    def _slurmd_started(self, cluster: str, node: str) -> datetime | None:
+        """When the node's registered slurmd started, as the controller reports it (local time)."""
+        proc = run(["scontrol", "-o", "show", "node", node], env=self.slurm_env(cluster), check=False)
+        for field in proc.stdout.split():
+            if field.startswith("SlurmdStartTime="):
+                try:
+                    return datetime.fromisoformat(field.split("=", 1)[1])
+                except ValueError:
+                    return None
+        return None
 
     def drain(self, node: str, reason: str = "testbed drain") -> None:
         self.scontrol(self.cluster_of_node(node).name, "update", f"NodeName={node}", "State=DRAIN",
@@ -525,11 +554,11 @@ class Testbed:
 
         wait_until(f"{spec.name} slurmctld port", listening, READY_TIMEOUT)
 
-    def _start_slurmd(self, spec: ClusterSpec, node: str) -> None:
+    def _start_slurmd(self, spec: ClusterSpec, node: str) -> subprocess.Popen[bytes] | None:
         paths = self.paths.cluster(spec.name)
         if running(paths.slurmd_pidfile(node)):
-            return
-        spawn_as_host(node, [str(self.paths.bin / "slurmd"), "-D", "-N", node], paths.log / f"slurmd-{node}.out",
+            return None
+        return spawn_as_host(node, [str(self.paths.bin / "slurmd"), "-D", "-N", node], paths.log / f"slurmd-{node}.out",
                       paths.slurmd_pidfile(node), env=self.slurm_env(spec.name), own_ptys=True)
 
     def _start_sshd(self, spec: ClusterSpec) -> None:
