@@ -21,6 +21,18 @@ class ManualClock:
         return self.now
 
 
+def logged_in(browser, corral, env=None):
+    """A browser context on the dashboard, logged in through `corral dashboard --print-url` (as the CLI's
+    user, or as the server of `env`)."""
+    printed = corral("dashboard", "--print-url", **({"env": env} if env else {}))
+    assert printed.exit_code == 0, printed.stderr
+    link = printed.stdout.strip()
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(link)
+    return context, page, link
+
+
 def free_port() -> int:
     """A loopback TCP port free right now."""
     import socket

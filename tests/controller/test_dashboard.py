@@ -7,7 +7,6 @@ command, idle timer and release, and a second user seeing none of it."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -15,22 +14,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.controller.test_team import add_user, call
-from tests.helpers import free_port
-from tests.helpers import fill_h100s, job_state, ssh_login
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        # As root (CI, the testbed), Chromium's own sandbox cannot start; the pages are our own.
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
+from tests.helpers import fill_h100s, free_port, job_state, logged_in, ssh_login
 
 @pytest.fixture
 def dashboard_server(corral, corral_env, clean_queues):
@@ -44,17 +28,6 @@ def dashboard_server(corral, corral_env, clean_queues):
     assert started.exit_code == 0, started.stderr
     yield f"http://127.0.0.1:{port}"
     corral("server", "stop")
-
-
-def logged_in(browser, corral, env=None):
-    """A browser context logged in through `corral dashboard --print-url` (as the CLI's user)."""
-    printed = corral("dashboard", "--print-url", **({"env": env} if env else {}))
-    assert printed.exit_code == 0, printed.stderr
-    link = printed.stdout.strip()
-    context = browser.new_context()
-    page = context.new_page()
-    page.goto(link)
-    return context, page, link
 
 
 # Basic accessibility, as the issue asks, checked on each page the tests draw: every control has a name

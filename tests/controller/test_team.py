@@ -15,7 +15,7 @@ import pytest
 from corral.sdk import ApiError, Client
 from corral.sdk.files import LocalFiles
 from tests.conftest import wait_for
-from tests.helpers import free_port
+from tests.helpers import free_port, logged_in
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 
@@ -327,10 +327,18 @@ def test_replicas_that_read_different_clusters_files_drive_nothing_and_server_st
         shown = corral("server", "status", env=envs["one"]).stdout
         assert "drives nothing: replicas read different cluster lists (this one, " in shown
         assert f"reads {len(configured)} clusters, digest " in shown and "same clusters file" in shown
+        context, page, _ = logged_in(browser, corral, envs["one"])
+        banner = page.locator("#engine")
+        banner.wait_for(state="visible", timeout=15_000)
+        assert banner.text_content().startswith("This server drives no jobs: replicas read different cluster lists")
         corral("server", "stop", env=envs["two"])
         wait_for("the first replica to hold every cluster again",
                  lambda: set(status("one")["shards"]["clusters"]) == set(configured)
                  and not status("one")["last_tick"]["disagreement"], timeout=20)
+        page.reload()
+        page.wait_for_selector("#engine[data-checked-at]", state="attached", timeout=30_000)
+        assert banner.is_hidden()
+        context.close()
     finally:
         for env in envs.values():
             corral("server", "stop", env=env)

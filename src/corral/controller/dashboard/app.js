@@ -575,6 +575,22 @@ async function drawDev() {
   $("dev").dataset.loaded = "true";
 }
 
+// ---- the engine's own health ----------------------------------------------------------------------
+const ENGINE_EVERY = 10000;  // ms between checks of whether this server drives jobs
+let engineCheckedAt = 0;
+
+// A server that drives nothing says so on every page: its replicas read different cluster lists
+// (shards.py fails closed), so jobs wait until an admin gives them the same clusters file.
+async function drawEngine() {
+  if (Date.now() - engineCheckedAt < ENGINE_EVERY) return;
+  engineCheckedAt = Date.now();
+  const health = await api("GET", "/health");
+  const why = health.last_tick && health.last_tick.disagreement;
+  $("engine").textContent = why ? `This server drives no jobs: ${why}` : "";
+  $("engine").hidden = !why;
+  $("engine").dataset.checkedAt = engineCheckedAt;
+}
+
 // ---- the app ------------------------------------------------------------------------------------
 function parseRoute() {
   const [page, arg] = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
@@ -606,7 +622,7 @@ async function route() {
     let first = true;
     const loop = async () => {
       try {
-        await draw(first);
+        await Promise.all([draw(first), drawEngine()]);
       } catch (error) {
         if (error instanceof NotLoggedIn) throw error;
         $(statusId).textContent = error.message;
