@@ -294,10 +294,10 @@ def test_replicas_on_one_postgresql_split_the_clusters_and_hand_over_a_dead_ones
 
 
 def test_replicas_that_read_different_clusters_files_drive_nothing_and_server_status_says_why(
-        corral, corral_env, fresh_postgres, tmp_path):
+        corral, corral_env, fresh_postgres, tmp_path, browser):
     """A second replica reads the same clusters in another order (its own copy of the clusters file):
-    both stop driving, `corral server status` on either says why, and once it stops the first one
-    holds every cluster again."""
+    both stop driving, `corral server status` and the dashboard on either say why, and once it stops
+    the first one holds every cluster again."""
     import re
 
     from corral.client import Client as EngineClient
