@@ -1,7 +1,8 @@
 """The SSH transport: the system OpenSSH client, one ControlMaster connection per cluster.
 
 Every call is `ssh -F <corral ssh config> -- <cluster> bash --login -s` with the script on stdin, so no
-user text is ever spliced into a remote command line. The first call to a cluster becomes the master
+user text is ever spliced into a remote command line (after the first, `bash --noprofile --norc -s` with
+the login shell's environment exported first: login_env.py). The first call to a cluster becomes the master
 (`ControlMaster=auto`, `ControlPersist`), later calls reuse its socket for ~25 ms round trips instead of
 ~300 ms handshakes, and it works the same behind ProxyJump because ssh multiplexes the final hop.
 
@@ -51,8 +52,10 @@ from corral.errors import (
     SshAuthError,
     SshTimeoutError,
 )
+from corral.login_env import CAPTURE, LOGIN_ENVS, split_capture
 
 SSH_FAILURE = 255
+COMMAND_NOT_FOUND = 127
 
 
 class CorralFileError(CorralError):
@@ -243,6 +246,14 @@ class SshTransport:
         user = self._acting(SubmitMode.SUDO)
         return remote if user is None else ["sudo", "-n", "-H", "-u", shlex.quote(user), "--", *remote]
 
+    def _login_env_key(self, cluster: str) -> tuple[str, ...] | None:
+        """Whose login environment a call on `cluster` runs in (login_env.py). None under `sudo`: the
+        sites' sudoers rule (docs/sudoers.example) names `bash --login -s`, so that stays."""
+        if self._acting(SubmitMode.SUDO) is not None:
+            return None
+        acting = (self.login.mode.value, self.login.user) if self.login is not None else ("", "")
+        return (str(self.config_file), cluster, *acting)
+
     def _from_home(self, script: str) -> str:
         """sudo keeps the service account's working directory; a member's script starts in their home."""
         return script if self._acting(SubmitMode.SUDO) is None else "cd || exit 1\n" + script
@@ -278,7 +289,11 @@ class SshTransport:
         await _within_budget(cluster, allowance, cost, timeout)
         # The remote side enforces the limit too, so nothing we gave up on keeps running there.
         remote_limit = str(math.ceil(timeout) + 1)
-        argv = self.ssh_argv(entry.name, ["timeout", "-k", "2", remote_limit, *self.as_user(["bash", "--login", "-s"])])
+        env_key = self._login_env_key(cluster)
+        known = LOGIN_ENVS.get(env_key) if env_key else None
+        shell = ["bash", "--noprofile", "--norc", "-s"] if known else ["bash", "--login", "-s"]
+        script = (known.script if known else CAPTURE if env_key else "") + self._from_home(script)
+        argv = self.ssh_argv(entry.name, ["timeout", "-k", "2", remote_limit, *self.as_user(shell)])
         async with _session_limit(self._connection(cluster), self.max_sessions_per_cluster):
             started = time.monotonic()
             self.round_trips[cluster] += 1
@@ -289,7 +304,7 @@ class SshTransport:
                 stderr=asyncio.subprocess.PIPE,
             )
             try:
-                out, err = await asyncio.wait_for(proc.communicate(self._from_home(script).encode()), timeout)
+                out, err = await asyncio.wait_for(proc.communicate(script.encode()), timeout)
             except asyncio.TimeoutError:
                 await _kill(proc)
                 await self.stop_master(cluster)
@@ -299,13 +314,18 @@ class SshTransport:
             except asyncio.CancelledError:
                 await _kill(proc)
                 raise
+        captured, stderr = split_capture(err.decode(errors="replace"))
         result = RemoteResult(
             cluster=cluster,
             exit_status=proc.returncode if proc.returncode is not None else -1,
             stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
+            stderr=stderr,
             seconds=time.monotonic() - started,
         )
+        if env_key and captured is not None:
+            LOGIN_ENVS.learn(env_key, captured)
+        elif env_key and result.exit_status == COMMAND_NOT_FOUND:  # the profile may have changed: learn it again
+            LOGIN_ENVS.forget(env_key)
         allowance.answered(result.stdout + result.stderr)
         if result.exit_status == SSH_FAILURE:
             raise self.classify_failure(cluster, result.stderr)
