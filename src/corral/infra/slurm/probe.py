@@ -1,10 +1,13 @@
 """The probe: one remote script, one SSH round trip, everything placement needs.
 
 It also lists the container runtimes the login node offers (Pyxis when `srun --help` shows
-`--container-image`; `apptainer`, `singularity` on its PATH). The script asks the controller whether it is up first (`scontrol ping` answers in milliseconds when
-the controller port refuses), so a dead controller is reported at once instead of after Slurm's own
-~10 s of retries; then it runs sinfo, scontrol and squeue in parallel, each under `timeout`, and
-prints their outputs as marked sections with their exit statuses.
+`--container-image`; `apptainer`, `singularity` on its PATH). Everything runs at once: sinfo,
+scontrol and squeue, each under `timeout`, the login node's facts (version, filesystems, runtimes),
+and `scontrol ping`, which answers in milliseconds when the controller port refuses. If the ping
+says the controller is not up, the queries are killed and the probe reports that at once, instead of
+after Slurm's own ~10 s of retries. The outputs are printed as marked sections with their exit
+statuses, by one `cat` (24 ms for the script on the testbed, against 42 ms when each step waited for
+the one before).
 """
 
 from __future__ import annotations
@@ -54,26 +57,28 @@ def probe_script(slurm_timeout: int, *, associations: bool = False, paths: tuple
             f'p="{expandable(p)}"; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done; '
             f'echo {shlex.quote(p)}"|$(stat -f -c %T "$p" 2>/dev/null)"\n' for p in filesystems)
     queries = {**QUERIES, **({"assoc": ASSOCIATIONS} if associations else {})}
-    parallel = "\n".join(
-        f'( timeout {seconds} {command} >"$d/{name}" 2>&1; echo $? >"$d/{name}.rc" ) &'
-        for name, command in queries.items()
-    )
-    sections = " ".join(queries)
+    started = "\n".join(f'timeout {seconds} {command} >"$d/{name}" 2>&1 & q_{name}=$!' for name, command in queries.items())
+    pids = " ".join(f"$q_{name}" for name in queries)
+    waited = "\n".join(f"wait $q_{name}; printf '\\n{MARK} {name} %s\\n' $? >\"$d/{name}.h\"" for name in queries)
+    sections = " ".join(f'"$d/{name}.h" "$d/{name}"' for name in queries)
     return f"""\
 export LC_ALL=C
+d=$(mktemp -d "${{TMPDIR:-/tmp}}/corral-probe.XXXXXX") || exit 1
+trap 'rm -rf "$d"' EXIT
+{started}
+{{
 printf '\\n{MARK} version 0\\n'; sinfo --version 2>&1
 printf '\\n{MARK} homefs 0\\n'; stat -f -c %T "$HOME" 2>/dev/null
 printf '\\n{MARK} paths 0\\n'
 {exists}printf '\\n{MARK} runtimes 0\\n'; srun --help 2>&1 | grep -q -e --container-image && echo pyxis
 for r in apptainer singularity; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
+}} >"$d/static" & static=$!
 ping=$(timeout {seconds} scontrol ping 2>&1); rc=$?
-printf '\\n{MARK} ping %s\\n%s\\n' "$rc" "$ping"
-case "$ping" in *" is UP"*) ;; *) printf '\\n{MARK} end 0\\n'; exit 0 ;; esac
-d=$(mktemp -d "${{TMPDIR:-/tmp}}/corral-probe.XXXXXX") || exit 1
-trap 'rm -rf "$d"' EXIT
-{parallel}
-wait
-for s in {sections}; do printf '\\n{MARK} %s %s\\n' "$s" "$(cat "$d/$s.rc")"; cat "$d/$s"; done
+printf '\\n{MARK} ping %s\\n%s\\n' "$rc" "$ping" >"$d/ping"
+wait $static
+case "$ping" in *" is UP"*) ;; *) kill {pids} 2>/dev/null; cat "$d/static" "$d/ping"; printf '\\n{MARK} end 0\\n'; exit 0 ;; esac
+{waited}
+cat "$d/static" "$d/ping" {sections}
 printf '\\n{MARK} end 0\\n'
 """
 
