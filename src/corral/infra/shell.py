@@ -3,7 +3,6 @@ folder, a file written byte for byte. Backends do not import each other; they sh
 
 from __future__ import annotations
 
-import secrets
 import shlex
 
 from corral.infra.base import DEFAULT_CHECKPOINT_DIR
@@ -24,13 +23,8 @@ def checkpoint_lines(path: str, task_id: str) -> list[str]:
     return [f"export CORRAL_CHECKPOINT_DIR={where}", 'mkdir -p "$CORRAL_CHECKPOINT_DIR"']
 
 
-def heredoc(target: str, content: str) -> str:
-    """Bash writing `content` exactly to `target` (a bash word): a quoted heredoc whose delimiter the
-    content does not hold; a file without a final newline gets none."""
-    delimiter = "CORRAL_EOF_" + secrets.token_hex(8)
-    while delimiter in content:
-        delimiter = "CORRAL_EOF_" + secrets.token_hex(8)
-    if content and not content.endswith("\n"):
-        # A heredoc always ends with a newline; strip it again so the file is byte-exact.
-        return f"head -c -1 > {target} <<'{delimiter}'\n{content}\n{delimiter}"
-    return f"cat > {target} <<'{delimiter}'\n{content}{delimiter}"
+def write_file(target: str, content: str) -> str:
+    """Bash writing `content` exactly to `target` (a bash word): bash's own printf with the content
+    shell-quoted, so no process is started for it (a `cat` heredoc per file cost ~1.5 ms each on the
+    testbed: 9 ms of a 28 ms submission)."""
+    return f"printf '%s' {shlex.quote(content)} > {target}"

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from corral.errors import TaskError
 from corral.infra.base import JobRequest
-from corral.infra.shell import checkpoint_lines, heredoc, render_env
+from corral.infra.shell import checkpoint_lines, render_env, write_file
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
 JOB_NAME_PREFIX = "corral-"
@@ -416,11 +416,11 @@ def job_files(spec: SlurmJobSpec) -> dict[str, str]:
 
 
 def write_files_script(run_dir: str, files: dict[str, str]) -> str:
-    """Bash that creates the run directory and writes each file exactly (quoted heredocs)."""
+    """Bash that creates the run directory and writes each file exactly (shell.write_file)."""
     out = [f'd="$HOME"/{shlex.quote(run_dir)}', 'mkdir -p "$d/workdir"']
     for folder in sorted({name.rsplit("/", 1)[0] for name in files if "/" in name}):
         out.append(f'mkdir -p "$d"/{shlex.quote(folder)}')
-    out += [heredoc(f'"$d"/{shlex.quote(name)}', content) for name, content in files.items()]
+    out += [write_file(f'"$d"/{shlex.quote(name)}', content) for name, content in files.items()]
     return "\n".join(out) + "\n"
 
 
@@ -431,8 +431,7 @@ CANCEL_MARKER = "cancelled"  # in the run dir; "cancelled.<array index>" for an 
 def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None, job_name: str | None = None) -> str:
     """Write the job's files and submit `job.sbatch`, unless a job with its name (and so its token)
     already exists: a retried or interrupted submission never makes a second job."""
-    find = (f"squeue -h --me -t all --name={shlex.quote(job_name or spec.job_name)} -o %A 2>/dev/null"
-            " | head -n 1")
+    find = f"squeue -h --me -t all --name={shlex.quote(job_name or spec.job_name)} -o %A 2>/dev/null"
     return submit_files_script(spec.run_dir, job_files(spec) if files is None else files, find,
                                "sbatch --parsable job.sbatch")
 
@@ -445,7 +444,7 @@ def submit_files_script(run_dir: str, files: dict[str, str], find: str, sbatch: 
         "umask 077\n"
         + write_files_script(run_dir, files)
         + 'cd "$d" || exit 1\n'
-        + f"existing=$({find})\n"
+        + f"existing=$({find}); existing=${{existing%%$'\\n'*}}\n"
         + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
         # A controller that refuses jobs (job table full at MaxJobCount, or overloaded) makes sbatch
         # sleep and retry for minutes; seen at once (sbatch's stderr is read as it comes), that is a
@@ -463,12 +462,12 @@ def submit_files_script(run_dir: str, files: dict[str, str], find: str, sbatch: 
         + "done\n"
         + "exec 3<&-\n"
         + 'if [ -n "$busy" ]; then\n'
-        + f"  existing=$({find})\n"
+        + f"  existing=$({find}); existing=${{existing%%$'\\n'*}}\n"
         + '  if [ -n "$existing" ]; then echo "@@corral submitted $existing new"; else '
         + 'echo "@@corral rejected busy"; cat "$d/sbatch.err"; fi\n'
         + "  exit 0\n"
         + "fi\n"
-        + 'out=$(cat "$d/sbatch.out")\n'
+        + 'out=; read -r out < "$d/sbatch.out"\n'
         + 'if [ "$rc" -eq 0 ]; then echo "@@corral submitted ${out%%;*} new"; '
         + 'else echo "@@corral rejected $rc"; cat "$d/sbatch.err"; fi\n'
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 
 from corral.infra.base import EXIT_NOT_READY
-from corral.infra.shell import heredoc, render_env
+from corral.infra.shell import render_env, write_file
 from corral.infra.sshpool.inventory import ALIVE, MARK
 from corral.infra.sshpool.runner import RUNS_DIR, check_token
 
@@ -33,8 +33,8 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str) -> str
     folder = f"exec/{exec_id}"
     return (_ready_check(token)
             + f'mkdir -p "$d"/{shlex.quote(folder)}\n'
-            + heredoc(f'"$d"/{shlex.quote(folder)}/run.sh', run) + "\n"
-            + heredoc(f'"$d"/{shlex.quote(folder)}/env.sh', render_env(envs)) + "\n"
+            + write_file(f'"$d"/{shlex.quote(folder)}/run.sh', run) + "\n"
+            + write_file(f'"$d"/{shlex.quote(folder)}/env.sh', render_env(envs)) + "\n"
             + _KEEP_ACTIVE
             + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
             + 'cd "$d/workdir" || exit 1\n'

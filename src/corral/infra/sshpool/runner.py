@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 
 from corral.infra.base import JobRequest
-from corral.infra.shell import checkpoint_lines, heredoc
+from corral.infra.shell import checkpoint_lines, write_file
 from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
 
 RUNS_DIR = ".corral/runs"
@@ -127,7 +127,7 @@ def submit_script(request: JobRequest, pool: str, files: dict[str, str], configu
     wanted = request.accelerators_per_node
     type_test = (f'[ "$name" = {shlex.quote(request.accelerator_type)} ] || continue\n'
                  if request.accelerator_type else "")
-    writes = "".join(heredoc(f'"$d"/{shlex.quote(name)}', content) + "\n" for name, content in files.items())
+    writes = "".join(write_file(f'"$d"/{shlex.quote(name)}', content) + "\n" for name, content in files.items())
     return f"""\
 set -u
 umask 077
