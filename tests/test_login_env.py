@@ -129,3 +129,16 @@ def test_members_under_sudo_keep_the_login_shell_their_sudoers_rule_names(transp
     assert member._login_env_key("cirrus") is None  # never learned, never replayed: `bash --login -s`
     assert transport._login_env_key("cirrus") != transport.acting_as(
         Login("corral-bob", SubmitMode.SSH, None))._login_env_key("cirrus")  # each account its own
+
+
+def test_a_stream_uses_the_learned_environment_and_never_captures_one(transport):
+    def streamed() -> str:
+        chunks: list[bytes] = []
+        status = asyncio.run(transport.stream("cirrus", SHOW, chunks.append))
+        assert status == 0
+        return b"".join(chunks).decode()
+
+    first = streamed().splitlines()
+    assert first[0] == "login" and not LOGIN_ENVS._known  # its stderr is read last: nothing written there
+    shown(transport)  # a call learns it
+    assert streamed().splitlines() == ["plain", *first[1:]]

@@ -254,6 +254,27 @@ class SshTransport:
         acting = (self.login.mode.value, self.login.user) if self.login is not None else ("", "")
         return (str(self.config_file), cluster, *acting)
 
+    def _shell(self, env_key: tuple[str, ...] | None, script: str, capture: bool = True) -> tuple[list[str], str]:
+        """The remote shell and the script it reads: a plain bash with the login environment exported
+        first once it is known, else a login shell that also writes its environment when `capture`
+        (login_env.py; not where stderr is read only at the end, as a stream's: a large environment
+        would fill the pipe)."""
+        known = LOGIN_ENVS.get(env_key) if env_key else None
+        if known:
+            return ["bash", "--noprofile", "--norc", "-s"], known.script + self._from_home(script)
+        return ["bash", "--login", "-s"], (CAPTURE if env_key and capture else "") + self._from_home(script)
+
+    @staticmethod
+    def _learn(env_key: tuple[str, ...] | None, stderr: str, status: int) -> str:
+        """Keep a login environment the call wrote; forget it when a command was not found (the profile
+        may have changed). Returns stderr without the environment."""
+        captured, rest = split_capture(stderr)
+        if env_key and captured is not None:
+            LOGIN_ENVS.learn(env_key, captured)
+        elif env_key and status == COMMAND_NOT_FOUND:
+            LOGIN_ENVS.forget(env_key)
+        return rest
+
     def _from_home(self, script: str) -> str:
         """sudo keeps the service account's working directory; a member's script starts in their home."""
         return script if self._acting(SubmitMode.SUDO) is None else "cd || exit 1\n" + script
@@ -290,9 +311,7 @@ class SshTransport:
         # The remote side enforces the limit too, so nothing we gave up on keeps running there.
         remote_limit = str(math.ceil(timeout) + 1)
         env_key = self._login_env_key(cluster)
-        known = LOGIN_ENVS.get(env_key) if env_key else None
-        shell = ["bash", "--noprofile", "--norc", "-s"] if known else ["bash", "--login", "-s"]
-        script = (known.script if known else CAPTURE if env_key else "") + self._from_home(script)
+        shell, script = self._shell(env_key, script)
         argv = self.ssh_argv(entry.name, ["timeout", "-k", "2", remote_limit, *self.as_user(shell)])
         async with _session_limit(self._connection(cluster), self.max_sessions_per_cluster):
             started = time.monotonic()
@@ -314,18 +333,14 @@ class SshTransport:
             except asyncio.CancelledError:
                 await _kill(proc)
                 raise
-        captured, stderr = split_capture(err.decode(errors="replace"))
+        status = proc.returncode if proc.returncode is not None else -1
         result = RemoteResult(
             cluster=cluster,
-            exit_status=proc.returncode if proc.returncode is not None else -1,
+            exit_status=status,
             stdout=out.decode(errors="replace"),
-            stderr=stderr,
+            stderr=self._learn(env_key, err.decode(errors="replace"), status),
             seconds=time.monotonic() - started,
         )
-        if env_key and captured is not None:
-            LOGIN_ENVS.learn(env_key, captured)
-        elif env_key and result.exit_status == COMMAND_NOT_FOUND:  # the profile may have changed: learn it again
-            LOGIN_ENVS.forget(env_key)
         allowance.answered(result.stdout + result.stderr)
         if result.exit_status == SSH_FAILURE:
             raise self.classify_failure(cluster, result.stderr)
@@ -396,13 +411,15 @@ class SshTransport:
         No timeout: the script decides when to end. Returns the remote exit status.
         """
         self.registry.get(cluster)
-        argv = self.ssh_argv(cluster, self.as_user(["bash", "--login", "-s"]))
+        env_key = self._login_env_key(cluster)
+        shell, script = self._shell(env_key, script, capture=False)
+        argv = self.ssh_argv(cluster, self.as_user(shell))
         self.round_trips[cluster] += 1
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         assert proc.stdin and proc.stdout and proc.stderr
-        proc.stdin.write(self._from_home(script).encode())
+        proc.stdin.write(script.encode())
         proc.stdin.close()
         try:
             while chunk := await proc.stdout.read(65536):
@@ -412,8 +429,9 @@ class SshTransport:
         except asyncio.CancelledError:
             await _kill(proc)
             raise
+        stderr = self._learn(env_key, err.decode(errors="replace"), status)
         if status == SSH_FAILURE:
-            raise self.classify_failure(cluster, err.decode(errors="replace"))
+            raise self.classify_failure(cluster, stderr)
         return status
 
     async def sync(self, cluster: str, source: Path, destination: str, *, timeout: float = 600,
