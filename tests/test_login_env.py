@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from corral.config import load_registry
+from corral.errors import ConfigError
 from corral.login_env import CAPTURE, LOGIN_ENVS, MARK, LoginEnvs, replay, split_capture
 from corral.ssh import SshTransport
 
@@ -67,6 +68,10 @@ def test_a_learned_environment_lapses_and_can_be_forgotten(monkeypatch):
     assert envs.get(("k",), now=100.0 + 600) is not None and envs.get(("k",), now=100.0 + 601) is None
     monkeypatch.setenv("CORRAL_LOGIN_ENV_SECONDS", "0")
     assert envs.get(("k",), now=100.0) is None
+    for wrong in ("ten", "-1", "nan"):
+        monkeypatch.setenv("CORRAL_LOGIN_ENV_SECONDS", wrong)
+        with pytest.raises(ConfigError, match=f"CORRAL_LOGIN_ENV_SECONDS='{wrong}' is not a number of seconds"):
+            envs.get(("k",))
     monkeypatch.delenv("CORRAL_LOGIN_ENV_SECONDS")
     envs.forget(("k",))
     assert envs.get(("k",), now=100.0) is None
