@@ -314,9 +314,7 @@ class Testbed:
 
             def registered() -> bool:
                 if daemon.poll() is not None:
-                    log = paths.log / f"slurmd-{node}.out"
-                    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-                    raise TestbedError(f"{node}'s slurmd exited: {' | '.join(tail)} (see {log})")
+                    raise daemon_exited(f"{node}'s slurmd", paths.log / f"slurmd-{node}.out")
                 started = self._slurmd_started(spec.name, node)
                 return running(paths.slurmd_pidfile(node)) is not None and started is not None and started >= since
 
@@ -548,8 +546,7 @@ class Testbed:
 
         def listening() -> bool:
             if not running(paths.ctld_pidfile()):
-                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-                raise TestbedError(f"{spec.name}: slurmctld exited: {' | '.join(tail)} (see {log})")
+                raise daemon_exited(f"{spec.name}: slurmctld", log)
             return port_open(spec.ctld_port)
 
         wait_until(f"{spec.name} slurmctld port", listening, READY_TIMEOUT)
@@ -558,8 +555,9 @@ class Testbed:
         paths = self.paths.cluster(spec.name)
         if running(paths.slurmd_pidfile(node)):
             return None
-        return spawn_as_host(node, [str(self.paths.bin / "slurmd"), "-D", "-N", node], paths.log / f"slurmd-{node}.out",
-                      paths.slurmd_pidfile(node), env=self.slurm_env(spec.name), own_ptys=True)
+        return spawn_as_host(node, [str(self.paths.bin / "slurmd"), "-D", "-N", node],
+                             paths.log / f"slurmd-{node}.out", paths.slurmd_pidfile(node),
+                             env=self.slurm_env(spec.name), own_ptys=True)
 
     def _start_sshd(self, spec: ClusterSpec) -> None:
         paths = self.paths.cluster(spec.name)
@@ -609,6 +607,12 @@ def daemons_memory_mb(bed: Testbed) -> float:
             continue
         total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
     return total_kb / 1024
+
+
+def daemon_exited(what: str, log: Path) -> TestbedError:
+    """A daemon that died while we waited for it, with the last lines of its log."""
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    return TestbedError(f"{what} exited: {' | '.join(tail)} (see {log})")
 
 
 def sinfo_summary(bed: Testbed) -> str:

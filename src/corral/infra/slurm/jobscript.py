@@ -440,11 +440,12 @@ def submit_files_script(run_dir: str, files: dict[str, str], find: str, sbatch: 
     """Write a job's files into `run_dir` and run `sbatch` there (a command line whose words are quoted
     already), unless `find` prints the id of a job already submitted with this attempt's token. sbatch's
     output goes to sbatch.out, its errors to sbatch.err; the answer is one `@@corral` line."""
+    lookup = f"existing=$({find}); existing=${{existing%%$'\\n'*}}\n"  # the first id, without a `head`
     return (
         "umask 077\n"
         + write_files_script(run_dir, files)
         + 'cd "$d" || exit 1\n'
-        + f"existing=$({find}); existing=${{existing%%$'\\n'*}}\n"
+        + lookup
         + 'if [ -n "$existing" ]; then echo "@@corral submitted $existing existing"; exit 0; fi\n'
         # A controller that refuses jobs (job table full at MaxJobCount, or overloaded) makes sbatch
         # sleep and retry for minutes; seen at once (sbatch's stderr is read as it comes), that is a
@@ -462,7 +463,7 @@ def submit_files_script(run_dir: str, files: dict[str, str], find: str, sbatch: 
         + "done\n"
         + "exec 3<&-\n"
         + 'if [ -n "$busy" ]; then\n'
-        + f"  existing=$({find}); existing=${{existing%%$'\\n'*}}\n"
+        + "  " + lookup
         + '  if [ -n "$existing" ]; then echo "@@corral submitted $existing new"; else '
         + 'echo "@@corral rejected busy"; cat "$d/sbatch.err"; fi\n'
         + "  exit 0\n"
