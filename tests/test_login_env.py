@@ -147,3 +147,30 @@ def test_a_stream_uses_the_learned_environment_and_never_captures_one(transport)
     assert first[0] == "login" and not LOGIN_ENVS._known  # its stderr is read last: nothing written there
     shown(transport)  # a call learns it
     assert streamed().splitlines() == ["plain", *first[1:]]
+
+
+def test_the_login_nodes_facts_are_asked_for_once_per_login_environment(transport):
+    from corral.infra.slurm.cluster import SlurmInfra
+
+    sent: list[str] = []
+    run = transport.run
+
+    async def recording(cluster, script, **kwargs):
+        sent.append(script)
+        return await run(cluster, script, **kwargs)
+
+    transport.run = recording
+    infra = SlurmInfra("cirrus", transport)
+    first = asyncio.run(infra.probe())
+    second = asyncio.run(infra.probe(paths=("~",)))
+    assert "srun --help" in sent[0] and "sinfo --version" in sent[0]
+    assert "srun --help" not in sent[1] and "sinfo --version" not in sent[1]
+    facts = ("slurm_version", "container_runtimes", "home_filesystem")
+    assert [getattr(second, f) for f in facts] == [getattr(first, f) for f in facts]
+    assert first.slurm_version.startswith("22.") and "apptainer" in first.container_runtimes  # cirrus has it
+    assert second.existing_paths == {"~"}  # a task's own paths are still asked for every time
+    asyncio.run(infra.probe(associations=True))  # `corral check` always asks
+    assert "srun --help" in sent[2]
+    LOGIN_ENVS.forget(transport._login_env_key("cirrus"))  # gone with the environment
+    asyncio.run(infra.probe())
+    assert "srun --help" in sent[3]

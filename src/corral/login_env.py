@@ -20,7 +20,8 @@ import os
 import re
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from corral.errors import ConfigError
 
@@ -93,6 +94,9 @@ def replay(captured: str) -> str | None:
 class LoginEnv:
     script: str  # what `replay` made of it
     learned_at: float
+    # What callers learned about the login node meanwhile, gone with this environment (relearned,
+    # forgotten or expired): the Slurm probe keeps the node's version, filesystems and runtimes here.
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 class LoginEnvs:

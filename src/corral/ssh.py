@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corral.accounts import Login, SubmitMode
 from corral.budget import Budget, budget_for, next_slot_text
@@ -263,6 +264,13 @@ class SshTransport:
         if known:
             return ["bash", "--noprofile", "--norc", "-s"], known.script + self._from_home(script)
         return ["bash", "--login", "-s"], (CAPTURE if env_key and capture else "") + self._from_home(script)
+
+    def login_notes(self, cluster: str) -> dict[str, Any] | None:
+        """What callers keep about `cluster`'s login node for as long as its learned login environment
+        (login_env.LoginEnv.notes); None while none is known (not yet, expired, or under `sudo`)."""
+        env_key = self._login_env_key(cluster)
+        known = LOGIN_ENVS.get(env_key) if env_key else None
+        return known.notes if known else None
 
     @staticmethod
     def _learn(env_key: tuple[str, ...] | None, stderr: str, status: int) -> str:

@@ -113,10 +113,23 @@ def test_the_filesystem_of_a_path_is_that_of_its_nearest_folder_that_exists(tmp_
     from corral.infra.slurm.probe import split_sections
 
     script = probe_script(10, filesystems=("$HOME/not/yet/there", "/proc"))
-    block = script[script.index("pathfs"):script.index("@@corral runtimes")]
+    block = script[script.index("pathfs"):script.index('} >"$d/static"')]
     lines = [line for line in block.splitlines() if line.startswith("p=")]
     out = subprocess.run(["bash", "-c", "\n".join(lines)], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True).stdout
     found = dict(line.rsplit("|", 1) for line in out.splitlines())
     assert found["/proc"] == "proc" and found["$HOME/not/yet/there"]  # tmp_path's own filesystem
     assert "pathfs" in split_sections("@@corral pathfs 0\n/x|nfs\n@@corral end 0\n")
+
+
+def test_a_probe_without_the_login_nodes_facts_is_read_with_those_kept_from_before():
+    from corral.infra.slurm.probe import facts_of, split_sections
+
+    without = probe_script(10, facts=False, paths=("~/data",))
+    assert "srun --help" not in without and "sinfo --version" not in without and "~/data" in without
+    recorded = fixture("cirrus-idle")
+    kept = facts_of(split_sections(recorded))
+    assert set(kept) == {"version"}  # recorded before the home and the runtimes were asked for
+    bare = recorded.replace("@@corral version 0\nslurm-wlm 22.05.8\n", "")
+    assert bare != recorded and parse_probe_output("cirrus", bare, 5).slurm_version is None
+    assert parse_probe_output("cirrus", bare, 5, facts=kept) == parse_probe_output("cirrus", recorded, 5)

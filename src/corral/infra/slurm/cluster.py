@@ -47,12 +47,13 @@ from corral.infra.slurm.jobs import (
     test_only_script,
 )
 from corral.infra.slurm.jobscript import spec_for, submit_script
-from corral.infra.slurm.probe import QUERIES, parse_probe_output, probe_script
+from corral.infra.slurm.probe import QUERIES, facts_of, probe_script, snapshot_of, split_sections
 from corral.ssh import SshTransport, remote_path
 
 # What the login node keeps for itself out of the transport's timeout: connecting and answering.
 _SSH_MARGIN = 3
 CACHE_DIR = ".corral/cache"  # per-task workdir caches, under the user's home on the login node
+_FACTS_NOTE = "slurm-probe-facts"  # the probe's FACTS sections, in the transport's login notes
 JOB_TIMEOUT = 30  # seconds for a submission, a status query, a cancel (sbatch may wait on a busy controller)
 
 
@@ -77,10 +78,18 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = (),
                     filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
         # One bound for the whole answer, a new connection included.
-        script = probe_script(self.slurm_timeout, associations=associations, paths=paths, filesystems=filesystems)
+        # The login node's facts are asked for once per login environment (`check` always asks).
+        notes = self.transport.login_notes(self.cluster)
+        known = None if associations or notes is None else notes.get(_FACTS_NOTE)
+        script = probe_script(self.slurm_timeout, associations=associations, paths=paths, filesystems=filesystems,
+                              facts=known is None)
         commands = self.probe_commands + (1 if associations else 0)  # sacctmgr too, for check
         result = await self.transport.run(self.cluster, script, timeout=self.transport.timeout, cost=commands)
-        return parse_probe_output(self.cluster, result.stdout, self.slurm_timeout, result.seconds)
+        sections = split_sections(result.stdout)
+        snapshot = snapshot_of(self.cluster, {**(known or {}), **sections}, self.slurm_timeout, result.seconds)
+        if known is None and (notes := self.transport.login_notes(self.cluster)) is not None:
+            notes[_FACTS_NOTE] = facts_of(sections)  # the environment this call learned, or the one it ran in
+        return snapshot
 
     def attempt_files(self, request: JobRequest) -> AttemptFiles:
         if userscript.is_script_request(request):
