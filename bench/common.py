@@ -104,7 +104,9 @@ def server_pid(home: Path) -> int | None:
 
 def close_masters(root: Path) -> None:
     """Stop the Corral server of each CORRAL_HOME below root, then `ssh -O exit` every ControlMaster socket."""
-    sockets = list(root.glob("raw-*"))
+    from corral.ssh import stop_masters
+
+    stop_masters(root, "exit")  # the raw ssh baselines' own masters (raw-*)
     for home in root.glob("*home*"):
         # the home's server first: it holds ControlMasters of its own and would keep them open
         subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env={**os.environ, "CORRAL_HOME": str(home)},
@@ -113,9 +115,7 @@ def close_masters(root: Path) -> None:
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CORRAL_HOME": str(home)},
                              capture_output=True, text=True).stdout.strip()
         if out:
-            sockets += list(Path(out).glob("*"))
-    for sock in sockets:
-        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True)
+            stop_masters(Path(out), "exit")
 
 
 def cancel_all(config: str, clusters: list[str]) -> None:

@@ -83,14 +83,11 @@ def corral_env(testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict
     monkeypatch.setenv("CORRAL_HOME", str(home))
     yield env
     from corral.controller import server
-    from corral.ssh import control_dir
+    from corral.ssh import control_dir, stop_masters
 
     server.stop()  # the server the test's commands started, if any
-    # Close the ControlMasters this test opened.
-
     sockets = control_dir()
-    for sock in sockets.iterdir():
-        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True)
+    stop_masters(sockets, "exit")  # and the ControlMasters the test itself opened
     shutil.rmtree(sockets, ignore_errors=True)
 
 

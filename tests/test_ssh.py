@@ -280,3 +280,33 @@ def test_masters_are_opened_ahead_only_where_the_users_ssh_config_keeps_them(tmp
     transport = transport_for(path)
     settings = subprocess.run(transport.ssh_argv("lab", [], ("-G",)), capture_output=True, text=True, check=True)
     assert keeps_masters(ssh_settings(settings.stdout)) is keeps
+
+
+def test_server_stop_closes_its_masters_and_lets_a_running_session_end(corral, corral_env, testbed):
+    """`corral server stop` asks each ControlMaster to stop: idle ones end at once instead of holding
+    their connections for ControlPersist (600 s); one with a session running ends with it."""
+    import subprocess
+    import time
+
+    assert corral("check").exit_code == 0  # starts the server, which opens a master per cluster
+    transport = transport_for(testbed.cluster_config)
+    sockets = control_dir()
+    assert len([s for s in sockets.iterdir() if s.is_socket()]) == 3
+    session = subprocess.Popen(transport.ssh_argv("alpine", ["sleep 1; echo finished"]), stdout=subprocess.PIPE,
+                               text=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "sleep 1" not in subprocess.run(
+            ["pgrep", "-af", "sleep 1"], capture_output=True, text=True).stdout:
+        time.sleep(0.02)  # the session has started on the login node
+    assert corral("server", "stop").exit_code == 0
+    assert not [s for s in sockets.iterdir() if s.is_socket()]  # no new session goes through them
+    assert session.communicate(timeout=20)[0] == "finished\n"
+
+    def masters() -> str:
+        return subprocess.run(["pgrep", "-af", f"ssh .*{transport.config_file}"], capture_output=True,
+                              text=True).stdout
+
+    deadline = time.monotonic() + 10
+    while masters() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not masters()

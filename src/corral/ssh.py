@@ -179,6 +179,31 @@ def open_masters(registry: ClusterRegistry, clusters: list[str]) -> None:
     threading.Thread(target=open_all, daemon=True).start()
 
 
+def stop_masters(sockets: Path, command: str = "stop") -> int:
+    """`ssh -O stop` (or `exit`) every ControlMaster whose socket is in `sockets` (Corral's own,
+    control_dir: never a user's); returns how many answered. `stop`: a master takes no new session and
+    ends with its last one (an idle one at once; a `corral ssh` session or a follow goes on to its end).
+    `exit`: at once, sessions and all. All are asked at the same time; each has 5 s."""
+    try:
+        found = [sock for sock in sockets.iterdir() if sock.is_socket()]
+    except OSError:
+        return 0
+    ssh = shutil.which("ssh") or "ssh"
+    try:
+        asked = [subprocess.Popen([ssh, "-o", f"ControlPath={sock}", "-O", command, "x"], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for sock in found]
+    except OSError:
+        return 0  # no ssh: then no master either
+    answered = 0
+    for proc in asked:
+        try:
+            answered += proc.wait(timeout=5) == 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return answered
+
+
 def ssh_settings(text: str) -> dict[str, list[str]]:
     """`ssh -G` output by lowercase keyword; a keyword may come more than once (IdentityFile, …)."""
     settings: dict[str, list[str]] = {}

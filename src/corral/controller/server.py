@@ -221,7 +221,12 @@ def run(options: ServerOptions | None = None) -> None:
         except BlockingIOError:
             sys.exit(f"another controller already runs for {corral_home()} (pid {running_pid()})")
         _open_masters()
-        asyncio.run(_run(options))  # the lock goes with the process, however it ends
+        try:
+            asyncio.run(_run(options))  # the lock goes with the process, however it ends
+        finally:
+            from corral.ssh import control_dir, stop_masters
+
+            stop_masters(control_dir())  # else they would hold their connections for ControlPersist
 
 
 def _open_masters() -> None:
