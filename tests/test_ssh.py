@@ -310,3 +310,18 @@ def test_server_stop_closes_its_masters_and_lets_a_running_session_end(corral, c
     while masters() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not masters()
+
+
+def test_a_call_made_while_its_master_opens_waits_for_it_instead_of_logging_in_beside_it(testbed, corral_env):
+    """ControlMaster=auto binds its socket only after logging in: a call that did not wait for the
+    master open_masters is opening would log in a second time (on 50 clusters, every cold handshake twice)."""
+    from corral.ssh import open_masters
+
+    log = testbed.paths.cluster("borealis").log / "sshd.log"
+    before = log.read_text().count("Accepted publickey")
+    registry = load_registry(testbed.cluster_config)
+    open_masters(registry, ["borealis"])
+    transport = transport_for(testbed.cluster_config)
+    assert run(transport, "borealis", "echo one").stdout == "one\n"  # at once: the master is still logging in
+    assert run(transport, "borealis", "echo two").stdout == "two\n"
+    assert log.read_text().count("Accepted publickey") - before == 1

@@ -154,27 +154,73 @@ def _session_limit(cluster: str, size: int) -> asyncio.Semaphore:
     return limits.setdefault(cluster, asyncio.Semaphore(size))
 
 
+class _Opening:
+    """A master open_masters is opening: done once it is up or has failed. Set from its thread; awaited
+    on the server's event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def finish(self) -> None:
+        with self._lock:
+            self._done, waiters, self._waiters = True, self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(None))
+
+    async def wait(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._done:
+                return
+            self._waiters.append((loop, future))
+        try:
+            await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            pass
+
+
+# Masters being opened ahead, by (ssh config, cluster). ControlMaster=auto binds the socket only once the
+# master has logged in, so a call made meanwhile would do a handshake of its own beside it (and fail to
+# become the master): on 50 clusters, a cold start's handshakes twice over, on the same CPUs.
+_OPENING: dict[tuple[str, str], _Opening] = {}
+
+
 def open_masters(registry: ClusterRegistry, clusters: list[str]) -> None:
     """Open a ControlMaster to each cluster in the background (`ssh -N -f`: a connection, no remote
     command; it returns once the master is up or has failed). A starting server calls this before it
     loads its modules, so the handshakes overlap that. A cluster that does not answer costs nothing
     here: its first call reports it. Only where the effective ssh config (`ssh -G`) keeps masters:
-    elsewhere `-N -f` would leave an idle connection behind. A call that comes before its cluster's
-    master is up makes a connection of its own, as it would without this."""
+    elsewhere `-N -f` would leave an idle connection behind. A call that comes while its cluster's
+    master is being opened waits for it (SshTransport._after_opening)."""
     transport = SshTransport(registry)
+    config = str(transport.config_file)
+    openings = {name: _OPENING.setdefault((config, name), _Opening()) for name in clusters}
 
     def open_all() -> None:
+        pending: dict[str, subprocess.Popen[bytes]] = {}
         try:
             asked = [(name, subprocess.Popen(transport.ssh_argv(name, [], ("-G",)), stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)) for name in clusters]
-            opening = [subprocess.Popen(transport.ssh_argv(name, [], ("-N", "-f")), stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                       for name, answer in asked
-                       if keeps_masters(ssh_settings(answer.communicate()[0].decode(errors="replace")))]
+            for name, answer in asked:
+                if keeps_masters(ssh_settings(answer.communicate()[0].decode(errors="replace"))):
+                    pending[name] = subprocess.Popen(transport.ssh_argv(name, [], ("-N", "-f")),
+                                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                     stderr=subprocess.DEVNULL)
+                else:
+                    openings[name].finish()
+            while pending:  # each as it ends, whatever the order
+                for name in [name for name, proc in pending.items() if proc.poll() is not None]:
+                    del pending[name]
+                    openings[name].finish()
+                time.sleep(0.01)
         except OSError:
-            return  # no ssh: the first call says so
-        for proc in opening:
-            proc.wait()
+            pass  # no ssh: the first call says so
+        finally:
+            for opening in openings.values():
+                opening.finish()
 
     threading.Thread(target=open_all, daemon=True).start()
 
@@ -308,6 +354,17 @@ class SshTransport:
             LOGIN_ENVS.forget(env_key)
         return rest
 
+    async def _after_opening(self, cluster: str, timeout: float) -> float:
+        """Wait, at most `timeout`, for the master open_masters may still be opening to `cluster`
+        (the service account's: a member in `ssh` mode has masters of their own); returns the seconds
+        waited, which the call's own bound includes."""
+        opening = None if self._login_options() else _OPENING.get((str(self.config_file), cluster))
+        if opening is None:
+            return 0.0
+        started = time.monotonic()
+        await opening.wait(timeout)
+        return time.monotonic() - started
+
     def _from_home(self, script: str) -> str:
         """sudo keeps the service account's working directory; a member's script starts in their home."""
         return script if self._acting(SubmitMode.SUDO) is None else "cd || exit 1\n" + script
@@ -341,6 +398,9 @@ class SshTransport:
         entry = self.registry.get(cluster)
         allowance = budget_for(cluster)
         await _within_budget(cluster, allowance, cost, timeout)
+        timeout -= await self._after_opening(cluster, timeout)
+        if timeout <= 0:
+            raise SshTimeoutError(cluster, "no answer from the login node: its connection did not open in time")
         # The remote side enforces the limit too, so nothing we gave up on keeps running there.
         remote_limit = str(math.ceil(timeout) + 1)
         env_key = self._login_env_key(cluster)
@@ -444,6 +504,7 @@ class SshTransport:
         No timeout: the script decides when to end. Returns the remote exit status.
         """
         self.registry.get(cluster)
+        await self._after_opening(cluster, self.timeout)
         env_key = self._login_env_key(cluster)
         shell, script = self._shell(env_key, script, capture=False)
         argv = self.ssh_argv(cluster, self.as_user(shell))
