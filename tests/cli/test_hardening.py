@@ -167,3 +167,11 @@ def test_a_login_node_that_stops_answering_costs_one_timeout(corral, corral_env,
     finally:
         testbed.thaw_login("alpine")
     wait_for("alpine to answer again", lambda: corral("check", "alpine").exit_code == 0, timeout=30)
+
+
+def test_a_proxy_in_the_users_environment_does_not_come_between_the_cli_and_its_local_server(corral, corral_env):
+    dead = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    env = {**corral_env, "http_proxy": dead, "HTTP_PROXY": dead, "all_proxy": dead, "ALL_PROXY": dead}
+    env.pop("no_proxy", None), env.pop("NO_PROXY", None)
+    result = corral("queue", env=env)
+    assert result.exit_code == 0, result.stderr

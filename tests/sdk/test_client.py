@@ -43,3 +43,50 @@ def test_the_sdk_raises_the_servers_refusal_with_its_class_and_exit_code(corral_
     with pytest.raises(ApiError) as unknown:
         client.job("c-nope")
     assert unknown.value.status == 404 and unknown.value.exit_code == 66
+
+
+PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY",
+                   "no_proxy", "NO_PROXY")
+
+
+def test_a_remote_server_is_reached_through_the_users_proxy_and_the_local_one_never(corral_env, monkeypatch):
+    """Many login nodes and laptops set http_proxy; urllib would send even 127.0.0.1 to it."""
+    import http.client
+    import http.server
+    import threading
+    import urllib.parse
+
+    seen: list[str] = []
+
+    class Forwarding(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append(self.path)  # a proxy is sent the absolute URL
+            target = urllib.parse.urlsplit(self.path)
+            upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
+            upstream.request("GET", target.path, headers={"Authorization": self.headers["Authorization"]})
+            answer = upstream.getresponse()
+            body = answer.read()
+            self.send_response(answer.status)
+            self.send_header("Content-Type", answer.getheader("Content-Type", "application/json"))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forwarding)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        local = Client()
+        pid = local.health()["pid"]  # started before any proxy is set
+        for name in PROXY_VARIABLES:
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+        monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy.server_address[1]}")
+        assert Client().health()["pid"] == pid and seen == []  # this machine's own server: never through it
+        point = local.endpoint
+        remote = Client(url=point.url, token=point.token)  # the same server, named as a remote one
+        assert remote.health()["pid"] == pid and seen == ["/".join([point.url, "v1", "health"])]
+    finally:
+        proxy.shutdown()

@@ -439,7 +439,7 @@ class Client:
             sent["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, method=method, headers=sent)
         try:
-            return urllib.request.urlopen(request, timeout=self.timeout, context=_tls_context(point))
+            return _opener(point).open(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             raise _api_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
@@ -470,6 +470,17 @@ class Client:
                 if not chunk:
                     return
                 yield chunk
+
+
+def _opener(point: _endpoint.Endpoint) -> urllib.request.OpenerDirector:
+    """How requests reach the server. A remote one through the proxy the environment names (HTTPS_PROXY,
+    NO_PROXY, …), as other HTTP clients do; this machine's own server never: a proxy cannot reach the
+    user's loopback, and urllib would send even 127.0.0.1 to it unless NO_PROXY says otherwise."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})] if point.local else []
+    context = _tls_context(point)
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(*handlers)
 
 
 def _tls_context(point: _endpoint.Endpoint) -> Any:
