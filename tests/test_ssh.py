@@ -325,3 +325,26 @@ def test_a_call_made_while_its_master_opens_waits_for_it_instead_of_logging_in_b
     assert run(transport, "borealis", "echo one").stdout == "one\n"  # at once: the master is still logging in
     assert run(transport, "borealis", "echo two").stdout == "two\n"
     assert log.read_text().count("Accepted publickey") - before == 1
+
+
+def test_a_remote_command_or_forced_tty_for_interactive_logins_does_not_replace_corrals_script(
+        testbed, corral_env, tmp_path):
+    """People set `RemoteCommand tmux attach` or `RequestTTY force` for a login node they use by hand."""
+    block = host_block(testbed.cluster_config.read_text(), "alpine")
+    path = write_config(tmp_path, block.replace("Host alpine\n", "Host alpine\n    RemoteCommand bash -l\n"
+                                                                 "    RequestTTY force\n"))
+    transport = transport_for(path)
+    result = run(transport, "alpine", 'printf "%s|" "$CORRAL_TESTBED_CLUSTER"; [ -t 0 ] && echo tty || echo no-tty')
+    assert result.stdout == "alpine|no-tty\n"
+    chunks: list[bytes] = []
+    assert asyncio.run(transport.stream("alpine", "echo streamed", chunks.append)) == 0
+    assert b"".join(chunks) == b"streamed\n"
+    import subprocess
+
+    def request_tty(*options: str) -> list[str]:
+        settings = subprocess.run(transport.ssh_argv("alpine", [], ("-G", *options)), capture_output=True,
+                                  text=True, check=True).stdout
+        return [line for line in settings.splitlines() if line.startswith("requesttty ")]
+
+    assert request_tty() == ["requesttty false"]
+    assert request_tty("-t") == ["requesttty true"]  # an interactive `corral ssh`: its -t still wins

@@ -110,12 +110,22 @@ def _config_word(value: str, tokens: bool = False) -> str:
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
+# What Corral's calls must have whatever the user's file says: a RemoteCommand of the user's own (a
+# `tmux attach`, a `bash -l` for interactive logins) would replace Corral's script ("Cannot execute
+# command-line and remote command"), and a forced TTY would garble it. `-t` (an interactive `corral ssh`)
+# still wins: options on the command line come first.
+FORCED = {"RemoteCommand": "none", "RequestTTY": "no"}
+
+
 def write_ssh_config(cluster_file: Path, defaults: dict[str, str], where: Path) -> Path:
-    """The file handed to `ssh -F`: the user's cluster file first, so its settings win, then Corral's
-    defaults for every host. Written once per distinct content (mode 600), atomically."""
+    """The file handed to `ssh -F`: FORCED, then the user's cluster file, so its settings win over the
+    rest, then Corral's defaults for every host. Written once per distinct content (mode 600), atomically."""
     text = (
-        "# Written by Corral. Your cluster file comes first: ssh keeps the first value it reads for each\n"
-        "# option, so your settings win and the block below only fills in what you did not set.\n"
+        "# Written by Corral. ssh keeps the first value it reads for each option: the two below are\n"
+        "# Corral's own calls' (a remote command or a forced TTY of yours would replace or garble their\n"
+        "# scripts); then your cluster file, so your settings win, and the last block only fills in what\n"
+        "# you did not set.\n"
+        "Host *\n" + "".join(f"    {key} {value}\n" for key, value in FORCED.items()) +
         f"Include {_config_word(str(cluster_file.resolve()))}\n"
         "Host *\n" + "".join(f"    {key} {value}\n" for key, value in defaults.items())
     )
