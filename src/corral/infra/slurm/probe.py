@@ -11,8 +11,9 @@ the one before).
 
 The login node's facts (`FACTS`: Slurm's version, the home's filesystem, the container runtimes)
 are asked for only when the caller does not know them yet: the Slurm infra keeps them with the
-login environment (ssh.SshTransport.login_notes), so a probe within its lifetime runs five
-processes fewer (`srun --help` loads Slurm's plugins), about a quarter of its CPU.
+login environment (ssh.SshTransport.login_notes), so a probe within its lifetime runs four
+processes fewer (`srun --help` loads Slurm's plugins): its script's CPU on the testbed falls from
+~32 to ~24 ms.
 """
 
 from __future__ import annotations
