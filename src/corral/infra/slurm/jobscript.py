@@ -352,6 +352,13 @@ cd "$CORRAL_RUN_DIR/workdir"
 # watcher does is noted in fence.log (fence.<array index>.log).
 marker="$CORRAL_RUN_DIR/cancelled${SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}"
 fence_log="$CORRAL_RUN_DIR/fence${SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}.log"
+stop_if_cancelled() {  # the marker may have come after the job's script looked, while srun started this
+  [ -e "$marker" ] || return 0
+  echo "corral: cancelled before it started" >&2
+  echo "$(date +%s.%N) $(hostname) marker seen before the $1 started; not started" >> "$fence_log"
+  exit 143
+}
+stop_if_cancelled task  # before the watcher below, which would otherwise race this to the marker
 task=$$ group=
 read -r _ _ _ _ group _ < /proc/$$/stat 2>/dev/null || group=
 [ "$group" = "$task" ] && target="-$task" || target="$task"
@@ -372,12 +379,6 @@ read -r _ _ _ _ group _ < /proc/$$/stat 2>/dev/null || group=
     sleep 1
   done
 ) </dev/null >/dev/null 2>&1 &
-stop_if_cancelled() {  # the marker may have come after the job's script looked, while srun started this
-  [ -e "$marker" ] || return 0
-  echo "corral: cancelled before it started" >&2
-  echo "$(date +%s.%N) $(hostname) marker seen before the $1 started; not started" >> "$fence_log"
-  exit 143
-}
 # The task's image (Apptainer, Singularity): setup and run go through container.sh, with the image's bash.
 inside=("$BASH")
 [ -f "$CORRAL_RUN_DIR/container.sh" ] && inside=("$BASH" "$CORRAL_RUN_DIR/container.sh" bash)
