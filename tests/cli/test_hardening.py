@@ -175,3 +175,54 @@ def test_a_proxy_in_the_users_environment_does_not_come_between_the_cli_and_its_
     env.pop("no_proxy", None), env.pop("NO_PROXY", None)
     result = corral("queue", env=env)
     assert result.exit_code == 0, result.stderr
+
+
+# What people set in their own login profile for their own use of Slurm, each of which would break Corral.
+SLURM_HABITS = {
+    "SLURM_TIME_FORMAT": "relative",  # "Tomorr 10:00" where Corral reads ISO times
+    "SQUEUE_FORMAT": "%.8i %j",
+    "SINFO_PARTITION": "b300",  # sinfo would show one partition
+    "SBATCH_PARTITION": "b300",  # would beat the `#SBATCH --partition` Corral wrote
+    "SBATCH_OUTPUT": "/tmp/corral-test-elsewhere-%j.out",  # the log where Corral never looks
+    "SCANCEL_INTERACTIVE": "1",  # scancel would ask, and read the rest of Corral's script as the answer
+}
+PROFILE_HOOK = "[ -f ~/.corral-test-habits ] && . ~/.corral-test-habits"
+
+
+@pytest.fixture
+def slurm_habits_in_profile(testbed):
+    """The test user's login profile exports SLURM_HABITS (the home is shared by the testbed's login nodes)."""
+    import shlex
+
+    config = testbed.cluster_config
+    lines = " ".join(shlex.quote(f"export {name}={shlex.quote(value)}") for name, value in SLURM_HABITS.items())
+    hook = shlex.quote(PROFILE_HOOK)
+    ssh_login(config, "cirrus", f"printf '%s\\n' {lines} > ~/.corral-test-habits; "
+                                f"grep -qxF {hook} ~/.profile || echo {hook} >> ~/.profile")
+    yield
+    ssh_login(config, "cirrus", f"rm -f ~/.corral-test-habits; grep -vxF {hook} ~/.profile > ~/.profile.corral-test; "
+                                "mv ~/.profile.corral-test ~/.profile")
+
+
+def test_what_a_users_login_profile_sets_for_their_own_slurm_use_changes_nothing_corral_does(
+        corral, testbed, clean_queues, slurm_habits_in_profile):
+    from tests.cli.test_launch import launch, queue, wait_state
+
+    config = testbed.cluster_config
+    in_effect = ssh_login(config, "cirrus", "bash --login -c 'sinfo -h -o %P; echo $SBATCH_PARTITION'").split()
+    assert in_effect == ["b300*", "b300"]  # what a login shell there now does (b300 is the default)
+    check = corral("check", "--json", "cirrus")
+    assert check.exit_code == 0 and set(check.json()[0]["partitions"]) == {"b300", "debug", "maint"}, check.stdout
+
+    done = corral("launch", "--infra", "slurm/cirrus/debug", "--", "echo hello from debug")
+    assert done.exit_code == 0 and "hello from debug" in done.stdout, done.stdout + done.stderr
+    job = next(j for j in queue(corral).values() if j["state"] == "SUCCEEDED")
+    assert job["partition"] == "debug" and job["started_at"] and job["ended_at"] >= job["started_at"] > 0
+    assert corral("logs", "--no-follow", job["job_id"]).stdout == "hello from debug\n"
+
+    running = launch(corral, "--infra", "slurm/cirrus/debug", "--", "sleep 600")["job_id"]
+    slurm_id = wait_state(corral, running, {"RUNNING"})["slurm_job_id"]
+    assert ssh_login(config, "cirrus", f"squeue -h -j {slurm_id} -o %P").split() == ["debug"]  # Slurm's own word
+    cancelled = corral("cancel", running)
+    assert cancelled.exit_code == 0 and cancelled.stdout.strip() == f"{running}: cancelled", cancelled.stderr
+    wait_state(corral, running, {"CANCELLED"})

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from corral.errors import CorralError, ProbeParseError
 from corral.infra.base import (
@@ -48,7 +48,8 @@ from corral.infra.slurm.jobs import (
 )
 from corral.infra.slurm.jobscript import spec_for, submit_script
 from corral.infra.slurm.probe import QUERIES, facts_of, probe_script, snapshot_of, split_sections
-from corral.ssh import SshTransport, remote_path
+from corral.infra.slurm.environment import PRELUDE
+from corral.ssh import RemoteResult, SshTransport, remote_path
 
 # What the login node keeps for itself out of the transport's timeout: connecting and answering.
 _SSH_MARGIN = 3
@@ -75,6 +76,14 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     def name(self) -> str:
         return f"slurm/{self.cluster}"
 
+    async def _run(self, script: str, **options: Any) -> RemoteResult:
+        """A script on the login node, without what the user's environment would change in Slurm's
+        commands (environment.PRELUDE)."""
+        return await self.transport.run(self.cluster, PRELUDE + script, **options)
+
+    async def _stream(self, script: str, on_output: Callable[[bytes], None]) -> int:
+        return await self.transport.stream(self.cluster, PRELUDE + script, on_output)
+
     async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = (),
                     filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
         # One bound for the whole answer, a new connection included.
@@ -84,7 +93,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         script = probe_script(self.slurm_timeout, associations=associations, paths=paths, filesystems=filesystems,
                               facts=known is None)
         commands = self.probe_commands + (1 if associations else 0)  # sacctmgr too, for check
-        result = await self.transport.run(self.cluster, script, timeout=self.transport.timeout, cost=commands)
+        result = await self._run(script, timeout=self.transport.timeout, cost=commands)
         sections = split_sections(result.stdout)
         snapshot = snapshot_of(self.cluster, {**(known or {}), **sections}, self.slurm_timeout, result.seconds)
         if known is None and (notes := self.transport.login_notes(self.cluster)) is not None:
@@ -115,37 +124,37 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         source, target = remote_path(cache), remote_path(remote)
         script = (f"mkdir -p {target} && {{ cp -al {source}/. {target}/ 2>/dev/null "
                   f"|| cp -a {source}/. {target}/; }}\n")
-        await self.transport.run(self.cluster, script, timeout=JOB_TIMEOUT)
+        await self._run(script, timeout=JOB_TIMEOUT)
 
     async def submit(self, request: JobRequest) -> SubmitResult:
         script = (userscript.submit_script(request, self.cluster) if userscript.is_script_request(request)
                   else submit_script(spec_for(request, self.cluster)))
-        result = await self.transport.run(self.cluster, script, timeout=JOB_TIMEOUT)
+        result = await self._run(script, timeout=JOB_TIMEOUT)
         try:
             return parse_submit(result.stdout)
         except ProbeParseError as exc:
             raise ProbeParseError(self.cluster, exc.detail) from None
 
     async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
-        result = await self.transport.run(self.cluster, status_script(handles, accounts=accounts),
+        result = await self._run(status_script(handles, accounts=accounts),
                                           timeout=JOB_TIMEOUT, cost=self.status_commands)
         return parse_status(self.cluster, result.stdout, self._status_lines)
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
         if handles:
-            await self.transport.run(self.cluster, cancel_script(handles, run_dirs), timeout=JOB_TIMEOUT)
+            await self._run(cancel_script(handles, run_dirs), timeout=JOB_TIMEOUT)
 
     async def release_held(self, handles: list[str]) -> None:
         if handles:
-            await self.transport.run(self.cluster, release_script(handles), timeout=JOB_TIMEOUT)
+            await self._run(release_script(handles), timeout=JOB_TIMEOUT)
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
-        await self.transport.stream(self.cluster, follow_script(log_path, handle, follow), on_output)
+        await self._stream(follow_script(log_path, handle, follow), on_output)
 
     async def predict(self, requests: list[JobRequest]) -> list[tuple[float | None, str]]:
         if not requests:
             return []
-        result = await self.transport.run(self.cluster, test_only_script(requests, self.cluster), timeout=JOB_TIMEOUT)
+        result = await self._run(test_only_script(requests, self.cluster), timeout=JOB_TIMEOUT)
         return parse_test_only(result.stdout, len(requests))
 
     def script_for(self, request: JobRequest) -> tuple[str, str]:
@@ -169,7 +178,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         # task.sh leaves this marker when setup exits non-zero.
         script = f'test -e "$HOME"/{shlex.quote(run_dir)}/setup_failed\n'
         try:
-            result = await self.transport.run(self.cluster, script, timeout=15, check=False)
+            result = await self._run(script, timeout=15, check=False)
         except CorralError:
             return False
         return result.exit_status == 0
@@ -178,14 +187,14 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def hold(self, request: JobRequest, idle_seconds: int, session_keys: SessionKeys) -> SubmitResult:
         spec = spec_for(request, self.cluster)
         script = devscript.holder_submit_script(spec, idle_seconds, request.envs, request.setup, session_keys)
-        result = await self.transport.run(self.cluster, script, timeout=JOB_TIMEOUT)
+        result = await self._run(script, timeout=JOB_TIMEOUT)
         return parse_submit(result.stdout)
 
     async def allocation_states(self, held: list[tuple[str, str]]) -> dict[str, AllocationState]:
         if not held:
             return {}
         try:
-            result = await self.transport.run(self.cluster, devscript.status_script(held), timeout=20)
+            result = await self._run(devscript.status_script(held), timeout=20)
         except CorralError as exc:
             return {handle: AllocationState(AllocationPhase.UNKNOWN, str(exc), [], None, None) for handle, _ in held}
         return {handle: devscript.parse_allocation_status(handle, result.stdout) for handle, _ in held}
@@ -194,10 +203,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                       envs: dict[str, str], run: str, on_output: OutputSink) -> int:
         script = devscript.exec_script(run_dir, handle, exec_id, num_nodes, accelerators_per_node, self.cluster,
                                        envs, run)
-        return await self.transport.stream(self.cluster, script, on_output)
+        return await self._stream(script, on_output)
 
     async def release(self, handle: str | None, run_dir: str) -> None:
-        await self.transport.run(self.cluster, devscript.down_script(handle, run_dir), timeout=JOB_TIMEOUT)
+        await self._run(devscript.down_script(handle, run_dir), timeout=JOB_TIMEOUT)
 
     def shell_argv(self, handle: str, head_node: str, command: str | None) -> list[str]:
         remote = devscript.shell_command(handle, head_node, command)

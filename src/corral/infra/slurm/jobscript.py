@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from corral.errors import TaskError
 from corral.infra.base import JobRequest
 from corral.infra.shell import checkpoint_lines, render_env, write_file
+from corral.infra.slurm.environment import unset_named
+from corral.sbatch_script import ScriptError, parse_options
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
 JOB_NAME_PREFIX = "corral-"
@@ -434,7 +436,18 @@ def submit_script(spec: SlurmJobSpec, files: dict[str, str] | None = None, job_n
     already exists: a retried or interrupted submission never makes a second job."""
     find = f"squeue -h --me -t all --name={shlex.quote(job_name or spec.job_name)} -o %A 2>/dev/null"
     return submit_files_script(spec.run_dir, job_files(spec) if files is None else files, find,
-                               "sbatch --parsable job.sbatch")
+                               unset_named(_named_options(spec)) + "sbatch --parsable job.sbatch")
+
+
+def _named_options(spec: SlurmJobSpec) -> list[str]:
+    """The long names of the options the job's `#SBATCH` lines give (those environment.py cares for)."""
+    names = [name for name, value in (("account", spec.account), ("qos", spec.qos),
+                                      ("reservation", spec.reservation)) if value]
+    try:
+        names += [o.name for o in parse_options([(w, i, i + 1) for i, w in enumerate(spec.sbatch_args)], "sbatch_args")]
+    except ScriptError:
+        pass  # sbatch itself says what is wrong with them
+    return names
 
 
 def submit_files_script(run_dir: str, files: dict[str, str], find: str, sbatch: str) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from corral.errors import TaskError
 from corral.infra.base import JobRequest
 from corral.infra.shell import checkpoint_lines, render_env
+from corral.infra.slurm.environment import unset_named
 from corral.infra.slurm.jobscript import RUNS_DIR, submit_files_script
 from corral.sbatch_script import (
     DIRECTIVE,
@@ -286,8 +287,9 @@ def submit_script(request: JobRequest, cluster: str) -> str:
     """Write the script and env.sh, and submit it with Corral's options (idempotent by the comment)."""
     submission = submission_for(request, cluster)
     command = submission.command('"$sb"', home='"$HOME"')
+    named = unset_named(_effective(submission.text, submission.user_options))  # the script's own account, …
     sbatch = (' ( sb=$(command -v sbatch) || sb=sbatch; set -a; . "$d/env.sh" || exit 1; set +a; '
-              f"exec {command} )")
+              f"{named}exec {command} )")
     return submit_files_script(submission.run_dir, files(request, cluster, submission), _find(request.token), sbatch)
 
 
@@ -302,5 +304,6 @@ def test_only_lines(requests: Sequence[JobRequest], cluster: str, indices: Seque
             delimiter += "_"
         out.append(f"mkdir -p \"$d/s{i}\"; cat > \"$d/s{i}/job\" <<'{delimiter}'\n{submission.text}"
                    f"{'' if submission.text.endswith(chr(10)) else chr(10)}{delimiter}")
-        out.append(f"( cd \"$d/s{i}\" && timeout 20 sbatch --test-only {words} job >\"$d/{i}\" 2>&1 ) &")
+        named = unset_named(_effective(submission.text, submission.user_options))
+        out.append(f"( {named}cd \"$d/s{i}\" && timeout 20 sbatch --test-only {words} job >\"$d/{i}\" 2>&1 ) &")
     return out
