@@ -177,7 +177,10 @@ class _Opening:
         with self._lock:
             self._done, waiters, self._waiters = True, self._waiters, []
         for loop, future in waiters:
-            loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(None))
+            try:
+                loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(None))
+            except RuntimeError:  # that loop has closed meanwhile: nobody waits there any more
+                pass
 
     async def wait(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -189,12 +192,14 @@ class _Opening:
         try:
             await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
-            pass
+            with self._lock:
+                if (loop, future) in self._waiters:
+                    self._waiters.remove((loop, future))
 
 
 # Masters being opened ahead, by (ssh config, cluster). ControlMaster=auto binds the socket only once the
-# master has logged in, so a call made meanwhile would do a handshake of its own beside it (and fail to
-# become the master): on 50 clusters, a cold start's handshakes twice over, on the same CPUs.
+# master has logged in, so a call made meanwhile would log in a second time beside it (and fail to become
+# the master): a handshake more, and a second session on a login node that may count them.
 _OPENING: dict[tuple[str, str], _Opening] = {}
 
 
@@ -207,7 +212,8 @@ def open_masters(registry: ClusterRegistry, clusters: list[str]) -> None:
     master is being opened waits for it (SshTransport._after_opening)."""
     transport = SshTransport(registry)
     config = str(transport.config_file)
-    openings = {name: _OPENING.setdefault((config, name), _Opening()) for name in clusters}
+    openings = {name: _Opening() for name in clusters}
+    _OPENING.update({(config, name): opening for name, opening in openings.items()})
 
     def open_all() -> None:
         pending: dict[str, subprocess.Popen[bytes]] = {}
