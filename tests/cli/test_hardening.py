@@ -226,3 +226,11 @@ def test_what_a_users_login_profile_sets_for_their_own_slurm_use_changes_nothing
     cancelled = corral("cancel", running)
     assert cancelled.exit_code == 0 and cancelled.stdout.strip() == f"{running}: cancelled", cancelled.stderr
     wait_state(corral, running, {"CANCELLED"})
+
+
+def test_a_terminal_that_cannot_show_unicode_gets_question_marks_not_a_crash(corral, corral_env):
+    """A latin-1 locale or PYTHONIOENCODING=ascii: the plan's arrow cannot be encoded."""
+    env = {**corral_env, "PYTHONIOENCODING": "ascii"}
+    plan = corral("launch", "--dryrun", "--infra", "slurm/alpine/cpu", "--", "true", env=env)
+    assert plan.exit_code == 0, plan.stderr
+    assert any(line.split()[:2] == ["?", "slurm/alpine/cpu"] for line in plan.stdout.splitlines()), plan.stdout

@@ -201,6 +201,7 @@ def main() -> None:
     import os
 
     os.umask(0o077)  # Corral's files (store, keys, logs, sockets) are the user's alone on a shared machine
+    _tolerant_output()
     try:
         code = cli(prog_name="corral", standalone_mode=False)  # returns an exit code for --help and ctx.exit
         if isinstance(code, int) and code:
@@ -221,6 +222,14 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
         _report_internal_error(exc)
         sys.exit(EXIT_INTERNAL)
+
+
+def _tolerant_output() -> None:
+    """Output whose encoding is not UTF-8 (a latin-1 locale, PYTHONIOENCODING=ascii, a legacy pipe) gets
+    `?` for a character it cannot show (the plan's →, a job's name), never a crash halfway through."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None and getattr(sys.stdout, "errors", None) == "strict":
+        reconfigure(errors="replace")
 
 
 def _report_usage_error(exc: click.ClickException) -> None:
