@@ -101,7 +101,8 @@ def counting_ssh(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], C
     """An environment whose `ssh` is a PATH shim that logs each call, and a function giving the
     cluster of every call made so far, in order: SSH round trips counted, not timed. The masters a
     starting server opens ahead (`ssh -G` to read the settings, then `ssh -N -f`: a connection, no remote
-    command) are not round trips."""
+    command) are not round trips, nor are the requests to masters (`ssh -O stop`, as a server that stops
+    makes)."""
     shim_dir = tmp_path / "bin"
     shim_dir.mkdir(exist_ok=True)
     log = tmp_path / "ssh-calls"
@@ -110,7 +111,8 @@ def counting_ssh(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, str], C
 
     def calls() -> list[str]:
         lines = log.read_text().splitlines() if log.exists() else []
-        return [line.split(" -- ")[1].split()[0] for line in lines if not {"-N", "-G"} & set(line.split(" -- ")[0].split())]
+        return [line.split(" -- ")[1].split()[0] for line in lines
+                if " -- " in line and not {"-N", "-G", "-O"} & set(line.split(" -- ")[0].split())]
 
     return {**env, "PATH": f"{shim_dir}{os.pathsep}{env.get('PATH', os.environ['PATH'])}"}, calls
 
