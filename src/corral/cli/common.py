@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,17 @@ def one_line(text: str) -> str:
 
 def print_json(value: object) -> None:
     click.echo(json.dumps(value, indent=2))
+
+
+def stream_json(rows: Iterable[dict[str, object]]) -> None:
+    """A JSON list written as it comes, one object per line."""
+    out = sys.stdout
+    out.write("[")
+    for i, row in enumerate(rows):
+        out.write(("\n  " if i == 0 else ",\n  ") + json.dumps(row))
+    out.write("\n]\n")
+    out.flush()
+
 
 
 def write_bytes(chunk: bytes) -> None:

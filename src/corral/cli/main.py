@@ -9,7 +9,15 @@ import sys
 import click
 
 from corral import __version__
-from corral.cli.common import NumberRange, one_line, paging, print_json, reports_errors, write_bytes
+from corral.cli.common import (
+    NumberRange,
+    one_line,
+    paging,
+    print_json,
+    reports_errors,
+    stream_json,
+    write_bytes,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -112,7 +120,6 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
           expand: bool) -> None:
     """Live jobs across all clusters, refreshed with one Slurm query per cluster, and the newest ended
     ones; a line says how many more there are."""
-    from corral.cli import render
     from corral.sdk import Client
 
     client = Client()
@@ -120,8 +127,10 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
     if show_all:
         jobs = client.queue_all(since=after, allocation=allocation)
         if as_json:
-            render.stream_json(j.raw for j in jobs)
+            stream_json(j.raw for j in jobs)
         else:
+            from corral.cli import render
+
             render.render_queue_stream(jobs)
         return
     shown = client.queue(limit=limit, page=page, since=after, allocation=allocation,
@@ -129,6 +138,8 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
     if as_json:
         print_json([j.raw for j in shown.jobs])
     else:
+        from corral.cli import render
+
         render.render_queue(shown, expand)
         if shown.more:
             grouped = "" if expand else " (a sweep counts once)"

@@ -273,17 +273,6 @@ def _print_chunk(jobs: list[Job], header: bool) -> None:
     console.print(table)
 
 
-def stream_json(rows: Iterable[dict[str, object]]) -> None:
-    """A JSON list written as it comes, one object per line."""
-    import json
-    import sys
-
-    out = sys.stdout
-    out.write("[")
-    for i, row in enumerate(rows):
-        out.write(("\n  " if i == 0 else ",\n  ") + json.dumps(row))
-    out.write("\n]\n")
-    out.flush()
 
 
 def render_status(allocations: list[dict[str, Any]]) -> None:
