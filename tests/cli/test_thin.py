@@ -69,7 +69,8 @@ def test_no_command_loads_an_engine_library(corral_env, clean_queues, tmp_path, 
 
 
 @pytest.mark.parametrize("argv", [["check", "--json", "alpine"], ["gpus", "--json", "H100"], ["queue", "--json"],
-                                  ["queue", "--all", "--json"]], ids=lambda a: " ".join(a))
+                                  ["queue", "--all", "--json"], ["jobs", "queue", "--json"],
+                                  ["status", "--json"]], ids=lambda a: " ".join(a))
 def test_json_output_loads_no_table_library(corral_env, argv):
     """Scripts that read --json do not pay for rich (~20 ms of a 0.1 s command)."""
     proc = subprocess.run([sys.executable, "-c", run_and_list(("rich",)), *argv], env=corral_env, capture_output=True,

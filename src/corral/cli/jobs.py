@@ -65,7 +65,6 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
 def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
     """Managed jobs with their state, attempts and reason (as of the controller's last tick): the live
     ones and the newest ended ones, newest first."""
-    from corral.cli.managed_table import render_managed
     from corral.sdk import Client
 
     shown, more = Client().managed_jobs(limit=limit, page=page, all=show_all)
@@ -73,6 +72,8 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
     if as_json:
         print_json(rows)
     else:
+        from corral.cli.managed_table import render_managed
+
         render_managed(rows)
         if more:
             click.echo(f"{more} more ended managed job{'s' if more != 1 else ''}: "
