@@ -53,7 +53,7 @@ from corral.errors import (
     SshAuthError,
     SshTimeoutError,
 )
-from corral.login_env import CAPTURE, LOGIN_ENVS, split_capture
+from corral.login_env import CAPTURE, LOGIN_ENVS, LoginEnv, split_capture
 
 SSH_FAILURE = 255
 COMMAND_NOT_FOUND = 127
@@ -347,7 +347,7 @@ class SshTransport:
         first once it is known, else a login shell that also writes its environment when `capture`
         (login_env.py; not where stderr is read only at the end, as a stream's: a large environment
         would fill the pipe)."""
-        known = LOGIN_ENVS.get(env_key) if env_key else None
+        known = _learned(env_key)
         if known:
             return ["bash", "--noprofile", "--norc", "-s"], known.script + self._from_home(script)
         return ["bash", "--login", "-s"], (CAPTURE if env_key and capture else "") + self._from_home(script)
@@ -355,8 +355,7 @@ class SshTransport:
     def login_notes(self, cluster: str) -> dict[str, Any] | None:
         """What callers keep about `cluster`'s login node for as long as its learned login environment
         (login_env.LoginEnv.notes); None while none is known (not yet, expired, or under `sudo`)."""
-        env_key = self._login_env_key(cluster)
-        known = LOGIN_ENVS.get(env_key) if env_key else None
+        known = _learned(self._login_env_key(cluster))
         return known.notes if known else None
 
     @staticmethod
@@ -700,6 +699,11 @@ class SshTransport:
 
 
 CorralErrorLike = ClusterError | ConfigError
+
+
+def _learned(env_key: tuple[str, ...] | None) -> LoginEnv | None:
+    """The login environment learned for `env_key` and still in use; None for none (or no key: sudo)."""
+    return LOGIN_ENVS.get(env_key) if env_key else None
 
 
 def remote_path(path: str) -> str:

@@ -61,7 +61,6 @@ def stream_json(rows: Iterable[dict[str, object]]) -> None:
     out.flush()
 
 
-
 def write_bytes(chunk: bytes) -> None:
     sys.stdout.buffer.write(chunk)
     sys.stdout.buffer.flush()

@@ -273,8 +273,6 @@ def _print_chunk(jobs: list[Job], header: bool) -> None:
     console.print(table)
 
 
-
-
 def render_status(allocations: list[dict[str, Any]]) -> None:
     """Dev allocations, from the API's JSON."""
     if not allocations:

@@ -123,13 +123,13 @@ def test_the_filesystem_of_a_path_is_that_of_its_nearest_folder_that_exists(tmp_
 
 
 def test_a_probe_without_the_login_nodes_facts_is_read_with_those_kept_from_before():
-    from corral.infra.slurm.probe import facts_of, split_sections
+    from corral.infra.slurm.probe import read_probe
 
     without = probe_script(10, facts=False, paths=("~/data",))
     assert "srun --help" not in without and "sinfo --version" not in without and "~/data" in without
     recorded = fixture("cirrus-idle")
-    kept = facts_of(split_sections(recorded))
+    snapshot, kept = read_probe("cirrus", recorded, 5)
     assert set(kept) == {"version"}  # recorded before the home and the runtimes were asked for
     bare = recorded.replace("@@corral version 0\nslurm-wlm 22.05.8\n", "")
     assert bare != recorded and parse_probe_output("cirrus", bare, 5).slurm_version is None
-    assert parse_probe_output("cirrus", bare, 5, facts=kept) == parse_probe_output("cirrus", recorded, 5)
+    assert read_probe("cirrus", bare, 5, known=kept) == (snapshot, {})

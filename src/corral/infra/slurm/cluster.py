@@ -47,7 +47,7 @@ from corral.infra.slurm.jobs import (
     test_only_script,
 )
 from corral.infra.slurm.jobscript import spec_for, submit_script
-from corral.infra.slurm.probe import QUERIES, facts_of, probe_script, snapshot_of, split_sections
+from corral.infra.slurm.probe import QUERIES, probe_script, read_probe
 from corral.infra.slurm.environment import PRELUDE
 from corral.ssh import RemoteResult, SshTransport, remote_path
 
@@ -94,10 +94,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                               facts=known is None)
         commands = self.probe_commands + (1 if associations else 0)  # sacctmgr too, for check
         result = await self._run(script, timeout=self.transport.timeout, cost=commands)
-        sections = split_sections(result.stdout)
-        snapshot = snapshot_of(self.cluster, {**(known or {}), **sections}, self.slurm_timeout, result.seconds)
+        snapshot, facts = read_probe(self.cluster, result.stdout, self.slurm_timeout, result.seconds, known)
         if known is None and (notes := self.transport.login_notes(self.cluster)) is not None:
-            notes[_FACTS_NOTE] = facts_of(sections)  # the environment this call learned, or the one it ran in
+            notes[_FACTS_NOTE] = facts  # the environment this call learned, or the one it ran in
         return snapshot
 
     def attempt_files(self, request: JobRequest) -> AttemptFiles:

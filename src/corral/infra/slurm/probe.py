@@ -122,18 +122,20 @@ def split_sections(stdout: str) -> dict[str, Section]:
     return sections
 
 
-def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: float = 0.0,
-                       facts: dict[str, Section] | None = None) -> ClusterSnapshot:
-    """The snapshot in a probe's output; `facts` (facts_of an earlier probe's) for a probe without them."""
-    return snapshot_of(cluster, {**(facts or {}), **split_sections(stdout)}, slurm_timeout, seconds)
+def parse_probe_output(cluster: str, stdout: str, slurm_timeout: int, seconds: float = 0.0) -> ClusterSnapshot:
+    return read_probe(cluster, stdout, slurm_timeout, seconds)[0]
 
 
-def facts_of(sections: dict[str, Section]) -> dict[str, Section]:
-    """The login node's facts (FACTS) among a probe's sections, to keep for the probes after it."""
-    return {name: sections[name] for name in FACTS if name in sections}
+def read_probe(cluster: str, stdout: str, slurm_timeout: int, seconds: float = 0.0,
+               known: dict[str, Section] | None = None) -> tuple[ClusterSnapshot, dict[str, Section]]:
+    """The snapshot in a probe's output, and the login node's facts (FACTS) it printed, to keep for the
+    probes after it; `known`: the facts kept from an earlier probe, for one run without them."""
+    sections = split_sections(stdout)
+    facts = {name: sections[name] for name in FACTS if name in sections}
+    return _snapshot(cluster, {**(known or {}), **sections}, slurm_timeout, seconds), facts
 
 
-def snapshot_of(cluster: str, sections: dict[str, Section], slurm_timeout: int, seconds: float = 0.0) -> ClusterSnapshot:
+def _snapshot(cluster: str, sections: dict[str, Section], slurm_timeout: int, seconds: float) -> ClusterSnapshot:
     if "end" not in sections:
         raise ProbeParseError(cluster, "the probe's output ended early (was the remote shell killed?)")
     version_text = sections.get("version", Section(0, "")).text.strip()
