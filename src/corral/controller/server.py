@@ -164,19 +164,69 @@ def start(options: ServerOptions | None = None) -> int:
                                             "options; `corral server stop` it first")
             os.kill(pid, signal.SIGUSR1)  # the loop ticks at once on it (new work)
             return pid
-        with open(private_file(log_file()), "ab") as log:
-            logged = log.tell()
-            proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log, start_new_session=True,
-                                    env={**os.environ, **options.to_env()})
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if running_pid() == proc.pid:
+        ready, told = os.pipe()  # the server writes one byte on `told` once its API answers (tell_ready)
+        try:
+            with open(private_file(log_file()), "ab") as log:
+                logged = log.tell()
+                proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=log, start_new_session=True, pass_fds=(told,),
+                                        env={**os.environ, **options.to_env(), READY_FD: str(told)})
+            os.close(told)
+            told = -1
+            if _await_ready(ready, START_SECONDS):
                 return proc.pid
-            if proc.poll() is not None:
-                raise _start_failure(logged, proc.returncode)
-            time.sleep(0.05)
-        raise ControllerUnavailable(f"the controller did not start within 10 s; see {log_file()}")
+        finally:
+            os.close(ready)
+            if told >= 0:
+                os.close(told)
+        try:
+            code = proc.wait(timeout=1)  # it closed its end without a word: it is exiting
+        except subprocess.TimeoutExpired:
+            raise ControllerUnavailable(f"the controller did not start within {START_SECONDS:g} s; "
+                                        f"see {log_file()}") from None
+        raise _start_failure(logged, code)
+
+
+READY_FD = "CORRAL_SERVER_READY_FD"  # the pipe a starting server tells its starter on (start, tell_ready)
+START_SECONDS = 10.0
+
+
+def _await_ready(ready: int, seconds: float) -> bool:
+    """Whether the server said it is ready within `seconds`: it writes a byte; its end closes without
+    one when it exits (or hands the pipe to no one, see tell_ready), so this never polls."""
+    import select
+
+    readable, _, _ = select.select([ready], [], [], seconds)
+    return bool(readable) and os.read(ready, 1) == b"1"
+
+
+def _keep_ready_fd() -> int | None:
+    """The inherited end of `start`'s pipe, made non-inheritable so that no process the server starts
+    (ssh masters that outlive a failed start) can hold it open; None when no command waits."""
+    import stat
+
+    raw = os.environ.pop(READY_FD, "")
+    if not raw.isdigit():
+        return None
+    try:
+        if not stat.S_ISFIFO(os.fstat(int(raw)).st_mode):
+            return None  # not start's pipe (a stray variable): never write to it
+        os.set_inheritable(int(raw), False)
+    except OSError:
+        return None
+    return int(raw)
+
+
+def tell_ready(fd: int | None) -> None:
+    """Tell the waiting `start` that the API answers (after the pid file is written)."""
+    if fd is None:
+        return
+    try:
+        os.write(fd, b"1")
+    except OSError:
+        pass  # the command that started it has gone (Ctrl-C): nothing to tell
+    finally:
+        os.close(fd)
 
 
 STARTUP_ERROR = "corral: error: "  # how the background server says why it could not start (its last words)
@@ -213,6 +263,7 @@ def run(options: ServerOptions | None = None) -> None:
     import asyncio
     import fcntl
 
+    ready_fd = _keep_ready_fd()
     options = options or ServerOptions.from_env()
     os.environ.update(options.to_env())  # the store and what `start` compares read them from here
     with open(private_file(lock_file()), "w") as held:
@@ -222,7 +273,7 @@ def run(options: ServerOptions | None = None) -> None:
             sys.exit(f"another controller already runs for {corral_home()} (pid {running_pid()})")
         _open_masters()
         try:
-            asyncio.run(_run(options))  # the lock goes with the process, however it ends
+            asyncio.run(_run(options, ready_fd))  # the lock goes with the process, however it ends
         finally:
             from corral.ssh import control_dir, stop_masters
 
@@ -271,7 +322,7 @@ def _local_url(options: ServerOptions, port: int) -> str:
     return f"{'https' if options.tls_cert else 'http'}://{host}:{port}"
 
 
-async def _run(options: ServerOptions) -> None:
+async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     """The loop: tick, then wait; faster while jobs are on the move, slower when idle or on errors.
     The API serves on the same event loop, between and during ticks' remote calls."""
     import asyncio
@@ -314,7 +365,8 @@ async def _run(options: ServerOptions) -> None:
     token = secrets.token_urlsafe(32)
     app = create_app(status, store, token, controller.refreshes, sso_header=options.sso_header,
                      trusted_proxies=options.trusted_proxies, access_log=options.team)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+    first_request = asyncio.Event()
+    config = uvicorn.Config(_noting_first_request(app, first_request), log_level="warning", access_log=False, lifespan="off",
                             ssl_certfile=options.tls_cert, ssl_keyfile=options.tls_key)
     api = _api_server(config)
     serving = asyncio.create_task(api.serve(sockets=[listener]))
@@ -332,9 +384,12 @@ async def _run(options: ServerOptions) -> None:
         json.dump({"pid": os.getpid(), "port": port, "token": token, "settings": endpoint_settings(),
                    **({"team": True, "url": url, "cafile": options.tls_cert, "options": options.to_env()}
                       if options.team else {})}, f)
-    write_private(pid_file(), f"{os.getpid()}\n")  # last: `start` waits for it, so the API is up by then
+    write_private(pid_file(), f"{os.getpid()}\n")  # `start` returns once told: by then the API answers
+    tell_ready(ready_fd)
     served = f"team server on {options.host or '127.0.0.1'}:{port}" if options.team else f"API on 127.0.0.1:{port}"
     print(f"corral controller {holder} started (interval {base:g}s, {served})", flush=True)
+    if ready_fd is not None:  # started for a command: serve it first (a tick over many jobs holds the loop)
+        await _first_of(first_request, stopping, timeout=FIRST_TICK_WAIT)
     interval = base
     sampler = UsageSampler.from_env()
     # Renewed (by their holder) and looked at (by the other replicas) well within one lease period: a
@@ -384,11 +439,7 @@ async def _run(options: ServerOptions) -> None:
             lapse = controller.shards.seconds_to_next_lapse()
             if lapse is not None:  # another replica's lease lapses sooner: be there to take its clusters
                 remaining = min(remaining, lapse + LAPSE_MARGIN)
-            woken = asyncio.ensure_future(status.wake.wait())
-            stop = asyncio.ensure_future(stopping.wait())
-            await asyncio.wait([woken, stop], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            woken.cancel()
-            stop.cancel()
+            await _first_of(status.wake, stopping, timeout=remaining)
             if status.wake.is_set():
                 status.wake.clear()
                 interval = base
@@ -402,6 +453,7 @@ async def _run(options: ServerOptions) -> None:
             endpoint.unlink(missing_ok=True)
 
 
+FIRST_TICK_WAIT = 1.0  # seconds a server started for a command waits for that command's request to end
 PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads and of long-gone replicas' heartbeats
 LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the tick that may take it
 
@@ -435,6 +487,31 @@ def _malloc_trim() -> Any:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
+
+
+def _noting_first_request(app: Any, done: Any) -> Any:
+    """The ASGI app, which sets `done` (an asyncio.Event) when an HTTP request has been answered."""
+
+    async def serve(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await app(scope, receive, send)
+        finally:
+            if scope["type"] == "http":
+                done.set()
+
+    return serve
+
+
+async def _first_of(*events: Any, timeout: float) -> None:
+    """Wait until one of these asyncio events is set, or `timeout` seconds."""
+    import asyncio
+
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def _api_server(config: Any) -> Any:
