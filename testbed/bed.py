@@ -51,6 +51,7 @@ from testbed.spec import (
 APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "openssh-server", "openssh-client",
                 "rsync", "sudo", "mariadb-server", "mariadb-client",
                 "environment-modules",  # `module load`, as HPC sites have it (cluster profiles' setup_prefix)
+                "tcsh", "zsh",  # users' login shells, which read the command lines ssh hands them
                 "postgresql",  # not Slurm's: the team-mode state store, tested against a real server
                 "chromium")  # nor this: the dashboard's tests drive it (Playwright, its system executable)
 # Daemons must be started through links with exactly these names: libslurm decides what it is from
@@ -94,7 +95,8 @@ def install_packages() -> None:
     """apt-get install what the testbed needs, without letting postinst start system daemons."""
     missing = [b for b in ("/usr/sbin/slurmctld-wlm", "/usr/sbin/slurmd-wlm", "/usr/bin/sinfo", "/usr/sbin/slurmdbd",
                            "/usr/sbin/munged", "/usr/sbin/sshd", "/usr/bin/rsync", "/usr/bin/sudo", "/usr/sbin/mariadbd",
-                           "/usr/share/postgresql-common", "/usr/bin/chromium", "/etc/profile.d/modules.sh")
+                           "/usr/share/postgresql-common", "/usr/bin/chromium", "/etc/profile.d/modules.sh",
+                           "/usr/bin/tcsh", "/usr/bin/zsh")
                if not Path(b).exists()]
     if not missing:
         return

@@ -228,6 +228,32 @@ def test_what_a_users_login_profile_sets_for_their_own_slurm_use_changes_nothing
     wait_state(corral, running, {"CANCELLED"})
 
 
+@pytest.fixture
+def slurm_habits_in_bashrc(testbed):
+    """The test user's ~/.bashrc exports SLURM_CLUSTERS before its "not interactive: return" line, as
+    people do; Debian's bash reads it for every command ssh runs, login shell or not."""
+    line = "export SLURM_CLUSTERS=elsewhere SQUEUE_FORMAT=%j  # corral-test"
+    ssh_login(testbed.cluster_config, "cirrus", f"sed -i '1i {line}' ~/.bashrc")
+    yield
+    ssh_login(testbed.cluster_config, "cirrus", "sed -i '/# corral-test$/d' ~/.bashrc")
+
+
+def test_corral_ssh_and_the_ssh_alias_are_not_sent_elsewhere_by_the_users_bashrc(
+        corral, corral_env, testbed, clean_queues, slurm_habits_in_bashrc):
+    plain = ssh_login(testbed.cluster_config, "cirrus", "srun -N1 -p debug hostname 2>&1; echo $SLURM_CLUSTERS")
+    assert "'elsewhere' can't be reached" in plain and plain.endswith("elsewhere\n")  # what they do to srun
+    up = corral("launch", "-c", "box", "--infra", "slurm/cirrus/b300")
+    assert up.exit_code == 0, up.stderr
+    try:
+        ran = corral("ssh", "box", "--", 'hostname; echo "done!"')  # `!`: a csh login shell's history
+        assert (ran.exit_code, ran.stdout) == (0, "c1\ndone!\n"), ran.stderr
+        alias = corral_env["CORRAL_HOME"] + "/ssh_config"  # plain `ssh box`: the ProxyCommand's srun
+        through = subprocess.run(["ssh", "-F", alias, "box", "hostname"], capture_output=True, text=True, timeout=60)
+        assert (through.returncode, through.stdout) == (0, "c1\n"), through.stderr
+    finally:
+        assert corral("down", "box").exit_code == 0
+
+
 def test_a_terminal_that_cannot_show_unicode_gets_question_marks_not_a_crash(corral, corral_env):
     """A latin-1 locale or PYTHONIOENCODING=ascii: the plan's arrow cannot be encoded."""
     env = {**corral_env, "PYTHONIOENCODING": "ascii"}

@@ -28,3 +28,14 @@ def write_file(target: str, content: str) -> str:
     shell-quoted, so no process is started for it (a `cat` heredoc per file cost ~1.5 ms each on the
     testbed: 9 ms of a 28 ms submission)."""
     return f"printf '%s' {shlex.quote(content)} > {target}"
+
+
+def one_line_word(text: str) -> str:
+    """`text` as one bash word on one line, with no `!` in it: bash's `$'…'` with the newline, `!`,
+    quotes, backslashes and other control characters escaped; for a command line that a csh-family
+    login shell reads first (it takes `!` as history even between single quotes)."""
+    escaped = "".join(
+        "\\\\" if c == "\\" else "\\'" if c == "'" else "\\n" if c == "\n" else
+        f"\\x{ord(c):02x}" if c == "!" or ord(c) < 0x20 or ord(c) == 0x7F else c
+        for c in text)
+    return f"$'{escaped}'"

@@ -16,10 +16,16 @@ def test_session_proxy_script():
     check_golden("dev-session-proxy.sh", session_proxy_script("dev", "alpine", ["HF_TOKEN", "WANDB_PROJECT"]))
 
 
+def inner_script(line: str) -> str:
+    """The script of a login_shell_line: what the login bash runs after the prelude."""
+    words = shlex.split(line)
+    assert words[:2] == ["bash", "-c"] and len(words) == 4, line
+    return words[3].split("unset corral_v; ", 1)[1]
+
+
 def test_session_proxy_command_is_validated_and_quoted():
     command = session_proxy_command("dev", "42", "b1", ".corral/runs/a b")  # run by bash, whatever the login shell
-    assert shlex.split(command)[:2] == ["bash", "-c"] and len(shlex.split(command)) == 3
-    assert shlex.split(command)[2] == (
+    assert inner_script(command) == (
         'if [ "$(squeue -h -j 42 -o %T 2>/dev/null)" != RUNNING ]; then echo \'corral: dev allocation dev (Slurm job '
         "42) is not running; see `corral status dev`' >&2; exit 1; fi; "
         "exec srun -u --jobid=42 --overlap --nodes=1 --ntasks=1 -w b1 bash \"$HOME\"/'.corral/runs/a b'/sshd/proxy.sh")
@@ -29,8 +35,10 @@ def test_session_proxy_command_is_validated_and_quoted():
 
 
 def test_shell_command_is_validated_and_quoted():
-    assert shell_command("42", "b1", None) == "srun --jobid=42 --overlap --nodes=1 --ntasks=1 -w b1 --pty bash -l"
-    assert shell_command("42", "b1", "echo 'x' $(y)").endswith("bash -lc 'echo '\"'\"'x'\"'\"' $(y)'")
+    assert inner_script(shell_command("42", "b1", None)) == (
+        "exec srun --jobid=42 --overlap --nodes=1 --ntasks=1 -w b1 --pty bash -l")
+    assert inner_script(shell_command("42", "b1", "echo 'x' $(y)!\n")).endswith(
+        "bash -lc $'echo \\'x\\' $(y)\\x21\\n'")
     for job_id, node in (("42;rm", "b1"), ("42", "b1;rm"), ("42", "$(x)")):
         with pytest.raises(ValueError):
             shell_command(job_id, node, None)

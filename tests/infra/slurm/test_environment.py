@@ -3,27 +3,59 @@ and in the submissions (a job's own account or QOS beats the user's SBATCH_ACCOU
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
-from corral.infra.slurm.environment import PRELUDE, unset_named
+import pytest
+
+from corral.infra.shell import one_line_word
+from corral.infra.slurm.environment import PRELUDE, login_shell_line, unset_named
 from corral.infra.slurm.jobscript import submit_script
 from tests.infra.slurm.test_jobscript import spec
 from tests.infra.slurm.test_userscript import request
 
 
-def test_the_prelude_unsets_what_changes_slurms_output_or_target_and_keeps_accounting_defaults():
-    habits = {"SLURM_TIME_FORMAT": "relative", "SLURM_CLUSTERS": "other", "SQUEUE_FORMAT": "%i", "SQUEUE_USERS": "x",
+HABITS = {"SLURM_TIME_FORMAT": "relative", "SLURM_CLUSTERS": "other", "SQUEUE_FORMAT": "%i", "SQUEUE_USERS": "x",
               "SINFO_PARTITION": "p", "SACCT_FORMAT": "JobID", "SCONTROL_FEDERATION": "1", "SCANCEL_INTERACTIVE": "1",
               "SBATCH_PARTITION": "p", "SBATCH_OUTPUT": "/elsewhere", "SBATCH_EXPORT": "NONE", "SBATCH_ACCOUNT": "mine",
               "SBATCH_QOS": "mine", "SBATCH_RESERVATION": "mine", "SBATCH_WCKEY": "mine",
               "SLURM_CONF": "/etc/slurm/slurm.conf", "SQUEUE": "not a Slurm variable"}
-    shown = subprocess.run(["bash", "--noprofile", "--norc", "-c", PRELUDE + "env -0"], capture_output=True,
-                           text=True, check=True, env={"PATH": "/usr/bin:/bin", **habits}).stdout
-    left = dict(entry.split("=", 1) for entry in shown.split("\0") if "=" in entry)
-    assert {k: v for k, v in left.items() if k in habits} == {
-        "SBATCH_ACCOUNT": "mine", "SBATCH_QOS": "mine", "SBATCH_RESERVATION": "mine", "SBATCH_WCKEY": "mine",
+KEPT = {"SBATCH_ACCOUNT": "mine", "SBATCH_QOS": "mine", "SBATCH_RESERVATION": "mine", "SBATCH_WCKEY": "mine",
         "SLURM_CONF": "/etc/slurm/slurm.conf", "SQUEUE": "not a Slurm variable"}
+
+
+def environment(env0: str) -> dict[str, str]:
+    return dict(entry.split("=", 1) for entry in env0.split("\0") if "=" in entry)
+
+
+def test_the_prelude_unsets_what_changes_slurms_output_or_target_and_keeps_accounting_defaults():
+    shown = subprocess.run(["bash", "--noprofile", "--norc", "-c", PRELUDE + "env -0"], capture_output=True,
+                           text=True, check=True, env={"PATH": "/usr/bin:/bin", **HABITS}).stdout
+    left = environment(shown)
+    assert {k: v for k, v in left.items() if k in HABITS} == KEPT
     assert "corral_v" not in left
+
+
+# What ssh hands a user's login shell (`corral ssh`, the dev alias's ProxyCommand): csh-family shells
+# take `!` as history even between single quotes, and cannot quote a newline.
+@pytest.mark.parametrize("login_shell", ["bash", "dash", "zsh", "tcsh"])
+def test_a_command_line_for_any_login_shell_runs_in_a_login_bash_with_the_prelude(login_shell, tmp_path):
+    (tmp_path / ".bash_profile").write_text("echo the profile says hi\nexport FROM_PROFILE=yes\n")
+    command = "echo \"it's done!\"\nprintf '%s|' \\\\back \"tab\there\" \"$FROM_PROFILE\"; env -0 > env.out"
+    line = login_shell_line(f"cd {one_line_word(str(tmp_path))} && exec bash -c {one_line_word(command)}")
+    ran = subprocess.run([shutil.which(login_shell) or login_shell, "-c", line], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **HABITS}, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "it's done!\n\\back|tab\there|yes|"  # the profile's words went to stderr
+    assert ran.stderr == "the profile says hi\n"
+    left = environment((tmp_path / "env.out").read_text())
+    assert {k: v for k, v in left.items() if k in HABITS} == KEPT and "corral_v" not in left
+
+
+@pytest.mark.parametrize("script", ["echo a\necho b", "echo !x", "history !!"])
+def test_a_script_a_csh_would_mangle_is_refused(script):
+    with pytest.raises(ValueError):
+        login_shell_line(script)
 
 
 def test_a_job_that_names_its_account_or_qos_is_submitted_without_the_users_default_for_it():

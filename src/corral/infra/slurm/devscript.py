@@ -13,7 +13,8 @@ import re
 import shlex
 
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
-from corral.infra.shell import render_env
+from corral.infra.shell import one_line_word, render_env
+from corral.infra.slurm.environment import login_shell_line
 from corral.infra.slurm.jobs import STATE_MAP
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
@@ -148,7 +149,7 @@ def session_proxy_command(name: str, job_id: str, head_node: str, run_dir: str) 
     script = (f'if [ "$(squeue -h -j {job_id} -o %T 2>/dev/null)" != RUNNING ]; then echo {gone} >&2; exit 1; fi; '
               f"exec srun -u --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node} "
               f'bash "$HOME"/{shlex.quote(run_dir)}/{SESSION_DIR}/proxy.sh')
-    return f"bash -c {shlex.quote(script)}"  # whatever the user's login shell is
+    return login_shell_line(script)
 
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
@@ -215,10 +216,10 @@ def shell_command(job_id: str, head_node: str, command: str | None) -> str:
     _check_id(job_id)
     if not _NODE_NAME.match(head_node):
         raise ValueError(f"not a node name: {head_node!r}")
-    base = f"srun --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node}"
+    base = f"exec srun --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node}"
     if command is None:
-        return f"{base} --pty bash -l"
-    return f"{base} bash -lc {shlex.quote(command)}"
+        return login_shell_line(f"{base} --pty bash -l")
+    return login_shell_line(f"{base} bash -lc {one_line_word(command)}")
 
 
 _ENDED_BECAUSE = {"TIMEOUT": "walltime ended", "NODE_FAIL": "a node failed", "CANCELLED": "cancelled",

@@ -18,6 +18,7 @@ because `unset_named` unsets the variable for that submission.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 
 # sbatch's input variables for the accounting options (by long option name), which stay unless the
@@ -29,11 +30,37 @@ ACCOUNTING = {"account": "SBATCH_ACCOUNT", "qos": "SBATCH_QOS", "reservation": "
 _NAMES = ("SLURM_TIME_FORMAT", "SLURM_CLUSTERS", "SLURM_BITSTR_LEN")
 _PREFIXES = ("SQUEUE_", "SINFO_", "SACCT_", "SCONTROL_", "SCANCEL_")
 
+_KEPT = "|".join(sorted(ACCOUNTING.values()))
 PRELUDE = (
     f"unset {' '.join(_NAMES)} {' '.join('${!' + p + '*}' for p in _PREFIXES)}\n"
-    f"for corral_v in ${{!SBATCH_*}}; do case $corral_v in {'|'.join(sorted(ACCOUNTING.values()))}) ;; "
-    '*) unset "$corral_v" ;; esac; done; unset corral_v\n'
+    f'for corral_v in ${{!SBATCH_*}}; do case $corral_v in {_KEPT}) ;; *) unset "$corral_v" ;; esac; done; '
+    "unset corral_v\n"
 )
+
+# The same as one line without `!`, for a command line a login shell of any kind reads (csh's take
+# `!NAME` as history even between single quotes, and cannot quote a newline); `compgen` costs a fork.
+_ONE_LINE_PRELUDE = (
+    f"unset {' '.join(_NAMES)}; "
+    f"for corral_v in $({'; '.join(f'compgen -v {p}' for p in (*_PREFIXES, 'SBATCH_'))}); do "
+    f'case $corral_v in SBATCH_*) case $corral_v in {_KEPT}) continue ;; esac ;; esac; unset "$corral_v"; done; '
+    "unset corral_v; "
+)
+
+
+def login_shell_line(script: str) -> str:
+    """A one-line `script` (no `!`, no newline) as the command line ssh hands to the user's login
+    shell, whatever that is: bash runs it after the login profile, as Corral's other scripts run
+    (Slurm is on PATH, SLURM_CONF set, only there on many sites), with the prelude first. What the
+    profile prints goes to stderr, so stdout is the script's alone: an ssh session's protocol stream,
+    or the output of a command the user captures."""
+    if "\n" in script or "!" in script.replace("!=", ""):
+        raise ValueError(f"not a one-line script without history characters: {script!r}")
+    inner = f"exec 1>&3 3>&-; {_ONE_LINE_PRELUDE}{script}"
+    return f"bash -c {shlex.quote(_LOGIN_SHELL)} {shlex.quote(inner)}"
+
+
+# Runs its $0 in a login bash whose stdout is stderr; the script gets the real stdout back from fd 3.
+_LOGIN_SHELL = 'exec bash --login -c "$0" 3>&1 1>&2'
 
 
 def unset_named(option_names: Iterable[str]) -> str:
