@@ -12,7 +12,8 @@ from corral.cli.common import print_json, reports_errors
 
 @click.group()
 def server() -> None:
-    """The background controller that drives managed jobs (one per state store)."""
+    """The Corral server: the one engine that answers every command and drives managed jobs (one per
+    state store; commands start this user's local one on demand)."""
 
 
 @server.command(name="start")
@@ -48,7 +49,8 @@ def server_start(host: str | None, port: int | None, db_url: str | None, tls_cer
 @server.command(name="stop")
 @reports_errors
 def server_stop() -> None:
-    """Stop the controller (managed jobs keep running in Slurm; a restart carries on)."""
+    """Stop the server and its SSH connections (jobs keep running in Slurm; the next command, or a
+    restart, carries on)."""
     from corral.controller import server as controller
 
     click.echo("controller stopped" if controller.stop() else "controller was not running")
@@ -58,7 +60,8 @@ def server_stop() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the controller's health as JSON.")
 @reports_errors
 def server_status(as_json: bool) -> None:
-    """Is the controller running, its last tick, and who holds the store's lease."""
+    """Is the server running, its controller's last tick, who holds the store's lease, and each
+    cluster's Slurm command budget used."""
     import time
 
     from corral.controller import server as controller
