@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from rich.table import Table
-
 from corral.cli.consoles import console, minutes
+from corral.cli.consoles import table as new_table
 
 _STYLE = {"RUNNING": "green", "PENDING": "yellow", "RECOVERING": "yellow", "SUCCEEDED": "dim",
           "FAILED": "red", "CANCELLED": "dim", "CANCELLING": "dim"}
@@ -18,9 +17,7 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
     if not jobs:
         console.print("No managed jobs.")
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "STARTS", "REASON"):
-        table.add_column(column)
+    table = new_table(("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "STARTS", "REASON"))
     now = time.time()
     for job in jobs:
         state = str(job["state"])

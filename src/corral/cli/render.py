@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
 from corral.cli.common import warn
 from corral.cli.consoles import console, err_console
+from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, start_text
 
 if TYPE_CHECKING:  # type hints only: a table must not cost the import of the engine, SQLAlchemy or pydantic
@@ -19,9 +18,7 @@ if TYPE_CHECKING:  # type hints only: a table must not cost the import of the en
 
 
 def render_check(checks: list[ClusterCheck]) -> None:
-    table = Table(box=None, header_style="bold")
-    for column in ("CLUSTER", "STATUS", "SLURM", "PARTITIONS", "GPU TYPES", "HOME", "CONTAINERS", "TIME"):
-        table.add_column(column)
+    table = new_table(("CLUSTER", "STATUS", "SLURM", "PARTITIONS", "GPU TYPES", "HOME", "CONTAINERS", "TIME"))
     for c in checks:
         if not c.ok:
             table.add_row(c.cluster, f"[red]FAIL[/red] ({c.error_kind})", "-", "-", "-", "-", "-", f"{c.seconds:.2f}s")
@@ -43,9 +40,8 @@ def render_check(checks: list[ClusterCheck]) -> None:
 
 def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> None:
     """The table; `shared`: answered from the server's latest probes (`--max-age`), whose age it says."""
-    table = Table(box=None, header_style="bold")
-    for column in ("CLUSTER", "PARTITION", "GPU", "GRES TYPE", "FREE", "TOTAL", "NODES", "PENDING"):
-        table.add_column(column, justify="right" if column in ("FREE", "TOTAL", "NODES", "PENDING") else "left")
+    table = new_table(("CLUSTER", "PARTITION", "GPU", "GRES TYPE", "FREE", "TOTAL", "NODES", "PENDING"),
+                      right=("FREE", "TOTAL", "NODES", "PENDING"))
     for r in report.rows:
         free = f"[green]{r.free}[/green]" if r.free else "[dim]0[/dim]"
         table.add_row(r.cluster, r.partition, r.gpu, r.gres_type or "(untyped)", free, str(r.total),
@@ -79,9 +75,7 @@ def _start(row: dict[str, Any]) -> str:
 def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
     """A plan (the API's rows, best first): all of it on stdout for --dryrun, else the first five
     feasible rows on stderr as a launch goes."""
-    table = Table(box=None, header_style="bold")
-    for column in ("", "INFRA", "RESOURCES", "FREE GPUS", "START", "WHY NOT"):
-        table.add_column(column)
+    table = new_table(("", "INFRA", "RESOURCES", "FREE GPUS", "START", "WHY NOT"))
     placed = [r for r in rows if not r.get("unreachable")]
     shown = placed if full else [r for r in placed if r.get("feasible")][:5]
     for r in shown:
@@ -232,11 +226,9 @@ def render_queue(page: QueuePage, expand: bool = False) -> None:
     if not page.jobs:
         console.print("No jobs." if not page.more else "No jobs on this page.")
         return
-    table = Table(box=None, header_style="bold")
     owners = [j.raw.get("owner") or "-" for j in page.jobs]
     mixed = len(set(owners)) > 1  # an admin's view of several users' jobs: say whose each is
-    for column in _QUEUE_COLUMNS[:1] + (("OWNER",) if mixed else ()) + _QUEUE_COLUMNS[1:]:
-        table.add_column(column)
+    table = new_table(_QUEUE_COLUMNS[:1] + (("OWNER",) if mixed else ()) + _QUEUE_COLUMNS[1:])
     rows = queue_rows(page, expand)
     if mixed:
         by_id = {j.job_id: owner for j, owner in zip(page.jobs, owners)}
@@ -265,9 +257,7 @@ def _print_chunk(jobs: list[Job], header: bool) -> None:
     if not jobs:
         console.print("No jobs.")
         return
-    table = Table(box=None, header_style="bold", show_header=header)
-    for column in _QUEUE_COLUMNS:
-        table.add_column(column)
+    table = new_table(_QUEUE_COLUMNS, show_header=header)
     for j in jobs:
         table.add_row(*_job_row(j))
     console.print(table)
@@ -278,9 +268,7 @@ def render_status(allocations: list[dict[str, Any]]) -> None:
     if not allocations:
         console.print("No dev allocations. Create one with `corral launch -c NAME --gpus H100:1`.")
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("NAME", "INFRA", "RESOURCES", "STATE", "AGE", "IDLE", "TIME LEFT", "NODES"):
-        table.add_column(column)
+    table = new_table(("NAME", "INFRA", "RESOURCES", "STATE", "AGE", "IDLE", "TIME LEFT", "NODES"))
     for a in allocations:
         state = str(a["state"]) + (f" ({a['reason']})" if a.get("reason") else "")
         idle_for = a.get("idle_seconds")
