@@ -636,7 +636,9 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                     (cluster.lose_node if match.group(2) == "lose" else cluster.restore_node)(match.group(1))
                     return self._send(200, {"kind": "Status", "status": "Success"})
                 if method == "GET" and (match := LOG_ROUTE.match(url.path)):
-                    return self._log(match.group(1), match.group(2), query.get("follow") == "true")
+                    tail = query.get("tailLines", "")
+                    return self._log(match.group(1), match.group(2), query.get("follow") == "true",
+                                     int(tail) if tail.isdigit() else None)
                 for pattern, kind, namespaced in ROUTES:
                     match = pattern.match(url.path)
                     if not match:
@@ -692,13 +694,18 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
             except OSError:  # the watcher went away
                 self.close_connection = True
 
-        def _log(self, namespace: str, name: str, follow: bool) -> None:
+        def _log(self, namespace: str, name: str, follow: bool, tail: int | None = None) -> None:
+            """The pod's log, as the API streams it: with `tailLines`, its last lines first."""
             path, process = cluster.log(namespace, name)
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             with open(path, "rb") as source:
+                if tail is not None:
+                    last = b"".join(collections.deque(source, maxlen=tail))  # lines so far; the rest follows
+                    if last:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(last), last))
                 while True:
                     ended = not follow or process is None or process.poll() is not None
                     chunk = source.read()  # after `ended`: what the process wrote last is read too

@@ -97,7 +97,7 @@ class FakeInfra(Infra, ReleasesHeld):
         self._check()
         self.released += handles
 
-    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
+    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
         on_output(f"log of {handle}\n".encode())
 
     def finish(self, handle: str, state: JobState, failure: FailureClass | None = None, native: str = "",

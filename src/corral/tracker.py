@@ -173,12 +173,12 @@ class Tracker:
         await asyncio.gather(*(one(c, g) for c, g in by_account.items()))
         return live
 
-    async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None]) -> None:
+    async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None], tail: int = 0) -> None:
         attempt = view.attempt
         if not attempt.handle:
             raise CorralError(f"{view.job.id} has not reached its cluster yet ({attempt.state}); no logs")
         infra = self.client.infra(attempt.cluster, view.job.owner)
-        await infra.logs(attempt.handle, attempt.log_path, follow, on_output)
+        await infra.logs(attempt.handle, attempt.log_path, follow, on_output, tail)
 
 
 def sent_by_account(store: Store, attempts: list[AttemptRow], handles: dict[str, str | None] | None = None

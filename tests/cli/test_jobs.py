@@ -85,6 +85,8 @@ def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
     assert "exit code 3" in done["reason"]
     logs = corral("jobs", "logs", "--no-follow", job, env=env).stdout
     assert "attempt 1" in logs and "attempt 2" in logs
+    latest = corral("jobs", "logs", "--no-follow", "--tail", "1", env=env)  # no JOB: the newest managed job
+    assert (latest.exit_code, latest.stdout) == (0, "attempt 2\n"), latest.stderr  # the current attempt's end
 
 
 def test_setup_failure_is_not_retried(corral, env, tmp_path):

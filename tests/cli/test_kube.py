@@ -141,6 +141,8 @@ def test_pod_config_mounts_shared_storage_and_the_workdir_and_env_travel(corral,
     logs = corral("logs", "--no-follow", job_id, env=kube_env).stdout
     assert ended["state"] == "SUCCEEDED", logs
     assert logs == "setup-ran\ntrained\nfrom the shared filesystem\nhello 'world' yes\n"
+    assert corral("logs", "--no-follow", "--tail", "2", job_id, env=kube_env).stdout == (  # the pod log's tailLines
+        "from the shared filesystem\nhello 'world' yes\n")
 
 
 def test_a_lost_node_fails_the_attempt_as_infrastructure_and_a_managed_job_recovers(corral, kube_env, kube,

@@ -153,20 +153,30 @@ def test_logs_follow_a_running_job_and_cancel_stops_it(corral, corral_env, clean
     job_id = submitted["job_id"]
     follower = subprocess.Popen([sys.executable, "-m", "corral", "logs", "-f", job_id], env=corral_env,
                                 stdout=subprocess.PIPE, text=True)
+    tailing = None
     try:
         assert follower.stdout is not None
         seen = [follower.stdout.readline().strip() for _ in range(3)]
         assert seen == ["line-1", "line-2", "line-3"]
         assert queue(corral)[job_id]["state"] == "RUNNING"  # followed while running
+        tailing = subprocess.Popen([sys.executable, "-m", "corral", "logs", "--tail", "1", job_id], env=corral_env,
+                                   stdout=subprocess.PIPE, text=True)  # `sky logs --tail 1`: the last line, then on
+        assert tailing.stdout is not None and tailing.stdout.readline().strip() == "line-3"
         cancelled = corral("cancel", job_id)
         assert cancelled.exit_code == 0 and cancelled.stdout.strip() == f"{job_id}: cancelled"
         assert follower.wait(timeout=30) == 0  # the follower ends when the job does
+        assert tailing.wait(timeout=30) == 0  # and so does the tailing one
     finally:
         follower.kill()
+        if tailing is not None:
+            tailing.kill()
     job = wait_state(corral, job_id, {"CANCELLED"})
     assert job["state"] == "CANCELLED"
     assert corral("cancel", job_id).stdout.strip() == f"{job_id}: already cancelled"
     assert corral("logs", "--no-follow", job_id).stdout.splitlines()[:3] == ["line-1", "line-2", "line-3"]
+    newest = corral("logs", "--no-follow", "--tail", "2")  # no JOB: the newest job, as `sky logs` takes the latest
+    last_two = newest.stdout.splitlines()  # line-3, then Slurm's word on the cancellation
+    assert newest.exit_code == 0 and len(last_two) == 2 and last_two[0] == "line-3" and "CANCELLED" in last_two[1]
 
 
 def test_queue_matches_slurm_on_every_cluster_with_one_query_each(corral, corral_env, testbed, clean_queues, tmp_path):

@@ -58,12 +58,14 @@ def test_work_overflows_to_the_pool_and_packs_onto_machines(corral, pool_env):
     assert l4["cluster"] == "alpine"
     # A100s: only the pool has them. Two tasks of two share one machine; the third takes the next.
     placed = [corral("launch", "-d", "--json", "--gpus", "A100:2", "--",
-                     'echo "$(hostname) $CUDA_VISIBLE_DEVICES $CORRAL_CLUSTER $CORRAL_TASK_ID"; sleep 300',
-                     env=pool_env).json() for _ in range(3)]
+                     'echo starting; echo "$(hostname) $CUDA_VISIBLE_DEVICES $CORRAL_CLUSTER $CORRAL_TASK_ID"; '
+                     'sleep 300', env=pool_env).json() for _ in range(3)]
     machines = [p["slurm_job_id"].split("/")[0] for p in placed]
     assert machines[0] == machines[1] != machines[2]
-    outputs = [wait_for("its output", lambda p=p: corral("logs", "--no-follow", p["job_id"], env=pool_env).stdout)
-               for p in placed]
+    full = [wait_for("its output", lambda p=p: (o := corral("logs", "--no-follow", p["job_id"], env=pool_env).stdout)
+                     .count("\n") == 2 and o) for p in placed]
+    outputs = [corral("logs", "--no-follow", "--tail", "1", p["job_id"], env=pool_env).stdout for p in placed]
+    assert [f"starting\n{o}" for o in outputs] == full  # --tail 1: the last line only
     lines = [o.split() for o in outputs]
     assert {lines[0][1], lines[1][1]} == {"0,1", "2,3"} and lines[2][1] == "0,1"  # its own GPUs each
     assert all(line[2] == "lab" and line[3] == p["job_id"] for line, p in zip(lines, placed))

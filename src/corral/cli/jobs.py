@@ -81,25 +81,35 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
 
 
 @jobs.command(name="logs")
-@click.argument("job")
+@click.argument("job", required=False)
 @click.option("--follow/--no-follow", default=True, show_default=True,
               help="Follow the current attempt until it ends, as `sky jobs logs` does.")
 @click.option("-f", "follow", flag_value=True, hidden=True)
+@click.option("--tail", type=click.IntRange(0, 10_000_000), default=0, metavar="N",
+              help="Only the current attempt, starting with its last N lines (0: every attempt, all of it).")
 @reports_errors
-def jobs_logs(job: str, follow: bool) -> None:
-    """A managed job's output across its attempts."""
+def jobs_logs(job: str | None, follow: bool, tail: int) -> None:
+    """A managed job's output across its attempts. Without JOB: your newest managed job."""
     from corral.errors import CorralError
     from corral.sdk import Client
 
     client = Client()
+    if job is None:
+        newest, _ = client.managed_jobs(limit=1)
+        if not newest:
+            raise CorralError("no managed jobs yet: name one, or launch one with `corral jobs launch`")
+        job = newest[0].job_id
     found = client.managed_job(job)
     submitted = [a for a in found["attempt_list"] if a["slurm_job_id"]]
+    if tail:
+        submitted = submitted[-1:]
     for attempt in submitted:
         last = attempt is submitted[-1]
         click.echo(f"== attempt {attempt['number']} on slurm/{attempt['cluster']}/{attempt['partition']} "
                    f"(Slurm job {attempt['slurm_job_id']}, {attempt['state']}) ==", err=True)
         try:
-            for chunk in client.managed_logs(found["job_id"], attempt["number"], follow=follow and last):
+            for chunk in client.managed_logs(found["job_id"], attempt["number"], follow=follow and last,
+                                             tail=tail):
                 write_bytes(chunk)
         except CorralError as exc:  # one unreachable cluster must not hide the other attempts' logs
             click.echo(f"corral: could not read attempt {attempt['number']}'s log: {exc}", err=True)

@@ -150,16 +150,25 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 
 
 @cli.command()
-@click.argument("job")
+@click.argument("job", required=False)
 @click.option("--follow/--no-follow", default=True, show_default=True,
               help="Keep printing until the job ends, as `sky logs` does; --no-follow prints what there is.")
 @click.option("-f", "follow", flag_value=True, hidden=True)  # the flag before following became the default
+@click.option("--tail", type=click.IntRange(0, 10_000_000), default=0, metavar="N",
+              help="Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.")
 @reports_errors
-def logs(job: str, follow: bool) -> None:
-    """Print a job's output (all nodes), following it until it ends."""
+def logs(job: str | None, follow: bool, tail: int) -> None:
+    """Print a job's output (all nodes), following it until it ends. Without JOB: your newest job."""
+    from corral.errors import CorralError
     from corral.sdk import Client
 
-    for chunk in Client().logs(job, follow):
+    client = Client()
+    if job is None:
+        newest, _ = client.jobs(limit=1)
+        if not newest:
+            raise CorralError("no jobs yet: name one, or launch one with `corral launch`")
+        job = newest[0].job_id
+    for chunk in client.logs(job, follow, tail=tail):
         write_bytes(chunk)
 
 

@@ -203,11 +203,13 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         return job_json(store.views([view.job.id])[0], place_kinds())
 
     @router.get("/jobs/{job}/logs")
-    async def logs(me: Me, job: Annotated[str, Path(max_length=200)], follow: bool = False) -> StreamingResponse:
-        """The job's output, all nodes; with `follow`, streamed until its tasks are over."""
+    async def logs(me: Me, job: Annotated[str, Path(max_length=200)], follow: bool = False,
+                   tail: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> StreamingResponse:
+        """The job's output, all nodes (with `tail` > 0, the last `tail` lines); with `follow`, streamed
+        until its tasks are over."""
         view = store.resolve(job, me.scope)
         tracker = Tracker(Client(), store)
-        return stream_output(lambda sink: tracker.logs(view, follow, sink))
+        return stream_output(lambda sink: tracker.logs(view, follow, sink, tail))
 
     @router.post("/cancel")
     async def cancel(me: Me, request: CancelRequest) -> dict[str, object]:

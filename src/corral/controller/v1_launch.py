@@ -16,7 +16,7 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
@@ -310,14 +310,15 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
 
     @router.get("/managed/{job}/attempts/{number}/logs")
     async def attempt_logs(me: Me, job: Annotated[str, Path(max_length=200)],
-                           number: Annotated[int, Path(ge=1, le=1_000_000)], follow: bool = False) -> StreamingResponse:
-        """One attempt's output (all nodes); with `follow`, until it ends."""
+                           number: Annotated[int, Path(ge=1, le=1_000_000)], follow: bool = False,
+                           tail: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> StreamingResponse:
+        """One attempt's output (all nodes; with `tail` > 0, the last `tail` lines); with `follow`, until it ends."""
         view = managed.resolve(store, job, me.scope)
         attempt = next((a for a in view.attempts if a.number == number and a.handle), None)
         if attempt is None:
             raise CorralError(f"{view.job.id} has no attempt {number} on a cluster; see `corral jobs events`")
         infra = Client().infra(attempt.cluster, view.job.owner)
-        return stream_output(lambda sink: infra.logs(attempt.handle or "", attempt.log_path, follow, sink))
+        return stream_output(lambda sink: infra.logs(attempt.handle or "", attempt.log_path, follow, sink, tail))
 
     @router.get("/managed/{job}/why")
     async def why(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:

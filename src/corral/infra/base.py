@@ -286,8 +286,9 @@ class Infra(ABC):
         """Cancel these jobs; each job's run dir gets the cancel fence first (see the backend)."""
 
     @abstractmethod
-    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
-        """A job's output; with `follow`, until the job ends."""
+    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
+        """A job's output (with `tail` > 0, its last `tail` lines only); with `follow`, then what comes
+        until the job ends."""
 
 
 class PredictsStart(ABC):

@@ -118,12 +118,21 @@ class Client:
         for line in self._stream("GET", "/queue/all", {"since": since, "allocation": allocation}, lines=True):
             yield Job.from_json(json.loads(line))
 
+    def jobs(self, *, owner: str = "", state: str = "", cluster: str = "", name: str = "", limit: int = 50,
+             page: int = 1) -> tuple[list[Job], int]:
+        """One page of jobs, newest first, live or not (`state`: one job state, or `live`), and how many
+        match in all; each refreshed from the clusters, as the dashboard lists them."""
+        data = self._json("GET", "/jobs", {"owner": owner or None, "state": state or None, "cluster": cluster or None,
+                                           "name": name or None, "limit": limit, "page": page})
+        return [Job.from_json(j) for j in data["jobs"]], int(data["total"])
+
     def job(self, job: str) -> Job:
         return Job.from_json(self._json("GET", f"/jobs/{_quoted(job)}"))
 
-    def logs(self, job: str, follow: bool = False) -> Iterator[bytes]:
-        """A job's output as it comes (all nodes); with `follow`, until the job's tasks are over."""
-        yield from self._stream("GET", f"/jobs/{_quoted(job)}/logs", {"follow": follow})
+    def logs(self, job: str, follow: bool = False, *, tail: int = 0) -> Iterator[bytes]:
+        """A job's output as it comes (all nodes; with `tail` > 0, its last `tail` lines first); with
+        `follow`, until the job's tasks are over."""
+        yield from self._stream("GET", f"/jobs/{_quoted(job)}/logs", {"follow": follow, "tail": tail or None})
 
     def cancel(self, jobs: list[str] | None = None, *, all: bool = False) -> list[CancelOutcome]:
         """Cancel jobs (one scancel per cluster); ended ones are reported as they are."""
@@ -238,9 +247,11 @@ class Client:
         data = self._json("POST", "/managed/cancel", body={"jobs": list(jobs or []), "all": all})
         return [CancelOutcome(c["job_id"], bool(c["cancelling"]), c["state"]) for c in data["jobs"]]
 
-    def managed_logs(self, job: str, attempt: int, follow: bool = False) -> Iterator[bytes]:
-        """One attempt's output (its number: `managed_job(job)["attempt_list"]`); with `follow`, until it ends."""
-        yield from self._stream("GET", f"/managed/{_quoted(job)}/attempts/{int(attempt)}/logs", {"follow": follow})
+    def managed_logs(self, job: str, attempt: int, follow: bool = False, *, tail: int = 0) -> Iterator[bytes]:
+        """One attempt's output (its number: `managed_job(job)["attempt_list"]`; with `tail` > 0, its last
+        `tail` lines first); with `follow`, until it ends."""
+        yield from self._stream("GET", f"/managed/{_quoted(job)}/attempts/{int(attempt)}/logs",
+                                {"follow": follow, "tail": tail or None})
 
     def managed_why(self, job: str) -> list[str]:
         """Why a pending managed job waits where it is, as lines of text."""

@@ -253,7 +253,7 @@ class KubeInfra(Infra):
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         await asyncio.gather(*(self._call("DELETE", p, body=body, allow=(404,)) for p in paths))
 
-    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
+    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
         """The head pod's output (node 0's, as SkyPilot shows); with `follow`, once it starts, until it ends."""
         ns = self.namespace
         selector = f"{states.JOB_NAME_LABEL}={handle},{states.INDEX_LABEL}=0"
@@ -270,11 +270,11 @@ class KubeInfra(Infra):
             return
         pod = pods[0]["metadata"]["name"]
         await asyncio.to_thread(self._stream_log, ns, pod, follow and phase == "Running",
-                                _thread_safe(on_output))
+                                _thread_safe(on_output), tail)
 
-    def _stream_log(self, ns: str, pod: str, follow: bool, on_output: OutputSink) -> None:
-        response = self._send("GET", f"/api/v1/namespaces/{ns}/pods/{pod}/log",
-                              [("follow", "true" if follow else "false")], None,
+    def _stream_log(self, ns: str, pod: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
+        query = [("follow", "true" if follow else "false"), *([("tailLines", str(int(tail)))] if tail > 0 else [])]
+        response = self._send("GET", f"/api/v1/namespaces/{ns}/pods/{pod}/log", query, None,
                               (self.timeout, None) if follow else (self.timeout, self.timeout * 3))
         try:
             if response.status in (400, 404):  # not started yet, or gone

@@ -147,8 +147,8 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         if handles:
             await self._run(release_script(handles), timeout=JOB_TIMEOUT)
 
-    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
-        await self._stream(follow_script(log_path, handle, follow), on_output)
+    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
+        await self._stream(follow_script(log_path, handle, follow, tail), on_output)
 
     async def predict(self, requests: list[JobRequest]) -> list[tuple[float | None, str]]:
         if not requests:

@@ -306,16 +306,18 @@ def release_script(job_ids: list[str]) -> str:
     return f"scontrol release {' '.join(job_ids)}\n"
 
 
-def follow_script(log_path: str, slurm_job_id: str, follow: bool) -> str:
-    """Print a job's log; with `follow`, keep printing until the job has ended. A job script's log path
-    is its --output pattern (absolute, or under the home), filled in for this job (`userscript.log_glob`)."""
+def follow_script(log_path: str, slurm_job_id: str, follow: bool, tail: int = 0) -> str:
+    """Print a job's log (with `tail` > 0, its last `tail` lines); with `follow`, keep printing until the
+    job has ended. A job script's log path is its --output pattern (absolute, or under the home), filled
+    in for this job (`userscript.log_glob`)."""
     if not _JOB_ID.match(slurm_job_id):
         raise ValueError(f"not a Slurm job id: {slurm_job_id!r}")
+    lines = f"-n {int(tail)}" if tail > 0 else "-n +1"
     word = (userscript.log_glob(log_path, slurm_job_id) if "%" in log_path or log_path.startswith("/")
             else f'"$HOME"/{shlex.quote(log_path)}')
     find = f'shopt -s nullglob\nfind_log() {{ set -- {word}; f="${{1-}}"; }}\nfind_log\n'
     if not follow:
-        return find + '[ -n "$f" ] && cat -- "$f" 2>/dev/null; exit 0\n'
+        return find + f'[ -n "$f" ] && tail {lines} -- "$f" 2>/dev/null; exit 0\n'
     # Not COMPLETING: the tasks are over then, and Slurm's clean-up can take a minute (a step whose
     # I/O it abandons after 60 s), which a person following a cancelled job should not wait for.
     alive = f"squeue -h -j {slurm_job_id} -t PD,CF,R,S,RQ,RS,RH,SO -o %T 2>/dev/null | grep -q ."
@@ -323,7 +325,7 @@ def follow_script(log_path: str, slurm_job_id: str, follow: bool) -> str:
         find
         + f'while {{ [ -z "$f" ] || [ ! -e "$f" ]; }} && {alive}; do sleep 1; find_log; done\n'
         + '[ -n "$f" ] && [ -e "$f" ] || exit 0\n'
-        + 'tail -n +1 -F -- "$f" 2>/dev/null & t=$!\n'
+        + f'tail {lines} -F -- "$f" 2>/dev/null & t=$!\n'
         + f"while {alive}; do sleep 2; done\n"
         + "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n"
     )

@@ -278,12 +278,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         await asyncio.gather(*(self.transport.run(h, runner.cancel_script(t), timeout=JOB_TIMEOUT)
                                for h, t in by_host.items()))
 
-    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink) -> None:
+    async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
         """Rank 0's output (the head's, as SkyPilot shows a multi-node task's)."""
         hosts, token = _hosts_and_token(handle)
         if not hosts or hosts[0] not in self.pool.hosts:
             raise CorralError(f"{self.name}: {hosts[0] if hosts else handle!r} is not one of its machines (any more)")
-        await self.transport.stream(hosts[0], runner.follow_script(_rank_token(token, 0, len(hosts)), follow),
+        await self.transport.stream(hosts[0], runner.follow_script(_rank_token(token, 0, len(hosts)), follow, tail),
                                     on_output)
 
     # ---- dev allocations ------------------------------------------------------------------------------

@@ -213,14 +213,16 @@ exit 0
 """
 
 
-def follow_script(token: str, follow: bool) -> str:
+def follow_script(token: str, follow: bool, tail: int = 0) -> str:
+    """Print the task's log (with `tail` > 0, its last `tail` lines); with `follow`, until it has ended."""
     directory = f'"$HOME"/{shlex.quote(run_dir(token))}'
+    lines = f"-n {int(tail)}" if tail > 0 else "-n +1"
     if not follow:
-        return f"cat {directory}/log.txt 2>/dev/null; exit 0\n"
+        return f"tail {lines} {directory}/log.txt 2>/dev/null; exit 0\n"
     alive = f'{{ read -r pid since < {directory}/pid 2>/dev/null && alive "$pid" "$since"; }}'
     return (ALIVE + f"f={directory}/log.txt\n"
             f'while [ ! -e "$f" ] && {alive}; do sleep 1; done\n'
             '[ -e "$f" ] || exit 0\n'
-            'tail -n +1 -F "$f" 2>/dev/null & t=$!\n'
+            f'tail {lines} -F "$f" 2>/dev/null & t=$!\n'
             f"while {alive}; do sleep 1; done\n"
             "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n")
