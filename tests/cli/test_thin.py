@@ -38,12 +38,13 @@ COMMANDS = [
     ["queue", "--all"], ["logs", "nope"], ["cancel", "nope"], ["jobs", "queue"], ["api", "info"], ["--help"],
     ["launch", "--dryrun", "--", "true"], ["launch", "-d", "--infra", "slurm/alpine/cpu", "--", "true"],
     ["launch", "--dryrun", "TASK"], ["jobs", "launch", "--infra", "slurm/alpine/cpu", "TASK"],
+    ["logs", "--tail", "1"], ["jobs", "logs", "--tail", "1"],
     ["jobs", "logs", "nope"], ["jobs", "events", "nope"], ["jobs", "why", "nope"], ["jobs", "cancel", "nope"],
     ["status"], ["down", "nope"], ["exec", "nope", "--", "true"], ["ssh", "nope"], ["users", "list"],
     ["users", "remove", "nope"], ["users", "set", "nope", "--unix-user", "alpine=nope"], ["dashboard", "--print-url"],
     ["sbatch", "--dryrun", "-p", "cpu", "SCRIPT"], ["sbatch", "SCRIPT", "arg"], ["launch", "--dryrun", "SCRIPT"],
 ]
-REFUSED = {"logs": "no job 'nope'", "cancel": "no job 'nope'", "jobs logs": "no managed job 'nope'",
+REFUSED = {"logs": "no job 'nope'", "logs --tail": "no jobs yet", "jobs logs --tail": "no managed jobs yet", "cancel": "no job 'nope'", "jobs logs": "no managed job 'nope'",
            "jobs events": "no managed job 'nope'", "jobs why": "no managed job 'nope'",
            "jobs cancel": "no managed job 'nope'", "exec": "no dev allocation 'nope'", "ssh": "no dev allocation 'nope'",
            "users set": "no user 'nope'"}
@@ -61,7 +62,7 @@ def test_no_command_loads_an_engine_library(corral_env, clean_queues, tmp_path, 
     heavy = json.loads(proc.stderr.rsplit("HEAVY=", 1)[1])
     allowed = {"yaml"} if str(task) in argv else set()
     assert set(heavy) <= allowed, f"`corral {' '.join(argv)}` imported {heavy}"
-    refused = REFUSED.get(" ".join(argv[:2])) or REFUSED.get(argv[0])
+    refused = REFUSED.get(" ".join(argv[:3])) or REFUSED.get(" ".join(argv[:2])) or REFUSED.get(argv[0])
     if refused:  # answered by the server: a clear refusal, not a crash
         assert proc.returncode == 66 and f"corral: error: {refused}" in proc.stderr, proc.stderr
     else:

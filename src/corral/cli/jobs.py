@@ -90,14 +90,14 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
 @reports_errors
 def jobs_logs(job: str | None, follow: bool, tail: int) -> None:
     """A managed job's output across its attempts. Without JOB: your newest managed job."""
-    from corral.errors import CorralError
+    from corral.errors import CorralError, NotFoundError
     from corral.sdk import Client
 
     client = Client()
     if job is None:
         newest, _ = client.managed_jobs(limit=1)
         if not newest:
-            raise CorralError("no managed jobs yet: name one, or launch one with `corral jobs launch`")
+            raise NotFoundError("no managed jobs yet: name one, or launch one with `corral jobs launch`")
         job = newest[0].job_id
     found = client.managed_job(job)
     submitted = [a for a in found["attempt_list"] if a["slurm_job_id"]]

@@ -159,14 +159,14 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 @reports_errors
 def logs(job: str | None, follow: bool, tail: int) -> None:
     """Print a job's output (all nodes), following it until it ends. Without JOB: your newest job."""
-    from corral.errors import CorralError
+    from corral.errors import NotFoundError
     from corral.sdk import Client
 
     client = Client()
     if job is None:
         newest, _ = client.jobs(limit=1)
         if not newest:
-            raise CorralError("no jobs yet: name one, or launch one with `corral launch`")
+            raise NotFoundError("no jobs yet: name one, or launch one with `corral launch`")
         job = newest[0].job_id
     for chunk in client.logs(job, follow, tail=tail):
         write_bytes(chunk)
