@@ -150,6 +150,29 @@ def paging(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return decorate
 
 
+def log_options(follow_help: str, tail_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """JOB (optional: the newest, see newest_id), --follow/--no-follow and --tail, for `logs` and `jobs logs`."""
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for decorator in reversed([
+            click.argument("job", required=False),
+            click.option("--follow/--no-follow", default=True, show_default=True, help=follow_help),
+            click.option("-f", "follow", flag_value=True, hidden=True),  # the flag before following became the default
+            click.option("--tail", type=click.IntRange(0, 10_000_000), default=0, metavar="N", help=tail_help),
+        ]):
+            func = decorator(func)
+        return func
+    return decorate
+
+
+def newest_id(jobs: list[Any], nothing: str) -> str:
+    """The id of the first of `jobs` (a listing, newest first); none: a not-found error saying `nothing`."""
+    from corral.errors import NotFoundError
+
+    if not jobs:
+        raise NotFoundError(nothing)
+    return str(jobs[0].job_id)
+
+
 def task_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The overrides `launch` and `jobs launch` share, as SkyPilot names them."""
     for decorator in reversed([

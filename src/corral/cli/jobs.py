@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from corral.cli.common import (
+    log_options,
+    newest_id,
     paging,
     print_json,
     read_env_file,
@@ -81,24 +83,18 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
 
 
 @jobs.command(name="logs")
-@click.argument("job", required=False)
-@click.option("--follow/--no-follow", default=True, show_default=True,
-              help="Follow the current attempt until it ends, as `sky jobs logs` does.")
-@click.option("-f", "follow", flag_value=True, hidden=True)
-@click.option("--tail", type=click.IntRange(0, 10_000_000), default=0, metavar="N",
-              help="Only the current attempt, starting with its last N lines (0: every attempt, all of it).")
+@log_options("Follow the current attempt until it ends, as `sky jobs logs` does.",
+             "Only the current attempt, starting with its last N lines (0: every attempt, all of it).")
 @reports_errors
 def jobs_logs(job: str | None, follow: bool, tail: int) -> None:
     """A managed job's output across its attempts. Without JOB: your newest managed job."""
-    from corral.errors import CorralError, NotFoundError
+    from corral.errors import CorralError
     from corral.sdk import Client
 
     client = Client()
     if job is None:
-        newest, _ = client.managed_jobs(limit=1)
-        if not newest:
-            raise NotFoundError("no managed jobs yet: name one, or launch one with `corral jobs launch`")
-        job = newest[0].job_id
+        job = newest_id(client.managed_jobs(limit=1)[0],
+                        "no managed jobs yet: name one, or launch one with `corral jobs launch`")
     found = client.managed_job(job)
     submitted = [a for a in found["attempt_list"] if a["slurm_job_id"]]
     if tail:

@@ -11,6 +11,8 @@ import click
 from corral import __version__
 from corral.cli.common import (
     NumberRange,
+    log_options,
+    newest_id,
     one_line,
     paging,
     print_json,
@@ -150,24 +152,16 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 
 
 @cli.command()
-@click.argument("job", required=False)
-@click.option("--follow/--no-follow", default=True, show_default=True,
-              help="Keep printing until the job ends, as `sky logs` does; --no-follow prints what there is.")
-@click.option("-f", "follow", flag_value=True, hidden=True)  # the flag before following became the default
-@click.option("--tail", type=click.IntRange(0, 10_000_000), default=0, metavar="N",
-              help="Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.")
+@log_options("Keep printing until the job ends, as `sky logs` does; --no-follow prints what there is.",
+             "Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.")
 @reports_errors
 def logs(job: str | None, follow: bool, tail: int) -> None:
     """Print a job's output (all nodes), following it until it ends. Without JOB: your newest job."""
-    from corral.errors import NotFoundError
     from corral.sdk import Client
 
     client = Client()
     if job is None:
-        newest, _ = client.jobs(limit=1)
-        if not newest:
-            raise NotFoundError("no jobs yet: name one, or launch one with `corral launch`")
-        job = newest[0].job_id
+        job = newest_id(client.jobs(limit=1)[0], "no jobs yet: name one, or launch one with `corral launch`")
     for chunk in client.logs(job, follow, tail=tail):
         write_bytes(chunk)
 
