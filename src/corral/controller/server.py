@@ -366,7 +366,8 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     app = create_app(status, store, token, controller.refreshes, sso_header=options.sso_header,
                      trusted_proxies=options.trusted_proxies, access_log=options.team)
     first_request = asyncio.Event()
-    config = uvicorn.Config(_noting_first_request(app, first_request), log_level="warning", access_log=False,
+    asgi_app = app if ready_fd is None else _noting_first_request(app, first_request)  # for the wait below
+    config = uvicorn.Config(asgi_app, log_level="warning", access_log=False,
                             lifespan="off", ssl_certfile=options.tls_cert, ssl_keyfile=options.tls_key)
     api = _api_server(config)
     serving = asyncio.create_task(api.serve(sockets=[listener]))

@@ -30,6 +30,11 @@ def write_file(target: str, content: str) -> str:
     return f"printf '%s' {shlex.quote(content)} > {target}"
 
 
+def tail_lines(tail: int) -> str:
+    """tail(1)'s line option for a log: its last `tail` lines, or (0) all of it."""
+    return f"-n {int(tail)}" if tail > 0 else "-n +1"
+
+
 def one_line_word(text: str) -> str:
     """`text` as one bash word on one line, with no `!` in it: bash's `$'…'` with the newline, `!`,
     quotes, backslashes and other control characters escaped; for a command line that a csh-family

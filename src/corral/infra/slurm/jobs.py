@@ -17,6 +17,7 @@ from corral.infra.base import (
     JobStatus,
     SubmitResult,
 )
+from corral.infra.shell import tail_lines
 from corral.infra.slurm import userscript
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
@@ -312,7 +313,7 @@ def follow_script(log_path: str, slurm_job_id: str, follow: bool, tail: int = 0)
     in for this job (`userscript.log_glob`)."""
     if not _JOB_ID.match(slurm_job_id):
         raise ValueError(f"not a Slurm job id: {slurm_job_id!r}")
-    lines = f"-n {int(tail)}" if tail > 0 else "-n +1"
+    lines = tail_lines(tail)
     word = (userscript.log_glob(log_path, slurm_job_id) if "%" in log_path or log_path.startswith("/")
             else f'"$HOME"/{shlex.quote(log_path)}')
     find = f'shopt -s nullglob\nfind_log() {{ set -- {word}; f="${{1-}}"; }}\nfind_log\n'

@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 
 from corral.infra.base import JobRequest
-from corral.infra.shell import checkpoint_lines, write_file
+from corral.infra.shell import checkpoint_lines, tail_lines, write_file
 from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
 
 RUNS_DIR = ".corral/runs"
@@ -216,7 +216,7 @@ exit 0
 def follow_script(token: str, follow: bool, tail: int = 0) -> str:
     """Print the task's log (with `tail` > 0, its last `tail` lines); with `follow`, until it has ended."""
     directory = f'"$HOME"/{shlex.quote(run_dir(token))}'
-    lines = f"-n {int(tail)}" if tail > 0 else "-n +1"
+    lines = tail_lines(tail)
     if not follow:
         return f"tail {lines} {directory}/log.txt 2>/dev/null; exit 0\n"
     alive = f'{{ read -r pid since < {directory}/pid 2>/dev/null && alive "$pid" "$since"; }}'
