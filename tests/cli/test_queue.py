@@ -16,10 +16,10 @@ from corral.state.models import AttemptRow, JobRow
 from tests.helpers import run_cli
 
 
-def seed(home, jobs: int) -> None:
+def seed(home, jobs: int, name: str = "job{i}") -> None:
     store = Store(f"sqlite:///{home / 'state.db'}")
     now = time.time() - 3600
-    rows = [JobRow(id=f"c-{i:012x}", name=f"job{i}", task_json="{}", created_at=now + i, num_jobs=1)
+    rows = [JobRow(id=f"c-{i:012x}", name=name.replace("{i}", str(i)), task_json="{}", created_at=now + i, num_jobs=1)
             for i in range(jobs)]
     sweep = [JobRow(id=f"c-5{i:011x}", name="sweep", task_json="{}", created_at=now + jobs + 10, job_rank=i,
                     num_jobs=30, sweep_id="c-500000000000") for i in range(30)]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from rich.text import Text
+
 from corral.cli.common import warn
-from corral.cli.consoles import console, err_console
+from corral.cli.consoles import console, err_console, literal, styled
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, start_text
 
@@ -21,19 +23,19 @@ def render_check(checks: list[ClusterCheck]) -> None:
     table = new_table(("CLUSTER", "STATUS", "SLURM", "PARTITIONS", "GPU TYPES", "HOME", "CONTAINERS", "TIME"))
     for c in checks:
         if not c.ok:
-            table.add_row(c.cluster, f"[red]FAIL[/red] ({c.error_kind})", "-", "-", "-", "-", "-", f"{c.seconds:.2f}s")
+            table.add_row(c.cluster, styled("FAIL", "red") + f" ({c.error_kind})", "-", "-", "-", "-", "-", f"{c.seconds:.2f}s")
             continue
         partitions = ", ".join(p + ("*" if p == c.default_partition else "") for p in c.partitions)
         fs = c.raw.get("home_filesystem")
         home = f"{fs} ({'shared' if c.raw.get('home_shared') else 'local'})" if fs else "?"
         version = {"ssh": "(ssh pool)", "k8s": "(kubernetes)"}.get(str(c.raw.get("kind")), c.slurm_version or "?")
-        table.add_row(c.cluster, "[green]OK[/green]", version, partitions,
+        table.add_row(c.cluster, styled("OK", "green"), version, partitions,
                       ", ".join(c.gpu_types) or "-", home, ", ".join(c.raw.get("container_runtimes") or []) or "-",
                       f"{c.seconds:.2f}s")
     console.print(table)
     for c in checks:
         if c.error:
-            err_console.print(f"[red]✗[/red] {c.error}", highlight=False)
+            err_console.print(f"[red]✗[/red] {literal(c.error)}")
         for warning in c.warnings:  # the cluster answers; its profile names something it does not know
             warn(f"{c.cluster}: {warning}")
 
@@ -43,20 +45,20 @@ def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> Non
     table = new_table(("CLUSTER", "PARTITION", "GPU", "GRES TYPE", "FREE", "TOTAL", "NODES", "PENDING"),
                       right=("FREE", "TOTAL", "NODES", "PENDING"))
     for r in report.rows:
-        free = f"[green]{r.free}[/green]" if r.free else "[dim]0[/dim]"
+        free = styled(str(r.free), "green") if r.free else styled("0", "dim")
         table.add_row(r.cluster, r.partition, r.gpu, r.gres_type or "(untyped)", free, str(r.total),
                       str(r.nodes), str(r.pending))
     for f in report.failures:
-        table.add_row(f.cluster, "[red]unavailable[/red]", "-", "-", "-", "-", "-", "-")
+        table.add_row(f.cluster, styled("unavailable", "red"), "-", "-", "-", "-", "-", "-")
     if report.rows or report.failures:
         console.print(table)
     else:
-        console.print(f"No GPUs{' matching ' + repr(gpu) if gpu else ''} on any cluster.")
+        console.print(f"No GPUs{' matching ' + repr(gpu) if gpu else ''} on any cluster.", markup=False)
     for f in report.failures:
-        err_console.print(f"[red]✗[/red] {f.error_message}", highlight=False)
+        err_console.print(f"[red]✗[/red] {literal(f.error_message)}")
     age = time.time() - report.as_of if shared and report.as_of is not None else 0
     if age >= 1:
-        err_console.print(f"[dim]as of {age:.0f} s ago (--max-age; 0 probes now)[/dim]", highlight=False)
+        err_console.print(f"[dim]as of {age:.0f} s ago (--max-age; 0 probes now)[/dim]")
 
 
 # ---- launch, queue --------------------------------------------------------------------------------
@@ -79,29 +81,29 @@ def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
     placed = [r for r in rows if not r.get("unreachable")]
     shown = placed if full else [r for r in placed if r.get("feasible")][:5]
     for r in shown:
-        mark = "[green]→[/green]" if r.get("chosen") else ""
+        mark = styled("→", "green") if r.get("chosen") else ""
         table.add_row(mark, str(r["infra"]), str(r.get("resources") or "-"),
                       str(r.get("free_gpus")) if r.get("feasible") else "-", _start(r),
-                      "" if r.get("feasible") else f"[dim]{r.get('reason') or ''}[/dim]")
+                      "" if r.get("feasible") else styled(str(r.get("reason") or ""), "dim"))
     for r in rows:
         if r.get("unreachable"):
-            table.add_row("", str(r["infra"]), "-", "-", "-", f"[red]{r.get('reason') or ''}[/red]")
+            table.add_row("", str(r["infra"]), "-", "-", "-", styled(str(r.get("reason") or ""), "red"))
     (console if full else err_console).print(table)
     sends = {r["cluster"]: r["transfer_bytes"] for r in shown if r.get("feasible") and r.get("transfer_bytes") is not None}
     if full and any(sends.values()):  # --dryrun: what the task's files cost to send to each cluster
         console.print("\nFiles to send: " + ", ".join(f"{c} {_bytes(b)}" for c, b in sends.items())
-                      + " (a cluster's cache of the workdir gets only the changes)", highlight=False)
+                      + " (a cluster's cache of the workdir gets only the changes)", markup=False)
     scripts = [r for r in shown if r.get("feasible") and r.get("sbatch_command")]
     if full and scripts:  # --dryrun of a job script: what each candidate would receive
         for r in scripts:
-            console.print(f"\n[bold]{r['infra']}[/bold]: {r['sbatch_command']}", highlight=False)
+            console.print(f"\n[bold]{literal(str(r['infra']))}[/bold]: {literal(str(r['sbatch_command']))}")
             console.print(r.get("script_diff") or "(the script as written: nothing to rewrite)",
-                          highlight=False, markup=False, end="" if r.get("script_diff") else "\n")
+                          markup=False, end="" if r.get("script_diff") else "\n")
     settled = [r for r in shown if r.get("feasible") and r.get("runs_with_text") and not r.get("sbatch_command")]
     if full and settled:  # --dryrun: what each candidate would run with (its cluster's profile, the task's slurm:)
         console.print("\n[bold]Runs with[/bold]")
         for r in settled:
-            console.print(f"  {r['infra']}: {r['runs_with_text']}", highlight=False, markup=False)
+            console.print(f"  {r['infra']}: {r['runs_with_text']}", markup=False)
 
 
 def _bytes(count: int) -> str:
@@ -132,15 +134,16 @@ class LaunchProgress:
             warn(str(event.get("message")))
         elif kind == "skipped":
             self.clear()
-            err_console.print(f"[yellow]↷[/yellow] {event['infra']} skipped: {event['reason']}", highlight=False)
+            skipped = f"{event['infra']} skipped: {event['reason']}"
+            err_console.print(f"[yellow]↷[/yellow] {literal(skipped)}")
         elif kind == "submitted":
             self.clear()
             ids = list(event.get("job_ids") or [])
             shown = ", ".join(ids[:3]) + (" …" if len(ids) > 3 else "")
             where = event.get("infra") or f"slurm/{event['cluster']}/{event['partition']}"
             what = "Slurm job" if where.startswith("slurm/") else "task"
-            err_console.print(f"[green]✓[/green] {shown} submitted to {where} as {what} {event['slurm_job_id']}",
-                              highlight=False)
+            submitted = f"{shown} submitted to {where} as {what} {event['slurm_job_id']}"
+            err_console.print(f"[green]✓[/green] {literal(submitted)}")
 
     def waiting(self, text: str) -> None:
         self._show(text)
@@ -149,10 +152,10 @@ class LaunchProgress:
         if not err_console.is_terminal:
             return
         if self._status is None:
-            self._status = err_console.status(text)
+            self._status = err_console.status(styled(text))
             self._status.start()
         else:
-            self._status.update(text)
+            self._status.update(styled(text))
 
     def clear(self) -> None:
         if self._status is not None:
@@ -186,30 +189,31 @@ _STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "SUCCEEDED": "dim", "FA
 _QUEUE_COLUMNS = ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITTED", "STARTED", "ENDED")
 
 
-def _styled(state: str) -> str:
+def _styled(state: str) -> Text:
     style = _STATE_STYLE.get(state, "")
-    return f"[{style}]{state}[/{style}]" if style else state
+    return styled(state, style)
 
 
-def _job_row(j: Job) -> tuple[str, ...]:
+def _job_row(j: Job) -> tuple[str | Text, ...]:
     where = _where(j) if j.cluster else "-"  # "-": it never reached a cluster
     return (j.job_id, j.name, where, j.slurm_job_id or "-", _styled(j.state),
             j.reason or "", _when(j.submitted_at), _when(j.started_at), _when(j.ended_at))
 
 
-def _sweep_row(jobs: list[Job], counts: dict[str, int]) -> tuple[str, ...]:
+def _sweep_row(jobs: list[Job], counts: dict[str, int]) -> tuple[str | Text, ...]:
     """One row for a whole sweep: its jobs per state (all of them, not only those on the page)."""
     first = jobs[0]
     places = sorted({_where(j) for j in jobs})
     total = sum(counts.values()) or len(jobs)
-    states = ", ".join(f"{n} {_styled(state)}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    states = Text(", ").join(Text.assemble(f"{n} ", _styled(state))
+                             for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",
             places[0] if len(places) == 1 else f"{len(places)} places", "-", states, "",
             _when(min((j.submitted_at or 0) for j in jobs) or None), "", "")
 
 
-def queue_rows(page: QueuePage, expand: bool) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = []
+def queue_rows(page: QueuePage, expand: bool) -> list[tuple[str | Text, ...]]:
+    rows: list[tuple[str | Text, ...]] = []
     seen: set[str] = set()
     for j in page.jobs:
         sweep = j.sweep_id

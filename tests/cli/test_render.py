@@ -1,0 +1,75 @@
+"""What the CLI's tables print comes from people and clusters (job names, Slurm reasons, ssh errors): it
+is shown as written. rich read `[/x]` in a job's name as a closing tag and `corral queue` ended in an
+internal error (exit 70); `:fire:` became an emoji."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.cli import consoles, render
+from corral.cli.managed_table import render_managed
+from corral.sdk.types import GpuReport, Job, QueuePage, Unreachable
+from tests.cli.test_queue import seed
+from tests.helpers import run_cli
+
+MARKUP_LIKE = ["[/x]", "a [bold]b[/bold]", ":fire: :smile:", "[link=http://x]y[/link]", "\\[red]"]
+
+
+def job(name: str, state: str = "RUNNING", reason: str | None = None) -> Job:
+    data = {"job_id": "c-000000000001", "name": name, "state": state, "cluster": "alpine", "partition": "gpu",
+            "reason": reason}
+    return Job.from_json(data)
+
+
+def printed(show, *args) -> tuple[str, str]:
+    with consoles.console.capture() as out, consoles.err_console.capture() as err:
+        show(*args)
+    return out.get(), err.get()
+
+
+@pytest.mark.parametrize("text", MARKUP_LIKE)
+def test_queue_and_managed_tables_show_names_and_reasons_as_written(text):
+    out, _ = printed(render.render_queue, QueuePage([job(text, "PENDING", reason=text)], 0, {}, []))
+    row = out.splitlines()[1]
+    assert row.count(text) == 2 and "🔥" not in row
+    out, _ = printed(render_managed, [{"job_id": "c-1", "name": text, "state": "FAILED", "attempts": 1,
+                                       "reason": text, "cluster": None}])
+    assert out.splitlines()[1].count(text) == 2
+
+
+@pytest.mark.parametrize("text", MARKUP_LIKE)
+def test_gpus_and_plans_show_a_clusters_words_as_written(text):
+    failure = Unreachable("alpine", f"ssh: {text}", "unreachable", {})
+    _, err = printed(render.render_gpus, GpuReport([], [failure]), None)
+    assert f"✗ ssh: {text}" in err
+    plan = [{"infra": "slurm/alpine/gpu", "feasible": False, "reason": text, "cluster": "alpine"},
+            {"infra": "slurm/borealis", "unreachable": True, "reason": text, "cluster": "borealis"}]
+    out, _ = printed(render.render_plan, plan, True)
+    assert [line.rstrip().endswith(text) for line in out.splitlines()[1:]] == [True, True]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cc", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Me", "Cf")),
+               min_size=1, max_size=40))
+def test_any_name_is_printed_as_written(name):
+    out, _ = printed(render.render_queue, QueuePage([job(name, "PENDING", reason=name)], 0, {}, []))
+    assert "".join(out.split()).count(name) >= 2
+
+
+def test_a_state_keeps_its_colour(monkeypatch):
+    monkeypatch.setattr(consoles.console, "_force_terminal", True)
+    monkeypatch.setattr(consoles.console, "_color_system", consoles.console._detect_color_system())
+    out, _ = printed(render.render_queue, QueuePage([job("[/x]", "FAILED")], 0, {}, []))
+    assert "\x1b[31mFAILED" in out and "[/x]" in out
+
+
+def test_corral_queue_lists_a_job_whose_name_looks_like_markup(refusing_clusters):
+    home = refusing_clusters / "home"
+    home.mkdir(mode=0o700)
+    seed(home, 3, name="[/x] :fire:")
+    code, out, err = run_cli(["queue"])
+    assert code == 0, err
+    jobs = [line.split() for line in out.splitlines()[1:] if "(sweep)" not in line]
+    assert [words[1:3] for words in jobs] == [["[/x]", ":fire:"]] * 3
