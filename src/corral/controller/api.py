@@ -14,11 +14,17 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral import budget
 from corral.controller.engine import LEASE
-from corral.errors import CorralError
+from corral.errors import EXIT_DATAERR, EXIT_NOINPUT, EXIT_NOPERM, EXIT_USAGE, CorralError
 from corral.state import Store
+
+
+# The framework's own refusals: the `kind` and exit code their JSON body names (Corral's are its errors').
+_HTTP_REFUSALS = {401: ("Unauthenticated", EXIT_NOPERM), 404: ("NotFound", EXIT_NOINPUT),
+                  405: ("MethodNotAllowed", EXIT_USAGE)}
 
 
 @dataclass
@@ -66,7 +72,8 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                access_log: bool = False) -> FastAPI:
     from corral import __version__
     from corral.controller.auth import Authenticator, Unauthenticated
-    from corral.controller.v1 import create_router, refused_status
+    from corral.controller.refusals import refusals, refused_status
+    from corral.controller.v1 import create_router
     from corral.controller.web import COOKIE, add_pages
 
     app = FastAPI(title="Corral", version=__version__, docs_url=None, redoc_url=None, redirect_slashes=False,
@@ -115,13 +122,23 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
 
     for prefix in ("", f"/{API_VERSION}"):  # unversioned: what controllers before /v1 answered
         app.add_api_route(f"{prefix}/health", health, methods=["GET"], dependencies=[Depends(authorized)],
+                          responses=refusals(401),
                           include_in_schema=bool(prefix))
         app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=[Depends(authorized)],
+                          responses=refusals(401),
                           include_in_schema=bool(prefix))
     app.include_router(create_router(store, refreshes, wake=lambda: status.wake.set() if status.wake else None),
                        dependencies=[Depends(authorized)])
 
     add_pages(app, store)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """What the framework and the token check refuse (a body that is not JSON, no token, no such route),
+        in the shape of Corral's own refusals."""
+        kind, exit_code = _HTTP_REFUSALS.get(exc.status_code, ("BadRequest", EXIT_DATAERR))
+        return JSONResponse(status_code=exc.status_code, headers=exc.headers,
+                            content={"detail": {"message": str(exc.detail), "kind": kind, "exit_code": exit_code}})
 
     @app.exception_handler(CorralError)
     async def corral_error(request: Request, exc: CorralError) -> JSONResponse:

@@ -3,8 +3,9 @@ process that holds the store, the ControlMasters and the controller loop.
 
 Handlers are `async def` on the controller's event loop: remote calls overlap with ticks, and store calls
 are short and synchronous (SQLite allows one writer; the loop is it). Handlers raise CorralErrors as the
-engine does; the app's one handler (api.py) answers `{"detail": {"message", "kind"}}` with 404 for an
-unknown job or cluster, else 400, and the CLI prints the message as it would its own.
+engine does; the app's handler (api.py) answers `{"detail": {"message", "kind", "exit_code"}}` with 404
+for an unknown job or cluster, 403 for what is not the user's, else 400 (refusals.py, which also
+describes them in the OpenAPI document), and the CLI prints the message as it would its own.
 
 Every handler acts for `Me`, the request's user (auth.py): a user sees, follows and cancels only their
 own jobs (another user's job is "not found", as if it did not exist); an admin sees everyone's. The GPU
@@ -21,39 +22,34 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from corral import managed
 from corral.client import Client, check_json, cluster_json, health_json
 from corral.controller import v1_dev, v1_launch, v1_users, web
 from corral.controller.auth import Me
-from corral.controller.v1_launch import stream_output
-from corral.errors import CorralError, ForbiddenError, UnknownClusterError
-from corral.state import Store
+from corral.controller.refusals import STREAM_REFUSALS, RequestBody, refusals
+from corral.controller.v1_launch import OutputStream, stream_output
+from corral.errors import CorralError
 from corral.infra.base import JobState
 from corral.profiles import named_paths, profile_warnings
-from corral.state.store import JobFilter, JobNotFoundError
+from corral.state import Store
+from corral.state.store import JobFilter
 from corral.tracker import RefreshReport, SharedRefresh, Tracker
 from corral.views import job_json
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
 
 
-class CancelRequest(BaseModel):
+class JobLines(StreamingResponse):
+    """Jobs, one JSON object per line (as `GET /v1/jobs/{job}` answers each)."""
+
+    media_type = "application/x-ndjson"
+
+
+class CancelRequest(RequestBody):
     jobs: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list, max_length=10_000)
     all: bool = False
-
-
-def refused_status(exc: CorralError) -> int:
-    """The HTTP status of what Corral refuses on purpose (the app's CorralError handler answers it)."""
-    from corral.dev import AllocationNotFoundError
-    from corral.uploads import UploadNotFoundError
-
-    if isinstance(exc, (JobNotFoundError, UnknownClusterError, AllocationNotFoundError, UploadNotFoundError)):
-        return 404
-    if isinstance(exc, ForbiddenError):
-        return 403
-    return 400
 
 
 def place_kinds() -> dict[str, str]:
@@ -73,7 +69,7 @@ API_FRESH_WITHIN = 5.0  # seconds: how old a finished refresh may be for a reque
 def create_router(store: Store, refreshes: SharedRefresh | None = None,
                   wake: Callable[[], None] = lambda: None) -> APIRouter:
     """`wake`: tick the controller now (new managed work)."""
-    router = APIRouter(prefix="/v1")
+    router = APIRouter(prefix="/v1", responses=refusals(400, 401, 403, 404))
     shared = refreshes or SharedRefresh()
     v1_launch.add_routes(router, store, wake)
     v1_dev.add_routes(router, store)
@@ -174,7 +170,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                 "pages": max(1, -(-total // limit)),
                 "warnings": [f"could not refresh {c}: {error}" for c, error in report.errors.items()]}
 
-    @router.get("/queue/all")
+    @router.get("/queue/all", response_class=JobLines, responses=STREAM_REFUSALS)
     async def queue_all(me: Me, since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
                         allocation: Annotated[str | None, Query(max_length=200)] = None) -> StreamingResponse:
         """Every job, newest first, one JSON object per line, after one Slurm query per cluster."""
@@ -193,7 +189,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
             if batch:
                 yield ("\n".join(batch) + "\n").encode()
 
-        return StreamingResponse(rows(), media_type="application/x-ndjson")
+        return JobLines(rows())
 
     @router.get("/jobs/{job}")
     async def job(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
@@ -202,7 +198,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         await refreshed()
         return job_json(store.views([view.job.id])[0], place_kinds())
 
-    @router.get("/jobs/{job}/logs")
+    @router.get("/jobs/{job}/logs", response_class=OutputStream, responses=STREAM_REFUSALS)
     async def logs(me: Me, job: Annotated[str, Path(max_length=200)], follow: bool = False,
                    tail: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> StreamingResponse:
         """The job's output, all nodes (with `tail` > 0, the last `tail` lines); with `follow`, streamed

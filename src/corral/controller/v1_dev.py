@@ -17,12 +17,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from corral import buckets
 from corral.client import Client
 from corral.controller.auth import Forbidden, Me, Principal
+from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.controller.v1_launch import (
+    EventStream,
     Overrides,
     Put,
     TaskInput,
@@ -39,7 +41,7 @@ from corral.task_compat import autostop_minutes
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-class DevLaunchRequest(BaseModel):
+class DevLaunchRequest(RequestBody):
     task: TaskInput = Field(default_factory=TaskInput)
     overrides: Overrides = Field(default_factory=Overrides)
     idle_minutes: float | None = Field(None, ge=0, le=525_600)
@@ -51,7 +53,7 @@ class DevLaunchRequest(BaseModel):
                                          "as `output` events, its exit status in `done`")
 
 
-class DevExecRequest(BaseModel):
+class DevExecRequest(RequestBody):
     task: TaskInput
     overrides: Overrides = Field(default_factory=Overrides)
 
@@ -74,7 +76,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
         launcher = Launcher(client, store, launch_events(put or (lambda e: None)), owner=me.owner)
         return DevAllocations(client, store, launcher, sees_all=me.scope is None, local=me.local)
 
-    @router.post("/dev/{name}")
+    @router.post("/dev/{name}", response_class=EventStream, responses=STREAM_REFUSALS)
     async def dev_launch(me: Me, name: Name, request: DevLaunchRequest) -> StreamingResponse:
         """Hold a named allocation (or reuse a live one of the same shape), then wait until it is ready."""
         check_name(name)
@@ -110,7 +112,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
 
         return event_stream(work)
 
-    @router.post("/dev/{name}/exec")
+    @router.post("/dev/{name}/exec", response_class=EventStream, responses=STREAM_REFUSALS)
     async def dev_exec(me: Me, name: Name, request: DevExecRequest) -> StreamingResponse:
         """Run a task's `run` on every node of the allocation: its output as it comes, then its status."""
         allocations = dev(me)
@@ -142,7 +144,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
         return {"name": name, "released": released}
 
     @router.get("/dev/{name}/ssh")
-    async def dev_ssh(me: Me, name: Name, command: Annotated[str | None, Query(max_length=100_000)] = None
+    async def dev_ssh(me: Me, name: Name, command: Annotated[str | None, Query(max_length=8192)] = None
                       ) -> dict[str, object]:
         """The ssh command line that opens a shell (or runs `command`) on the head node. It uses this
         server's ssh configuration and keys: only for the server's own account (a client on the same

@@ -18,11 +18,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
 from corral import buckets, managed, uploads
 from corral.client import Client
 from corral.controller.auth import Me
+from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.errors import CorralError, TaskError
 from corral.launch import Launcher, LaunchEvents
 from corral.state import Store
@@ -36,7 +37,7 @@ Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Text = Annotated[str, Field(max_length=4096)]
 
 
-class TaskFiles(BaseModel):
+class TaskFiles(RequestBody):
     """The uploads that stand for the task's local paths (`PUT /v1/uploads/{sha256}` first)."""
 
     workdir: Digest | None = None
@@ -48,7 +49,7 @@ class TaskFiles(BaseModel):
 Word = Annotated[str, Field(max_length=4096)]
 
 
-class ScriptInput(BaseModel):
+class ScriptInput(RequestBody):
     """An sbatch job script, run as it is (`corral sbatch [OPTIONS] script [ARGS]`)."""
 
     text: Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)] = Field(description="The script, byte for byte")
@@ -58,7 +59,7 @@ class ScriptInput(BaseModel):
     args: list[Word] = Field(default_factory=list, max_length=1000, description="The script's arguments")
 
 
-class TaskInput(BaseModel):
+class TaskInput(RequestBody):
     source: Annotated[str, Field(min_length=1, max_length=1000)] = "task"
     yaml: Annotated[str, Field(max_length=MAX_TASK_FILE_BYTES)] | None = Field(
         None, description="The task file's text (SkyPilot's task YAML)")
@@ -76,7 +77,7 @@ def _key_value(items: list[str]) -> list[str]:
     return items
 
 
-class Overrides(BaseModel):
+class Overrides(RequestBody):
     name: Text | None = None
     gpus: Text | None = None
     infra: Text | None = None
@@ -93,20 +94,20 @@ class Overrides(BaseModel):
     _pairs = field_validator("envs", "secrets")(_key_value)
 
 
-class LaunchRequest(BaseModel):
+class LaunchRequest(RequestBody):
     tasks: list[TaskInput] = Field(min_length=1, max_length=100)
     overrides: Overrides = Field(default_factory=Overrides)
     num_jobs: int = Field(1, ge=1, le=MAX_SWEEP_JOBS)
     dryrun: bool = False
 
 
-class ManagedLaunchRequest(BaseModel):
+class ManagedLaunchRequest(RequestBody):
     task: TaskInput
     overrides: Overrides = Field(default_factory=Overrides)
     num_jobs: int = Field(1, ge=1, le=MAX_SWEEP_JOBS)
 
 
-class ManagedCancelRequest(BaseModel):
+class ManagedCancelRequest(RequestBody):
     jobs: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list, max_length=10_000)
     all: bool = False
 
@@ -219,6 +220,18 @@ def launch_events(put: Put) -> LaunchEvents:
     )
 
 
+class EventStream(StreamingResponse):
+    """Progress events, one JSON object per line, ending with `done` or `error` (as the OpenAPI says)."""
+
+    media_type = "application/x-ndjson"
+
+
+class OutputStream(StreamingResponse):
+    """A job's output as its bytes."""
+
+    media_type = "application/octet-stream"
+
+
 def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingResponse:
     """Run `work` as its own task and stream the events it puts, then `done` or `error`."""
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -244,7 +257,7 @@ def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingR
         while (item := await queue.get()) is not None:
             yield (json.dumps(item) + "\n").encode()
 
-    return StreamingResponse(body(), media_type="application/x-ndjson")
+    return EventStream(body())
 
 
 def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> None:
@@ -260,7 +273,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         await uploads.receive(digest, request.stream(), me.owner)
         return {"digest": digest, "held": True}
 
-    @router.post("/launch")
+    @router.post("/launch", response_class=EventStream, responses=STREAM_REFUSALS)
     async def launch(me: Me, request: LaunchRequest) -> StreamingResponse:
         """Plan and submit tasks (with `dryrun`, plan only), streaming events as it goes."""
         built = [build_task(t, request.overrides, me.owner, store) for t in request.tasks]
@@ -308,7 +321,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         wake()
         return {"jobs": [{"job_id": v.job.id, "cancelling": v in live, "state": v.managed.state} for v in views]}
 
-    @router.get("/managed/{job}/attempts/{number}/logs")
+    @router.get("/managed/{job}/attempts/{number}/logs", response_class=OutputStream, responses=STREAM_REFUSALS)
     async def attempt_logs(me: Me, job: Annotated[str, Path(max_length=200)],
                            number: Annotated[int, Path(ge=1, le=1_000_000)], follow: bool = False,
                            tail: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> StreamingResponse:
@@ -355,5 +368,5 @@ def stream_output(source: Callable[[Callable[[bytes], None]], Awaitable[None]]) 
         finally:
             task.cancel()  # the reader went away: end the remote `tail -F`
 
-    return StreamingResponse(body(), media_type="application/octet-stream")
+    return OutputStream(body())
 

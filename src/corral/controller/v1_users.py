@@ -8,7 +8,7 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from corral.accounts import ensure_ssh_key
 from corral.config import load_registry
@@ -21,22 +21,23 @@ from corral.controller.auth import (
     require_admin,
     user_principal,
 )
+from corral.controller.refusals import RequestBody
 from corral.errors import NotFoundError
 from corral.state import Store
 
 UserName = Annotated[str, Path(min_length=1, max_length=128)]
 
 
-class NewUser(BaseModel):
+class NewUser(RequestBody):
     name: Annotated[str, Field(min_length=1, max_length=128)]
-    role: Role = Role.USER
+    role: Role = Field(Role.USER, strict=False)  # its value, as JSON gives it
     unix_users: dict[Annotated[str, Field(min_length=1, max_length=256)],
                      Annotated[str, Field(min_length=1, max_length=32)]] = Field(default_factory=dict, max_length=1000)
     service: bool = Field(False, description="A service account (CI, bots): a token that expires")
     expires_in_days: float | None = Field(None, gt=0, le=3650, description="The token stops working after this")
 
 
-class UserChange(BaseModel):
+class UserChange(RequestBody):
     unix_users: dict[Annotated[str, Field(min_length=1, max_length=256)],
                      Annotated[str, Field(min_length=1, max_length=32)]] = Field(
         max_length=1000, description="The user's Unix account on each cluster (replaces the mapping)")

@@ -1,0 +1,59 @@
+"""What the API refuses and how it says so: one JSON body for every refusal (`Refused`), the HTTP status of
+each CorralError, and the OpenAPI description of both. Corral's refusals are its errors, answered by the
+app's handler (api.py); the framework's own (a body that is not JSON, no token) take the same shape."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.errors import CorralError, ForbiddenError, UnknownClusterError
+from corral.state.store import JobNotFoundError
+
+
+class RequestBody(BaseModel):
+    """Every request body: a field the API does not have is refused (a misspelt `overides` must not be
+    ignored), and so is a value of the wrong JSON type (`"service": 0` or `"yes"` is not a boolean)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def refused_status(exc: CorralError) -> int:
+    """The HTTP status of what Corral refuses on purpose (the app's CorralError handler answers it)."""
+    from corral.dev import AllocationNotFoundError
+    from corral.uploads import UploadNotFoundError
+
+    if isinstance(exc, (JobNotFoundError, UnknownClusterError, AllocationNotFoundError, UploadNotFoundError)):
+        return 404
+    if isinstance(exc, ForbiddenError):
+        return 403
+    return 400
+
+
+class Refusal(BaseModel):
+    message: str = Field(description="One line: what is wrong and what to do")
+    kind: str = Field(description="Corral's error class, e.g. JobNotFoundError, TaskError")
+    exit_code: int = Field(description="The `corral` command's exit code for it (docs/security.md)")
+
+
+class Refused(BaseModel):
+    detail: Refusal
+
+
+def refusals(*statuses: int, streamed: bool = False) -> dict[int | str, dict[str, object]]:
+    """The OpenAPI description of what an operation may refuse; every refusal has the JSON body `Refused`.
+    `streamed`: for an operation whose answer is a stream, which FastAPI would otherwise say of its
+    refusals too (they are JSON, answered before the stream starts)."""
+    described = {
+        400: "Refused on purpose: a malformed task or body, an impossible request, a Slurm or cluster error",
+        401: "No token, or one the server does not know",
+        403: "Not this user's to do (another user's, or an admin's only)",
+        404: "No such job, cluster, dev allocation or upload (or not this user's)",
+    }
+    if streamed:
+        body = {"application/json": {"schema": {"$ref": "#/components/schemas/Refused"}}}
+        return {status: {"description": described[status], "content": body} for status in statuses}
+    return {status: {"model": Refused, "description": described[status]} for status in statuses}
+
+
+REFUSALS = refusals(400, 401, 403, 404)
+STREAM_REFUSALS = refusals(400, 401, 403, 404, streamed=True)

@@ -1,0 +1,103 @@
+"""schemathesis against the published OpenAPI document: every operation, with requests drawn from
+its declared parameters and bodies (and, in the negative phase, requests that break them), against a
+real server whose clusters refuse connections at once. Each answer must not be a server error, must
+use a status and content type the document declares, must match the declared response schema, and
+schema-breaking requests must be refused. test_api_fuzz.py draws Corral's own junk (task texts,
+scripts, digests) through the same server; this one takes the document at its word."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis import checks
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+schema = schemathesis.openapi.from_path(str(DOCS))
+
+# Requests that only change the server itself (a tick now, a dashboard login link) prove nothing here.
+LEFT_OUT = {("POST", "/v1/wake"), ("POST", "/v1/dashboard/link")}
+# A request the schema allows may still be refused on purpose (an unknown cluster, a malformed task):
+# positive_data_acceptance would call that a failure. A 405's `Allow` header is Starlette's, and names the
+# methods of the first route whose path matches, not all of them. Every other check runs.
+EXCLUDED = [checks.positive_data_acceptance, checks.allow_header_conformance]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    work = tmp_path_factory.mktemp("schema")
+    config = work / "slurm-config"
+    config.write_text("Host alpine\n    HostName 127.0.0.1\n    Port 1\nHost borealis\n    HostName 127.0.0.1\n"
+                      "    Port 1\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CORRAL_SLURM_CONFIG", str(config))
+        patch.setenv("CORRAL_HOME", str(work / "home"))
+        patch.chdir(work)
+        from corral.controller import server as local_server
+        from corral.sdk import Client
+
+        try:
+            yield Client().endpoint
+        finally:
+            local_server.stop()
+
+
+@schema.include(method_regex="GET|POST|PUT|PATCH|DELETE").parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_operation_keeps_to_its_document(case, server):
+    if (case.method.upper(), case.operation.path) in LEFT_OUT:
+        return
+    headers = {**(case.headers or {}), "authorization": f"Bearer {server.token}"}
+    case.headers = headers
+    case.call_and_validate(base_url=server.url, excluded_checks=EXCLUDED, timeout=30)
+
+
+def post(server, path: str, body: object, token: str | None = None) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{server.url}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {token or server.token}",
+                                              "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_misspelt_field_or_a_loose_type_is_refused_not_ignored(server):
+    status, answer = post(server, "/v1/cancel", {"jobs": ["c-0"], "al": True})
+    assert status == 422 and answer["detail"][0]["loc"] == ["body", "al"]
+    status, answer = post(server, "/v1/cancel", {"all": 0})
+    assert status == 422 and answer["detail"][0]["loc"] == ["body", "all"]
+    status, answer = post(server, "/v1/launch", {"tasks": [{"run": "true"}], "overides": {"infra": "slurm/alpine"}})
+    assert status == 422 and answer["detail"][0]["loc"] == ["body", "overides"]
+
+
+def test_every_refusal_has_the_same_body(server):
+    status, answer = post(server, "/v1/cancel", {"jobs": ["c-0"]}, token="wrong")
+    assert status == 401 and answer["detail"]["kind"] == "Unauthenticated" and answer["detail"]["exit_code"] == 77
+    status, answer = post(server, "/v1/cancel", {})
+    assert status == 400 and answer["detail"] == {"message": "name the jobs to cancel, or use --all",
+                                                  "kind": "CorralError", "exit_code": 1}
+
+
+def test_the_longest_query_the_api_allows_gets_an_answer(server):
+    """h11 dropped the connection, without a word, on a request head over 16 KiB."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    command = urllib.parse.quote("é" * 8192)  # 12 bytes a character, percent-encoded
+    request = urllib.request.Request(f"{server.url}/v1/dev/nothere/ssh?command={command}",
+                                     headers={"Authorization": f"Bearer {server.token}"})
+    try:
+        urllib.request.urlopen(request, timeout=30)
+        status = 200
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    assert status == 404  # no such dev allocation: asked and answered
