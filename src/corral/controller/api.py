@@ -10,17 +10,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral import budget
 from corral.controller.engine import LEASE
-from corral.errors import EXIT_DATAERR, EXIT_NOINPUT, EXIT_NOPERM, EXIT_USAGE, CorralError
+from corral.errors import (
+    EXIT_DATAERR,
+    EXIT_NOINPUT,
+    EXIT_NOPERM,
+    EXIT_USAGE,
+    CorralError,
+)
 from corral.state import Store
 
+# How a request says who it is, as the OpenAPI document tells clients (`authorized` reads the header itself).
+BEARER = HTTPBearer(auto_error=False, description="The server's token (`controller.json` under CORRAL_HOME) or "
+                    "a team member's from `corral users add`; the dashboard's session cookie also serves")
 
 # The framework's own refusals: the `kind` and exit code their JSON body names (Corral's are its errors').
 _HTTP_REFUSALS = {401: ("Unauthenticated", EXIT_NOPERM), 404: ("NotFound", EXIT_NOINPUT),
@@ -72,7 +82,7 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                access_log: bool = False) -> FastAPI:
     from corral import __version__
     from corral.controller.auth import Authenticator, Unauthenticated
-    from corral.controller.refusals import refusals, refused_status
+    from corral.controller.refusals import known_query_only, refusals, refused_status
     from corral.controller.v1 import create_router
     from corral.controller.web import COOKIE, add_pages
 
@@ -83,10 +93,10 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
 
     authenticator = Authenticator(store, token, sso_header, trusted_proxies)
 
-    async def authorized(request: Request, authorization: str = Header(default="")) -> None:
+    async def authorized(request: Request, _: Annotated[Any, Security(BEARER)]) -> None:  # the scheme, for the OpenAPI
         try:
             request.state.principal = authenticator.principal(
-                authorization, request.headers, request.client.host if request.client else None,
+                request.headers.get("authorization", ""), request.headers, request.client.host if request.client else None,
                 session=request.cookies.get(COOKIE, ""), method=request.method)
         except Unauthenticated as exc:
             raise HTTPException(status_code=401, detail=str(exc)) from None
@@ -121,14 +131,14 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
         return {"woken": True, "ticks": status.ticks}
 
     for prefix in ("", f"/{API_VERSION}"):  # unversioned: what controllers before /v1 answered
-        app.add_api_route(f"{prefix}/health", health, methods=["GET"], dependencies=[Depends(authorized)],
+        app.add_api_route(f"{prefix}/health", health, methods=["GET"], dependencies=[Depends(authorized), Depends(known_query_only)],
                           responses=refusals(401),
                           include_in_schema=bool(prefix))
-        app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=[Depends(authorized)],
+        app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=[Depends(authorized), Depends(known_query_only)],
                           responses=refusals(401),
                           include_in_schema=bool(prefix))
     app.include_router(create_router(store, refreshes, wake=lambda: status.wake.set() if status.wake else None),
-                       dependencies=[Depends(authorized)])
+                       dependencies=[Depends(authorized), Depends(known_query_only)])
 
     add_pages(app, store)
 

@@ -4,6 +4,10 @@ app's handler (api.py); the framework's own (a body that is not JSON, no token) 
 
 from __future__ import annotations
 
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.errors import CorralError, ForbiddenError, UnknownClusterError
@@ -15,6 +19,27 @@ class RequestBody(BaseModel):
     ignored), and so is a value of the wrong JSON type (`"service": 0` or `"yes"` is not a boolean)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+async def known_query_only(request: Request) -> None:
+    """Refuse a query parameter the operation does not have, as a body field is (`?limt=5` must not
+    quietly give the default 20): 422, in FastAPI's list of fields."""
+    route = request.scope.get("route")
+    if route is None or not request.query_params:
+        return
+    declared = _query_names(route.dependant)
+    unknown = [name for name in request.query_params if name not in declared]
+    if unknown:
+        raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", name), "msg": "Extra inputs are not "
+                                       "permitted", "input": request.query_params[name]} for name in unknown])
+
+
+def _query_names(dependant: Any) -> set[str]:
+    """The query parameters a route declares, its dependencies' included."""
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
 
 
 def refused_status(exc: CorralError) -> int:
