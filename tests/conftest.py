@@ -153,12 +153,18 @@ def corral_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-@pytest.fixture
-def refusing_clusters(tmp_path_factory, monkeypatch) -> Iterator[Path]:
-    work = tmp_path_factory.mktemp("fuzz")
+def refusing_cluster_file(work: Path) -> Path:
+    """A cluster file of two clusters whose login nodes refuse connections at once (port 1)."""
     config = work / "slurm-config"
     config.write_text("Host alpine\n    HostName 127.0.0.1\n    Port 1\nHost borealis\n    HostName 127.0.0.1\n"
                       "    Port 1\n")
+    return config
+
+
+@pytest.fixture
+def refusing_clusters(tmp_path_factory, monkeypatch) -> Iterator[Path]:
+    work = tmp_path_factory.mktemp("fuzz")
+    config = refusing_cluster_file(work)
     (work / "task.yaml").write_text("resources:\n  accelerators: H100:1\nrun: echo hi\n")
     (work / "bad.yaml").write_text("resources:\n  acelerators: H100\n")
     (work / "latin1.yaml").write_bytes(b"run: caf\xe9\n")

@@ -3,8 +3,8 @@ its declared parameters and bodies (and, in the negative phase, requests that br
 real server whose clusters refuse connections at once. Each answer must not be a server error, must
 use a status and content type the document declares, must match the declared response schema;
 schema-breaking requests must be refused, and so must the same request without the bearer token the
-document asks for. test_api_fuzz.py draws Corral's own junk (task texts,
-scripts, digests) through the same server; this one takes the document at its word."""
+document asks for. test_api_fuzz.py draws Corral's own junk (task texts, scripts, digests) through the
+same server; this one takes the document at its word."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
+
+from tests.conftest import refusing_cluster_file
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 schema = schemathesis.openapi.from_path(str(DOCS))
@@ -29,11 +31,8 @@ EXCLUDED = [checks.positive_data_acceptance, checks.allow_header_conformance]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("schema")
-    config = work / "slurm-config"
-    config.write_text("Host alpine\n    HostName 127.0.0.1\n    Port 1\nHost borealis\n    HostName 127.0.0.1\n"
-                      "    Port 1\n")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CORRAL_SLURM_CONFIG", str(config))
+    with pytest.MonkeyPatch.context() as patch:  # refusing_clusters' setting, for the whole module
+        patch.setenv("CORRAL_SLURM_CONFIG", str(refusing_cluster_file(work)))
         patch.setenv("CORRAL_HOME", str(work / "home"))
         patch.chdir(work)
         from corral.controller import server as local_server

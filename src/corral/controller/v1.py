@@ -28,7 +28,7 @@ from corral import managed
 from corral.client import Client, check_json, cluster_json, health_json
 from corral.controller import v1_dev, v1_launch, v1_users, web
 from corral.controller.auth import Me
-from corral.controller.refusals import STREAM_REFUSALS, RequestBody, refusals
+from corral.controller.refusals import REFUSALS, STREAM_REFUSALS, RequestBody
 from corral.controller.v1_launch import OutputStream, stream_output
 from corral.errors import CorralError
 from corral.infra.base import JobState
@@ -69,7 +69,7 @@ API_FRESH_WITHIN = 5.0  # seconds: how old a finished refresh may be for a reque
 def create_router(store: Store, refreshes: SharedRefresh | None = None,
                   wake: Callable[[], None] = lambda: None) -> APIRouter:
     """`wake`: tick the controller now (new managed work)."""
-    router = APIRouter(prefix="/v1", responses=refusals(400, 401, 403, 404))
+    router = APIRouter(prefix="/v1", responses=REFUSALS)
     shared = refreshes or SharedRefresh()
     v1_launch.add_routes(router, store, wake)
     v1_dev.add_routes(router, store)
