@@ -8,6 +8,10 @@ same server; this one takes the document at its word."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from tests.conftest import refusing_cluster_file
+from tests.helpers import free_port
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 schema = schemathesis.openapi.from_path(str(DOCS))
@@ -44,16 +49,45 @@ def server(tmp_path_factory):
             local_server.stop()
 
 
-@schema.include(method_regex="GET|POST|PUT|PATCH|DELETE").parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_every_operation_keeps_to_its_document(case, server):
+@pytest.fixture(scope="module")
+def team_member(tmp_path_factory):
+    """A team server on loopback (SQLite store) and a member's token: (url, token). A member is refused
+    what is an admin's (users) or another user's, and `corral ssh` (403)."""
+    work = tmp_path_factory.mktemp("team")
+    env = {**os.environ, "CORRAL_SLURM_CONFIG": str(refusing_cluster_file(work)), "CORRAL_HOME": str(work / "home")}
+    port = free_port()
+    started = subprocess.run([sys.executable, "-m", "corral", "server", "start", "--host", "127.0.0.1", "--port",
+                              str(port)], env=env, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    try:
+        added = subprocess.run([sys.executable, "-m", "corral", "users", "add", "member", "--json"], env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert added.returncode == 0, added.stderr
+        yield f"http://127.0.0.1:{port}", json.loads(added.stdout)["token"]
+    finally:
+        subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env=env, capture_output=True, timeout=60)
+
+
+def keeps_to_the_document(case, url: str, token: str) -> None:
     if (case.method.upper(), case.operation.path) in LEFT_OUT:
         return
     # The document asks for a bearer token, so schemathesis makes one up; a negative case may leave it out,
     # and stays without. ignored_auth, among the checks, also sends each with no token and a wrong one.
     if case.headers and "Authorization" in case.headers:
-        case.headers["Authorization"] = f"Bearer {server.token}"
-    case.call_and_validate(base_url=server.url, excluded_checks=EXCLUDED, timeout=30)
+        case.headers["Authorization"] = f"Bearer {token}"
+    case.call_and_validate(base_url=url, excluded_checks=EXCLUDED, timeout=30)
+
+
+@schema.include(method_regex="GET|POST|PUT|PATCH|DELETE").parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_operation_keeps_to_its_document(case, server):
+    keeps_to_the_document(case, server.url, server.token)
+
+
+@schema.include(method_regex="GET|POST|PUT|PATCH|DELETE").parametrize()
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+def test_and_so_for_a_team_member(case, team_member):
+    keeps_to_the_document(case, *team_member)
 
 
 def post(server, path: str, body: object, token: str | None = None) -> tuple[int, dict]:
