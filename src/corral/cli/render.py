@@ -23,7 +23,8 @@ def render_check(checks: list[ClusterCheck]) -> None:
     table = new_table(("CLUSTER", "STATUS", "SLURM", "PARTITIONS", "GPU TYPES", "HOME", "CONTAINERS", "TIME"))
     for c in checks:
         if not c.ok:
-            table.add_row(c.cluster, styled("FAIL", "red") + f" ({c.error_kind})", "-", "-", "-", "-", "-", f"{c.seconds:.2f}s")
+            failed = styled("FAIL", "red") + f" ({c.error_kind})"
+            table.add_row(c.cluster, failed, "-", "-", "-", "-", "-", f"{c.seconds:.2f}s")
             continue
         partitions = ", ".join(p + ("*" if p == c.default_partition else "") for p in c.partitions)
         fs = c.raw.get("home_filesystem")

@@ -93,10 +93,11 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
 
     authenticator = Authenticator(store, token, sso_header, trusted_proxies)
 
-    async def authorized(request: Request, _: Annotated[Any, Security(BEARER)]) -> None:  # the scheme, for the OpenAPI
+    async def authorized(request: Request, _: Annotated[Any, Security(BEARER)]) -> None:  # BEARER: for the OpenAPI
         try:
             request.state.principal = authenticator.principal(
-                request.headers.get("authorization", ""), request.headers, request.client.host if request.client else None,
+                request.headers.get("authorization", ""), request.headers,
+                request.client.host if request.client else None,
                 session=request.cookies.get(COOKIE, ""), method=request.method)
         except Unauthenticated as exc:
             raise HTTPException(status_code=401, detail=str(exc)) from None
@@ -130,15 +131,14 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
         status.wake.set()
         return {"woken": True, "ticks": status.ticks}
 
+    guarded = [Depends(authorized), Depends(known_query_only)]  # every API route
     for prefix in ("", f"/{API_VERSION}"):  # unversioned: what controllers before /v1 answered
-        app.add_api_route(f"{prefix}/health", health, methods=["GET"], dependencies=[Depends(authorized), Depends(known_query_only)],
-                          responses=refusals(401),
-                          include_in_schema=bool(prefix))
-        app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=[Depends(authorized), Depends(known_query_only)],
-                          responses=refusals(401),
-                          include_in_schema=bool(prefix))
+        app.add_api_route(f"{prefix}/health", health, methods=["GET"], dependencies=guarded,
+                          responses=refusals(401), include_in_schema=bool(prefix))
+        app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=guarded,
+                          responses=refusals(401), include_in_schema=bool(prefix))
     app.include_router(create_router(store, refreshes, wake=lambda: status.wake.set() if status.wake else None),
-                       dependencies=[Depends(authorized), Depends(known_query_only)])
+                       dependencies=guarded)
 
     add_pages(app, store)
 
