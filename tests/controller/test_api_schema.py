@@ -57,15 +57,16 @@ def team_member(tmp_path_factory):
     env = {**os.environ, "CORRAL_SLURM_CONFIG": str(refusing_cluster_file(work)), "CORRAL_HOME": str(work / "home")}
     port = free_port()
     started = subprocess.run([sys.executable, "-m", "corral", "server", "start", "--host", "127.0.0.1", "--port",
-                              str(port)], env=env, capture_output=True, text=True, timeout=60)
+                              str(port)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert started.returncode == 0, started.stderr
     try:
         added = subprocess.run([sys.executable, "-m", "corral", "users", "add", "member", "--json"], env=env,
-                               capture_output=True, text=True, timeout=60)
+                               capture_output=True, text=True, timeout=60, check=False)
         assert added.returncode == 0, added.stderr
         yield f"http://127.0.0.1:{port}", json.loads(added.stdout)["token"]
     finally:
-        subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env=env, capture_output=True, timeout=60)
+        subprocess.run([sys.executable, "-m", "corral", "server", "stop"], env=env, capture_output=True, timeout=60,
+                       check=False)
 
 
 def keeps_to_the_document(case, url: str, token: str) -> None:
