@@ -52,7 +52,8 @@ def with_values(path: list[str], targets: list[list[str]]) -> st.SearchStrategy[
 
 
 TARGETS = [["task.yaml"], ["bad.yaml"], ["--", "echo", "hi"], ["--", "true"], []]
-# Not --workdir: with "/" it would pack the whole filesystem (its handling is launch's, fuzzed above).
+# Not --workdir: its handling is launch's, fuzzed above (`--workdir /` is refused: it holds the temporary
+# folder, where packing writes).
 SBATCH_WORDS = ["--dryrun", "--managed", "--json", "--infra", "--env", "-p", "gpu", "-N", "2", "-M", "x",
                 "--gres=gpu:h100:2", "--array=0-3:x", "-d", "afterok:c-0123abcd", "--dependency=afterok:7", ":",
                 "--bogus", "-q", "--wrap", "--partition=a b", "job.sh", "badjob.sh", "missing.sh", "task.yaml"]

@@ -170,3 +170,20 @@ def test_old_uploads_go_unless_a_live_managed_job_names_them(corral_home):
     os.utime(held["fresh"], (month_ago, month_ago))
     receive(tar_of([entry("tree/fresh")], b"fresh"))
     assert uploads.prune(live) == [] and held["fresh"].exists()
+
+
+def test_a_folder_that_holds_the_temporary_folder_is_refused_before_anything_is_packed(tmp_path, monkeypatch):
+    """`--workdir /` (or /tmp) copied its own staging copy and archive into themselves until the disk was
+    full: 35 GB in one CI run before it was stopped."""
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (tmp_path / "proj").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    (tmp_path / "data").mkdir()
+    for data in ({"workdir": "."}, {"workdir": "/"}, {"workdir": "scratch"}, {"file_mounts": {"/d": str(tmp_path)}}):
+        with pytest.raises(TaskError, match=r"holds this machine's temporary folder \(.*scratch\)"):
+            task_files(data, tmp_path)
+    found = task_files({"workdir": "proj", "file_mounts": {"/d": "data"}}, tmp_path)
+    assert found.workdir == tmp_path / "proj" and found.mounts == {"/d": tmp_path / "data"}

@@ -58,6 +58,7 @@ def task_files(data: Any, base: Path) -> LocalFiles:
         found = absolute(workdir, base)
         if not found.is_dir():
             raise TaskError(f"workdir {workdir!r} is not a directory (relative to {base})")
+        _not_around_packing(found, f"workdir {workdir!r}")
     mounts: dict[str, Path] = {}
     raw = data.get("file_mounts")
     if isinstance(raw, dict):
@@ -67,8 +68,18 @@ def task_files(data: Any, base: Path) -> LocalFiles:
                 path = absolute(local, base)
                 if not path.exists():
                     raise TaskError(f"file_mounts[{remote!r}]: local path {local!r} does not exist")
+                _not_around_packing(path, f"file_mounts[{remote!r}]: local path {local!r}")
                 mounts[remote] = path
     return LocalFiles(found, mounts)
+
+
+def _not_around_packing(path: Path, what: str) -> None:
+    """Refuse a folder that holds the temporary folder, where `pack` writes its archive and staging
+    copy: packing it would read what it writes, without end, until the disk is full (`--workdir /`)."""
+    scratch = Path(os.path.realpath(tempfile.gettempdir()))
+    if path.is_dir() and scratch.is_relative_to(os.path.realpath(path)):
+        raise TaskError(f"{what} holds this machine's temporary folder ({scratch}), where Corral packs what it "
+                        "sends: give your project's own folder (and data as file_mounts or a bucket)")
 
 
 def is_bucket_uri(source: str) -> bool:
