@@ -16,6 +16,16 @@ from corral.sdk.files import pack, task_files
 from corral import uploads
 
 
+@pytest.fixture(autouse=True)
+def own_temporary_folder(tmp_path, monkeypatch):
+    """pack's archives (which these tests keep to read) go under the test's folder, not the machine's /tmp."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+
 def members(archive: Path) -> list[str]:
     with tarfile.open(archive) as tar:
         return sorted(m.name for m in tar.getmembers() if m.isfile())
@@ -177,7 +187,7 @@ def test_a_folder_that_holds_the_temporary_folder_is_refused_before_anything_is_
     full: 35 GB in one CI run before it was stopped."""
     import tempfile
 
-    scratch = tmp_path / "scratch"
+    scratch = tmp_path / "scratch"  # the temporary folder here (rather than the fixture's)
     scratch.mkdir()
     (tmp_path / "proj").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
