@@ -29,7 +29,7 @@ from corral.client import Client, check_json, cluster_json, health_json
 from corral.controller import v1_dev, v1_launch, v1_users, web
 from corral.controller.auth import Me
 from corral.controller.refusals import REFUSALS, STREAM_REFUSALS, RequestBody
-from corral.controller.v1_launch import OutputStream, stream_output
+from corral.controller.v1_launch import JsonLines, OutputStream, stream_output
 from corral.errors import CorralError
 from corral.infra.base import JobState
 from corral.profiles import named_paths, profile_warnings
@@ -39,12 +39,6 @@ from corral.tracker import RefreshReport, SharedRefresh, Tracker
 from corral.views import job_json
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
-
-
-class JobLines(StreamingResponse):
-    """Jobs, one JSON object per line (as `GET /v1/jobs/{job}` answers each)."""
-
-    media_type = "application/x-ndjson"
 
 
 class CancelRequest(RequestBody):
@@ -170,7 +164,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                 "pages": max(1, -(-total // limit)),
                 "warnings": [f"could not refresh {c}: {error}" for c, error in report.errors.items()]}
 
-    @router.get("/queue/all", response_class=JobLines, responses=STREAM_REFUSALS)
+    @router.get("/queue/all", response_class=JsonLines, responses=STREAM_REFUSALS)
     async def queue_all(me: Me, since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
                         allocation: Annotated[str | None, Query(max_length=200)] = None) -> StreamingResponse:
         """Every job, newest first, one JSON object per line, after one Slurm query per cluster."""
@@ -189,7 +183,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
             if batch:
                 yield ("\n".join(batch) + "\n").encode()
 
-        return JobLines(rows())
+        return JsonLines(rows())
 
     @router.get("/jobs/{job}")
     async def job(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:

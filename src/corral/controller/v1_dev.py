@@ -24,7 +24,7 @@ from corral.client import Client
 from corral.controller.auth import Forbidden, Me, Principal
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.controller.v1_launch import (
-    EventStream,
+    JsonLines,
     Overrides,
     Put,
     TaskInput,
@@ -76,7 +76,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
         launcher = Launcher(client, store, launch_events(put or (lambda e: None)), owner=me.owner)
         return DevAllocations(client, store, launcher, sees_all=me.scope is None, local=me.local)
 
-    @router.post("/dev/{name}", response_class=EventStream, responses=STREAM_REFUSALS)
+    @router.post("/dev/{name}", response_class=JsonLines, responses=STREAM_REFUSALS)
     async def dev_launch(me: Me, name: Name, request: DevLaunchRequest) -> StreamingResponse:
         """Hold a named allocation (or reuse a live one of the same shape), then wait until it is ready."""
         check_name(name)
@@ -112,7 +112,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
 
         return event_stream(work)
 
-    @router.post("/dev/{name}/exec", response_class=EventStream, responses=STREAM_REFUSALS)
+    @router.post("/dev/{name}/exec", response_class=JsonLines, responses=STREAM_REFUSALS)
     async def dev_exec(me: Me, name: Name, request: DevExecRequest) -> StreamingResponse:
         """Run a task's `run` on every node of the allocation: its output as it comes, then its status."""
         allocations = dev(me)

@@ -220,8 +220,8 @@ def launch_events(put: Put) -> LaunchEvents:
     )
 
 
-class EventStream(StreamingResponse):
-    """Progress events, one JSON object per line, ending with `done` or `error` (as the OpenAPI says)."""
+class JsonLines(StreamingResponse):
+    """One JSON object per line: a launch's progress events (ending with `done` or `error`), or jobs."""
 
     media_type = "application/x-ndjson"
 
@@ -257,7 +257,7 @@ def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingR
         while (item := await queue.get()) is not None:
             yield (json.dumps(item) + "\n").encode()
 
-    return EventStream(body())
+    return JsonLines(body())
 
 
 def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> None:
@@ -273,7 +273,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         await uploads.receive(digest, request.stream(), me.owner)
         return {"digest": digest, "held": True}
 
-    @router.post("/launch", response_class=EventStream, responses=STREAM_REFUSALS)
+    @router.post("/launch", response_class=JsonLines, responses=STREAM_REFUSALS)
     async def launch(me: Me, request: LaunchRequest) -> StreamingResponse:
         """Plan and submit tasks (with `dryrun`, plan only), streaming events as it goes."""
         built = [build_task(t, request.overrides, me.owner, store) for t in request.tasks]
