@@ -33,9 +33,40 @@ def alive(pid: int | None) -> bool:
     return state != "Z"
 
 
+def started_at(pid: int) -> float | None:
+    """When the process started, in seconds since the epoch (to within a second: the kernel's boot
+    time is whole seconds); None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        return float(next(line.split()[1] for line in f if line.startswith("btime ")))
+
+
+PID_REUSE_SLACK = 2.0  # seconds: the boot time's rounding and a pid file's write after its process began
+
+
 def running(pidfile: Path) -> int | None:
+    """The pid the file names if that process is alive and is the one the file was written for.
+
+    A pid file outlives its process, and pids are reused (32,768 of them go round in one CI run), so
+    a live process that began after the file was last written is another one: it is not reported,
+    and so never waited for as the daemon nor killed in its place."""
     pid = read_pid(pidfile)
-    return pid if alive(pid) else None
+    if pid is None or not alive(pid):
+        return None
+    began = started_at(pid)
+    try:
+        written = pidfile.stat().st_mtime
+    except OSError:
+        return None
+    return pid if began is not None and began <= written + PID_REUSE_SLACK else None
 
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> None:
