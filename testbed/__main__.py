@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
                        ("thaw-node", "node"), ("drain", "node"),
                        ("resume", "node"), ("stop-machine", "machine"), ("start-machine", "machine")]:
         sub.add_parser(name).add_argument(what)
+    light = sub.add_parser("light-squeue", help="give a login node a squeue with --only-job-state (off: plain)")
+    light.add_argument("cluster")
+    light.add_argument("switch", choices=["on", "off"])
     limit = sub.add_parser("limit-jobs", help="restart a controller with MaxJobCount=COUNT (0: the default)")
     limit.add_argument("cluster")
     limit.add_argument("count", type=int)
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             print(sinfo_summary(bed))
         elif args.command == "config-path":
             print(bed.cluster_config)
+        elif args.command == "light-squeue":
+            print(f"calls logged in {bed.light_squeue(args.cluster, args.switch == 'on')}")
         elif args.command == "limit-jobs":
             bed.limit_jobs(args.cluster, args.count or None)
         else:

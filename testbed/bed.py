@@ -261,6 +261,24 @@ class Testbed:
         wait_until(f"{cluster} slurmctld to stop", lambda: running(paths.ctld_pidfile()) is None, READY_TIMEOUT)
         self.start_controller(cluster)
 
+    def light_squeue(self, cluster: str, on: bool = True) -> Path:
+        """Give the cluster's login node a squeue with the `--only-job-state` option of newer Slurm,
+        which Debian 12's 22.05 lacks (off: the plain one again); returns its call log.
+
+        The option's light RPC answers job ids and states only, of every user's jobs; this squeue
+        answers the same from the full RPC, so what Corral does with the answers runs against the
+        real queue, while the RPC itself is not exercised. Each call logs `light` or `full`."""
+        paths = self.paths.cluster(self.spec(cluster).name)
+        wrapper, log = paths.runtime_bin / "squeue", paths.root / "squeue-calls.log"
+        if not on:
+            wrapper.unlink(missing_ok=True)
+            return log
+        log.write_text("")
+        log.chmod(0o666)
+        wrapper.write_text(LIGHT_SQUEUE.format(log=log))
+        wrapper.chmod(0o755)
+        return log
+
     def stop_login(self, cluster: str) -> None:
         # Kill the listener and every per-connection sshd below it, so that live ControlMaster
         # connections die too, as they would when a login node goes down.
@@ -583,6 +601,18 @@ class Testbed:
             return
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(self.paths.cluster_config.read_text())
+
+
+LIGHT_SQUEUE = """\
+#!/bin/bash
+# Written by the Corral testbed (Testbed.light_squeue): squeue with newer Slurm's --only-job-state.
+args=() kind=full
+for a in "$@"; do
+  if [ "$a" = --only-job-state ]; then kind=light; else args+=("$a"); fi
+done
+echo "$kind" >>{log}
+exec /usr/bin/squeue "${{args[@]}}"
+"""
 
 
 def scale_testbed(count: int) -> Testbed:

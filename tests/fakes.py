@@ -82,7 +82,8 @@ class FakeInfra(Infra, ReleasesHeld):
             self.jobs[job_handle] = status(job_handle, token, JobState.PENDING)
         return SubmitResult(True, handle, False, "")
 
-    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
+    async def status(self, handles: list[str], accounts: Sequence[str] = (), *, others: bool = True
+                     ) -> list[JobStatus]:
         self._check()
         return list(self.jobs.values())
 

@@ -13,7 +13,7 @@ from tests.test_seam import fakes, launch
 
 
 class CountingInfra(FakeInfra):
-    async def status(self, handles, accounts=()):
+    async def status(self, handles, accounts=(), *, others=True):
         self.queried = getattr(self, "queried", 0) + 1
         return await super().status(handles, accounts)
 

@@ -3,7 +3,9 @@ login node, and a back-off when the controller says it is busy. One state per cl
 (the server), whatever the number of clients or requests; pure apart from the clock it is given.
 
 - Each round trip to a login node spends the Slurm commands it runs (a probe: its `scontrol ping` and
-  its queries; a status refresh: squeue and sacct; a submission, a cancel: one). The budget
+  its queries; a status refresh: squeue and sacct, and the light squeue where the site has it; a
+  submission, a cancel: one). A refresh is charged for all of them before it goes, and given back
+  those its script did not run (the light query found nothing changed). The budget
   (`rpc_budget: {commands_per_minute: N}` in config.yaml, per cluster under `clusters:`; 600 by
   default) holds in every 60 s window: never more than N commands in any minute. Within it, a token
   bucket of a quarter of N, refilled at N/60 a second, spreads them: a burst of N/4 passes at once,
@@ -91,6 +93,20 @@ class Budget:
         self.tokens -= min(cost, self.burst)
         self.spent.append((now, cost))
 
+    def give_back(self, commands: int) -> None:
+        """Commands a round trip was charged for but did not run (its script found nothing to do)."""
+        now = self.clock()
+        self._refill(now)
+        left = commands
+        for i in range(len(self.spent) - 1, -1, -1):  # newest first: the round trip that just answered
+            when, spent = self.spent[i]
+            taken = min(spent, left)
+            self.spent[i] = (when, spent - taken)
+            left -= taken
+            if not left:
+                break
+        self.tokens = min(self.burst, self.tokens + commands - left)
+
     def answered(self, text: str) -> None:
         """What a round trip printed: a busy controller backs off, any other answer ends the back-off."""
         marker = next((m for m in BUSY_MARKERS if m in text), None)
@@ -143,6 +159,10 @@ def configured_per_minute(cluster: str) -> int:
         if isinstance(value, int) and value > 0:
             return value
     return DEFAULT_PER_MINUTE
+
+
+def give_back(cluster: str, commands: int) -> None:
+    budget_for(cluster).give_back(commands)
 
 
 def affords_now(cluster: str, commands: int) -> bool:

@@ -5,6 +5,9 @@ A refresh costs one SSH round trip per cluster that has live jobs, whatever thei
 service account; accounts.py), plus `sacct`, in the same script, for jobs squeue has forgotten on
 sites with accounting. Jobs are matched to attempts by their Slurm job name
 (`corral-<token>`), which is also how a submission interrupted before its id was recorded is found.
+Where the site's squeue has `--only-job-state`, a refresh that needs only the tracked jobs (every
+live attempt has its id, no submission is being watched for) asks that light query first, and the
+full one runs only when a tracked job's state changed, or a minute after the last (infra/slurm).
 
 The same answer catches orphans: a job Slurm runs under the token of an attempt Corral holds as
 failed to submit (its submission got no answer, so the job went on elsewhere) or cancelled (a
@@ -78,9 +81,11 @@ class Tracker:
         by_cluster: dict[str, list[AttemptRow]] = {}
         for attempt in active:
             by_cluster.setdefault(attempt.cluster, []).append(attempt)
+        watched: set[str] = set()  # clusters where a failed submission may have left a job after all
         for attempt in self.store.failed_submissions(since=time.time() - ORPHAN_WATCH_SECONDS):
             if attempt.failure != FailureClass.REJECTED:  # the infra said no: it holds no copy to watch for
                 by_cluster.setdefault(attempt.cluster, [])
+                watched.add(attempt.cluster)
         known = set(self.client.registry.names())
         if scope is not None:  # clusters no longer configured are reported by the chores' holder
             by_cluster = {c: a for c, a in by_cluster.items()
@@ -100,9 +105,12 @@ class Tracker:
                 return
             _LAST_REFRESHED[cluster] = time.monotonic()
             ids = [a.handle for a in attempts if a.handle]
+            # Jobs not known by handle are found by token, among all the account's jobs.
+            others = cluster in watched or len(ids) < len(attempts)
             try:
                 # Everyone's jobs in one query through the service account, whoever submitted them.
-                statuses = await self.client.infra(cluster).status(ids, self.client.cluster_users(cluster))
+                statuses = await self.client.infra(cluster).status(ids, self.client.cluster_users(cluster),
+                                                                   others=others)
             except CorralError as exc:
                 errors[cluster] = str(exc)
                 return

@@ -277,9 +277,12 @@ class Infra(ABC):
         """Submit, idempotently: a request whose token the infra already holds is not submitted twice."""
 
     @abstractmethod
-    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
+    async def status(self, handles: list[str], accounts: Sequence[str] = (), *, others: bool = True
+                     ) -> list[JobStatus]:
         """The statuses of these handles and of every job the infra shows for this connection's user
-        and the other `accounts` (a team server's members there), matched by token, in one round trip."""
+        and the other `accounts` (a team server's members there), matched by token, in one round trip.
+        With `others` False the caller needs only the handles' statuses: an infra that can tell cheaply
+        that none of them changed may answer with its last statuses (Slurm's light query)."""
 
     @abstractmethod
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:

@@ -1,12 +1,17 @@
 """Parsing job status and predictions from output recorded on the testbed."""
 
+import pytest
+
+from corral.errors import ProbeParseError
 from corral.infra.slurm.jobs import (
     StatusLines,
     _exit_code,
+    light_lines,
     parse_status,
     parse_submit,
     parse_test_only,
 )
+from corral.infra.slurm.probe import MARK
 from tests.conftest import FIXTURES
 
 
@@ -49,6 +54,43 @@ def test_a_status_line_seen_in_the_last_query_is_looked_up_not_parsed_again():
     moved = output.replace("1796015347\n2026-11-30T05:09:07", "1796015347\n2026-11-30T06:09:07")
     fourth = {s.handle: s for s in parse_status("alpine", moved, lines)}
     assert fourth["6"] is not first["6"] and fourth["6"].submitted_at == first["6"].submitted_at - 3600
+
+
+DIGEST = "0123456789abcdef0123456789abcdef"
+
+
+def test_an_answer_that_stopped_after_the_light_query_is_the_last_full_one():
+    """The light query's digest is kept with the full query it came with; an answer that stopped after
+    it (nothing changed) gives that query's statuses, and is told apart from a cut-off answer."""
+    output = fixture("alpine-status")
+    clock = output[:output.index(f"{MARK} squeue")]
+    lines = StatusLines()
+    full = parse_status("alpine", output.replace(clock, clock + f"\n{MARK} light 0\n{DIGEST}\n", 1), lines, now=5.0)
+    assert lines.light is True and lines.digest == DIGEST and lines.full_at == 5.0 and not lines.light_only
+    unchanged = parse_status("alpine", f"{clock}\n{MARK} light 0\n{DIGEST}\n", lines, now=9.0)
+    assert unchanged == full and lines.light_only and lines.full_at == 5.0
+    with pytest.raises(ProbeParseError):  # another digest, and no full query after it: cut off
+        parse_status("alpine", f"{clock}\n{MARK} light 0\n{DIGEST[::-1]}\n", lines)
+    assert not lines.light_only
+
+
+def test_a_squeue_without_the_light_option_is_not_asked_again():
+    output = fixture("alpine-status")
+    clock = output[:output.index(f"{MARK} squeue")]
+    refused = (f"\n{MARK} light 1\nsqueue: unrecognized option '--only-job-state'\n"
+               "Try \"squeue --help\" for more information\n")
+    lines = StatusLines()
+    statuses = parse_status("alpine", output.replace(clock, clock + refused, 1), lines)
+    assert lines.light is False and lines.digest == "" and len(statuses) == len(parse_status("alpine", output))
+    busy = StatusLines()  # a controller that did not answer says nothing about the option
+    parse_status("alpine", output.replace(clock, clock + f"\n{MARK} light 1\nsqueue: error: Socket timed out\n", 1), busy)
+    assert busy.light is None
+
+
+def test_the_light_query_takes_only_a_digest():
+    assert any(DIGEST in line for line in light_lines("12 13_4", DIGEST))
+    with pytest.raises(ValueError):
+        light_lines("12", "$(reboot)")
 
 
 def test_predictions():

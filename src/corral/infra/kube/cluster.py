@@ -220,7 +220,8 @@ class KubeInfra(Infra):
         finally:
             response.release_conn()
 
-    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
+    async def status(self, handles: list[str], accounts: Sequence[str] = (), *, others: bool = True
+                     ) -> list[JobStatus]:
         """From the watches' cache once it is synced and holds every handle asked about (no request);
         otherwise from two lists, asked together."""
         ns = self.namespace

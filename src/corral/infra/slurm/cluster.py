@@ -2,17 +2,20 @@
 
 Every operation is one SSH round trip over the cluster's ControlMaster (see `ssh.py`): the probe,
 a submission (files written and `sbatch` in one script), a batched status (`squeue` plus `sacct`
-for what squeue forgot), a cancel, a prediction for many requests (`sbatch --test-only` in parallel).
+for what squeue forgot; first `squeue --only-job-state` where the site has it, which ends the round
+trip when nothing changed), a cancel, a prediction for many requests (`sbatch --test-only` in parallel).
 """
 
 from __future__ import annotations
 
 import math
 import shlex
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from corral import budget
 from corral.errors import CorralError, ProbeParseError
 from corral.infra.base import (
     AllocationPhase,
@@ -56,6 +59,9 @@ _SSH_MARGIN = 3
 CACHE_DIR = ".corral/cache"  # per-task workdir caches, under the user's home on the login node
 _FACTS_NOTE = "slurm-probe-facts"  # the probe's FACTS sections, in the transport's login notes
 JOB_TIMEOUT = 30  # seconds for a submission, a status query, a cancel (sbatch may wait on a busy controller)
+# With the light query, a full one still runs at least this often (seconds): a pending job's reason and
+# predicted start change without its state.
+FULL_STATUS_EVERY = 60.0
 
 
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
@@ -134,10 +140,25 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         except ProbeParseError as exc:
             raise ProbeParseError(self.cluster, exc.detail) from None
 
-    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
-        result = await self._run(status_script(handles, accounts=accounts),
-                                          timeout=JOB_TIMEOUT, cost=self.status_commands)
-        return parse_status(self.cluster, result.stdout, self._status_lines)
+    async def status(self, handles: list[str], accounts: Sequence[str] = (), *, others: bool = True
+                     ) -> list[JobStatus]:
+        """Where the site's squeue has `--only-job-state`, the light query goes first; when the tracked
+        jobs' ids and states are as at the last full query (under FULL_STATUS_EVERY ago, and `others`
+        not needed), that query's statuses are the answer and the full one does not run."""
+        lines = self._status_lines
+        light = None
+        if lines.light is not False:
+            fresh = not others and lines.digest and time.monotonic() - lines.full_at < FULL_STATUS_EVERY
+            light = lines.digest if fresh else ""
+        cost = self.status_commands + (light is not None)
+        result = await self._run(status_script(handles, accounts=accounts, unless_unchanged=light),
+                                 timeout=JOB_TIMEOUT, cost=cost)
+        statuses = parse_status(self.cluster, result.stdout, lines, now=time.monotonic())
+        if lines.light_only:
+            budget.give_back(self.cluster, self.status_commands)  # squeue's full query and sacct did not run
+        elif light is not None and lines.light is False:
+            budget.give_back(self.cluster, 1)  # the light query did not reach the controller
+        return statuses
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
         if handles:

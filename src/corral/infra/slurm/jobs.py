@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 import shlex
 from collections.abc import Callable, Sequence
@@ -139,9 +140,14 @@ def parse_submit(stdout: str) -> SubmitResult:
     raise ProbeParseError("?", f"unexpected answer from sbatch: {stdout.strip()[-300:]!r}")
 
 
-def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Sequence[str] = ()) -> str:
+def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Sequence[str] = (),
+                  unless_unchanged: str | None = None) -> str:
     """All of the user's jobs (and the other `accounts`' jobs: a team's members) from one squeue; sacct
-    (if the site has it) for tracked ids squeue forgot."""
+    (if the site has it) for tracked ids squeue forgot.
+
+    With `unless_unchanged` (the digest of the last light answer, or "" for none yet), first the light
+    query (`light_lines`): when the tracked jobs' ids and states hash to that digest, the script ends
+    there, and squeue's full query and sacct do not run."""
     for job_id in tracked_ids:
         if not _JOB_ID.match(job_id):
             raise ValueError(f"not a Slurm job id: {job_id!r}")
@@ -153,6 +159,7 @@ def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Seq
     users = f"-u \"$(id -un)\"{''.join(',' + a for a in accounts)}" if accounts else "--me"
     lines = [
         CLOCK,
+        *(light_lines(ids, unless_unchanged) if unless_unchanged is not None else ()),
         f"sq=$(squeue {users} -h -r -t all -O '{format_spec(SQUEUE_FIELDS)}' 2>&1); rc=$?",
         f"printf '\\n{MARK} squeue %s\\n%s\\n' \"$rc\" \"$sq\"",
     ]
@@ -171,6 +178,29 @@ def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Seq
         ]
     # The statuses are in the sections; a filter that found nothing must not fail the call.
     return "\n".join(lines) + "\nexit 0\n"
+
+
+_DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
+
+
+def light_lines(ids: str, last_digest: str) -> list[str]:
+    """`squeue --only-job-state` (Slurm's light RPC: job ids and states only, without the job records
+    a full query packs), cut to the tracked jobs, as a digest; the script ends if it is `last_digest`.
+    Its section: the digest, or squeue's complaint (an older Slurm does not know the option)."""
+    if last_digest and not _DIGEST.match(last_digest):
+        raise ValueError(f"not a digest: {last_digest!r}")
+    keep = ("'BEGIN {n=split(ids, a, \" \"); for (i=1; i<=n; i++) {split(a[i], b, /[_+]/); want[b[1]]=1}} "
+            "{split($1, p, /[_+]/)} (p[1] in want)'")
+    return [
+        "lq=$(squeue --only-job-state -h -o '%i|%T' 2>&1); lrc=$?",
+        'if [ "$lrc" -eq 0 ]; then',
+        f"  ld=$(printf '%s\\n' \"$lq\" | awk -F'|' -v ids={shlex.quote(ids)} {keep} | LC_ALL=C sort | md5sum | cut -c1-32)",
+        f"  printf '\\n{MARK} light 0\\n%s\\n' \"$ld\"",
+        f'  [ -n "$ld" ] && [ "$ld" = {shlex.quote(last_digest) if last_digest else "-"} ] && exit 0',
+        "else",
+        f"  printf '\\n{MARK} light %s\\n%s\\n' \"$lrc\" \"$(printf '%s\\n' \"$lq\" | tail -n 2)\"",
+        "fi",
+    ]
 
 
 def _exit_code(raw: str) -> int | None:
@@ -247,11 +277,30 @@ class StatusLines:
 
     offset: float | None = None
     parsed: dict[str, JobStatus] = field(default_factory=dict)
+    # The light query (light_lines): whether the site's squeue has it (None: not known yet), the digest
+    # it gave with the last full query, the statuses that query found, and when it ran (monotonic).
+    light: bool | None = None
+    digest: str = ""
+    statuses: list[JobStatus] = field(default_factory=list)
+    full_at: float = -math.inf
+    light_only: bool = False  # the last answer was the light query's alone: nothing had changed
 
 
-def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None) -> list[JobStatus]:
-    """The statuses in a status query's output; `lines`: the last query's, reused and then replaced."""
+def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None, now: float = 0.0) -> list[JobStatus]:
+    """The statuses in a status query's output; `lines`: the last query's, reused and then replaced
+    (`now`: the monotonic time of this answer, kept for a full query). An answer that stopped after the
+    light query is the statuses of the last full one."""
     sections = split_sections(stdout)
+    light = sections.get("light")
+    if lines is not None:
+        lines.light_only = False
+        if light is not None and light.status == 0:
+            lines.light = True
+            if "squeue" not in sections and "clock" in sections and light.text.strip() == lines.digest:
+                lines.light_only = True
+                return list(lines.statuses)
+        elif light is not None and "only-job-state" in light.text:
+            lines.light = False  # this squeue does not know the option (Slurm before it)
     if "clock" not in sections or "squeue" not in sections:
         raise ProbeParseError(cluster, "the status query's output is incomplete")
     clock = parse_clock(sections["clock"].text)
@@ -272,14 +321,16 @@ def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None) ->
         if status is not None:
             parsed[line] = status
             out.append(status)
-    if lines is not None:
-        lines.offset, lines.parsed = offset, parsed
     seen = {s.handle for s in out}
     sacct = sections.get("sacct")
     for line in sacct.text.splitlines() if sacct else []:
         if (fields := _fields(line)) is not None and (fields := _het_leader(fields)) is not None \
                 and fields[0] not in seen:
             out.append(_status(fields, to_epoch))
+    if lines is not None:
+        lines.offset, lines.parsed = offset, parsed
+        lines.statuses, lines.full_at = out, now
+        lines.digest = light.text.strip() if light is not None and light.status == 0 else ""
     return out
 
 

@@ -217,7 +217,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
             return None
         return answer.removeprefix(f"{MARK} rejected ").strip() or f"{host}: no answer"
 
-    async def status(self, handles: list[str], accounts: Sequence[str] = ()) -> list[JobStatus]:
+    async def status(self, handles: list[str], accounts: Sequence[str] = (), *, others: bool = True
+                     ) -> list[JobStatus]:
         by_host: dict[str, list[str]] = {}
         tasks: list[tuple[str, list[tuple[str, str]]]] = []  # (handle, (host, rank token) per rank)
         for handle in handles:

@@ -1,0 +1,99 @@
+"""SlurmInfra on the testbed: the light status query (`squeue --only-job-state`) where the site has it.
+
+Debian 12's Slurm (22.05) has no `--only-job-state`; `Testbed.light_squeue` gives one login node a
+squeue that takes it and answers ids and states from the real queue, and logs each call as `light`
+or `full`. So what Corral does with the answers runs against real jobs; the light RPC itself does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+
+import pytest
+
+from corral import budget
+from corral.client import Client
+from corral.launch import Launcher
+from corral.state import open_store
+from corral.task import parse_task
+from corral.tracker import Tracker
+
+
+@pytest.fixture
+def light_cirrus(testbed):
+    log = testbed.light_squeue("cirrus")
+    yield log
+    testbed.light_squeue("cirrus", on=False)
+
+
+def calls(log) -> list[str]:
+    return log.read_text().split()
+
+
+def spent_since(cluster: str, since: float) -> int:
+    """The Slurm commands the cluster's budget counts for round trips since `since` (monotonic)."""
+    return sum(commands for when, commands in budget.budget_for(cluster).spent if when >= since)
+
+
+def test_a_refresh_where_nothing_changed_is_the_light_query_alone(corral_env, testbed, light_cirrus, clean_queues):
+    store = open_store()
+    task = parse_task({"resources": {"cpus": 1, "infra": "slurm/cirrus"}, "run": "sleep 300"}, "test")
+
+    async def scenario() -> None:
+        client = Client()
+        await Launcher(client, store).launch(task, "test")
+        [attempt] = store.active_attempts()
+        tracker = Tracker(client, store)
+        deadline = time.monotonic() + 60
+        while store.attempts_by_token([attempt.token])[0].state != "RUNNING":
+            assert time.monotonic() < deadline, "the job did not start"
+            await tracker.refresh()
+            await asyncio.sleep(0.5)
+        await tracker.refresh()  # the full query that saw it RUNNING, with the light digest to compare to
+
+        # Nothing changes: each refresh is one round trip whose script stops after the light query, and
+        # it is charged one command, the two it did not run (squeue's full query, sacct) given back.
+        light_cirrus.write_text("")
+        since = time.monotonic()
+        for _ in range(3):
+            report = await tracker.refresh()
+            assert report.round_trips == {"cirrus": 1}
+        assert calls(light_cirrus) == ["light"] * 3
+        assert spent_since("cirrus", since) == 3
+        assert store.attempts_by_token([attempt.token])[0].state == "RUNNING"
+
+        # Its state changes outside Corral: the light query sees it, and the full one runs in the same
+        # round trip, so the change is recorded at the next refresh, as without the light query.
+        await asyncio.to_thread(subprocess.run, ["ssh", "-F", str(testbed.cluster_config), "cirrus",
+                                                 f"scancel {attempt.handle}"], check=True, capture_output=True)
+        light_cirrus.write_text("")
+        deadline = time.monotonic() + 30
+        while store.attempts_by_token([attempt.token])[0].state != "CANCELLED":
+            assert time.monotonic() < deadline, "the cancel was not seen"
+            await tracker.refresh()
+        assert calls(light_cirrus)[:2] == ["light", "full"]
+
+    asyncio.run(scenario())
+
+
+def test_a_squeue_without_the_option_is_asked_once(corral_env, testbed, clean_queues):
+    """Every testbed cluster's own squeue (22.05): the first refresh finds the option unknown, and the
+    refreshes after it are the full query alone, charged two commands (squeue, sacct) as before."""
+    store = open_store()
+    task = parse_task({"resources": {"cpus": 1, "infra": "slurm/alpine"}, "run": "sleep 300"}, "test")
+
+    async def scenario() -> None:
+        client = Client()
+        await Launcher(client, store).launch(task, "test")
+        tracker = Tracker(client, store)
+        infra = client.infra("alpine")
+        await tracker.refresh()
+        assert infra._status_lines.light is False
+        since = time.monotonic()
+        report = await tracker.refresh()
+        assert report.round_trips == {"alpine": 1}
+        assert spent_since("alpine", since) == infra.status_commands
+
+    asyncio.run(scenario())
