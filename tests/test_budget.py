@@ -102,3 +102,20 @@ def test_replicas_split_each_cluster_s_budget_evenly(monkeypatch):
     assert budget.budget_for("borealis", 90).per_minute == 30  # a budget made later is shared too
     budget.share_between(1)
     assert alpine.per_minute == 600
+
+
+def test_commands_a_round_trip_did_not_run_are_given_back():
+    """A status refresh is charged for the light query, squeue and sacct before it goes; when its
+    script stopped after the light query, the two it did not run count neither in the minute nor
+    against the bucket."""
+    clock = ManualClock()
+    budget = Budget(60, clock)  # a burst of 15
+    budget.spend(3)
+    budget.give_back(2)
+    assert budget.report()["used_last_minute"] == 1
+    assert budget.tokens == pytest.approx(14)
+    for _ in range(14):
+        budget.spend(1)
+    assert budget.wait_seconds(1) > 0  # the bucket is empty: what was given back was spent again
+    budget.give_back(100)  # never more than was spent, nor more than a full bucket
+    assert budget.report()["used_last_minute"] == 0 and budget.tokens <= budget.burst
