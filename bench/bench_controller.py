@@ -7,6 +7,8 @@ Run as root with the testbed (`python -m testbed up`):  python bench/bench_contr
    controller's CPU seconds per tick, vs a raw `ssh <login> squeue` per cluster (what any poller
    must at least pay).
 2. Time from capacity freeing on another cluster to the re-routed job running there.
+`--light-squeue`: the main clusters' login nodes take `squeue --only-job-state` (`python -m testbed
+light-squeue`), and the table adds how many full status queries (`squeue -t all`) a steady tick ran, of all clusters.
 """
 
 from __future__ import annotations
@@ -31,10 +33,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--ticks", type=int, default=7, help="steady ticks measured, after the one that records "
                                                                 "the submitted jobs' first states")
-    parser.add_argument("--intervals", type=float, nargs="+", default=[1.0, 5.0])
+    parser.add_argument("--intervals", type=float, nargs="*", default=[1.0, 5.0])
     parser.add_argument("--clusters", type=int, default=0, help="the scale mode's N clusters (ticks only)")
+    parser.add_argument("--light-squeue", action="store_true", help="login nodes with squeue --only-job-state "
+                                                                     "(the main clusters only)")
     args = parser.parse_args()
     scale = None
+    if args.light_squeue and args.clusters:
+        parser.error("--light-squeue is for the main three clusters")
     if args.clusters:
         from testbed.bed import scale_testbed
 
@@ -49,6 +55,11 @@ def main() -> None:
         from corral.state import Store
         from corral.task import parse_task
 
+        logs = []
+        if args.light_squeue:
+            from testbed import Testbed
+
+            logs = [Testbed().light_squeue(c) for c in bench.clusters]
         rows = []
         for n in args.jobs:
             _cancel_all(bench)
@@ -58,16 +69,26 @@ def main() -> None:
             started = time.perf_counter()
             first = asyncio.run(controller.tick())
             first_seconds = time.perf_counter() - started
-            cpu, trips = [], []
+            cpu, trips, full = [], [], []
             for _ in range(args.ticks + 1):
+                for log in logs:
+                    log.write_text("")
                 before = time.process_time()
                 report = asyncio.run(controller.tick())
                 cpu.append(time.process_time() - before)
                 trips.append(sum(report.round_trips.values()))
+                full.append(sum(_status_queries(log) for log in logs))
             # The tick after the first writes every job's first state (PENDING and Slurm's reason); a
             # steady tick writes only what changed.
             steady = sorted(cpu[1:])
-            rows.append((n, first.submitted, first_seconds, cpu[0], steady[len(steady) // 2], max(trips)))
+            full_steady = sorted(full[1:])[len(full[1:]) // 2] if logs else None
+            rows.append((n, first.submitted, first_seconds, cpu[0], steady[len(steady) // 2], max(trips),
+                         full_steady))
+        if args.light_squeue:
+            from testbed import Testbed
+
+            for c in bench.clusters:
+                Testbed().light_squeue(c, on=False)
         raw = max(time_command([*bench.raw_ssh(c), "squeue --me -h -t all -r"]) for c in bench.clusters)
         move_seconds = []
         for interval in args.intervals:
@@ -78,9 +99,10 @@ def main() -> None:
                 _cancel_all(bench)
     print("\ncontroller ticks with many managed jobs (jobs held in Slurm)")
     print(f"{'managed jobs':>13} {'submitted':>10} {'first tick s':>13} {'CPU s, 2nd tick':>16} "
-          f"{'CPU s/steady tick':>18} {'SSH calls/tick':>15}")
-    for n, submitted, first_seconds, second_cpu, cpu, trips in rows:
-        print(f"{n:>13} {submitted:>10} {first_seconds:>13.2f} {second_cpu:>16.3f} {cpu:>18.3f} {trips:>15}")
+          f"{'CPU s/steady tick':>18} {'SSH calls/tick':>15}" + (f" {'full squeue/steady tick':>24}" if logs else ""))
+    for n, submitted, first_seconds, second_cpu, cpu, trips, full_steady in rows:
+        print(f"{n:>13} {submitted:>10} {first_seconds:>13.2f} {second_cpu:>16.3f} {cpu:>18.3f} {trips:>15}"
+              + (f" {full_steady:>24}" if logs else ""))
     print(f"  CPU s/steady tick: the median of {args.ticks} ticks after the 2nd, which records every job's first "
           "state")
     print(f"  clusters: {len(bench.clusters)}; raw ssh squeue (slowest cluster, mux): {raw:.3f} s")
@@ -137,6 +159,11 @@ def _time_to_move(bench, interval: float) -> float:
         if time.monotonic() - freed > 120:
             raise SystemExit("the job did not move")
     return time.monotonic() - freed
+
+
+def _status_queries(log: Path) -> int:
+    """The full status queries (`squeue … -t all`) in a light-squeue call log, not the probes' squeue."""
+    return sum(1 for line in log.read_text().splitlines() if line.startswith("full ") and " -t all " in line)
 
 
 def _cancel_all(bench) -> None:

@@ -267,7 +267,7 @@ class Testbed:
 
         The option's light RPC answers job ids and states only, of every user's jobs; this squeue
         answers the same from the full RPC, so what Corral does with the answers runs against the
-        real queue, while the RPC itself is not exercised. Each call logs `light` or `full`."""
+        real queue, while the RPC itself is not exercised. Each call logs `light` or `full` and its arguments."""
         paths = self.paths.cluster(self.spec(cluster).name)
         wrapper, log = paths.runtime_bin / "squeue", paths.root / "squeue-calls.log"
         if not on:
@@ -610,7 +610,7 @@ args=() kind=full
 for a in "$@"; do
   if [ "$a" = --only-job-state ]; then kind=light; else args+=("$a"); fi
 done
-echo "$kind" >>{log}
+echo "$kind $*" >>{log}
 exec /usr/bin/squeue "${{args[@]}}"
 """
 

@@ -29,7 +29,8 @@ def light_cirrus(testbed):
 
 
 def calls(log) -> list[str]:
-    return log.read_text().split()
+    """Each squeue call's kind (`light`, `full`), in order."""
+    return [line.split()[0] for line in log.read_text().splitlines() if line.strip()]
 
 
 def spent_since(cluster: str, since: float) -> int:
