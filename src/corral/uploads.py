@@ -28,7 +28,7 @@ from corral.errors import NotFoundError, TaskError
 from corral.taskfile import source_scheme
 
 DIGEST = re.compile(r"^[0-9a-f]{64}\Z")
-MAX_UPLOAD_BYTES = int(os.environ.get("CORRAL_MAX_UPLOAD_BYTES", str(8 << 30)))
+MAX_UPLOAD_BYTES = int(os.environ.get("CORRAL_MAX_UPLOAD_BYTES", str(8 << 30)))  # clients: sdk.files.send_limit
 ORIGIN_FILE = "origin"  # where the client read it (host:path), for the cluster-side cache's key
 
 

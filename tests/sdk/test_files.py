@@ -197,3 +197,28 @@ def test_a_folder_that_holds_the_temporary_folder_is_refused_before_anything_is_
             task_files(data, tmp_path)
     found = task_files({"workdir": "proj", "file_mounts": {"/d": "data"}}, tmp_path)
     assert found.workdir == tmp_path / "proj" and found.mounts == {"/d": tmp_path / "data"}
+
+
+def test_a_path_over_the_limit_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """More to send than the server takes (CORRAL_MAX_UPLOAD_BYTES) is named at once, with what to do,
+    instead of packing gigabytes first; what ignore rules leave out does not count."""
+    import tempfile
+
+    monkeypatch.setenv("CORRAL_MAX_UPLOAD_BYTES", "1000")
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    (work / "train.py").write_text("print(1)\n")
+    (work / "data" / "big.bin").write_bytes(b"\0" * 5000)
+    with pytest.raises(TaskError, match=r"work: 4\.9 KiB to send, more than 1000 B \(CORRAL_MAX_UPLOAD_BYTES\).*\.corralignore"):
+        pack(work, workdir=True)
+    with pytest.raises(TaskError, match="CORRAL_MAX_UPLOAD_BYTES"):  # a file_mounts folder, sent whole
+        pack(work / "data", workdir=False)
+    with pytest.raises(TaskError, match="CORRAL_MAX_UPLOAD_BYTES"):  # a single file
+        pack(work / "data" / "big.bin", workdir=False)
+    assert list(Path(tempfile.gettempdir()).iterdir()) == []  # nothing packed, nothing staged
+    (work / ".gitignore").write_text("data/\n")
+    packed = pack(work, workdir=True)
+    assert members(packed.archive) == ["tree/.gitignore", "tree/train.py"]
+    monkeypatch.setenv("CORRAL_MAX_UPLOAD_BYTES", "lots")
+    with pytest.raises(TaskError, match="'lots' is not a number of bytes"):
+        pack(work, workdir=True)

@@ -92,7 +92,9 @@ def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
     (console if full else err_console).print(table)
     sends = {r["cluster"]: r["transfer_bytes"] for r in shown if r.get("feasible") and r.get("transfer_bytes") is not None}
     if full and any(sends.values()):  # --dryrun: what the task's files cost to send to each cluster
-        console.print("\nFiles to send: " + ", ".join(f"{c} {_bytes(b)}" for c, b in sends.items())
+        from corral.sdk.files import size_text
+
+        console.print("\nFiles to send: " + ", ".join(f"{c} {size_text(b)}" for c, b in sends.items())
                       + " (a cluster's cache of the workdir gets only the changes)", markup=False)
     scripts = [r for r in shown if r.get("feasible") and r.get("sbatch_command")]
     if full and scripts:  # --dryrun of a job script: what each candidate would receive
@@ -105,15 +107,6 @@ def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
         console.print("\n[bold]Runs with[/bold]")
         for r in settled:
             console.print(f"  {r['infra']}: {r['runs_with_text']}", markup=False)
-
-
-def _bytes(count: int) -> str:
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{count} B"
 
 
 class LaunchProgress:

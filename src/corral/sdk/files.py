@@ -8,7 +8,9 @@ its own folder (rsync's rules: SkyPilot does the same with `.skyignore`); file_m
 Each path becomes one tar archive: a folder's contents under `tree/`, a file as `file/<its name>`. Its
 SHA-256 names it, so sending the same content twice costs one request that finds it already there.
 Cost: one walk and one tar of each path (a staging copy first when ignore rules apply), in a temporary
-file, never in memory.
+file, never in memory. A path with more to send than the server's limit on an upload is refused
+before anything is written (the walk sums its files' sizes; rsync's dry run, when ignore rules may
+leave enough out).
 """
 
 from __future__ import annotations
@@ -108,21 +110,87 @@ def ignore_filters(folder: Path) -> list[str]:
     return ["--filter=dir-merge,- .gitignore"]
 
 
-def _has_ignore_rules(folder: Path) -> bool:
-    if (folder / IGNORE_FILE).is_file():
-        return True
-    return any(".gitignore" in files for _root, _dirs, files in os.walk(folder))
+def send_limit() -> int:
+    """The most one path may hold to be sent: the server's default limit on an upload, or what
+    CORRAL_MAX_UPLOAD_BYTES says here (a server set lower still refuses, naming its own)."""
+    raw = os.environ.get("CORRAL_MAX_UPLOAD_BYTES", "")
+    if not raw:
+        return DEFAULT_SEND_LIMIT
+    try:
+        return int(raw)
+    except ValueError:
+        raise TaskError(f"CORRAL_MAX_UPLOAD_BYTES={raw!r} is not a number of bytes") from None
+
+
+DEFAULT_SEND_LIMIT = 8 << 30  # as corral.uploads.MAX_UPLOAD_BYTES
+
+
+def _survey(folder: Path) -> tuple[bool, int]:
+    """In one walk: whether the folder has ignore rules (.corralignore at its root, any .gitignore), and
+    the bytes of its files (links not followed, as they are packed)."""
+    rules, size = (folder / IGNORE_FILE).is_file(), 0
+    for root, _dirs, files in os.walk(folder):
+        rules = rules or ".gitignore" in files
+        for name in files:
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # gone meanwhile, or unreadable: packing names it
+    return rules, size
+
+
+def _sent_size(folder: Path, filters: list[str]) -> int | None:
+    """The bytes a workdir sends once its ignore rules leave things out (rsync's dry run), or None when
+    rsync cannot tell (staging then names the problem)."""
+    if not shutil.which("rsync"):
+        return None
+    done = subprocess.run(["rsync", "-a", "-n", "--stats", *filters, "--", f"{folder}/",
+                           os.path.join(tempfile.gettempdir(), "corral-dry-run-target", "")],
+                          capture_output=True, text=True, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("Total file size:"):
+            digits = "".join(c for c in line.split(":", 1)[1] if c.isdigit())
+            return int(digits) if digits else None
+    return None
+
+
+def size_text(count: int) -> str:
+    """A number of bytes for a person: `512 B`, `1.5 KiB`, … `12.0 GiB`."""
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{count} B"
+
+
+def _within_limit(path: Path, size: int, limit: int) -> None:
+    if size > limit:
+        raise TaskError(f"{path}: {size_text(size)} to send, more than {size_text(limit)} "
+                        "(CORRAL_MAX_UPLOAD_BYTES): leave data out of a workdir with .corralignore or .gitignore, "
+                        "and keep datasets on the cluster (file_mounts of a cluster path, or a bucket)")
 
 
 def pack(path: Path, *, workdir: bool) -> Packed:
-    """One path as a tar archive in a temporary file (see the module's docstring for the layout)."""
+    """One path as a tar archive in a temporary file (see the module's docstring for the layout).
+    Refused before anything is written when it holds more than `send_limit()` to send."""
+    limit = send_limit()
+    rules = False
+    if path.is_dir():
+        rules, size = _survey(path)
+        rules = rules and workdir
+        if rules and size > limit and (sent := _sent_size(path, ignore_filters(path))) is not None:
+            size = sent
+        _within_limit(path, size, limit)
+    elif path.is_file():
+        _within_limit(path, path.stat().st_size, limit)
     fd, name = tempfile.mkstemp(prefix="corral-upload-", suffix=".tar")
     os.close(fd)
     archive = Path(name)
     try:
         with tempfile.TemporaryDirectory(prefix="corral-workdir-") as staging:
             source = path
-            if workdir and _has_ignore_rules(path):
+            if rules:
                 source = Path(staging) / "tree"
                 _stage(path, source, ignore_filters(path))
             try:
