@@ -27,7 +27,8 @@ from typing import Any
 
 from corral.errors import TaskError
 from corral.taskfile import source_scheme
-from corral.uploads import MAX_UPLOAD_BYTES, uploads_dir
+from corral.sdk.files import send_limit
+from corral.uploads import uploads_dir
 
 SUPPORTED = ("s3",)
 # Schemes SkyPilot accepts that this client cannot read: refused by name.
@@ -151,9 +152,9 @@ def fetch(uri: str, owner: str = "") -> Path:
     from botocore.exceptions import BotoCoreError, ClientError
 
     listing = list_source(uri)
-    if listing.size > MAX_UPLOAD_BYTES:
+    if listing.size > (limit := send_limit()):
         raise BucketError(f"{uri}: {listing.size:,} bytes, more than the server's CORRAL_MAX_UPLOAD_BYTES "
-                          f"({MAX_UPLOAD_BYTES:,})")
+                          f"({limit:,})")
     owner_key = hashlib.sha256(owner.encode()).hexdigest()[:16] if owner else "server"
     final = uploads_dir() / f"bucket-{listing.version()[:32]}-{owner_key}"
     if not final.is_dir():

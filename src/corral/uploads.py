@@ -25,10 +25,10 @@ from typing import Any
 
 from corral.config import corral_home, private_dir
 from corral.errors import NotFoundError, TaskError
+from corral.sdk.files import send_limit
 from corral.taskfile import source_scheme
 
 DIGEST = re.compile(r"^[0-9a-f]{64}\Z")
-MAX_UPLOAD_BYTES = int(os.environ.get("CORRAL_MAX_UPLOAD_BYTES", str(8 << 30)))  # clients: sdk.files.send_limit
 ORIGIN_FILE = "origin"  # where the client read it (host:path), for the cluster-side cache's key
 
 
@@ -64,6 +64,7 @@ async def receive(digest: str, body: AsyncIterator[bytes], owner: str = "") -> P
     if found is not None:
         os.utime(found)  # sent again: in use, not to be pruned
         return found
+    limit = send_limit()
     root = uploads_dir()
     fd, name = tempfile.mkstemp(prefix=".incoming-", dir=root)
     archive = Path(name)
@@ -72,8 +73,8 @@ async def receive(digest: str, body: AsyncIterator[bytes], owner: str = "") -> P
         with os.fdopen(fd, "wb") as f:
             async for chunk in body:
                 size += len(chunk)
-                if size > MAX_UPLOAD_BYTES:
-                    raise UploadError(f"upload larger than {MAX_UPLOAD_BYTES:,} bytes (CORRAL_MAX_UPLOAD_BYTES): "
+                if size > limit:
+                    raise UploadError(f"upload larger than {limit:,} bytes (CORRAL_MAX_UPLOAD_BYTES): "
                                       "keep datasets on the cluster and mount them by path")
                 sha.update(chunk)
                 f.write(chunk)

@@ -154,6 +154,16 @@ def test_the_server_refuses_content_that_does_not_match_its_digest(corral_home):
     assert list(uploads.uploads_dir().iterdir()) == []
 
 
+def test_the_server_refuses_an_upload_over_its_limit_and_keeps_nothing_of_it(corral_home, monkeypatch):
+    archive = tar_of([entry("tree/a")], b"x" * 4096)
+    monkeypatch.setenv("CORRAL_MAX_UPLOAD_BYTES", str(len(archive) - 1))
+    with pytest.raises(uploads.UploadError, match=f"larger than {len(archive) - 1:,} bytes"):
+        receive(archive)
+    assert list(uploads.uploads_dir().iterdir()) == []
+    monkeypatch.setenv("CORRAL_MAX_UPLOAD_BYTES", str(len(archive)))
+    assert receive(archive).is_dir()
+
+
 def test_a_launch_naming_files_the_server_lacks_is_refused(corral_home):
     with pytest.raises(uploads.UploadNotFoundError, match="does not hold upload 000000000000"):
         uploads.resolve("0" * 64, "workdir")

@@ -111,8 +111,8 @@ def ignore_filters(folder: Path) -> list[str]:
 
 
 def send_limit() -> int:
-    """The most one path may hold to be sent: the server's default limit on an upload, or what
-    CORRAL_MAX_UPLOAD_BYTES says here (a server set lower still refuses, naming its own)."""
+    """The most one upload may hold (CORRAL_MAX_UPLOAD_BYTES, 8 GiB by default): what a client sends,
+    and what a server takes (a server set lower than its client refuses, naming its own)."""
     raw = os.environ.get("CORRAL_MAX_UPLOAD_BYTES", "")
     if not raw:
         return DEFAULT_SEND_LIMIT
@@ -122,7 +122,7 @@ def send_limit() -> int:
         raise TaskError(f"CORRAL_MAX_UPLOAD_BYTES={raw!r} is not a number of bytes") from None
 
 
-DEFAULT_SEND_LIMIT = 8 << 30  # as corral.uploads.MAX_UPLOAD_BYTES
+DEFAULT_SEND_LIMIT = 8 << 30
 
 
 def _survey(folder: Path) -> tuple[bool, int]:
