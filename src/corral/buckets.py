@@ -26,8 +26,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from corral.errors import TaskError
+from corral.limits import send_limit
 from corral.taskfile import source_scheme
-from corral.sdk.files import send_limit
 from corral.uploads import uploads_dir
 
 SUPPORTED = ("s3",)

@@ -25,7 +25,7 @@ from typing import Any
 
 from corral.config import corral_home, private_dir
 from corral.errors import NotFoundError, TaskError
-from corral.sdk.files import send_limit
+from corral.limits import send_limit
 from corral.taskfile import source_scheme
 
 DIGEST = re.compile(r"^[0-9a-f]{64}\Z")

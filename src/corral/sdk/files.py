@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import TaskError
+from corral.limits import send_limit
 
 IGNORE_FILE = ".corralignore"
 
@@ -108,21 +109,6 @@ def ignore_filters(folder: Path) -> list[str]:
     if own.is_file():
         return [f"--exclude-from={own.resolve()}"]
     return ["--filter=dir-merge,- .gitignore"]
-
-
-def send_limit() -> int:
-    """The most one upload may hold (CORRAL_MAX_UPLOAD_BYTES, 8 GiB by default): what a client sends,
-    and what a server takes (a server set lower than its client refuses, naming its own)."""
-    raw = os.environ.get("CORRAL_MAX_UPLOAD_BYTES", "")
-    if not raw:
-        return DEFAULT_SEND_LIMIT
-    try:
-        return int(raw)
-    except ValueError:
-        raise TaskError(f"CORRAL_MAX_UPLOAD_BYTES={raw!r} is not a number of bytes") from None
-
-
-DEFAULT_SEND_LIMIT = 8 << 30
 
 
 def _survey(folder: Path) -> tuple[bool, int]:
