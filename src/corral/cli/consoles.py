@@ -34,6 +34,15 @@ def styled(text: str, style: str = "") -> Text:
     return Text(text, style=style)
 
 
+# A job's state, a managed job's included (RECOVERING, CANCELLING), as every table shows it.
+_STATE_STYLES = {"RUNNING": "green", "PENDING": "yellow", "RECOVERING": "yellow", "SUCCEEDED": "dim",
+                 "CANCELLED": "dim", "CANCELLING": "dim", "FAILED": "red", "SUBMIT_FAILED": "red", "LOST": "red"}
+
+
+def state_cell(state: str) -> Text:
+    return styled(state, _STATE_STYLES.get(state, ""))
+
+
 @functools.cache
 def _literal_table() -> type[Table]:
     """rich's Table whose `add_row` takes a str cell literally (imported at the first table)."""

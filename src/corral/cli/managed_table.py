@@ -6,11 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from corral.cli.consoles import console, minutes, styled
+from corral.cli.consoles import console, minutes, state_cell
 from corral.cli.consoles import table as new_table
-
-_STYLE = {"RUNNING": "green", "PENDING": "yellow", "RECOVERING": "yellow", "SUCCEEDED": "dim",
-          "FAILED": "red", "CANCELLED": "dim", "CANCELLING": "dim"}
 
 
 def render_managed(jobs: list[Mapping[str, object]]) -> None:
@@ -21,10 +18,9 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
     now = time.time()
     for job in jobs:
         state = str(job["state"])
-        style = _STYLE.get(state, "")  # "" for none
         expected = job.get("expected_start")
         starts = f"in {minutes(expected - now)}" if isinstance(expected, (int, float)) and expected > now else "-"
-        table.add_row(str(job["job_id"]), str(job["name"]), styled(state, style),
+        table.add_row(str(job["job_id"]), str(job["name"]), state_cell(state),
                       f"{job['cluster']}/{job['partition']}" if job.get("cluster") else "-",
                       str(job.get("slurm_job_id") or "-"), str(job["attempts"]), starts,
                       str(job.get("reason") or "")[:90])

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from corral.cli.common import warn
-from corral.cli.consoles import console, err_console, literal, styled
+from corral.cli.consoles import console, err_console, literal, state_cell, styled
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, start_text
 
@@ -178,19 +178,12 @@ def _where(job: Any) -> str:
     return str(infra).removeprefix("slurm/") if infra else f"{job.cluster}/{job.partition}"
 
 
-_STATE_STYLE = {"RUNNING": "green", "PENDING": "yellow", "SUCCEEDED": "dim", "FAILED": "red",
-                "CANCELLED": "dim", "SUBMIT_FAILED": "red", "LOST": "red"}
 _QUEUE_COLUMNS = ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITTED", "STARTED", "ENDED")
-
-
-def _styled(state: str) -> Text:
-    style = _STATE_STYLE.get(state, "")
-    return styled(state, style)
 
 
 def _job_row(j: Job) -> tuple[str | Text, ...]:
     where = _where(j) if j.cluster else "-"  # "-": it never reached a cluster
-    return (j.job_id, j.name, where, j.slurm_job_id or "-", _styled(j.state),
+    return (j.job_id, j.name, where, j.slurm_job_id or "-", state_cell(j.state),
             j.reason or "", _when(j.submitted_at), _when(j.started_at), _when(j.ended_at))
 
 
@@ -199,7 +192,7 @@ def _sweep_row(jobs: list[Job], counts: dict[str, int]) -> tuple[str | Text, ...
     first = jobs[0]
     places = sorted({_where(j) for j in jobs})
     total = sum(counts.values()) or len(jobs)
-    states = Text(", ").join(Text.assemble(f"{n} ", _styled(state))
+    states = Text(", ").join(Text.assemble(f"{n} ", state_cell(state))
                              for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",
             places[0] if len(places) == 1 else f"{len(places)} places", "-", states, "",
