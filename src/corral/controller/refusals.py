@@ -27,11 +27,22 @@ async def known_query_only(request: Request) -> None:
     route = request.scope.get("route")
     if route is None or not request.query_params:
         return
-    declared = _query_names(route.dependant)
+    declared = _declared_query(route)
     unknown = [name for name in request.query_params if name not in declared]
     if unknown:
         raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", name), "msg": "Extra inputs are not "
                                        "permitted", "input": request.query_params[name]} for name in unknown])
+
+
+_DECLARED: dict[int, tuple[Any, frozenset[str]]] = {}  # id(route) -> (route, its query names)
+
+
+def _declared_query(route: Any) -> frozenset[str]:
+    """A route's query parameter names, worked out at its first request with a query."""
+    found = _DECLARED.get(id(route))
+    if found is None or found[0] is not route:  # another app's route may have had this id
+        found = _DECLARED[id(route)] = (route, frozenset(_query_names(route.dependant)))
+    return found[1]
 
 
 def _query_names(dependant: Any) -> set[str]:
