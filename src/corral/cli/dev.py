@@ -109,7 +109,7 @@ def ssh(name: str, command: tuple[str, ...]) -> None:
 
     if command and command[0] == "--":
         command = command[1:]
-    argv = Client().dev_ssh_argv(name, " ".join(command) if command else None)
+    argv = Client().dev_ssh_argv(name, " ".join(command) or None)
     os.execvp(argv[0], argv)
 
 

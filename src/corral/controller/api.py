@@ -137,8 +137,8 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                           responses=refusals(401), include_in_schema=bool(prefix))
         app.add_api_route(f"{prefix}/wake", wake, methods=["POST"], dependencies=guarded,
                           responses=refusals(401), include_in_schema=bool(prefix))
-    app.include_router(create_router(store, refreshes, wake=lambda: status.wake.set() if status.wake else None),
-                       dependencies=guarded)
+    v1_router = create_router(store, refreshes, wake=lambda: status.wake.set() if status.wake else None)
+    app.include_router(v1_router, dependencies=guarded)
 
     add_pages(app, store)
 
@@ -147,7 +147,11 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
         """What the framework and the token check refuse (a body that is not JSON, no token, no such route),
         in the shape of Corral's own refusals."""
         kind, exit_code = _HTTP_REFUSALS.get(exc.status_code, ("BadRequest", EXIT_DATAERR))
-        return JSONResponse(status_code=exc.status_code, headers=exc.headers,
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette names only the first matching route's methods
+            routes = [*app.router.routes, *v1_router.routes]  # FastAPI keeps an included router whole
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(routes, request.url.path))}
+        return JSONResponse(status_code=exc.status_code, headers=headers,
                             content={"detail": {"message": str(exc.detail), "kind": kind, "exit_code": exit_code}})
 
     @app.exception_handler(CorralError)
@@ -158,3 +162,16 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                                                 "exit_code": exc.exit_code}})
 
     return app
+
+
+def allowed_methods(routes: list[Any], path: str) -> list[str]:
+    """Every method `path` answers to, whichever route serves each (RFC 9110's `Allow`). As OpenAPI
+    matches paths, a concrete one (`/v1/managed/cancel`) is its own resource, apart from a template
+    that also matches it (`/v1/managed/{job}`)."""
+    from starlette.routing import Match
+
+    scope = {"type": "http", "path": path, "root_path": "", "method": ""}
+    matched = [route for route in routes
+               if getattr(route, "methods", None) and route.matches(scope)[0] is not Match.NONE]
+    concrete = [route for route in matched if "{" not in route.path]
+    return sorted({method for route in concrete or matched for method in route.methods})

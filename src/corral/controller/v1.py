@@ -95,8 +95,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         return cluster_json(outcome)
 
     @router.get("/gpus")
-    async def gpus(gpu: Annotated[str | None, Query(max_length=200)] = None,
-                   infra: Annotated[str | None, Query(max_length=500)] = None,
+    async def gpus(gpu: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+                   infra: Annotated[str | None, Query(min_length=1, max_length=500)] = None,
                    timeout: Timeout = None,
                    max_age: Annotated[float, Query(ge=0, le=3600)] = 0) -> dict[str, object]:
         """GPUs per cluster and partition, and the clusters that did not answer, from a fresh probe of each
@@ -124,7 +124,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     async def queue(me: Me, limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
                     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
                     since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
-                    allocation: Annotated[str | None, Query(max_length=200)] = None,
+                    allocation: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
                     by_sweep: bool = False) -> dict[str, object]:
         """Live jobs and the newest ended ones, newest first, after one Slurm query per cluster."""
         report = await refreshed()
@@ -166,7 +166,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
 
     @router.get("/queue/all", response_class=JsonLines, responses=STREAM_REFUSALS)
     async def queue_all(me: Me, since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
-                        allocation: Annotated[str | None, Query(max_length=200)] = None) -> StreamingResponse:
+                        allocation: Annotated[str | None, Query(min_length=1, max_length=200)] = None) -> StreamingResponse:
         """Every job, newest first, one JSON object per line, after one Slurm query per cluster."""
         await refreshed()
 

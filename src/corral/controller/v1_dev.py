@@ -144,7 +144,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
         return {"name": name, "released": released}
 
     @router.get("/dev/{name}/ssh")
-    async def dev_ssh(me: Me, name: Name, command: Annotated[str | None, Query(max_length=8192)] = None
+    async def dev_ssh(me: Me, name: Name, command: Annotated[str | None, Query(min_length=1, max_length=8192)] = None
                       ) -> dict[str, object]:
         """The ssh command line that opens a shell (or runs `command`) on the head node. It uses this
         server's ssh configuration and keys: only for the server's own account (a client on the same
