@@ -72,6 +72,11 @@ def test_an_answer_that_stopped_after_the_light_query_is_the_last_full_one():
     with pytest.raises(ProbeParseError):  # another digest, and no full query after it: cut off
         parse_status("alpine", f"{clock}\n{MARK} light 0\n{DIGEST[::-1]}\n", lines)
     assert not lines.light_only
+    # Two refreshes at once: one compared with the digest it was given, while the other's full query
+    # answered and kept a newer one. The first is still an answer, with the newer statuses.
+    lines.digest = DIGEST[::-1]
+    assert parse_status("alpine", f"{clock}\n{MARK} light 0\n{DIGEST}\n", lines, asked=DIGEST) == full
+    assert lines.light_only
 
 
 def test_a_squeue_without_the_light_option_is_not_asked_again():

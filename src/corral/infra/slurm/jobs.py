@@ -286,17 +286,20 @@ class StatusLines:
     light_only: bool = False  # the last answer was the light query's alone: nothing had changed
 
 
-def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None, now: float = 0.0) -> list[JobStatus]:
+def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None, now: float = 0.0,
+                 asked: str | None = None) -> list[JobStatus]:
     """The statuses in a status query's output; `lines`: the last query's, reused and then replaced
     (`now`: the monotonic time of this answer, kept for a full query). An answer that stopped after the
-    light query is the statuses of the last full one."""
+    light query (`asked`: the digest its script compared with; by default the one in `lines`) is the
+    statuses of the last full one, which a query answered meanwhile may have made newer."""
     sections = split_sections(stdout)
     light = sections.get("light")
     if lines is not None:
         lines.light_only = False
         if light is not None and light.status == 0:
             lines.light = True
-            if "squeue" not in sections and "clock" in sections and light.text.strip() == lines.digest:
+            if "squeue" not in sections and "clock" in sections \
+                    and light.text.strip() == (lines.digest if asked is None else asked):
                 lines.light_only = True
                 return list(lines.statuses)
         elif light is not None and "only-job-state" in light.text:
