@@ -12,19 +12,21 @@ from tests.conftest import wait_for
 
 
 def controllers_of(home: str) -> list[int]:
-    """Pids of controller processes running for this Corral home."""
-    found = []
+    """Pids of controller processes running for this Corral home. A child the controller has forked but
+    not yet exec'd (an ssh it starts) shows its parent's command line and environment: it is left out."""
+    found: dict[int, int] = {}  # pid -> parent pid
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
         if b"corral.controller" in cmdline and f"CORRAL_HOME={home}".encode() in environ:
-            found.append(int(entry))
-    return found
+            found[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
 def corral_at_once(env: dict[str, str], argvs: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
