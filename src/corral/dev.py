@@ -154,7 +154,7 @@ class DevAllocations:
         feasible = [c for c in plan.feasible() if isinstance(self.client.infra(c.cluster, self.owner), HoldsAllocations)]
         if not feasible:
             raise NoFeasibleClusterError(_no_candidate_message(plan))
-        idle_seconds = int(round((idle_minutes or 0) * 60))
+        idle_seconds = round((idle_minutes or 0) * 60)
         session_keys, host_public_key = devssh.new_session_keys()
         rows: dict[int, AllocationRow] = {}  # by id(candidate)
 

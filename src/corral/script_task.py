@@ -248,7 +248,7 @@ def _count(options: dict[str, Option], name: str, script: JobScript, *, default:
     value = (option.value or "").strip()
     if range_ok and "-" in value:  # -N 2-4: at least 2 nodes; placement asks for the minimum
         value = value.split("-", 1)[0]
-    if not _COUNT.match(value) or int(value) < (1 if name != "cpus-per-task" else 1) or int(value) > 100_000:
+    if not _COUNT.match(value) or int(value) < 1 or int(value) > 100_000:
         raise ScriptError(f"{_where(option, script)}={option.value}: expected a count from 1 to 100,000")
     return int(value)
 

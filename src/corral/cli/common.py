@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,7 +21,7 @@ class NumberRange(click.FloatRange):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
-        if number != number:
+        if math.isnan(number):
             self.fail(f"{value!r} is not a number.", param, ctx)
         return number
 
