@@ -78,7 +78,7 @@ def test_without_arrays_each_copy_is_its_own_submission(store):
 
 
 def test_the_tracker_records_the_failure_class_the_infra_reports(store):
-    from corral.controller.engine import _infra_failure
+    from corral.controller.rules import infra_failure
 
     client = fakes()
     [share] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
@@ -87,12 +87,12 @@ def test_the_tracker_records_the_failure_class_the_infra_reports(store):
     asyncio.run(Tracker(client, store).refresh())
     [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
     assert (attempt.state, attempt.failure, attempt.reason) == ("FAILED", "infra", "NODE_FAIL")
-    assert _infra_failure(attempt)  # the controller recovers it: its rule reads the class, not the word
+    assert infra_failure(attempt)  # the controller recovers it: its rule reads the class, not the word
     [other] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
     infra.finish(other.handle, JobState.FAILED, FailureClass.TASK, native="OUT_OF_MEMORY")
     asyncio.run(Tracker(client, store).refresh())
     [attempt] = store.attempts_of(other.job_ids)[other.job_ids[0]]
-    assert (attempt.failure, attempt.reason) == ("task", "OUT_OF_MEMORY") and not _infra_failure(attempt)
+    assert (attempt.failure, attempt.reason) == ("task", "OUT_OF_MEMORY") and not infra_failure(attempt)
 
 
 def test_cancel_and_logs_go_through_the_seam(store):
@@ -232,7 +232,7 @@ def test_a_move_is_released_only_once_the_task_side_cancel_fence_has_had_its_tim
     launched); the task's own fence ends it within a second, so the replacement waits a little longer."""
     import time
 
-    from corral.controller.engine import CANCEL_FENCE_SECONDS
+    from corral.controller.rules import CANCEL_FENCE_SECONDS
 
     client, view, new, controller = moved(store, JobState.CANCELLED, ended_at=time.time())
     assert client.infras["borealis"].released == [] and view.attempts[1].held

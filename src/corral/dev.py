@@ -30,6 +30,7 @@ from corral.infra.base import (
     EXIT_NOT_READY,
     FailureClass,
     HoldsAllocations,
+    JobState,
     SubmitResult,
     new_token,
 )
@@ -269,7 +270,7 @@ class DevAllocations:
                     secrets_sealed=seal(resolved_secrets(task, source)),
                     created_at=time.time(), allocation=name, owner=self.owner)],
             [AttemptRow(token=token, job_id=job_id, number=1, cluster=row.cluster, partition=row.partition,
-                        handle=row.handle, state="RUNNING", created_at=time.time(),
+                        handle=row.handle, state=JobState.RUNNING, created_at=time.time(),
                         run_dir=row.run_dir, log_path=f"{row.run_dir}/exec/{job_id}/run.sh",
                         started_at=time.time(), submitted_at=time.time())],
         )
@@ -282,9 +283,9 @@ class DevAllocations:
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
                                          on_output)
         except BaseException:
-            self.store.update_attempt(token, state="FAILED", reason="interrupted", ended_at=time.time())
+            self.store.update_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
             raise
-        state = "SUCCEEDED" if status == 0 else "FAILED"
+        state = JobState.SUCCEEDED if status == 0 else JobState.FAILED
         reason = "allocation not ready" if status == EXIT_NOT_READY else None
         self.store.update_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
         if status == EXIT_NOT_READY:

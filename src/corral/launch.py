@@ -32,6 +32,7 @@ from corral.infra.base import (
     FailureClass,
     Infra,
     JobRequest,
+    JobState,
     PredictsStart,
     RunsArrays,
     RunsJobScripts,
@@ -365,7 +366,7 @@ class Launcher:
             attempts = [
                 AttemptRow(token=token if not request.is_array else f"{token}.{request.copy_index(i)}", job_id=jid,
                            number=number,
-                           cluster=candidate.cluster, partition=candidate.partition, state="SUBMITTING",
+                           cluster=candidate.cluster, partition=candidate.partition, state=JobState.SUBMITTING,
                            created_at=time.time(), run_dir=files.run_dir, log_path=files.log_paths[i],
                            submitter=process_tag(),
                            held=request.held or None)
@@ -384,7 +385,7 @@ class Launcher:
 
         def skipped(candidate: Candidate, why: str, failure: FailureClass) -> None:
             if id(candidate) in tried:
-                self._mark(tried[id(candidate)][1], state="SUBMIT_FAILED", reason=why, failure=failure.value,
+                self._mark(tried[id(candidate)][1], state=JobState.SUBMIT_FAILED, reason=why, failure=failure.value,
                            ended_at=time.time())
             self.events.skipped(candidate.infra, why)
 
@@ -402,7 +403,7 @@ class Launcher:
         handles = [infra.array_handle(result.handle, request.copy_index(i))
                    if request.is_array and isinstance(infra, RunsArrays)
                    else result.handle for i in range(len(attempts))]
-        self.store.update_attempts({a.token: {"handle": handle, "state": "PENDING", "submitted_at": now}
+        self.store.update_attempts({a.token: {"handle": handle, "state": JobState.PENDING, "submitted_at": now}
                                     for a, handle in zip(attempts, handles)})
         submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.handle,
                               attempts[0].log_path, failover.tries, handles, candidate.infra)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from corral.infra.base import JobState
 from corral.launch import check_num_jobs
 from corral.state import Store
-from corral.state.models import AttemptRow, JobRow, ManagedJobRow
+from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
 from corral.state.sealed import seal
 from corral.task import Task, job_environment, redacted_json, resolved_secrets
 
@@ -37,7 +38,7 @@ class ManagedView:
             "attempt_state": latest.state if latest else None, "restarts_on_errors": self.managed.restarts_on_errors,
             "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,
             "created_at": self.job.created_at,
-            "expected_start": latest.expected_start if latest and latest.state == "PENDING" else None,
+            "expected_start": latest.expected_start if latest and latest.state == JobState.PENDING else None,
         }
 
 
@@ -91,4 +92,4 @@ def resolve(store: Store, ref: str, scope: str | None = None) -> ManagedView:
 
 def request_cancel(store: Store, job_ids: list[str]) -> None:
     for job_id in job_ids:
-        store.set_managed(job_id, "CANCELLING", "cancel requested", cancel_requested=True)
+        store.set_managed(job_id, ManagedState.CANCELLING, "cancel requested", cancel_requested=True)

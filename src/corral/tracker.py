@@ -137,8 +137,9 @@ class Tracker:
                     if tag_alive(job.submitter) is False or now - job.created_at > SUBMIT_GRACE_SECONDS]
         if stranded:
             self.store.add_jobs([], [AttemptRow(
-                token=f"unsent-{job.id}", job_id=job.id, number=1, cluster="", partition="", state="SUBMIT_FAILED",
-                created_at=now, ended_at=now, run_dir="", log_path="", failure=FailureClass.REJECTED.value,
+                token=f"unsent-{job.id}", job_id=job.id, number=1, cluster="", partition="",
+                state=JobState.SUBMIT_FAILED, created_at=now, ended_at=now, run_dir="", log_path="",
+                failure=FailureClass.REJECTED.value,
                 reason="the command that launched it was interrupted before submitting it; nothing reached a "
                        "cluster (launch it again)") for job in stranded])
 
@@ -150,7 +151,8 @@ class Tracker:
         if not live:
             return []
         # Only what Corral decided must not run; a FAILED job that Slurm requeued is Slurm's business.
-        orphans = [a for a in self.store.attempts_by_token(list(live)) if a.state in ("SUBMIT_FAILED", "CANCELLED")]
+        orphans = [a for a in self.store.attempts_by_token(list(live))
+                   if a.state in (JobState.SUBMIT_FAILED, JobState.CANCELLED)]
         if not orphans:
             return []  # in flight from another process, or not this store's job
         ids = [live[a.token].handle for a in orphans]
@@ -175,7 +177,7 @@ class Tracker:
             sent = [v.attempt for v in group if v.attempt.handle]
             await self.client.infra(*account).cancel([a.handle or "" for a in sent], [a.run_dir for a in sent])
             now = time.time()
-            self.store.update_attempts({v.attempt.token: {"state": "CANCELLED", "reason": "cancelled by user",
+            self.store.update_attempts({v.attempt.token: {"state": JobState.CANCELLED, "reason": "cancelled by user",
                                                           "ended_at": now} for v in group})
 
         await asyncio.gather(*(one(c, g) for c, g in by_account.items()))
@@ -234,11 +236,11 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus],
                 # Settled at once when the submitting process is gone (nothing can still be sending
                 # it), else after the grace period; a copy that turns up later is an orphan, reaped.
                 if tag_alive(attempt.submitter) is False or now - attempt.created_at > SUBMIT_GRACE_SECONDS:
-                    updates[attempt.token] = {"state": "SUBMIT_FAILED", "ended_at": now,
+                    updates[attempt.token] = {"state": JobState.SUBMIT_FAILED, "ended_at": now,
                                               "failure": FailureClass.LOST.value,
                                               "reason": "interrupted before Slurm accepted the job"}
             else:
-                updates[attempt.token] = {"state": "LOST", "ended_at": now, "failure": FailureClass.LOST.value,
+                updates[attempt.token] = {"state": JobState.LOST, "ended_at": now, "failure": FailureClass.LOST.value,
                                           "reason": "Slurm no longer knows this job (purged after MinJobAge; "
                                                     "the cluster has no accounting)"}
             continue
@@ -256,10 +258,10 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus],
         }
         if attempt.handle is None:  # adopted after an interrupted submission
             fields["handle"] = status.handle
-        if attempt.state in ("CANCELLED", "CANCELLING") and status.state in LIVE_STATES:
+        if attempt.state in (JobState.CANCELLED, JobState.CANCELLING) and status.state in LIVE_STATES:
             fields["state"] = attempt.state  # cancel sent (or due); the infra has not caught up yet
             fields["reason"] = attempt.reason
-        elif attempt.state == "CANCELLING" and status.state is JobState.CANCELLED:
+        elif attempt.state == JobState.CANCELLING and status.state is JobState.CANCELLED:
             fields["reason"] = attempt.reason  # why Corral cancelled it (a move, an outage), not Slurm's word
         if status.state is JobState.FAILED and status.native_state != JobState.FAILED.value:
             # NODE_FAIL, TIMEOUT, PREEMPTED, OUT_OF_MEMORY…: the infra's word first, its reason after.

@@ -8,10 +8,11 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from corral.infra.base import JobState
 from corral.timefmt import minutes, start_text
 
 if TYPE_CHECKING:
-    from corral.controller.engine import ControllerSettings
+    from corral.controller.rules import ControllerSettings
     from corral.launch import Submitted
     from corral.managed import ManagedView
     from corral.placement import Candidate, Plan
@@ -72,7 +73,7 @@ def job_json(view: JobView, kinds: Mapping[str, str] | None = None) -> dict[str,
         "infra": infra_name((kinds or {}).get(a.cluster, "slurm"), a.cluster, a.partition) if a.cluster else None,
         "slurm_job_id": a.handle, "state": a.state, "reason": a.reason, "attempt": a.number,
         "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
-        "expected_start": a.expected_start if a.state == "PENDING" else None,
+        "expected_start": a.expected_start if a.state == JobState.PENDING else None,
         "exit_code": a.exit_code, "job_rank": view.job.job_rank, "sweep_id": view.job.sweep_id,
     }
 

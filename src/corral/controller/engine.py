@@ -12,20 +12,16 @@ the jobs whose home cluster it holds, so no job is driven by two at once; a repl
 clusters over once their leases lapse. One of them also holds the `controller` lease for the chores
 done once per store. Submissions stay idempotent through their tokens (see `launch.py`).
 
-Rules, per managed job and tick:
-- no live attempt yet, or the last one failed for infrastructure reasons (node failure, preemption,
-  boot failure, a job Slurm lost, a cluster unreachable beyond the grace period): a new attempt on the
-  best cluster (unhealthy clusters avoided), with the latest checkpoint copied over if it moves;
-  `job_recovery: none` makes such a failure final; FAILOVER tries the same cluster first and
-  EAGER_NEXT_REGION another one first (`recovery_order`), where unset the soonest start decides;
-- the task itself failed: FAILED, unless `max_restarts_on_errors` or `recover_on_exit_codes` say retry;
-- pending while another cluster can start it now and its own cannot, or (when none can) while another
-  cluster is predicted to start it sooner by a clear margin: submit there first, held, cancel the old
-  attempt only once the new one is accepted, and release the new one only once Slurm says the old one
-  ended without succeeding (hysteresis: pending for `reroute_after` seconds, not moved within
-  `reroute_cooldown`, and for predictions the margin; see `_reroute_by_prediction`);
-- an older attempt that succeeded after all (its kill was lost): the job is done, newer ones cancelled;
-- two attempts running at once (a re-route race): keep the one that started first, cancel the other.
+What happens to each managed job is decided by the rules (rules.py), from its rows alone; this module
+fetches what they need, carries out their decisions, and does what spans jobs:
+- placing: a new attempt on the best cluster (unhealthy clusters avoided), with the latest checkpoint
+  copied over if it moves; FAILOVER tries the same cluster first and EAGER_NEXT_REGION another one
+  first (`recovery_order`), where unset the soonest start decides;
+- re-routing: pending while another cluster can start it now and its own cannot, or (when none can)
+  while another cluster is predicted to start it sooner by a clear margin: submit there first, held,
+  cancel the old attempt only once the new one is accepted, and release the new one only once Slurm
+  says the old one ended without succeeding (hysteresis: pending for `reroute_after` seconds, not
+  moved within `reroute_cooldown`, and for predictions the margin; see `_reroute_by_prediction`).
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -43,58 +38,28 @@ from pathlib import Path
 
 from corral import budget
 from corral.client import Client
+from corral.controller import rules
+from corral.controller.rules import ControllerSettings, Context, Decision, Facts, Need
 from corral.controller.shards import Shards, home_cluster
 from corral.errors import CorralError
 from corral.infra.base import (
     DEFAULT_CHECKPOINT_DIR,
     CopiesCheckpoints,
-    FailureClass,
+    JobState,
     ReleasesHeld,
     ReportsSetupFailure,
 )
 from corral.launch import AttemptOptions, Launcher, LaunchEvents, split_sweep
 from corral.placement import Candidate, Plan
 from corral.state import Store
-from corral.state.models import AttemptRow, JobRow, ManagedJobRow
+from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
 from corral.state.sealed import unseal
 from corral.state.store import TERMINAL_STATES
 from corral.task import RecoveryStrategy, Task, resolved_envs
 from corral.tracker import RefreshScope, SharedRefresh, Tracker, sent_by_account
 
 LEASE = "controller"
-# How long a held replacement waits after its predecessor ended, for the task-side cancel fence: the
-# watcher in TASK_SH sees the marker within a second, and a task that outlives TERM for 10 s is KILLed.
-CANCEL_FENCE_SECONDS = 12.0
 CHECKPOINTS_DIR = ".corral/checkpoints"
-
-
-@dataclass
-class ControllerSettings:
-    grace_seconds: float = 60.0  # a cluster unreachable this long: its jobs recover elsewhere
-    reroute_after: float = 10.0  # pending at least this long before a move is considered
-    reroute_cooldown: float = 60.0  # no second move of one job within this
-    reroute_margin: float = 300.0  # a predicted start must beat the current one by this many seconds…
-    reroute_margin_fraction: float = 0.2  # …and by this fraction of the current wait
-    predict_interval: float = 60.0  # how often a pending task's start times are predicted on every cluster
-    max_predicted_tasks: int = 16  # distinct tasks predicted per tick (each is one sbatch --test-only per place)
-    unhealthy_after_failures: int = 3  # infrastructure failures in a row that mark a cluster unhealthy
-    unhealthy_seconds: float = 300.0  # how long an unhealthy cluster is avoided
-    max_launch_failures: int = 5  # attempts in a row the infrastructure ended at once: then FAILED, not recovered
-    lease_seconds: float = 30.0
-
-    def margin(self, here_start: float, now: float) -> float:
-        """How much sooner another cluster must be predicted to start a job before it moves there."""
-        return max(self.reroute_margin, self.reroute_margin_fraction * max(0.0, here_start - now))
-
-    @classmethod
-    def from_env(cls) -> ControllerSettings:
-        settings = cls()
-        for name in ("grace_seconds", "reroute_after", "reroute_cooldown", "reroute_margin", "reroute_margin_fraction",
-                     "predict_interval", "unhealthy_seconds", "lease_seconds"):
-            value = os.environ.get(f"CORRAL_CONTROLLER_{name.upper()}")
-            if value:
-                setattr(settings, name, float(value))
-        return settings
 
 
 @dataclass
@@ -180,106 +145,31 @@ class Controller:
         pending: list[tuple[ManagedJobRow, str, AttemptRow]] = []
         to_cancel: list[AttemptRow] = []
         to_release: list[AttemptRow] = []
+        context = Context(now, frozenset(unreachable), self.settings, self._where)
         for m in managed:
-            job = m.job_id
             mine = attempts.get(m.job_id, [])
-            live = [a for a in mine if a.state not in TERMINAL_STATES]
-            latest = mine[-1] if mine else None
-            if m.cancel_requested:
-                to_cancel += live
-                self._set(m, "CANCELLED", "cancelled by user")
-                continue
-            running = sorted((a for a in live if a.state in ("RUNNING", "STARTING")),
-                             key=lambda a: (a.started_at or now, a.number))
-            if len(running) > 1:  # a re-route raced with the old attempt starting: keep the first
-                for extra in running[1:]:
-                    to_cancel.append(extra)
-                    self.store.update_attempt(extra.token, state="CANCELLED", ended_at=now,
-                                              reason=f"duplicate of attempt {running[0].number}")
-                self._changes.append((m.job_id, None, f"attempts {', '.join(str(a.number) for a in running)} "
-                                      f"both started; kept attempt {running[0].number}", {}))
-                latest = running[0]
-            succeeded = next((a for a in mine if a.state == "SUCCEEDED"), None)
-            if succeeded is not None and succeeded is not latest:
-                # An attempt Corral had moved away from ran after all (its kill was lost while Slurm was
-                # launching it) and succeeded: the job is done; newer attempts must not run it again.
-                for extra in live:
-                    to_cancel.append(extra)
-                    self.store.update_attempt(extra.token, state="CANCELLED", ended_at=now,
-                                              reason=f"attempt {succeeded.number} had already succeeded")
-                self._set(m, "SUCCEEDED", f"attempt {succeeded.number} succeeded (it ran although it had "
-                                          "been moved; later attempts cancelled)")
-                continue
-            if latest is None:
-                to_place.append((job, "first attempt"))
-                continue
-            if latest.cluster in unreachable and latest.state in ("PENDING", "STARTING", "RUNNING", "SUBMITTING"):
-                why = f"{latest.cluster} unreachable for more than {self.settings.grace_seconds:g}s"
-                # Cancelled in Slurm as soon as the cluster answers again, so it never runs twice for long.
-                self.store.update_attempt(latest.token, state="CANCELLING", reason=why)
-                self._recover(m, job, why, to_place)
-                continue
-            state = latest.state
-            if state in ("SUBMITTING", "CANCELLING"):
-                continue
-            if state == "PENDING" and latest.held:
-                # A move's attempt waits, held, until the attempt it replaces is known not to run.
-                blocking = [a for a in live if a is not latest and a.cluster not in unreachable]
-                # ... and for a few seconds more: the task's own cancel fence ends a task that Slurm's
-                # kill missed within a second of the cancel marker (see TASK_SH).
-                fencing = [a for a in mine if a is not latest and a.state in ("CANCELLED", "FAILED")
-                           and now - (a.ended_at or 0) < CANCEL_FENCE_SECONDS]
-                if blocking or fencing:
-                    self._set(m, "PENDING", f"attempt {latest.number} held until attempt "
-                                            f"{(blocking or fencing)[0].number} is confirmed cancelled")
-                else:
-                    to_release.append(latest)
-                continue
-            if state == "PENDING":
-                self._set(m, "PENDING" if m.recoveries == 0 else "RECOVERING",
-                                       latest.reason or "pending")
-                if now - (latest.submitted_at or now) >= self.settings.reroute_after:
-                    pending.append((m, job, latest))
-            elif state in ("STARTING", "RUNNING"):
-                self._set(m, state, f"on {self._where(latest.cluster, latest.partition)} (attempt {latest.number})")
-                self._health_resets.add(latest.cluster)  # written once per cluster, below
-            elif state == "SUCCEEDED":
-                self._set(m, "SUCCEEDED", f"attempt {latest.number} succeeded")
-            elif state == "CANCELLED":
-                if latest.reason and latest.reason.startswith(("re-routed", "duplicate")):
-                    continue  # replaced by a newer attempt, which is the latest once recorded
-                self._set(m, "CANCELLED", latest.reason or "cancelled in Slurm")
-            elif state in ("SUBMIT_FAILED", "LOST") or _infra_failure(latest):
-                why = f"attempt {latest.number} on {latest.cluster}: {latest.reason or state}"
-                self._note_failure(latest.cluster, now)
-                quick = launch_failures_in_a_row(mine)
-                if quick >= self.settings.max_launch_failures:
-                    self._set(m, "FAILED", f"{why}; not recovered again: its last {quick} attempts all ended as "
-                                           "soon as they started (look at its resources and sbatch_args)")
-                else:
-                    self._recover(m, job, why, to_place)
-            elif state == "FAILED":
-                task = _task(self.store.jobs([job])[job])
-                recovery = task.resources.job_recovery
-                code = latest.exit_code
-                if await self._setup_failed(latest):  # not retried: the same setup would fail again
-                    self._set(m, "FAILED_SETUP", f"setup failed on attempt {latest.number} (exit code {code})")
-                elif recovery and code is not None and code in recovery.recover_on_exit_codes:
-                    self._set(m, "RECOVERING", f"exit code {code} is listed to recover")
-                    to_place.append((job, f"exit code {code}"))
-                elif recovery and m.restarts_on_errors < recovery.max_restarts_on_errors:
-                    self._set(m, "RECOVERING",
-                                           f"exit code {code}: restart {m.restarts_on_errors + 1} of "
-                                           f"{recovery.max_restarts_on_errors}",
-                                           restarts_on_errors=m.restarts_on_errors + 1)
-                    to_place.append((job, f"exit code {code}"))
-                else:
-                    self._set(m, "FAILED", f"attempt {latest.number} failed "
-                                           f"(exit code {code}, {latest.reason or 'FAILED'})")
+            decision = await self._decide(m, mine, context)
+            for token, fields in decision.mark.items():
+                self.store.update_attempt(token, **fields)
+            if decision.note:
+                self._changes.append((m.job_id, None, decision.note, {}))
+            if decision.failed_on:
+                self._note_failure(decision.failed_on, now)
+            if decision.state is not None:
+                self._set(m, decision.state, decision.reason, **decision.fields)
+            if decision.running_on:
+                self._health_resets.add(decision.running_on)  # written once per cluster, below
+            to_cancel += decision.cancel
+            if decision.place:
+                to_place.append((m.job_id, decision.place))
+            if decision.may_move is not None:
+                pending.append((m, m.job_id, decision.may_move))
+            if decision.release is not None:
+                to_release.append(decision.release)
         self._write_changes()
         self._write_health_resets()
         # Each cluster's holder re-cancels what is left there, whoever moved the job away from it.
-        abandoned = [a for mine in attempts.values() for a in mine if a.state == "CANCELLING"
+        abandoned = [a for mine in attempts.values() for a in mine if a.state == JobState.CANCELLING
                      and a.cluster in held and a.cluster not in unreachable and a not in to_cancel]
         report.cancelled += await self._cancel(to_cancel)
         await self._release(to_release)
@@ -296,16 +186,22 @@ class Controller:
         report.submitted += await self._place(placing, attempts, outcomes, unreachable, now)
         report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
 
-    def _recover(self, m: ManagedJobRow, job: str, why: str, to_place: list[tuple[str, str]]) -> None:
-        """After an infrastructure failure: a new attempt, unless the task says `job_recovery: none`."""
-        recovery = _task(self.store.jobs([job])[job]).resources.job_recovery
-        if recovery is not None and recovery.strategy is RecoveryStrategy.NONE:
-            self._set(m, "FAILED", f"{why}; not recovered (job_recovery: none)")
-            return
-        self._set(m, "RECOVERING", why, recoveries=m.recoveries + 1)
-        to_place.append((job, why))
+    async def _decide(self, m: ManagedJobRow, attempts: list[AttemptRow], context: Context) -> Decision:
+        """The rules' decision for one job, with the facts they ask for fetched (each at most once)."""
+        facts = Facts()
+        while (decision := rules.decide(m, attempts, context, facts)).needs is not None:
+            need = decision.needs
+            if need in facts.known:
+                raise RuntimeError(f"the rules asked twice for {need.value} (job {m.job_id})")
+            if need is Need.RECOVERY:
+                recovery = _task(self.store.jobs([m.job_id])[m.job_id]).resources.job_recovery
+                facts = dataclasses.replace(facts, known=facts.known | {need}, recovery=recovery)
+            else:
+                setup_failed = await self._setup_failed(attempts[-1])
+                facts = dataclasses.replace(facts, known=facts.known | {need}, setup_failed=setup_failed)
+        return decision
 
-    def _set(self, m: ManagedJobRow, state: str, reason: str | None, **fields: object) -> None:
+    def _set(self, m: ManagedJobRow, state: ManagedState, reason: str | None, **fields: object) -> None:
         """Note a change of a managed job, written with the others in one transaction (`_write_changes`);
         only when something changed: a quiet tick writes nothing."""
         if (state, reason) == (m.state, m.reason) and all(getattr(m, k) == v for k, v in fields.items()):
@@ -339,8 +235,8 @@ class Controller:
             feasible = recovery_order(after_taken(feasible, taken), recovery.strategy if recovery else None,
                                       before[-1].cluster if before else None)
             if not feasible:
-                self.store.set_managed_many([(job.id, "PENDING", "no cluster can run it now: " + _reasons(plan), {})
-                                             for job in jobs])
+                why = "no cluster can run it now: " + _reasons(plan)
+                self.store.set_managed_many([(job.id, ManagedState.PENDING, why, {}) for job in jobs])
                 continue
             for candidate, _first, count in split_sweep(feasible, len(jobs)):
                 key = (candidate.cluster, candidate.partition)
@@ -486,10 +382,10 @@ class Controller:
             self.store.set_managed(job.id, reason=f"could not move to {target.infra}: {exc}")
             return 0
         # Recorded before the cancel's round trip: nobody sees the new attempt without the move.
-        self.store.set_managed(job.id, "PENDING", why, moves=m.moves + 1, last_move_at=time.time())
+        self.store.set_managed(job.id, ManagedState.PENDING, why, moves=m.moves + 1, last_move_at=time.time())
         # The old attempt stays CANCELLING until Slurm says it ended: a kill lost while Slurm was
         # launching it must not let it run unwatched (it is cancelled again each tick meanwhile).
-        self.store.update_attempt(current.token, state="CANCELLING", reason=why)
+        self.store.update_attempt(current.token, state=JobState.CANCELLING, reason=why)
         await self._cancel([current], settle=False)
         return 1
 
@@ -528,7 +424,7 @@ class Controller:
         done = [a for a in attempts if a.cluster not in failed]
         for a in done if settle else []:
             if a.state not in TERMINAL_STATES:
-                self.store.update_attempt(a.token, state="CANCELLED", ended_at=time.time(),
+                self.store.update_attempt(a.token, state=JobState.CANCELLED, ended_at=time.time(),
                                           reason=a.reason or "cancelled by Corral")
         return len(done)
 
@@ -658,28 +554,6 @@ def recovery_order(feasible: list[Candidate], strategy: RecoveryStrategy | None,
 def _task_key(job: JobRow) -> tuple[str, str]:
     """Jobs plan, predict and batch together only with the same owner's same task."""
     return job.owner, job.task_json
-
-
-def _infra_failure(attempt: AttemptRow) -> bool:
-    return attempt.state == "FAILED" and attempt.failure == FailureClass.INFRA
-
-
-QUICK_FAILURE_SECONDS = 60.0  # an attempt the infrastructure ended this soon after it started never really ran
-
-
-def launch_failures_in_a_row(attempts: list[AttemptRow]) -> int:
-    """How many of a job's latest attempts (oldest first in `attempts`) the infrastructure ended before
-    or within QUICK_FAILURE_SECONDS of their start: a job Slurm fails to launch wherever it goes, not one
-    a cluster lost while it ran. Submissions that reached no cluster neither count nor end the run."""
-    count = 0
-    for attempt in reversed(attempts):
-        if attempt.state == "SUBMIT_FAILED":
-            continue
-        ran = (attempt.ended_at or 0.0) - (attempt.started_at or attempt.ended_at or 0.0)
-        if not _infra_failure(attempt) or ran > QUICK_FAILURE_SECONDS:
-            break
-        count += 1
-    return count
 
 
 def _reasons(plan: Plan) -> str:

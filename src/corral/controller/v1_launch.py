@@ -25,6 +25,7 @@ from corral.client import Client
 from corral.controller.auth import Me
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.errors import CorralError, TaskError
+from corral.infra.base import JobState
 from corral.launch import Launcher, LaunchEvents
 from corral.state import Store
 from corral.state.store import MANAGED_TERMINAL
@@ -336,11 +337,12 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
     @router.get("/managed/{job}/why")
     async def why(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
         """Why a pending managed job waits where it is (lines of text), from a fresh plan."""
-        from corral.controller.engine import ControllerSettings, _task
+        from corral.controller.engine import _task
+        from corral.controller.rules import ControllerSettings
 
         view = managed.resolve(store, job, me.scope)
         latest = view.latest
-        if latest is None or latest.state not in ("PENDING", "SUBMITTING"):
+        if latest is None or latest.state not in (JobState.PENDING, JobState.SUBMITTING):
             return {"job_id": view.job.id, "pending": False,
                     "lines": [f"{view.job.id} is {view.managed.state}: {view.managed.reason or ''}"]}
         plan = await Launcher(Client(), store, owner=view.job.owner).plan(_task(view.job), predict="all")

@@ -4,6 +4,8 @@ The schema's history is in `migrations/`: change a table here and add a revision
 
 from __future__ import annotations
 
+import enum
+
 from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -72,6 +74,24 @@ class AllocationRow(Base):
     run_dir: Mapped[str] = mapped_column(Text)
     idle_seconds: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class ManagedState(enum.StrEnum):
+    """A managed job's own state, across its attempts (an attempt's state is infra.base.JobState)."""
+
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"  # its last attempt failed for a reason the controller recovers from
+    CANCELLING = "CANCELLING"  # cancel requested; the controller cancels its attempts on its next tick
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    FAILED_SETUP = "FAILED_SETUP"  # its setup failed: not retried, it would fail again
+    CANCELLED = "CANCELLED"
+
+
+MANAGED_TERMINAL_STATES = frozenset({ManagedState.SUCCEEDED, ManagedState.FAILED, ManagedState.FAILED_SETUP,
+                                     ManagedState.CANCELLED})
 
 
 class ManagedJobRow(Base):

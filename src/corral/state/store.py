@@ -28,13 +28,15 @@ from corral.state.models import (
     GpuSampleRow,
     JobEventRow,
     JobRow,
+    MANAGED_TERMINAL_STATES,
     LeaseRow,
     ManagedJobRow,
+    ManagedState,
     UserRow,
     WebSessionRow,
 )
 
-MANAGED_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"})
+MANAGED_TERMINAL = frozenset(state.value for state in MANAGED_TERMINAL_STATES)
 
 DB_URL_ENV = "CORRAL_DB_URL"
 # The attempt states as the store keeps them (strings), from their one definition in infra/base.py.
@@ -310,9 +312,11 @@ class Store:
         with self.session() as s, s.begin():
             _execute_in_batches(s, insert(JobRow), jobs)
             _execute_in_batches(s, insert(ManagedJobRow), [
-                {"job_id": j["id"], "state": "PENDING", "reason": None, "restarts_on_errors": 0, "recoveries": 0,
-                 "moves": 0, "last_move_at": 0.0, "cancel_requested": False, "updated_at": now} for j in jobs])
-            _execute_in_batches(s, insert(JobEventRow), [{"job_id": j["id"], "at": now, "state": "PENDING",
+                {"job_id": j["id"], "state": ManagedState.PENDING.value, "reason": None, "restarts_on_errors": 0,
+                 "recoveries": 0, "moves": 0, "last_move_at": 0.0, "cancel_requested": False, "updated_at": now}
+                for j in jobs])
+            _execute_in_batches(s, insert(JobEventRow), [{"job_id": j["id"], "at": now,
+                                                          "state": ManagedState.PENDING.value,
                                                           "reason": "submitted"} for j in jobs])
 
     def managed(self, job_ids: Iterable[str] | None = None, live_only: bool = False) -> list[ManagedJobRow]:
@@ -408,7 +412,7 @@ class Store:
     def failed_submissions(self, since: float) -> list[AttemptRow]:
         """Attempts whose submission failed since `since`: Slurm may have some after all (a lost answer)."""
         with self.session() as s:
-            return list(s.scalars(select(AttemptRow).where(AttemptRow.state == "SUBMIT_FAILED",
+            return list(s.scalars(select(AttemptRow).where(AttemptRow.state == JobState.SUBMIT_FAILED,
                                                            AttemptRow.ended_at >= since)))
 
     def live_managed_tasks(self) -> list[str]:

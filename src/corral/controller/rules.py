@@ -1,0 +1,259 @@
+"""The controller's rules: what to do with one managed job this tick, decided from its rows alone.
+
+`decide` reads a managed job's row and its attempts (oldest first) and returns a `Decision`: the job's
+new state, attempts to cancel or mark, whether it needs a new attempt, may move, or may be released.
+It does no I/O: no store, no backend, no clock. When a rule needs a fact that costs I/O (the task's
+`job_recovery`, read from the store; whether the attempt failed in `setup`, one round trip), the
+decision says so in `needs`, and the engine fetches that fact and asks again. The engine
+(engine.py) carries decisions out; the rules are unit-tested on plain rows (tests/controller/test_rules.py).
+
+The rules, in the order they apply:
+- cancel requested: CANCELLED, every live attempt cancelled;
+- two attempts running at once (a re-route race): keep the one that started first, cancel the other;
+- an older attempt succeeded after all (its kill was lost): SUCCEEDED, newer ones cancelled;
+- no attempt yet: a first attempt;
+- its cluster unreachable beyond the grace period: the attempt is marked CANCELLING (cancelled once
+  the cluster answers again) and the job recovers elsewhere, unless `job_recovery: none`;
+- a held move waits until the attempt it replaces is known ended, and the task-side cancel fence has
+  had its time; then it is released;
+- pending long enough: a candidate for a move (the engine's re-routing decides where, if anywhere);
+- the infrastructure failed it (node failure, preemption, a job the backend lost, a submission no
+  cluster took): a new attempt, unless its last `max_launch_failures` attempts all ended at once;
+- the task itself failed: FAILED_SETUP if `setup` failed, else a restart if `recover_on_exit_codes`
+  or `max_restarts_on_errors` say so, else FAILED.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from corral.infra.base import FailureClass, JobState
+from corral.state.models import AttemptRow, ManagedJobRow, ManagedState
+from corral.state.store import TERMINAL_STATES
+from corral.task import JobRecovery, RecoveryStrategy
+
+# How long a held replacement waits after its predecessor ended, for the task-side cancel fence: the
+# watcher in TASK_SH sees the marker within a second, and a task that outlives TERM for 10 s is KILLed.
+CANCEL_FENCE_SECONDS = 12.0
+QUICK_FAILURE_SECONDS = 60.0  # an attempt the infrastructure ended this soon after it started never really ran
+LIVE_ON_A_CLUSTER = frozenset({JobState.PENDING, JobState.STARTING, JobState.RUNNING, JobState.SUBMITTING})
+
+
+@dataclass
+class ControllerSettings:
+    grace_seconds: float = 60.0  # a cluster unreachable this long: its jobs recover elsewhere
+    reroute_after: float = 10.0  # pending at least this long before a move is considered
+    reroute_cooldown: float = 60.0  # no second move of one job within this
+    reroute_margin: float = 300.0  # a predicted start must beat the current one by this many seconds…
+    reroute_margin_fraction: float = 0.2  # …and by this fraction of the current wait
+    predict_interval: float = 60.0  # how often a pending task's start times are predicted on every cluster
+    max_predicted_tasks: int = 16  # distinct tasks predicted per tick (each is one sbatch --test-only per place)
+    unhealthy_after_failures: int = 3  # infrastructure failures in a row that mark a cluster unhealthy
+    unhealthy_seconds: float = 300.0  # how long an unhealthy cluster is avoided
+    max_launch_failures: int = 5  # attempts in a row the infrastructure ended at once: then FAILED, not recovered
+    lease_seconds: float = 30.0
+
+    def margin(self, here_start: float, now: float) -> float:
+        """How much sooner another cluster must be predicted to start a job before it moves there."""
+        return max(self.reroute_margin, self.reroute_margin_fraction * max(0.0, here_start - now))
+
+    @classmethod
+    def from_env(cls) -> ControllerSettings:
+        settings = cls()
+        for name in ("grace_seconds", "reroute_after", "reroute_cooldown", "reroute_margin", "reroute_margin_fraction",
+                     "predict_interval", "unhealthy_seconds", "lease_seconds"):
+            value = os.environ.get(f"CORRAL_CONTROLLER_{name.upper()}")
+            if value:
+                setattr(settings, name, float(value))
+        return settings
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every decision of one tick shares."""
+
+    now: float
+    unreachable: frozenset[str]  # clusters unreachable beyond the grace period
+    settings: ControllerSettings
+    where: Callable[[str, str], str]  # (cluster, partition) -> the place's name as people read it
+
+
+class Need(enum.Enum):
+    """A fact a rule needs that costs I/O: the engine fetches it and decides again."""
+
+    RECOVERY = "the task's job_recovery"  # a store read
+    SETUP_FAILED = "whether setup failed"  # a round trip to the attempt's cluster
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The facts fetched so far for one job's decision (`known` says which were)."""
+
+    known: frozenset[Need] = frozenset()
+    recovery: JobRecovery | None = None
+    setup_failed: bool = False
+
+
+@dataclass
+class Decision:
+    """What the engine does for one managed job this tick; the default does nothing."""
+
+    state: ManagedState | None = None  # the job's state from now on (None: as it is)
+    reason: str | None = None
+    fields: dict[str, object] = field(default_factory=dict)  # counters written with the state
+    note: str | None = None  # an event recorded without a change of state
+    cancel: list[AttemptRow] = field(default_factory=list)  # attempts to cancel on their cluster
+    mark: dict[str, dict[str, object]] = field(default_factory=dict)  # attempt token -> fields written now
+    place: str | None = None  # it needs a new attempt: why
+    may_move: AttemptRow | None = None  # pending long enough: re-routing may move this attempt
+    release: AttemptRow | None = None  # a held move may start
+    failed_on: str | None = None  # the cluster whose infrastructure failed it (counts towards unhealthy)
+    running_on: str | None = None  # the cluster it runs on (resets that cluster's failures in a row)
+    needs: Need | None = None  # decide again once this is known; nothing else is set
+
+
+def decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, facts: Facts = Facts()) -> Decision:
+    """What to do with managed job `m` this tick, given its attempts (oldest first)."""
+    now = context.now
+    live = [a for a in attempts if a.state not in TERMINAL_STATES]
+    latest = attempts[-1] if attempts else None
+    if m.cancel_requested:
+        return Decision(ManagedState.CANCELLED, "cancelled by user", cancel=live)
+    decision = Decision()
+    running = sorted((a for a in live if a.state in (JobState.RUNNING, JobState.STARTING)),
+                     key=lambda a: (a.started_at or now, a.number))
+    if len(running) > 1:  # a re-route raced with the old attempt starting: keep the first
+        for extra in running[1:]:
+            decision.cancel.append(extra)
+            decision.mark[extra.token] = {"state": JobState.CANCELLED, "ended_at": now,
+                                          "reason": f"duplicate of attempt {running[0].number}"}
+        decision.note = (f"attempts {', '.join(str(a.number) for a in running)} both started; "
+                         f"kept attempt {running[0].number}")
+        latest = running[0]
+    succeeded = next((a for a in attempts if a.state == JobState.SUCCEEDED), None)
+    if succeeded is not None and succeeded is not latest:
+        # An attempt Corral had moved away from ran after all (its kill was lost while Slurm was
+        # launching it) and succeeded: the job is done; newer attempts must not run it again.
+        for extra in live:
+            if extra.token not in decision.mark:
+                decision.cancel.append(extra)
+            decision.mark[extra.token] = {"state": JobState.CANCELLED, "ended_at": now,
+                                          "reason": f"attempt {succeeded.number} had already succeeded"}
+        return _with_state(decision, ManagedState.SUCCEEDED, f"attempt {succeeded.number} succeeded (it ran although "
+                                                             "it had been moved; later attempts cancelled)")
+    if latest is None:
+        decision.place = "first attempt"
+        return decision
+    state = latest.state
+    if latest.cluster in context.unreachable and state in LIVE_ON_A_CLUSTER:
+        why = f"{latest.cluster} unreachable for more than {context.settings.grace_seconds:g}s"
+        # Cancelled in Slurm as soon as the cluster answers again, so it never runs twice for long.
+        decision.mark[latest.token] = {"state": JobState.CANCELLING, "reason": why}
+        return _recover(decision, m, why, facts)
+    if state in (JobState.SUBMITTING, JobState.CANCELLING):
+        return decision
+    if state == JobState.PENDING and latest.held:
+        # A move's attempt waits, held, until the attempt it replaces is known not to run...
+        blocking = [a for a in live if a is not latest and a.cluster not in context.unreachable]
+        # ... and for a few seconds more: the task's own cancel fence ends a task that Slurm's kill
+        # missed within a second of the cancel marker (see TASK_SH).
+        fencing = [a for a in attempts if a is not latest and a.state in (JobState.CANCELLED, JobState.FAILED)
+                   and now - (a.ended_at or 0) < CANCEL_FENCE_SECONDS]
+        if blocking or fencing:
+            return _with_state(decision, ManagedState.PENDING, f"attempt {latest.number} held until attempt "
+                                                               f"{(blocking or fencing)[0].number} is confirmed cancelled")
+        decision.release = latest
+        return decision
+    if state == JobState.PENDING:
+        if now - (latest.submitted_at or now) >= context.settings.reroute_after:
+            decision.may_move = latest
+        return _with_state(decision, ManagedState.PENDING if m.recoveries == 0 else ManagedState.RECOVERING,
+                           latest.reason or "pending")
+    if state in (JobState.STARTING, JobState.RUNNING):
+        decision.running_on = latest.cluster
+        return _with_state(decision, ManagedState(state), f"on {context.where(latest.cluster, latest.partition)} "
+                                                          f"(attempt {latest.number})")
+    if state == JobState.SUCCEEDED:
+        return _with_state(decision, ManagedState.SUCCEEDED, f"attempt {latest.number} succeeded")
+    if state == JobState.CANCELLED:
+        if latest.reason and latest.reason.startswith(("re-routed", "duplicate")):
+            return decision  # replaced by a newer attempt, which is the latest once recorded
+        return _with_state(decision, ManagedState.CANCELLED, latest.reason or "cancelled in Slurm")
+    if state in (JobState.SUBMIT_FAILED, JobState.LOST) or infra_failure(latest):
+        why = f"attempt {latest.number} on {latest.cluster}: {latest.reason or state}"
+        quick = launch_failures_in_a_row(attempts)
+        if quick >= context.settings.max_launch_failures:
+            decision.failed_on = latest.cluster
+            return _with_state(decision, ManagedState.FAILED, f"{why}; not recovered again: its last {quick} "
+                                                              "attempts all ended as soon as they started (look at "
+                                                              "its resources and sbatch_args)")
+        recovered = _recover(decision, m, why, facts)
+        if recovered.needs is None:
+            recovered.failed_on = latest.cluster
+        return recovered
+    if state == JobState.FAILED:
+        return _task_failed(decision, m, latest, facts)
+    return decision
+
+
+def _task_failed(decision: Decision, m: ManagedJobRow, latest: AttemptRow, facts: Facts) -> Decision:
+    """The task itself failed: not retried when its setup failed (it would fail again), else as its
+    `job_recovery` says."""
+    if Need.SETUP_FAILED not in facts.known:
+        return Decision(needs=Need.SETUP_FAILED)
+    code = latest.exit_code
+    if facts.setup_failed:
+        return _with_state(decision, ManagedState.FAILED_SETUP, f"setup failed on attempt {latest.number} "
+                                                                f"(exit code {code})")
+    if Need.RECOVERY not in facts.known:
+        return Decision(needs=Need.RECOVERY)
+    recovery = facts.recovery
+    if recovery and code is not None and code in recovery.recover_on_exit_codes:
+        decision.place = f"exit code {code}"
+        return _with_state(decision, ManagedState.RECOVERING, f"exit code {code} is listed to recover")
+    if recovery and m.restarts_on_errors < recovery.max_restarts_on_errors:
+        decision.place = f"exit code {code}"
+        decision.fields["restarts_on_errors"] = m.restarts_on_errors + 1
+        return _with_state(decision, ManagedState.RECOVERING, f"exit code {code}: restart "
+                                                              f"{m.restarts_on_errors + 1} of "
+                                                              f"{recovery.max_restarts_on_errors}")
+    return _with_state(decision, ManagedState.FAILED, f"attempt {latest.number} failed "
+                                                      f"(exit code {code}, {latest.reason or 'FAILED'})")
+
+
+def _recover(decision: Decision, m: ManagedJobRow, why: str, facts: Facts) -> Decision:
+    """After an infrastructure failure: a new attempt, unless the task says `job_recovery: none`."""
+    if Need.RECOVERY not in facts.known:
+        return Decision(needs=Need.RECOVERY)
+    if facts.recovery is not None and facts.recovery.strategy is RecoveryStrategy.NONE:
+        return _with_state(decision, ManagedState.FAILED, f"{why}; not recovered (job_recovery: none)")
+    decision.place = why
+    decision.fields["recoveries"] = m.recoveries + 1
+    return _with_state(decision, ManagedState.RECOVERING, why)
+
+
+def _with_state(decision: Decision, state: ManagedState, reason: str) -> Decision:
+    decision.state, decision.reason = state, reason
+    return decision
+
+
+def infra_failure(attempt: AttemptRow) -> bool:
+    return attempt.state == JobState.FAILED and attempt.failure == FailureClass.INFRA
+
+
+def launch_failures_in_a_row(attempts: list[AttemptRow]) -> int:
+    """How many of a job's latest attempts (oldest first in `attempts`) the infrastructure ended before
+    or within QUICK_FAILURE_SECONDS of their start: a job Slurm fails to launch wherever it goes, not one
+    a cluster lost while it ran. Submissions that reached no cluster neither count nor end the run."""
+    count = 0
+    for attempt in reversed(attempts):
+        if attempt.state == JobState.SUBMIT_FAILED:
+            continue
+        ran = (attempt.ended_at or 0.0) - (attempt.started_at or attempt.ended_at or 0.0)
+        if not infra_failure(attempt) or ran > QUICK_FAILURE_SECONDS:
+            break
+        count += 1
+    return count

@@ -1,0 +1,165 @@
+"""The controller's rules on plain rows: no store, no backend, no clock (rules.py). The engine that
+carries the decisions out is tested end to end in tests/test_seam.py and on the testbed."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.controller.rules import (
+    CANCEL_FENCE_SECONDS,
+    Context,
+    ControllerSettings,
+    Facts,
+    Need,
+    decide,
+)
+from corral.infra.base import FailureClass, JobState
+from corral.state.models import AttemptRow, ManagedJobRow, ManagedState
+from corral.task import JobRecovery
+
+NOW = 10_000.0
+CONTEXT = Context(NOW, frozenset(), ControllerSettings(), lambda cluster, partition: f"slurm/{cluster}/{partition}")
+
+
+def managed(**fields: object) -> ManagedJobRow:
+    row = ManagedJobRow(job_id="j1", state=ManagedState.PENDING, reason=None, restarts_on_errors=0, recoveries=0,
+                        moves=0, last_move_at=0.0, cancel_requested=False)
+    for key, value in fields.items():
+        setattr(row, key, value)
+    return row
+
+
+def attempt(number: int, state: JobState, cluster: str = "alpine", **fields: object) -> AttemptRow:
+    row = AttemptRow(token=f"t{number}", job_id="j1", number=number, cluster=cluster, partition="gpu",
+                     handle=str(number), state=state, reason=None, run_dir="", log_path="", submitted_at=NOW - 60,
+                     started_at=None, ended_at=None, exit_code=None, failure=None, held=None)
+    for key, value in fields.items():
+        setattr(row, key, value)
+    return row
+
+
+def known(recovery: JobRecovery | None = None, setup_failed: bool = False) -> Facts:
+    return Facts(frozenset(Need), recovery, setup_failed)
+
+
+def test_a_job_without_attempts_gets_its_first():
+    decision = decide(managed(), [], CONTEXT)
+    assert decision.place == "first attempt" and decision.state is None and not decision.cancel
+
+
+def test_a_cancel_request_cancels_every_live_attempt_and_nothing_ended():
+    live, ended = attempt(2, JobState.RUNNING), attempt(1, JobState.FAILED)
+    decision = decide(managed(cancel_requested=True), [ended, live], CONTEXT)
+    assert decision.state is ManagedState.CANCELLED and decision.cancel == [live] and decision.place is None
+
+
+def test_two_running_attempts_keep_the_one_that_started_first():
+    first = attempt(1, JobState.RUNNING, started_at=NOW - 30)
+    second = attempt(2, JobState.RUNNING, "borealis", started_at=NOW - 10)
+    decision = decide(managed(), [first, second], CONTEXT)
+    assert decision.cancel == [second] and decision.mark["t2"]["state"] == JobState.CANCELLED
+    assert decision.note == "attempts 1, 2 both started; kept attempt 1"
+    assert decision.state is ManagedState.RUNNING and decision.reason == "on slurm/alpine/gpu (attempt 1)"
+    assert decision.running_on == "alpine"
+
+
+def test_an_older_attempt_that_succeeded_ends_the_job_and_cancels_each_newer_one_once():
+    old = attempt(1, JobState.SUCCEEDED, ended_at=NOW - 5)
+    racing = attempt(2, JobState.RUNNING, "borealis", started_at=NOW - 30)
+    newest = attempt(3, JobState.RUNNING, "cirrus", started_at=NOW - 10)
+    decision = decide(managed(), [old, racing, newest], CONTEXT)
+    assert decision.state is ManagedState.SUCCEEDED
+    assert sorted(a.token for a in decision.cancel) == ["t2", "t3"]  # each once, though one was also a duplicate
+    assert {token: fields["reason"] for token, fields in decision.mark.items()} == {
+        "t2": "attempt 1 had already succeeded", "t3": "attempt 1 had already succeeded"}
+
+
+@pytest.mark.parametrize("state", [JobState.PENDING, JobState.RUNNING, JobState.SUBMITTING])
+def test_an_attempt_on_a_cluster_unreachable_beyond_the_grace_is_recovered_elsewhere(state):
+    context = Context(NOW, frozenset({"alpine"}), ControllerSettings(), CONTEXT.where)
+    latest = attempt(1, state)
+    assert decide(managed(), [latest], context).needs is Need.RECOVERY  # job_recovery is a store read
+    decision = decide(managed(recoveries=2), [latest], context, known())
+    assert decision.mark == {"t1": {"state": JobState.CANCELLING, "reason": "alpine unreachable for more than 60s"}}
+    assert decision.state is ManagedState.RECOVERING and decision.fields == {"recoveries": 3}
+    assert decision.place == "alpine unreachable for more than 60s" and decision.failed_on is None
+
+
+def test_job_recovery_none_makes_an_infrastructure_failure_final():
+    latest = attempt(1, JobState.FAILED, failure=FailureClass.INFRA, reason="NODE_FAIL", ended_at=NOW)
+    decision = decide(managed(), [latest], CONTEXT, known(JobRecovery(strategy="none")))
+    assert decision.state is ManagedState.FAILED and decision.place is None
+    assert decision.reason == "attempt 1 on alpine: NODE_FAIL; not recovered (job_recovery: none)"
+    assert decision.failed_on == "alpine"  # the cluster's failures in a row count it all the same
+
+
+def test_an_infrastructure_failure_is_recovered_and_counted_against_its_cluster():
+    latest = attempt(1, JobState.FAILED, failure=FailureClass.INFRA, reason="NODE_FAIL", started_at=NOW - 600,
+                     ended_at=NOW)
+    decision = decide(managed(), [latest], CONTEXT, known())
+    assert decision.state is ManagedState.RECOVERING and decision.place == "attempt 1 on alpine: NODE_FAIL"
+    assert decision.failed_on == "alpine" and decision.fields == {"recoveries": 1}
+
+
+def test_attempts_the_infrastructure_ends_at_once_every_time_end_in_failed():
+    limit = ControllerSettings().max_launch_failures
+    attempts = [attempt(n, JobState.FAILED, failure=FailureClass.INFRA, started_at=NOW, ended_at=NOW + 1)
+                for n in range(1, limit + 1)]
+    decision = decide(managed(), attempts, CONTEXT)  # no fact needed: not recovered whatever job_recovery says
+    assert decision.state is ManagedState.FAILED and decision.place is None
+    assert f"its last {limit} attempts all ended as soon as they started" in (decision.reason or "")
+
+
+def test_a_task_failure_asks_whether_setup_failed_before_anything_else():
+    latest = attempt(1, JobState.FAILED, failure=FailureClass.TASK, exit_code=3)
+    assert decide(managed(), [latest], CONTEXT).needs is Need.SETUP_FAILED
+    assert decide(managed(), [latest], CONTEXT, Facts(frozenset({Need.SETUP_FAILED}))).needs is Need.RECOVERY
+    failed_setup = decide(managed(), [latest], CONTEXT, Facts(frozenset({Need.SETUP_FAILED}), setup_failed=True))
+    assert failed_setup.state is ManagedState.FAILED_SETUP and failed_setup.place is None
+
+
+def test_a_task_failure_restarts_as_job_recovery_says_then_fails():
+    latest = attempt(1, JobState.FAILED, failure=FailureClass.TASK, exit_code=3, reason="FAILED")
+    recovery = JobRecovery(max_restarts_on_errors=2, recover_on_exit_codes=[75])
+    restarted = decide(managed(restarts_on_errors=1), [latest], CONTEXT, known(recovery))
+    assert restarted.state is ManagedState.RECOVERING and restarted.fields == {"restarts_on_errors": 2}
+    assert restarted.reason == "exit code 3: restart 2 of 2" and restarted.place == "exit code 3"
+    spent = decide(managed(restarts_on_errors=2), [latest], CONTEXT, known(recovery))
+    assert spent.state is ManagedState.FAILED and spent.place is None
+    listed = attempt(1, JobState.FAILED, failure=FailureClass.TASK, exit_code=75)
+    always = decide(managed(restarts_on_errors=2), [listed], CONTEXT, known(recovery))
+    assert always.state is ManagedState.RECOVERING and always.fields == {}  # listed codes do not spend restarts
+
+
+def test_a_pending_attempt_may_move_only_once_it_has_waited():
+    fresh = attempt(1, JobState.PENDING, submitted_at=NOW - 1, reason="Resources")
+    waited = attempt(1, JobState.PENDING, submitted_at=NOW - 60, reason="Resources")
+    assert decide(managed(), [fresh], CONTEXT).may_move is None
+    decision = decide(managed(), [waited], CONTEXT)
+    assert decision.may_move is waited and (decision.state, decision.reason) == (ManagedState.PENDING, "Resources")
+    assert decide(managed(recoveries=1), [waited], CONTEXT).state is ManagedState.RECOVERING
+
+
+def test_a_held_move_is_released_only_after_the_old_attempt_ended_and_the_fence_had_its_time():
+    held = attempt(2, JobState.PENDING, "borealis", held=True)
+    running_old = attempt(1, JobState.RUNNING)
+    blocked = decide(managed(), [running_old, held], CONTEXT)
+    assert blocked.release is None and blocked.reason == "attempt 2 held until attempt 1 is confirmed cancelled"
+    just_ended = attempt(1, JobState.CANCELLED, ended_at=NOW - CANCEL_FENCE_SECONDS / 2)
+    assert decide(managed(), [just_ended, held], CONTEXT).release is None
+    long_ended = attempt(1, JobState.CANCELLED, ended_at=NOW - CANCEL_FENCE_SECONDS - 1)
+    assert decide(managed(), [long_ended, held], CONTEXT).release is held
+
+
+def test_an_attempt_replaced_by_a_move_leaves_the_job_as_it_is():
+    moved_away = attempt(1, JobState.CANCELLED, reason="re-routed to borealis")
+    decision = decide(managed(state=ManagedState.PENDING, reason="x"), [moved_away], CONTEXT)
+    assert decision.state is None and not decision.cancel and decision.place is None
+    by_hand = attempt(1, JobState.CANCELLED, reason=None)
+    assert decide(managed(), [by_hand], CONTEXT).reason == "cancelled in Slurm"
+
+
+@pytest.mark.parametrize("state", [JobState.SUBMITTING, JobState.CANCELLING])
+def test_an_attempt_in_between_is_left_to_the_tracker(state):
+    decision = decide(managed(), [attempt(1, state)], CONTEXT)
+    assert decision.state is None and decision.place is None and decision.needs is None
