@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.controller.engine import recovery_order
+from corral.controller.rules import recovery_order
 from corral.placement import Candidate
 from corral.task import RecoveryStrategy, load_task, parse_memory, parse_task, resource_options
 from corral.task_compat import IGNORED_RESOURCE_FIELDS, autostop_minutes, ignored_fields

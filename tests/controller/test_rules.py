@@ -11,11 +11,16 @@ from corral.controller.rules import (
     ControllerSettings,
     Facts,
     Need,
+    after_taken,
     decide,
+    move_by_prediction,
+    move_to_start_now,
+    starts_where_it_is,
 )
 from corral.infra.base import FailureClass, JobState
+from corral.placement import Candidate, Plan
 from corral.state.models import AttemptRow, ManagedJobRow, ManagedState
-from corral.task import JobRecovery
+from corral.task import JobRecovery, parse_task, resource_options
 
 NOW = 10_000.0
 CONTEXT = Context(NOW, frozenset(), ControllerSettings(), lambda cluster, partition: f"slurm/{cluster}/{partition}")
@@ -163,3 +168,40 @@ def test_an_attempt_replaced_by_a_move_leaves_the_job_as_it_is():
 def test_an_attempt_in_between_is_left_to_the_tracker(state):
     decision = decide(managed(), [attempt(1, state)], CONTEXT)
     assert decision.state is None and decision.place is None and decision.needs is None
+
+
+# ---- where a pending job goes ---------------------------------------------------------------------
+[OPTION] = resource_options(parse_task({"run": "x"}, "t").resources)
+
+
+def place(cluster: str, now: bool = False, copies: int = 0, start: float | None = None) -> Candidate:
+    return Candidate(cluster, "gpu", OPTION, True, startable_now=now, startable_copies=copies, predicted_start=start)
+
+
+def test_a_job_its_own_cluster_can_start_now_stays():
+    waiting = attempt(1, JobState.PENDING)
+    assert starts_where_it_is(waiting, Plan([place("alpine", now=True, copies=1), place("borealis", now=True)]))
+    assert not starts_where_it_is(waiting, Plan([place("alpine"), place("borealis", now=True)]))
+
+
+def test_a_move_to_start_now_goes_where_capacity_is_left_after_this_tick_and_never_to_an_avoided_cluster():
+    waiting = attempt(1, JobState.PENDING, reason="Resources")
+    plan = Plan([place("alpine"), place("borealis", now=True, copies=1), place("cirrus", now=True, copies=4)])
+    move = move_to_start_now(waiting, plan, {}, set())
+    assert move is not None and move.place == ("borealis", "gpu")
+    assert move.why == "re-routed to slurm/borealis/gpu: it can start now; alpine had it pending (Resources)"
+    assert move_to_start_now(waiting, plan, {("borealis", "gpu"): 1}, set()).place == ("cirrus", "gpu")
+    assert move_to_start_now(waiting, plan, {}, {"borealis", "cirrus"}) is None
+    assert [c.startable_copies for c in after_taken(plan.feasible(), {("cirrus", "gpu"): 3})] == [1, 1, 0]
+
+
+def test_a_predicted_move_needs_to_beat_the_current_start_by_the_margin():
+    waiting = attempt(1, JobState.PENDING, expected_start=NOW + 3600)  # an hour away: the margin is 12 min
+    barely = Plan([place("alpine", start=NOW + 3600), place("borealis", start=NOW + 3000)])  # 10 min sooner
+    assert move_by_prediction(waiting, barely, set(), ControllerSettings(), NOW) is None
+    clearly = Plan([place("alpine", start=NOW + 3600), place("borealis", start=NOW + 600)])  # 50 min sooner
+    move = move_by_prediction(waiting, clearly, set(), ControllerSettings(), NOW)
+    assert move is not None and move.place == ("borealis", "gpu") and "50 min sooner than on alpine" in move.why
+    assert move_by_prediction(waiting, clearly, {"borealis"}, ControllerSettings(), NOW) is None
+    unknown = attempt(1, JobState.PENDING, expected_start=None)  # no estimate here, from Slurm or the plan
+    assert move_by_prediction(unknown, Plan([place("borealis", start=NOW)]), set(), ControllerSettings(), NOW) is None

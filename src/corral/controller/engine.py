@@ -30,7 +30,6 @@ import asyncio
 import dataclasses
 import functools
 import json
-import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
 from corral.state.sealed import unseal
 from corral.state.store import TERMINAL_STATES
-from corral.task import RecoveryStrategy, Task, resolved_envs
+from corral.task import Task, resolved_envs
 from corral.tracker import RefreshScope, SharedRefresh, Tracker, sent_by_account
 
 LEASE = "controller"
@@ -232,7 +231,7 @@ class Controller:
             feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
             before = attempts.get(jobs[0].id, [])
             recovery = task.resources.job_recovery
-            feasible = recovery_order(after_taken(feasible, taken), recovery.strategy if recovery else None,
+            feasible = rules.recovery_order(rules.after_taken(feasible, taken), recovery.strategy if recovery else None,
                                       before[-1].cluster if before else None)
             if not feasible:
                 why = "no cluster can run it now: " + _reasons(plan)
@@ -301,19 +300,14 @@ class Controller:
             if key not in plans:
                 plans[key] = await self.launcher.plan(task, predict="never", outcomes=outcomes, owner=job.owner)
             plan = plans[key]
-            here = _candidate_at(plan, current)
-            if here is not None and here.startable_now:
+            if rules.starts_where_it_is(current, plan):
                 continue  # Slurm will start it where it is
-            best = next((c for c in after_taken(plan.feasible(), taken)
-                         if c.startable_now and c.cluster not in avoid
-                         and (c.cluster, c.partition) != (current.cluster, current.partition)), None)
-            if best is None:
+            move = rules.move_to_start_now(current, plan, taken, avoid)
+            if move is None:
                 waiting.append((m, job, current, task))
                 continue
-            taken[(best.cluster, best.partition)] = taken.get((best.cluster, best.partition), 0) + 1
-            why = (f"re-routed to {best.infra}: it can start now; {current.cluster} had it pending "
-                   f"({current.reason or 'pending'})")
-            moved += await self._move(m, job, current, task, best, attempts, why)
+            taken[move.place] = taken.get(move.place, 0) + 1
+            moved += await self._move(m, job, current, task, move.target, attempts, move.why)
         if waiting:
             moved += await self._reroute_by_prediction(waiting, plans, attempts, avoid, now)
         return moved
@@ -344,23 +338,8 @@ class Controller:
             cached = self._predictions.get(_task_key(job))
             if cached is None:
                 continue
-            plan = cached[1]
-            here = _candidate_at(plan, current)
-            here_start = current.expected_start or (here.predicted_start if here else None)
-            # Places that can start it now are the first rule's, with this tick's capacity count.
-            alternatives = [c for c in plan.feasible() if c.predicted_start is not None and not c.startable_now
-                            and c.cluster not in avoid
-                            and (c.cluster, c.partition) != (current.cluster, current.partition)]
-            if here_start is None or not alternatives:
-                continue
-            best = min(alternatives, key=lambda c: c.predicted_start or math.inf)
-            gain = here_start - (best.predicted_start or math.inf)
-            if gain < self.settings.margin(here_start, now):
-                continue
-            why = (f"re-routed to {best.infra}: predicted to start there at {_clock(best.predicted_start)}, "
-                   f"{_duration(gain)} sooner than on {current.cluster} ({_clock(here_start)}, "
-                   f"{current.reason or 'pending'})")
-            if await self._move(m, job, current, task, best, attempts, why):
+            move = rules.move_by_prediction(current, cached[1], avoid, self.settings, now)
+            if move is not None and await self._move(m, job, current, task, move.target, attempts, move.why):
                 moved += 1
                 # One move per task per prediction: the next one sees the moved job in its new queue.
                 self._predictions.pop(_task_key(job), None)
@@ -526,31 +505,6 @@ def _last_cluster(attempts: dict[str, list[AttemptRow]], job: JobRow) -> str | N
     return mine[-1].cluster if mine else None
 
 
-def after_taken(feasible: list[Candidate], taken: dict[tuple[str, str], int]) -> list[Candidate]:
-    """The ranked candidates with what this tick already placed taken off what each can start now;
-    those that can still start a copy now first, each group in its rank order."""
-    adjusted = []
-    for candidate in feasible:
-        used = taken.get((candidate.cluster, candidate.partition), 0)
-        if used:
-            left = max(0, candidate.startable_copies - used)
-            candidate = dataclasses.replace(candidate, startable_copies=left,
-                                            startable_now=candidate.startable_now and left > 0)
-        adjusted.append(candidate)
-    return sorted(adjusted, key=lambda c: not c.startable_now)
-
-
-def recovery_order(feasible: list[Candidate], strategy: RecoveryStrategy | None,
-                   previous: str | None) -> list[Candidate]:
-    """Where a recovered attempt goes (SkyPilot's strategies): FAILOVER tries the cluster the job was on
-    first, EAGER_NEXT_REGION tries it last; unset, placement's ranking (soonest start) decides alone."""
-    if previous is None or strategy not in (RecoveryStrategy.FAILOVER, RecoveryStrategy.EAGER_NEXT_REGION):
-        return feasible
-    same = [c for c in feasible if c.cluster == previous]
-    others = [c for c in feasible if c.cluster != previous]
-    return same + others if strategy is RecoveryStrategy.FAILOVER else others + same
-
-
 def _task_key(job: JobRow) -> tuple[str, str]:
     """Jobs plan, predict and batch together only with the same owner's same task."""
     return job.owner, job.task_json
@@ -558,16 +512,3 @@ def _task_key(job: JobRow) -> tuple[str, str]:
 
 def _reasons(plan: Plan) -> str:
     return "; ".join(f"{c.infra}: {c.reason}" for c in plan.ranked()[:4] if c.reason) or "none feasible"
-
-
-def _candidate_at(plan: Plan, attempt: AttemptRow) -> Candidate | None:
-    return next((c for c in plan.candidates if (c.cluster, c.partition) == (attempt.cluster, attempt.partition)), None)
-
-
-def _clock(epoch: float | None) -> str:
-    return time.strftime("%H:%M", time.localtime(epoch)) if epoch else "unknown"
-
-
-def _duration(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes} min"

@@ -2,7 +2,7 @@
 
 `decide` reads a managed job's row and its attempts (oldest first) and returns a `Decision`: the job's
 new state, attempts to cancel or mark, whether it needs a new attempt, may move, or may be released.
-It does no I/O: no store, no backend, no clock. When a rule needs a fact that costs I/O (the task's
+It does no I/O: no store, no backend, and it reads no clock (the tick's `now` is given). When a rule needs a fact that costs I/O (the task's
 `job_recovery`, read from the store; whether the attempt failed in `setup`, one round trip), the
 decision says so in `needs`, and the engine fetches that fact and asks again. The engine
 (engine.py) carries decisions out; the rules are unit-tested on plain rows (tests/controller/test_rules.py).
@@ -21,16 +21,23 @@ The rules, in the order they apply:
   cluster took): a new attempt, unless its last `max_launch_failures` attempts all ended at once;
 - the task itself failed: FAILED_SETUP if `setup` failed, else a restart if `recover_on_exit_codes`
   or `max_restarts_on_errors` say so, else FAILED.
+
+Where a job goes is decided here too, from the tick's plan: a recovered attempt's order of places
+(`recovery_order`), and a pending job's move (`move_to_start_now`, else `move_by_prediction`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corral.infra.base import FailureClass, JobState
+from corral.placement import Candidate, Plan
 from corral.state.models import AttemptRow, ManagedJobRow, ManagedState
 from corral.state.store import TERMINAL_STATES
 from corral.task import JobRecovery, RecoveryStrategy
@@ -257,3 +264,93 @@ def launch_failures_in_a_row(attempts: list[AttemptRow]) -> int:
             break
         count += 1
     return count
+
+
+# ---- where a job goes -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Move:
+    """A pending job's move: where to, and why (as the job's reason says it)."""
+
+    target: Candidate
+    why: str
+
+    @property
+    def place(self) -> tuple[str, str]:
+        return self.target.cluster, self.target.partition
+
+
+def starts_where_it_is(current: AttemptRow, plan: Plan) -> bool:
+    """Whether the cluster the job waits on can start it now (then Slurm will: it stays)."""
+    here = candidate_at(plan, current)
+    return here is not None and here.startable_now
+
+
+def move_to_start_now(current: AttemptRow, plan: Plan, taken: dict[tuple[str, str], int],
+                      avoid: set[str] | frozenset[str]) -> Move | None:
+    """The best other place that can start the job now, after what this tick already moved or placed
+    there (`taken`); None when there is none."""
+    best = next((c for c in after_taken(plan.feasible(), taken)
+                 if c.startable_now and c.cluster not in avoid
+                 and (c.cluster, c.partition) != (current.cluster, current.partition)), None)
+    if best is None:
+        return None
+    return Move(best, f"re-routed to {best.infra}: it can start now; {current.cluster} had it pending "
+                      f"({current.reason or 'pending'})")
+
+
+def move_by_prediction(current: AttemptRow, plan: Plan, avoid: set[str] | frozenset[str],
+                       settings: ControllerSettings, now: float) -> Move | None:
+    """Where nowhere can start the job now: the place predicted to start it soonest, if that beats its
+    current start by `settings.margin` (hysteresis: a move costs the job its place in the queue)."""
+    here = candidate_at(plan, current)
+    here_start = current.expected_start or (here.predicted_start if here else None)
+    # Places that can start it now are move_to_start_now's, with this tick's capacity count.
+    alternatives = [c for c in plan.feasible() if c.predicted_start is not None and not c.startable_now
+                    and c.cluster not in avoid and (c.cluster, c.partition) != (current.cluster, current.partition)]
+    if here_start is None or not alternatives:
+        return None
+    best = min(alternatives, key=lambda c: c.predicted_start or math.inf)
+    gain = here_start - (best.predicted_start or math.inf)
+    if gain < settings.margin(here_start, now):
+        return None
+    return Move(best, f"re-routed to {best.infra}: predicted to start there at {clock(best.predicted_start)}, "
+                      f"{duration(gain)} sooner than on {current.cluster} ({clock(here_start)}, "
+                      f"{current.reason or 'pending'})")
+
+
+def after_taken(feasible: list[Candidate], taken: dict[tuple[str, str], int]) -> list[Candidate]:
+    """The ranked candidates with what this tick already placed taken off what each can start now;
+    those that can still start a copy now first, each group in its rank order."""
+    adjusted = []
+    for candidate in feasible:
+        used = taken.get((candidate.cluster, candidate.partition), 0)
+        if used:
+            left = max(0, candidate.startable_copies - used)
+            candidate = dataclasses.replace(candidate, startable_copies=left,
+                                            startable_now=candidate.startable_now and left > 0)
+        adjusted.append(candidate)
+    return sorted(adjusted, key=lambda c: not c.startable_now)
+
+
+def recovery_order(feasible: list[Candidate], strategy: RecoveryStrategy | None,
+                   previous: str | None) -> list[Candidate]:
+    """Where a recovered attempt goes (SkyPilot's strategies): FAILOVER tries the cluster the job was on
+    first, EAGER_NEXT_REGION tries it last; unset, placement's ranking (soonest start) decides alone."""
+    if previous is None or strategy not in (RecoveryStrategy.FAILOVER, RecoveryStrategy.EAGER_NEXT_REGION):
+        return feasible
+    same = [c for c in feasible if c.cluster == previous]
+    others = [c for c in feasible if c.cluster != previous]
+    return same + others if strategy is RecoveryStrategy.FAILOVER else others + same
+
+
+def candidate_at(plan: Plan, attempt: AttemptRow) -> Candidate | None:
+    return next((c for c in plan.candidates if (c.cluster, c.partition) == (attempt.cluster, attempt.partition)), None)
+
+
+def clock(epoch: float | None) -> str:
+    return time.strftime("%H:%M", time.localtime(epoch)) if epoch else "unknown"
+
+
+def duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes} min"
