@@ -13,6 +13,11 @@ def minutes(seconds: float) -> str:
     return f"{value:.0f} min" if value < 120 else f"{value / 60:.1f} h"
 
 
+def clock(epoch: float | None) -> str:
+    """A moment today as people read it on this machine: 14:05:09 (local time); "unknown" for None."""
+    return time.strftime("%H:%M:%S", time.localtime(epoch)) if epoch else "unknown"
+
+
 def duration(seconds: float) -> str:
     """A compact duration for a table cell: 45s, 12m, 3h05m, 2d4h."""
     seconds = int(seconds)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from corral.infra.base import JobState
-from corral.timefmt import minutes, start_text
+from corral.timefmt import clock, minutes, start_text
 
 if TYPE_CHECKING:
     from corral.controller.rules import ControllerSettings
@@ -123,4 +123,4 @@ def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings)
 
 
 def _at(epoch: float, now: float) -> str:
-    return f"{time.strftime('%H:%M:%S', time.localtime(epoch))} (in {minutes(epoch - now)})"
+    return f"{clock(epoch)} (in {minutes(epoch - now)})"

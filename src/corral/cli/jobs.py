@@ -3,7 +3,6 @@ controller. Every command is one or two API calls; this process loads the SDK an
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
@@ -20,6 +19,7 @@ from corral.cli.common import (
     warnings_only,
     write_bytes,
 )
+from corral.timefmt import clock
 
 
 @click.group()
@@ -139,7 +139,7 @@ def jobs_events(job: str, as_json: bool) -> None:
         print_json(events)
         return
     for e in events:
-        click.echo(f"{time.strftime('%H:%M:%S', time.localtime(e['at']))}  {e['state']:<11} {e['reason'] or ''}")
+        click.echo(f"{clock(e['at'])}  {e['state']:<11} {e['reason'] or ''}")
 
 
 @jobs.command(name="why")

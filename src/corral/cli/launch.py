@@ -19,6 +19,7 @@ from corral.cli.common import (
     warnings_only,
     write_bytes,
 )
+from corral.timefmt import clock
 
 WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
 
@@ -169,7 +170,7 @@ def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
             progress.clear()
             return job
         expected = job.raw.get("expected_start")
-        when = (f"; Slurm expects it to start {time.strftime('%H:%M:%S', time.localtime(expected))}"
+        when = (f"; Slurm expects it to start {clock(expected)}"
                 if isinstance(expected, (int, float)) and expected > time.time() else "")
         line = f"{job_id} {job.state} on {_place(job)}" + (
             f" ({job.reason})" if job.reason else "") + when

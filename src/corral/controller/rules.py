@@ -32,7 +32,6 @@ import dataclasses
 import enum
 import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ from corral.placement import Candidate, Plan
 from corral.state.models import AttemptRow, ManagedJobRow, ManagedState
 from corral.state.store import TERMINAL_STATES
 from corral.task import JobRecovery, RecoveryStrategy
+from corral.timefmt import clock, minutes
 
 # How long a held replacement waits after its predecessor ended, for the task-side cancel fence: the
 # watcher in TASK_SH sees the marker within a second, and a task that outlives TERM for 10 s is KILLed.
@@ -314,7 +314,7 @@ def move_by_prediction(current: AttemptRow, plan: Plan, avoid: set[str] | frozen
     if gain < settings.margin(here_start, now):
         return None
     return Move(best, f"re-routed to {best.infra}: predicted to start there at {clock(best.predicted_start)}, "
-                      f"{duration(gain)} sooner than on {current.cluster} ({clock(here_start)}, "
+                      f"{minutes(gain)} sooner than on {current.cluster} ({clock(here_start)}, "
                       f"{current.reason or 'pending'})")
 
 
@@ -346,11 +346,3 @@ def recovery_order(feasible: list[Candidate], strategy: RecoveryStrategy | None,
 def candidate_at(plan: Plan, attempt: AttemptRow) -> Candidate | None:
     return next((c for c in plan.candidates if (c.cluster, c.partition) == (attempt.cluster, attempt.partition)), None)
 
-
-def clock(epoch: float | None) -> str:
-    return time.strftime("%H:%M", time.localtime(epoch)) if epoch else "unknown"
-
-
-def duration(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes} min"
