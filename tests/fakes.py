@@ -141,6 +141,9 @@ class FakeRegistry:
             raise UnknownClusterError(name, self.order)
         return name
 
+    def infra_kind(self, name: str) -> str:
+        return "slurm"
+
 
 @dataclass
 class FakeTransport:

@@ -321,3 +321,57 @@ def test_one_probe_for_many_jobs_of_one_task_reads_the_tasks_alternatives_once(s
     outcomes = asyncio.run(Launcher(fakes(), store).probe_for([task] * 1000 + [other] * 1000))
     assert len(calls) == 2
     assert sorted(o.cluster for o in outcomes) == ["alpine", "borealis"]  # the pinned clusters, as before
+
+
+def test_an_attempt_left_on_a_cluster_that_was_down_is_cancelled_when_it_answers_even_after_the_job_ended(store):
+    """A cluster unreachable beyond the grace: its attempt is marked CANCELLING and the job recovers
+    elsewhere. If the job ends there before the cluster answers again, the old attempt must still be
+    cancelled once it does, not left to run the task a second time."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    task = parse_task({"resources": {"accelerators": "H100:2"}, "run": "true"}, "t")
+    [job_id] = managed.record(store, task, "t")
+    controller = Controller(client, store, "test", ControllerSettings(grace_seconds=0))
+    asyncio.run(controller.tick())
+    [old] = store.attempts_of([job_id])[job_id]
+    alpine = client.infras["alpine"]
+    assert old.cluster == "alpine"
+    alpine.finish(old.handle, JobState.RUNNING)
+    alpine.unreachable = True
+    asyncio.run(controller.tick())  # seen unreachable (the grace starts)
+    asyncio.run(controller.tick())  # beyond the grace: marked CANCELLING, recovered on borealis
+    old_now, new = store.attempts_of([job_id])[job_id]
+    assert (old_now.state, new.cluster) == ("CANCELLING", "borealis")
+    client.infras["borealis"].finish(new.handle, JobState.SUCCEEDED)
+    asyncio.run(controller.tick())
+    assert store.managed([job_id])[0].state == "SUCCEEDED"
+    alpine.unreachable = False  # back, and the old attempt still runs there
+    asyncio.run(controller.tick())
+    assert old.handle in alpine.cancelled
+    asyncio.run(controller.tick())
+    assert store.attempts_of([job_id])[job_id][0].state == "CANCELLED"
+
+
+def test_a_managed_job_cancelled_while_its_cluster_is_down_is_cancelled_there_once_it_answers(store):
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    [job_id] = managed.record(store, parse_task({"resources": {"accelerators": "H100:2"}, "run": "true"}, "t"), "t")
+    controller = Controller(client, store, "test", ControllerSettings())
+    asyncio.run(controller.tick())
+    [attempt] = store.attempts_of([job_id])[job_id]
+    alpine = client.infras[attempt.cluster]
+    alpine.unreachable = True
+    managed.request_cancel(store, [job_id])
+    asyncio.run(controller.tick())
+    assert store.managed([job_id])[0].state == "CANCELLED"
+    assert store.attempts_of([job_id])[job_id][0].state == "CANCELLING" and alpine.cancelled == []
+    alpine.unreachable = False
+    asyncio.run(controller.tick())
+    assert alpine.cancelled == [attempt.handle]
+    asyncio.run(controller.tick())
+    settled = store.attempts_of([job_id])[job_id][0]
+    assert (settled.state, settled.reason) == ("CANCELLED", "cancelled by user")

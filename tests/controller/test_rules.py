@@ -4,6 +4,8 @@ carries the decisions out is tested end to end in tests/test_seam.py and on the 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corral.controller.rules import (
     CANCEL_FENCE_SECONDS,
@@ -19,7 +21,8 @@ from corral.controller.rules import (
 )
 from corral.infra.base import FailureClass, JobState
 from corral.placement import Candidate, Plan
-from corral.state.models import AttemptRow, ManagedJobRow, ManagedState
+from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, ManagedJobRow, ManagedState
+from corral.state.store import TERMINAL_STATES
 from corral.task import JobRecovery, parse_task, resource_options
 
 NOW = 10_000.0
@@ -62,7 +65,8 @@ def test_two_running_attempts_keep_the_one_that_started_first():
     first = attempt(1, JobState.RUNNING, started_at=NOW - 30)
     second = attempt(2, JobState.RUNNING, "borealis", started_at=NOW - 10)
     decision = decide(managed(), [first, second], CONTEXT)
-    assert decision.cancel == [second] and decision.mark["t2"]["state"] == JobState.CANCELLED
+    assert decision.cancel == [second] and decision.mark["t2"] == {"state": JobState.CANCELLING,
+                                                                    "reason": "duplicate of attempt 1"}
     assert decision.note == "attempts 1, 2 both started; kept attempt 1"
     assert decision.state is ManagedState.RUNNING and decision.reason == "on slurm/alpine/gpu (attempt 1)"
     assert decision.running_on == "alpine"
@@ -205,3 +209,62 @@ def test_a_predicted_move_needs_to_beat_the_current_start_by_the_margin():
     assert move_by_prediction(waiting, clearly, {"borealis"}, ControllerSettings(), NOW) is None
     unknown = attempt(1, JobState.PENDING, expected_start=None)  # no estimate here, from Slurm or the plan
     assert move_by_prediction(unknown, Plan([place("borealis", start=NOW)]), set(), ControllerSettings(), NOW) is None
+
+
+# ---- every history of attempts --------------------------------------------------------------------
+ATTEMPTS = st.lists(st.builds(
+    lambda state, failure, held, cluster, started, ended, code, reason: (state, failure, held, cluster, started, ended,
+                                                                          code, reason),
+    st.sampled_from(list(JobState)), st.sampled_from([None, *FailureClass]), st.sampled_from([None, False, True]),
+    st.sampled_from(["alpine", "borealis"]), st.one_of(st.none(), st.floats(NOW - 7200, NOW)),
+    st.one_of(st.none(), st.floats(NOW - 7200, NOW)), st.one_of(st.none(), st.integers(-1, 255)),
+    st.sampled_from([None, "Resources", "re-routed to x", "duplicate of attempt 1"])), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=ATTEMPTS, cancel=st.booleans(), recoveries=st.integers(0, 3), restarts=st.integers(0, 3),
+       unreachable=st.sampled_from([frozenset(), frozenset({"alpine"})]), setup_failed=st.booleans(),
+       recovery=st.sampled_from([None, JobRecovery(strategy="none"), JobRecovery(max_restarts_on_errors=2,
+                                                                                 recover_on_exit_codes=[75])]))
+def test_any_history_gets_a_consistent_decision_within_two_questions(history, cancel, recoveries, restarts,
+                                                                     unreachable, setup_failed, recovery):
+    attempts = [attempt(n, state, cluster, failure=failure, held=held, started_at=started, ended_at=ended,
+                        exit_code=code, reason=reason)
+                for n, (state, failure, held, cluster, started, ended, code, reason) in enumerate(history, 1)]
+    m = managed(cancel_requested=cancel, recoveries=recoveries, restarts_on_errors=restarts)
+    context = Context(NOW, unreachable, ControllerSettings(), CONTEXT.where)
+    facts = Facts()
+    for _ in range(3):
+        decision = decide(m, attempts, context, facts)
+        if decision.needs is None:
+            break
+        assert decision.needs not in facts.known  # a fact is asked for once
+        fetched = {Need.RECOVERY: {"recovery": recovery}, Need.SETUP_FAILED: {"setup_failed": setup_failed}}
+        facts = Facts(facts.known | {decision.needs}, **{"recovery": facts.recovery,
+                                                          "setup_failed": facts.setup_failed,
+                                                          **fetched[decision.needs]})
+    assert decision.needs is None
+    live = {a.token for a in attempts if a.state not in TERMINAL_STATES}
+    assert {a.token for a in decision.cancel} <= live  # only what may still run is cancelled...
+    assert len(decision.cancel) == len({a.token for a in decision.cancel})  # ...each once
+    assert not (decision.place and decision.release)  # a new attempt, or the held one released: never both
+    if cancel:
+        assert decision.state is ManagedState.CANCELLED and {a.token for a in decision.cancel} == live
+    if decision.place:
+        assert decision.state in (None, ManagedState.RECOVERING) and not cancel
+    if decision.state in MANAGED_TERMINAL_STATES:  # an ended job leaves nothing to run: cancelled now, or again
+        assert decision.place is None and decision.release is None  # each tick while it is CANCELLING
+        stopped = {a.token for a in decision.cancel} | {a.token for a in attempts if a.state == JobState.CANCELLING}
+        assert stopped | {t for t, f in decision.mark.items() if f["state"] == JobState.CANCELLING} >= live
+
+
+def test_a_newer_attempt_cancelled_as_a_duplicate_does_not_hide_the_fate_of_the_one_kept():
+    """Two attempts started at once (a re-route race) and the older one, which started first, was kept:
+    the job's state follows the kept attempt, not the newer duplicate."""
+    kept = attempt(1, JobState.FAILED, failure=FailureClass.TASK, exit_code=3, started_at=NOW - 600, ended_at=NOW)
+    duplicate = attempt(2, JobState.CANCELLED, "borealis", reason="duplicate of attempt 1", ended_at=NOW - 500)
+    assert decide(managed(state=ManagedState.RUNNING), [kept, duplicate], CONTEXT).needs is Need.SETUP_FAILED
+    decision = decide(managed(state=ManagedState.RUNNING), [kept, duplicate], CONTEXT, known())
+    assert decision.state is ManagedState.FAILED and "attempt 1 failed" in (decision.reason or "")
+    running = attempt(1, JobState.RUNNING, started_at=NOW - 600)
+    assert decide(managed(), [running, duplicate], CONTEXT).state is ManagedState.RUNNING

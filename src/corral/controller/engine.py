@@ -114,6 +114,9 @@ class Controller:
         now = time.time()
         self._track_reachability(refresh.errors, now)
         managed = self.store.managed(live_only=True)
+        # Before this tick's decisions: what they mark CANCELLING now is cancelled by them.
+        cancelling = self.store.attempts_in_state(JobState.CANCELLING) if held else []
+        sent: set[str] = set()
         if managed:
             # Attempts of every live managed job in one query; the jobs themselves (their task, sealed
             # secrets) only for the few this tick places, moves or judges: memory stays flat with 10,000.
@@ -122,7 +125,8 @@ class Controller:
             managed = [m for m in managed if self._drives(m.job_id, attempts, configured, held, chores)]
             report.jobs = len(managed)
             if managed:
-                await self._drive(managed, attempts, held, now, report)
+                sent = await self._drive(managed, attempts, held, now, report)
+        await self._cancel_again(cancelling, held, set(refresh.errors) | self._unreachable_beyond_grace(now), sent)
         report.round_trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                               if n - before.get(c, 0)}
         self._last_tick = time.monotonic()
@@ -138,18 +142,22 @@ class Controller:
         return home in held if home is not None else chores
 
     async def _drive(self, managed: list[ManagedJobRow], attempts: dict[str, list[AttemptRow]], held: set[str],
-                     now: float, report: TickReport) -> None:
+                     now: float, report: TickReport) -> set[str]:
+        """Decide for each job (rules.py) and carry the decisions out; returns the attempts it cancelled."""
         unreachable = self._unreachable_beyond_grace(now)
         to_place: list[tuple[str, str]] = []  # (job id, why)
         pending: list[tuple[ManagedJobRow, str, AttemptRow]] = []
         to_cancel: list[AttemptRow] = []
         to_release: list[AttemptRow] = []
+        reasons: dict[str, str] = {}  # why each attempt is cancelled, as the rules marked it
         context = Context(now, frozenset(unreachable), self.settings, self._where)
         for m in managed:
             mine = attempts.get(m.job_id, [])
             decision = await self._decide(m, mine, context)
             for token, fields in decision.mark.items():
                 self.store.update_attempt(token, **fields)
+                if isinstance(fields.get("reason"), str):
+                    reasons[token] = fields["reason"]
             if decision.note:
                 self._changes.append((m.job_id, None, decision.note, {}))
             if decision.failed_on:
@@ -167,16 +175,11 @@ class Controller:
                 to_release.append(decision.release)
         self._write_changes()
         self._write_health_resets()
-        # Each cluster's holder re-cancels what is left there, whoever moved the job away from it.
-        abandoned = [a for mine in attempts.values() for a in mine if a.state == JobState.CANCELLING
-                     and a.cluster in held and a.cluster not in unreachable and a not in to_cancel]
-        report.cancelled += await self._cancel(to_cancel)
+        report.cancelled += await self._cancel(to_cancel, reasons=reasons)
         await self._release(to_release)
-        # Cancelled again each tick, and left CANCELLING: the tracker settles each one from Slurm's own
-        # answer, so an attempt whose kill was lost is seen running (and killed) or seen to have succeeded.
-        await self._cancel(abandoned, settle=False)
+        sent = {a.token for a in to_cancel}
         if not to_place and not pending:
-            return
+            return sent
         rows = self.store.jobs([job for job, _ in to_place] + [job for _, job, _ in pending])
         placing = [(rows[job], why) for job, why in to_place]
         moving = [(m, rows[job], latest) for m, job, latest in pending]
@@ -184,6 +187,7 @@ class Controller:
                                                  [_task(job) for _, job, _ in moving])
         report.submitted += await self._place(placing, attempts, outcomes, unreachable, now)
         report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
+        return sent
 
     async def _decide(self, m: ManagedJobRow, attempts: list[AttemptRow], context: Context) -> Decision:
         """The rules' decision for one job, with the facts they ask for fetched (each at most once)."""
@@ -390,9 +394,23 @@ class Controller:
             return False
         return isinstance(infra, ReportsSetupFailure) and await infra.setup_failed(attempt.run_dir)
 
-    async def _cancel(self, attempts: list[AttemptRow], settle: bool = True) -> int:
-        """scancel the attempts (one round trip per cluster and owner); with `settle`, record them CANCELLED at once.
-        Returns how many were sent; those on a cluster that did not answer stay as they are."""
+    async def _cancel_again(self, cancelling: list[AttemptRow], held: set[str], unreachable: set[str],
+                            sent: set[str]) -> None:
+        """Cancel again what Corral decided must not run and no cluster has yet confirmed ended: the
+        CANCELLING attempts on clusters this replica holds that answer now, whether their job is live or
+        has ended since (recovered elsewhere while their cluster was down, or cancelled by its user).
+        They stay CANCELLING: the tracker settles each from the cluster's own answer, so an attempt whose
+        kill was lost is seen running (and cancelled again) or seen to have succeeded."""
+        again = [a for a in cancelling if a.cluster in held and a.cluster not in unreachable and a.token not in sent]
+        if again:
+            await self._cancel(again, settle=False)
+
+    async def _cancel(self, attempts: list[AttemptRow], settle: bool = True,
+                      reasons: dict[str, str] | None = None) -> int:
+        """scancel the attempts (one round trip per cluster and owner); with `settle`, record them CANCELLED at
+        once, each with its reason in `reasons` (else its own). Returns how many were sent; those on a
+        cluster that did not answer stay as they are (CANCELLING where the rules marked them: sent again)."""
+        reasons = reasons or {}
         failed: set[str] = set()
         for (cluster, owner), group in sent_by_account(self.store, attempts).items():
             try:
@@ -404,7 +422,7 @@ class Controller:
         for a in done if settle else []:
             if a.state not in TERMINAL_STATES:
                 self.store.update_attempt(a.token, state=JobState.CANCELLED, ended_at=time.time(),
-                                          reason=a.reason or "cancelled by Corral")
+                                          reason=reasons.get(a.token) or a.reason or "cancelled by Corral")
         return len(done)
 
     def _where(self, cluster: str, partition: str) -> str:

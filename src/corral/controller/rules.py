@@ -2,14 +2,16 @@
 
 `decide` reads a managed job's row and its attempts (oldest first) and returns a `Decision`: the job's
 new state, attempts to cancel or mark, whether it needs a new attempt, may move, or may be released.
-It does no I/O: no store, no backend, and it reads no clock (the tick's `now` is given). When a rule needs a fact that costs I/O (the task's
-`job_recovery`, read from the store; whether the attempt failed in `setup`, one round trip), the
-decision says so in `needs`, and the engine fetches that fact and asks again. The engine
-(engine.py) carries decisions out; the rules are unit-tested on plain rows (tests/controller/test_rules.py).
+It does no I/O: no store, no backend, and it reads no clock (the tick's `now` is given). When a rule
+needs a fact that costs I/O (the task's `job_recovery`, read from the store; whether the attempt
+failed in `setup`, one round trip), the decision says so in `needs`, and the engine fetches that fact
+and asks again. The engine (engine.py) carries decisions out; the rules are unit-tested on plain rows
+(tests/controller/test_rules.py). Cost: a few comparisons per attempt.
 
 The rules, in the order they apply:
 - cancel requested: CANCELLED, every live attempt cancelled;
-- two attempts running at once (a re-route race): keep the one that started first, cancel the other;
+- two attempts running at once (a re-route race): keep the one that started first, cancel the other
+  (a newer attempt cancelled so never stands for the job: the kept one's fate is the job's);
 - an older attempt succeeded after all (its kill was lost): SUCCEEDED, newer ones cancelled;
 - no attempt yet: a first attempt;
 - its cluster unreachable beyond the grace period: the attempt is marked CANCELLING (cancelled once
@@ -20,7 +22,11 @@ The rules, in the order they apply:
 - the infrastructure failed it (node failure, preemption, a job the backend lost, a submission no
   cluster took): a new attempt, unless its last `max_launch_failures` attempts all ended at once;
 - the task itself failed: FAILED_SETUP if `setup` failed, else a restart if `recover_on_exit_codes`
-  or `max_restarts_on_errors` say so, else FAILED.
+  or `max_restarts_on_errors` say so, else FAILED;
+- a job that ends leaves nothing running: every other live attempt is cancelled.
+Every attempt a rule cancels is marked CANCELLING first, and stays so until its cluster confirms it
+ended: the engine cancels CANCELLING attempts again on every tick their cluster answers, whether their
+job is live or not (a cluster down at the time, a kill lost while Slurm launched the job).
 
 Where a job goes is decided here too, from the tick's plan: a recovered attempt's order of places
 (`recovery_order`), and a pending job's move (`move_to_start_now`, else `move_by_prediction`).
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 
 from corral.infra.base import FailureClass, JobState
 from corral.placement import Candidate, Plan
-from corral.state.models import AttemptRow, ManagedJobRow, ManagedState
+from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, ManagedJobRow, ManagedState
 from corral.state.store import TERMINAL_STATES
 from corral.task import JobRecovery, RecoveryStrategy
 from corral.timefmt import clock, minutes
@@ -45,6 +51,7 @@ from corral.timefmt import clock, minutes
 # How long a held replacement waits after its predecessor ended, for the task-side cancel fence: the
 # watcher in TASK_SH sees the marker within a second, and a task that outlives TERM for 10 s is KILLed.
 CANCEL_FENCE_SECONDS = 12.0
+DUPLICATE = "duplicate of attempt"  # the reason of an attempt cancelled because an older one started first
 QUICK_FAILURE_SECONDS = 60.0  # an attempt the infrastructure ended this soon after it started never really ran
 LIVE_ON_A_CLUSTER = frozenset({JobState.PENDING, JobState.STARTING, JobState.RUNNING, JobState.SUBMITTING})
 
@@ -123,20 +130,36 @@ class Decision:
 
 
 def decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, facts: Facts = Facts()) -> Decision:
-    """What to do with managed job `m` this tick, given its attempts (oldest first)."""
+    """What to do with managed job `m` this tick, given its attempts (oldest first). A job that ends
+    leaves nothing running: any other attempt still live is cancelled (marked CANCELLING first)."""
+    decision = _decide(m, attempts, context, facts)
+    if decision.state in MANAGED_TERMINAL_STATES:
+        for left in attempts:
+            if (left.state not in TERMINAL_STATES and left.state != JobState.CANCELLING
+                    and left.token not in decision.mark):
+                decision.cancel.append(left)
+                decision.mark[left.token] = {"state": JobState.CANCELLING,
+                                             "reason": f"its job ended ({decision.state})"}
+    return decision
+
+
+def _decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, facts: Facts) -> Decision:
     now = context.now
     live = [a for a in attempts if a.state not in TERMINAL_STATES]
-    latest = attempts[-1] if attempts else None
+    # The attempt that stands for the job: the newest, unless it was cancelled as a duplicate of an
+    # older one that started first (then the older one's fate is the job's).
+    latest = next((a for a in reversed(attempts) if not (a.reason or "").startswith(DUPLICATE)),
+                  attempts[-1] if attempts else None)
     if m.cancel_requested:
-        return Decision(ManagedState.CANCELLED, "cancelled by user", cancel=live)
+        return Decision(ManagedState.CANCELLED, "cancelled by user", cancel=live,
+                        mark=_cancelling(live, "cancelled by user"))
     decision = Decision()
     running = sorted((a for a in live if a.state in (JobState.RUNNING, JobState.STARTING)),
                      key=lambda a: (a.started_at or now, a.number))
     if len(running) > 1:  # a re-route raced with the old attempt starting: keep the first
         for extra in running[1:]:
             decision.cancel.append(extra)
-            decision.mark[extra.token] = {"state": JobState.CANCELLED, "ended_at": now,
-                                          "reason": f"duplicate of attempt {running[0].number}"}
+            decision.mark[extra.token] = {"state": JobState.CANCELLING, "reason": f"{DUPLICATE} {running[0].number}"}
         decision.note = (f"attempts {', '.join(str(a.number) for a in running)} both started; "
                          f"kept attempt {running[0].number}")
         latest = running[0]
@@ -147,7 +170,7 @@ def decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, facts
         for extra in live:
             if extra.token not in decision.mark:
                 decision.cancel.append(extra)
-            decision.mark[extra.token] = {"state": JobState.CANCELLED, "ended_at": now,
+            decision.mark[extra.token] = {"state": JobState.CANCELLING,
                                           "reason": f"attempt {succeeded.number} had already succeeded"}
         return _with_state(decision, ManagedState.SUCCEEDED, f"attempt {succeeded.number} succeeded (it ran although "
                                                              "it had been moved; later attempts cancelled)")
@@ -186,7 +209,7 @@ def decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, facts
     if state == JobState.SUCCEEDED:
         return _with_state(decision, ManagedState.SUCCEEDED, f"attempt {latest.number} succeeded")
     if state == JobState.CANCELLED:
-        if latest.reason and latest.reason.startswith(("re-routed", "duplicate")):
+        if latest.reason and latest.reason.startswith(("re-routed", DUPLICATE)):
             return decision  # replaced by a newer attempt, which is the latest once recorded
         return _with_state(decision, ManagedState.CANCELLED, latest.reason or "cancelled in Slurm")
     if state in (JobState.SUBMIT_FAILED, JobState.LOST) or infra_failure(latest):
@@ -240,6 +263,14 @@ def _recover(decision: Decision, m: ManagedJobRow, why: str, facts: Facts) -> De
     decision.place = why
     decision.fields["recoveries"] = m.recoveries + 1
     return _with_state(decision, ManagedState.RECOVERING, why)
+
+
+def _cancelling(attempts: list[AttemptRow], reason: str) -> dict[str, dict[str, object]]:
+    """Attempts to cancel, marked CANCELLING first: where the cancel does not reach the cluster now,
+    the engine cancels them again on every tick until the cluster answers (`Controller._cancel_again`).
+    Those already CANCELLING keep their reason (a move, an outage)."""
+    return {a.token: {"state": JobState.CANCELLING, "reason": reason} for a in attempts
+            if a.state != JobState.CANCELLING}
 
 
 def _with_state(decision: Decision, state: ManagedState, reason: str) -> Decision:

@@ -395,6 +395,11 @@ class Store:
             return {job_id: owner for chunk in _chunks(wanted, 5000)
                     for job_id, owner in s.execute(select(JobRow.id, JobRow.owner).where(JobRow.id.in_(chunk)))}
 
+    def attempts_in_state(self, state: JobState) -> list[AttemptRow]:
+        """Every attempt in `state`, through the index on state; plain copies (state/plain.py)."""
+        with self.session() as s:
+            return plain_rows(s, AttemptRow, columns_of(AttemptRow).where(AttemptRow.state == state.value))
+
     def attempts_by_token(self, tokens: list[str]) -> list[AttemptRow]:
         with self.session() as s:
             return [a for chunk in _chunks(tokens, 5000)
