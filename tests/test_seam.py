@@ -375,3 +375,36 @@ def test_a_managed_job_cancelled_while_its_cluster_is_down_is_cancelled_there_on
     asyncio.run(controller.tick())
     settled = store.attempts_of([job_id])[job_id][0]
     assert (settled.state, settled.reason) == ("CANCELLED", "cancelled by user")
+
+
+def test_when_two_attempts_run_at_once_the_job_follows_the_one_kept(store):
+    """A re-route race: the old attempt started, and so did its replacement. The one that started first
+    is kept and the other cancelled as a duplicate; the job's fate is then the kept attempt's."""
+    import time
+
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+    from corral.state.models import AttemptRow
+    from tests.fakes import status
+
+    client = fakes()
+    [job_id] = managed.record(store, parse_task({"resources": {"accelerators": "H100:2"}, "run": "true"}, "t"), "t")
+    controller = Controller(client, store, "test", ControllerSettings())
+    asyncio.run(controller.tick())
+    [first] = store.attempts_of([job_id])[job_id]
+    alpine, borealis = client.infras["alpine"], client.infras["borealis"]
+    store.add_jobs([], [AttemptRow(token="race00000002", job_id=job_id, number=2, cluster="borealis",
+                                   partition="h100-cluster", state="PENDING", created_at=time.time(),
+                                   run_dir="runs/race", log_path="runs/race/log-0", handle="900")])
+    borealis.jobs["900"] = status("900", "race00000002", JobState.RUNNING)
+    alpine.finish(first.handle, JobState.RUNNING)
+    asyncio.run(controller.tick())
+    assert borealis.cancelled == ["900"]
+    asyncio.run(controller.tick())
+    assert store.managed([job_id])[0].state == "RUNNING"
+    alpine.finish(first.handle, JobState.FAILED, FailureClass.TASK)
+    asyncio.run(controller.tick())
+    [m] = store.managed([job_id])
+    assert (m.state, m.reason) == ("FAILED", "attempt 1 failed (exit code None, FAILED)")
+    assert [(a.state, a.reason) for a in store.attempts_of([job_id])[job_id]][1] == (
+        "CANCELLED", "duplicate of attempt 1")
