@@ -250,12 +250,13 @@ def test_any_history_gets_a_consistent_decision_within_two_questions(history, ca
     assert not (decision.place and decision.release)  # a new attempt, or the held one released: never both
     if cancel:
         assert decision.state is ManagedState.CANCELLED and {a.token for a in decision.cancel} == live
-    if decision.place:
-        assert decision.state in (None, ManagedState.RECOVERING) and not cancel
-    if decision.state in MANAGED_TERMINAL_STATES:  # an ended job leaves nothing to run: cancelled now, or again
-        assert decision.place is None and decision.release is None  # each tick while it is CANCELLING
-        stopped = {a.token for a in decision.cancel} | {a.token for a in attempts if a.state == JobState.CANCELLING}
-        assert stopped | {t for t, f in decision.mark.items() if f["state"] == JobState.CANCELLING} >= live
+    # Whatever may still run the task is being stopped: cancelled now, or again each tick while CANCELLING.
+    stopping = ({a.token for a in attempts if a.state == JobState.CANCELLING} | {a.token for a in decision.cancel}
+                | {t for t, f in decision.mark.items() if f["state"] == JobState.CANCELLING})
+    if decision.place:  # a new attempt only where no other may still run the task
+        assert decision.state in (None, ManagedState.RECOVERING) and not cancel and live <= stopping
+    if decision.state in MANAGED_TERMINAL_STATES:  # an ended job leaves nothing running
+        assert decision.place is None and decision.release is None and live <= stopping
 
 
 def test_a_newer_attempt_cancelled_as_a_duplicate_does_not_hide_the_fate_of_the_one_kept():

@@ -23,7 +23,8 @@ The rules, in the order they apply:
   cluster took): a new attempt, unless its last `max_launch_failures` attempts all ended at once;
 - the task itself failed: FAILED_SETUP if `setup` failed, else a restart if `recover_on_exit_codes`
   or `max_restarts_on_errors` say so, else FAILED;
-- a job that ends leaves nothing running: every other live attempt is cancelled.
+- a job that ends, or gets a new attempt, leaves nothing else running: every other live attempt is
+  cancelled.
 Every attempt a rule cancels is marked CANCELLING first, and stays so until its cluster confirms it
 ended: the engine cancels CANCELLING attempts again on every tick their cluster answers, whether their
 job is live or not (a cluster down at the time, a kill lost while Slurm launched the job).
@@ -130,16 +131,18 @@ class Decision:
 
 
 def decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, facts: Facts = Facts()) -> Decision:
-    """What to do with managed job `m` this tick, given its attempts (oldest first). A job that ends
-    leaves nothing running: any other attempt still live is cancelled (marked CANCELLING first)."""
+    """What to do with managed job `m` this tick, given its attempts (oldest first). A job that ends, or
+    gets a new attempt, leaves nothing else running: any other attempt still live is cancelled (marked
+    CANCELLING first)."""
     decision = _decide(m, attempts, context, facts)
-    if decision.state in MANAGED_TERMINAL_STATES:
+    if decision.state in MANAGED_TERMINAL_STATES or decision.place:
         for left in attempts:
             if (left.state not in TERMINAL_STATES and left.state != JobState.CANCELLING
                     and left.token not in decision.mark):
                 decision.cancel.append(left)
-                decision.mark[left.token] = {"state": JobState.CANCELLING,
-                                             "reason": f"its job ended ({decision.state})"}
+                decision.mark[left.token] = {"state": JobState.CANCELLING, "reason": (
+                    f"replaced by a new attempt ({decision.place})" if decision.place
+                    else f"its job ended ({decision.state})")}
     return decision
 
 
