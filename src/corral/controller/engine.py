@@ -38,7 +38,7 @@ from pathlib import Path
 from corral import budget
 from corral.client import Client
 from corral.controller import rules
-from corral.controller.rules import ControllerSettings, Context, Decision, Facts, Need
+from corral.controller.rules import Context, ControllerSettings, Decision, Facts, Need
 from corral.controller.shards import Shards, home_cluster
 from corral.errors import CorralError
 from corral.infra.base import (
