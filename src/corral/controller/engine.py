@@ -419,10 +419,11 @@ class Controller:
             except CorralError:
                 failed.add(cluster)  # unreachable: stays CANCELLING, retried next tick
         done = [a for a in attempts if a.cluster not in failed]
-        # One never accepted (its submission's answer lost) stays CANCELLING: the tracker finds it by its
-        # token (then it is cancelled again) or settles it as never submitted.
+        # One never accepted (its submission's answer lost) is not settled by a cancel that was not sent:
+        # CANCELLING, the tracker finds it by its token (then it is cancelled again) or settles it as
+        # never submitted.
         for a in done if settle else []:
-            if a.handle is None and a.token in reasons:
+            if a.handle is None:
                 continue
             if a.state not in TERMINAL_STATES:
                 self.store.update_attempt(a.token, state=JobState.CANCELLED, ended_at=time.time(),
