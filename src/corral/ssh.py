@@ -413,6 +413,7 @@ class SshTransport:
         entry = self.registry.get(cluster)
         allowance = budget_for(cluster)
         await _within_budget(cluster, allowance, cost, timeout)
+        given = timeout
         timeout -= await self._after_opening(cluster, timeout)
         if timeout <= 0:
             raise SshTimeoutError(cluster, "no answer from the login node: its connection did not open in time")
@@ -436,7 +437,7 @@ class SshTransport:
                 await _kill(proc)
                 await self.stop_master(cluster)
                 raise SshTimeoutError(
-                    cluster, f"no answer from the login node within {timeout:g}s"
+                    cluster, f"no answer from the login node within {given:.3g}s"
                 ) from None
             except asyncio.CancelledError:
                 await _kill(proc)
