@@ -23,9 +23,8 @@ corral ssh demo-dev -- hostname
 ssh -F "${CORRAL_HOME:-$HOME/.corral}/ssh_config" demo-dev 'echo "plain ssh (as editors use it) on $(hostname), job $SLURM_JOB_ID"'
 corral status
 corral down demo-dev
-job=$(corral jobs launch -n demo-managed --gpus gpu:1 -- 'echo "managed attempt $CORRAL_ATTEMPT on $CORRAL_CLUSTER"')
-for i in $(seq 60); do corral jobs events "$job" | grep -q SUCCEEDED && break; sleep 1; done
+job=$(corral jobs launch -d -n demo-managed --gpus gpu:1 -- 'echo "managed attempt $CORRAL_ATTEMPT on $CORRAL_CLUSTER"')
+corral jobs logs "$job"  # follows it through any recovery to its end, and exits as it ended
 corral jobs events "$job"
-corral jobs logs "$job"
 corral server status
 corral server stop

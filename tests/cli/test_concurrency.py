@@ -43,7 +43,7 @@ def test_managed_jobs_launched_at_once_start_one_controller(corral, corral_env, 
     home = corral_env["CORRAL_HOME"]
     env = {**corral_env, "CORRAL_CONTROLLER_INTERVAL": "1"}
     try:
-        results = corral_at_once(env, [["jobs", "launch", "--cpus", "1", "--infra", "slurm/alpine/cpu", "--", "true"]
+        results = corral_at_once(env, [["jobs", "launch", "-d", "--cpus", "1", "--infra", "slurm/alpine/cpu", "--", "true"]
                                        for _ in range(12)])
         assert [r.returncode for r in results] == [0] * 12, [r.stderr for r in results]
         assert len(controllers_of(home)) == 1

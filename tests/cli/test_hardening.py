@@ -68,7 +68,7 @@ def test_secrets_reach_the_job_but_never_the_store_in_clear(corral, corral_env, 
                     'echo "$HF_TOKEN $WANDB_API_KEY"', env=env)
     assert result.exit_code == 0, result.stderr
     assert result.stdout == f"{secret} {secret}-env\n"
-    managed = corral("jobs", "launch", "--secret", f"HF_TOKEN={secret}", "--", 'echo "managed $HF_TOKEN"')
+    managed = corral("jobs", "launch", "-d", "--secret", f"HF_TOKEN={secret}", "--", 'echo "managed $HF_TOKEN"')
     assert managed.exit_code == 0, managed.stderr
     job = managed.stdout.strip()
     try:
@@ -121,7 +121,7 @@ def test_another_local_user_can_read_nothing_of_corrals_home(corral_env, testbed
 
     try:
         corral("launch", "--env", "TOKEN=plain-env", "--secret", "KEY=secret", "--", "true")
-        corral("jobs", "launch", "--", "true")
+        corral("jobs", "launch", "-d", "--", "true")
         corral("server", "status")
         corral("gpus")
         paths = [home, *home.rglob("*")]

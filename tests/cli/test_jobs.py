@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import signal
 import subprocess
@@ -79,12 +80,19 @@ def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
     task = tmp_path / "retry.yaml"
     task.write_text("resources:\n  infra: slurm/cirrus/debug\n  job_recovery:\n    max_restarts_on_errors: 1\n"
                     "run: |\n  echo attempt $CORRAL_ATTEMPT\n  exit 3\n")
-    job = launch(corral, env, str(task))
-    done = wait_job(corral, env, job, {"FAILED"})
-    assert done["attempts"] == 2 and done["restarts_on_errors"] == 1
+    # Attached, as `sky jobs launch`: it follows the job through its restart and exits as the job ended.
+    attached = corral("jobs", "launch", str(task), env=env)
+    assert attached.exit_code == 3, attached.stderr
+    assert attached.stdout == "attempt 1\nattempt 2\n"
+    job = attached.stderr.split("managed job ", 1)[1].split()[0]
+    assert re.search(rf"corral: {job} FAILED on slurm/cirrus/debug \(exit code 3, 2 attempts\)", attached.stderr)
+    assert attached.stderr.index("== attempt 1") < attached.stderr.index("== attempt 2")
+    done = jobs(corral, env)[job]
+    assert done["state"] == "FAILED" and done["attempts"] == 2 and done["restarts_on_errors"] == 1
     assert "exit code 3" in done["reason"]
-    logs = corral("jobs", "logs", "--no-follow", job, env=env).stdout
-    assert "attempt 1" in logs and "attempt 2" in logs
+    followed = corral("jobs", "logs", job, env=env)  # follows by default: the ended job's whole story, its status
+    assert (followed.exit_code, followed.stdout) == (3, "attempt 1\nattempt 2\n"), followed.stderr
+    assert corral("jobs", "logs", "--no-follow", job, env=env).exit_code == 0
     latest = corral("jobs", "logs", "--no-follow", "--tail", "1", env=env)  # no JOB: the newest managed job
     assert (latest.exit_code, latest.stdout) == (0, "attempt 2\n"), latest.stderr  # the current attempt's end
 

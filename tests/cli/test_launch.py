@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -139,7 +140,12 @@ def test_two_node_task_sees_its_environment_on_both_nodes(corral, clean_queues):
 
 
 def test_exit_code_and_setup_failure(corral, clean_queues, tmp_path):
-    assert corral("launch", "--infra", "slurm/alpine/cpu", "--", "exit 7").exit_code == 7
+    assert corral("launch", "--infra", "slurm/alpine/cpu", "--", "echo out; exit 7").exit_code == 7
+    # `corral logs` follows to the end and exits as the job did, so a script can wait on it; --no-follow only prints.
+    followed = corral("logs")
+    assert (followed.exit_code, followed.stdout) == (7, "out\n"), followed.stderr
+    assert re.search(r"corral: c-\w+ FAILED on slurm/alpine/cpu \(exit code 7\)", followed.stderr), followed.stderr
+    assert corral("logs", "--no-follow").exit_code == 0
     task = tmp_path / "t.yaml"
     task.write_text("setup: exit 5\nrun: echo never\nresources:\n  infra: slurm/alpine/cpu\n")
     result = corral("launch", str(task))
@@ -164,8 +170,9 @@ def test_logs_follow_a_running_job_and_cancel_stops_it(corral, corral_env, clean
         assert tailing.stdout is not None and tailing.stdout.readline().strip() == "line-3"
         cancelled = corral("cancel", job_id)
         assert cancelled.exit_code == 0 and cancelled.stdout.strip() == f"{job_id}: cancelled"
-        assert follower.wait(timeout=30) == 0  # the follower ends when the job does
-        assert tailing.wait(timeout=30) == 0  # and so does the tailing one
+        # The follower ends when the job does, with its status, as `sky logs`: 1, cancelled (no exit code).
+        assert follower.wait(timeout=30) == 1
+        assert tailing.wait(timeout=30) == 1  # and so does the tailing one
     finally:
         follower.kill()
         if tailing is not None:

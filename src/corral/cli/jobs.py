@@ -3,6 +3,7 @@ controller. Every command is one or two API calls; this process loads the SDK an
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -17,8 +18,8 @@ from corral.cli.common import (
     task_arguments,
     task_options,
     warnings_only,
-    write_bytes,
 )
+from corral.cli.following import follow_managed
 from corral.timefmt import clock
 
 
@@ -33,13 +34,15 @@ def jobs() -> None:
 @click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep, at most 10,000).")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids}.")
 @click.option("-d", "--detach", "detach", is_flag=True,
-              help="Accepted as SkyPilot users type it: a managed job always returns once recorded.")
+              help="Return once the job is recorded, with its id (always so with --json or --num-jobs).")
 @reports_errors
 def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None,
                 num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
                 env_file: str | None, workdir: str | None, image_id: str | None, yes: bool,
                 secret_values: tuple[str, ...], num_jobs: int, as_json: bool, detach: bool) -> None:
-    """Record a managed job and return its id at once; the controller places and watches it."""
+    """Record a managed job, which the server's controller places, watches and recovers; then follow
+    its output through its attempts until it ends, and exit with its exit code, as `sky jobs launch`
+    does. Ctrl-C stops following, not the job; -d returns its id at once."""
     from corral.errors import TaskError
     from corral.sdk import Client
     from corral.taskfile import check_num_jobs
@@ -49,14 +52,19 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
     paths, command = task_arguments(args)
     if len(paths) > 1:
         raise TaskError("a managed job runs one task file; launch several with one `corral jobs launch` each")
-    ids = Client().managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
+    client = Client()
+    ids = client.managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
                                   gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
                                   envs=list(envs), secrets=list(secret_values), workdir=workdir, image_id=image_id,
                                   on_event=warnings_only)
     if as_json:
         print_json({"job_id": ids[0], "job_ids": ids})
-    else:
+    elif detach or len(ids) > 1:
         click.echo("\n".join(ids))
+    else:
+        click.echo(f"corral: managed job {ids[0]} recorded; following it (Ctrl-C stops following, not the job)",
+                   err=True)
+        sys.exit(follow_managed(client, ids[0], follow=True))
 
 
 @jobs.command(name="queue")
@@ -83,32 +91,19 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
 
 
 @jobs.command(name="logs")
-@log_options("Follow the current attempt until it ends, as `sky jobs logs` does.",
+@log_options("Follow the job until it ends, attempt after attempt, as `sky jobs logs` does.",
              "Only the current attempt, starting with its last N lines (0: every attempt, all of it).")
 @reports_errors
 def jobs_logs(job: str | None, follow: bool, tail: int) -> None:
-    """A managed job's output across its attempts. Without JOB: your newest managed job."""
-    from corral.errors import CorralError
+    """A managed job's output across its attempts, following it through recoveries until it ends; then
+    how it ended, and exit with its exit code. Without JOB: your newest managed job."""
     from corral.sdk import Client
 
     client = Client()
     if job is None:
         job = newest_id(client.managed_jobs(limit=1)[0],
                         "no managed jobs yet: name one, or launch one with `corral jobs launch`")
-    found = client.managed_job(job)
-    submitted = [a for a in found["attempt_list"] if a["slurm_job_id"]]
-    if tail:
-        submitted = submitted[-1:]
-    for attempt in submitted:
-        last = attempt is submitted[-1]
-        click.echo(f"== attempt {attempt['number']} on slurm/{attempt['cluster']}/{attempt['partition']} "
-                   f"(Slurm job {attempt['slurm_job_id']}, {attempt['state']}) ==", err=True)
-        try:
-            for chunk in client.managed_logs(found["job_id"], attempt["number"], follow=follow and last,
-                                             tail=tail):
-                write_bytes(chunk)
-        except CorralError as exc:  # one unreachable cluster must not hide the other attempts' logs
-            click.echo(f"corral: could not read attempt {attempt['number']}'s log: {exc}", err=True)
+    sys.exit(follow_managed(client, client.managed_job(job)["job_id"], follow=follow, tail=tail))
 
 
 @jobs.command(name="cancel")

@@ -4,7 +4,6 @@ dev-allocation form, `-c NAME`, lives in `cli/dev.py`). This process loads the S
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,8 @@ from corral.cli.common import (
     task_arguments,
     task_options,
     warnings_only,
-    write_bytes,
 )
-from corral.timefmt import clock
-
-WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
+from corral.cli.following import follow_to_end
 
 
 @click.command(context_settings={"allow_interspersed_args": True})
@@ -120,63 +116,3 @@ class _Progress:
     def clear(self) -> None:
         if self._shown is not None:
             self._shown.clear()
-
-
-def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
-    """Wait while the job is pending (its Slurm reason and predicted start on a status line), print its
-    output as it comes, then its end; the job's exit code. Ctrl-C leaves the job running."""
-    job = None
-    try:
-        job = _wait_for_start(client, job_id, progress)
-        for chunk in client.logs(job_id, follow=True):
-            write_bytes(chunk)
-        try:
-            job = client.wait(job_id, poll=1, timeout=60)
-        except Exception:  # noqa: BLE001 - still settling in Slurm: report what is known
-            job = client.job(job_id)
-    except KeyboardInterrupt:
-        progress.clear()
-        job = job or _quietly(lambda: client.job(job_id))  # interrupted while it was still pending
-        where = f" on {_place(job)}" if job is not None and job.cluster else ""
-        click.echo(f"\ncorral: {job_id} keeps running{where}; Ctrl-C only stopped following it. "
-                   f"`corral logs {job_id}` follows it again, `corral cancel {job_id}` stops it.", err=True)
-        return 130
-    click.echo(f"corral: {job_id} {job.state} on {_place(job)} (exit code {job.exit_code})",
-               err=True)
-    if job.state == "SUCCEEDED":
-        return 0
-    return job.exit_code or 1
-
-
-def _place(job: Any) -> str:
-    """Where the job runs, as the server writes it (slurm/<cluster>/<partition>, ssh/<pool>)."""
-    return str(job.raw.get("infra") or f"slurm/{job.cluster}/{job.partition}")
-
-
-def _quietly(get: Any) -> Any:
-    from corral.errors import CorralError
-
-    try:
-        return get()
-    except (CorralError, KeyboardInterrupt):
-        return None
-
-
-def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
-    shown = None
-    while True:
-        job = client.job(job_id)
-        if job.state not in WAITING_STATES:
-            progress.clear()
-            return job
-        expected = job.raw.get("expected_start")
-        when = (f"; Slurm expects it to start {clock(expected)}"
-                if isinstance(expected, (int, float)) and expected > time.time() else "")
-        line = f"{job_id} {job.state} on {_place(job)}" + (
-            f" ({job.reason})" if job.reason else "") + when
-        if line != shown:
-            if not sys.stderr.isatty():
-                click.echo(f"corral: {line}", err=True)
-            progress.waiting(line)
-            shown = line
-        time.sleep(1)

@@ -156,7 +156,8 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
              "Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.")
 @reports_errors
 def logs(job: str | None, follow: bool, tail: int) -> None:
-    """Print a job's output (all nodes), following it until it ends. Without JOB: your newest job."""
+    """Print a job's output (all nodes), following it until it ends; then how it ended, and exit with
+    its exit code, as an attached `launch` does. Without JOB: your newest job."""
     from corral.sdk import Client
 
     client = Client()
@@ -164,6 +165,10 @@ def logs(job: str | None, follow: bool, tail: int) -> None:
         job = newest_id(client.jobs(limit=1)[0], "no jobs yet: name one, or launch one with `corral launch`")
     for chunk in client.logs(job, follow, tail=tail):
         write_bytes(chunk)
+    if follow:
+        from corral.cli.following import report_end
+
+        sys.exit(report_end(client, job))
 
 
 @cli.command()

@@ -1,0 +1,144 @@
+"""Following a job to its end: its output as it comes, then how it ended, which becomes the command's
+exit status (0 when it succeeded, else its own exit code, else 1), as `sky launch`, `sky logs` and
+`sky jobs launch` do. Serves an attached `launch`, `logs`, an attached `jobs launch` and `jobs logs`.
+API calls only (one status request a second while nothing streams); loads the SDK and click."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from corral.cli.common import write_bytes
+from corral.sdk.types import MANAGED_ENDED_STATES
+from corral.timefmt import clock
+
+WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
+BETWEEN_ATTEMPTS = frozenset({"RECOVERING", "CANCELLING"})  # managed states worth a line while no output comes
+POLL_SECONDS = 1.0
+SETTLE_SECONDS = 60  # after a job's output ends, how long Slurm may take to say how it ended
+
+
+def exit_status(state: str, exit_code: int | None) -> int:
+    return 0 if state == "SUCCEEDED" else (exit_code or 1)
+
+
+def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
+    """Wait while the job is pending (its Slurm reason and predicted start on a status line), print its
+    output as it comes, then its end; the job's exit code. Ctrl-C leaves the job running."""
+    job = None
+    try:
+        job = _wait_for_start(client, job_id, progress)
+        for chunk in client.logs(job_id, follow=True):
+            write_bytes(chunk)
+        return report_end(client, job_id)
+    except KeyboardInterrupt:
+        progress.clear()
+        job = job or _quietly(lambda: client.job(job_id))  # interrupted while it was still pending
+        where = f" on {place(job)}" if job is not None and job.cluster else ""
+        click.echo(f"\ncorral: {job_id} keeps running{where}; Ctrl-C only stopped following it. "
+                   f"`corral logs {job_id}` follows it again, `corral cancel {job_id}` stops it.", err=True)
+        return 130
+
+
+def report_end(client: Any, job_id: str) -> int:
+    """Once the job's output has ended: how the job ended (waiting while Slurm settles it), on stderr;
+    its exit status."""
+    from corral.errors import CorralError
+
+    try:
+        job = client.wait(job_id, poll=POLL_SECONDS, timeout=SETTLE_SECONDS)
+    except CorralError:  # still settling in Slurm: report what is known
+        job = client.job(job_id)
+    click.echo(f"corral: {job.job_id} {job.state} on {place(job)} (exit code {job.exit_code})", err=True)
+    return exit_status(job.state, job.exit_code)
+
+
+def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0) -> int:
+    """A managed job's output, each attempt that reached a cluster under its own header. With `tail`,
+    the current attempt's last `tail` lines only. With `follow`, the current attempt as it comes, then
+    each attempt the controller starts after it (a recovery, a move), until the job ends; then how it
+    ended, as the exit status (0 without `follow`). Ctrl-C stops following, not the job."""
+    from corral.errors import CorralError
+
+    printed: set[int] = set()
+    said = ""
+    try:
+        while True:
+            found = client.managed_job(job_id)
+            new = [a for a in found["attempt_list"] if a["slurm_job_id"] and a["number"] not in printed]
+            if tail and not printed:
+                new = new[-1:]
+            for attempt in new:
+                click.echo(f"== attempt {attempt['number']} on slurm/{attempt['cluster']}/{attempt['partition']} "
+                           f"(Slurm job {attempt['slurm_job_id']}, {attempt['state']}) ==", err=True)
+                try:
+                    for chunk in client.managed_logs(job_id, attempt["number"], follow=follow and attempt is new[-1],
+                                                     tail=tail if not printed else 0):
+                        write_bytes(chunk)
+                except CorralError as exc:  # one unreachable cluster must not hide the other attempts' logs
+                    click.echo(f"corral: could not read attempt {attempt['number']}'s log: {exc}", err=True)
+                printed.add(attempt["number"])
+            if not follow:
+                return 0
+            if new:
+                continue  # the job as it is now that those attempts' output has ended
+            if found["state"] in MANAGED_ENDED_STATES:
+                return _managed_end(found)
+            line = f"{job_id} {found['state']}" + (f" ({found['reason']})" if found.get("reason") else "")
+            # Once an attempt's output has ended, its job shows that attempt's state until the next tick.
+            if line != said and (not printed or found["state"] in BETWEEN_ATTEMPTS):
+                click.echo(f"corral: {line}", err=True)
+                said = line
+            time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        click.echo(f"\ncorral: {job_id} keeps running; Ctrl-C only stopped following it. `corral jobs logs "
+                   f"{job_id}` follows it again, `corral jobs cancel {job_id}` stops it.", err=True)
+        return 130
+
+
+def _managed_end(found: dict[str, Any]) -> int:
+    attempts = found["attempt_list"]
+    last = attempts[-1] if attempts else {}
+    exit_code = last.get("exit_code")
+    where = f" on slurm/{last['cluster']}/{last['partition']}" if last.get("cluster") else ""
+    count = f", {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
+    reason = f": {found['reason']}" if found.get("reason") else ""
+    click.echo(f"corral: {found['job_id']} {found['state']}{where} (exit code {exit_code}{count}){reason}", err=True)
+    return exit_status(found["state"], exit_code)
+
+
+def place(job: Any) -> str:
+    """Where the job runs, as the server writes it (slurm/<cluster>/<partition>, ssh/<pool>)."""
+    return str(job.raw.get("infra") or f"slurm/{job.cluster}/{job.partition}")
+
+
+def _quietly(get: Any) -> Any:
+    from corral.errors import CorralError
+
+    try:
+        return get()
+    except (CorralError, KeyboardInterrupt):
+        return None
+
+
+def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
+    shown = None
+    while True:
+        job = client.job(job_id)
+        if job.state not in WAITING_STATES:
+            progress.clear()
+            return job
+        expected = job.raw.get("expected_start")
+        when = (f"; Slurm expects it to start {clock(expected)}"
+                if isinstance(expected, (int, float)) and expected > time.time() else "")
+        line = f"{job_id} {job.state} on {place(job)}" + (
+            f" ({job.reason})" if job.reason else "") + when
+        if line != shown:
+            if not sys.stderr.isatty():
+                click.echo(f"corral: {line}", err=True)
+            progress.waiting(line)
+            shown = line
+        time.sleep(POLL_SECONDS)
