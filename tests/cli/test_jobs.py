@@ -97,6 +97,22 @@ def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
     assert (latest.exit_code, latest.stdout) == (0, "attempt 2\n"), latest.stderr  # the current attempt's end
 
 
+def test_ctrl_c_on_an_attached_managed_launch_stops_following_not_the_job(corral, env):
+    proc = subprocess.Popen([sys.executable, "-m", "corral", "jobs", "launch", "--infra", "slurm/cirrus/debug", "--",
+                             "echo started; sleep 600"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "started\n"  # it follows the running attempt
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    job = err.split("managed job ", 1)[1].split()[0]
+    assert f"{job} keeps running" in err and f"`corral jobs cancel {job}`" in err
+    assert wait_job(corral, env, job, {"RUNNING", "CANCELLED", "FAILED"})["state"] == "RUNNING"
+
+
 def test_setup_failure_is_not_retried(corral, env, tmp_path):
     task = tmp_path / "setup.yaml"
     task.write_text("resources:\n  infra: slurm/cirrus/debug\n  job_recovery:\n    max_restarts_on_errors: 3\n"
