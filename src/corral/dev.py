@@ -28,6 +28,7 @@ from corral.errors import (
 )
 from corral.infra.base import (
     EXIT_NOT_READY,
+    AllocationPhase,
     FailureClass,
     HoldsAllocations,
     JobState,
@@ -54,6 +55,8 @@ from corral.task import (
 )
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}\Z", re.ASCII)
+WAITING_PHASES = frozenset({AllocationPhase.PENDING, AllocationPhase.STARTING})
+LIVE_PHASES = WAITING_PHASES | {AllocationPhase.READY}
 
 
 class AllocationNotFoundError(NotFoundError):
@@ -69,7 +72,7 @@ class AllocationMismatchError(CorralError):
 @dataclass(frozen=True)
 class AllocationStatus:
     row: AllocationRow
-    state: str  # PENDING, STARTING, READY, ENDED, FAILED, DOWN, UNKNOWN
+    state: AllocationPhase
     reason: str | None
     nodes: list[str]
     started_at: float | None
@@ -139,7 +142,7 @@ class DevAllocations:
         wanted = resources_key(task)
         if existing is not None:
             [status] = await self.status([existing])
-            if status.state in ("PENDING", "STARTING", "READY"):
+            if status.state in LIVE_PHASES:
                 if existing.resources != wanted:
                     raise AllocationMismatchError(
                         f"allocation {name!r} exists with other resources ({_describe(existing.resources)}); "
@@ -199,9 +202,9 @@ class DevAllocations:
             if status.state != last:
                 on_state(status)
                 last = status.state
-            if status.state == "READY":
+            if status.state is AllocationPhase.READY:
                 return status
-            if status.state not in ("PENDING", "STARTING"):
+            if status.state not in WAITING_PHASES:
                 raise CorralError(f"allocation {row.name!r} is {status.state}"
                                   + (f": {status.reason}" if status.reason else ""))
             if timeout is not None and time.monotonic() - started > timeout:
@@ -224,7 +227,7 @@ class DevAllocations:
             submitted = [r for r in group if r.handle]
             for r in group:
                 if not r.handle:
-                    results[_key(r)] = AllocationStatus(r, "UNKNOWN", "never reached Slurm", [], None, None, None)
+                    results[_key(r)] = AllocationStatus(r, AllocationPhase.UNKNOWN, "never reached Slurm", [], None, None, None)
             if not submitted:
                 return
             try:
@@ -237,9 +240,9 @@ class DevAllocations:
                 why = "no answer"
             for r in submitted:
                 state = states.get(r.handle or "")
-                results[_key(r)] = (AllocationStatus(r, state.phase.value, state.reason, state.nodes, None,
+                results[_key(r)] = (AllocationStatus(r, state.phase, state.reason, state.nodes, None,
                                                     state.last_active, state.time_left, sshd=state.sshd)
-                                   if state else AllocationStatus(r, "UNKNOWN", why, [], None, None, None))
+                                   if state else AllocationStatus(r, AllocationPhase.UNKNOWN, why, [], None, None, None))
 
         await asyncio.gather(*(one(a, g) for a, g in by_account.items()))
         return [results[_key(r)] for r in rows]
@@ -307,7 +310,7 @@ class DevAllocations:
         the server's own user (its keys are this machine's); for a team member, their own ssh to the
         login node (as their ssh config names it) running a step there. None until it is ready."""
         row = status.row
-        if status.state != "READY" or not status.nodes or not row.handle:
+        if status.state is not AllocationPhase.READY or not status.nodes or not row.handle:
             return None
         if self.local and row.owner == self.owner:
             return shlex.join(["corral", "ssh", row.name])
@@ -321,7 +324,7 @@ class DevAllocations:
     async def ssh_argv(self, name: str, command: str | None) -> list[str]:
         row = self.get(name)
         [status] = await self.status([row])
-        if status.state != "READY" or not status.nodes:
+        if status.state is not AllocationPhase.READY or not status.nodes:
             raise CorralError(f"allocation {name!r} is {status.state}; cannot open a shell in it")
         return self._holder(row.cluster, row.owner).shell_argv(row.handle or "", status.nodes[0], command)
 
