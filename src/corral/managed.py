@@ -57,9 +57,10 @@ def record(store: Store, task: Task, source: str, num_jobs: int = 1, owner: str 
     return ids
 
 
-def views(store: Store, job_ids: list[str] | None = None, scope: str | None = None) -> list[ManagedView]:
-    """Managed jobs (all, or those named); `scope`: only that owner's."""
-    managed = {m.job_id: m for m in store.managed(job_ids)}
+def views(store: Store, job_ids: list[str] | None = None, scope: str | None = None,
+          live_only: bool = False) -> list[ManagedView]:
+    """Managed jobs (all, or those named; with `live_only`, those not ended); `scope`: only that owner's."""
+    managed = {m.job_id: m for m in store.managed(job_ids, live_only=live_only)}
     jobs = store.jobs(managed)
     if scope is not None:
         jobs = {i: job for i, job in jobs.items() if job.owner == scope}

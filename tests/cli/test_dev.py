@@ -241,7 +241,11 @@ def test_a_tasks_skypilot_autostop_is_the_allocations_idle_limit(corral, clean, 
     assert up.exit_code == 0, up.stderr
     assert "resources.use_spot: ignored on Slurm" in up.stderr and "resources.autostop" not in up.stderr  # honoured
     assert status(corral, "box")["idle_limit_seconds"] == 2 * 3600
-    flag = corral("launch", "-c", "box2", str(task), "--idle-minutes", "3", "-d", "--json")
+    flag = corral("launch", "-c", "box2", str(task), "-i", "3", "-d", "--json")  # SkyPilot's -i
     assert flag.exit_code == 0, flag.stderr
-    assert status(corral, "box2")["idle_limit_seconds"] == 180  # --idle-minutes wins over the task
-    assert corral("down", "box").exit_code == 0 and corral("down", "box2").exit_code == 0
+    assert status(corral, "box2")["idle_limit_seconds"] == 180  # -i wins over the task
+    down = corral("down", "-a", "-y")  # `sky down -a -y`: every allocation of yours
+    assert (down.exit_code, sorted(down.stdout.splitlines())) == (0, ["box2: released", "box: released"]), down.stderr
+    assert corral("status", "--json").json() == []
+    again = corral("down", "--all")
+    assert again.exit_code == 0 and "no dev allocations to release" in again.stderr

@@ -111,6 +111,9 @@ def test_ctrl_c_on_an_attached_managed_launch_stops_following_not_the_job(corral
     job = err.split("managed job ", 1)[1].split()[0]
     assert f"{job} keeps running" in err and f"`corral jobs cancel {job}`" in err
     assert wait_job(corral, env, job, {"RUNNING", "CANCELLED", "FAILED"})["state"] == "RUNNING"
+    cancelled = corral("jobs", "cancel", "-a", "-y", env=env)  # every live managed job, and only those
+    assert (cancelled.exit_code, cancelled.stdout) == (0, f"{job}: cancelling\n"), cancelled.stderr
+    assert wait_job(corral, env, job, {"CANCELLED"})["state"] == "CANCELLED"
 
 
 def test_setup_failure_is_not_retried(corral, env, tmp_path):

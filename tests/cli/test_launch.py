@@ -168,8 +168,8 @@ def test_logs_follow_a_running_job_and_cancel_stops_it(corral, corral_env, clean
         tailing = subprocess.Popen([sys.executable, "-m", "corral", "logs", "--tail", "1", job_id], env=corral_env,
                                    stdout=subprocess.PIPE, text=True)  # `sky logs --tail 1`: the last line, then on
         assert tailing.stdout is not None and tailing.stdout.readline().strip() == "line-3"
-        cancelled = corral("cancel", job_id)
-        assert cancelled.exit_code == 0 and cancelled.stdout.strip() == f"{job_id}: cancelled"
+        cancelled = corral("cancel", "-a", "-y")  # `sky cancel -a -y`: every live job, and only those
+        assert cancelled.exit_code == 0 and cancelled.stdout.strip() == f"{job_id}: cancelled", cancelled.stdout
         # The follower ends when the job does, with its status, as `sky logs`: 1, cancelled (no exit code).
         assert follower.wait(timeout=30) == 1
         assert tailing.wait(timeout=30) == 1  # and so does the tailing one
@@ -180,6 +180,8 @@ def test_logs_follow_a_running_job_and_cancel_stops_it(corral, corral_env, clean
     job = wait_state(corral, job_id, {"CANCELLED"})
     assert job["state"] == "CANCELLED"
     assert corral("cancel", job_id).stdout.strip() == f"{job_id}: already cancelled"
+    none = corral("cancel", "--all")
+    assert (none.exit_code, none.stdout) == (0, "") and "no live jobs to cancel" in none.stderr
     whole = corral("logs", "--no-follow", job_id).stdout.splitlines()
     assert whole[:3] == ["line-1", "line-2", "line-3"] and any("CANCELLED" in line for line in whole[3:])
     newest = corral("logs", "--no-follow", "--tail", "2")  # no JOB: the newest job, as `sky logs` takes the latest

@@ -130,15 +130,16 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
         ("GET", "/v1/jobs", None), ("GET", "/v1/jobs?owner=bob&name=bobs", None),
         ("GET", f"/v1/jobs/{job}", None), ("GET", "/v1/jobs/bobs-job", None), ("GET", f"/v1/jobs/{job}/logs", None),
         ("POST", "/v1/cancel", {"jobs": [job]}), ("POST", "/v1/cancel", {"jobs": ["bobs-job"]}),
-        ("POST", "/v1/cancel", {"all": True}),
+        ("POST", "/v1/cancel", {"all": True}), ("POST", "/v1/cancel", {"all": True, "all_users": True}),
         ("GET", "/v1/managed", None), ("GET", "/v1/managed?all=true", None), ("GET", f"/v1/managed/{managed}", None),
         ("GET", f"/v1/managed/{managed}/attempts/1/logs", None), ("GET", f"/v1/managed/{managed}/why", None),
         ("POST", "/v1/managed/cancel", {"jobs": [managed]}), ("POST", "/v1/managed/cancel", {"all": True}),
+        ("POST", "/v1/managed/cancel", {"all": True, "all_users": True}),
         ("GET", f"/v1/uploads/{upload}", None),
         ("PUT", f"/v1/uploads/{upload}", None),  # no body: refused, and bob's copy untouched
         ("GET", "/v1/dev", None), ("GET", "/v1/dev?name=box", None),
         ("POST", "/v1/dev/box/exec", {"task": {"run": "hostname"}}), ("GET", "/v1/dev/box/ssh", None),
-        ("DELETE", "/v1/dev/box", None),
+        ("DELETE", "/v1/dev/box", None), ("DELETE", "/v1/dev", None),
         ("GET", "/v1/users", None), ("POST", "/v1/users", {"name": "mallory", "role": "admin"}),
         ("DELETE", "/v1/users/bob", None), ("PATCH", "/v1/users/bob", {"unix_users": {"alpine": "mallory"}}),
         ("POST", "/v1/dashboard/link", None),
@@ -168,6 +169,7 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
     assert answers[("GET", "/v1/users")] == answers[("POST", "/v1/users")] == answers[("DELETE", "/v1/users/bob")] \
         == answers[("PATCH", "/v1/users/bob")] == 403
     assert answers[("GET", "/v1/dev/box/ssh")] == 403
+    assert answers[("POST", "/v1/cancel")] == answers[("POST", "/v1/managed/cancel")] == 403  # the all_users walks
 
     # alice's own "box" is hers: another allocation, not bob's
     mine = Client(team, alice).dev_status(["box"])
@@ -180,8 +182,11 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
     [still] = as_bob.dev_status(["box"])
     assert (still["owner"], still["slurm_job_id"]) == ("bob", box["slurm_job_id"])
     assert {u["name"]: u["unix_users"] for u in Client().users()} == {"alice": {}, "bob": {}}
-    # the admin sees everyone's
+    # the admin sees everyone's, but "all" is their own unless they ask for every user's, as `sky cancel -u`
     assert {j.job_id for j in Client().queue().jobs} >= {job}
+    assert Client().cancel(all=True) == [] and Client().managed_cancel(all=True) == []
+    assert as_bob.job(job).state in ("PENDING", "RUNNING")
+    assert {o.job_id: o.cancelled for o in Client().cancel(all=True, all_users=True)}.get(job) is True
     with pytest.raises(ApiError) as not_hers:
         Client(team, alice).managed_cancel([managed])
     assert not_hers.value.status == 404

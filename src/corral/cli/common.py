@@ -174,6 +174,10 @@ def newest_id(jobs: list[Any], nothing: str) -> str:
     return str(jobs[0].job_id)
 
 
+yes_option = click.option("-y", "--yes", "yes", is_flag=True,
+                          help="Accepted as SkyPilot users type it: Corral asks for no confirmation.")
+
+
 def task_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The overrides `launch` and `jobs launch` share, as SkyPilot names them."""
     for decorator in reversed([
@@ -189,8 +193,7 @@ def task_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="A dotenv file of KEY=VALUE lines; --env wins over it."),
         click.option("--workdir", help="A local directory synced as the task's workdir (overrides workdir)."),
         click.option("--image-id", "image_id", help="Container image, docker:<image> (overrides resources.image_id)."),
-        click.option("-y", "--yes", "yes", is_flag=True, help="Accepted as SkyPilot users type it: Corral "
-                                                               "asks for no confirmation."),
+        yes_option,
         click.option("--secret", "secret_values", multiple=True,
                      help="KEY=VALUE, or KEY to take it from your environment: an env kept out of the store "
                           "in clear text."),

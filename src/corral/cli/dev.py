@@ -15,6 +15,7 @@ from corral.cli.common import (
     task_arguments,
     warnings_only,
     write_bytes,
+    yes_option,
 )
 
 
@@ -131,13 +132,29 @@ def status(names: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("names", nargs=-1, required=True)
+@click.argument("names", nargs=-1)
+@click.option("-a", "--all", "down_all", is_flag=True, help="Release every dev allocation of yours.")
+@yes_option
 @reports_errors
-def down(names: tuple[str, ...]) -> None:
+def down(names: tuple[str, ...], down_all: bool, yes: bool) -> None:
     """Release dev allocations (scancel), clean their files and ssh aliases."""
+    from corral.errors import CorralError
     from corral.sdk import Client
 
+    if not names and not down_all:
+        raise CorralError("name the allocations to release, or use --all")
     client = Client()
+    if down_all:
+        released, failed = client.dev_down_all()
+        for name in released:
+            click.echo(f"{name}: released")
+        for name, error in failed:
+            click.echo(f"corral: {name}: {error}", err=True)
+        if not released and not failed:
+            click.echo("no dev allocations to release", err=True)
+        if failed:
+            raise CorralError(f"{len(failed)} allocation{'s' if len(failed) != 1 else ''} could not be taken down")
+        return
     for name in names:
         if client.dev_down(name):
             click.echo(f"{name}: released")

@@ -18,6 +18,7 @@ from corral.cli.common import (
     task_arguments,
     task_options,
     warnings_only,
+    yes_option,
 )
 from corral.cli.following import follow_managed
 from corral.timefmt import clock
@@ -108,17 +109,22 @@ def jobs_logs(job: str | None, follow: bool, tail: int) -> None:
 
 @jobs.command(name="cancel")
 @click.argument("job_refs", nargs=-1)
-@click.option("--all", "cancel_all", is_flag=True, help="Cancel every live managed job.")
+@click.option("-a", "--all", "cancel_all", is_flag=True, help="Cancel every live managed job of yours.")
+@click.option("-u", "--all-users", is_flag=True, help="With --all: every user's live managed jobs (admins).")
+@yes_option
 @reports_errors
-def jobs_cancel(job_refs: tuple[str, ...], cancel_all: bool) -> None:
+def jobs_cancel(job_refs: tuple[str, ...], cancel_all: bool, all_users: bool, yes: bool) -> None:
     """Ask the controller to cancel managed jobs (it scancels their attempts at once)."""
     from corral.errors import CorralError
     from corral.sdk import Client
 
     if not job_refs and not cancel_all:
         raise CorralError("name the jobs to cancel, or use --all")
-    for outcome in Client().managed_cancel(list(job_refs), all=cancel_all):
+    outcomes = Client().managed_cancel(list(job_refs), all=cancel_all, all_users=all_users)
+    for outcome in outcomes:
         click.echo(f"{outcome.job_id}: " + ("cancelling" if outcome.cancelled else f"already {outcome.state.lower()}"))
+    if not outcomes:
+        click.echo("no live managed jobs to cancel", err=True)
 
 
 @jobs.command(name="events")

@@ -29,7 +29,8 @@ from corral.cli.following import follow_to_end
 @click.option("--dryrun", is_flag=True, help="Show the placement plan; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-c", "--cluster-name", "dev_name", help="Hold a named dev allocation (or reuse it) and run the task in it.")
-@click.option("--idle-minutes", type=float, default=None, help="With -c: release the allocation after M idle minutes.")
+@click.option("-i", "--idle-minutes", type=float, default=None,
+              help="With -c: release the allocation after M idle minutes (SkyPilot's -i).")
 @click.option("--time", "walltime", help="Walltime (sbatch --time), e.g. 4:00:00.")
 @reports_errors
 def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None,

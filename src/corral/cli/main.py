@@ -19,6 +19,7 @@ from corral.cli.common import (
     reports_errors,
     stream_json,
     write_bytes,
+    yes_option,
 )
 
 
@@ -173,18 +174,23 @@ def logs(job: str | None, follow: bool, tail: int) -> None:
 
 @cli.command()
 @click.argument("jobs", nargs=-1)
-@click.option("--all", "cancel_all", is_flag=True, help="Cancel every live job.")
+@click.option("-a", "--all", "cancel_all", is_flag=True, help="Cancel every live job of yours.")
+@click.option("-u", "--all-users", is_flag=True, help="With --all: every user's live jobs (admins).")
+@yes_option
 @reports_errors
-def cancel(jobs: tuple[str, ...], cancel_all: bool) -> None:
+def cancel(jobs: tuple[str, ...], cancel_all: bool, all_users: bool, yes: bool) -> None:
     """Cancel jobs (one scancel per cluster)."""
     from corral.errors import CorralError
     from corral.sdk import Client
 
     if not jobs and not cancel_all:
         raise CorralError("name the jobs to cancel, or use --all")
-    for outcome in Client().cancel(list(jobs), all=cancel_all):
+    outcomes = Client().cancel(list(jobs), all=cancel_all, all_users=all_users)
+    for outcome in outcomes:
         word = "cancelled" if outcome.cancelled else f"already {outcome.state.lower()}"
         click.echo(f"{outcome.job_id}: {word}")
+    if not outcomes:
+        click.echo("no live jobs to cancel", err=True)
 
 
 def _register() -> None:

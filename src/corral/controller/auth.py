@@ -179,6 +179,17 @@ def require_admin(me: Principal, what: str) -> None:
         raise Forbidden(f"{what} is for admins; {me.display} is a {me.role.value}")
 
 
+def owner_of_all(me: Principal, every: bool, every_user: bool) -> str | None:
+    """Whose live objects an `all` request (`every`) names: the caller's own, even an admin's; everyone's
+    (None) only when an admin asks for every user's too (`every_user`, SkyPilot's `--all-users`)."""
+    if every_user:
+        require_admin(me, "acting on every user's jobs")
+        if not every:
+            raise TaskError("`all_users` goes with `all`: name the jobs, or ask for all of them")
+        return None
+    return me.owner
+
+
 def _principal(request: Request) -> Principal:
     return request.state.principal  # set by the app's authentication (api.py) before any route runs
 

@@ -27,7 +27,7 @@ from pydantic import Field
 from corral import managed
 from corral.client import Client, check_json, cluster_json, health_json
 from corral.controller import v1_dev, v1_launch, v1_users, web
-from corral.controller.auth import Me
+from corral.controller.auth import Me, owner_of_all
 from corral.controller.refusals import REFUSALS, STREAM_REFUSALS, RequestBody
 from corral.controller.v1_launch import JsonLines, OutputStream, stream_output
 from corral.errors import CorralError
@@ -43,7 +43,9 @@ Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds
 
 class CancelRequest(RequestBody):
     jobs: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list, max_length=10_000)
-    all: bool = False
+    all: bool = Field(False, description="Every live job of yours (with `all_users`, everyone's).")
+    all_users: bool = Field(False, description="With `all`: every user's live jobs, not only yours (admins only).")
+
 
 
 def place_kinds() -> dict[str, str]:
@@ -208,7 +210,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
             raise CorralError("name the jobs to cancel, or use --all")
         tracker = Tracker(Client(), store)
         await refreshed(fresh_within=0.0)  # what is cancelled must be what runs now, not a while ago
-        views = (store.views(scope=me.scope) if request.all
+        views = (store.views(store.live_job_ids(owner_of_all(me, request.all, request.all_users))) if request.all
                  else [store.resolve(j, me.scope) for j in request.jobs])
         cancelled = await tracker.cancel(views)
         return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}

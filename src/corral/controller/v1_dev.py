@@ -34,6 +34,7 @@ from corral.controller.v1_launch import (
     put_warnings,
 )
 from corral.dev import AllocationStatus, DevAllocations, check_name
+from corral.errors import CorralError
 from corral.launch import Launcher
 from corral.state import Store
 from corral.task_compat import autostop_minutes
@@ -135,6 +136,22 @@ def add_routes(router: APIRouter, store: Store) -> None:
         rows = [allocations.get(n) for n in name] if name else None
         return {"allocations": [{**status_json(s), "ssh_command": allocations.copyable_ssh(s)}
                                 for s in await allocations.status(rows)]}
+
+    @router.delete("/dev")
+    async def dev_down_all(me: Me) -> dict[str, object]:
+        """Release every dev allocation of yours (an admin's own too, never other users'), as `sky down -a`;
+        one that cannot be taken down is reported and the others still are."""
+        allocations = dev(me)
+        released: list[str] = []
+        failed: list[dict[str, str]] = []
+        for row in store.allocations(me.owner):
+            async with locks.setdefault((me.owner, row.name), asyncio.Lock()):
+                try:
+                    if await allocations.down(row.name):
+                        released.append(row.name)
+                except CorralError as exc:
+                    failed.append({"name": row.name, "error": str(exc)})
+        return {"released": released, "failed": failed}
 
     @router.delete("/dev/{name}")
     async def dev_down(me: Me, name: Name) -> dict[str, object]:

@@ -22,7 +22,7 @@ from pydantic import Field, field_validator
 
 from corral import buckets, managed, uploads
 from corral.client import Client
-from corral.controller.auth import Me
+from corral.controller.auth import Me, owner_of_all
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.errors import CorralError, TaskError
 from corral.infra.base import JobState
@@ -110,7 +110,8 @@ class ManagedLaunchRequest(RequestBody):
 
 class ManagedCancelRequest(RequestBody):
     jobs: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list, max_length=10_000)
-    all: bool = False
+    all: bool = Field(False, description="Every live managed job of yours (with `all_users`, everyone's).")
+    all_users: bool = Field(False, description="With `all`: every user's, not only yours (admins only).")
 
 
 def build_task(given: TaskInput, overrides: Overrides, owner: str = "", store: Store | None = None, *,
@@ -315,7 +316,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         """Ask the controller to cancel managed jobs (it scancels their attempts on its next tick, now)."""
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
-        views = (managed.views(store, scope=me.scope) if request.all
+        views = (managed.views(store, scope=owner_of_all(me, request.all, request.all_users), live_only=True) if request.all
                  else [managed.resolve(store, j, me.scope) for j in request.jobs])
         live = [v for v in views if v.managed.state not in MANAGED_TERMINAL]
         managed.request_cancel(store, [v.job.id for v in live])

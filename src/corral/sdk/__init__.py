@@ -134,9 +134,11 @@ class Client:
         `follow`, until the job's tasks are over."""
         yield from self._stream("GET", f"/jobs/{_quoted(job)}/logs", {"follow": follow, "tail": tail or None})
 
-    def cancel(self, jobs: list[str] | None = None, *, all: bool = False) -> list[CancelOutcome]:
-        """Cancel jobs (one scancel per cluster); ended ones are reported as they are."""
-        data = self._json("POST", "/cancel", body={"jobs": list(jobs or []), "all": all})
+    def cancel(self, jobs: list[str] | None = None, *, all: bool = False, all_users: bool = False
+               ) -> list[CancelOutcome]:
+        """Cancel jobs (one scancel per cluster); ended ones are reported as they are. `all`: every live
+        job of yours; with `all_users` (admins), every user's."""
+        data = self._json("POST", "/cancel", body={"jobs": list(jobs or []), "all": all, "all_users": all_users})
         return [CancelOutcome(c["job_id"], bool(c["cancelled"]), c["state"]) for c in data["jobs"]]
 
     def wait(self, job: str, *, poll: float = 2.0, timeout: float | None = None) -> Job:
@@ -242,9 +244,12 @@ class Client:
         """One managed job as JSON, with its attempts' count and its events."""
         return self._json("GET", f"/managed/{_quoted(job)}")
 
-    def managed_cancel(self, jobs: list[str] | None = None, *, all: bool = False) -> list[CancelOutcome]:
-        """Ask the controller to cancel managed jobs; ended ones are reported as they are."""
-        data = self._json("POST", "/managed/cancel", body={"jobs": list(jobs or []), "all": all})
+    def managed_cancel(self, jobs: list[str] | None = None, *, all: bool = False, all_users: bool = False
+                       ) -> list[CancelOutcome]:
+        """Ask the controller to cancel managed jobs; ended ones are reported as they are. `all`: every
+        live managed job of yours; with `all_users` (admins), every user's."""
+        data = self._json("POST", "/managed/cancel",
+                          body={"jobs": list(jobs or []), "all": all, "all_users": all_users})
         return [CancelOutcome(c["job_id"], bool(c["cancelling"]), c["state"]) for c in data["jobs"]]
 
     def managed_logs(self, job: str, attempt: int, follow: bool = False, *, tail: int = 0) -> Iterator[bytes]:
@@ -337,6 +342,12 @@ class Client:
     def dev_down(self, name: str) -> bool:
         """Release allocation NAME; False if there was none."""
         return bool(self._json("DELETE", f"/dev/{_quoted(name)}")["released"])
+
+    def dev_down_all(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """Release every allocation of yours: the names released, and (name, error) for any that could
+        not be taken down."""
+        data = self._json("DELETE", "/dev")
+        return list(data["released"]), [(f["name"], f["error"]) for f in data["failed"]]
 
     def dev_ssh_argv(self, name: str, command: str | None = None) -> list[str]:
         """The ssh command line for a shell (or `command`) on NAME's head node (local server only)."""

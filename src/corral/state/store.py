@@ -164,6 +164,14 @@ class Store:
                 latest[attempt.job_id] = attempt
         return [JobView(j, latest[j.id]) for j in jobs if j.id in latest]
 
+    def live_job_ids(self, owner: str | None = None) -> list[str]:
+        """Jobs with an attempt that may still run (`owner`'s only, unless None), from the state index."""
+        with self.session() as s:
+            query = select(AttemptRow.job_id).distinct().where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
+            if owner is not None:
+                query = query.where(AttemptRow.job_id.in_(select(JobRow.id).where(JobRow.owner == owner)))
+            return list(s.scalars(query))
+
     def queue_page(self, *, limit: int | None = 20, offset: int = 0, since: float | None = None,
                    allocation: str | None = None, live: bool = True, by_sweep: bool = False,
                    scope: str | None = None) -> QueuePage:
