@@ -153,6 +153,18 @@ def test_queue_page_shows_live_jobs_and_the_newest_ended_ones(store):
     assert everything == [f"c-{i:04d}" for i in range(249, -1, -1)] + ["c-pend", "c-live"]
 
 
+def test_live_job_ids_are_the_jobs_that_may_still_run_whoever_owns_the_rest(store):
+    rows = [ended(f"c-{i:03d}", 1000.0 + i) for i in range(50)]
+    rows += [ended("c-run", 10.0, "RUNNING"), ended("c-sub", 11.0, "SUBMITTING"), ended("c-off", 12.0, "CANCELLING"),
+             ended("c-bob", 13.0, "PENDING")]
+    rows[-1][0].owner = "bob"
+    fill(store, rows)
+    store.add_jobs([], [attempt("t-again", "c-000", number=2, state="PENDING")])  # a later attempt that may run
+    assert sorted(store.live_job_ids()) == ["c-000", "c-bob", "c-off", "c-run", "c-sub"]
+    assert sorted(store.live_job_ids("")) == ["c-000", "c-off", "c-run", "c-sub"]
+    assert store.live_job_ids("bob") == ["c-bob"] and store.live_job_ids("carol") == []
+
+
 def test_a_job_page_filters_by_user_state_cluster_and_name_on_the_latest_attempt(store):
     rows = [ended(f"c-{i:04d}", 1000.0 + i, "SUCCEEDED" if i % 3 else "FAILED") for i in range(120)]
     for i, (row, _) in enumerate(rows):
