@@ -81,6 +81,18 @@ def test_refused_connection(testbed, corral_env, tmp_path):
         run(transport_for(path), "alpine", "true")
 
 
+def test_an_ssh_that_dies_without_a_word_is_a_lost_connection(tmp_path):
+    """ssh exits 255 with nothing on stderr when a shared connection dies or keepalives go unanswered
+    (a login node that froze): the user is told that, not "ssh failed: no error output"."""
+    transport = transport_for(write_config(tmp_path, "Host alpine\n    HostName 127.0.0.1\n"))
+    silent = transport.classify_failure("alpine", "\n")
+    assert isinstance(silent, ClusterUnreachableError)
+    assert str(silent) == ("alpine: lost the connection to the login node (ssh exited 255 and said nothing); "
+                           "is it up? `corral check` tells")
+    said = transport.classify_failure("alpine", "kex_exchange_identification: read: Connection reset by peer\n")
+    assert str(said) == "alpine: ssh failed: kex_exchange_identification: read: Connection reset by peer"
+
+
 def test_unresolvable_host_names_the_entry(testbed, corral_env, tmp_path):
     path = write_config(tmp_path, "# comment\nHost ghost.invalid\n    User corral-test\n")
     with pytest.raises(ClusterUnreachableError) as err:

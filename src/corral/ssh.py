@@ -512,7 +512,10 @@ class SshTransport:
             return ClusterUnreachableError(cluster, "login node refused the connection (is sshd running?)")
         if "timed out" in text.lower():
             return ClusterUnreachableError(cluster, f"connection to the login node timed out ({_last_line(text)})")
-        return ClusterUnreachableError(cluster, f"ssh failed: {_last_line(text) or 'no error output'}")
+        if not _last_line(text):  # a shared connection that died, or a peer that stopped answering keepalives
+            return ClusterUnreachableError(cluster, "lost the connection to the login node (ssh exited 255 "
+                                                    "and said nothing); is it up? `corral check` tells")
+        return ClusterUnreachableError(cluster, f"ssh failed: {_last_line(text)}")
 
     async def stream(self, cluster: str, script: str, on_output: Callable[[bytes], None]) -> int:
         """Run a long script (e.g. following a log), passing its stdout to `on_output` as it comes.

@@ -139,6 +139,29 @@ def test_two_node_task_sees_its_environment_on_both_nodes(corral, clean_queues):
     assert f"{job_id} SUCCEEDED on slurm/cirrus/b300" in result.stderr
 
 
+def test_following_a_job_whose_login_node_stops_answering_ends_with_69_not_a_wait(corral, corral_env, testbed,
+                                                                                   clean_queues):
+    job_id = launch(corral, "--infra", "slurm/cirrus/debug", "--",
+                    "for i in $(seq 600); do echo line-$i; sleep 1; done")["job_id"]
+    follower = subprocess.Popen([sys.executable, "-m", "corral", "logs", job_id], env=corral_env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert follower.stdout is not None and follower.stdout.readline() == "line-1\n"
+        testbed.freeze_login("cirrus")
+        frozen = time.monotonic()
+        out, err = follower.communicate(timeout=120)
+        waited = time.monotonic() - frozen
+    finally:
+        follower.kill()
+        testbed.thaw_login("cirrus")
+    assert follower.returncode == 69, err
+    assert out.splitlines()[-1].startswith("corral: error: cirrus: ")  # the server's word, in the output
+    assert f"corral: stopped following {job_id}, still " in err and f"`corral logs {job_id}` follows it again" in err
+    assert waited < 60, waited  # not the wait for a job's end to settle
+    wait_for("cirrus to answer again", lambda: corral("check", "cirrus").exit_code == 0, timeout=30)
+    assert corral("cancel", job_id).exit_code == 0
+
+
 def test_exit_code_and_setup_failure(corral, clean_queues, tmp_path):
     assert corral("launch", "--infra", "slurm/alpine/cpu", "--", "echo out; exit 7").exit_code == 7
     # `corral logs` follows to the end and exits as the job did, so a script can wait on it; --no-follow only prints.

@@ -18,11 +18,22 @@ from corral.timefmt import clock
 WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
 BETWEEN_ATTEMPTS = frozenset({"RECOVERING", "CANCELLING"})  # managed states worth a line while no output comes
 POLL_SECONDS = 1.0
+STREAM_ERROR = b"corral: error: "
 SETTLE_SECONDS = 60  # after a job's output ends, how long Slurm may take to say how it ended
 
 
 def exit_status(state: str, exit_code: int | None) -> int:
     return 0 if state == "SUCCEEDED" else (exit_code or 1)
+
+
+def print_output(chunks: Any) -> bool:
+    """Write a followed output stream; whether it ended with the server's word that following failed
+    (`stream_output` ends the stream with a `corral: error: …` line when the cluster stops answering)."""
+    last = b""
+    for chunk in chunks:
+        write_bytes(chunk)
+        last = (last + chunk)[-4096:]
+    return last.rstrip(b"\n").rpartition(b"\n")[2].startswith(STREAM_ERROR)
 
 
 def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
@@ -31,9 +42,8 @@ def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
     job = None
     try:
         job = _wait_for_start(client, job_id, progress)
-        for chunk in client.logs(job_id, follow=True):
-            write_bytes(chunk)
-        return report_end(client, job_id)
+        broken = print_output(client.logs(job_id, follow=True))
+        return report_end(client, job_id, broken=broken)
     except KeyboardInterrupt:
         progress.clear()
         job = job or _quietly(lambda: client.job(job_id))  # interrupted while it was still pending
@@ -43,11 +53,19 @@ def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
         return 130
 
 
-def report_end(client: Any, job_id: str) -> int:
+def report_end(client: Any, job_id: str, *, broken: bool = False) -> int:
     """Once the job's output has ended: how the job ended (waiting while Slurm settles it), on stderr;
-    its exit status."""
-    from corral.errors import CorralError
+    its exit status. `broken`: following stopped on an error; a job still live then is not waited for
+    (its cluster may be down for long): the command says so and exits 69, as for an unreachable cluster.
+    A job whose own last line looks like that error is told apart by having ended."""
+    from corral.errors import CorralError, UnavailableError
 
+    if broken:
+        job = client.job(job_id)
+        if not job.ended:
+            click.echo(f"corral: stopped following {job.job_id}, still {job.state} on {place(job)} as last "
+                       f"seen; `corral logs {job.job_id}` follows it again", err=True)
+            return UnavailableError.exit_code
     try:
         job = client.wait(job_id, poll=POLL_SECONDS, timeout=SETTLE_SECONDS)
     except CorralError:  # still settling in Slurm: report what is known

@@ -18,7 +18,6 @@ from corral.cli.common import (
     print_json,
     reports_errors,
     stream_json,
-    write_bytes,
     yes_option,
 )
 
@@ -164,12 +163,11 @@ def logs(job: str | None, follow: bool, tail: int) -> None:
     client = Client()
     if job is None:
         job = newest_id(client.jobs(limit=1)[0], "no jobs yet: name one, or launch one with `corral launch`")
-    for chunk in client.logs(job, follow, tail=tail):
-        write_bytes(chunk)
-    if follow:
-        from corral.cli.following import report_end
+    from corral.cli.following import print_output, report_end
 
-        sys.exit(report_end(client, job))
+    broken = print_output(client.logs(job, follow, tail=tail))
+    if follow:
+        sys.exit(report_end(client, job, broken=broken))
 
 
 @cli.command()
