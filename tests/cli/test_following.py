@@ -1,0 +1,108 @@
+"""Following a job to its end, on a client that answers from a script of states (no server): which
+output is printed in what order, what is said on stderr, and the exit status."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.cli import following
+from corral.sdk.types import Job
+
+
+def attempt(number: int, state: str, exit_code: int | None = None, slurm_job_id: str | None = "7") -> dict:
+    return {"number": number, "cluster": "alpine", "partition": "gpu", "slurm_job_id": slurm_job_id,
+            "state": state, "exit_code": exit_code}
+
+
+class ScriptedManaged:
+    """Answers `managed_job` from a list of snapshots, one per call (the last one repeats)."""
+
+    def __init__(self, snapshots: list[dict]):
+        self.snapshots = snapshots
+        self.asked = 0
+        self.streams: list[tuple[int, bool, int]] = []
+
+    def managed_job(self, job: str) -> dict:
+        snapshot = self.snapshots[min(self.asked, len(self.snapshots) - 1)]
+        self.asked += 1
+        return {"job_id": "c-1", "reason": None, **snapshot}
+
+    def managed_logs(self, job: str, number: int, follow: bool = False, *, tail: int = 0):
+        self.streams.append((number, follow, tail))
+        yield f"out {number}\n".encode()
+
+
+@pytest.fixture(autouse=True)
+def no_waiting(monkeypatch):
+    monkeypatch.setattr(following.time, "sleep", lambda seconds: None)
+
+
+def test_a_managed_job_is_followed_through_its_recovery_to_its_end(capfd):
+    client = ScriptedManaged([
+        {"state": "PENDING", "attempt_list": []},
+        {"state": "RUNNING", "attempt_list": [attempt(1, "RUNNING")]},
+        {"state": "RUNNING", "attempt_list": [attempt(1, "FAILED", 3)]},  # the tick has not seen it yet
+        {"state": "RECOVERING", "reason": "node failure", "attempt_list": [attempt(1, "FAILED", 3)]},
+        {"state": "RUNNING", "attempt_list": [attempt(1, "FAILED", 3), attempt(2, "RUNNING")]},
+        {"state": "SUCCEEDED", "reason": "attempt 2 succeeded",
+         "attempt_list": [attempt(1, "FAILED", 3), attempt(2, "SUCCEEDED", 0)]},
+    ])
+    assert following.follow_managed(client, "c-1", follow=True) == 0
+    out, err = capfd.readouterr()
+    assert out == "out 1\nout 2\n"
+    assert client.streams == [(1, True, 0), (2, True, 0)]  # each followed once, as it came
+    assert err.splitlines() == [
+        "corral: c-1 PENDING",  # before any attempt reached a cluster
+        "== attempt 1 on slurm/alpine/gpu (Slurm job 7, RUNNING) ==",
+        "corral: c-1 RECOVERING (node failure)",  # not the stale RUNNING between the attempts
+        "== attempt 2 on slurm/alpine/gpu (Slurm job 7, RUNNING) ==",
+        "corral: c-1 SUCCEEDED on slurm/alpine/gpu (exit code 0, 2 attempts): attempt 2 succeeded",
+    ]
+
+
+def test_a_failed_managed_job_exits_with_its_last_attempts_code_and_without_follow_with_0(capfd):
+    ended = {"state": "FAILED", "attempt_list": [attempt(1, "FAILED", 3), attempt(2, "FAILED", 4)]}
+    assert following.follow_managed(ScriptedManaged([ended]), "c-1", follow=True) == 4
+    assert following.follow_managed(ScriptedManaged([ended]), "c-1", follow=False) == 0
+    tailed = ScriptedManaged([ended])
+    assert following.follow_managed(tailed, "c-1", follow=False, tail=5) == 0
+    assert tailed.streams == [(2, False, 5)]  # --tail: the current attempt only
+    cancelled = {"state": "CANCELLED", "attempt_list": [attempt(1, "CANCELLED")]}
+    assert following.follow_managed(ScriptedManaged([cancelled]), "c-1", follow=True) == 1
+
+
+def test_an_attempt_that_never_reached_a_cluster_has_no_header():
+    client = ScriptedManaged([{"state": "FAILED", "attempt_list": [attempt(1, "SUBMIT_FAILED", slurm_job_id=None)]}])
+    assert following.follow_managed(client, "c-1", follow=True) == 1 and client.streams == []
+
+
+class OneJob:
+    def __init__(self, states: list[str], exit_code: int | None = None):
+        self.states, self.exit_code, self.asked = states, exit_code, 0
+
+    def job(self, job: str) -> Job:
+        state = self.states[min(self.asked, len(self.states) - 1)]
+        self.asked += 1
+        return Job.from_json({"job_id": "c-2", "name": "t", "state": state, "cluster": "alpine", "partition": "cpu",
+                              "exit_code": self.exit_code})
+
+    def wait(self, job: str, *, poll: float, timeout: float) -> Job:
+        while not (found := self.job(job)).ended:
+            pass
+        return found
+
+
+@pytest.mark.parametrize(("state", "code", "status"), [("SUCCEEDED", 0, 0), ("FAILED", 7, 7), ("CANCELLED", None, 1),
+                                                       ("LOST", None, 1)])
+def test_a_followed_job_exits_as_it_ended(capfd, state, code, status):
+    assert following.report_end(OneJob(["RUNNING", state], code), "c-2") == status
+    assert capfd.readouterr().err == f"corral: c-2 {state} on slurm/alpine/cpu (exit code {code})\n"
+
+
+def test_a_follow_cut_off_by_the_cluster_is_69_at_once_unless_the_job_had_ended(capfd):
+    assert following.print_output(iter([b"line-1\n", b"corral: error: cirrus: lost the connection\n"]))
+    assert not following.print_output(iter([b"line-1\ncorral: error: mine\nline-2\n"]))  # the job's own line
+    live = OneJob(["RUNNING"])
+    assert following.report_end(live, "c-2", broken=True) == 69 and live.asked == 1  # no wait for an end
+    assert "stopped following c-2, still RUNNING" in capfd.readouterr().err
+    assert following.report_end(OneJob(["SUCCEEDED"], 0), "c-2", broken=True) == 0
