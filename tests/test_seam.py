@@ -154,6 +154,31 @@ def test_a_moved_attempt_stays_watched_until_slurm_says_it_ended(store):
     assert (settled.state, settled.reason) == ("CANCELLED", "re-routed to slurm/borealis/h100")
 
 
+def test_a_job_cancelled_while_its_submission_is_unanswered_is_cancelled_once_the_cluster_shows_it(store):
+    """sbatch accepted the job but its answer is not in yet (or was lost): the user's cancel has no id to
+    send. The attempt is not recorded CANCELLED while the job may run; it is found by its token and
+    cancelled there."""
+    from corral.controller.engine import Controller, ControllerSettings
+    from corral.liveness import process_tag
+    from corral.state.models import AttemptRow, JobRow
+    from tests.fakes import status
+
+    client = fakes()
+    store.add_jobs([JobRow(id="c-x", name="t", task_json="{}", created_at=1e12)],
+                   [AttemptRow(token="tok-x", job_id="c-x", number=1, cluster="cirrus", partition="b300",
+                               state="SUBMITTING", created_at=1e12, run_dir="r", log_path="l", submitter=process_tag())])
+    cirrus = client.infras["cirrus"]
+    assert [v.job.id for v in asyncio.run(Tracker(client, store).cancel([store.resolve("c-x")]))] == ["c-x"]
+    assert store.resolve("c-x").attempt.state == "CANCELLING" and cirrus.cancelled == []
+    cirrus.jobs["77"] = status("77", "tok-x", JobState.RUNNING)  # the submission had got there after all
+    controller = Controller(client, store, "test", ControllerSettings())
+    asyncio.run(controller.tick())  # the refresh finds it by its token; the cancel goes out
+    assert cirrus.cancelled == ["77"]
+    asyncio.run(controller.tick())
+    settled = store.resolve("c-x").attempt
+    assert (settled.handle, settled.state, settled.reason) == ("77", "CANCELLED", "cancelled by user")
+
+
 def dead_tag() -> str:
     import subprocess
     import sys

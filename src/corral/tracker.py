@@ -177,8 +177,13 @@ class Tracker:
             sent = [v.attempt for v in group if v.attempt.handle]
             await self.client.infra(*account).cancel([a.handle or "" for a in sent], [a.run_dir for a in sent])
             now = time.time()
+            # One not yet accepted (SUBMITTING: its answer may be lost while the cluster runs it) is not
+            # settled by a cancel never sent: CANCELLING, the refresh finds it by token and the controller
+            # cancels it there, or the refresh settles it as never submitted.
             self.store.update_attempts({v.attempt.token: {"state": JobState.CANCELLED, "reason": "cancelled by user",
-                                                          "ended_at": now} for v in group})
+                                                          "ended_at": now} if v.attempt.handle else
+                                        {"state": JobState.CANCELLING, "reason": "cancelled by user"}
+                                        for v in group})
 
         await asyncio.gather(*(one(c, g) for c, g in by_account.items()))
         return live
