@@ -177,6 +177,15 @@ def test_a_job_cancelled_while_its_submission_is_unanswered_is_cancelled_once_th
     asyncio.run(controller.tick())
     settled = store.resolve("c-x").attempt
     assert (settled.handle, settled.state, settled.reason) == ("77", "CANCELLED", "cancelled by user")
+    # One that never got there is settled once nothing can still be sending it: cancelled, as asked.
+    store.add_jobs([JobRow(id="c-y", name="t", task_json="{}", created_at=1e12)],
+                   [AttemptRow(token="tok-y", job_id="c-y", number=1, cluster="cirrus", partition="b300",
+                               state="SUBMITTING", created_at=1e12, run_dir="r", log_path="l", submitter=dead_tag())])
+    asyncio.run(Tracker(client, store).cancel([store.resolve("c-y")]))
+    assert store.resolve("c-y").attempt.state == "CANCELLING"
+    asyncio.run(Tracker(client, store).refresh())
+    never = store.resolve("c-y").attempt
+    assert (never.handle, never.state, never.reason) == (None, "CANCELLED", "cancelled by user")
 
 
 def dead_tag() -> str:

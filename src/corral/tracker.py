@@ -179,7 +179,7 @@ class Tracker:
             now = time.time()
             # One not yet accepted (SUBMITTING: its answer may be lost while the cluster runs it) is not
             # settled by a cancel never sent: CANCELLING, the refresh finds it by token and the controller
-            # cancels it there, or the refresh settles it as never submitted.
+            # cancels it there, or the refresh settles it CANCELLED once nothing can still be sending it.
             self.store.update_attempts({v.attempt.token: {"state": JobState.CANCELLED, "reason": "cancelled by user",
                                                           "ended_at": now} if v.attempt.handle else
                                         {"state": JobState.CANCELLING, "reason": "cancelled by user"}
@@ -241,6 +241,10 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus],
                 # Settled at once when the submitting process is gone (nothing can still be sending
                 # it), else after the grace period; a copy that turns up later is an orphan, reaped.
                 if tag_alive(attempt.submitter) is False or now - attempt.created_at > SUBMIT_GRACE_SECONDS:
+                    if attempt.state == JobState.CANCELLING:  # cancelled before its submission was answered
+                        updates[attempt.token] = {"state": JobState.CANCELLED, "ended_at": now,
+                                                  "reason": attempt.reason}
+                        continue
                     updates[attempt.token] = {"state": JobState.SUBMIT_FAILED, "ended_at": now,
                                               "failure": FailureClass.LOST.value,
                                               "reason": "interrupted before Slurm accepted the job"}

@@ -421,7 +421,7 @@ class Controller:
         done = [a for a in attempts if a.cluster not in failed]
         # One never accepted (its submission's answer lost) is not settled by a cancel that was not sent:
         # CANCELLING, the tracker finds it by its token (then it is cancelled again) or settles it as
-        # never submitted.
+        # never submitted (CANCELLED, with the reason it was cancelled for).
         for a in done if settle else []:
             if a.handle is None:
                 continue
