@@ -166,7 +166,8 @@ def test_a_job_cancelled_while_its_submission_is_unanswered_is_cancelled_once_th
     client = fakes()
     store.add_jobs([JobRow(id="c-x", name="t", task_json="{}", created_at=1e12)],
                    [AttemptRow(token="tok-x", job_id="c-x", number=1, cluster="cirrus", partition="b300",
-                               state="SUBMITTING", created_at=1e12, run_dir="r", log_path="l", submitter=process_tag())])
+                               state="SUBMITTING", created_at=1e12, run_dir="r", log_path="l",
+                               submitter=process_tag())])
     cirrus = client.infras["cirrus"]
     assert [v.job.id for v in asyncio.run(Tracker(client, store).cancel([store.resolve("c-x")]))] == ["c-x"]
     assert store.resolve("c-x").attempt.state == "CANCELLING" and cirrus.cancelled == []

@@ -227,7 +227,8 @@ class DevAllocations:
             submitted = [r for r in group if r.handle]
             for r in group:
                 if not r.handle:
-                    results[_key(r)] = AllocationStatus(r, AllocationPhase.UNKNOWN, "never reached Slurm", [], None, None, None)
+                    results[_key(r)] = AllocationStatus(r, AllocationPhase.UNKNOWN, "never reached Slurm", [], None,
+                                                        None, None)
             if not submitted:
                 return
             try:
@@ -242,7 +243,8 @@ class DevAllocations:
                 state = states.get(r.handle or "")
                 results[_key(r)] = (AllocationStatus(r, state.phase, state.reason, state.nodes, None,
                                                     state.last_active, state.time_left, sshd=state.sshd)
-                                   if state else AllocationStatus(r, AllocationPhase.UNKNOWN, why, [], None, None, None))
+                                   if state else AllocationStatus(r, AllocationPhase.UNKNOWN, why, [], None, None,
+                                                                  None))
 
         await asyncio.gather(*(one(a, g) for a, g in by_account.items()))
         return [results[_key(r)] for r in rows]
