@@ -120,7 +120,7 @@ def _time_to_move(bench, interval: float) -> float:
     from corral.task import parse_task
 
     def sbatch(cluster: str, args: str) -> str:
-        return subprocess.run([*bench.raw_ssh(cluster), f"sbatch --parsable {args} --wrap 'sleep 600'"],
+        return subprocess.run([*bench.raw_ssh(cluster), f"sbatch -o /dev/null --parsable {args} --wrap 'sleep 600'"],
                               capture_output=True, text=True, check=True).stdout.strip()
 
     blockers = {"alpine": sbatch("alpine", "-p gpu -N2 -t 60 --gres=gpu:nvidia_h100_80gb_hbm3:4"),

@@ -82,8 +82,8 @@ def option(block: str, key: str) -> str:
 # Every H100 of alpine taken for 1 h and every H100 of borealis for 10 h, by jobs submitted outside
 # Corral: nothing can start an H100 job now, and alpine is predicted to start one first.
 H100_BLOCKERS = {
-    "alpine": "sbatch --parsable -p gpu -N2 -t 60 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'",
-    "borealis": "sbatch --parsable -p h100-cluster -N2 -t 600 --gres=gpu:H100:8 --wrap 'sleep 900'",
+    "alpine": "sbatch -o /dev/null --parsable -p gpu -N2 -t 60 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 900'",
+    "borealis": "sbatch -o /dev/null --parsable -p h100-cluster -N2 -t 600 --gres=gpu:H100:8 --wrap 'sleep 900'",
 }
 
 
@@ -149,7 +149,7 @@ def fill_every_node(config: Path) -> dict[str, list[str]]:
     Returns their Slurm ids by cluster (scancel them afterwards)."""
     from tests.conftest import wait_for
 
-    blockers = {cluster: [ssh_login(config, cluster, f"sbatch --parsable -p {partition} -N{nodes} --exclusive -t 50 "
+    blockers = {cluster: [ssh_login(config, cluster, f"sbatch -o /dev/null --parsable -p {partition} -N{nodes} --exclusive -t 50 "
                                                       "--wrap 'sleep 1800'").strip() for partition, nodes in parts]
                 for cluster, parts in NODE_BLOCKERS.items()}
     for cluster, jobs in blockers.items():

@@ -30,7 +30,7 @@ def status(corral, name: str) -> dict:
 
 def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, testbed, clean):
     full = ssh_login(testbed.cluster_config, "alpine",
-                     "sbatch --parsable -p gpu -N2 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 600'").strip()
+                     "sbatch -o /dev/null --parsable -p gpu -N2 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 600'").strip()
     wait_for("alpine to be full", lambda: job_state(testbed.cluster_config, "alpine", full) == "RUNNING")
     up = corral("launch", "-c", "dev", "--gpus", "H100:2", "--num-nodes", "2", "--json")
     assert up.exit_code == 0, up.stderr

@@ -80,7 +80,7 @@ def test_drained_node_gpus_are_not_free(corral, drained_a2):
 
 def test_gpus_of_a_running_job_are_not_free(corral, testbed):
     config = testbed.cluster_config
-    job = ssh_login(config, "borealis", "sbatch --parsable -w b1 --gres=gpu:H100:3 --wrap 'sleep 300'").strip()
+    job = ssh_login(config, "borealis", "sbatch -o /dev/null --parsable -w b1 --gres=gpu:H100:3 --wrap 'sleep 300'").strip()
     try:
         wait_for("the job to run", lambda: job_state(config, "borealis", job) == "RUNNING")
         place = ("borealis", "h100-cluster", "H100")
@@ -88,7 +88,7 @@ def test_gpus_of_a_running_job_are_not_free(corral, testbed):
         assert (row["total"], row["free"]) == (16, 13)
         # A second job that cannot fit waits, and shows up as pending demand.
         waiting = ssh_login(config, "borealis",
-                            "sbatch --parsable -N2 --gres=gpu:H100:8 --wrap 'sleep 1'").strip()
+                            "sbatch -o /dev/null --parsable -N2 --gres=gpu:H100:8 --wrap 'sleep 1'").strip()
         wait_for("the big job to be pending", lambda: job_state(config, "borealis", waiting) == "PENDING")
         row = rows_by_place(corral("gpus", "--json").json())[place]
         assert row["pending"] == 16

@@ -35,7 +35,7 @@ def wait_state(corral, job_id: str, states: set[str], timeout: float = 60) -> di
 def alpine_h100_full(testbed, clean_queues):
     """Every H100 of alpine taken by a job submitted outside Corral."""
     job = ssh_login(testbed.cluster_config, "alpine",
-                    "sbatch --parsable -p gpu -N2 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 600'").strip()
+                    "sbatch -o /dev/null --parsable -p gpu -N2 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 600'").strip()
     wait_for("alpine's H100s to be taken", lambda: job_state(testbed.cluster_config, "alpine", job) == "RUNNING")
     yield job
 
@@ -60,7 +60,7 @@ def test_more_gpus_than_free_on_the_first_cluster(corral, alpine_h100_full):
 def test_nothing_free_anywhere_goes_to_the_earliest_predicted_start(corral, testbed, alpine_h100_full):
     # borealis: fill its H100s with a job that ends sooner than alpine's.
     job = ssh_login(testbed.cluster_config, "borealis",
-                    "sbatch --parsable -p h100-cluster -N2 --gres=gpu:H100:8 -t 30 --wrap 'sleep 600'").strip()
+                    "sbatch -o /dev/null --parsable -p h100-cluster -N2 --gres=gpu:H100:8 -t 30 --wrap 'sleep 600'").strip()
     wait_for("borealis' H100s to be taken", lambda: job_state(testbed.cluster_config, "borealis", job) == "RUNNING")
     plan = corral("launch", "--dryrun", "--json", "--gpus", "H100:4", "--", "true").json()
     feasible = [c for c in plan if c["feasible"]]

@@ -74,7 +74,7 @@ def test_a_managed_job_moves_to_a_pool_machine_that_frees_up_and_back(corral, co
            "CORRAL_CONTROLLER_GRACE_SECONDS": "6", "CORRAL_CONTROLLER_REROUTE_AFTER": "2",
            "CORRAL_CONTROLLER_REROUTE_COOLDOWN": "5", "CORRAL_CONTROLLER_PREDICT_INTERVAL": "2"}
     alpine_l4 = ssh_login(testbed.cluster_config, "alpine",
-                          "sbatch --parsable -p inference -N1 --exclusive -t 50 --wrap 'sleep 1800'").strip()
+                          "sbatch -o /dev/null --parsable -p inference -N1 --exclusive -t 50 --wrap 'sleep 1800'").strip()
     pool_l4 = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "L4:2", "--", "sleep 600", env=env)
     assert pool_l4.exit_code == 0, pool_l4.stderr
     try:

@@ -32,7 +32,7 @@ def test_clusters_are_independent(testbed):
     # A job on one cluster is invisible to the others.
     config = testbed.cluster_config
     name = f"indep-{uuid.uuid4().hex[:8]}"
-    ssh_login(config, "alpine", f"sbatch --hold -J {name} --wrap true")
+    ssh_login(config, "alpine", f"sbatch -o /dev/null --hold -J {name} --wrap true")
     try:
         assert ssh_login(config, "alpine", f"squeue -h -n {name} -o %j").strip() == name
         assert ssh_login(config, "borealis", f"squeue -h -n {name} -o %j").strip() == ""
@@ -69,7 +69,7 @@ def test_drain_and_resume(testbed):
 
 def test_one_cluster_has_accounting_and_one_has_not(testbed):
     config = testbed.cluster_config
-    job = ssh_login(config, "borealis", "sbatch --parsable --gres=gpu:H100:2 --wrap true").strip()
+    job = ssh_login(config, "borealis", "sbatch -o /dev/null --parsable --gres=gpu:H100:2 --wrap true").strip()
 
     def accounted() -> str:
         return ssh_login(config, "borealis", f"sacct -n -X -P -j {job} -o State,AllocTRES").strip()
