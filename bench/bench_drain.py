@@ -43,7 +43,7 @@ def main() -> None:
         raw_id = subprocess.run([*ssh, f"sbatch --parsable -p cpu --array=0-{args.tasks - 1} --wrap true"],
                                 check=True, capture_output=True, text=True).stdout.strip()
         raw = drained(started)
-        subprocess.run([*ssh, f"rm -f ~/slurm-{int(raw_id)}_*.out"], check=True)
+        subprocess.run([*ssh, f"rm -f ~/slurm-{int(raw_id.split(';')[0])}_*.out"], check=True)
         started = time.perf_counter()
         subprocess.run(corral_argv("launch", "-d", "--num-jobs", str(args.tasks), "--infra", "slurm/alpine/cpu",
                                    "--", "true"), env=bench.env, check=True, capture_output=True)
