@@ -55,9 +55,9 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
         raise TaskError("a managed job runs one task file; launch several with one `corral jobs launch` each")
     client = Client()
     ids = client.managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
-                                  gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
-                                  envs=list(envs), secrets=list(secret_values), workdir=workdir, image_id=image_id,
-                                  on_event=warnings_only)
+                                gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
+                                envs=list(envs), secrets=list(secret_values), workdir=workdir, image_id=image_id,
+                                on_event=warnings_only)
     if as_json:
         print_json({"job_id": ids[0], "job_ids": ids})
     elif detach or len(ids) > 1:
