@@ -15,6 +15,10 @@ CASES = [
     (["launch", "-d", "--env-file", "no-such.env", "--", "true"], 65, "--env-file no-such.env: cannot read it"),
     (["launch", "-d", "--num-jobs", "0", "--", "true"], 65, "a sweep has 1 to 10,000 jobs"),
     (["launch", "--no-such-flag"], 2, "No such option"),
+    # SkyPilot's commands that mean nothing on Slurm say what to type instead; its show-gpus is gpus.
+    (["stop", "dev"], 2, "Corral has no `stop` (SkyPilot's): a Slurm allocation cannot be stopped"),
+    (["autostop", "dev", "-i", "5"], 2, "set it with `corral launch -c NAME -i MINUTES`"),
+    (["show-gpus", "--help"], 0, ""),
     (["logs", "c-nope"], 66, "no job 'c-nope'"),
     (["jobs", "why", "c-nope"], 66, "no managed job 'c-nope'"),
     (["launch", "-d", "--infra", "slurm/nope", "--", "true"], 66, "unknown cluster 'nope'"),

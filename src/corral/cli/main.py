@@ -22,7 +22,34 @@ from corral.cli.common import (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# SkyPilot's names for what Corral calls otherwise, and its commands that have no meaning on Slurm, with
+# what to type instead: its users type them from habit.
+SKYPILOT_ALIASES = {"show-gpus": "gpus"}
+SKYPILOT_ONLY = {
+    "stop": "a Slurm allocation cannot be stopped and started again: `corral down NAME` releases it, and "
+            "`corral launch -c NAME` holds a new one",
+    "start": "a Slurm allocation cannot be stopped and started again: `corral launch -c NAME` holds a new one "
+             "(or reuses the live one of that name)",
+    "autostop": "a dev allocation is released once idle for its limit: set it with `corral launch -c NAME "
+                "-i MINUTES` (or the task's `resources.autostop`)",
+}
+
+
+class CorralGroup(click.Group):
+    """The top-level group: SkyPilot's spellings of Corral's commands work, and its commands that mean
+    nothing on Slurm say what to do instead of "No such command"."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, SKYPILOT_ALIASES.get(cmd_name, cmd_name))
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                                list[str]]:
+        if args and args[0] in SKYPILOT_ONLY and super().get_command(ctx, args[0]) is None:
+            raise click.UsageError(f"Corral has no `{args[0]}` (SkyPilot's): {SKYPILOT_ONLY[args[0]]}", ctx)
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=CorralGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="corral")
 def cli() -> None:
     """Corral: many independent Slurm clusters, one GPU pool.
