@@ -21,7 +21,6 @@ from corral.cli.common import (
     yes_option,
 )
 
-
 # SkyPilot's names for what Corral calls otherwise, and its commands that have no meaning on Slurm, with
 # what to type instead: its users type them from habit.
 SKYPILOT_ALIASES = {"show-gpus": "gpus"}
