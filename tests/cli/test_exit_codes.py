@@ -19,6 +19,8 @@ CASES = [
     (["stop", "dev"], 2, "Corral has no `stop` (SkyPilot's): a Slurm allocation cannot be stopped"),
     (["autostop", "dev", "-i", "5"], 2, "set it with `corral launch -c NAME -i MINUTES`"),
     (["show-gpus", "--help"], 0, ""),
+    (["launch", "--detach-run", "-s", "--idle-minutes-to-autostop", "5", "--dryrun", "--infra", "slurm/alpine/gpu",
+      "--", "true"], 0, ""),  # SkyPilot's long flag names
     (["logs", "c-nope"], 66, "no job 'c-nope'"),
     (["jobs", "why", "c-nope"], 66, "no managed job 'c-nope'"),
     (["launch", "-d", "--infra", "slurm/nope", "--", "true"], 66, "unknown cluster 'nope'"),

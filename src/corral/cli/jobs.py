@@ -34,7 +34,7 @@ def jobs() -> None:
 @task_options
 @click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep, at most 10,000).")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids}.")
-@click.option("-d", "--detach", "detach", is_flag=True,
+@click.option("-d", "--detach", "--detach-run", "detach", is_flag=True,
               help="Return once the job is recorded, with its id (always so with --json or --num-jobs).")
 @reports_errors
 def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None,

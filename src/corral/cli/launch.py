@@ -25,19 +25,22 @@ from corral.cli.following import follow_to_end
 @task_options
 @click.option("--num-jobs", type=int, default=1, show_default=True,
               help="Launch N copies (a sweep, at most 10,000); CORRAL_JOB_RANK tells them apart.")
-@click.option("-d", "--detach", is_flag=True, help="Return once Slurm has accepted the job.")
+@click.option("-d", "--detach", "--detach-run", "detach", is_flag=True,
+              help="Return once Slurm has accepted the job (SkyPilot's --detach-run).")
+@click.option("-s", "--detach-setup", is_flag=True,
+              help="Accepted as SkyPilot users type it: setup always runs inside the Slurm job.")
 @click.option("--dryrun", is_flag=True, help="Show the placement plan; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-c", "--cluster-name", "dev_name", help="Hold a named dev allocation (or reuse it) and run the task in it.")
-@click.option("-i", "--idle-minutes", type=float, default=None,
+@click.option("-i", "--idle-minutes", "--idle-minutes-to-autostop", "idle_minutes", type=float, default=None,
               help="With -c: release the allocation after M idle minutes (SkyPilot's -i).")
 @click.option("--time", "walltime", help="Walltime (sbatch --time), e.g. 4:00:00.")
 @reports_errors
 def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None, num_nodes: int | None,
            cpus: str | None, memory: str | None, envs: tuple[str, ...], env_file: str | None, workdir: str | None,
            image_id: str | None, yes: bool, secret_values: tuple[str, ...], num_jobs: int,
-           detach: bool, dryrun: bool, as_json: bool, dev_name: str | None, idle_minutes: float | None,
-           walltime: str | None) -> None:
+           detach: bool, detach_setup: bool, dryrun: bool, as_json: bool, dev_name: str | None,
+           idle_minutes: float | None, walltime: str | None) -> None:
     """Run a task on the cluster that can start it soonest.
 
     ARGS: task YAML file(s), or a command (`corral launch 'python train.py'`, or after `--`). Without -d,
