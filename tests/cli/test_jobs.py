@@ -111,6 +111,8 @@ def test_ctrl_c_on_an_attached_managed_launch_stops_following_not_the_job(corral
     job = err.split("managed job ", 1)[1].split()[0]
     assert f"{job} keeps running" in err and f"`corral jobs cancel {job}`" in err
     assert wait_job(corral, env, job, {"RUNNING", "CANCELLED", "FAILED"})["state"] == "RUNNING"
+    live = corral("jobs", "queue", "-s", "--json", env=env)  # `sky jobs queue -s`: the live ones only
+    assert [j["job_id"] for j in live.json()] == [job], live.stdout
     cancelled = corral("jobs", "cancel", "-a", "-y", env=env)  # every live managed job, and only those
     assert (cancelled.exit_code, cancelled.stdout) == (0, f"{job}: cancelling\n"), cancelled.stderr
     assert wait_job(corral, env, job, {"CANCELLED"})["state"] == "CANCELLED"

@@ -49,6 +49,16 @@ def test_queue_shows_a_page_and_says_how_many_more(refusing_clusters):
     assert len(json.loads(out)) == 3030
     code, _, err = run_cli(["queue", "--since", "yesterday-ish"])
     assert code == 1 and "--since 'yesterday-ish': give a duration" in err
+    # `sky queue -s`: the live jobs only, and no line about the ended ones
+    store = Store(f"sqlite:///{home / 'state.db'}")
+    store.add_jobs([JobRow(id="c-live00000000", name="live", task_json="{}", created_at=time.time() - 7200, num_jobs=1)],
+                   [AttemptRow(token="tlive", job_id="c-live00000000", number=1, cluster="alpine", partition="gpu",
+                               state="PENDING", created_at=time.time() - 7200, run_dir="r", log_path="l", handle="9")])
+    code, out, err = run_cli(["queue", "-s"])
+    assert code == 0 and [line.split()[0] for line in out.splitlines()[1:]] == ["c-live00000000"], out
+    assert "more ended" not in err
+    code, out, _ = run_cli(["queue", "--skip-finished", "--json"])
+    assert [row["job_id"] for row in json.loads(out)] == ["c-live00000000"]
 
 
 @pytest.mark.parametrize("argv", [["gpus"], ["check"], ["--help"], ["queue", "--help"]])

@@ -142,8 +142,17 @@ def read_env_file(path: str) -> list[str]:
 
 
 def paging(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """`--limit` and `--page` for a listing of `what` (live ones always shown, ended ones paged)."""
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--limit` and `--page` for a listing of `what` (live ones always shown, ended ones paged), and
+    `-s`/`--skip-finished` (SkyPilot's), which shows the live ones only: the command sees `limit` 0."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def live_only_when_skipping(*args: Any, skip_finished: bool, **kwargs: Any) -> Any:
+            if skip_finished:
+                kwargs["limit"] = 0
+            return command(*args, **kwargs)
+
+        func = click.option("-s", "--skip-finished", is_flag=True,
+                            help=f"Only the live {what}, as `sky queue -s`.")(live_only_when_skipping)
         func = click.option("--page", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
                             help=f"Which page of ended {what}, --limit per page.")(func)
         return click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=DEFAULT_QUEUE_LIMIT,

@@ -86,7 +86,7 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
         from corral.cli.managed_table import render_managed
 
         render_managed(rows)
-        if more:
+        if more and limit:
             click.echo(f"{more} more ended managed job{'s' if more != 1 else ''}: "
                        f"`corral jobs queue --page {page + 1}` or `--all`", err=True)
 

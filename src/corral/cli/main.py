@@ -169,7 +169,7 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
         from corral.cli import render
 
         render.render_queue(shown, expand)
-        if shown.more:
+        if shown.more and limit:
             grouped = "" if expand else " (a sweep counts once)"
             click.echo(f"{shown.more} more ended job{'s' if shown.more != 1 else ''}{grouped}: "
                        f"`corral queue --page {page + 1}`, `--since 1d`, or `--all`", err=True)

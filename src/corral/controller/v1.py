@@ -123,7 +123,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                 "sample_seconds": sampler.interval, "retention_days": sampler.retention_days}
 
     @router.get("/queue")
-    async def queue(me: Me, limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
+    async def queue(me: Me, limit: Annotated[int, Query(ge=0, le=100_000, description="Ended jobs per page (0: "
+                                                                      "the live ones only)")] = 20,
                     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
                     since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
                     allocation: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
@@ -217,7 +218,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                          for v in views]}
 
     @router.get("/managed")
-    async def managed_jobs(me: Me, all: bool = False, limit: Annotated[int, Query(ge=1, le=100_000)] = 20,
+    async def managed_jobs(me: Me, all: bool = False,
+                           limit: Annotated[int, Query(ge=0, le=100_000, description="Ended managed jobs per page "
+                                                                                    "(0: the live ones only)")] = 20,
                            page: Annotated[int, Query(ge=1, le=1_000_000)] = 1) -> dict[str, object]:
         """Live managed jobs and the newest ended ones (`limit` a page; `all`: every one), newest first."""
         shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit, me.scope)
