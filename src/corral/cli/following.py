@@ -36,13 +36,15 @@ def print_output(chunks: Any) -> bool:
     return last.rstrip(b"\n").rpartition(b"\n")[2].startswith(STREAM_ERROR)
 
 
-def follow_to_end(client: Any, job_id: str, progress: Any) -> int:
+def follow_to_end(client: Any, job_id: str, progress: Any, *, tail: int = 0) -> int:
     """Wait while the job is pending (its Slurm reason and predicted start on a status line), print its
-    output as it comes, then its end; the job's exit code. Ctrl-C leaves the job running."""
+    output as it comes (with `tail`, from its last `tail` lines), then its end; the job's exit code.
+    Ctrl-C leaves the job running. `job_id`: an id, or what `corral logs` accepts (a prefix, a name)."""
     job = None
     try:
         job = _wait_for_start(client, job_id, progress)
-        broken = print_output(client.logs(job_id, follow=True))
+        job_id = job.job_id
+        broken = print_output(client.logs(job_id, follow=True, tail=tail))
         return report_end(client, job_id, broken=broken)
     except KeyboardInterrupt:
         progress.clear()
@@ -160,3 +162,28 @@ def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
             progress.waiting(line)
             shown = line
         time.sleep(POLL_SECONDS)
+
+
+class LazyProgress:
+    """`render.LaunchProgress`, imported at the first event: rich then loads while the server probes
+    the clusters, not before the request is sent."""
+
+    def __init__(self) -> None:
+        self._shown: Any = None
+
+    def _real(self) -> Any:
+        if self._shown is None:
+            from corral.cli.render import LaunchProgress
+
+            self._shown = LaunchProgress()
+        return self._shown
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self._real()(event)
+
+    def waiting(self, text: str) -> None:
+        self._real().waiting(text)
+
+    def clear(self) -> None:
+        if self._shown is not None:
+            self._shown.clear()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -17,7 +16,7 @@ from corral.cli.common import (
     task_options,
     warnings_only,
 )
-from corral.cli.following import follow_to_end
+from corral.cli.following import LazyProgress, follow_to_end
 
 
 @click.command(context_settings={"allow_interspersed_args": True})
@@ -61,7 +60,7 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
 
     paths, command = task_arguments(args, allow_empty=bool(dev_name))
     client = Client()
-    progress = _Progress()
+    progress = LazyProgress()
     try:
         result = client.launch([Path(p) for p in paths] or None, command=command, num_jobs=num_jobs,
                                dryrun=dryrun, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
@@ -95,28 +94,3 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
                 click.echo(job_id)
         return
     sys.exit(follow_to_end(client, result.job_id, progress))
-
-
-class _Progress:
-    """`render.LaunchProgress`, imported at the first event: rich then loads while the server probes
-    the clusters, not before the request is sent."""
-
-    def __init__(self) -> None:
-        self._shown: Any = None
-
-    def _real(self) -> Any:
-        if self._shown is None:
-            from corral.cli.render import LaunchProgress
-
-            self._shown = LaunchProgress()
-        return self._shown
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        self._real()(event)
-
-    def waiting(self, text: str) -> None:
-        self._real().waiting(text)
-
-    def clear(self) -> None:
-        if self._shown is not None:
-            self._shown.clear()

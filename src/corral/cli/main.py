@@ -189,11 +189,11 @@ def logs(job: str | None, follow: bool, tail: int) -> None:
     client = Client()
     if job is None:
         job = newest_id(client.jobs(limit=1)[0], "no jobs yet: name one, or launch one with `corral launch`")
-    from corral.cli.following import print_output, report_end
+    from corral.cli.following import LazyProgress, follow_to_end, print_output
 
-    broken = print_output(client.logs(job, follow, tail=tail))
-    if follow:
-        sys.exit(report_end(client, job, broken=broken))
+    if follow:  # while it is pending, its Slurm reason and expected start on a status line, as `launch`
+        sys.exit(follow_to_end(client, job, LazyProgress(), tail=tail))
+    print_output(client.logs(job, tail=tail))
 
 
 @cli.command()
