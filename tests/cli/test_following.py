@@ -60,6 +60,24 @@ def test_a_managed_job_is_followed_through_its_recovery_to_its_end(capfd):
     ]
 
 
+def test_an_attempt_pending_in_slurm_is_a_waiting_line_until_it_starts(capfd):
+    import time
+
+    soon = time.time() + 3600
+    waiting = {"state": "PENDING", "reason": "Resources", "cluster": "alpine", "partition": "gpu",
+               "expected_start": soon, "attempt_list": [attempt(1, "PENDING")]}
+    client = ScriptedManaged([waiting, waiting, {**waiting, "state": "RUNNING", "reason": None, "expected_start": None,
+                                                 "attempt_list": [attempt(1, "RUNNING")]},
+                              {"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}])
+    assert following.follow_managed(client, "c-1", follow=True) == 0
+    out, err = capfd.readouterr()
+    assert out == "out 1\n" and client.streams == [(1, True, 0)]  # followed once it ran, not while pending
+    assert err.splitlines()[:2] == [
+        f"corral: c-1 PENDING on slurm/alpine/gpu (Resources); Slurm expects it to start {following.clock(soon)}",
+        "== attempt 1 on slurm/alpine/gpu (Slurm job 7, RUNNING) ==",  # said once, though asked twice
+    ]
+
+
 def test_a_failed_managed_job_exits_with_its_last_attempts_code_and_without_follow_with_0(capfd):
     ended = {"state": "FAILED", "attempt_list": [attempt(1, "FAILED", 3), attempt(2, "FAILED", 4)]}
     assert following.follow_managed(ScriptedManaged([ended]), "c-1", follow=True) == 4

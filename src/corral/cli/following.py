@@ -76,22 +76,27 @@ def report_end(client: Any, job_id: str, *, broken: bool = False) -> int:
     return exit_status(job.state, job.exit_code)
 
 
-def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0) -> int:
+def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, progress: Any = None) -> int:
     """A managed job's output, each attempt that reached a cluster under its own header. With `tail`,
     the current attempt's last `tail` lines only. With `follow`, the current attempt as it comes, then
     each attempt the controller starts after it (a recovery, a move), until the job ends; then how it
-    ended, as the exit status (0 without `follow`). Ctrl-C stops following, not the job."""
+    ended, as the exit status (0 without `follow`). While nothing runs (an attempt pending in Slurm,
+    a recovery), a status line says why. Ctrl-C stops following, not the job."""
     from corral.errors import CorralError
 
+    progress = progress or LazyProgress()
     printed: set[int] = set()
-    said = ""
+    shown = None
     try:
         while True:
             found = client.managed_job(job_id)
             new = [a for a in found["attempt_list"] if a["slurm_job_id"] and a["number"] not in printed]
             if tail and not printed:
                 new = new[-1:]
-            for attempt in new:
+            ended = found["state"] in MANAGED_ENDED_STATES
+            pending = follow and not ended and bool(new) and new[-1]["state"] in WAITING_STATES
+            for attempt in new[:-1] if pending else new:
+                progress.clear()
                 click.echo(f"== attempt {attempt['number']} on slurm/{attempt['cluster']}/{attempt['partition']} "
                            f"(Slurm job {attempt['slurm_job_id']}, {attempt['state']}) ==", err=True)
                 try:
@@ -103,20 +108,44 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0) -> 
                 printed.add(attempt["number"])
             if not follow:
                 return 0
-            if new:
+            if new and not pending:
                 continue  # the job as it is now that those attempts' output has ended
-            if found["state"] in MANAGED_ENDED_STATES:
+            if ended:
+                progress.clear()
                 return _managed_end(found)
-            line = f"{job_id} {found['state']}" + (f" ({found['reason']})" if found.get("reason") else "")
             # Once an attempt's output has ended, its job shows that attempt's state until the next tick.
-            if line != said and (not printed or found["state"] in BETWEEN_ATTEMPTS):
-                click.echo(f"corral: {line}", err=True)
-                said = line
+            if pending or not printed or found["state"] in BETWEEN_ATTEMPTS:
+                shown = _show_waiting(progress, _waiting_line(found, pending), shown)
             time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
+        progress.clear()
         click.echo(f"\ncorral: {job_id} keeps running; Ctrl-C only stopped following it. `corral jobs logs "
                    f"{job_id}` follows it again, `corral jobs cancel {job_id}` stops it.", err=True)
         return 130
+
+
+def _waiting_line(found: dict[str, Any], pending: bool) -> str:
+    """A managed job that runs nothing now: its state, why, and with an attempt `pending` in Slurm,
+    where it waits and when Slurm expects it to start."""
+    where = f" on slurm/{found['cluster']}/{found['partition']}" if pending and found.get("cluster") else ""
+    return (f"{found['job_id']} {found['state']}{where}" + (f" ({found['reason']})" if found.get("reason") else "")
+            + _expected(found.get("expected_start")))
+
+
+def _expected(expected: object) -> str:
+    return (f"; Slurm expects it to start {clock(expected)}"
+            if isinstance(expected, (int, float)) and expected > time.time() else "")
+
+
+def _show_waiting(progress: Any, line: str, shown: str | None) -> str:
+    """A waiting line: on a terminal, the status line (rich, loaded then); elsewhere a line of its own
+    each time it changes."""
+    if line != shown:
+        if sys.stderr.isatty():
+            progress.waiting(line)
+        else:
+            click.echo(f"corral: {line}", err=True)
+    return line
 
 
 def _managed_end(found: dict[str, Any]) -> int:
@@ -151,16 +180,9 @@ def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
         if job.state not in WAITING_STATES:
             progress.clear()
             return job
-        expected = job.raw.get("expected_start")
-        when = (f"; Slurm expects it to start {clock(expected)}"
-                if isinstance(expected, (int, float)) and expected > time.time() else "")
         line = f"{job_id} {job.state} on {place(job)}" + (
-            f" ({job.reason})" if job.reason else "") + when
-        if line != shown:
-            if not sys.stderr.isatty():
-                click.echo(f"corral: {line}", err=True)
-            progress.waiting(line)
-            shown = line
+            f" ({job.reason})" if job.reason else "") + _expected(job.raw.get("expected_start"))
+        shown = _show_waiting(progress, line, shown)
         time.sleep(POLL_SECONDS)
 
 
