@@ -188,10 +188,20 @@ class Tracker:
         await asyncio.gather(*(one(c, g) for c, g in by_account.items()))
         return live
 
+    @staticmethod
+    def check_logs(view: JobView) -> None:
+        """Refuse, before any output is streamed, a job whose logs cannot be read."""
+        if view.job.allocation is not None:
+            # Its attempt's handle is the allocation's holder, whose log is not this job's output.
+            raise CorralError(f"{view.job.id} ran in dev allocation {view.job.allocation!r} through `corral exec`, "
+                              "which showed its output as it ran; Corral does not keep an exec's output (have the "
+                              "command write it to a file in the allocation to keep it)")
+        if not view.attempt.handle:
+            raise CorralError(f"{view.job.id} has not reached its cluster yet ({view.attempt.state}); no logs")
+
     async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None], tail: int = 0) -> None:
+        self.check_logs(view)
         attempt = view.attempt
-        if not attempt.handle:
-            raise CorralError(f"{view.job.id} has not reached its cluster yet ({attempt.state}); no logs")
         infra = self.client.infra(attempt.cluster, view.job.owner)
         await infra.logs(attempt.handle, attempt.log_path, follow, on_output, tail)
 

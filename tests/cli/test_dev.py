@@ -56,6 +56,9 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert [(j["state"], j["exit_code"]) for j in jobs] == [("SUCCEEDED", 0), ("FAILED", 3), ("FAILED", 4),
                                                               ("SUCCEEDED", 0)]
     assert all(j["cluster"] == "borealis" for j in jobs)
+    # An exec's output went to whoever ran it; `logs` says so rather than print the holder's log or wait on it.
+    kept = corral("logs", jobs[0]["job_id"])
+    assert kept.exit_code == 1 and "through `corral exec`, which showed its output as it ran" in kept.stderr
     # Same name, same resources: reused, no second allocation; the task just runs in it.
     again = corral("launch", "-c", "dev", "--gpus", "H100:2", "--num-nodes", "2", "--", "hostname")
     assert again.exit_code == 0, again.stderr

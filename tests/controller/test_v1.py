@@ -45,7 +45,7 @@ def test_the_sdk_sees_what_the_cli_sees(corral, corral_env):
         client.gpus(infra="aws/x")
     assert bad.value.status == 400 and "slurm" in str(bad.value)
     with pytest.raises(ApiError) as malformed:
-        client.queue(limit=0)
+        client.queue(limit=-1)  # 0 is the live jobs only (queue -s)
     assert malformed.value.status == 422 and "limit" in str(malformed.value)
 
 

@@ -202,6 +202,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         until its tasks are over."""
         view = store.resolve(job, me.scope)
         tracker = Tracker(Client(), store)
+        tracker.check_logs(view)  # a refusal is an error answer, not a line in the job's output
         return stream_output(lambda sink: tracker.logs(view, follow, sink, tail))
 
     @router.post("/cancel")
