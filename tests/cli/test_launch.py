@@ -140,12 +140,13 @@ def test_two_node_task_sees_its_environment_on_both_nodes(corral, clean_queues):
 
 
 def test_logs_of_a_pending_job_say_why_it_waits_then_follow_it(corral, clean_queues):
-    first = launch(corral, "--infra", "slurm/cirrus/debug", "--gpus", "gpu:2", "--", "sleep 6")["job_id"]
+    first = launch(corral, "--infra", "slurm/cirrus/debug", "--gpus", "gpu:2", "--", "sleep 12")["job_id"]
     second = launch(corral, "--infra", "slurm/cirrus/debug", "--gpus", "gpu:2", "--", "echo second")["job_id"]
     wait_state(corral, second, {"PENDING"})
     followed = corral("logs", second)  # waits behind the first, as `sky logs` of a job not yet started
     assert (followed.exit_code, followed.stdout) == (0, "second\n"), followed.stderr
-    assert re.search(rf"corral: {second} PENDING on slurm/cirrus/debug \(\w+", followed.stderr), followed.stderr
+    # (with Slurm's reason once its scheduler has given one: "None" right after submission is not shown)
+    assert f"corral: {second} PENDING on slurm/cirrus/debug" in followed.stderr, followed.stderr
     assert f"corral: {second} SUCCEEDED" in followed.stderr
     assert queue(corral)[first]["state"] == "SUCCEEDED"
 
