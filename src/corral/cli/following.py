@@ -90,6 +90,7 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, pro
     try:
         while True:
             found = client.managed_job(job_id)
+            job_id = found["job_id"]  # the id, when given a prefix or a name
             new = [a for a in found["attempt_list"] if a["slurm_job_id"] and a["number"] not in printed]
             if tail and not printed:
                 new = new[-1:]

@@ -104,7 +104,7 @@ def jobs_logs(job: str | None, follow: bool, tail: int) -> None:
     if job is None:
         job = newest_id(client.managed_jobs(limit=1)[0],
                         "no managed jobs yet: name one, or launch one with `corral jobs launch`")
-    sys.exit(follow_managed(client, client.managed_job(job)["job_id"], follow=follow, tail=tail))
+    sys.exit(follow_managed(client, job, follow=follow, tail=tail))
 
 
 @jobs.command(name="cancel")

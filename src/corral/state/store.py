@@ -96,6 +96,19 @@ def open_store(url: str | None = None) -> Store:
     return Store(url or default_url())
 
 
+
+def _live_ids(owner: str | None = None, allocation: str | None = None) -> Any:
+    """The ids of jobs with an attempt that may still run, through the index on attempts.state (live
+    ones are few); `owner`'s, and in dev allocation `allocation`, when given."""
+    query = select(AttemptRow.job_id).distinct().where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
+    if owner is not None or allocation is not None:
+        query = query.join(JobRow, JobRow.id == AttemptRow.job_id)
+    if owner is not None:
+        query = query.where(JobRow.owner == owner)
+    if allocation is not None:
+        query = query.where(JobRow.allocation == allocation)
+    return query
+
 class Store:
     def __init__(self, url: str):
         self.url = url
@@ -167,10 +180,7 @@ class Store:
     def live_job_ids(self, owner: str | None = None) -> list[str]:
         """Jobs with an attempt that may still run (`owner`'s only, unless None), from the state index."""
         with self.session() as s:
-            query = select(AttemptRow.job_id).distinct().where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
-            if owner is not None:
-                query = query.where(AttemptRow.job_id.in_(select(JobRow.id).where(JobRow.owner == owner)))
-            return list(s.scalars(query))
+            return list(s.scalars(_live_ids(owner)))
 
     def queue_page(self, *, limit: int | None = 20, offset: int = 0, since: float | None = None,
                    allocation: str | None = None, live: bool = True, by_sweep: bool = False,
@@ -180,17 +190,12 @@ class Store:
         in proportion to the page: ids come from indexed queries, rows only for what is shown."""
         unit = func.coalesce(JobRow.sweep_id, JobRow.id) if by_sweep else JobRow.id
         with self.session() as s:
-            live_query = select(AttemptRow.job_id).distinct().where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
             ended = select(JobRow.id, unit.label("unit"))
-            if allocation is not None or scope is not None:
-                live_query = live_query.join(JobRow, JobRow.id == AttemptRow.job_id)
             if allocation is not None:
-                live_query = live_query.where(JobRow.allocation == allocation)
                 ended = ended.where(JobRow.allocation == allocation)
             if scope is not None:
-                live_query = live_query.where(JobRow.owner == scope)
                 ended = ended.where(JobRow.owner == scope)
-            live_ids = set(s.scalars(live_query))  # through the index on attempts.state: live ones are few
+            live_ids = set(s.scalars(_live_ids(scope, allocation)))
             if live_ids:
                 ended = ended.where(JobRow.id.not_in(live_ids))
             if since is not None:
