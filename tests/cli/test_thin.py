@@ -5,6 +5,7 @@ task file (to find the local files it must send)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,8 +15,10 @@ HEAVY = ("sqlalchemy", "pydantic", "fastapi", "uvicorn", "starlette", "asyncio",
 
 
 
-def run_and_list(packages: tuple[str, ...]) -> str:
-    """The real CLI in a fresh interpreter, then which of `packages` (top-level) it imported, on stderr."""
+def run_and_list(packages: tuple[str, ...], *, top_level: bool = True) -> str:
+    """The real CLI in a fresh interpreter, then which of `packages` it imported, on stderr: by top-level
+    package, or (`top_level=False`) by full module name."""
+    name = 'm.split(".")[0]' if top_level else "m"
     return f"""
 import json, sys
 from corral.cli.main import main
@@ -25,7 +28,7 @@ except SystemExit as exc:
     code = exc.code
 else:
     code = 0
-loaded = sorted({{m.split(".")[0] for m in sys.modules}} & set({packages!r}))
+loaded = sorted({{{name} for m in sys.modules}} & set({packages!r}))
 print("HEAVY=" + json.dumps(loaded), file=sys.stderr)
 sys.exit(code if isinstance(code, int) else 1)
 """
@@ -78,3 +81,12 @@ def test_json_output_loads_no_table_library(corral_env, argv):
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stderr.rsplit("HEAVY=", 1)[1]) == [], f"`corral {' '.join(argv)}` imported rich"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["jobs", "--help"], ["launch", "--help"]], ids=lambda a: " ".join(a))
+def test_help_loads_no_client(tmp_path, argv):
+    """Help talks to no server, so it loads neither the SDK nor `http` (~40 ms of a 0.1 s goal)."""
+    proc = subprocess.run([sys.executable, "-c", run_and_list(("corral.sdk", "http.client"), top_level=False), *argv],
+                          env={**os.environ, "CORRAL_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stderr.rsplit("HEAVY=", 1)[1]) == [], f"`corral {' '.join(argv)}` loaded the client"

@@ -12,7 +12,6 @@ from typing import Any
 import click
 
 from corral.cli.common import write_bytes
-from corral.sdk.types import MANAGED_ENDED_STATES
 from corral.timefmt import clock
 
 WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
@@ -83,6 +82,7 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, pro
     ended, as the exit status (0 without `follow`). While nothing runs (an attempt pending in Slurm,
     a recovery), a status line says why. Ctrl-C stops following, not the job."""
     from corral.errors import CorralError
+    from corral.sdk.types import MANAGED_ENDED_STATES  # here, not at the top: `corral --help` loads no SDK
 
     progress = progress or LazyProgress()
     printed: set[int] = set()
