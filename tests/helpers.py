@@ -172,3 +172,34 @@ def launch_managed(corral, env: dict[str, str], task: Path, spec: dict) -> tuple
         return {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}[job_id]
 
     return job_id, managed
+
+
+def cancel_a_running_exec(corral, env: dict[str, str], name: str) -> str:
+    """Run `echo started; sleep 300` in allocation `name`, follow it with `corral logs` from a second
+    client, then `corral cancel -a -y`: both clients end, and the exec (only it) is cancelled. Its job id."""
+    argv = [sys.executable, "-m", "corral"]
+    runner = subprocess.Popen([*argv, "exec", name, "--", "echo started; sleep 300"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower = None
+    try:
+        assert runner.stdout is not None and runner.stdout.readline() == "started\n"
+        [job] = corral("queue", name, "-s", "--json", env=env).json()  # the live one
+        assert job["state"] == "RUNNING"
+        follower = subprocess.Popen([*argv, "logs", job["job_id"]], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        assert follower.stdout is not None and follower.stdout.readline() == "started\n"
+        cancel = corral("cancel", "-a", "-y", env=env)
+        assert cancel.exit_code == 0 and cancel.stdout.strip() == f"{job['job_id']}: cancelled", cancel.stderr
+        _, stopped = runner.communicate(timeout=60)
+        assert runner.returncode in (137, 143), stopped  # ended as KILL (srun's step) or TERM
+        assert stopped.endswith(f"corral: {job['job_id']} was cancelled (cancelled by user); allocation {name!r} "
+                                "is still held\n"), stopped
+        _, followed = follower.communicate(timeout=60)  # it ends with the exec, not with the allocation
+        assert follower.returncode != 0 and f"corral: {job['job_id']} CANCELLED" in followed, followed
+    finally:
+        for proc in (runner, follower):
+            if proc is not None:
+                proc.kill()
+    [ended] = [j for j in corral("queue", name, "--json", env=env).json() if j["job_id"] == job["job_id"]]
+    assert (ended["state"], ended["reason"]) == ("CANCELLED", "cancelled by user")
+    return job["job_id"]

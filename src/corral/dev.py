@@ -35,6 +35,7 @@ from corral.infra.base import (
     SubmitResult,
     new_token,
 )
+from corral.infra.shell import EXEC_OUTPUT, exec_folder
 from corral.launch import (
     Failover,
     Launcher,
@@ -57,6 +58,7 @@ from corral.task import (
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}\Z", re.ASCII)
 WAITING_PHASES = frozenset({AllocationPhase.PENDING, AllocationPhase.STARTING})
 LIVE_PHASES = WAITING_PHASES | {AllocationPhase.READY}
+EXIT_TERMINATED = 143  # a cancelled exec's status when its session ended before it could give one (as TERM)
 
 
 class AllocationNotFoundError(NotFoundError):
@@ -276,7 +278,7 @@ class DevAllocations:
                     created_at=time.time(), allocation=name, owner=self.owner)],
             [AttemptRow(token=token, job_id=job_id, number=1, cluster=row.cluster, partition=row.partition,
                         handle=row.handle, state=JobState.RUNNING, created_at=time.time(),
-                        run_dir=row.run_dir, log_path=f"{row.run_dir}/exec/{job_id}/run.sh",
+                        run_dir=row.run_dir, log_path=f"{row.run_dir}/{exec_folder(job_id)}/{EXEC_OUTPUT}",
                         started_at=time.time(), submitted_at=time.time())],
         )
         infra = self._holder(row.cluster, row.owner)
@@ -287,12 +289,18 @@ class DevAllocations:
             status = await infra.exec_in(row.handle, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
                                          on_output)
+        except CorralError:
+            [attempt] = self.store.attempts_by_token([token])
+            if attempt.state not in (JobState.CANCELLING, JobState.CANCELLED):
+                self.store.end_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
+                raise
+            status = EXIT_TERMINATED  # `corral cancel` ended its session (a pool machine's), hence the error
         except BaseException:
-            self.store.update_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
+            self.store.end_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
             raise
         state = JobState.SUCCEEDED if status == 0 else JobState.FAILED
         reason = "allocation not ready" if status == EXIT_NOT_READY else None
-        self.store.update_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
+        self.store.end_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
         if status == EXIT_NOT_READY:
             raise UnavailableError(f"allocation {name!r} is not ready; see `corral status {name}`")
         return job_id, status

@@ -34,7 +34,16 @@ from dataclasses import dataclass, field
 from corral import budget
 from corral.client import Client
 from corral.errors import CorralError
-from corral.infra.base import LIVE_STATES, FailureClass, Infra, JobState, JobStatus, RunsArrays
+from corral.infra.base import (
+    LIVE_STATES,
+    FailureClass,
+    HoldsAllocations,
+    Infra,
+    JobState,
+    JobStatus,
+    RunsArrays,
+)
+from corral.infra.shell import EXEC_OUTPUT
 from corral.liveness import tag_alive
 from corral.state import Store
 from corral.state.models import AttemptRow
@@ -174,8 +183,21 @@ class Tracker:
             by_account.setdefault((view.attempt.cluster, view.job.owner), []).append(view)
 
         async def one(account: tuple[str, str], group: list[JobView]) -> None:
-            sent = [v.attempt for v in group if v.attempt.handle]
-            await self.client.infra(*account).cancel([a.handle or "" for a in sent], [a.run_dir for a in sent])
+            infra = self.client.infra(*account)
+            sent = [v.attempt for v in group if v.attempt.handle and v.job.allocation is None]
+            # An exec's handle is its allocation's holder: end the exec alone, never the allocation. It is
+            # marked first, as the server running it sees its session end and must know why.
+            execs = [v for v in group if v.attempt.handle and v.job.allocation is not None]
+            marked = [v.attempt.token for v in execs]
+            self.store.update_attempts({t: {"state": JobState.CANCELLING, "reason": "cancelled by user"} for t in marked})
+            try:
+                await asyncio.gather(
+                    *([infra.cancel([a.handle or "" for a in sent], [a.run_dir for a in sent])] if sent else []),
+                    *(self._holder(infra).cancel_exec(v.attempt.handle or "", v.attempt.run_dir, v.job.id)
+                      for v in execs))
+            except BaseException:
+                self.store.undo_cancelling(marked, JobState.RUNNING)
+                raise
             now = time.time()
             # One not yet accepted (SUBMITTING: its answer may be lost while the cluster runs it) is not
             # settled by a cancel never sent: CANCELLING, the refresh finds it by token and the controller
@@ -188,22 +210,36 @@ class Tracker:
         await asyncio.gather(*(one(c, g) for c, g in by_account.items()))
         return live
 
-    @staticmethod
-    def check_logs(view: JobView) -> None:
+    def check_logs(self, view: JobView) -> None:
         """Refuse, before any output is streamed, a job whose logs cannot be read."""
-        if view.job.allocation is not None:
-            # Its attempt's handle is the allocation's holder, whose log is not this job's output.
-            raise CorralError(f"{view.job.id} ran in dev allocation {view.job.allocation!r} through `corral exec`, "
-                              "which showed its output as it ran; Corral does not keep an exec's output (have the "
-                              "command write it to a file in the allocation to keep it)")
         if not view.attempt.handle:
             raise CorralError(f"{view.job.id} has not reached its cluster yet ({view.attempt.state}); no logs")
+        if view.job.allocation is not None:
+            name = view.job.allocation
+            held = self.store.allocation(name, view.job.owner)
+            if held is None or held.handle != view.attempt.handle:
+                raise CorralError(f"{view.job.id} ran in dev allocation {name!r} through `corral exec`; its output "
+                                  "was kept in the allocation, which has been released since")
+            if not view.attempt.log_path.endswith(f"/{EXEC_OUTPUT}"):
+                raise CorralError(f"{view.job.id} ran in dev allocation {name!r} through `corral exec` before "
+                                  "Corral kept an exec's output; it showed its output as it ran")
 
     async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None], tail: int = 0) -> None:
         self.check_logs(view)
         attempt = view.attempt
         infra = self.client.infra(attempt.cluster, view.job.owner)
+        if view.job.allocation is not None:  # an exec: followed while it runs, not while its allocation does
+            follow = follow and attempt.state not in TERMINAL_STATES
+            await self._holder(infra).exec_output(attempt.handle or "", attempt.run_dir, view.job.id, follow,
+                                                  on_output, tail)
+            return
         await infra.logs(attempt.handle, attempt.log_path, follow, on_output, tail)
+
+    @staticmethod
+    def _holder(infra: Infra) -> HoldsAllocations:
+        if not isinstance(infra, HoldsAllocations):
+            raise CorralError(f"{infra.name} holds no dev allocations")
+        return infra
 
 
 def sent_by_account(store: Store, attempts: list[AttemptRow], handles: dict[str, str | None] | None = None

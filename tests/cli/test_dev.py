@@ -11,7 +11,7 @@ import pexpect
 import pytest
 
 from tests.conftest import wait_for
-from tests.helpers import free_port, job_state, ssh_login
+from tests.helpers import cancel_a_running_exec, free_port, job_state, ssh_login
 
 
 @pytest.fixture
@@ -56,9 +56,13 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert [(j["state"], j["exit_code"]) for j in jobs] == [("SUCCEEDED", 0), ("FAILED", 3), ("FAILED", 4),
                                                               ("SUCCEEDED", 0)]
     assert all(j["cluster"] == "borealis" for j in jobs)
-    # An exec's output went to whoever ran it; `logs` says so rather than print the holder's log or wait on it.
+    # An exec's output is kept in the allocation: `logs` shows it (not the holder's log), and the exec's end.
     kept = corral("logs", jobs[0]["job_id"])
-    assert kept.exit_code == 1 and "through `corral exec`, which showed its output as it ran" in kept.stderr
+    assert (kept.exit_code, kept.stdout) == (0, "path=/nowhere\npath=/nowhere\n"), kept.stderr
+    assert corral("logs", jobs[1]["job_id"]).exit_code == 3
+    # Its stderr too, as in a job's log (it was dropped before).
+    loud = corral("exec", "dev", "--", 'echo "to stderr $CORRAL_NODE_RANK" >&2')
+    assert sorted(loud.stdout.splitlines()) == ["to stderr 0", "to stderr 1"], loud.stderr
     # Same name, same resources: reused, no second allocation; the task just runs in it.
     again = corral("launch", "-c", "dev", "--gpus", "H100:2", "--num-nodes", "2", "--", "hostname")
     assert again.exit_code == 0, again.stderr
@@ -73,6 +77,21 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert job_state(testbed.cluster_config, "borealis", info["slurm_job_id"]) == "CANCELLED"
     gone = corral("down", "dev")
     assert gone.exit_code == 0 and gone.stderr.strip() == "dev: no such allocation (already down)"
+
+
+def test_cancelling_an_exec_ends_it_and_keeps_its_allocation(corral, corral_env, clean):
+    """`corral cancel` of a running exec (or `cancel -a`, which takes every live job) used to scancel the
+    allocation's holder job: the exec's handle is the holder's."""
+    up = corral("launch", "-c", "box", "--infra", "slurm/cirrus/debug", "--cpus", "1", "--json")
+    assert up.exit_code == 0, up.stderr
+    job_id = cancel_a_running_exec(corral, corral_env, "box")
+    assert status(corral, "box")["state"] == "READY"
+    after = corral("exec", "box", "--", "echo still here")
+    assert (after.exit_code, after.stdout) == (0, "still here\n"), after.stderr
+    assert corral("down", "box").exit_code == 0
+    # Its output went with the allocation: `logs` says so.
+    gone = corral("logs", job_id)
+    assert gone.exit_code == 1 and "which has been released since" in gone.stderr, gone.stderr
 
 
 def test_ssh_into_the_head_node(corral, corral_env, testbed, clean, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.helpers import counting_ssh, launch_managed
+from tests.helpers import cancel_a_running_exec, counting_ssh, launch_managed
 
 POOL = {"pools": {"lab": {"hosts": ["lab1", "lab2", "lab3", "lab4"], "gpus": {"lab4": "A10G:1"}}}}
 
@@ -151,6 +151,13 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env):
     words = result.stdout.split()
     assert words[:4] == [host, "0,1", "lab", "0"] and words[4].startswith("c-")
     assert corral("exec", "labdev", "--", "exit 4", env=pool_env).exit_code == 4
+    loud = corral("exec", "labdev", "--", "echo out; echo err >&2", env=pool_env)
+    assert (loud.exit_code, loud.stdout) == (0, "out\nerr\n"), loud.stderr  # stderr too, as in a job's log
+    [last] = corral("queue", "labdev", "--json", "--limit", "1", env=pool_env).json()
+    kept = corral("logs", last["job_id"], env=pool_env)
+    assert (kept.exit_code, kept.stdout) == (0, "out\nerr\n"), kept.stderr
+    cancel_a_running_exec(corral, pool_env, "labdev")
+    assert corral("exec", "labdev", "--", "true", env=pool_env).exit_code == 0  # the allocation lives on
     shell = corral("ssh", "labdev", "--", 'echo "$(hostname) $CUDA_VISIBLE_DEVICES $(basename $(dirname $PWD))"',
                    env=pool_env)
     assert shell.exit_code == 0, shell.stderr

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from corral.infra.base import JobState
 from corral.state import Store
 from corral.state.models import AttemptRow, Base, JobRow
 from corral.state.store import JobFilter, JobNotFoundError
@@ -163,6 +164,21 @@ def test_live_job_ids_are_the_jobs_that_may_still_run_whoever_owns_the_rest(stor
     assert sorted(store.live_job_ids()) == ["c-000", "c-bob", "c-off", "c-run", "c-sub"]
     assert sorted(store.live_job_ids("")) == ["c-000", "c-off", "c-run", "c-sub"]
     assert store.live_job_ids("bob") == ["c-bob"] and store.live_job_ids("carol") == []
+
+
+def test_an_attempt_cancelled_meanwhile_ends_cancelled_keeping_its_exit_code(store):
+    ids = ["c-run", "c-off", "c-req", "c-undo"]
+    fill(store, [ended(job_id, 10.0 + i, "RUNNING") for i, job_id in enumerate(ids)])
+    run, off, req, undo = [v.attempt.token for v in store.views(ids)]
+    store.update_attempt(off, state="CANCELLED", reason="cancelled by user", ended_at=12.0)
+    store.update_attempts({t: {"state": "CANCELLING", "reason": "cancelled by user"} for t in (req, undo)})
+    store.undo_cancelling([undo, run, off], JobState.RUNNING)  # the cancel could not be sent: only `undo` was
+    for token in (run, off, req):
+        store.end_attempt(token, state="FAILED", exit_code=137, reason="interrupted", ended_at=20.0)
+    got = {v.job.id: (v.attempt.state, v.attempt.exit_code, v.attempt.reason, v.attempt.ended_at)
+           for v in store.views(ids)}
+    assert got == {"c-run": ("FAILED", 137, "interrupted", 20.0), "c-off": ("CANCELLED", 137, "cancelled by user", 12.0),
+                   "c-req": ("CANCELLED", 137, "cancelled by user", 20.0), "c-undo": ("RUNNING", None, None, None)}
 
 
 def test_a_job_page_filters_by_user_state_cluster_and_name_on_the_latest_attempt(store):

@@ -93,8 +93,11 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
     paths, command = task_arguments(args)
     if len(paths) > 1:
         raise click.UsageError("exec runs one task file at a time")
-    _job_id, code = Client().dev_exec(name, Path(paths[0]) if paths else None, command=command,
-                                      envs=list(envs), secrets=list(secret_values), on_output=write_bytes)
+    client = Client()
+    job_id, code = client.dev_exec(name, Path(paths[0]) if paths else None, command=command,
+                                   envs=list(envs), secrets=list(secret_values), on_output=write_bytes)
+    if code != 0 and (job := client.job(job_id)).state == "CANCELLED":  # ended by `corral cancel`, say so
+        click.echo(f"corral: {job_id} was cancelled ({job.reason}); allocation {name!r} is still held", err=True)
     sys.exit(code)
 
 

@@ -379,6 +379,16 @@ class HoldsAllocations(ABC):
         """Run `run` on every node of the allocation; its exit status (EXIT_NOT_READY if not ready)."""
 
     @abstractmethod
+    async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,
+                          tail: int = 0) -> None:
+        """What an exec showed (the head node's, for several), kept in the allocation until it is
+        released; with `follow`, until the exec ends. `tail` > 0: from its last `tail` lines."""
+
+    @abstractmethod
+    async def cancel_exec(self, handle: str, run_dir: str, exec_id: str) -> None:
+        """End a running exec, leaving the allocation held."""
+
+    @abstractmethod
     async def release(self, handle: str | None, run_dir: str) -> None:
         """End the holder job and remove its files."""
 

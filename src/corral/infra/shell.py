@@ -3,9 +3,22 @@ folder, a file written byte for byte. Backends do not import each other; they sh
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from corral.infra.base import DEFAULT_CHECKPOINT_DIR
+
+_EXEC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z", re.ASCII)
+EXEC_OUTPUT = "output"  # an exec's stdout and stderr as it ran, in its folder of the allocation
+EXEC_ENDED = "ended"  # left in the exec's folder once it has ended, however it ended
+
+
+def exec_folder(exec_id: str) -> str:
+    """An exec's folder in its allocation's run dir (a bash word needing no quotes): its files, the
+    output it showed, and the marker that it has ended."""
+    if not _EXEC_ID.match(exec_id):
+        raise ValueError(f"not an exec id: {exec_id!r}")
+    return f"exec/{exec_id}"
 
 
 def render_env(envs: dict[str, str]) -> str:

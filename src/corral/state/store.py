@@ -150,6 +150,28 @@ class Store:
             for key, value in fields.items():
                 setattr(row, key, value)
 
+    def end_attempt(self, token: str, **fields: object) -> None:
+        """Record how an attempt ended, in one transaction with reading it. One that a user's cancel
+        reached meanwhile (CANCELLING or CANCELLED) ends CANCELLED, with the cancel's reason and the
+        `exit_code` given."""
+        with self.session() as s, s.begin():
+            row = s.get(AttemptRow, token, with_for_update=True)
+            if row is None:
+                raise JobNotFoundError(f"no attempt {token}")
+            if row.state in (JobState.CANCELLING, JobState.CANCELLED):
+                fields = {"state": JobState.CANCELLED, "ended_at": row.ended_at or fields.get("ended_at"),
+                          **({"exit_code": fields["exit_code"]} if "exit_code" in fields else {})}
+            for key, value in fields.items():
+                setattr(row, key, value)
+
+    def undo_cancelling(self, tokens: list[str], state: JobState) -> None:
+        """Put back in `state` those of these attempts still CANCELLING (a cancel that could not be sent)."""
+        if not tokens:
+            return
+        with self.session() as s, s.begin():
+            s.execute(update(AttemptRow).where(AttemptRow.token.in_(tokens), AttemptRow.state == JobState.CANCELLING)
+                      .values(state=state, reason=None))
+
     def update_attempts(self, updates: dict[str, dict[str, object]]) -> None:
         """Change many attempts at once (one executemany per set of changed columns)."""
         if not updates:

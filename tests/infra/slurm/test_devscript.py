@@ -4,7 +4,16 @@ import shlex
 
 import pytest
 
-from corral.infra.slurm.devscript import holder_sbatch, parse_allocation_status, session_proxy_command, session_proxy_script, shell_command
+from corral.infra.slurm.devscript import (
+    cancel_exec_script,
+    exec_output_script,
+    exec_script,
+    holder_sbatch,
+    parse_allocation_status,
+    session_proxy_command,
+    session_proxy_script,
+    shell_command,
+)
 from tests.infra.slurm.test_jobscript import check_golden, spec
 
 
@@ -14,6 +23,27 @@ def test_holder_script():
 
 def test_session_proxy_script():
     check_golden("dev-session-proxy.sh", session_proxy_script("dev", "alpine", ["HF_TOKEN", "WANDB_PROJECT"]))
+
+
+def test_exec_script():
+    """A step named for the exec, its stdout and stderr teed into the exec's folder, `ended` however it ends."""
+    check_golden("dev-exec.sh", exec_script(".corral/runs/dev-1", "42", "c-0123abcd", 2, 4, "alpine",
+                                            {"WORD": "it's"}, "python train.py"))
+
+
+def test_cancelling_an_exec_scancels_its_named_step_only():
+    assert cancel_exec_script("42", "c-0123abcd") == (
+        "squeue -h -s -j 42 -o '%i|%j' 2>/dev/null | awk -F'|' '$2 == \"corral-exec-c-0123abcd\" {print $1}' "
+        "| xargs -r scancel\nexit 0\n")
+
+
+def test_exec_ids_and_job_ids_are_checked_before_they_reach_bash():
+    for job_id, exec_id in (("42;rm", "c-1"), ("42", "../c"), ("42", "c-1 x"), ("42", "")):
+        for make in (lambda: exec_script(".corral/runs/x", job_id, exec_id, 1, 0, "a", {}, "true"),
+                     lambda: exec_output_script(".corral/runs/x", job_id, exec_id, True),
+                     lambda: cancel_exec_script(job_id, exec_id)):
+            with pytest.raises(ValueError):
+                make()
 
 
 def inner_script(line: str) -> str:

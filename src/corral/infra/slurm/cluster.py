@@ -225,6 +225,13 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                                        envs, run)
         return await self._stream(script, on_output)
 
+    async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,
+                          tail: int = 0) -> None:
+        await self._stream(devscript.exec_output_script(run_dir, handle, exec_id, follow, tail), on_output)
+
+    async def cancel_exec(self, handle: str, run_dir: str, exec_id: str) -> None:
+        await self._run(devscript.cancel_exec_script(handle, exec_id), timeout=JOB_TIMEOUT)
+
     async def release(self, handle: str | None, run_dir: str) -> None:
         await self._run(devscript.down_script(handle, run_dir), timeout=JOB_TIMEOUT)
 

@@ -13,7 +13,7 @@ import re
 import shlex
 
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
-from corral.infra.shell import one_line_word, render_env
+from corral.infra.shell import EXEC_ENDED, EXEC_OUTPUT, exec_folder, one_line_word, render_env, tail_lines
 from corral.infra.slurm.environment import login_shell_line
 from corral.infra.slurm.jobs import STATE_MAP
 from corral.infra.slurm.jobscript import (
@@ -152,16 +152,23 @@ def session_proxy_command(name: str, job_id: str, head_node: str, run_dir: str) 
     return login_shell_line(script)
 
 
+def exec_step_name(exec_id: str) -> str:
+    """The name of an exec's srun step, by which `cancel_exec_script` finds it."""
+    return f"{JOB_NAME_PREFIX}exec-{exec_folder(exec_id).partition('/')[2]}"
+
+
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
                 envs: dict[str, str], run: str) -> str:
-    """Run `run` on every node of the allocation as one step, from the login node.
+    """Run `run` on every node of the allocation as one step named for the exec, from the login node.
 
+    Its stdout and stderr, merged as in a job's log, go both to the caller and to the exec's `output`
+    file in the allocation (what `corral logs` shows later); `ended` is left however the script ends.
     It exits with the status of a node whose command failed by itself. With `--kill-on-bad-exit` the
     first failure ends the other nodes (143), and srun's own status is whichever it saw last, so each
     node records its command's status and the lowest rank's own failure wins. srun reads nothing: its
     stdin is this script, which must go on after it."""
     _check_id(job_id)
-    exec_dir = f"exec/{exec_id}"
+    exec_dir = exec_folder(exec_id)
     node = (f'"$BASH" "$CORRAL_RUN_DIR"/{exec_dir}/cmd.sh; rc=$?\n'
             f'echo "$rc" > "$CORRAL_RUN_DIR"/{exec_dir}/rc."$SLURM_NODEID"\nexit "$rc"\n')
     files = {f"{exec_dir}/cmd.sh": run, f"{exec_dir}/run.sh": node, f"{exec_dir}/env.sh": render_env(envs)}
@@ -171,17 +178,47 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + f'state=$(squeue -h -j {job_id} -o %T 2>/dev/null)\n'
         + 'if [ "$state" != RUNNING ] || [ ! -e ready ]; then '
         + 'echo "corral: the allocation is not ready (${state:-gone})" >&2; exit 75; fi\n'
+        + f"trap ': > \"$d\"/{exec_dir}/{EXEC_ENDED}' EXIT\n"
         + 'export CORRAL_RUN_DIR="$d"\n'
         + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
         + "\n".join(node_env_lines(f'"$(squeue -h -j {job_id} -o %N)"')) + "\n"
-        + f'srun --jobid={job_id} --overlap --nodes={num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 '
-        + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh" </dev/null\n'
-        + 'status=$?\n'
+        + f'srun --jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} --nodes={num_nodes} '
+        + '--ntasks-per-node=1 --kill-on-bad-exit=1 '
+        + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh" </dev/null 2>&1 '
+        + f'| tee "$d/{exec_dir}/{EXEC_OUTPUT}"\n'
+        + 'status=${PIPESTATUS[0]}\n'
         + f'for rank in $(seq 0 {num_nodes - 1}); do rc=$(cat "$d/{exec_dir}/rc.$rank" 2>/dev/null); '
         + 'case "$rc" in ""|0|12[89]|1[3-9][0-9]|2[0-9][0-9]) ;; *) exit "$rc" ;; esac; done\n'
         + 'exit "$status"\n'
     )
+
+
+def exec_output_script(run_dir: str, job_id: str, exec_id: str, follow: bool, tail: int = 0) -> str:
+    """Print what an exec showed (with `tail` > 0, its last `tail` lines); with `follow`, until it has
+    ended (its `ended` marker) or its allocation has (checked every 10 s: one squeue, not one a second)."""
+    _check_id(job_id)
+    folder = f'"$HOME"/{shlex.quote(run_dir)}/{exec_folder(exec_id)}'
+    lines = tail_lines(tail)
+    if not follow:
+        return f"tail {lines} -- {folder}/{EXEC_OUTPUT} 2>/dev/null; exit 0\n"
+    return (
+        f"e={folder}; n=0\n"
+        f'alive() {{ [ ! -e "$e/{EXEC_ENDED}" ] || return 1; n=$((n + 1)); [ $((n % 10)) -ne 1 ] || '
+        f"squeue -h -j {job_id} -t R -o %T 2>/dev/null | grep -q .; }}\n"
+        f'while [ ! -e "$e/{EXEC_OUTPUT}" ] && alive; do sleep 1; done\n'
+        f'[ -e "$e/{EXEC_OUTPUT}" ] || exit 0\n'
+        f'tail {lines} -F -- "$e/{EXEC_OUTPUT}" 2>/dev/null & t=$!\n'
+        "while alive; do sleep 1; done\n"
+        "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n"
+    )
+
+
+def cancel_exec_script(job_id: str, exec_id: str) -> str:
+    """scancel the exec's step (found by its name), not the allocation: the holder job goes on."""
+    _check_id(job_id)
+    return (f"squeue -h -s -j {job_id} -o '%i|%j' 2>/dev/null | "
+            f"awk -F'|' '$2 == \"{exec_step_name(exec_id)}\" {{print $1}}' | xargs -r scancel\nexit 0\n")
 
 
 def status_script(allocations: list[tuple[str, str]]) -> str:

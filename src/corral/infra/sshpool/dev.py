@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 
 from corral.infra.base import EXIT_NOT_READY
-from corral.infra.shell import render_env, write_file
+from corral.infra.shell import EXEC_ENDED, EXEC_OUTPUT, exec_folder, render_env, tail_lines, write_file
 from corral.infra.sshpool.inventory import ALIVE, MARK
 from corral.infra.sshpool.runner import RUNS_DIR, check_token
 
@@ -29,17 +29,53 @@ def _ready_check(token: str) -> str:
 
 
 def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str) -> str:
-    """Run `run` in the allocation's rank on this machine, with its variables and GPUs; its exit status."""
-    folder = f"exec/{exec_id}"
+    """Run `run` in the allocation's rank on this machine, with its variables and GPUs; its exit status.
+    Its stdout and stderr, merged, go to the caller and to the exec's `output` file; the exec's `pid`
+    (this script's, with its start time) lets `cancel_exec_script` end it; `ended` is left however
+    it ends."""
+    folder = f'"$d"/{exec_folder(exec_id)}'
     return (_ready_check(token)
-            + f'mkdir -p "$d"/{shlex.quote(folder)}\n'
-            + write_file(f'"$d"/{shlex.quote(folder)}/run.sh', run) + "\n"
-            + write_file(f'"$d"/{shlex.quote(folder)}/env.sh', render_env(envs)) + "\n"
+            + f"mkdir -p {folder}\n"
+            + write_file(f"{folder}/run.sh", run) + "\n"
+            + write_file(f"{folder}/env.sh", render_env(envs)) + "\n"
+            + f'echo "$$ $(started "$$")" > {folder}/pid\n'
+            + f"trap ': > {folder}/{EXEC_ENDED}' EXIT\n"
             + _KEEP_ACTIVE
             + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
             + 'cd "$d/workdir" || exit 1\n'
-            + f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env "$d"/{shlex.quote(folder)}/env.sh '
-            + f'"$d"/{shlex.quote(folder)}/run.sh </dev/null\n')
+            + f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {folder}/env.sh '
+            + f"{folder}/run.sh </dev/null 2>&1 | tee {folder}/{EXEC_OUTPUT}\n"
+            + 'exit "${PIPESTATUS[0]}"\n')
+
+
+def exec_output_script(token: str, exec_id: str, follow: bool, tail: int = 0) -> str:
+    """Print what an exec showed on this machine (with `tail` > 0, its last `tail` lines); with
+    `follow`, until it has ended (its `ended` marker, or its process gone)."""
+    folder = f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}/{exec_folder(exec_id)}'
+    lines = tail_lines(tail)
+    if not follow:
+        return f"tail {lines} -- {folder}/{EXEC_OUTPUT} 2>/dev/null; exit 0\n"
+    return (ALIVE + f"e={folder}\n"
+            + f'running() {{ [ ! -e "$e/{EXEC_ENDED}" ] && read -r pid since < "$e/pid" 2>/dev/null '
+            + '&& alive "$pid" "$since"; }\n'
+            + f'[ -e "$e/{EXEC_OUTPUT}" ] || exit 0\n'
+            + f'tail {lines} -F -- "$e/{EXEC_OUTPUT}" 2>/dev/null & t=$!\n'
+            + "while running; do sleep 1; done\n"
+            + "sleep 1; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n")
+
+
+def cancel_exec_script(token: str, exec_id: str) -> str:
+    """End a running exec on this machine: TERM the process group of its ssh session (the exec's
+    script, its command, their children), not the holder; KILL what is left 10 s later."""
+    folder = f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}/{exec_folder(exec_id)}'
+    return (ALIVE + f"e={folder}\n"
+            + f'[ -e "$e/{EXEC_ENDED}" ] && exit 0\n'
+            + 'read -r pid since < "$e/pid" 2>/dev/null && alive "$pid" "$since" || exit 0\n'
+            + 'group=$(ps -o pgid= -p "$pid" | tr -d " "); mine=$(ps -o pgid= -p "$$" | tr -d " ")\n'
+            + '[ -n "$group" ] && [ "$group" != "$mine" ] || exit 0\n'
+            + 'kill -TERM -- "-$group" 2>/dev/null\n'
+            + '( sleep 10; alive "$pid" "$since" && kill -KILL -- "-$group" 2>/dev/null ) '
+            + "</dev/null >/dev/null 2>&1 &\nexit 0\n")
 
 
 def shell_command(token: str, command: str | None) -> str:

@@ -332,6 +332,20 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
             return EXIT_NOT_READY
         return next((s for s in statuses if s != 0), 0)
 
+    async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,
+                          tail: int = 0) -> None:
+        """Rank 0's (the head's, as for a job's logs)."""
+        host, token = self._head(handle)
+        if host not in self.pool.hosts:
+            raise CorralError(f"{self.name}: {host!r} is not one of its machines (any more)")
+        await self.transport.stream(host, pooldev.exec_output_script(token, exec_id, follow, tail), on_output)
+
+    async def cancel_exec(self, handle: str, run_dir: str, exec_id: str) -> None:
+        hosts, token = _hosts_and_token(handle)
+        await asyncio.gather(*(self.transport.run(host, pooldev.cancel_exec_script(_rank_token(token, rank, len(hosts)),
+                                                                                   exec_id), timeout=JOB_TIMEOUT)
+                               for rank, host in enumerate(hosts) if host in self.pool.hosts))
+
     async def release(self, handle: str | None, run_dir: str) -> None:
         if handle is None:
             return

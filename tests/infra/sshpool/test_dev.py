@@ -1,0 +1,83 @@
+"""An exec in a pool machine's dev allocation, its kept output and its cancel: the bash Corral sends,
+run by a real bash in a session of its own (as sshd starts each session), against a stand-in holder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corral.infra.sshpool.dev import cancel_exec_script, exec_output_script, exec_script
+from corral.infra.sshpool.runner import RUNS_DIR
+from tests.conftest import wait_for
+
+TOKEN = "0123456789ab.0"
+
+
+@pytest.fixture
+def home(tmp_path: Path):
+    """A home holding a ready allocation whose holder is a live process."""
+    holder = subprocess.Popen(["sleep", "600"])
+    d = tmp_path / RUNS_DIR / TOKEN
+    (d / "workdir").mkdir(parents=True)
+    since = Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    (d / "pid").write_text(f"{holder.pid} {since}\n")
+    (d / "ready").touch()
+    (d / "vars.sh").write_text("export CORRAL_NODE_RANK=0\n")
+    yield tmp_path
+    holder.kill()
+    holder.wait()
+
+
+def session(home: Path, script: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(["bash", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "HOME": str(home)}, start_new_session=True, **kwargs)
+
+
+def run(home: Path, script: str) -> tuple[int, str]:
+    proc = session(home, script)
+    out, _ = proc.communicate(script, timeout=30)
+    return proc.returncode, out
+
+
+def test_an_exec_shows_and_keeps_its_stdout_and_stderr(home):
+    status, shown = run(home, exec_script(TOKEN, "c-0001", {"WORD": "it's"}, 'echo "out $WORD"; echo err >&2; exit 3'))
+    assert (status, shown) == (3, "out it's\nerr\n")
+    folder = home / RUNS_DIR / TOKEN / "exec" / "c-0001"
+    assert (folder / "ended").exists()
+    assert run(home, exec_output_script(TOKEN, "c-0001", follow=False)) == (0, "out it's\nerr\n")
+    assert run(home, exec_output_script(TOKEN, "c-0001", follow=False, tail=1)) == (0, "err\n")
+    assert run(home, exec_output_script(TOKEN, "c-0001", follow=True)) == (0, "out it's\nerr\n")  # ended: at once
+
+
+def test_cancel_ends_the_exec_and_its_followers_not_the_holder(home):
+    script = exec_script(TOKEN, "c-0002", {}, "echo started; sleep 300 & wait")
+    runner = session(home, script)
+    assert runner.stdin is not None and runner.stdout is not None
+    runner.stdin.write(script)
+    runner.stdin.close()
+    assert runner.stdout.readline() == "started\n"
+    follower = session(home, exec_output_script(TOKEN, "c-0002", follow=True))
+    follower.stdin.write(exec_output_script(TOKEN, "c-0002", follow=True))
+    follower.stdin.close()
+    assert follower.stdout.readline() == "started\n"
+    assert run(home, cancel_exec_script(TOKEN, "c-0002")) == (0, "")
+    assert runner.wait(timeout=15) == -15  # its whole session (TERM), the command's own children too
+    assert follower.wait(timeout=15) == 0
+    folder = home / RUNS_DIR / TOKEN / "exec" / "c-0002"
+    assert (folder / "ended").exists()
+    pid = (home / RUNS_DIR / TOKEN / "pid").read_text().split()[0]
+    assert Path(f"/proc/{pid}").exists()  # the holder lives on
+    wait_for("no sleep 300 left", lambda: b"sleep\x00300" not in b"".join(
+        p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists()), timeout=15)
+    assert run(home, cancel_exec_script(TOKEN, "c-0002")) == (0, "")  # ended already: nothing to do
+
+
+def test_exec_ids_are_checked_before_they_reach_bash():
+    for bad in ("../x", "c-1;rm", "", "c 1"):
+        with pytest.raises(ValueError):
+            exec_script(TOKEN, bad, {}, "true")
+        with pytest.raises(ValueError):
+            cancel_exec_script(TOKEN, bad)
