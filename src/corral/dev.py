@@ -14,7 +14,7 @@ import secrets
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral import devssh
@@ -81,6 +81,7 @@ class AllocationStatus:
     last_active: float | None
     time_left: str | None
     sshd: bool = False  # the head node has an sshd, so the ssh alias can serve editors
+    ended_execs: dict[str, int] = field(default_factory=dict)  # exec job id: exit status, per its files
 
     def to_json(self, now: float) -> dict[str, object]:
         r = self.row
@@ -244,12 +245,34 @@ class DevAllocations:
             for r in submitted:
                 state = states.get(r.handle or "")
                 results[_key(r)] = (AllocationStatus(r, state.phase, state.reason, state.nodes, None,
-                                                    state.last_active, state.time_left, sshd=state.sshd)
+                                                    state.last_active, state.time_left, sshd=state.sshd,
+                                                    ended_execs=state.ended_execs)
                                    if state else AllocationStatus(r, AllocationPhase.UNKNOWN, why, [], None, None,
                                                                   None))
 
         await asyncio.gather(*(one(a, g) for a, g in by_account.items()))
-        return [results[_key(r)] for r in rows]
+        statuses = [results[_key(r)] for r in rows]
+        for status in statuses:
+            self._settle_execs(status)
+        return statuses
+
+    def _settle_execs(self, status: AllocationStatus) -> None:
+        """Record the end of execs the allocation's files say are over (`ended_execs`), or that could not
+        outlive it, but that the store still holds as running: their server did not see them end (it
+        stopped, or lost the connection). One that this server still runs is settled the same way."""
+        row, phase = status.row, status.state
+        over = phase in (AllocationPhase.ENDED, AllocationPhase.FAILED)
+        if not (status.ended_execs or over):
+            return
+        now = time.time()
+        for view in self.store.views(self.store.live_job_ids(row.owner, row.name)):
+            code = status.ended_execs.get(view.job.id)
+            if code is not None:
+                self.store.end_attempt(view.attempt.token, state=JobState.SUCCEEDED if code == 0 else JobState.FAILED,
+                                       exit_code=code, ended_at=now)
+            elif over:
+                self.store.end_attempt(view.attempt.token, state=JobState.FAILED, ended_at=now,
+                                       reason=f"its allocation ended ({status.reason or phase})")
 
     # ---- exec ---------------------------------------------------------------------------------
     def _holder(self, cluster: str, owner: str) -> HoldsAllocations:
@@ -362,6 +385,10 @@ class DevAllocations:
         except ClusterError as exc:
             raise CorralError(f"could not take {name!r} down: {exc}") from exc
         self.store.delete_allocation(name, self.owner)
+        ended = self.store.views(self.store.live_job_ids(row.owner, name))  # execs it ran, ended with it
+        self.store.update_attempts({v.attempt.token: {"state": JobState.CANCELLED, "ended_at": time.time(),
+                                                      "reason": f"its allocation {name!r} was released"}
+                                    for v in ended})
         if self.local:
             devssh.set_alias(name, None, self.client.registry.path)
         devssh.forget_host_key(row.token)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pexpect
 import pytest
@@ -92,6 +95,39 @@ def test_cancelling_an_exec_ends_it_and_keeps_its_allocation(corral, corral_env,
     # Its output went with the allocation: `logs` says so.
     gone = corral("logs", job_id)
     assert gone.exit_code == 1 and "which has been released since" in gone.stderr, gone.stderr
+
+
+def test_an_exec_whose_end_its_server_did_not_see_is_settled_from_the_allocation(corral, corral_env, clean):
+    """kill -9 of the server during an exec left the exec RUNNING in the queue for ever."""
+    up = corral("launch", "-c", "box2", "--infra", "slurm/cirrus/debug", "--cpus", "1", "--json")
+    assert up.exit_code == 0, up.stderr
+
+    def exec_then_kill_the_server(command: str) -> str:
+        runner = subprocess.Popen([sys.executable, "-m", "corral", "exec", "box2", "--", command], env=corral_env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert runner.stdout is not None and runner.stdout.readline() == "started\n"
+            os.kill(int((Path(corral_env["CORRAL_HOME"]) / "controller.pid").read_text()), signal.SIGKILL)
+            _, err = runner.communicate(timeout=60)
+        finally:
+            runner.kill()
+        assert runner.returncode == 69 and "the server stopped answering" in err, err
+        [job] = corral("queue", "box2", "-s", "--json").json()  # a new server: the exec is still RUNNING
+        assert job["state"] == "RUNNING"
+        return job["job_id"]
+
+    def queued(job_id: str) -> dict:
+        return next(j for j in corral("queue", "box2", "--json").json() if j["job_id"] == job_id)
+
+    job_id = exec_then_kill_the_server("echo started; sleep 2; exit 5")
+    ended = wait_for("the exec's end to be read from the allocation", lambda: status(corral, "box2")
+                     and (j := queued(job_id))["state"] != "RUNNING" and j, timeout=60, interval=1)
+    assert (ended["state"], ended["exit_code"]) == ("FAILED", 5)
+    assert status(corral, "box2")["state"] == "READY"
+    job_id = exec_then_kill_the_server("echo started; sleep 300")
+    assert corral("down", "box2").exit_code == 0
+    released = queued(job_id)
+    assert (released["state"], released["reason"]) == ("CANCELLED", "its allocation 'box2' was released")
 
 
 def test_ssh_into_the_head_node(corral, corral_env, testbed, clean, tmp_path):

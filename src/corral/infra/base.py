@@ -345,6 +345,7 @@ class AllocationState:
     last_active: float | None
     time_left: str | None
     sshd: bool = False  # the head node has an sshd, so editors' remote-SSH can reach it
+    ended_execs: dict[str, int] = field(default_factory=dict)  # exec id: exit status, for those over
 
 
 @dataclass(frozen=True)

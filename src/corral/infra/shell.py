@@ -10,7 +10,13 @@ from corral.infra.base import DEFAULT_CHECKPOINT_DIR
 
 _EXEC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z", re.ASCII)
 EXEC_OUTPUT = "output"  # an exec's stdout and stderr as it ran, in its folder of the allocation
-EXEC_ENDED = "ended"  # left in the exec's folder once it has ended, however it ended
+EXEC_ENDED = "ended"  # left in the exec's folder once it has ended, however it ended: its exit status
+
+
+def exec_ended_trap(folder: str) -> str:
+    """Bash: when the script ends, however it ends (TERM included), leave the exec's `ended` marker in
+    `folder` (a bash word) holding its exit status: how a server that did not see the end learns it."""
+    return f"trap 'echo \"$?\" > {folder}/{EXEC_ENDED}' EXIT\n"
 
 
 def exec_folder(exec_id: str) -> str:

@@ -199,10 +199,11 @@ class Store:
                 latest[attempt.job_id] = attempt
         return [JobView(j, latest[j.id]) for j in jobs if j.id in latest]
 
-    def live_job_ids(self, owner: str | None = None) -> list[str]:
-        """Jobs with an attempt that may still run (`owner`'s only, unless None), from the state index."""
+    def live_job_ids(self, owner: str | None = None, allocation: str | None = None) -> list[str]:
+        """Jobs with an attempt that may still run (`owner`'s only, unless None; those run in dev
+        allocation `allocation`, when given), from the state index."""
         with self.session() as s:
-            return list(s.scalars(_live_ids(owner)))
+            return list(s.scalars(_live_ids(owner, allocation)))
 
     def queue_page(self, *, limit: int | None = 20, offset: int = 0, since: float | None = None,
                    allocation: str | None = None, live: bool = True, by_sweep: bool = False,

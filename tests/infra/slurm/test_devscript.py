@@ -13,6 +13,7 @@ from corral.infra.slurm.devscript import (
     session_proxy_command,
     session_proxy_script,
     shell_command,
+    status_script,
 )
 from tests.infra.slurm.test_jobscript import check_golden, spec
 
@@ -100,6 +101,16 @@ def test_status_says_whether_the_head_node_has_sshd():
     running = "7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]"
     assert parse_allocation_status("7", answer(running, "ready=\nnodes=a1,a2\nsshd_ok=")).sshd
     assert not parse_allocation_status("7", answer(running, "ready=\nnodes=a1,a2")).sshd
+
+
+def test_status_names_the_execs_that_ended_with_their_status():
+    running = "7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]"
+    status = parse_allocation_status("7", answer(running, "ready=\nexec=c-0001:0\nexec=c-0002:137\nexec=c-0003:\n"
+                                                          "nodes=a1,a2"))
+    assert (status.phase.value, status.nodes) == ("READY", ["a1", "a2"])
+    assert status.ended_execs == {"c-0001": 0, "c-0002": 137}  # c-0003's marker is being written: not yet
+    script = status_script([("7", ".corral/runs/dev-1")])
+    assert "for f in \"$HOME\"/.corral/runs/dev-1/exec/*/ended; do" in script
 
 
 def test_down_leaves_the_cancel_marker_before_its_scancel():

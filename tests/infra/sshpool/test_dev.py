@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.infra.sshpool.dev import cancel_exec_script, exec_output_script, exec_script
+from corral.infra.sshpool.dev import cancel_exec_script, exec_output_script, exec_script, states_script
+from corral.infra.sshpool.pool import _allocation_state
 from corral.infra.sshpool.runner import RUNS_DIR
 from tests.conftest import wait_for
 
@@ -81,3 +82,18 @@ def test_exec_ids_are_checked_before_they_reach_bash():
             exec_script(TOKEN, bad, {}, "true")
         with pytest.raises(ValueError):
             cancel_exec_script(TOKEN, bad)
+
+
+def test_the_allocation_s_state_names_the_execs_that_ended_with_their_status(home):
+    assert run(home, exec_script(TOKEN, "c-0003", {}, "exit 6"))[0] == 6
+    assert run(home, exec_script(TOKEN, "c-0004", {}, "true"))[0] == 0
+    status, out = run(home, states_script([TOKEN]))
+    [line] = [x for x in out.splitlines() if x.startswith(TOKEN)]
+    parts = line.split()
+    assert status == 0 and len(parts) == 7 and parts[1:3] == ["1", "1"]
+    assert sorted(parts[6].rstrip(",").split(",")) == ["c-0003:6", "c-0004:0"]
+    # Over only once over on every rank; the lowest rank's failure is the exec's status.
+    rank0 = [TOKEN, "1", "1", "-", "-", "-", "c-0003:0,c-0004:0,c-0005:2,"]
+    rank1 = [TOKEN, "1", "1", "-", "-", "-", "c-0003:7,c-0005:3,"]
+    state = _allocation_state(["lab1", "lab2"], [rank0, rank1], {})
+    assert state.ended_execs == {"c-0003": 7, "c-0005": 2}

@@ -9,11 +9,20 @@ are released. No server has to be up for autodown to work.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
-from corral.infra.shell import EXEC_ENDED, EXEC_OUTPUT, exec_folder, one_line_word, render_env, tail_lines
+from corral.infra.shell import (
+    EXEC_ENDED,
+    EXEC_OUTPUT,
+    exec_ended_trap,
+    exec_folder,
+    one_line_word,
+    render_env,
+    tail_lines,
+)
 from corral.infra.slurm.environment import login_shell_line
 from corral.infra.slurm.jobs import STATE_MAP
 from corral.infra.slurm.jobscript import (
@@ -178,7 +187,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + f'state=$(squeue -h -j {job_id} -o %T 2>/dev/null)\n'
         + 'if [ "$state" != RUNNING ] || [ ! -e ready ]; then '
         + 'echo "corral: the allocation is not ready (${state:-gone})" >&2; exit 75; fi\n'
-        + f"trap ': > \"$d\"/{exec_dir}/{EXEC_ENDED}' EXIT\n"
+        + exec_ended_trap(f'"$d"/{exec_dir}')
         + 'export CORRAL_RUN_DIR="$d"\n'
         + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
@@ -235,6 +244,8 @@ def status_script(allocations: list[tuple[str, str]]) -> str:
         out.append(f"printf '\\n{MARK} files-{job_id} 0\\n'")
         out.append(f"for f in ready last_active ended setup_failed nodes sshd_ok; do if [ -e {path}/$f ]; then "
                    f"printf '%s=%s\\n' \"$f\" \"$(paste -sd, {path}/$f)\"; fi; done")
+        out.append(f"for f in {path}/exec/*/{EXEC_ENDED}; do [ -s \"$f\" ] && printf 'exec=%s:%s\\n' "
+                   f"\"$(basename \"${{f%/*}}\")\" \"$(head -c 12 \"$f\")\"; done")
     return "\n".join(out) + "\nexit 0\n"
 
 
@@ -264,19 +275,30 @@ _ENDED_BECAUSE = {"TIMEOUT": "walltime ended", "NODE_FAIL": "a node failed", "CA
 
 
 def parse_allocation_status(job_id: str, stdout: str) -> AllocationState:
-    """One allocation's state from `status_script`'s answer: Slurm's view and the holder's files."""
+    """One allocation's state from `status_script`'s answer: Slurm's view, the holder's files, and the
+    execs that have ended in it with their exit status."""
     sections = split_sections(stdout)
     files: dict[str, str] = {}
     marker_section = sections.get(f"files-{job_id}")
+    ended_execs: dict[str, int] = {}
     for line in marker_section.text.splitlines() if marker_section else []:
         key, _, value = line.partition("=")
-        files[key] = value
+        if key == "exec":
+            exec_id, _, code = value.partition(":")
+            if code.strip().isdigit():
+                ended_execs[exec_id] = int(code)
+        else:
+            files[key] = value
     slurm = None
     squeue = sections.get("squeue")
     for line in squeue.text.splitlines() if squeue else []:
         fields = line.split(FIELD_SEPARATOR)
         if fields and fields[0] == job_id and len(fields) == 6:
             slurm = fields
+    return dataclasses.replace(_phase(files, slurm), ended_execs=ended_execs)
+
+
+def _phase(files: dict[str, str], slurm: list[str] | None) -> AllocationState:
     nodes = files["nodes"].split(",") if files.get("nodes") else []
     last_active = float(files["last_active"]) if files.get("last_active", "").isdigit() else None
     if slurm is None:

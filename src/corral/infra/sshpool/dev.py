@@ -12,7 +12,15 @@ from __future__ import annotations
 import shlex
 
 from corral.infra.base import EXIT_NOT_READY
-from corral.infra.shell import EXEC_ENDED, EXEC_OUTPUT, exec_folder, render_env, tail_lines, write_file
+from corral.infra.shell import (
+    EXEC_ENDED,
+    EXEC_OUTPUT,
+    exec_ended_trap,
+    exec_folder,
+    render_env,
+    tail_lines,
+    write_file,
+)
 from corral.infra.sshpool.inventory import ALIVE, MARK
 from corral.infra.sshpool.runner import RUNS_DIR, check_token
 
@@ -39,7 +47,7 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str) -> str
             + write_file(f"{folder}/run.sh", run) + "\n"
             + write_file(f"{folder}/env.sh", render_env(envs)) + "\n"
             + f'echo "$$ $(started "$$")" > {folder}/pid\n'
-            + f"trap ': > {folder}/{EXEC_ENDED}' EXIT\n"
+            + exec_ended_trap(folder)
             + _KEEP_ACTIVE
             + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
             + 'cd "$d/workdir" || exit 1\n'
@@ -88,7 +96,7 @@ def shell_command(token: str, command: str | None) -> str:
 
 def states_script(tokens: list[str]) -> str:
     """One line per token: `<token> <alive 0|1> <ready 0|1> <last active or -> <setup exit code or -> <ended
-    reason or ->`."""
+    reason or -> <ended execs as id:status,… or ->`."""
     body = " ".join(check_token(t) for t in tokens)
     return (ALIVE + f"printf '{MARK} clock %s\\n' \"$(date +%s)\"\n"
             + f"for t in {body}; do\n"
@@ -98,7 +106,9 @@ def states_script(tokens: list[str]) -> str:
             + '  l=$(stat -c %Y "$d/last_active" 2>/dev/null || echo -)\n'
             + '  s=$(head -c 12 "$d/setup_failed" 2>/dev/null || echo -)\n'
             + '  e=$( { [ -e "$d/cancelled" ] && echo down; } || head -c 12 "$d/ended" 2>/dev/null || echo -)\n'
-            + '  echo "$t $a $r $l ${s:--} ${e:--}"\n'
+            + f'  x=; for f in "$d"/exec/*/{EXEC_ENDED}; do [ -s "$f" ] || continue; g=${{f%/*}}; '
+            + 'x="$x${g##*/}:$(head -c 12 "$f" | tr -dc 0-9),"; done\n'
+            + '  echo "$t $a $r $l ${s:--} ${e:--} ${x:--}"\n'
             + "done\nexit 0\n")
 
 

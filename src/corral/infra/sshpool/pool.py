@@ -311,7 +311,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
                 continue
             for line in answer.stdout.splitlines():
                 parts = line.split()
-                if len(parts) == 6 and not line.startswith(MARK):
+                if len(parts) == 7 and not line.startswith(MARK):
                     lines[(host, parts[0])] = parts
         out: dict[str, AllocationState] = {}
         for handle, _ in held:
@@ -397,7 +397,20 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
 
 
 def _allocation_state(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, str]) -> AllocationState:
-    """An allocation's state from its ranks' lines (`pooldev.states_script`)."""
+    """An allocation's state from its ranks' lines (`pooldev.states_script`), with the execs over on
+    every rank (the lowest rank's failure as the status, as `exec_in` gives it)."""
+    state = _phase(hosts, ranks, silent)
+    on_ranks = [dict(item.split(":", 1) for item in r[6].split(",") if item.count(":") == 1)
+                if r and r[6] != "-" else {} for r in ranks]
+    ended: dict[str, int] = {}
+    for exec_id in set(on_ranks[0]) if on_ranks else set():
+        codes = [rank.get(exec_id, "") for rank in on_ranks]
+        if all(code.isdigit() for code in codes):
+            ended[exec_id] = next((int(c) for c in codes if int(c) != 0), 0)
+    return replace(state, ended_execs=ended)
+
+
+def _phase(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, str]) -> AllocationState:
     gone = [h for h in hosts if h in silent]
     if gone:
         return AllocationState(AllocationPhase.UNKNOWN, f"{gone[0]} does not answer ({silent[gone[0]]})", hosts,
