@@ -287,8 +287,10 @@ class DevAllocations:
             raise AllocationNotFoundError(name, [r.name for r in self.store.allocations(self.owner)])
         return row
 
-    async def exec(self, name: str, task: Task, source: str, on_output: Callable[[bytes], None]) -> tuple[str, int]:
-        """Run the task's `run` on every node of the allocation; returns (job id, exit status)."""
+    async def exec(self, name: str, task: Task, source: str, on_output: Callable[[bytes], None],
+                   on_started: Callable[[str], None] | None = None) -> tuple[str, int]:
+        """Run the task's `run` on every node of the allocation; returns (job id, exit status).
+        `on_started` learns the job id once it is recorded, before anything runs."""
         row = self.get(name)
         if not row.handle:
             raise CorralError(f"allocation {name!r} never reached Slurm; `corral down {name}` and launch it again")
@@ -304,6 +306,8 @@ class DevAllocations:
                         run_dir=row.run_dir, log_path=f"{row.run_dir}/{exec_folder(job_id)}/{EXEC_OUTPUT}",
                         started_at=time.time(), submitted_at=time.time())],
         )
+        if on_started is not None:
+            on_started(job_id)
         infra = self._holder(row.cluster, row.owner)
         try:
             await self.sync_files(name, task)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -91,6 +92,19 @@ def test_cancelling_an_exec_ends_it_and_keeps_its_allocation(corral, corral_env,
     assert status(corral, "box")["state"] == "READY"
     after = corral("exec", "box", "--", "echo still here")
     assert (after.exit_code, after.stdout) == (0, "still here\n"), after.stderr
+    # Ctrl-C on `corral exec` stops following it, not the exec (as on an attached launch); logs follows it again.
+    runner = subprocess.Popen([sys.executable, "-m", "corral", "exec", "box", "--", "echo started; sleep 3; echo finished"],
+                              env=corral_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None and runner.stdout.readline() == "started\n"
+        runner.send_signal(signal.SIGINT)
+        _, err = runner.communicate(timeout=30)
+    finally:
+        runner.kill()
+    [followed_id] = re.findall(r"corral: (c-[0-9a-f]+) keeps running in box; Ctrl-C only stopped following it", err)
+    assert runner.returncode == 130 and f"`corral cancel {followed_id}` stops it" in err, err
+    followed = corral("logs", followed_id)
+    assert (followed.exit_code, followed.stdout) == (0, "started\nfinished\n"), followed.stderr
     assert corral("down", "box").exit_code == 0
     # Its output went with the allocation: `logs` says so.
     gone = corral("logs", job_id)

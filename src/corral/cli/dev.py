@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -55,8 +55,12 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         if as_json:
             print_json({**summary, "nodes": held["nodes"]})
 
+    started: list[str] = []
+
     def show(event: dict[str, Any]) -> None:
-        if event.get("event") == "ready":
+        if event.get("event") == "started":
+            started.append(str(event["job_id"]))
+        elif event.get("event") == "ready":
             announce(event)
         elif event.get("event") == "state":
             progress.clear()
@@ -72,11 +76,23 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
                                    num_nodes=num_nodes, cpus=cpus, memory=memory, envs=list(envs),
                                    secrets=list(secret_values), workdir=workdir, image_id=image_id,
                                    default_idle_minutes=default_idle, on_event=show, on_output=write_bytes)
+    except KeyboardInterrupt:
+        progress.clear()
+        if not started:
+            raise
+        stopped_following(started[0], dev_name)
     finally:
         progress.clear()
     if not announced:
         announce(held)
     return int(held.get("exit_code") or 0)
+
+
+def stopped_following(job_id: str, name: str) -> NoReturn:
+    """Ctrl-C while an exec runs: it goes on in the allocation, and this says how to reach it."""
+    click.echo(f"\ncorral: {job_id} keeps running in {name}; Ctrl-C only stopped following it. "
+               f"`corral logs {job_id}` follows it again, `corral cancel {job_id}` stops it.", err=True)
+    sys.exit(130)
 
 
 @click.command(name="exec", context_settings={"allow_interspersed_args": True})
@@ -94,8 +110,15 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
     if len(paths) > 1:
         raise click.UsageError("exec runs one task file at a time")
     client = Client()
-    job_id, code = client.dev_exec(name, Path(paths[0]) if paths else None, command=command,
-                                   envs=list(envs), secrets=list(secret_values), on_output=write_bytes)
+    started: list[str] = []
+    try:
+        job_id, code = client.dev_exec(name, Path(paths[0]) if paths else None, command=command,
+                                       envs=list(envs), secrets=list(secret_values), on_output=write_bytes,
+                                       on_event=lambda e: started.append(str(e["job_id"])) if "job_id" in e else None)
+    except KeyboardInterrupt:
+        if not started:
+            raise
+        stopped_following(started[0], name)
     if code != 0 and (job := client.job(job_id)).state == "CANCELLED":  # ended by `corral cancel`, say so
         click.echo(f"corral: {job_id} was cancelled ({job.reason}); allocation {name!r} is still held", err=True)
     sys.exit(code)

@@ -64,6 +64,12 @@ def output_events(put: Put) -> Callable[[bytes], None]:
     return lambda chunk: put({"event": "output", "data": base64.b64encode(chunk).decode()})
 
 
+def started_event(put: Put) -> Callable[[str], None]:
+    """The exec's job id as a `started` event, before its output: what a client that stops following
+    needs to say how to follow it again."""
+    return lambda job_id: put({"event": "started", "job_id": job_id})
+
+
 def status_json(status: AllocationStatus) -> dict[str, Any]:
     return status.to_json(time.time())
 
@@ -104,7 +110,8 @@ def add_routes(router: APIRouter, store: Store) -> None:
             answer |= {"nodes": status.nodes, "ssh_alias": str(alias) if alias else None}
             if request.run and task.run:
                 put({"event": "ready", **answer})
-                job_id, code = await allocations.exec(name, task, source, output_events(put))  # syncs its files
+                job_id, code = await allocations.exec(name, task, source, output_events(put),  # syncs its files
+                                                      started_event(put))
                 return {**answer, "job_id": job_id, "exit_code": code}
             if task.workdir or task.file_mounts:
                 put({"event": "step", "step": "sync", "detail": f"copying the task's files to {name}"})
@@ -122,7 +129,7 @@ def add_routes(router: APIRouter, store: Store) -> None:
 
         async def work(put: Put) -> dict[str, Any]:
             ready = await buckets.fetched(task, me.owner)
-            job_id, code = await allocations.exec(name, ready, source, output_events(put))
+            job_id, code = await allocations.exec(name, ready, source, output_events(put), started_event(put))
             return {"job_id": job_id, "exit_code": code}
 
         return event_stream(work)

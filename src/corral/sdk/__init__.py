@@ -328,11 +328,14 @@ class Client:
 
     def dev_exec(self, name: str, task: TaskLike = None, *, command: str | None = None, envs: Pairs = None,
                  secrets: Pairs = None, base: Path | None = None,
-                 on_output: Callable[[bytes], None] | None = None) -> tuple[str, int]:
-        """Run a task (or one command) on every node of allocation NAME; (job id, exit status)."""
+                 on_output: Callable[[bytes], None] | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> tuple[str, int]:
+        """Run a task (or one command) on every node of allocation NAME; (job id, exit status). Its
+        output goes to `on_output` as it comes; `on_event` gets `{"event": "started", "job_id": …}` first.
+        Stopping (Ctrl-C) stops following, not the exec: `cancel(job_id)` ends it."""
         body = {"task": self._task_or_command(task, command, base),
                 "overrides": _overrides(envs=envs, secrets=secrets)}
-        done = self._events(f"/dev/{_quoted(name)}/exec", body, _output_to(on_output, None))
+        done = self._events(f"/dev/{_quoted(name)}/exec", body, _output_to(on_output, on_event))
         return str(done["job_id"]), int(done["exit_code"])
 
     def dev_status(self, names: list[str] | None = None) -> list[dict[str, Any]]:

@@ -62,8 +62,11 @@ def test_login_banner_before_the_first_section_is_ignored():
 
 def test_output_cut_short():
     text = fixture("cirrus-idle")
-    with pytest.raises(ProbeParseError, match="ended early"):
+    with pytest.raises(ProbeParseError, match="ended early") as cut:
         parse_probe_output("cirrus", text[: text.index("@@corral end")], 5)
+    assert "(sections: " in str(cut.value) and "ping" in str(cut.value)  # what came, to tell where it stopped
+    with pytest.raises(ProbeParseError, match=r"has no controller check \(sections: end\)"):
+        parse_probe_output("cirrus", "@@corral end 0\n", 5)
 
 
 def test_controller_timeout_and_missing_slurm():

@@ -136,13 +136,14 @@ def read_probe(cluster: str, stdout: str, slurm_timeout: int, seconds: float = 0
 
 
 def _snapshot(cluster: str, sections: dict[str, Section], slurm_timeout: int, seconds: float) -> ClusterSnapshot:
+    got = f" (sections: {', '.join(sections) or 'none'})"  # what came, for whoever reads the error
     if "end" not in sections:
-        raise ProbeParseError(cluster, "the probe's output ended early (was the remote shell killed?)")
+        raise ProbeParseError(cluster, f"the probe's output ended early{got}; was the remote shell killed?")
     version_text = sections.get("version", Section(0, "")).text.strip()
     version = version_text.split()[-1] if version_text.startswith("slurm") else None
     ping = sections.get("ping")
     if ping is None:
-        raise ProbeParseError(cluster, "the probe's output has no controller check")
+        raise ProbeParseError(cluster, f"the probe's output has no controller check{got}")
     if not controller_answered(ping.text):
         if ping.status == TIMED_OUT:
             detail = f"Slurm controller did not answer `scontrol ping` within {slurm_timeout}s"
@@ -154,7 +155,7 @@ def _snapshot(cluster: str, sections: dict[str, Section], slurm_timeout: int, se
     for name in ("nodes", "partitions", "pending"):
         section = sections.get(name)
         if section is None:
-            raise ProbeParseError(cluster, f"the probe's output has no {name} section")
+            raise ProbeParseError(cluster, f"the probe's output has no {name} section{got}")
         if section.status == TIMED_OUT:
             raise SlurmControllerError(cluster, f"Slurm controller did not answer within {slurm_timeout}s ({name})")
         if section.status != 0:
