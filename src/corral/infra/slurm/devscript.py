@@ -17,6 +17,7 @@ from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
 from corral.infra.shell import (
     EXEC_ENDED,
     EXEC_OUTPUT,
+    EXEC_START_WAIT,
     exec_ended_trap,
     exec_folder,
     one_line_word,
@@ -215,7 +216,9 @@ def exec_output_script(run_dir: str, job_id: str, exec_id: str, follow: bool, ta
         f"e={folder}; n=0\n"
         f'alive() {{ [ ! -e "$e/{EXEC_ENDED}" ] || return 1; n=$((n + 1)); [ $((n % 10)) -ne 1 ] || '
         f"squeue -h -j {job_id} -t R -o %T 2>/dev/null | grep -q .; }}\n"
-        f'while [ ! -e "$e/{EXEC_OUTPUT}" ] && alive; do sleep 1; done\n'
+        # Its files may still be syncing; one that never comes (the exec failed first) is waited for
+        # EXEC_START_WAIT seconds at most.
+        f'while [ ! -e "$e/{EXEC_OUTPUT}" ] && [ "$n" -lt {EXEC_START_WAIT} ] && alive; do sleep 1; done\n'
         f'[ -e "$e/{EXEC_OUTPUT}" ] || exit 0\n'
         f'tail {lines} -F -- "$e/{EXEC_OUTPUT}" 2>/dev/null & t=$!\n'
         "while alive; do sleep 1; done\n"

@@ -15,6 +15,7 @@ from corral.infra.base import EXIT_NOT_READY
 from corral.infra.shell import (
     EXEC_ENDED,
     EXEC_OUTPUT,
+    EXEC_START_WAIT,
     exec_ended_trap,
     exec_folder,
     render_env,
@@ -66,6 +67,8 @@ def exec_output_script(token: str, exec_id: str, follow: bool, tail: int = 0) ->
     return (ALIVE + f"e={folder}\n"
             + f'running() {{ [ ! -e "$e/{EXEC_ENDED}" ] && read -r pid since < "$e/pid" 2>/dev/null '
             + '&& alive "$pid" "$since"; }\n'
+            + f'n=0; while [ ! -e "$e/{EXEC_OUTPUT}" ] && [ ! -e "$e/{EXEC_ENDED}" ] && [ "$n" -lt {EXEC_START_WAIT} ]; '
+            + 'do n=$((n + 1)); sleep 1; done\n'
             + f'[ -e "$e/{EXEC_OUTPUT}" ] || exit 0\n'
             + f'tail {lines} -F -- "$e/{EXEC_OUTPUT}" 2>/dev/null & t=$!\n'
             + "while running; do sleep 1; done\n"
