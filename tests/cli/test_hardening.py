@@ -161,7 +161,7 @@ def test_a_login_node_that_stops_answering_costs_one_timeout(corral, corral_env,
             # connection that never gets the login node's banner (ConnectTimeout).
             assert set(failures) == {"alpine"} and failures["alpine"]["error_kind"] in ("timeout", "unreachable"), rows
             assert {r["cluster"] for r in rows if "error" not in r} == {"borealis", "cirrus"}
-            assert result.seconds < 6 + 4, result.seconds  # the bound, plus process start-up
+            assert result.seconds < 2 * 6, result.seconds  # one bound plus start-up (10.2 s on a slow host), not two
             kinds.append(failures["alpine"]["error_kind"])
             if kinds[-1] == "timeout":  # the bound the user set, not what was left of it after connecting
                 assert "within 6s" in failures["alpine"]["error"], failures["alpine"]
