@@ -33,6 +33,7 @@ from corral.infra.base import (
     HoldsAllocations,
     JobState,
     SubmitResult,
+    holder,
     new_token,
 )
 from corral.infra.shell import EXEC_OUTPUT, exec_folder
@@ -276,10 +277,7 @@ class DevAllocations:
 
     # ---- exec ---------------------------------------------------------------------------------
     def _holder(self, cluster: str, owner: str) -> HoldsAllocations:
-        infra = self.client.infra(cluster, owner)
-        if not isinstance(infra, HoldsAllocations):
-            raise CorralError(f"{infra.name} cannot hold dev allocations")
-        return infra
+        return holder(self.client.infra(cluster, owner))
 
     def get(self, name: str) -> AllocationRow:
         row = self.store.allocation(name, self.owner)

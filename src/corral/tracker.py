@@ -37,11 +37,11 @@ from corral.errors import CorralError
 from corral.infra.base import (
     LIVE_STATES,
     FailureClass,
-    HoldsAllocations,
     Infra,
     JobState,
     JobStatus,
     RunsArrays,
+    holder,
 )
 from corral.infra.shell import EXEC_OUTPUT
 from corral.liveness import tag_alive
@@ -193,7 +193,7 @@ class Tracker:
             try:
                 await asyncio.gather(
                     *([infra.cancel([a.handle or "" for a in sent], [a.run_dir for a in sent])] if sent else []),
-                    *(self._holder(infra).cancel_exec(v.attempt.handle or "", v.attempt.run_dir, v.job.id)
+                    *(holder(infra).cancel_exec(v.attempt.handle or "", v.attempt.run_dir, v.job.id)
                       for v in execs))
             except BaseException:
                 self.store.undo_cancelling(marked, JobState.RUNNING)
@@ -230,16 +230,10 @@ class Tracker:
         infra = self.client.infra(attempt.cluster, view.job.owner)
         if view.job.allocation is not None:  # an exec: followed while it runs, not while its allocation does
             follow = follow and attempt.state not in TERMINAL_STATES
-            await self._holder(infra).exec_output(attempt.handle or "", attempt.run_dir, view.job.id, follow,
+            await holder(infra).exec_output(attempt.handle or "", attempt.run_dir, view.job.id, follow,
                                                   on_output, tail)
             return
         await infra.logs(attempt.handle, attempt.log_path, follow, on_output, tail)
-
-    @staticmethod
-    def _holder(infra: Infra) -> HoldsAllocations:
-        if not isinstance(infra, HoldsAllocations):
-            raise CorralError(f"{infra.name} holds no dev allocations")
-        return infra
 
 
 def sent_by_account(store: Store, attempts: list[AttemptRow], handles: dict[str, str | None] | None = None

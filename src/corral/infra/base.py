@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from corral.errors import CorralError
+
 
 @dataclass(frozen=True)
 class GpuPool:
@@ -405,6 +407,13 @@ class HoldsAllocations(ABC):
     @abstractmethod
     async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
         """What the ssh alias of the allocation needs."""
+
+
+def holder(infra: Infra) -> HoldsAllocations:
+    """`infra` as one that holds dev allocations, or a clear error naming it."""
+    if not isinstance(infra, HoldsAllocations):
+        raise CorralError(f"{infra.name} cannot hold dev allocations")
+    return infra
 
 
 class RunsJobScripts(ABC):

@@ -20,12 +20,17 @@ def exec_ended_trap(folder: str) -> str:
     return f"trap 'echo \"$?\" > {folder}/{EXEC_ENDED}' EXIT\n"
 
 
+def check_exec_id(exec_id: str) -> str:
+    """An exec's id (its job id), checked to be a bash word needing no quotes."""
+    if not _EXEC_ID.match(exec_id):
+        raise ValueError(f"not an exec id: {exec_id!r}")
+    return exec_id
+
+
 def exec_folder(exec_id: str) -> str:
     """An exec's folder in its allocation's run dir (a bash word needing no quotes): its files, the
     output it showed, and the marker that it has ended."""
-    if not _EXEC_ID.match(exec_id):
-        raise ValueError(f"not an exec id: {exec_id!r}")
-    return f"exec/{exec_id}"
+    return f"exec/{check_exec_id(exec_id)}"
 
 
 def render_env(envs: dict[str, str]) -> str:

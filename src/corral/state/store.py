@@ -96,7 +96,6 @@ def open_store(url: str | None = None) -> Store:
     return Store(url or default_url())
 
 
-
 def _live_ids(owner: str | None = None, allocation: str | None = None) -> Any:
     """The ids of jobs with an attempt that may still run, through the index on attempts.state (live
     ones are few); `owner`'s, and in dev allocation `allocation`, when given."""
@@ -108,6 +107,7 @@ def _live_ids(owner: str | None = None, allocation: str | None = None) -> Any:
     if allocation is not None:
         query = query.where(JobRow.allocation == allocation)
     return query
+
 
 class Store:
     def __init__(self, url: str):

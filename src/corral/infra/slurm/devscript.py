@@ -18,6 +18,7 @@ from corral.infra.shell import (
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_START_WAIT,
+    check_exec_id,
     exec_ended_trap,
     exec_folder,
     one_line_word,
@@ -164,7 +165,7 @@ def session_proxy_command(name: str, job_id: str, head_node: str, run_dir: str) 
 
 def exec_step_name(exec_id: str) -> str:
     """The name of an exec's srun step, by which `cancel_exec_script` finds it."""
-    return f"{JOB_NAME_PREFIX}exec-{exec_folder(exec_id).partition('/')[2]}"
+    return f"{JOB_NAME_PREFIX}exec-{check_exec_id(exec_id)}"
 
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,

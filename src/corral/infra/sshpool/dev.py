@@ -37,6 +37,11 @@ def _ready_check(token: str) -> str:
             + f'echo "corral: the allocation is not ready on $(hostname)" >&2; exit {EXIT_NOT_READY}; fi\n')
 
 
+def _exec_dir(token: str, exec_id: str) -> str:
+    """An exec's folder on the machine of rank `token`, as a bash word."""
+    return f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}/{exec_folder(exec_id)}'
+
+
 def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str) -> str:
     """Run `run` in the allocation's rank on this machine, with its variables and GPUs; its exit status.
     Its stdout and stderr, merged, go to the caller and to the exec's `output` file; the exec's `pid`
@@ -60,7 +65,7 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str) -> str
 def exec_output_script(token: str, exec_id: str, follow: bool, tail: int = 0) -> str:
     """Print what an exec showed on this machine (with `tail` > 0, its last `tail` lines); with
     `follow`, until it has ended (its `ended` marker, or its process gone)."""
-    folder = f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}/{exec_folder(exec_id)}'
+    folder = _exec_dir(token, exec_id)
     lines = tail_lines(tail)
     if not follow:
         return f"tail {lines} -- {folder}/{EXEC_OUTPUT} 2>/dev/null; exit 0\n"
@@ -78,7 +83,7 @@ def exec_output_script(token: str, exec_id: str, follow: bool, tail: int = 0) ->
 def cancel_exec_script(token: str, exec_id: str) -> str:
     """End a running exec on this machine: TERM the process group of its ssh session (the exec's
     script, its command, their children), not the holder; KILL what is left 10 s later."""
-    folder = f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}/{exec_folder(exec_id)}'
+    folder = _exec_dir(token, exec_id)
     return (ALIVE + f"e={folder}\n"
             + f'[ -e "$e/{EXEC_ENDED}" ] && exit 0\n'
             + 'read -r pid since < "$e/pid" 2>/dev/null && alive "$pid" "$since" || exit 0\n'
