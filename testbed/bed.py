@@ -244,7 +244,11 @@ class Testbed:
 
     # ---- fault switches -----------------------------------------------------------------------
     def stop_controller(self, cluster: str) -> None:
-        self._stop(self.paths.cluster(self.spec(cluster).name).ctld_pidfile())
+        """Stop the cluster's slurmctld and wait until it has gone: one still shutting down can answer
+        `scontrol ping` and then fail the next command, which is not what a stopped controller does."""
+        pidfile = self.paths.cluster(self.spec(cluster).name).ctld_pidfile()
+        self._stop(pidfile)
+        wait_until(f"{cluster} slurmctld to stop", lambda: running(pidfile) is None, READY_TIMEOUT)
 
     def start_controller(self, cluster: str) -> None:
         self._start_ctld(self.spec(cluster))
@@ -258,7 +262,6 @@ class Testbed:
         paths = self.paths.cluster(spec.name)
         paths.slurm_conf.write_text(render_slurm_conf(spec, paths, max_job_count=count))
         self.stop_controller(cluster)
-        wait_until(f"{cluster} slurmctld to stop", lambda: running(paths.ctld_pidfile()) is None, READY_TIMEOUT)
         self.start_controller(cluster)
 
     def light_squeue(self, cluster: str, on: bool = True) -> Path:
