@@ -43,12 +43,15 @@ from corral.sdk.types import (
     GpuReport,
     GpuRow,
     Job,
+    JobStatus,
     Launched,
     ManagedJob,
+    ManagedJobStatus,
     PlanRow,
     QueuePage,
     Submission,
     Unreachable,
+    status_of,
 )
 
 TaskLike = Any  # a path, YAML text, a dict, an object with model_dump(), or None (an empty task)
@@ -139,7 +142,8 @@ class Client:
         """Cancel jobs (one scancel per cluster); ended ones are reported as they are. `all`: every live
         job of yours; with `all_users` (admins), every user's."""
         data = self._json("POST", "/cancel", body={"jobs": list(jobs or []), "all": all, "all_users": all_users})
-        return [CancelOutcome(c["job_id"], bool(c["cancelled"]), c["state"]) for c in data["jobs"]]
+        return [CancelOutcome(c["job_id"], bool(c["cancelled"]), status_of(JobStatus, c["state"]))
+                for c in data["jobs"]]
 
     def wait(self, job: str, *, poll: float = 2.0, timeout: float | None = None) -> Job:
         """Until the job has ended; returns it (its state says how)."""
@@ -250,7 +254,8 @@ class Client:
         live managed job of yours; with `all_users` (admins), every user's."""
         data = self._json("POST", "/managed/cancel",
                           body={"jobs": list(jobs or []), "all": all, "all_users": all_users})
-        return [CancelOutcome(c["job_id"], bool(c["cancelling"]), c["state"]) for c in data["jobs"]]
+        return [CancelOutcome(c["job_id"], bool(c["cancelling"]), status_of(ManagedJobStatus, c["state"]))
+                for c in data["jobs"]]
 
     def managed_logs(self, job: str, attempt: int, follow: bool = False, *, tail: int = 0) -> Iterator[bytes]:
         """One attempt's output (its number: `managed_job(job)["attempt_list"]`; with `tail` > 0, its last
@@ -610,5 +615,6 @@ def _api_error(exc: urllib.error.HTTPError) -> ApiError:
     return ApiError(str(detail or f"HTTP {exc.code} {exc.reason}"), exc.code, kind, exit_code)
 
 
-__all__ = ["ApiError", "CancelOutcome", "Client", "ClusterCheck", "GpuReport", "GpuRow", "Job", "Launched",
-           "ManagedJob", "PlanRow", "QueuePage", "ServerUnreachableError", "Submission", "Unreachable"]
+__all__ = ["ApiError", "CancelOutcome", "Client", "ClusterCheck", "GpuReport", "GpuRow", "Job", "JobStatus",
+           "Launched", "ManagedJob", "ManagedJobStatus", "PlanRow", "QueuePage", "ServerUnreachableError", "Submission",
+           "Unreachable"]

@@ -6,8 +6,66 @@ byte-compatible with what the CLI printed before the server existed).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+
+class JobStatus(enum.StrEnum):
+    """A job's state as the server reports it (SkyPilot's `sky.JobStatus`). A member equals its name
+    as a string, so `job.state == "FAILED"` works too."""
+
+    SUBMITTING = "SUBMITTING"  # recorded, not yet accepted by the cluster
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLING = "CANCELLING"
+    CANCELLED = "CANCELLED"
+    SUBMIT_FAILED = "SUBMIT_FAILED"
+    LOST = "LOST"  # its cluster no longer knows it
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def ended(self) -> bool:
+        return self in ENDED_STATES
+
+
+class ManagedJobStatus(enum.StrEnum):
+    """A managed job's state across its attempts (SkyPilot's `sky.ManagedJobStatus`)."""
+
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    FAILED_SETUP = "FAILED_SETUP"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def ended(self) -> bool:
+        return self in MANAGED_ENDED_STATES
+
+
+ENDED_STATES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.SUBMIT_FAILED,
+                          JobStatus.LOST})
+MANAGED_ENDED_STATES = frozenset({ManagedJobStatus.SUCCEEDED, ManagedJobStatus.FAILED,
+                                  ManagedJobStatus.FAILED_SETUP, ManagedJobStatus.CANCELLED})
+
+
+S = TypeVar("S", JobStatus, ManagedJobStatus)
+
+
+def status_of(kind: type[S], text: str) -> S | str:
+    """The member named `text`; a state this client does not know (a newer server's) stays its text,
+    never ended."""
+    try:
+        return kind(text)
+    except ValueError:
+        return text
 
 
 @dataclass(frozen=True)
@@ -76,7 +134,7 @@ class Job:
 
     job_id: str
     name: str
-    state: str
+    state: JobStatus | str  # the text only for a state this client does not know
     cluster: str | None
     partition: str | None
     slurm_job_id: str | None
@@ -91,17 +149,14 @@ class Job:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
-        return cls(data["job_id"], data["name"], data["state"], data.get("cluster"), data.get("partition"),
-                   data.get("slurm_job_id"), data.get("reason"), int(data.get("attempt") or 0),
+        return cls(data["job_id"], data["name"], status_of(JobStatus, data["state"]), data.get("cluster"),
+                   data.get("partition"), data.get("slurm_job_id"), data.get("reason"), int(data.get("attempt") or 0),
                    data.get("submitted_at"), data.get("started_at"), data.get("ended_at"), data.get("exit_code"),
                    data.get("sweep_id"), data)
 
     @property
     def ended(self) -> bool:
         return self.state in ENDED_STATES
-
-
-ENDED_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "SUBMIT_FAILED", "LOST"})
 
 
 @dataclass(frozen=True)
@@ -116,7 +171,7 @@ class QueuePage:
 class CancelOutcome:
     job_id: str
     cancelled: bool
-    state: str  # the state it had when it was not cancelled (already ended)
+    state: JobStatus | ManagedJobStatus | str  # the state it had when it was not cancelled (already ended)
 
 
 @dataclass(frozen=True)
@@ -186,7 +241,7 @@ class ManagedJob:
 
     job_id: str
     name: str
-    state: str
+    state: ManagedJobStatus | str  # the text only for a state this client does not know
     reason: str | None
     cluster: str | None
     partition: str | None
@@ -198,13 +253,10 @@ class ManagedJob:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ManagedJob:
-        return cls(data["job_id"], data["name"], data["state"], data.get("reason"), data.get("cluster"),
-                   data.get("partition"), data.get("slurm_job_id"), int(data.get("attempts") or 0),
-                   int(data.get("recoveries") or 0), int(data.get("moves") or 0), data)
+        return cls(data["job_id"], data["name"], status_of(ManagedJobStatus, data["state"]), data.get("reason"),
+                   data.get("cluster"), data.get("partition"), data.get("slurm_job_id"),
+                   int(data.get("attempts") or 0), int(data.get("recoveries") or 0), int(data.get("moves") or 0), data)
 
     @property
     def ended(self) -> bool:
         return self.state in MANAGED_ENDED_STATES
-
-
-MANAGED_ENDED_STATES = frozenset({"SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED"})
