@@ -15,6 +15,7 @@ EXIT_DATAERR = 65  # the task or a value given is invalid
 EXIT_NOINPUT = 66  # a named job, allocation, cluster or upload does not exist
 EXIT_UNAVAILABLE = 69  # a cluster, the server or every candidate place is unavailable
 EXIT_SOFTWARE = 70  # a bug in Corral
+EXIT_TEMPFAIL = 75  # `logs --status`: the job has not ended yet; ask again later
 EXIT_NOPERM = 77  # authentication refused (ssh keys, host keys, the server's token)
 EXIT_CONFIG = 78  # the cluster file or user settings are broken
 

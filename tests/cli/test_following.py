@@ -124,3 +124,23 @@ def test_a_follow_cut_off_by_the_cluster_is_69_at_once_unless_the_job_had_ended(
     assert following.report_end(live, "c-2", broken=True) == 69 and live.asked == 1  # no wait for an end
     assert "stopped following c-2, still RUNNING" in capfd.readouterr().err
     assert following.report_end(OneJob(["SUCCEEDED"], 0), "c-2", broken=True) == 0
+
+
+@pytest.mark.parametrize(("state", "code", "status", "line"), [
+    ("SUCCEEDED", 0, 0, "c-2 SUCCEEDED on slurm/alpine/cpu (exit code 0)"),
+    ("FAILED", 7, 7, "c-2 FAILED on slurm/alpine/cpu (exit code 7)"),
+    ("CANCELLED", None, 1, "c-2 CANCELLED on slurm/alpine/cpu (exit code None)"),
+    ("RUNNING", None, 75, "c-2 RUNNING on slurm/alpine/cpu"),
+    ("SUBMITTING", None, 75, "c-2 SUBMITTING on slurm/alpine/cpu")])
+def test_status_only_prints_the_state_and_exits_75_until_the_job_has_ended(capfd, state, code, status, line):
+    assert following.status_only(OneJob([state], code).job("c-2")) == status
+    assert capfd.readouterr().out == line + "\n"
+
+
+def test_status_only_of_a_managed_job_takes_its_last_attempts_exit_code(capfd):
+    from corral.sdk.types import ManagedJob
+
+    found = ManagedJob.from_json({"job_id": "c-1", "name": "t", "state": "FAILED", "cluster": "alpine",
+                                  "partition": "gpu", "attempt_list": [attempt(1, "FAILED", 3), attempt(2, "FAILED", 9)]})
+    assert following.status_only(found) == 9
+    assert capfd.readouterr().out == "c-1 FAILED on slurm/alpine/gpu (exit code 9)\n"

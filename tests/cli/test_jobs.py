@@ -93,6 +93,8 @@ def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
     followed = corral("jobs", "logs", job, env=env)  # follows by default: the ended job's whole story, its status
     assert (followed.exit_code, followed.stdout) == (3, "attempt 1\nattempt 2\n"), followed.stderr
     assert corral("jobs", "logs", "--no-follow", job, env=env).exit_code == 0
+    status = corral("jobs", "logs", "--status", job, env=env)
+    assert (status.exit_code, status.stdout) == (3, f"{job} FAILED on slurm/cirrus/debug (exit code 3)\n")
     latest = corral("jobs", "logs", "--no-follow", "--tail", "1", env=env)  # no JOB: the newest managed job
     assert (latest.exit_code, latest.stdout) == (0, "attempt 2\n"), latest.stderr  # the current attempt's end
 

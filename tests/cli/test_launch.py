@@ -143,6 +143,8 @@ def test_logs_of_a_pending_job_say_why_it_waits_then_follow_it(corral, clean_que
     first = launch(corral, "--infra", "slurm/cirrus/debug", "--gpus", "gpu:2", "--", "sleep 12")["job_id"]
     second = launch(corral, "--infra", "slurm/cirrus/debug", "--gpus", "gpu:2", "--", "echo second")["job_id"]
     wait_state(corral, second, {"PENDING"})
+    waiting = corral("logs", "--status", second)  # not ended: 75, "ask again later", and no output
+    assert (waiting.exit_code, waiting.stdout) == (75, f"{second} PENDING on slurm/cirrus/debug\n"), waiting.stderr
     followed = corral("logs", second)  # waits behind the first, as `sky logs` of a job not yet started
     assert (followed.exit_code, followed.stdout) == (0, "second\n"), followed.stderr
     # (with Slurm's reason once its scheduler has given one: "None" right after submission is not shown)
@@ -181,6 +183,8 @@ def test_exit_code_and_setup_failure(corral, clean_queues, tmp_path):
     assert (followed.exit_code, followed.stdout) == (7, "out\n"), followed.stderr
     assert re.search(r"corral: c-\w+ FAILED on slurm/alpine/cpu \(exit code 7\)", followed.stderr), followed.stderr
     assert corral("logs", "--no-follow").exit_code == 0
+    status = corral("logs", "--status")  # how it ended, without its output: a script's check
+    assert status.exit_code == 7 and re.fullmatch(r"c-\w+ FAILED on slurm/alpine/cpu \(exit code 7\)\n", status.stdout)
     task = tmp_path / "t.yaml"
     task.write_text("setup: exit 5\nrun: echo never\nresources:\n  infra: slurm/alpine/cpu\n")
     result = corral("launch", str(task))

@@ -161,13 +161,17 @@ def paging(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 
 def log_options(follow_help: str, tail_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """JOB (optional: the newest, see newest_id), --follow/--no-follow and --tail, for `logs` and `jobs logs`."""
+    """JOB (optional: the newest, see newest_id), --follow/--no-follow, --tail and --status, for `logs` and
+    `jobs logs`."""
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         for decorator in reversed([
             click.argument("job", required=False),
             click.option("--follow/--no-follow", default=True, show_default=True, help=follow_help),
             click.option("-f", "follow", flag_value=True, hidden=True),  # the flag before following became the default
             click.option("--tail", type=click.IntRange(0, 10_000_000), default=0, metavar="N", help=tail_help),
+            click.option("--status", is_flag=True,
+                         help="Print no output, only the job's state; exit 0 if it succeeded, 75 while it has "
+                              "not ended, else as when following it (as `sky logs --status`)."),
         ]):
             func = decorator(func)
         return func

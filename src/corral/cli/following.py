@@ -25,6 +25,20 @@ def exit_status(state: str, exit_code: int | None) -> int:
     return 0 if state == "SUCCEEDED" else (exit_code or 1)
 
 
+def status_only(job: Any) -> int:
+    """`logs --status`: the job's state on stdout, no output; 0 when it succeeded, EXIT_TEMPFAIL (75)
+    while it has not ended, else what following it to its end gives. `job`: an SDK Job or ManagedJob."""
+    from corral.errors import EXIT_TEMPFAIL
+
+    exit_code = job.raw.get("exit_code")
+    if exit_code is None and job.raw.get("attempt_list"):  # a managed job's: its last attempt's
+        exit_code = job.raw["attempt_list"][-1].get("exit_code")
+    where = f" on {place(job)}" if job.cluster else ""
+    code = f" (exit code {exit_code})" if job.ended else ""
+    click.echo(f"{job.job_id} {job.state}{where}{code}")
+    return exit_status(job.state, exit_code) if job.ended else EXIT_TEMPFAIL
+
+
 def print_output(chunks: Any) -> bool:
     """Write a followed output stream; whether it ended with the server's word that following failed
     (`stream_output` ends the stream with a `corral: error: …` line when the cluster stops answering)."""

@@ -20,7 +20,7 @@ from corral.cli.common import (
     warnings_only,
     yes_option,
 )
-from corral.cli.following import follow_managed
+from corral.cli.following import follow_managed, status_only
 from corral.timefmt import clock
 
 
@@ -95,7 +95,7 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
 @log_options("Follow the job until it ends, attempt after attempt, as `sky jobs logs` does.",
              "Only the current attempt, starting with its last N lines (0: every attempt, all of it).")
 @reports_errors
-def jobs_logs(job: str | None, follow: bool, tail: int) -> None:
+def jobs_logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
     """A managed job's output across its attempts, following it through recoveries until it ends; then
     how it ended, and exit with its exit code. Without JOB: your newest managed job."""
     from corral.sdk import Client
@@ -104,6 +104,10 @@ def jobs_logs(job: str | None, follow: bool, tail: int) -> None:
     if job is None:
         job = newest_id(client.managed_jobs(limit=1)[0],
                         "no managed jobs yet: name one, or launch one with `corral jobs launch`")
+    if status:
+        from corral.sdk.types import ManagedJob
+
+        sys.exit(status_only(ManagedJob.from_json(client.managed_job(job))))
     sys.exit(follow_managed(client, job, follow=follow, tail=tail))
 
 

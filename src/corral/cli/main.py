@@ -181,7 +181,7 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 @log_options("Keep printing until the job ends, as `sky logs` does; --no-follow prints what there is.",
              "Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.")
 @reports_errors
-def logs(job: str | None, follow: bool, tail: int) -> None:
+def logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
     """Print a job's output (all nodes), following it until it ends; then how it ended, and exit with
     its exit code, as an attached `launch` does. Without JOB: your newest job."""
     from corral.sdk import Client
@@ -189,8 +189,10 @@ def logs(job: str | None, follow: bool, tail: int) -> None:
     client = Client()
     if job is None:
         job = newest_id(client.jobs(limit=1)[0], "no jobs yet: name one, or launch one with `corral launch`")
-    from corral.cli.following import LazyProgress, follow_to_end, print_output
+    from corral.cli.following import LazyProgress, follow_to_end, print_output, status_only
 
+    if status:
+        sys.exit(status_only(client.job(job)))
     if follow:  # while it is pending, its Slurm reason and expected start on a status line, as `launch`
         sys.exit(follow_to_end(client, job, LazyProgress(), tail=tail))
     print_output(client.logs(job, tail=tail))
