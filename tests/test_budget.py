@@ -76,6 +76,23 @@ def test_a_caller_waits_within_its_timeout_and_past_it_is_told_when_the_next_slo
         asyncio.run(_within_budget("cirrus", busy, 1, timeout=0.5))
 
 
+def test_a_status_poll_is_refused_at_once_during_a_back_off_and_a_submission_waits_it_out():
+    """A tick's status query that waited out a back-off (2, 4, 8, 16 s within its 30 s timeout) held up
+    every other cluster's news: with one controller down, a job took 70 s to be seen recovered."""
+    import time
+
+    busy = Budget(600)
+    busy.answered("Unable to contact slurm controller (connect failure)")  # 2 s of back-off
+    started = time.monotonic()
+    with pytest.raises(ClusterBusyError, match="its Slurm controller is busy"):
+        asyncio.run(_within_budget("alpine", busy, 2, timeout=30, poll=True))
+    assert time.monotonic() - started < 0.5
+    asyncio.run(_within_budget("alpine", busy, 1, timeout=30))  # not a poll: it waits, then goes
+    assert time.monotonic() - started >= 1.5 and busy.report()["used_last_minute"] == 1
+    asyncio.run(_within_budget("alpine", busy, 1, timeout=30, poll=True))  # the back-off over: a poll goes too
+    assert busy.report()["used_last_minute"] == 2
+
+
 def test_the_budget_comes_from_the_config_per_cluster_first(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()

@@ -389,6 +389,29 @@ def test_an_attempt_left_on_a_cluster_that_was_down_is_cancelled_when_it_answers
     assert store.attempts_of([job_id])[job_id][0].state == "CANCELLED"
 
 
+def test_a_cluster_not_asked_during_its_back_off_stays_unreachable_since_it_stopped_answering(store, monkeypatch):
+    """A tick that defers a cluster (its controller backs off, or its budget is spent) learns nothing of
+    it: the grace keeps counting from when it stopped answering. It restarted from zero at every
+    deferred tick, so a cluster whose controller was down could put off its jobs' recovery forever."""
+    from corral import budget, managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    monkeypatch.setattr(budget, "_BUDGETS", {})
+    client = fakes()
+    [job_id] = managed.record(store, parse_task({"resources": {"accelerators": "H100:2"}, "run": "true"}, "t"), "t")
+    controller = Controller(client, store, "test", ControllerSettings(grace_seconds=3600))
+    asyncio.run(controller.tick())
+    [attempt] = store.attempts_of([job_id])[job_id]
+    client.infras[attempt.cluster].unreachable = True
+    asyncio.run(controller.tick())
+    since = store.health()[attempt.cluster].unreachable_since
+    assert since is not None
+    budget.budget_for(attempt.cluster).answered("Unable to contact slurm controller (connect failure)")
+    report = asyncio.run(controller.tick())
+    assert attempt.cluster not in report.errors  # deferred, not asked
+    assert store.health()[attempt.cluster].unreachable_since == since
+
+
 def test_a_managed_job_cancelled_while_its_cluster_is_down_is_cancelled_there_once_it_answers(store):
     from corral import managed
     from corral.controller.engine import Controller, ControllerSettings

@@ -14,7 +14,9 @@ login node, and a back-off when the controller says it is busy. One state per cl
   "Resource temporarily unavailable", …) starts a back-off: no round trip to that cluster for 2 s,
   doubling with each busy answer in a row up to 60 s; the first answer without them ends it.
 - A caller waits for its slot, up to its own timeout; past that it gets ClusterBusyError, saying
-  when the next slot comes. `report()` is what `corral server status` and the dashboard show.
+  when the next slot comes. A status poll does not wait out a back-off: it gets ClusterBusyError at
+  once, keeps the statuses it had, and the next tick asks again (a tick that waited would hold up
+  every other cluster's news for as long). `report()` is what `corral server status` and the dashboard show.
 - Several server replicas on one store split each cluster's budget evenly (`share_between`, set by
   the controller each tick from the live replicas): together they stay within it.
 """
@@ -116,6 +118,9 @@ class Budget:
         self.backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, self.backoff * 2))
         self.busy_until = self.clock() + self.backoff
         self.busy_reason = marker
+
+    def backing_off(self) -> bool:
+        return self.busy_until > self.clock()
 
     def report(self) -> dict[str, object]:
         now = self.clock()

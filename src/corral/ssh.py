@@ -139,11 +139,12 @@ _SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asynci
     weakref.WeakKeyDictionary()
 
 
-async def _within_budget(cluster: str, allowance: Budget, cost: int, timeout: float) -> None:
-    """Wait for the cluster's budget to allow `cost` commands; ClusterBusyError past `timeout`."""
+async def _within_budget(cluster: str, allowance: Budget, cost: int, timeout: float, poll: bool = False) -> None:
+    """Wait for the cluster's budget to allow `cost` commands; ClusterBusyError past `timeout`, and at
+    once for a `poll` while the controller's back-off lasts."""
     deadline = time.monotonic() + timeout
     while (wait := allowance.wait_seconds(cost)) > 0:
-        if time.monotonic() + wait > deadline:
+        if time.monotonic() + wait > deadline or (poll and allowance.backing_off()):
             report = allowance.report()
             if report["busy_reason"]:
                 raise ClusterBusyError(cluster, f"its Slurm controller is busy ({report['busy_reason']}); Corral "
@@ -403,16 +404,17 @@ class SshTransport:
         return [ssh, "-F", str(self.config_file), *self._login_options(), *options, "--", cluster, *remote]
 
     async def run(self, cluster: str, script: str, *, timeout: float, check: bool = True,
-                  cost: int = 1) -> RemoteResult:
+                  cost: int = 1, poll: bool = False) -> RemoteResult:
         """Run a bash script on the cluster's login node in one round trip, which runs `cost` Slurm
-        commands (budget.py: it waits for them within `timeout`, and backs off a busy controller).
+        commands (budget.py: it waits for them within `timeout`, and backs off a busy controller; a
+        `poll`, which the next tick repeats anyway, does not wait out a back-off).
 
         Raises a ClusterError subclass that names the cluster when ssh itself fails, when the call
         exceeds `timeout` seconds, or (with `check`) when the script exits non-zero.
         """
         entry = self.registry.get(cluster)
         allowance = budget_for(cluster)
-        await _within_budget(cluster, allowance, cost, timeout)
+        await _within_budget(cluster, allowance, cost, timeout, poll)
         given = timeout
         timeout -= await self._after_opening(cluster, timeout)
         if timeout <= 0:

@@ -236,7 +236,7 @@ def test_pending_job_moves_to_the_cluster_predicted_to_start_it_much_sooner(corr
 
 def test_cluster_outage_recovers_elsewhere(corral, env, testbed, tmp_path):
     task = tmp_path / "outage.yaml"
-    task.write_text(COUNTER_TASK.format(name="outage", gpus="H100:1", extra="", steps=40))
+    task.write_text(COUNTER_TASK.format(name="outage", gpus="H100:1", extra="", steps=25))
     job = launch(corral, env, str(task))
     running = wait_job(corral, env, job, {"RUNNING"})
     first = running["cluster"]

@@ -112,7 +112,7 @@ class Controller:
         refresh = await self.refreshes.refresh(Tracker(self.client, self.store), newer_than=self._last_tick)
         report.errors = dict(refresh.errors)
         now = time.time()
-        self._track_reachability(refresh.errors, now)
+        self._track_reachability(refresh.errors, set(refresh.deferred), now)
         managed = self.store.managed(live_only=True)
         # Before this tick's decisions: what they mark CANCELLING now is cancelled by them.
         cancelling = self.store.attempts_in_state(JobState.CANCELLING) if held else []
@@ -441,10 +441,14 @@ class Controller:
         return infra_name(kind, cluster, partition)
 
     # ---- cluster health -------------------------------------------------------------------------
-    def _track_reachability(self, errors: dict[str, str], now: float) -> None:
+    def _track_reachability(self, errors: dict[str, str], deferred: set[str], now: float) -> None:
+        """When each cluster stopped answering. One not asked this tick (`deferred`: its budget or its
+        controller's back-off) is as it was, not answering again."""
         health = self.store.health()
         for cluster in self.client.registry.names():
             row = health.get(cluster)
+            if cluster in deferred:
+                continue
             if cluster in errors:
                 if row is None or row.unreachable_since is None:
                     self.store.set_health(cluster, unreachable_since=now)

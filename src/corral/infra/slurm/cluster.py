@@ -152,7 +152,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
             light = lines.digest if fresh else ""
         cost = self.status_commands + (light is not None)
         result = await self._run(status_script(handles, accounts=accounts, unless_unchanged=light),
-                                 timeout=JOB_TIMEOUT, cost=cost)
+                                 timeout=JOB_TIMEOUT, cost=cost, poll=True)
         statuses = parse_status(self.cluster, result.stdout, lines, now=time.monotonic(), asked=light)
         if lines.light_only:
             budget.give_back(self.cluster, self.status_commands)  # squeue's full query and sacct did not run
