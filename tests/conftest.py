@@ -17,6 +17,16 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+@pytest.fixture(autouse=True)
+def fresh_status_lines() -> Iterator[None]:
+    """What a process learns of each cluster's status queries (infra/slurm/jobs.status_lines_for: the
+    site's squeue options, a failed last query) starts afresh in each test, as in a new server."""
+    yield
+    from corral.infra.slurm import jobs
+
+    jobs._STATUS_LINES.clear()
+
+
 @dataclass
 class CliResult:
     exit_code: int

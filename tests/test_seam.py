@@ -408,7 +408,13 @@ def test_a_cluster_not_asked_during_its_back_off_stays_unreachable_since_it_stop
     assert since is not None
     budget.budget_for(attempt.cluster).answered("Unable to contact slurm controller (connect failure)")
     report = asyncio.run(controller.tick())
-    assert attempt.cluster not in report.errors  # deferred, not asked
+    assert "its Slurm controller is busy" in report.errors[attempt.cluster]  # not asked, and said so
+    assert store.health()[attempt.cluster].unreachable_since == since
+    allowance = budget.budget_for(attempt.cluster)
+    allowance.busy_until = 0.0  # the back-off over, but the cluster's minute spent: deferred, without an error
+    allowance.spend(allowance.per_minute)
+    report = asyncio.run(controller.tick())
+    assert attempt.cluster not in report.errors
     assert store.health()[attempt.cluster].unreachable_since == since
 
 

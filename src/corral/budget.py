@@ -122,6 +122,15 @@ class Budget:
     def backing_off(self) -> bool:
         return self.busy_until > self.clock()
 
+    def why_short(self, wait: float) -> str:
+        """Why a round trip cannot go for `wait` seconds, as ClusterBusyError and a refresh tell it."""
+        now = self.clock()
+        if self.busy_until > now and self.busy_reason:
+            return (f"its Slurm controller is busy ({self.busy_reason}); Corral backs off for "
+                    f"{round(self.busy_until - now, 1)} s")
+        return (f"Corral's budget of {self.per_minute} Slurm commands a minute there is spent (rpc_budget in "
+                f"config.yaml); the next slot comes in {next_slot_text(wait)}")
+
     def report(self) -> dict[str, object]:
         now = self.clock()
         self._refill(now)

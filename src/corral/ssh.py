@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.accounts import Login, SubmitMode
-from corral.budget import Budget, budget_for, next_slot_text
+from corral.budget import Budget, budget_for
 from corral.config import (
     ClusterRegistry,
     check_timeout,
@@ -145,13 +145,7 @@ async def _within_budget(cluster: str, allowance: Budget, cost: int, timeout: fl
     deadline = time.monotonic() + timeout
     while (wait := allowance.wait_seconds(cost)) > 0:
         if time.monotonic() + wait > deadline or (poll and allowance.backing_off()):
-            report = allowance.report()
-            if report["busy_reason"]:
-                raise ClusterBusyError(cluster, f"its Slurm controller is busy ({report['busy_reason']}); Corral "
-                                                f"backs off for {report['backoff_seconds']} s")
-            raise ClusterBusyError(cluster, f"Corral's budget of {allowance.per_minute} Slurm commands a minute "
-                                            f"there is spent (rpc_budget in config.yaml); the next slot comes in "
-                                            f"{next_slot_text(wait)}")
+            raise ClusterBusyError(cluster, allowance.why_short(wait))
         allowance.waiting += 1
         try:
             await asyncio.sleep(min(wait, 1.0))

@@ -64,7 +64,9 @@ class RefreshReport:
     errors: dict[str, str]  # cluster -> why it could not be refreshed
     round_trips: dict[str, int]
     reaped: dict[str, list[str]] = field(default_factory=dict)  # cluster -> Slurm ids of orphans cancelled
-    deferred: list[str] = field(default_factory=list)  # clusters left as last seen: their budget was short
+    # Clusters left as last seen, not asked: their budget was short, or their controller is backed off
+    # (then in `errors` too, as not answering).
+    deferred: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class Tracker:
     def __init__(self, client: Client, store: Store):
         self.client = client
         self.store = store
+        self.errors: dict[str, str] = {}  # of the refresh under way (or the last): cluster -> why it failed
+        self.asking: set[str] = set()  # the clusters whose status query that refresh still waits for
 
     async def refresh(self, scope: RefreshScope | None = None) -> RefreshReport:
         """Query every cluster with live jobs (or, with a scope, those of its clusters) and write what
@@ -99,18 +103,27 @@ class Tracker:
         if scope is not None:  # clusters no longer configured are reported by the chores' holder
             by_cluster = {c: a for c, a in by_cluster.items()
                           if c in scope.clusters or (scope.chores and c not in known)}
-        errors: dict[str, str] = {}
+        errors = self.errors = {}
         reaped: dict[str, list[str]] = {}
         deferred: list[str] = []
         before = dict(self.client.transport.round_trips)
+        self.asking = set(by_cluster)
 
         async def one(cluster: str, attempts: list[AttemptRow]) -> None:
+            try:
+                await refresh_one(cluster, attempts)
+            finally:
+                self.asking.discard(cluster)
+
+        async def refresh_one(cluster: str, attempts: list[AttemptRow]) -> None:
             if cluster not in known:
                 errors[cluster] = f"cluster {cluster!r} is no longer in {self.client.registry.path}"
                 return
             if time.monotonic() - _LAST_REFRESHED.get(cluster, -math.inf) < REFRESH_DEFER_SECONDS \
                     and not budget.affords_now(cluster, self.client.infra(cluster).status_commands):
                 deferred.append(cluster)
+                if (allowance := budget.budget_for(cluster)).backing_off():  # not answering: say so, each time
+                    errors[cluster] = allowance.why_short(0.0)
                 return
             _LAST_REFRESHED[cluster] = time.monotonic()
             ids = [a.handle for a in attempts if a.handle]
@@ -137,6 +150,14 @@ class Tracker:
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
         return RefreshReport(errors, trips, reaped, sorted(deferred))
+
+    def so_far(self, waited: float) -> RefreshReport:
+        """The refresh under way as far as it has come, for a caller that stopped waiting after `waited`
+        seconds: the clusters that answered are written to the store already; those it still waits for
+        are reported, and their jobs are as last seen."""
+        silent = {cluster: f"no answer in {round(waited, 1):g} s; its jobs are shown as last seen (Corral keeps asking)"
+                  for cluster in sorted(self.asking)}
+        return RefreshReport({**self.errors, **silent}, {})
 
     def _settle_unsent(self) -> None:
         """Jobs recorded by a launch that died before giving them an attempt (kill -9 while a sweep
@@ -326,30 +347,48 @@ class SharedRefresh:
     seconds ago is reused: a `queue` right after a tick costs no second query per cluster. A caller that
     accepts a refresh `fresh_within` seconds old (the API) does not wait for a running one when the last
     one finished that recently: under load, when refreshes follow each other (and wait for budget), a
-    `queue` answers at once from the store, as of at most that many seconds ago."""
+    `queue` answers at once from the store, as of at most that many seconds ago. A caller that waits
+    `at_most` seconds (the API) gets the refresh as far as it has come by then (`Tracker.so_far`): a
+    cluster slow to answer (its controller down: `squeue` fails after seconds) holds up no request,
+    and the refresh goes on behind it."""
 
     def __init__(self, max_age: float = 1.0):
         self.max_age = max_age
         self.scope: RefreshScope | None = None  # set by the controller each tick (None: everything)
-        self._running: asyncio.Future[RefreshReport] | None = None
+        self._running: tuple[asyncio.Future[RefreshReport], Tracker, float] | None = None  # (…, started)
         self._last: tuple[float, float, RefreshReport] | None = None  # (started, finished, report), monotonic
 
-    async def refresh(self, tracker: Tracker, *, newer_than: float = 0.0,
-                      fresh_within: float = 0.0) -> RefreshReport:
+    async def refresh(self, tracker: Tracker, *, newer_than: float = 0.0, fresh_within: float = 0.0,
+                      at_most: float | None = None) -> RefreshReport:
         """A refresh at most `max_age` old that started at or after `newer_than` (time.monotonic()); or,
-        while one runs, the last one if it finished less than `fresh_within` seconds ago."""
+        while one runs, the last one if it finished less than `fresh_within` seconds ago; or, once the
+        running one has run `at_most` seconds, that one as far as it has come (a request that joins a
+        refresh already stuck that long on a cluster does not wait for it again)."""
         now = time.monotonic()
-        if self._running is not None:
-            if self._last is not None and self._last[0] >= newer_than and now - self._last[1] < fresh_within:
-                return self._last[2]
-            return await asyncio.shield(self._running)
-        if self._last is not None and self._last[0] >= newer_than and now - self._last[1] < self.max_age:
-            return self._last[2]
-        running = self._running = asyncio.ensure_future(tracker.refresh(self.scope))
+        last = self._last if self._last is not None and self._last[0] >= newer_than else None
+        if self._running is None:
+            if last is not None and now - last[1] < self.max_age:
+                return last[2]
+            self._running = self._start(tracker, now)
+        elif last is not None and now - last[1] < fresh_within:
+            return last[2]
+        running, doing, started = self._running
+        deadline = None if at_most is None else max(0.0, started + at_most - time.monotonic())
         try:
-            report = await asyncio.shield(running)
-        finally:
-            if self._running is running:
+            return await asyncio.wait_for(asyncio.shield(running), deadline)
+        except TimeoutError:
+            if running.done():  # it ended as the wait did
+                return running.result()
+            return doing.so_far(time.monotonic() - started)
+
+    def _start(self, tracker: Tracker, started: float) -> tuple[asyncio.Future[RefreshReport], Tracker, float]:
+        running = asyncio.ensure_future(tracker.refresh(self.scope))
+
+        def finished(future: asyncio.Future[RefreshReport]) -> None:
+            if self._running is not None and self._running[0] is future:
                 self._running = None
-        self._last = (now, time.monotonic(), report)
-        return report
+            if not future.cancelled() and future.exception() is None:  # exception(): retrieved, if no one waits
+                self._last = (started, time.monotonic(), future.result())
+
+        running.add_done_callback(finished)
+        return running, tracker, started

@@ -57,6 +57,7 @@ def launch(corral, env, *args) -> str:
     return result.json()["job_id"]
 
 
+# Counts to `steps`, a second a step, from its checkpoint: an attempt that resumes does only what is left.
 COUNTER_TASK = """\
 name: {name}
 resources:
@@ -66,7 +67,7 @@ run: |
   f="$CORRAL_CHECKPOINT_DIR/count"
   n=$(cat "$f" 2>/dev/null || echo 0)
   echo "attempt $CORRAL_ATTEMPT starts at $n on $(hostname) in $CORRAL_CLUSTER"
-  for i in $(seq {steps}); do n=$((n + 1)); echo $n > "$f"; sleep 1; done
+  while [ "$n" -lt {steps} ]; do n=$((n + 1)); echo $n > "$f"; sleep 1; done
   echo "attempt $CORRAL_ATTEMPT done at $n"
 """
 
@@ -236,7 +237,7 @@ def test_pending_job_moves_to_the_cluster_predicted_to_start_it_much_sooner(corr
 
 def test_cluster_outage_recovers_elsewhere(corral, env, testbed, tmp_path):
     task = tmp_path / "outage.yaml"
-    task.write_text(COUNTER_TASK.format(name="outage", gpus="H100:1", extra="", steps=25))
+    task.write_text(COUNTER_TASK.format(name="outage", gpus="H100:1", extra="", steps=30))
     job = launch(corral, env, str(task))
     running = wait_job(corral, env, job, {"RUNNING"})
     first = running["cluster"]
@@ -244,10 +245,21 @@ def test_cluster_outage_recovers_elsewhere(corral, env, testbed, tmp_path):
                                            f"cat .corral/checkpoints/{job}/count 2>/dev/null || echo 0").strip()
              not in ("0", "1", "2"), 30)
     testbed.stop_controller(first)
+    warnings: set[str] = set()
+
+    def recovered() -> dict | None:
+        warnings.update(line for line in corral("queue", env=env).stderr.splitlines() if first in line)
+        j = jobs(corral, env)[job]
+        return j["cluster"] != first and j["state"] in ("RUNNING", "SUCCEEDED") and j  # its few steps may be done
+
     try:
-        moved = wait_for("recovery on another cluster", lambda: (j := jobs(corral, env)[job])["cluster"] != first
-                         and j["state"] == "RUNNING" and j, timeout=90, interval=1)
+        moved = wait_for("recovery on another cluster", recovered, timeout=90, interval=1)
         assert moved["attempts"] == 2
+        # Meanwhile a `queue` named the cluster whose squeue had not answered in 3 s, and did not wait for
+        # the rest of it (Slurm's retries against the stopped controller: 8 s a refresh).
+        assert any("no answer in" in line and "shown as last seen" in line for line in warnings), warnings
+        # After that first failure, each refresh asked `scontrol ping` first, which said DOWN at once.
+        assert any("scontrol ping: " in line and " is DOWN" in line for line in warnings), warnings
         logs = wait_for("attempt 2 output", lambda: (out := corral("jobs", "logs", "--no-follow", job, env=env).stdout)
                         and "attempt 2 starts at" in out and out, 60)
         assert int(logs.split("attempt 2 starts at ")[1].split()[0]) >= 3  # checkpoint copied across clusters

@@ -403,6 +403,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     longest = min(max(MAX_INTERVAL, base), controller.settings.lease_seconds / 3)
     pruned_at = -math.inf
     disagreement: str | None = None
+    failing: list[str] = []  # the clusters the last tick could not refresh
     try:
         while not stopping.is_set():
             started = time.monotonic()
@@ -426,13 +427,14 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
                 if report.disagreement != disagreement:  # said once when it starts, and when it ends
                     disagreement = report.disagreement
                     print(disagreement or "replicas read the same cluster list again: driving jobs", flush=True)
-                if report.errors:  # back off while clusters fail
-                    interval = min(longest, interval * 1.5)
-                elif report.jobs:  # live managed jobs: the configured pace
+                if report.jobs:  # live managed jobs: the configured pace, even while a cluster fails. A failing
+                    # cluster is held back by its own budget and back-off (budget.py); a loop that slowed
+                    # for it (it did, to 10 s) saw every job late, its recovery after the grace included.
                     interval = base
                 else:  # nothing to drive: slow down
                     interval = min(longest, max(base, interval * 1.5))
-                if report.drove and (report.submitted or report.moved or report.cancelled or report.errors):
+                failing_before, failing = failing, sorted(report.errors)  # said when it changes, not each tick
+                if report.drove and (report.submitted or report.moved or report.cancelled or failing != failing_before):
                     print(f"tick: jobs={report.jobs} submitted={report.submitted} moved={report.moved} "
                           f"cancelled={report.cancelled} trips={report.round_trips} errors={report.errors}",
                           flush=True)

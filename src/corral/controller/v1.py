@@ -60,6 +60,7 @@ def place_kinds() -> dict[str, str]:
 
 
 API_FRESH_WITHIN = 5.0  # seconds: how old a finished refresh may be for a request not to wait for a running one
+API_WAIT_AT_MOST = 3.0  # seconds a request waits for a refresh; past it, a cluster not yet answered is as last seen
 
 
 def create_router(store: Store, refreshes: SharedRefresh | None = None,
@@ -72,10 +73,12 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     v1_users.add_routes(router, store)
     web.add_api_routes(router, store)
 
-    async def refreshed(fresh_within: float = API_FRESH_WITHIN) -> RefreshReport:
+    async def refreshed(fresh_within: float = API_FRESH_WITHIN,
+                        at_most: float | None = API_WAIT_AT_MOST) -> RefreshReport:
         """Slurm's view of every live job, from one query per cluster shared with the controller's tick
-        (or, while one runs, the last one if it is recent enough: a request does not wait for it)."""
-        return await shared.refresh(Tracker(Client(), store), fresh_within=fresh_within)
+        (or, while one runs, the last one if it is recent enough: a request does not wait for it); a
+        cluster that has not answered within `at_most` seconds is reported and its jobs are as last seen."""
+        return await shared.refresh(Tracker(Client(), store), fresh_within=fresh_within, at_most=at_most)
 
     @router.get("/check")
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it
@@ -211,7 +214,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
         tracker = Tracker(Client(), store)
-        await refreshed(fresh_within=0.0)  # what is cancelled must be what runs now, not a while ago
+        await refreshed(fresh_within=0.0, at_most=None)  # what is cancelled must be what runs now, not a while ago
         views = (store.views(store.live_job_ids(owner_of_all(me, request.all, request.all_users))) if request.all
                  else [store.resolve(j, me.scope) for j in request.jobs])
         cancelled = await tracker.cancel(views)

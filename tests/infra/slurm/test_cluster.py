@@ -15,6 +15,7 @@ import pytest
 
 from corral import budget
 from corral.client import Client
+from corral.errors import SlurmControllerError
 from corral.launch import Launcher
 from corral.state import open_store
 from corral.task import parse_task
@@ -96,5 +97,29 @@ def test_a_squeue_without_the_option_is_asked_once(corral_env, testbed, clean_qu
         report = await tracker.refresh()
         assert report.round_trips == {"alpine": 1}
         assert spent_since("alpine", since) == infra.status_commands
+
+        # After a query that failed, the next pings first: the controller is UP, so the query goes on,
+        # charged the ping too, and the one after it does not ping.
+        infra._status_lines.failed = True
+        since = time.monotonic()
+        assert (await tracker.refresh()).errors == {}
+        assert spent_since("alpine", since) == infra.status_commands + 1 and not infra._status_lines.failed
+
+    asyncio.run(scenario())
+
+
+def test_after_a_failed_status_query_a_stopped_controller_is_found_by_one_ping(corral_env, controller_stopped):
+    """Against a stopped slurmctld, squeue retries for 8 s before it gives up; after that first failure,
+    each status query asks `scontrol ping` first, which says DOWN at once, and goes no further."""
+
+    async def scenario() -> None:
+        infra = Client().infra(controller_stopped)
+        infra._status_lines.failed = True  # as the query that met the stopped controller left it
+        for _ in range(2):
+            since = time.monotonic()
+            with pytest.raises(SlurmControllerError, match=r"does not answer: scontrol ping: .* is DOWN"):
+                await infra.status(["1"])
+            assert spent_since(controller_stopped, since) == 1  # the ping alone; squeue and sacct given back
+        assert infra._status_lines.failed
 
     asyncio.run(scenario())

@@ -2,7 +2,7 @@
 
 import pytest
 
-from corral.errors import ProbeParseError
+from corral.errors import ProbeParseError, SlurmControllerError
 from corral.infra.slurm.jobs import (
     StatusLines,
     _exit_code,
@@ -10,6 +10,8 @@ from corral.infra.slurm.jobs import (
     parse_status,
     parse_submit,
     parse_test_only,
+    status_script,
+    stopped_at_ping,
 )
 from corral.infra.slurm.probe import MARK
 from tests.conftest import FIXTURES
@@ -96,6 +98,20 @@ def test_the_light_query_takes_only_a_digest():
     assert any(DIGEST in line for line in light_lines("12 13_4", DIGEST))
     with pytest.raises(ValueError):
         light_lines("12", "$(reboot)")
+
+
+def test_after_a_failed_query_the_controller_is_pinged_first_and_a_down_one_ends_it_there():
+    """Recorded on the testbed with alpine's slurmctld stopped: squeue took 8.3 s to give up, `scontrol
+    ping` 0.3 s to say DOWN."""
+    pinged = status_script(["12"], ping_within=5)
+    assert pinged.index("timeout 5 scontrol ping") < pinged.index("squeue")
+    assert "scontrol ping" not in status_script(["12"])
+    down = fixture("alpine-controller-down-status")
+    assert stopped_at_ping(down) and not stopped_at_ping(fixture("alpine-status"))
+    lines = StatusLines()
+    with pytest.raises(SlurmControllerError, match=r"^alpine: its Slurm controller does not answer: scontrol ping: "
+                                                   r"Slurmctld\(primary\) at alpine-ctl is DOWN$"):
+        parse_status("alpine", down, lines)
 
 
 def test_predictions():

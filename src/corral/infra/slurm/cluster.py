@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from corral import budget
-from corral.errors import CorralError, ProbeParseError
+from corral.errors import CorralError, ProbeParseError, SlurmControllerError
 from corral.infra.base import (
     AllocationPhase,
     AllocationState,
@@ -39,14 +39,15 @@ from corral.infra.base import (
 )
 from corral.infra.slurm import devscript, userscript
 from corral.infra.slurm.jobs import (
-    StatusLines,
     cancel_script,
     follow_script,
     parse_status,
     parse_submit,
     parse_test_only,
     release_script,
+    status_lines_for,
     status_script,
+    stopped_at_ping,
     test_only_script,
 )
 from corral.infra.slurm.jobscript import spec_for, submit_script
@@ -76,7 +77,8 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         self.transport = transport
         # Slurm's commands get what is left of the one timeout once ssh has had its share.
         self.slurm_timeout = max(1, math.floor(transport.timeout) - _SSH_MARGIN)
-        self._status_lines = StatusLines()  # the last status query's lines, parsed (most come again)
+        # The last status query's lines, parsed (most come again), shared with the process's other Infras
+        self._status_lines = status_lines_for(cluster, transport.login.user if transport.login else "")
 
     @property
     def name(self) -> str:
@@ -144,16 +146,26 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                      ) -> list[JobStatus]:
         """Where the site's squeue has `--only-job-state`, the light query goes first; when the tracked
         jobs' ids and states are as at the last full query (under FULL_STATUS_EVERY ago, and `others`
-        not needed), that query's statuses are the answer and the full one does not run."""
+        not needed), that query's statuses are the answer and the full one does not run. After a query
+        that failed, `scontrol ping` goes first, and a controller that is not UP ends the query there
+        (SlurmControllerError) in milliseconds rather than after squeue's retries."""
         lines = self._status_lines
         light = None
         if lines.light is not False:
             fresh = not others and lines.digest and time.monotonic() - lines.full_at < FULL_STATUS_EVERY
             light = lines.digest if fresh else ""
-        cost = self.status_commands + (light is not None)
-        result = await self._run(status_script(handles, accounts=accounts, unless_unchanged=light),
-                                 timeout=JOB_TIMEOUT, cost=cost, poll=True)
-        statuses = parse_status(self.cluster, result.stdout, lines, now=time.monotonic(), asked=light)
+        ping_first, lines.failed = lines.failed, True
+        cost = self.status_commands + (light is not None) + ping_first
+        script = status_script(handles, accounts=accounts, unless_unchanged=light,
+                               ping_within=self.slurm_timeout if ping_first else None)
+        result = await self._run(script, timeout=JOB_TIMEOUT, cost=cost, poll=True)
+        try:
+            statuses = parse_status(self.cluster, result.stdout, lines, now=time.monotonic(), asked=light)
+        except SlurmControllerError:
+            if ping_first and stopped_at_ping(result.stdout):
+                budget.give_back(self.cluster, cost - 1)  # only the ping ran
+            raise
+        lines.failed = False
         if lines.light_only:
             budget.give_back(self.cluster, self.status_commands)  # squeue's full query and sacct did not run
         elif light is not None and lines.light is False:

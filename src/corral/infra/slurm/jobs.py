@@ -141,13 +141,17 @@ def parse_submit(stdout: str) -> SubmitResult:
 
 
 def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Sequence[str] = (),
-                  unless_unchanged: str | None = None) -> str:
+                  unless_unchanged: str | None = None, ping_within: int | None = None) -> str:
     """All of the user's jobs (and the other `accounts`' jobs: a team's members) from one squeue; sacct
     (if the site has it) for tracked ids squeue forgot.
 
     With `unless_unchanged` (the digest of the last light answer, or "" for none yet), first the light
     query (`light_lines`): when the tracked jobs' ids and states hash to that digest, the script ends
-    there, and squeue's full query and sacct do not run."""
+    there, and squeue's full query and sacct do not run.
+
+    With `ping_within` (seconds; after a status query that failed), `scontrol ping` goes first and the
+    script ends there unless a controller is UP: against a stopped slurmctld the ping says DOWN in
+    milliseconds, where squeue retries for 8 s before it gives up."""
     for job_id in tracked_ids:
         if not _JOB_ID.match(job_id):
             raise ValueError(f"not a Slurm job id: {job_id!r}")
@@ -159,6 +163,7 @@ def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Seq
     users = f"-u \"$(id -un)\"{''.join(',' + a for a in accounts)}" if accounts else "--me"
     lines = [
         CLOCK,
+        *(ping_lines(ping_within) if ping_within is not None else ()),
         *(light_lines(ids, unless_unchanged) if unless_unchanged is not None else ()),
         f"sq=$(squeue {users} -h -r -t all -O '{format_spec(SQUEUE_FIELDS)}' 2>&1); rc=$?",
         f"printf '\\n{MARK} squeue %s\\n%s\\n' \"$rc\" \"$sq\"",
@@ -178,6 +183,19 @@ def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Seq
         ]
     # The statuses are in the sections; a filter that found nothing must not fail the call.
     return "\n".join(lines) + "\nexit 0\n"
+
+
+def ping_lines(seconds: int) -> list[str]:
+    """`scontrol ping` (its section), and the end of the script unless it names a controller UP."""
+    return [
+        f"ping=$(timeout {int(seconds)} scontrol ping 2>&1); prc=$?",
+        f"case \"$ping\" in *\" is UP\"*) ;; *) printf '\\n{MARK} ping %s\\n%s\\n' \"$prc\" \"$ping\"; exit 0 ;; esac",
+    ]
+
+
+def stopped_at_ping(stdout: str) -> bool:
+    """Did a status query end at its ping (no controller UP)?"""
+    return "ping" in split_sections(stdout)
 
 
 _DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
@@ -284,6 +302,17 @@ class StatusLines:
     statuses: list[JobStatus] = field(default_factory=list)
     full_at: float = -math.inf
     light_only: bool = False  # the last answer was the light query's alone: nothing had changed
+    failed: bool = False  # the last query failed: the next pings the controller first (ping_lines)
+
+
+_STATUS_LINES: dict[tuple[str, str], StatusLines] = {}
+
+
+def status_lines_for(cluster: str, account: str) -> StatusLines:
+    """The StatusLines of a cluster's queries as `account` ("": as the ssh config says), one per process:
+    the server makes a Client, and so an Infra, per API request, and they share what the last query
+    parsed, what the site's squeue knows and whether that query failed."""
+    return _STATUS_LINES.setdefault((cluster, account), StatusLines())
 
 
 def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None, now: float = 0.0,
@@ -293,6 +322,12 @@ def parse_status(cluster: str, stdout: str, lines: StatusLines | None = None, no
     light query (`asked`: the digest its script compared with; by default the one in `lines`) is the
     statuses of the last full one, which a query answered meanwhile may have made newer."""
     sections = split_sections(stdout)
+    ping = sections.get("ping")
+    if ping is not None:  # only there when no controller is UP (ping_lines)
+        from corral.errors import SlurmControllerError
+
+        said = " | ".join(ping.text.splitlines()[-2:]) or f"no answer (exit status {ping.status})"
+        raise SlurmControllerError(cluster, f"its Slurm controller does not answer: scontrol ping: {said}")
     light = sections.get("light")
     if lines is not None:
         lines.light_only = False
