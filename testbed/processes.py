@@ -57,7 +57,10 @@ def running(pidfile: Path) -> int | None:
 
     A pid file outlives its process, and pids are reused (32,768 of them go round in one CI run), so
     a live process that began after the file was last written is another one: it is not reported,
-    and so never waited for as the daemon nor killed in its place."""
+    and so never waited for as the daemon nor killed in its place. Unless it runs the program the file
+    is named for (`slurmd-b2.pid`: slurmd for node b2): a process's start time is counted from the
+    boot time, which moves when the wall clock is stepped (a paused VM catching up: 10 s once in CI,
+    after which every daemon seemed to have begun after its pid file)."""
     pid = read_pid(pidfile)
     if pid is None or not alive(pid):
         return None
@@ -66,7 +69,25 @@ def running(pidfile: Path) -> int | None:
         written = pidfile.stat().st_mtime
     except OSError:
         return None
-    return pid if began is not None and began <= written + PID_REUSE_SLACK else None
+    if began is not None and began <= written + PID_REUSE_SLACK:
+        return pid
+    return pid if runs_program_of(pid, pidfile) else None
+
+
+_PROGRAMS = {"mysqld": "mariadbd"}  # a pid file's name -> its daemon's program, where they differ
+
+
+def runs_program_of(pid: int, pidfile: Path) -> bool:
+    """Does the process run the daemon its pid file is named for (`slurmd-<node>.pid`: that node's)?"""
+    try:
+        program = Path(f"/proc/{pid}/comm").read_text().strip()
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    name = pidfile.name.removesuffix(".pid")
+    if name.startswith("slurmd-"):
+        return program == "slurmd" and name.removeprefix("slurmd-").encode() in arguments
+    return program == _PROGRAMS.get(name, name)
 
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> None:

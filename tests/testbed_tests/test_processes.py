@@ -36,6 +36,18 @@ def test_a_process_that_began_after_the_pid_file_is_another_one(tmp_path: Path, 
     assert running(pidfile) is None
 
 
+def test_a_process_of_the_program_the_file_is_named_for_is_its_daemon_whatever_the_clock(tmp_path: Path,
+                                                                                         sleeper) -> None:
+    """After the wall clock was stepped forward, a daemon's start time, counted from the boot time, came
+    after its pid file's: every daemon seemed gone. The file's name says which program it is for."""
+    long_ago = time.time() - 3600
+    for name, expected in (("sleep.pid", sleeper.pid), ("slurmd-b2.pid", None), ("daemon.pid", None)):
+        pidfile = tmp_path / name
+        pidfile.write_text(f"{sleeper.pid}\n")
+        os.utime(pidfile, (long_ago, long_ago))
+        assert running(pidfile) == expected, name
+
+
 def test_start_times_are_those_of_the_processes(sleeper) -> None:
     began, ours = started_at(sleeper.pid), started_at(os.getpid())
     assert began is not None and ours is not None
