@@ -4,6 +4,7 @@ the code above the Infra seam works with any backend, and never reads a backend'
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -472,3 +473,46 @@ def test_when_two_attempts_run_at_once_the_job_follows_the_one_kept(store):
     assert (m.state, m.reason) == ("FAILED", "attempt 1 failed (exit code None, FAILED)")
     assert [(a.state, a.reason) for a in store.attempts_of([job_id])[job_id]][1] == (
         "CANCELLED", "duplicate of attempt 1")
+
+
+def test_a_tick_waits_for_a_slow_cluster_only_so_long_and_drives_the_jobs_elsewhere(store):
+    """A slurmctld slow but alive (squeue up to its 30 s timeout) held up every tick, and with it the
+    jobs on every other cluster. Now the tick waits `status_wait` at most; the slow cluster's jobs are
+    as last seen, and its grace clock does not start: slow is not down."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+    from tests.test_tracker import CountingSlowInfra, until
+
+    client = fakes(kind=CountingSlowInfra)
+    alpine, cirrus = client.infras["alpine"], client.infras["cirrus"]
+    [on_alpine] = managed.record(store, parse_task({"resources": {"accelerators": "H100:2"}, "run": "true"}, "t"), "t")
+    [on_cirrus] = managed.record(store, parse_task({"resources": {"accelerators": "B300:8"}, "run": "true"}, "t"), "t")
+    controller = Controller(client, store, "test", ControllerSettings(status_wait=0.2, grace_seconds=0))
+
+    def latest(job_id: str):
+        return store.attempts_of([job_id])[job_id][-1]
+
+    async def scenario() -> None:
+        alpine.gate.set()
+        cirrus.gate.set()
+        await controller.tick()
+        assert (latest(on_alpine).cluster, latest(on_cirrus).cluster) == ("alpine", "cirrus")
+        await controller.tick()  # both queried once: cirrus has answered before
+        cirrus.gate.clear()
+        alpine.finish(latest(on_alpine).handle, JobState.SUCCEEDED)
+        started = time.monotonic()
+        report = await controller.tick()
+        assert time.monotonic() - started < 2.0
+        assert store.managed([on_alpine])[0].state == "SUCCEEDED"
+        assert report.errors["cirrus"].startswith("no answer in ")
+        # Slow, not down: with a grace of 0 it would otherwise be recovered elsewhere at once.
+        assert store.health().get("cirrus") is None or store.health()["cirrus"].unreachable_since is None
+        await controller.tick()
+        assert len(store.attempts_of([on_cirrus])[on_cirrus]) == 1 and cirrus.queried == 2  # joined, not asked again
+        cirrus.finish(latest(on_cirrus).handle, JobState.SUCCEEDED)
+        cirrus.gate.set()
+        await until(lambda: latest(on_cirrus).state == "SUCCEEDED")
+        await controller.tick()
+        assert store.managed([on_cirrus])[0].state == "SUCCEEDED"
+
+    asyncio.run(scenario())

@@ -4,6 +4,8 @@ last seen, for a bounded time, instead of every `queue` waiting for its slot."""
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 
 from corral import budget, tracker
 from corral.state import Store
@@ -45,7 +47,7 @@ class GatedTracker:
         self.gate = asyncio.Event()
         self.started = 0
 
-    async def refresh(self, scope=None):
+    async def refresh(self, scope=None, patience=None, skip_failing=False):
         self.started += 1
         await self.gate.wait()
         return tracker.RefreshReport({}, {})
@@ -121,5 +123,84 @@ def test_a_request_waits_for_a_slow_cluster_only_so_long_and_sees_the_others_fre
         assert whole.errors == {} and state_of(on_cirrus) == "RUNNING"
         # That refresh ended in the background; a request now starts the next and has it all at once.
         assert (await shared.refresh(Tracker(client, store), at_most=0.2)).errors == {}
+
+    asyncio.run(scenario())
+
+
+class CountingSlowInfra(SlowInfra):
+    async def status(self, handles, accounts=(), *, others=True):
+        self.queried = getattr(self, "queried", 0) + 1
+        return await super().status(handles, accounts)
+
+
+async def until(condition, timeout: float = 5.0) -> None:
+    """Let the event loop run until `condition()` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_a_refresh_newer_than_one_held_up_asks_the_others_again_and_joins_the_slow_query(tmp_path):
+    """A slurmctld slow but alive (squeue up to its 30 s timeout) held up the whole refresh: the next
+    tick joined it, and no other cluster was asked again until the slow one answered."""
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    client = fakes(kind=CountingSlowInfra)
+    [on_alpine] = launch(client, store, {"resources": {"accelerators": "H100:2"}, "run": "true"})
+    [on_cirrus] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    alpine, cirrus = client.infras["alpine"], client.infras["cirrus"]
+    alpine.gate.set()
+
+    def state_of(share) -> str:
+        return store.attempts_of(share.job_ids)[share.job_ids[0]][-1].state
+
+    async def scenario() -> None:
+        shared = tracker.SharedRefresh(max_age=0.0)
+        first = await shared.refresh(Tracker(client, store), at_most=0.1)
+        assert first.waiting == ["cirrus"] and list(first.errors) == ["cirrus"]
+        assert (alpine.queried, cirrus.queried) == (1, 1)
+        alpine.finish(on_alpine.handle, JobState.RUNNING)
+        # The next tick wants news newer than the first refresh: alpine is asked again, cirrus is not.
+        second = await shared.refresh(Tracker(client, store), newer_than=time.monotonic(), at_most=0.1)
+        assert second.waiting == ["cirrus"] and state_of(on_alpine) == "RUNNING"
+        assert (alpine.queried, cirrus.queried) == (2, 1) and shared.flights.running() == {"cirrus"}
+        # Nor is cirrus' query, already older than a caller's patience, waited for again: the refresh ends
+        # with alpine's answer (it would wait for ever for cirrus' gate).
+        await until(lambda: shared.flights.age("cirrus") >= 0.2)
+        third = await asyncio.wait_for(Tracker(client, store, shared.flights).refresh(patience=0.2), timeout=5)
+        assert third.waiting == ["cirrus"]
+        assert re.fullmatch(r"no answer in 0\.\d+ s; its jobs are shown as last seen \(Corral keeps asking\)",
+                            third.errors["cirrus"])
+        assert (alpine.queried, cirrus.queried) == (3, 1)
+        cirrus.finish(on_cirrus.handle, JobState.RUNNING)
+        cirrus.gate.set()  # the slow answer comes, and is written though no caller waits for it
+        await until(lambda: state_of(on_cirrus) == "RUNNING")
+        assert shared.flights.running() == set() and cirrus.queried == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_cluster_that_failed_when_last_asked_is_failing_while_asked_again_not_slow(tmp_path):
+    """A frozen slurmctld: squeue fails after seconds, and the next query (ping first) takes seconds
+    too. A caller that stops waiting must see a failing cluster, not a slow one, or the controller's
+    grace clock would never start."""
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    client = fakes(kind=CountingSlowInfra)
+    launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "true"})
+    cirrus = client.infras["cirrus"]
+    cirrus.unreachable = True
+
+    async def scenario() -> None:
+        shared = tracker.SharedRefresh(max_age=0.0)
+        assert (await shared.refresh(Tracker(client, store), at_most=0.1)).waiting == ["cirrus"]  # nothing known
+        cirrus.gate.set()
+        await until(lambda: not shared.flights.running())  # it failed, in the background
+        cirrus.gate.clear()
+        # Failing when last asked: an API request does not wait for it again, however patient (30 s).
+        again = await asyncio.wait_for(shared.refresh(Tracker(client, store), at_most=30, skip_failing=True),
+                                       timeout=5)
+        assert again.waiting == [] and cirrus.queried == 2
+        assert again.errors["cirrus"].startswith("login node refused the connection (fake)")  # no "cirrus: "
+        assert re.search(r"\(asked again: no answer in [\d.]+ s yet\)$", again.errors["cirrus"])
 
     asyncio.run(scenario())

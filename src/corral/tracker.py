@@ -19,6 +19,12 @@ controller/shards.py): each cluster is queried by one of them, and the others re
 
 Under load a cluster whose RPC budget cannot afford the query at once is left as last seen, for up
 to REFRESH_DEFER_SECONDS since its last refresh (the report says which were deferred).
+
+Each cluster's query is its own flight (`Flights`): in the server, a cluster whose query is still
+running when the next refresh starts (a slow or frozen `slurmctld`: squeue can take up to its 30 s
+timeout) is joined, not asked again, while the others are asked afresh. Callers that wait only so
+long (`SharedRefresh.refresh(at_most=)`: the API's requests and the controller's tick) get the
+others' answers and carry on; the slow one's answer is written when it comes.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ import functools
 import math
 import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 from dataclasses import dataclass, field
 
 from corral import budget
 from corral.client import Client
-from corral.errors import CorralError
+from corral.errors import ClusterError, CorralError
 from corral.infra.base import (
     LIVE_STATES,
     FailureClass,
@@ -67,6 +74,57 @@ class RefreshReport:
     # Clusters left as last seen, not asked: their budget was short, or their controller is backed off
     # (then in `errors` too, as not answering).
     deferred: list[str] = field(default_factory=list)
+    # Clusters still being asked when the caller stopped waiting (`Tracker.so_far`), whose last answer was
+    # not a failure: slow, not known to be down (in `errors` too, saying so). Their jobs are as last seen.
+    waiting: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ClusterAnswer:
+    """How one cluster's status query ended (its statuses are written to the store by then)."""
+
+    error: str | None = None
+    reaped: list[str] = field(default_factory=list)  # Slurm ids of orphans cancelled
+    deferred: bool = False  # not asked: its budget was short, or its controller is backed off
+
+
+class Flights:
+    """Each cluster's status query while it runs, at most one per cluster, and each cluster's last answer.
+    A refresh that finds a cluster's query running (one a caller stopped waiting for) joins it instead
+    of asking that cluster again; the last answers say which clusters failed when last asked."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, tuple[asyncio.Future[ClusterAnswer], float]] = {}  # (query, started)
+        self.last: dict[str, ClusterAnswer] = {}
+
+    def ask(self, cluster: str, query: Callable[[], Coroutine[Any, Any, ClusterAnswer]]
+            ) -> tuple[asyncio.Future[ClusterAnswer], float]:
+        """The cluster's running query, or `query()` started now; and when it started (monotonic)."""
+        if cluster in self._running:
+            return self._running[cluster]
+        running = asyncio.ensure_future(query())
+        self._running[cluster] = (running, time.monotonic())
+
+        def landed(future: asyncio.Future[ClusterAnswer]) -> None:
+            if self._running.get(cluster, (None,))[0] is future:
+                del self._running[cluster]
+            if not future.cancelled() and future.exception() is None:
+                self.last[cluster] = future.result()
+
+        running.add_done_callback(landed)
+        return self._running[cluster]
+
+    def running(self) -> set[str]:
+        return set(self._running)
+
+    def failed(self, cluster: str) -> bool:
+        """Did the cluster's last answer say it failed?"""
+        last = self.last.get(cluster)
+        return last is not None and last.error is not None
+
+    def age(self, cluster: str) -> float:
+        """Seconds the cluster's running query has run (0 if none runs)."""
+        return time.monotonic() - self._running[cluster][1] if cluster in self._running else 0.0
 
 
 @dataclass(frozen=True)
@@ -79,15 +137,19 @@ class RefreshScope:
 
 
 class Tracker:
-    def __init__(self, client: Client, store: Store):
+    def __init__(self, client: Client, store: Store, flights: Flights | None = None):
         self.client = client
         self.store = store
+        self.flights = flights if flights is not None else Flights()  # SharedRefresh's, in the server
         self.errors: dict[str, str] = {}  # of the refresh under way (or the last): cluster -> why it failed
         self.asking: set[str] = set()  # the clusters whose status query that refresh still waits for
 
-    async def refresh(self, scope: RefreshScope | None = None) -> RefreshReport:
+    async def refresh(self, scope: RefreshScope | None = None, patience: float | None = None,
+                      skip_failing: bool = False) -> RefreshReport:
         """Query every cluster with live jobs (or, with a scope, those of its clusters) and write what
-        changed."""
+        changed. With `patience` (seconds), a cluster whose query is already running and has run that
+        long is not waited for, nor (`skip_failing`) one whose last query failed: each is asked all the
+        same, and reported as `so_far` reports it."""
         if scope is None or scope.chores:
             self._settle_unsent()
         active = self.store.active_attempts()
@@ -110,21 +172,31 @@ class Tracker:
         self.asking = set(by_cluster)
 
         async def one(cluster: str, attempts: list[AttemptRow]) -> None:
+            flight, started = self.flights.ask(cluster, lambda: refresh_one(cluster, attempts))
+            if patience is not None and not flight.done() and (
+                    time.monotonic() - started >= patience or (skip_failing and self.flights.failed(cluster))):
+                # Asked by an earlier refresh and still silent, or failing when last asked: not waited for.
+                overdue.add(cluster)
+                return
             try:
-                await refresh_one(cluster, attempts)
+                # Shielded: a caller that stops waiting leaves the query to end and be written.
+                answer = await asyncio.shield(flight)
             finally:
                 self.asking.discard(cluster)
+            if answer.error is not None:
+                errors[cluster] = answer.error
+            if answer.reaped:
+                reaped[cluster] = answer.reaped
+            if answer.deferred:
+                deferred.append(cluster)
 
-        async def refresh_one(cluster: str, attempts: list[AttemptRow]) -> None:
+        async def refresh_one(cluster: str, attempts: list[AttemptRow]) -> ClusterAnswer:
             if cluster not in known:
-                errors[cluster] = f"cluster {cluster!r} is no longer in {self.client.registry.path}"
-                return
+                return ClusterAnswer(f"cluster {cluster!r} is no longer in {self.client.registry.path}")
             if time.monotonic() - _LAST_REFRESHED.get(cluster, -math.inf) < REFRESH_DEFER_SECONDS \
                     and not budget.affords_now(cluster, self.client.infra(cluster).status_commands):
-                deferred.append(cluster)
-                if (allowance := budget.budget_for(cluster)).backing_off():  # not answering: say so, each time
-                    errors[cluster] = allowance.why_short(0.0)
-                return
+                allowance = budget.budget_for(cluster)  # not answering: say so, each time
+                return ClusterAnswer(allowance.why_short(0.0) if allowance.backing_off() else None, deferred=True)
             _LAST_REFRESHED[cluster] = time.monotonic()
             ids = [a.handle for a in attempts if a.handle]
             # Jobs not known by handle are found by token, among all the account's jobs.
@@ -134,30 +206,42 @@ class Tracker:
                 statuses = await self.client.infra(cluster).status(ids, self.client.cluster_users(cluster),
                                                                    others=others)
             except CorralError as exc:
-                errors[cluster] = str(exc)
-                return
+                return ClusterAnswer(about(cluster, exc))
             by_token = by_attempt_token(statuses, self.client.infra(cluster))
             self.store.update_attempts(_updates(attempts, statuses, by_token))
             try:
                 cancelled = await self._reap(cluster, attempts, by_token)
             except CorralError as exc:
-                errors[cluster] = f"could not cancel an orphaned job: {exc}"
-                return
-            if cancelled:
-                reaped[cluster] = cancelled
+                return ClusterAnswer(f"could not cancel an orphaned job: {about(cluster, exc)}")
+            return ClusterAnswer(reaped=cancelled)
 
+        overdue: set[str] = set()
         await asyncio.gather(*(one(c, a) for c, a in by_cluster.items()))
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
-        return RefreshReport(errors, trips, reaped, sorted(deferred))
+        silent, waiting = self._unanswered(overdue)
+        return RefreshReport({**errors, **silent}, trips, reaped, sorted(deferred), waiting)
 
-    def so_far(self, waited: float) -> RefreshReport:
-        """The refresh under way as far as it has come, for a caller that stopped waiting after `waited`
-        seconds: the clusters that answered are written to the store already; those it still waits for
-        are reported, and their jobs are as last seen."""
-        silent = {cluster: f"no answer in {round(waited, 1):g} s; its jobs are shown as last seen (Corral keeps asking)"
-                  for cluster in sorted(self.asking)}
-        return RefreshReport({**self.errors, **silent}, {})
+    def so_far(self) -> RefreshReport:
+        """The refresh under way as far as it has come, for a caller that stopped waiting: the clusters
+        that answered are written to the store already; those it still waits for are reported, and
+        their jobs are as last seen."""
+        silent, waiting = self._unanswered(self.asking)
+        return RefreshReport({**self.errors, **silent}, {}, waiting=waiting)
+
+    def _unanswered(self, clusters: set[str]) -> tuple[dict[str, str], list[str]]:
+        """Why each of these clusters, still being asked, is not answered yet; and those of them that are
+        only slow (`waiting`): one that failed when last asked is still failing."""
+        silent: dict[str, str] = {}
+        waiting: list[str] = []
+        for cluster in sorted(clusters):
+            age = f"{round(self.flights.age(cluster), 1):g} s"
+            if self.flights.failed(cluster):
+                silent[cluster] = f"{self.flights.last[cluster].error} (asked again: no answer in {age} yet)"
+            else:
+                silent[cluster] = f"no answer in {age}; its jobs are shown as last seen (Corral keeps asking)"
+                waiting.append(cluster)
+        return silent, waiting
 
     def _settle_unsent(self) -> None:
         """Jobs recorded by a launch that died before giving them an attempt (kill -9 while a sweep
@@ -257,6 +341,14 @@ class Tracker:
         await infra.logs(attempt.handle, attempt.log_path, follow, on_output, tail)
 
 
+def about(cluster: str, exc: CorralError) -> str:
+    """What went wrong with the cluster, for a report keyed by cluster: without the cluster's name that
+    a ClusterError's message starts with ("could not refresh alpine: alpine: …" said it twice)."""
+    if isinstance(exc, ClusterError) and exc.cluster == cluster:
+        return exc.detail
+    return str(exc)
+
+
 def sent_by_account(store: Store, attempts: list[AttemptRow], handles: dict[str, str | None] | None = None
                     ) -> dict[tuple[str, str], list[tuple[AttemptRow, str]]]:
     """The attempts that reached their infra, with their handles, grouped by (cluster, owner): each
@@ -348,28 +440,33 @@ class SharedRefresh:
     accepts a refresh `fresh_within` seconds old (the API) does not wait for a running one when the last
     one finished that recently: under load, when refreshes follow each other (and wait for budget), a
     `queue` answers at once from the store, as of at most that many seconds ago. A caller that waits
-    `at_most` seconds (the API) gets the refresh as far as it has come by then (`Tracker.so_far`): a
-    cluster slow to answer (its controller down: `squeue` fails after seconds) holds up no request,
-    and the refresh goes on behind it."""
+    `at_most` seconds (the API, the tick) gets the refresh as far as it has come by then
+    (`Tracker.so_far`): a cluster slow to answer (its controller down: `squeue` fails after seconds)
+    holds up no request, and the refresh goes on behind it. A caller that needs a refresh newer than the
+    running one (the next tick, while a slow cluster holds that one up) starts another: it asks the
+    other clusters afresh and joins the slow one's query (`Flights`)."""
 
     def __init__(self, max_age: float = 1.0):
         self.max_age = max_age
         self.scope: RefreshScope | None = None  # set by the controller each tick (None: everything)
+        self.flights = Flights()  # each cluster's query, shared by every refresh of this process
         self._running: tuple[asyncio.Future[RefreshReport], Tracker, float] | None = None  # (…, started)
         self._last: tuple[float, float, RefreshReport] | None = None  # (started, finished, report), monotonic
 
     async def refresh(self, tracker: Tracker, *, newer_than: float = 0.0, fresh_within: float = 0.0,
-                      at_most: float | None = None) -> RefreshReport:
+                      at_most: float | None = None, skip_failing: bool = False) -> RefreshReport:
         """A refresh at most `max_age` old that started at or after `newer_than` (time.monotonic()); or,
         while one runs, the last one if it finished less than `fresh_within` seconds ago; or, once the
         running one has run `at_most` seconds, that one as far as it has come (a request that joins a
-        refresh already stuck that long on a cluster does not wait for it again)."""
+        refresh already stuck that long on a cluster does not wait for it again). A refresh this call
+        starts does not wait for a cluster's query older than `at_most`, nor (`skip_failing`: the API's
+        requests) for one whose last query failed."""
         now = time.monotonic()
         last = self._last if self._last is not None and self._last[0] >= newer_than else None
-        if self._running is None:
-            if last is not None and now - last[1] < self.max_age:
+        if self._running is None or self._running[2] < newer_than:
+            if self._running is None and last is not None and now - last[1] < self.max_age:
                 return last[2]
-            self._running = self._start(tracker, now)
+            self._running = self._start(tracker, now, at_most, skip_failing)
         elif last is not None and now - last[1] < fresh_within:
             return last[2]
         running, doing, started = self._running
@@ -379,15 +476,20 @@ class SharedRefresh:
         except TimeoutError:
             if running.done():  # it ended as the wait did
                 return running.result()
-            return doing.so_far(time.monotonic() - started)
+            return doing.so_far()
 
-    def _start(self, tracker: Tracker, started: float) -> tuple[asyncio.Future[RefreshReport], Tracker, float]:
-        running = asyncio.ensure_future(tracker.refresh(self.scope))
+    def _start(self, tracker: Tracker, started: float, patience: float | None, skip_failing: bool
+               ) -> tuple[asyncio.Future[RefreshReport], Tracker, float]:
+        tracker.flights = self.flights
+        running = asyncio.ensure_future(tracker.refresh(self.scope, patience, skip_failing))
 
         def finished(future: asyncio.Future[RefreshReport]) -> None:
             if self._running is not None and self._running[0] is future:
                 self._running = None
-            if not future.cancelled() and future.exception() is None:  # exception(): retrieved, if no one waits
+            # exception(): retrieved, if no one waits. An older refresh that ends after a newer one is not
+            # the last.
+            if not future.cancelled() and future.exception() is None \
+                    and (self._last is None or self._last[0] <= started):
                 self._last = (started, time.monotonic(), future.result())
 
         running.add_done_callback(finished)

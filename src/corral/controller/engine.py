@@ -108,11 +108,16 @@ class Controller:
         # Only this replica's clusters are queried (their holders write the others' states to the store),
         # by the ticks and by the API alike.
         self.refreshes.scope = RefreshScope(clusters=frozenset(held), chores=chores)
-        # Never this controller's own previous refresh; one the API made since the last tick will do.
-        refresh = await self.refreshes.refresh(Tracker(self.client, self.store), newer_than=self._last_tick)
+        # Never this controller's own previous refresh; one the API made since the last tick will do. A
+        # cluster slow to answer holds up the others' jobs for `status_wait` at most: its jobs are decided
+        # as last seen, and its answer is written when it comes.
+        refresh = await self.refreshes.refresh(Tracker(self.client, self.store), newer_than=self._last_tick,
+                                               at_most=self.settings.status_wait)
         report.errors = dict(refresh.errors)
         now = time.time()
-        self._track_reachability(refresh.errors, set(refresh.deferred), now)
+        # A cluster still being asked, whose last answer was fine, is slow rather than gone: its grace
+        # clock neither starts nor stops (one whose last answer failed is in `errors` alone).
+        self._track_reachability(refresh.errors, set(refresh.deferred) | set(refresh.waiting), now)
         managed = self.store.managed(live_only=True)
         # Before this tick's decisions: what they mark CANCELLING now is cancelled by them.
         cancelling = self.store.attempts_in_state(JobState.CANCELLING) if held else []

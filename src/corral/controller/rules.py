@@ -70,6 +70,7 @@ class ControllerSettings:
     unhealthy_seconds: float = 300.0  # how long an unhealthy cluster is avoided
     max_launch_failures: int = 5  # attempts in a row the infrastructure ended at once: then FAILED, not recovered
     lease_seconds: float = 30.0
+    status_wait: float = 3.0  # seconds a tick waits for the clusters' status answers; a slower one is as last seen
 
     def margin(self, here_start: float, now: float) -> float:
         """How much sooner another cluster must be predicted to start a job before it moves there."""
@@ -79,7 +80,7 @@ class ControllerSettings:
     def from_env(cls) -> ControllerSettings:
         settings = cls()
         for name in ("grace_seconds", "reroute_after", "reroute_cooldown", "reroute_margin", "reroute_margin_fraction",
-                     "predict_interval", "unhealthy_seconds", "lease_seconds"):
+                     "predict_interval", "unhealthy_seconds", "lease_seconds", "status_wait"):
             value = os.environ.get(f"CORRAL_CONTROLLER_{name.upper()}")
             if value:
                 setattr(settings, name, float(value))

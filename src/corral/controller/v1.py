@@ -77,8 +77,10 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                         at_most: float | None = API_WAIT_AT_MOST) -> RefreshReport:
         """Slurm's view of every live job, from one query per cluster shared with the controller's tick
         (or, while one runs, the last one if it is recent enough: a request does not wait for it); a
-        cluster that has not answered within `at_most` seconds is reported and its jobs are as last seen."""
-        return await shared.refresh(Tracker(Client(), store), fresh_within=fresh_within, at_most=at_most)
+        cluster that has not answered within `at_most` seconds, or whose last answer was a failure, is
+        reported and its jobs are as last seen (it is asked all the same)."""
+        return await shared.refresh(Tracker(Client(), store), fresh_within=fresh_within, at_most=at_most,
+                                    skip_failing=at_most is not None)
 
     @router.get("/check")
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it

@@ -8,6 +8,7 @@ or `full`. So what Corral does with the answers runs against real jobs; the ligh
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 
@@ -19,7 +20,7 @@ from corral.errors import SlurmControllerError
 from corral.launch import Launcher
 from corral.state import open_store
 from corral.task import parse_task
-from corral.tracker import Tracker
+from corral.tracker import SharedRefresh, Tracker
 
 
 @pytest.fixture
@@ -121,5 +122,38 @@ def test_after_a_failed_status_query_a_stopped_controller_is_found_by_one_ping(c
                 await infra.status(["1"])
             assert spent_since(controller_stopped, since) == 1  # the ping alone; squeue and sacct given back
         assert infra._status_lines.failed
+
+    asyncio.run(scenario())
+
+
+def test_a_frozen_controller_holds_up_only_its_own_cluster_and_is_not_asked_twice(corral_env, testbed, clean_queues):
+    """cirrus' slurmctld alive but silent (SIGSTOP): its squeue takes ~10 s to fail. A caller waits 1 s
+    and has alpine's answer; the next refresh asks alpine again and joins cirrus' query in flight, so
+    cirrus is sent no second command while the first is unanswered."""
+    store = open_store()
+
+    async def scenario() -> None:
+        client = Client()
+        launcher = Launcher(client, store)
+        for cluster in ("alpine", "cirrus"):
+            task = parse_task({"resources": {"cpus": 1, "infra": f"slurm/{cluster}"}, "run": "sleep 300"}, "test")
+            await launcher.launch(task, "test")
+        shared = SharedRefresh(max_age=0.0)
+        assert (await shared.refresh(Tracker(client, store))).errors == {}
+        with testbed.frozen_controller("cirrus"):
+            since = time.monotonic()
+            first = await shared.refresh(Tracker(client, store), at_most=1.0)
+            assert time.monotonic() - since < 3.0
+            assert first.waiting == ["cirrus"] and re.match(r"no answer in 1(\.\d)? s;", first.errors["cirrus"])
+            asked = spent_since("alpine", since)
+            again = time.monotonic()
+            second = await shared.refresh(Tracker(client, store), newer_than=again, at_most=1.0)
+            assert second.waiting == ["cirrus"] and time.monotonic() - again < 3.0
+            assert spent_since("alpine", again) == asked > 0  # alpine asked again, as much
+            assert spent_since("cirrus", again) == 0 and shared.flights.running() == {"cirrus"}
+        deadline = time.monotonic() + 30
+        while shared.flights.running():  # the first query ends once cirrus' controller answers (or gives up)
+            assert time.monotonic() < deadline, "cirrus' query never ended"
+            await asyncio.sleep(0.1)
 
     asyncio.run(scenario())

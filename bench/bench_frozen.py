@@ -1,0 +1,114 @@
+"""One cluster's slurmctld alive but silent: how long the controller's ticks take, how soon a
+managed job on another cluster is seen to end, and how long `corral queue` takes.
+
+Run as root with the testbed (`python -m testbed up`):  python bench/bench_frozen.py
+A plain `sleep` job runs on every cluster (so each is asked every tick). cirrus' slurmctld is then
+stopped in its tracks (SIGSTOP: `Testbed.frozen_controller`) for `--seconds`, and a managed job of
+`sleep 5` is started on alpine. The controller ticks every `--interval` seconds, in process. Reported:
+each tick's wall time while cirrus is frozen, and the seconds from the managed job's submission to
+the tick that sees it SUCCEEDED. Then, with the server up (`corral server start`), `corral queue` is
+run again and again while cirrus is frozen for `--seconds` more (each call as soon as the last ended):
+the calls' median and longest wall time, and how many took over 1 s. Baselines, in the same run:
+`ssh cirrus squeue` against the frozen controller (how long a caller that waits for every cluster
+waits) and `ssh alpine squeue`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import bench_testbed, corral_argv, print_table, time_command  # noqa: E402
+
+MANAGED = {"resources": {"cpus": 1, "infra": "slurm/alpine"}, "run": "sleep 5"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=40.0, help="how long cirrus stays frozen")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+    args = parser.parse_args()
+    from testbed import Testbed
+
+    bed = Testbed()
+    with bench_testbed(bed) as bench:
+        for key in ("CORRAL_SLURM_CONFIG", "CORRAL_HOME"):
+            os.environ[key] = bench.env[key]
+        from corral import managed
+        from corral.client import Client
+        from corral.controller.engine import Controller, ControllerSettings
+        from corral.launch import Launcher
+        from corral.state import open_store
+        from corral.task import parse_task
+
+        store = open_store()
+        client = Client()
+        live_squeue = time_command(bench.raw_ssh("alpine") + ["squeue --me -h"])
+
+        async def scenario() -> tuple[list[float], float | None, float]:
+            launcher = Launcher(client, store)
+            for cluster in bench.clusters:
+                sleeper = {"resources": {"cpus": 1, "infra": f"slurm/{cluster}"}, "run": "sleep 600"}
+                await launcher.launch(parse_task(sleeper, "sleeper"), "bench")
+            controller = Controller(client, store, "bench", ControllerSettings(grace_seconds=3600))
+            await controller.tick()
+            ticks: list[float] = []
+            seen_ended: float | None = None
+            with bed.frozen_controller("cirrus"):
+                frozen_squeue = await asyncio.to_thread(
+                    time_command, bench.raw_ssh("cirrus") + ["squeue --me -h"], None, False)
+                [job_id] = managed.record(store, parse_task(MANAGED, "managed"), "bench")
+                submitted = time.monotonic()
+                until = submitted + args.seconds
+                while time.monotonic() < until:
+                    started = time.monotonic()
+                    await controller.tick()
+                    ticks.append(time.monotonic() - started)
+                    if seen_ended is None and store.managed([job_id])[0].state == "SUCCEEDED":
+                        seen_ended = time.monotonic() - submitted
+                    await asyncio.sleep(args.interval)
+            return ticks, seen_ended, frozen_squeue
+
+        def queue_calls() -> list[float]:
+            time_command(corral_argv("server", "start"), bench.env)
+            time_command(corral_argv("queue"), bench.env)  # the server has asked every cluster once
+            calls: list[float] = []
+            with bed.frozen_controller("cirrus"):
+                until = time.monotonic() + args.seconds
+                while time.monotonic() < until:
+                    calls.append(time_command(corral_argv("queue"), bench.env))
+            return calls
+
+        try:
+            ticks, seen_ended, frozen_squeue = asyncio.run(scenario())
+            calls = queue_calls()
+        finally:
+            time_command(corral_argv("server", "stop"), bench.env, check=False)
+            for cluster in bench.clusters:
+                time_command(bench.raw_ssh(cluster) + ["scancel -u corral-test"], check=False)
+    print_table(f"cirrus' slurmctld frozen for {args.seconds:g} s; a tick every {args.interval:g} s "
+                f"({len(ticks)} ticks)", [
+                    ("tick wall time, median (vs ssh cirrus squeue, frozen)", statistics.median(ticks),
+                     frozen_squeue, "-"),
+                    ("tick wall time, longest (vs ssh cirrus squeue, frozen)", max(ticks), frozen_squeue, "-"),
+                    ("managed `sleep 5` on alpine: submitted to seen SUCCEEDED (vs ssh alpine squeue)",
+                     seen_ended if seen_ended is not None else float("nan"), live_squeue, "-"),
+                ])
+    print_table(f"`corral queue` again and again, server up, cirrus frozen for {args.seconds:g} s "
+                f"({len(calls)} calls; {sum(c > 1.0 for c in calls)} took over 1 s)", [
+                    ("a call, median (vs ssh alpine squeue)", statistics.median(calls), live_squeue, "-"),
+                    ("a call, longest (vs ssh cirrus squeue, frozen)", max(calls), frozen_squeue, "-"),
+                ])
+    if seen_ended is None:
+        print("the managed job was not seen to end while cirrus was frozen")
+
+
+if __name__ == "__main__":
+    main()
