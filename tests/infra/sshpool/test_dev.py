@@ -54,7 +54,9 @@ def test_an_exec_shows_and_keeps_its_stdout_and_stderr(home):
 
 
 def test_cancel_ends_the_exec_and_its_followers_not_the_holder(home):
-    script = exec_script(TOKEN, "c-0002", {}, "echo started; sleep 300 & wait")
+    # A duration no other test's process uses: the check below looks at every process on the machine,
+    # and a testbed job's `sleep 300` still being cancelled once failed it.
+    script = exec_script(TOKEN, "c-0002", {}, "echo started; sleep 3017 & wait")
     runner = session(home, script)
     assert runner.stdin is not None and runner.stdout is not None
     runner.stdin.write(script)
@@ -71,7 +73,7 @@ def test_cancel_ends_the_exec_and_its_followers_not_the_holder(home):
     assert (folder / "ended").exists()
     pid = (home / RUNS_DIR / TOKEN / "pid").read_text().split()[0]
     assert Path(f"/proc/{pid}").exists()  # the holder lives on
-    wait_for("no sleep 300 left", lambda: b"sleep\x00300" not in b"".join(
+    wait_for("no sleep 3017 left", lambda: b"sleep\x003017\x00" not in b"".join(
         p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists()), timeout=15)
     assert run(home, cancel_exec_script(TOKEN, "c-0002")) == (0, "")  # ended already: nothing to do
 
