@@ -8,9 +8,10 @@ stopped in its tracks (SIGSTOP: `Testbed.frozen_controller`) for `--seconds`, an
 each tick's wall time while cirrus is frozen, and the seconds from the managed job's submission to
 the tick that sees it SUCCEEDED. Then, with the server up (`corral server start`), `corral queue` is
 run again and again while cirrus is frozen for `--seconds` more (each call as soon as the last ended):
-the calls' median and longest wall time, and how many took over 1 s. Baselines, in the same run:
+the calls' median and longest wall time, and how many took over 1 s; then `--launches` times
+`corral launch -d --cpus 1 -- true`, placed over the three clusters. Baselines, in the same run:
 `ssh cirrus squeue` against the frozen controller (how long a caller that waits for every cluster
-waits) and `ssh alpine squeue`.
+waits), `ssh alpine squeue`, and `ssh alpine sbatch` on a new connection (scancelled at the end).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=40.0, help="how long cirrus stays frozen")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+    parser.add_argument("--launches", type=int, default=6, help="`corral launch -d` calls at the end of the freeze")
     args = parser.parse_args()
     from testbed import Testbed
 
@@ -76,19 +78,24 @@ def main() -> None:
                     await asyncio.sleep(args.interval)
             return ticks, seen_ended, frozen_squeue
 
-        def queue_calls() -> list[float]:
+        def queue_calls() -> tuple[list[float], list[float]]:
             time_command(corral_argv("server", "start"), bench.env)
             time_command(corral_argv("queue"), bench.env)  # the server has asked every cluster once
+            launch = corral_argv("launch", "-d", "--cpus", "1", "--", "true")
+            time_command(launch, bench.env)
             calls: list[float] = []
+            launches: list[float] = []
             with bed.frozen_controller("cirrus"):
                 until = time.monotonic() + args.seconds
                 while time.monotonic() < until:
                     calls.append(time_command(corral_argv("queue"), bench.env))
-            return calls
+                for _ in range(args.launches):
+                    launches.append(time_command(launch, bench.env))
+            return calls, launches
 
         try:
             ticks, seen_ended, frozen_squeue = asyncio.run(scenario())
-            calls = queue_calls()
+            calls, launches = queue_calls()
         finally:
             time_command(corral_argv("server", "stop"), bench.env, check=False)
             for cluster in bench.clusters:
@@ -105,6 +112,13 @@ def main() -> None:
                 f"({len(calls)} calls; {sum(c > 1.0 for c in calls)} took over 1 s)", [
                     ("a call, median (vs ssh alpine squeue)", statistics.median(calls), live_squeue, "-"),
                     ("a call, longest (vs ssh cirrus squeue, frozen)", max(calls), frozen_squeue, "-"),
+                ])
+    baseline_launch = time_command(bench.raw_ssh("alpine", mux=False) + ["sbatch --hold --wrap true"])
+    print_table(f"`corral launch -d --cpus 1 -- true` (placed over the 3 clusters) {len(launches)} times, "
+                "cirrus still frozen", [
+                    ("the first (vs ssh alpine sbatch, new connection)", launches[0], baseline_launch, "-"),
+                    ("the others, median (vs ssh alpine sbatch, new connection)",
+                     statistics.median(launches[1:]), baseline_launch, "-"),
                 ])
     if seen_ended is None:
         print("the managed job was not seen to end while cirrus was frozen")

@@ -20,11 +20,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture(autouse=True)
 def fresh_status_lines() -> Iterator[None]:
     """What a process learns of each cluster's status queries (infra/slurm/jobs.status_lines_for: the
-    site's squeue options, a failed last query) starts afresh in each test, as in a new server."""
+    site's squeue options, a failed last query) and of its probes (client._FAILING_SLOWLY) starts
+    afresh in each test, as in a new server."""
     yield
+    from corral import client
     from corral.infra.slurm import jobs
 
     jobs._STATUS_LINES.clear()
+    client._FAILING_SLOWLY.clear()
 
 
 @dataclass

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from corral import budget, client
 from corral.client import Client
+from corral.errors import ClusterUnreachableError
 from tests.fakes import FakeInfra
 from tests.test_placement import SNAPSHOTS
 
@@ -84,3 +85,62 @@ def test_max_age_callers_share_the_latest_probe_and_renew_it_past_half_its_age(m
     fake.unreachable = False
     clock[0] += 1
     assert asyncio.run(gpus(10)).failures == down.failures and CountingInfra.probes == 4
+
+
+class GatedInfra(FakeInfra):
+    """A probe that fails after the test's clock says it took 5 s (a frozen slurmctld's ping), or waits
+    for the test's gate."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate: asyncio.Event | None = None
+        self.probes = 0
+
+    async def probe(self, **asked):
+        self.probes += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        return await super().probe(**asked)
+
+
+def test_a_cluster_whose_last_probe_failed_slowly_is_waited_for_a_second_then_reported_as_asked_again(monkeypatch):
+    """A frozen slurmctld: each probe's `scontrol ping` gave up after 5 s, and every launch and `gpus`
+    waited those 5 s again for as long as it stayed frozen."""
+    cluster = "frozen-test"
+    fake = GatedInfra(cluster, SNAPSHOTS["alpine"], unreachable=True)
+    probing = Client.__new__(Client)
+    probing.registry = SimpleNamespace(path="fake", select=lambda names: [SimpleNamespace(name=cluster)])
+    probing.infra = lambda name, owner="": fake
+    probing.transport = SimpleNamespace(timeout=5.0)
+    clock = [1000.0]
+    monkeypatch.setattr(client, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(client, "FAILING_PATIENCE", 0.05)
+
+    async def scenario() -> None:
+        async def slow_probe(**asked):  # fails, 5 s later by the client's clock
+            fake.probes += 1
+            clock[0] += 5
+            raise ClusterUnreachableError(cluster, "no answer within 5s (fake)")
+
+        monkeypatch.setattr(fake, "probe", slow_probe)
+        [first] = await probing.probe()
+        assert first.error_kind == "unreachable" and first.seconds == 5
+        monkeypatch.setattr(fake, "probe", GatedInfra.probe.__get__(fake))  # the next probe hangs on the gate
+        fake.gate = asyncio.Event()
+        [again] = await asyncio.wait_for(probing.probe(), timeout=5)  # without the rule: for ever
+        assert again.error_kind == "unreachable" and fake.probes == 2  # asked again, all the same
+        assert str(again.error) == f"{cluster}: no answer within 5s (fake) (asked again: no answer in 0.05 s yet)"
+        fake.unreachable = False
+        fake.gate.set()  # the cluster answers: the probe behind the answer lands, and the next caller waits again
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert (str(probing.registry.path), cluster) not in client._FAILING_SLOWLY
+        fake.gate = asyncio.Event()
+        waiting = asyncio.ensure_future(probing.probe())
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # patient again: 0.2 s > FAILING_PATIENCE
+        fake.gate.set()
+        [answered] = await waiting
+        assert answered.ok
+
+    asyncio.run(scenario())

@@ -7,6 +7,12 @@ once probes each cluster once, not 200 times). A probe's answer is kept, but ans
 only where it asked for that (`max_age`: `gpus --max-age` and the dashboard's refreshes) or where
 placement under a spent RPC budget would otherwise wait (`reuse_when_busy`); `gpus`, `check` and a
 launch's placement otherwise probe afresh.
+
+A cluster whose last probe failed slowly (SLOW_FAILURE seconds or more: a login node that does not
+answer costs CORRAL_TIMEOUT, a frozen `slurmctld` its `scontrol ping` timeout, 5 s on the testbed) is
+probed again by each caller, but waited for FAILING_PATIENCE seconds only: past that, the caller has
+the last failure, said to be asked again, and the probe goes on behind it. Before, every `launch` and
+`gpus` paid the whole timeout again while such a cluster stayed silent.
 """
 
 from __future__ import annotations
@@ -84,6 +90,20 @@ _IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str,
 _LATEST: dict[tuple[str, str, ProbeAsk], tuple[float, float, ProbeOutcome]] = {}
 RECENT_PROBE_MAX_AGE = 30.0
 RECENT_PROBES_KEPT = 256
+SLOW_FAILURE = 2.0  # seconds: a failed probe that took this long makes the next ones wait FAILING_PATIENCE only
+FAILING_PATIENCE = 1.0  # seconds a caller waits for a probe of a cluster whose last probe failed slowly
+# Per (cluster file, cluster): the last probe's failure, where it failed slowly; dropped once one answers.
+_FAILING_SLOWLY: dict[tuple[str, str], ProbeOutcome] = {}
+
+
+class StillFailing(ClusterError):
+    """A cluster whose last probe failed slowly, asked again and not answering yet: the last failure,
+    of the same kind (`reason`), said to be asked again."""
+
+    def __init__(self, last: ClusterError | CorralError, cluster: str, waited: float):
+        detail = last.detail if isinstance(last, ClusterError) else str(last)
+        super().__init__(cluster, f"{detail} (asked again: no answer in {waited:g} s yet)")
+        self.reason = getattr(last, "reason", "error")
 
 
 class Client:
@@ -152,7 +172,15 @@ class Client:
             if reuse_when_busy and outcome.ok and monotonic() - finished <= RECENT_PROBE_MAX_AGE \
                     and not budget.affords_now(cluster, self.infra(cluster).probe_commands):
                 return outcome
-        return await asyncio.shield(self._in_flight(cluster, extras))  # a caller that goes away leaves it to the others
+        probe = asyncio.shield(self._in_flight(cluster, extras))  # a caller that goes away leaves it to the others
+        failing = _FAILING_SLOWLY.get((str(self.registry.path), cluster))
+        if failing is None or failing.error is None:
+            return await probe
+        try:
+            return await asyncio.wait_for(probe, FAILING_PATIENCE)
+        except TimeoutError:
+            return ProbeOutcome(cluster, None, StillFailing(failing.error, cluster, FAILING_PATIENCE),
+                                FAILING_PATIENCE, time.time())
 
     def _in_flight(self, cluster: str, extras: ProbeAsk) -> asyncio.Future[ProbeOutcome]:
         """The probe of this cluster running in this process, started now if none is."""
@@ -175,6 +203,10 @@ class Client:
             outcome = ProbeOutcome(cluster, None, exc, monotonic() - started, time.time())
         now = monotonic()
         _LATEST[(str(self.registry.path), cluster, extras)] = (started, now, outcome)
+        if outcome.error is not None and outcome.seconds >= SLOW_FAILURE:
+            _FAILING_SLOWLY[(str(self.registry.path), cluster)] = outcome
+        elif outcome.error is None or outcome.seconds < SLOW_FAILURE / 2:  # answered, or fails fast: ask it as usual
+            _FAILING_SLOWLY.pop((str(self.registry.path), cluster), None)
         if len(_LATEST) > RECENT_PROBES_KEPT:  # tasks' paths make keys of their own: drop what aged out
             for key in [k for k, (_, ended, _) in _LATEST.items() if now - ended > RECENT_PROBE_MAX_AGE]:
                 del _LATEST[key]
