@@ -3,7 +3,7 @@ managed job on another cluster is seen to end, and how long `corral queue` takes
 
 Run as root with the testbed (`python -m testbed up`):  python bench/bench_frozen.py
 A plain `sleep` job runs on every cluster (so each is asked every tick). cirrus' slurmctld is then
-stopped in its tracks (SIGSTOP: `Testbed.frozen_controller`) for `--seconds`, and a managed job of
+stopped in its tracks (SIGSTOP: `Testbed.freeze_controller`) for `--seconds`, and a managed job of
 `sleep 5` is started on alpine. The controller ticks every `--interval` seconds, in process. Reported:
 each tick's wall time while cirrus is frozen, and the seconds from the managed job's submission to
 the tick that sees it SUCCEEDED. Then, with the server up (`corral server start`), `corral queue` is
@@ -63,7 +63,8 @@ def main() -> None:
             await controller.tick()
             ticks: list[float] = []
             seen_ended: float | None = None
-            with bed.frozen_controller("cirrus"):
+            bed.freeze_controller("cirrus")
+            try:
                 frozen_squeue = await asyncio.to_thread(
                     time_command, bench.raw_ssh("cirrus") + ["squeue --me -h"], None, False)
                 [job_id] = managed.record(store, parse_task(MANAGED, "managed"), "bench")
@@ -76,6 +77,8 @@ def main() -> None:
                     if seen_ended is None and store.managed([job_id])[0].state == "SUCCEEDED":
                         seen_ended = time.monotonic() - submitted
                     await asyncio.sleep(args.interval)
+            finally:
+                bed.thaw_controller("cirrus")
             return ticks, seen_ended, frozen_squeue
 
         def queue_calls() -> tuple[list[float], list[float]]:
@@ -85,12 +88,15 @@ def main() -> None:
             time_command(launch, bench.env)
             calls: list[float] = []
             launches: list[float] = []
-            with bed.frozen_controller("cirrus"):
+            bed.freeze_controller("cirrus")
+            try:
                 until = time.monotonic() + args.seconds
                 while time.monotonic() < until:
                     calls.append(time_command(corral_argv("queue"), bench.env))
                 for _ in range(args.launches):
                     launches.append(time_command(launch, bench.env))
+            finally:
+                bed.thaw_controller("cirrus")
             return calls, launches
 
         try:

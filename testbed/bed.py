@@ -7,14 +7,12 @@ node. All daemons run in the foreground of their own session, so the pid we star
 
 from __future__ import annotations
 
-import contextlib
 import grp
 import os
 import pwd
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -256,18 +254,18 @@ class Testbed:
         self._start_ctld(self.spec(cluster))
         self.wait_ready(cluster)
 
-    @contextlib.contextmanager
-    def frozen_controller(self, cluster: str) -> Iterator[None]:
-        """The cluster's slurmctld stopped in its tracks (SIGSTOP) for the block, then resumed: alive but
-        silent, as a controller swamped by RPCs. squeue against it fails after ~10 s (MessageTimeout 5 s,
-        tried twice) and `scontrol ping` after ~5 s. `up` resumes one left frozen."""
+    def freeze_controller(self, cluster: str) -> None:
+        """The cluster's slurmctld stopped in its tracks (SIGSTOP): alive but silent, as a controller
+        swamped by RPCs. squeue against it fails after ~10 s (MessageTimeout 5 s, tried twice) and
+        `scontrol ping` after ~5 s. `thaw_controller` (or `up`) resumes it."""
         pid = running(self.paths.cluster(self.spec(cluster).name).ctld_pidfile())
         if pid is None:
             raise TestbedError(f"{cluster}: slurmctld is not running")
         os.kill(pid, signal.SIGSTOP)
-        try:
-            yield
-        finally:
+
+    def thaw_controller(self, cluster: str) -> None:
+        pid = running(self.paths.cluster(self.spec(cluster).name).ctld_pidfile())
+        if pid is not None:
             os.kill(pid, signal.SIGCONT)
 
     def limit_jobs(self, cluster: str, count: int | None) -> None:
@@ -578,7 +576,7 @@ class Testbed:
     def _start_ctld(self, spec: ClusterSpec) -> None:
         paths = self.paths.cluster(spec.name)
         if pid := running(paths.ctld_pidfile()):
-            os.kill(pid, signal.SIGCONT)  # one a test left frozen (frozen_controller) answers again
+            os.kill(pid, signal.SIGCONT)  # one a test left frozen (freeze_controller) answers again
             return
         log = paths.log / "slurmctld.out"
         spawn_as_host(spec.ctld_host, [str(self.paths.bin / "slurmctld"), "-D", "-i"], log, paths.ctld_pidfile(),

@@ -33,6 +33,7 @@ from corral.errors import (
     NoAccountError,
     UnknownClusterError,
     UnknownPartitionError,
+    asked_again,
 )
 from corral.gpu_names import normalize_gpu_name
 from corral.infra import connect
@@ -93,16 +94,16 @@ RECENT_PROBES_KEPT = 256
 SLOW_FAILURE = 2.0  # seconds: a failed probe that took this long makes the next ones wait FAILING_PATIENCE only
 FAILING_PATIENCE = 1.0  # seconds a caller waits for a probe of a cluster whose last probe failed slowly
 # Per (cluster file, cluster): the last probe's failure, where it failed slowly; dropped once one answers.
-_FAILING_SLOWLY: dict[tuple[str, str], ProbeOutcome] = {}
+_FAILING_SLOWLY: dict[tuple[str, str], CorralError] = {}
 
 
 class StillFailing(ClusterError):
     """A cluster whose last probe failed slowly, asked again and not answering yet: the last failure,
     of the same kind (`reason`), said to be asked again."""
 
-    def __init__(self, last: ClusterError | CorralError, cluster: str, waited: float):
+    def __init__(self, last: CorralError, cluster: str, waited: float):
         detail = last.detail if isinstance(last, ClusterError) else str(last)
-        super().__init__(cluster, f"{detail} (asked again: no answer in {waited:g} s yet)")
+        super().__init__(cluster, asked_again(detail, waited))
         self.reason = getattr(last, "reason", "error")
 
 
@@ -174,13 +175,13 @@ class Client:
                 return outcome
         probe = asyncio.shield(self._in_flight(cluster, extras))  # a caller that goes away leaves it to the others
         failing = _FAILING_SLOWLY.get((str(self.registry.path), cluster))
-        if failing is None or failing.error is None:
+        if failing is None:
             return await probe
         try:
             return await asyncio.wait_for(probe, FAILING_PATIENCE)
         except TimeoutError:
-            return ProbeOutcome(cluster, None, StillFailing(failing.error, cluster, FAILING_PATIENCE),
-                                FAILING_PATIENCE, time.time())
+            return ProbeOutcome(cluster, None, StillFailing(failing, cluster, FAILING_PATIENCE), FAILING_PATIENCE,
+                                time.time())
 
     def _in_flight(self, cluster: str, extras: ProbeAsk) -> asyncio.Future[ProbeOutcome]:
         """The probe of this cluster running in this process, started now if none is."""
@@ -204,7 +205,7 @@ class Client:
         now = monotonic()
         _LATEST[(str(self.registry.path), cluster, extras)] = (started, now, outcome)
         if outcome.error is not None and outcome.seconds >= SLOW_FAILURE:
-            _FAILING_SLOWLY[(str(self.registry.path), cluster)] = outcome
+            _FAILING_SLOWLY[(str(self.registry.path), cluster)] = outcome.error
         elif outcome.error is None or outcome.seconds < SLOW_FAILURE / 2:  # answered, or fails fast: ask it as usual
             _FAILING_SLOWLY.pop((str(self.registry.path), cluster), None)
         if len(_LATEST) > RECENT_PROBES_KEPT:  # tasks' paths make keys of their own: drop what aged out

@@ -103,6 +103,12 @@ class ClusterError(UnavailableError):
         self.detail = detail
 
 
+def asked_again(failure: str, waited: float) -> str:
+    """A cluster's last failure, while it is being asked again and has not answered in `waited` seconds
+    (the tracker's status queries, the client's probes)."""
+    return f"{failure} (asked again: no answer in {waited:g} s yet)"
+
+
 class ClusterUnreachableError(ClusterError):
     """The login node could not be reached (refused, no route, name does not resolve)."""
 

@@ -35,12 +35,12 @@ import math
 import operator
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from corral import budget
 from corral.client import Client
-from corral.errors import ClusterError, CorralError
+from corral.errors import ClusterError, CorralError, asked_again
 from corral.infra.base import (
     LIVE_STATES,
     FailureClass,
@@ -168,6 +168,7 @@ class Tracker:
         errors = self.errors = {}
         reaped: dict[str, list[str]] = {}
         deferred: list[str] = []
+        overdue: set[str] = set()  # clusters whose query this refresh does not wait for (`patience`)
         before = dict(self.client.transport.round_trips)
         self.asking = set(by_cluster)
 
@@ -215,7 +216,6 @@ class Tracker:
                 return ClusterAnswer(f"could not cancel an orphaned job: {about(cluster, exc)}")
             return ClusterAnswer(reaped=cancelled)
 
-        overdue: set[str] = set()
         await asyncio.gather(*(one(c, a) for c, a in by_cluster.items()))
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
@@ -235,11 +235,11 @@ class Tracker:
         silent: dict[str, str] = {}
         waiting: list[str] = []
         for cluster in sorted(clusters):
-            age = f"{round(self.flights.age(cluster), 1):g} s"
+            age = round(self.flights.age(cluster), 1)
             if self.flights.failed(cluster):
-                silent[cluster] = f"{self.flights.last[cluster].error} (asked again: no answer in {age} yet)"
+                silent[cluster] = asked_again(self.flights.last[cluster].error or "", age)
             else:
-                silent[cluster] = f"no answer in {age}; its jobs are shown as last seen (Corral keeps asking)"
+                silent[cluster] = f"no answer in {age:g} s; its jobs are shown as last seen (Corral keeps asking)"
                 waiting.append(cluster)
         return silent, waiting
 

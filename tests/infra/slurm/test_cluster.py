@@ -140,7 +140,8 @@ def test_a_frozen_controller_holds_up_only_its_own_cluster_and_is_not_asked_twic
             await launcher.launch(task, "test")
         shared = SharedRefresh(max_age=0.0)
         assert (await shared.refresh(Tracker(client, store))).errors == {}
-        with testbed.frozen_controller("cirrus"):
+        testbed.freeze_controller("cirrus")
+        try:
             since = time.monotonic()
             first = await shared.refresh(Tracker(client, store), at_most=1.0)
             assert time.monotonic() - since < 3.0
@@ -151,6 +152,8 @@ def test_a_frozen_controller_holds_up_only_its_own_cluster_and_is_not_asked_twic
             assert second.waiting == ["cirrus"] and time.monotonic() - again < 3.0
             assert spent_since("alpine", again) == asked > 0  # alpine asked again, as much
             assert spent_since("cirrus", again) == 0 and shared.flights.running() == {"cirrus"}
+        finally:
+            testbed.thaw_controller("cirrus")
         deadline = time.monotonic() + 30
         while shared.flights.running():  # the first query ends once cirrus' controller answers (or gives up)
             assert time.monotonic() < deadline, "cirrus' query never ended"
