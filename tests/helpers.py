@@ -42,6 +42,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def runs_somewhere(*argv: str) -> bool:
+    """Whether some process on this machine (the testbed's nodes included) runs exactly `argv`."""
+    wanted = b"\0".join(a.encode() for a in argv) + b"\0"
+    found = False
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found = found or cmdline.read_bytes() == wanted
+        except OSError:  # it ended while we looked
+            pass
+    return found
+
+
 def ssh_login(config: Path, cluster: str, command: str, timeout: float = 30) -> str:
     """Run a command on a testbed login node with plain ssh (the baseline, not Corral)."""
     proc = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", cluster, command],

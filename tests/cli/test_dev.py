@@ -15,7 +15,7 @@ import pexpect
 import pytest
 
 from tests.conftest import wait_for
-from tests.helpers import cancel_a_running_exec, free_port, job_state, ssh_login
+from tests.helpers import cancel_a_running_exec, free_port, job_state, runs_somewhere, ssh_login
 
 
 @pytest.fixture
@@ -50,8 +50,12 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
         "rank=1 host=b2 n=2 gpus=2 cvd=0,1 ips=127.0.0.1,127.0.0.1 cluster=borealis",
     ]
     assert corral("exec", "dev", "--", "exit 4").exit_code == 4
-    # One node fails, the other is ended for it (--kill-on-bad-exit): the failure's own status wins.
-    one_fails = corral("exec", "dev", "--", '[ "$CORRAL_NODE_RANK" = 1 ] && exit 3; sleep 60')
+    # One node fails while the other runs, which is ended for it (--kill-on-bad-exit): the failure's own
+    # status wins. Rank 1 fails only once rank 0 runs: a task that Slurm launches while it is killing the
+    # step can miss the kill and run to its end (CI caught one on a loaded host).
+    one_fails = corral("exec", "dev", "--", 'if [ "$CORRAL_NODE_RANK" = 1 ]; then '
+                       'until [ -e "$CORRAL_TASK_ID.runs" ]; do sleep 0.1; done; exit 3; fi; '
+                       ': > "$CORRAL_TASK_ID.runs"; sleep 60')
     assert (one_fails.exit_code, one_fails.seconds < 50) == (3, True), one_fails.stderr
     # The task's PATH is the task's: exec's own srun and node-list code on the login node still run.
     no_path = corral("exec", "dev", "--env", "PATH=/nowhere", "--", 'echo "path=$PATH"')
@@ -67,6 +71,11 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     # Its stderr too, as in a job's log (it was dropped before).
     loud = corral("exec", "dev", "--", 'echo "to stderr $CORRAL_NODE_RANK" >&2')
     assert sorted(loud.stdout.splitlines()) == ["to stderr 0", "to stderr 1"], loud.stderr
+    # What a node's command leaves running ends with it, as under Slurm's proctrack/cgroup: the testbed's
+    # proctrack/linuxproc lets it hold the step's output, and so the exec, open for its whole life.
+    left = corral("exec", "dev", "--", "sleep 3021 & echo left")
+    assert (left.exit_code, left.stdout, left.seconds < 20) == (0, "left\nleft\n", True), left.stderr
+    wait_for("the sleeps it left to end", lambda: not runs_somewhere("sleep", "3021"), timeout=15)
     # Same name, same resources: reused, no second allocation; the task just runs in it.
     again = corral("launch", "-c", "dev", "--gpus", "H100:2", "--num-nodes", "2", "--", "hostname")
     assert again.exit_code == 0, again.stderr

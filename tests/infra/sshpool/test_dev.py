@@ -13,6 +13,7 @@ from corral.infra.sshpool.dev import cancel_exec_script, exec_output_script, exe
 from corral.infra.sshpool.pool import _allocation_state
 from corral.infra.sshpool.runner import RUNS_DIR
 from tests.conftest import wait_for
+from tests.helpers import runs_somewhere
 
 TOKEN = "0123456789ab.0"
 
@@ -73,8 +74,7 @@ def test_cancel_ends_the_exec_and_its_followers_not_the_holder(home):
     assert (folder / "ended").exists()
     pid = (home / RUNS_DIR / TOKEN / "pid").read_text().split()[0]
     assert Path(f"/proc/{pid}").exists()  # the holder lives on
-    wait_for("no sleep 3017 left", lambda: b"sleep\x003017\x00" not in b"".join(
-        p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists()), timeout=15)
+    wait_for("no sleep 3017 left", lambda: not runs_somewhere("sleep", "3017"), timeout=15)
     assert run(home, cancel_exec_script(TOKEN, "c-0002")) == (0, "")  # ended already: nothing to do
 
 

@@ -352,6 +352,10 @@ cd "$CORRAL_RUN_DIR/workdir"
 # launched during that kill can start with SIGTERM blocked (slurmstepd passes its signal mask on), so
 # TERM would wait unseen while the task ran to its end: then the watcher sends KILL at once. What the
 # watcher does is noted in fence.log (fence.<array index>.log).
+# Once the task has ended, the watcher ends what it left in its process group (when it leads one), as
+# Slurm's proctrack/cgroup does at a step's end: under proctrack/linuxproc a process forked while Slurm
+# was killing its parent (srun's --kill-on-bad-exit on another node) outlives it unseen, and its open
+# output keeps srun, and so the step, waiting for it to end by itself.
 marker="$CORRAL_RUN_DIR/cancelled${SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}"
 fence_log="$CORRAL_RUN_DIR/fence${SLURM_ARRAY_TASK_ID:+.$SLURM_ARRAY_TASK_ID}.log"
 stop_if_cancelled() {  # the marker may have come after the job's script looked, while srun started this
@@ -380,6 +384,10 @@ read -r _ _ _ _ group _ < /proc/$$/stat 2>/dev/null || group=
     fi
     sleep 1
   done
+  [ "$target" = "-$task" ] || exit 0
+  kill -TERM -- "$target" 2>/dev/null  # this watcher ignores TERM; a leftover that does too gets KILL
+  sleep 2
+  kill -KILL -- "$target" 2>/dev/null
 ) </dev/null >/dev/null 2>&1 &
 # The task's image (Apptainer, Singularity): setup and run go through container.sh, with the image's bash.
 inside=("$BASH")
