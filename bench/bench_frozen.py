@@ -3,10 +3,11 @@ managed job on another cluster is seen to end, and how long `corral queue` takes
 
 Run as root with the testbed (`python -m testbed up`):  python bench/bench_frozen.py
 A plain `sleep` job runs on every cluster (so each is asked every tick). cirrus' slurmctld is then
-stopped in its tracks (SIGSTOP: `Testbed.freeze_controller`) for `--seconds`, and a managed job of
-`sleep 5` is started on alpine. The controller ticks every `--interval` seconds, in process. Reported:
-each tick's wall time while cirrus is frozen, and the seconds from the managed job's submission to
-the tick that sees it SUCCEEDED. Then, with the server up (`corral server start`), `corral queue` is
+stopped in its tracks (SIGSTOP: `Testbed.freeze_controller`) for `--seconds`, and two managed jobs
+of `sleep 5` are started: one on alpine, one placed over the three clusters. The controller ticks
+every `--interval` seconds, in process. Reported: each tick's wall time while cirrus is frozen (the
+first places both jobs), and the seconds from each managed job's submission to the tick that sees it
+SUCCEEDED. Then, with the server up (`corral server start`), `corral queue` is
 run again and again while cirrus is frozen for `--seconds` more (each call as soon as the last ended):
 the calls' median and longest wall time, and how many took over 1 s; then `--launches` times
 `corral launch -d --cpus 1 -- true`, placed over the three clusters. Baselines, in the same run:
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bench_testbed, corral_argv, print_table, time_command  # noqa: E402
 
 MANAGED = {"resources": {"cpus": 1, "infra": "slurm/alpine"}, "run": "sleep 5"}
+ANYWHERE = {"resources": {"cpus": 1}, "run": "sleep 5"}
 
 
 def main() -> None:
@@ -54,7 +56,7 @@ def main() -> None:
         client = Client()
         live_squeue = time_command(bench.raw_ssh("alpine") + ["squeue --me -h"])
 
-        async def scenario() -> tuple[list[float], float | None, float]:
+        async def scenario() -> tuple[list[float], dict[str, float], float, str | None]:
             launcher = Launcher(client, store)
             for cluster in bench.clusters:
                 sleeper = {"resources": {"cpus": 1, "infra": f"slurm/{cluster}"}, "run": "sleep 600"}
@@ -62,24 +64,29 @@ def main() -> None:
             controller = Controller(client, store, "bench", ControllerSettings(grace_seconds=3600))
             await controller.tick()
             ticks: list[float] = []
-            seen_ended: float | None = None
+            seen_ended: dict[str, float] = {}
             bed.freeze_controller("cirrus")
             try:
                 frozen_squeue = await asyncio.to_thread(
                     time_command, bench.raw_ssh("cirrus") + ["squeue --me -h"], None, False)
-                [job_id] = managed.record(store, parse_task(MANAGED, "managed"), "bench")
+                [on_alpine] = managed.record(store, parse_task(MANAGED, "managed"), "bench")
+                [anywhere] = managed.record(store, parse_task(ANYWHERE, "anywhere"), "bench")
                 submitted = time.monotonic()
                 until = submitted + args.seconds
                 while time.monotonic() < until:
                     started = time.monotonic()
                     await controller.tick()
                     ticks.append(time.monotonic() - started)
-                    if seen_ended is None and store.managed([job_id])[0].state == "SUCCEEDED":
-                        seen_ended = time.monotonic() - submitted
+                    for job_id in (on_alpine, anywhere):
+                        if job_id not in seen_ended and store.managed([job_id])[0].state == "SUCCEEDED":
+                            seen_ended[job_id] = time.monotonic() - submitted
                     await asyncio.sleep(args.interval)
             finally:
                 bed.thaw_controller("cirrus")
-            return ticks, seen_ended, frozen_squeue
+            ran = store.attempts_of([anywhere]).get(anywhere, [])
+            return ticks, {"alpine": seen_ended.get(on_alpine, float("nan")),
+                           "anywhere": seen_ended.get(anywhere, float("nan"))}, frozen_squeue, \
+                ran[-1].cluster if ran else None
 
         def queue_calls() -> tuple[list[float], list[float]]:
             time_command(corral_argv("server", "start"), bench.env)
@@ -100,7 +107,7 @@ def main() -> None:
             return calls, launches
 
         try:
-            ticks, seen_ended, frozen_squeue = asyncio.run(scenario())
+            ticks, seen_ended, frozen_squeue, ran_on = asyncio.run(scenario())
             calls, launches = queue_calls()
         finally:
             time_command(corral_argv("server", "stop"), bench.env, check=False)
@@ -108,11 +115,14 @@ def main() -> None:
                 time_command(bench.raw_ssh(cluster) + ["scancel -u corral-test"], check=False)
     print_table(f"cirrus' slurmctld frozen for {args.seconds:g} s; a tick every {args.interval:g} s "
                 f"({len(ticks)} ticks)", [
+                    ("the first tick: places both (vs ssh cirrus squeue, frozen)", ticks[0], frozen_squeue, "-"),
                     ("tick wall time, median (vs ssh cirrus squeue, frozen)", statistics.median(ticks),
                      frozen_squeue, "-"),
                     ("tick wall time, longest (vs ssh cirrus squeue, frozen)", max(ticks), frozen_squeue, "-"),
                     ("managed `sleep 5` on alpine: submitted to seen SUCCEEDED (vs ssh alpine squeue)",
-                     seen_ended if seen_ended is not None else float("nan"), live_squeue, "-"),
+                     seen_ended["alpine"], live_squeue, "-"),
+                    (f"managed `sleep 5` placed over 3 (ran on {ran_on}): submitted to seen SUCCEEDED "
+                     "(vs ssh alpine squeue)", seen_ended["anywhere"], live_squeue, "-"),
                 ])
     print_table(f"`corral queue` again and again, server up, cirrus frozen for {args.seconds:g} s "
                 f"({len(calls)} calls; {sum(c > 1.0 for c in calls)} took over 1 s)", [
@@ -126,8 +136,9 @@ def main() -> None:
                     ("the others, median (vs ssh alpine sbatch, new connection)",
                      statistics.median(launches[1:]), baseline_launch, "-"),
                 ])
-    if seen_ended is None:
-        print("the managed job was not seen to end while cirrus was frozen")
+    for which, seconds in seen_ended.items():
+        if seconds != seconds:  # nan
+            print(f"the managed job ({which}) was not seen to end while cirrus was frozen")
 
 
 if __name__ == "__main__":

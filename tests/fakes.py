@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from corral.client import ProbeOutcome
+from corral.client import LeftOut, ProbeOutcome
 from corral.errors import ClusterUnreachableError
 from corral.infra.base import (
     AttemptFiles,
@@ -171,12 +171,14 @@ class FakeClient:
 
     async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
                     paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None,
-                    reuse_when_busy: bool = False) -> list[ProbeOutcome]:
+                    reuse_when_busy: bool = False, leave_out: dict[str, str] | None = None) -> list[ProbeOutcome]:
         out = []
         for name in clusters or self.registry.names():
             infra = self.infras[name]
-            if infra.unreachable:
+            if name in (leave_out or {}):
+                out.append(ProbeOutcome(name, None, LeftOut(name, (leave_out or {})[name]), 0.0))
+            elif infra.unreachable:
                 out.append(ProbeOutcome(name, None, ClusterUnreachableError(name, "refused (fake)"), 0.0))
             else:
-                out.append(ProbeOutcome(name, infra.snapshot, None, 0.0))
+                out.append(ProbeOutcome(name, await infra.probe(), None, 0.0))
         return out

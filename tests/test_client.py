@@ -144,3 +144,13 @@ def test_a_cluster_whose_last_probe_failed_slowly_is_waited_for_a_second_then_re
         assert answered.ok
 
     asyncio.run(scenario())
+
+
+def test_a_cluster_left_out_is_not_asked_and_says_why():
+    probing, _ = counting_client("left-out-test")
+    CountingInfra.probes = 0
+    [outcome] = asyncio.run(probing.probe(["left-out-test"], leave_out={"left-out-test": "slow, says the tick"}))
+    assert CountingInfra.probes == 0 and outcome.snapshot is None
+    assert isinstance(outcome.error, client.LeftOut) and outcome.error_message == "left-out-test: slow, says the tick"
+    [asked] = asyncio.run(probing.probe(["left-out-test"], leave_out={"another": "slow"}))
+    assert CountingInfra.probes == 1 and asked.ok

@@ -516,3 +516,55 @@ def test_a_tick_waits_for_a_slow_cluster_only_so_long_and_drives_the_jobs_elsewh
         assert store.managed([on_cirrus])[0].state == "SUCCEEDED"
 
     asyncio.run(scenario())
+
+
+def test_a_tick_leaves_a_cluster_whose_status_query_has_not_answered_out_of_its_placement(store):
+    """With cirrus' slurmctld frozen, every tick that placed a job probed cirrus too: 5 s for the first
+    (its `scontrol ping` timeout), 1 s for each later one. A cluster whose status query has not answered
+    in `status_wait` is now left out of the tick's placement, unless a job names it."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+    from tests.test_tracker import CountingSlowInfra
+
+    class ProbeCounting(CountingSlowInfra):
+        probes = 0
+
+        async def probe(self, **asked):
+            self.probes += 1
+            return await super().probe(**asked)
+
+    client = fakes(kind=ProbeCounting)
+    for infra in client.infras.values():
+        infra.gate.set()
+    cirrus = client.infras["cirrus"]
+    controller = Controller(client, store, "test", ControllerSettings(status_wait=0.2))
+
+    def record(resources: dict) -> str:
+        [job_id] = managed.record(store, parse_task({"resources": resources, "run": "true"}, "t"), "t")
+        return job_id
+
+    def attempts(job_id: str):
+        return store.attempts_of([job_id]).get(job_id, [])
+
+    async def scenario() -> None:
+        on_cirrus = record({"accelerators": "B300:8"})  # only cirrus has B300s
+        await controller.tick()
+        assert [a.cluster for a in attempts(on_cirrus)] == ["cirrus"]
+        cirrus.gate.clear()
+        anywhere = record({"accelerators": "B300:8"})
+        probes = cirrus.probes
+        await controller.tick()
+        assert cirrus.probes == probes and attempts(anywhere) == []
+        reason = store.managed([anywhere])[0].reason
+        assert "cirrus: its status query has had no answer in " in reason and "left out of placement" in reason, reason
+        cirrus.gate.set()  # it answers: the next tick places there again
+        await controller.tick()
+        assert [a.cluster for a in attempts(anywhere)] == ["cirrus"] and cirrus.probes == probes + 1
+        cirrus.gate.clear()
+        named = record({"accelerators": "B300:8", "infra": "slurm/cirrus"})
+        await controller.tick()
+        assert cirrus.probes == probes + 2  # a job that names it asks it all the same
+        assert [a.cluster for a in attempts(named)] == ["cirrus"]
+        cirrus.gate.set()
+
+    asyncio.run(scenario())

@@ -13,6 +13,10 @@ answer costs CORRAL_TIMEOUT, a frozen `slurmctld` its `scontrol ping` timeout, 5
 probed again by each caller, but waited for FAILING_PATIENCE seconds only: past that, the caller has
 the last failure, said to be asked again, and the probe goes on behind it. Before, every `launch` and
 `gpus` paid the whole timeout again while such a cluster stayed silent.
+
+A caller that already knows a cluster to be slow (the controller's tick: its status query has not
+answered in `status_wait`) can leave it out (`leave_out`): it gets that as the cluster's failure, and
+nothing is sent there.
 """
 
 from __future__ import annotations
@@ -107,6 +111,12 @@ class StillFailing(ClusterError):
         self.reason = getattr(last, "reason", "error")
 
 
+class LeftOut(ClusterError):
+    """A cluster the caller did not ask, knowing it slow: its status query under way has not answered."""
+
+    reason = "slow"
+
+
 class Client:
     def __init__(self, registry: ClusterRegistry | None = None, transport: SshTransport | None = None,
                  *, timeout: float | None = None, accounts: Accounts | None = None,
@@ -145,18 +155,26 @@ class Client:
 
     async def probe(self, clusters: list[str] | None = None, *, associations: bool = False,
                     paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None,
-                    reuse_when_busy: bool = False, max_age: float = 0.0) -> list[ProbeOutcome]:
+                    reuse_when_busy: bool = False, max_age: float = 0.0,
+                    leave_out: dict[str, str] | None = None) -> list[ProbeOutcome]:
         """Each cluster's snapshot (or why not), in parallel; `associations`: with the user's accounts
         and QOS too (`corral check`); `paths`: which of these exist there (tasks' resources.paths);
         `filesystems`: per cluster, paths whose filesystem type to read (profiles' paths, for check).
         `reuse_when_busy` (placement): where the cluster's budget cannot afford a probe at once, the
         latest snapshot of the last RECENT_PROBE_MAX_AGE seconds answers instead of a wait for a slot.
-        `max_age` > 0: the latest probe of each cluster answers if it started at most that many seconds ago."""
+        `max_age` > 0: the latest probe of each cluster answers if it started at most that many seconds ago.
+        `leave_out`: clusters not to ask, each with why (LeftOut)."""
         names = [e.name for e in self.registry.select(clusters)]
         asked = tuple(sorted(set(paths)))
-        return list(await asyncio.gather(*(
-            self._probe_one(n, (associations, asked, tuple((filesystems or {}).get(n, ()))), reuse_when_busy, max_age)
-            for n in names)))
+        skipped = leave_out or {}
+
+        async def one(name: str) -> ProbeOutcome:
+            if name in skipped:
+                return ProbeOutcome(name, None, LeftOut(name, skipped[name]), 0.0, time.time())
+            extras = (associations, asked, tuple((filesystems or {}).get(name, ())))
+            return await self._probe_one(name, extras, reuse_when_busy, max_age)
+
+        return list(await asyncio.gather(*(one(n) for n in names)))
 
     async def _probe_one(self, cluster: str, extras: ProbeAsk = (False, (), ()),
                          reuse_when_busy: bool = False, max_age: float = 0.0) -> ProbeOutcome:

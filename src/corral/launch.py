@@ -150,9 +150,13 @@ class Launcher:
     store: Store
     events: LaunchEvents = field(default_factory=LaunchEvents)
     owner: str = ""  # the user the jobs it records belong to (controller/auth.py)
+    # Clusters known slow to answer, with why (tracker.left_out): the server's API passes the clusters
+    # whose status query is overdue, so that a launch does not wait for them.
+    slow: dict[str, str] = field(default_factory=dict)
 
-    async def probe_for(self, tasks: list[Task]) -> list[ProbeOutcome]:
-        """One probe of every cluster any of the tasks may run on."""
+    async def probe_for(self, tasks: list[Task], slow: dict[str, str] | None = None) -> list[ProbeOutcome]:
+        """One probe of every cluster any of the tasks may run on. `slow` (default: the launcher's): clusters
+        known slow to answer, with why, left out where a task may run anywhere; one a task names is asked."""
         # Each distinct task once: a sweep's jobs share one parsed task (engine._parse_task).
         options = [o for task in {id(t): t for t in tasks}.values() for o in resource_options(task.resources)]
         pinned = {o.infra.cluster for o in options}
@@ -161,7 +165,10 @@ class Launcher:
         clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
         paths = {p for o in options for p in o.paths}
         # Under load, a snapshot up to half a minute old rather than a wait for the budget (client.py).
-        return await self.client.probe(clusters, paths=tuple(sorted(paths)), reuse_when_busy=True)
+        slow = self.slow if slow is None else slow
+        left_out = {c: why for c, why in slow.items() if c not in pinned} if None in pinned else {}
+        return await self.client.probe(clusters, paths=tuple(sorted(paths)), reuse_when_busy=True,
+                                       leave_out=left_out)
 
     async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None,
                    owner: str | None = None) -> Plan:

@@ -77,6 +77,9 @@ class RefreshReport:
     # Clusters still being asked when the caller stopped waiting (`Tracker.so_far`), whose last answer was
     # not a failure: slow, not known to be down (in `errors` too, saying so). Their jobs are as last seen.
     waiting: list[str] = field(default_factory=list)
+    # Every cluster still being asked then (the `waiting` ones and those failing), with how long its query
+    # had run: the controller's tick leaves them out of its placement.
+    asking: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,18 @@ class Flights:
     def age(self, cluster: str) -> float:
         """Seconds the cluster's running query has run (0 if none runs)."""
         return time.monotonic() - self._running[cluster][1] if cluster in self._running else 0.0
+
+    def overdue(self, after: float) -> dict[str, float]:
+        """The clusters whose running query has run `after` seconds or more, with how long."""
+        now = time.monotonic()
+        return {c: round(now - started, 1) for c, (_, started) in self._running.items() if now - started >= after}
+
+
+def left_out(ages: dict[str, float]) -> dict[str, str]:
+    """Why placement leaves out each cluster whose status query has not answered (`ages`: how long it has
+    run): its probe, and a submission there, would most likely wait as long (Client.probe's `leave_out`)."""
+    return {c: f"its status query has had no answer in {age:g} s; left out of placement until it answers"
+            for c, age in ages.items()}
 
 
 @dataclass(frozen=True)
@@ -220,14 +235,17 @@ class Tracker:
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
         silent, waiting = self._unanswered(overdue)
-        return RefreshReport({**errors, **silent}, trips, reaped, sorted(deferred), waiting)
+        return RefreshReport({**errors, **silent}, trips, reaped, sorted(deferred), waiting, self._ages(overdue))
 
     def so_far(self) -> RefreshReport:
         """The refresh under way as far as it has come, for a caller that stopped waiting: the clusters
         that answered are written to the store already; those it still waits for are reported, and
         their jobs are as last seen."""
         silent, waiting = self._unanswered(self.asking)
-        return RefreshReport({**self.errors, **silent}, {}, waiting=waiting)
+        return RefreshReport({**self.errors, **silent}, {}, waiting=waiting, asking=self._ages(self.asking))
+
+    def _ages(self, clusters: set[str]) -> dict[str, float]:
+        return {cluster: round(self.flights.age(cluster), 1) for cluster in sorted(clusters)}
 
     def _unanswered(self, clusters: set[str]) -> tuple[dict[str, str], list[str]]:
         """Why each of these clusters, still being asked, is not answered yet; and those of them that are

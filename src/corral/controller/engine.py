@@ -55,7 +55,7 @@ from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
 from corral.state.sealed import unseal
 from corral.state.store import TERMINAL_STATES
 from corral.task import Task, resolved_envs
-from corral.tracker import RefreshScope, SharedRefresh, Tracker, sent_by_account
+from corral.tracker import RefreshScope, SharedRefresh, Tracker, left_out, sent_by_account
 
 LEASE = "controller"
 CHECKPOINTS_DIR = ".corral/checkpoints"
@@ -130,7 +130,9 @@ class Controller:
             managed = [m for m in managed if self._drives(m.job_id, attempts, configured, held, chores)]
             report.jobs = len(managed)
             if managed:
-                sent = await self._drive(managed, attempts, held, now, report)
+                # A cluster whose status query has not answered is left out of this tick's placement (a
+                # job that names it excepted): its probe, and a submission, would most likely wait too.
+                sent = await self._drive(managed, attempts, held, now, report, left_out(refresh.asking))
         await self._cancel_again(cancelling, held, set(refresh.errors) | self._unreachable_beyond_grace(now), sent)
         report.round_trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                               if n - before.get(c, 0)}
@@ -147,8 +149,9 @@ class Controller:
         return home in held if home is not None else chores
 
     async def _drive(self, managed: list[ManagedJobRow], attempts: dict[str, list[AttemptRow]], held: set[str],
-                     now: float, report: TickReport) -> set[str]:
-        """Decide for each job (rules.py) and carry the decisions out; returns the attempts it cancelled."""
+                     now: float, report: TickReport, slow: dict[str, str]) -> set[str]:
+        """Decide for each job (rules.py) and carry the decisions out; returns the attempts it cancelled.
+        `slow`: clusters not asked for placement, with why."""
         unreachable = self._unreachable_beyond_grace(now)
         to_place: list[tuple[str, str]] = []  # (job id, why)
         pending: list[tuple[ManagedJobRow, str, AttemptRow]] = []
@@ -189,7 +192,7 @@ class Controller:
         placing = [(rows[job], why) for job, why in to_place]
         moving = [(m, rows[job], latest) for m, job, latest in pending]
         outcomes = await self.launcher.probe_for([_task(job) for job, _ in placing] +
-                                                 [_task(job) for _, job, _ in moving])
+                                                 [_task(job) for _, job, _ in moving], slow)
         report.submitted += await self._place(placing, attempts, outcomes, unreachable, now)
         report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
         return sent
@@ -543,4 +546,6 @@ def _task_key(job: JobRow) -> tuple[str, str]:
 
 
 def _reasons(plan: Plan) -> str:
-    return "; ".join(f"{c.infra}: {c.reason}" for c in plan.ranked()[:4] if c.reason) or "none feasible"
+    """Why no place fits: the best four places' reasons, then each cluster not asked or not answering."""
+    reasons = [f"{c.infra}: {c.reason}" for c in plan.ranked()[:4] if c.reason] + list(plan.unreachable.values())
+    return "; ".join(reasons) or "none feasible"

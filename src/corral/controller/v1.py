@@ -35,7 +35,7 @@ from corral.infra.base import JobState
 from corral.profiles import named_paths, profile_warnings
 from corral.state import Store
 from corral.state.store import JobFilter
-from corral.tracker import RefreshReport, SharedRefresh, Tracker
+from corral.tracker import RefreshReport, SharedRefresh, Tracker, left_out
 from corral.views import job_json
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
@@ -68,7 +68,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     """`wake`: tick the controller now (new managed work)."""
     router = APIRouter(prefix="/v1", responses=REFUSALS)
     shared = refreshes or SharedRefresh()
-    v1_launch.add_routes(router, store, wake)
+    v1_launch.add_routes(router, store, wake, lambda: left_out(shared.flights.overdue(API_WAIT_AT_MOST)))
     v1_dev.add_routes(router, store)
     v1_users.add_routes(router, store)
     web.add_api_routes(router, store)

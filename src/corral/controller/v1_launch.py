@@ -262,7 +262,10 @@ def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingR
     return JsonLines(body())
 
 
-def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> None:
+def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
+               slow: Callable[[], dict[str, str]] = dict) -> None:
+    """`slow`: the clusters a launch leaves out now, with why (their status queries are overdue)."""
+
     @router.get("/uploads/{digest}")
     async def upload_held(me: Me, digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")]) -> dict[str, object]:
         """Whether the server holds these files from you already (then they need not be sent)."""
@@ -284,7 +287,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None]) -> Non
         async def work(put: Put) -> dict[str, Any]:
             for task, source in built:
                 put_warnings(put, task, source)
-            launcher = Launcher(Client(), launcher_store, launch_events(put), owner=me.owner)
+            launcher = Launcher(Client(), launcher_store, launch_events(put), owner=me.owner, slow=slow())
             if request.dryrun:  # nothing fetched: object storage is only listed, for its size
                 plans = [await launcher.plan(task, predict="all") for task, _ in built]
                 sizes = [await launcher.transfer_sizes(task, plan) for (task, _), plan in zip(built, plans)]

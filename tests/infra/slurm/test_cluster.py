@@ -20,7 +20,7 @@ from corral.errors import SlurmControllerError
 from corral.launch import Launcher
 from corral.state import open_store
 from corral.task import parse_task
-from corral.tracker import SharedRefresh, Tracker
+from corral.tracker import SharedRefresh, Tracker, left_out
 
 
 @pytest.fixture
@@ -152,6 +152,13 @@ def test_a_frozen_controller_holds_up_only_its_own_cluster_and_is_not_asked_twic
             assert second.waiting == ["cirrus"] and time.monotonic() - again < 3.0
             assert spent_since("alpine", again) == asked > 0  # alpine asked again, as much
             assert spent_since("cirrus", again) == 0 and shared.flights.running() == {"cirrus"}
+            # A launch that may run anywhere leaves cirrus out while its status query is overdue (the
+            # server's API does so): its probe would have waited for `scontrol ping` to give up, 5 s.
+            slow = left_out(shared.flights.overdue(1.0))
+            assert list(slow) == ["cirrus"]
+            anywhere = parse_task({"resources": {"cpus": 1}, "run": "true"}, "test")
+            [share] = await Launcher(client, store, slow=slow).launch(anywhere, "test")
+            assert share.cluster != "cirrus" and spent_since("cirrus", again) == 0
         finally:
             testbed.thaw_controller("cirrus")
         deadline = time.monotonic() + 30
