@@ -10,7 +10,8 @@ import pytest
 from corral.config import load_registry
 from corral.errors import ClusterUnreachableError, ConfigError, HostKeyError, RemoteCommandError, SshAuthError
 from corral.ssh import SshTransport, control_dir
-from tests.helpers import host_block, option
+from tests.conftest import wait_for
+from tests.helpers import host_block, option, runs_somewhere
 
 
 def transport_for(path: Path) -> SshTransport:
@@ -304,12 +305,13 @@ def test_server_stop_closes_its_masters_and_lets_a_running_session_end(corral, c
     transport = transport_for(testbed.cluster_config)
     sockets = control_dir()
     assert len([s for s in sockets.iterdir() if s.is_socket()]) == 3
-    session = subprocess.Popen(transport.ssh_argv("alpine", ["sleep 1; echo finished"]), stdout=subprocess.PIPE,
+    # Its own sleep, found by its whole command line: `pgrep -f "sleep 1"` also found the testbed's other
+    # sleeps (`sleep 15`), so the server could stop before the session had reached its master; the
+    # session then opened a master of its own, and its socket was left (seen once in CI).
+    session = subprocess.Popen(transport.ssh_argv("alpine", ["sleep 2.017; echo finished"]), stdout=subprocess.PIPE,
                                text=True)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and "sleep 1" not in subprocess.run(
-            ["pgrep", "-af", "sleep 1"], capture_output=True, text=True).stdout:
-        time.sleep(0.02)  # the session has started on the login node
+    wait_for("the session to run on the login node", lambda: runs_somewhere("sleep", "2.017"), timeout=10,
+             interval=0.02)
     assert corral("server", "stop").exit_code == 0
     assert not [s for s in sockets.iterdir() if s.is_socket()]  # no new session goes through them
     assert session.communicate(timeout=20)[0] == "finished\n"
