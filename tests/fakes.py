@@ -173,10 +173,11 @@ class FakeClient:
                     paths: tuple[str, ...] = (), filesystems: dict[str, tuple[str, ...]] | None = None,
                     reuse_when_busy: bool = False, leave_out: dict[str, str] | None = None) -> list[ProbeOutcome]:
         out = []
+        leave_out = leave_out or {}
         for name in clusters or self.registry.names():
             infra = self.infras[name]
-            if name in (leave_out or {}):
-                out.append(ProbeOutcome(name, None, LeftOut(name, (leave_out or {})[name]), 0.0))
+            if name in leave_out:
+                out.append(ProbeOutcome(name, None, LeftOut(name, leave_out[name]), 0.0))
             elif infra.unreachable:
                 out.append(ProbeOutcome(name, None, ClusterUnreachableError(name, "refused (fake)"), 0.0))
             else:

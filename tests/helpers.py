@@ -45,13 +45,13 @@ def free_port() -> int:
 def runs_somewhere(*argv: str) -> bool:
     """Whether some process on this machine (the testbed's nodes included) runs exactly `argv`."""
     wanted = b"\0".join(a.encode() for a in argv) + b"\0"
-    found = False
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            found = found or cmdline.read_bytes() == wanted
+            if cmdline.read_bytes() == wanted:
+                return True
         except OSError:  # it ended while we looked
             pass
-    return found
+    return False
 
 
 def ssh_login(config: Path, cluster: str, command: str, timeout: float = 30) -> str:

@@ -14,9 +14,10 @@ probed again by each caller, but waited for FAILING_PATIENCE seconds only: past 
 the last failure, said to be asked again, and the probe goes on behind it. Before, every `launch` and
 `gpus` paid the whole timeout again while such a cluster stayed silent.
 
-A caller that already knows a cluster to be slow (the controller's tick: its status query has not
-answered in `status_wait`) can leave it out (`leave_out`): it gets that as the cluster's failure, and
-nothing is sent there.
+A caller that already knows a cluster to be slow can leave it out (`leave_out`): it gets that as the
+cluster's failure, and nothing is sent there. The controller's tick leaves out each cluster whose
+status query has not answered in `status_wait`; the server's launches each whose query has run
+API_WAIT_AT_MOST seconds (controller/v1.py; tracker.left_out).
 """
 
 from __future__ import annotations

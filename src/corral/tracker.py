@@ -34,7 +34,7 @@ import functools
 import math
 import operator
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,14 +125,16 @@ class Flights:
         last = self.last.get(cluster)
         return last is not None and last.error is not None
 
-    def age(self, cluster: str) -> float:
-        """Seconds the cluster's running query has run (0 if none runs)."""
-        return time.monotonic() - self._running[cluster][1] if cluster in self._running else 0.0
+    def ages(self, clusters: Iterable[str] | None = None) -> dict[str, float]:
+        """Seconds, to a tenth, each of these clusters' running query has run (0 if none runs); all
+        clusters with a running query if `clusters` is None. Sorted by cluster."""
+        now = time.monotonic()
+        names = sorted(self._running if clusters is None else clusters)
+        return {c: round(now - self._running[c][1], 1) if c in self._running else 0.0 for c in names}
 
     def overdue(self, after: float) -> dict[str, float]:
         """The clusters whose running query has run `after` seconds or more, with how long."""
-        now = time.monotonic()
-        return {c: round(now - started, 1) for c, (_, started) in self._running.items() if now - started >= after}
+        return {c: age for c, age in self.ages().items() if age >= after}
 
 
 def left_out(ages: dict[str, float]) -> dict[str, str]:
@@ -235,25 +237,21 @@ class Tracker:
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
         silent, waiting = self._unanswered(overdue)
-        return RefreshReport({**errors, **silent}, trips, reaped, sorted(deferred), waiting, self._ages(overdue))
+        return RefreshReport({**errors, **silent}, trips, reaped, sorted(deferred), waiting, self.flights.ages(overdue))
 
     def so_far(self) -> RefreshReport:
         """The refresh under way as far as it has come, for a caller that stopped waiting: the clusters
         that answered are written to the store already; those it still waits for are reported, and
         their jobs are as last seen."""
         silent, waiting = self._unanswered(self.asking)
-        return RefreshReport({**self.errors, **silent}, {}, waiting=waiting, asking=self._ages(self.asking))
-
-    def _ages(self, clusters: set[str]) -> dict[str, float]:
-        return {cluster: round(self.flights.age(cluster), 1) for cluster in sorted(clusters)}
+        return RefreshReport({**self.errors, **silent}, {}, waiting=waiting, asking=self.flights.ages(self.asking))
 
     def _unanswered(self, clusters: set[str]) -> tuple[dict[str, str], list[str]]:
         """Why each of these clusters, still being asked, is not answered yet; and those of them that are
         only slow (`waiting`): one that failed when last asked is still failing."""
         silent: dict[str, str] = {}
         waiting: list[str] = []
-        for cluster in sorted(clusters):
-            age = round(self.flights.age(cluster), 1)
+        for cluster, age in self.flights.ages(clusters).items():
             if self.flights.failed(cluster):
                 silent[cluster] = asked_again(self.flights.last[cluster].error or "", age)
             else:
