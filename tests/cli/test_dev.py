@@ -330,3 +330,23 @@ def test_a_tasks_skypilot_autostop_is_the_allocations_idle_limit(corral, clean, 
     assert corral("status", "--json").json() == []
     again = corral("down", "--all")
     assert again.exit_code == 0 and "no dev allocations to release" in again.stderr
+
+
+def test_a_new_allocation_leaves_out_a_cluster_whose_status_query_is_overdue(corral, testbed, clean):
+    """cirrus' slurmctld frozen while the server tracks a job there: once cirrus' status query has gone
+    3 s unanswered, a new allocation that may go anywhere (and a launch's plan) leaves cirrus out and
+    says why, instead of probing it: its `scontrol ping` would take 5 s to give up."""
+    there = corral("launch", "-d", "--infra", "slurm/cirrus", "--cpus", "1", "--", "sleep 300")
+    assert there.exit_code == 0, there.stderr
+    testbed.freeze_controller("cirrus")
+    try:
+        wait_for("cirrus' status query to go 3 s unanswered",
+                 lambda: re.search(r"cirrus: no answer in [3-9]", corral("queue").stderr), timeout=40)
+        left_out = "cirrus: its status query has had no answer in"
+        plan = corral("launch", "--dryrun", "--cpus", "1", "--", "true")
+        assert (plan.exit_code, left_out in plan.stdout) == (0, True), plan.stdout + plan.stderr
+        up = corral("launch", "-c", "dev", "--cpus", "1")
+        assert (up.exit_code, left_out in up.stderr) == (0, True), up.stdout + up.stderr
+        assert re.search(r"dev is ready on slurm/(alpine|borealis)/", up.stderr), up.stderr
+    finally:
+        testbed.thaw_controller("cirrus")

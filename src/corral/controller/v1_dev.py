@@ -74,13 +74,14 @@ def status_json(status: AllocationStatus) -> dict[str, Any]:
     return status.to_json(time.time())
 
 
-def add_routes(router: APIRouter, store: Store) -> None:
+def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str]] = dict) -> None:
+    """`slow`: the clusters a new allocation leaves out now, with why (their status queries are overdue)."""
     locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def dev(me: Principal, put: Put | None = None) -> DevAllocations:
         """`me`'s allocations (names are per user; an admin's listing shows everyone's)."""
         client = Client()
-        launcher = Launcher(client, store, launch_events(put or (lambda e: None)), owner=me.owner)
+        launcher = Launcher(client, store, launch_events(put or (lambda e: None)), owner=me.owner, slow=slow())
         return DevAllocations(client, store, launcher, sees_all=me.scope is None, local=me.local)
 
     @router.post("/dev/{name}", response_class=JsonLines, responses=STREAM_REFUSALS)
