@@ -17,6 +17,7 @@ import pytest
 from corral import budget
 from corral.client import Client
 from corral.errors import SlurmControllerError
+from corral.infra.slurm.probe import parse_probe_output, probe_script
 from corral.launch import Launcher
 from corral.state import open_store
 from corral.task import parse_task
@@ -167,3 +168,14 @@ def test_a_frozen_controller_holds_up_only_its_own_cluster_and_is_not_asked_twic
             await asyncio.sleep(0.1)
 
     asyncio.run(scenario())
+
+
+def test_a_probe_whose_tmpdir_does_not_exist_uses_tmp(testbed):
+    """A login environment whose TMPDIR is gone (or full): the probe's scratch folder falls back to /tmp
+    (then the home folder) instead of failing with no reason given."""
+    script = probe_script(5)
+    run = subprocess.run(["ssh", "-F", str(testbed.cluster_config), "-o", "BatchMode=yes", "alpine",
+                          "TMPDIR=/nonexistent bash -s"], input=script, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    snapshot = parse_probe_output("alpine", run.stdout, 5)
+    assert [p.name for p in snapshot.partitions] == ["gpu", "cpu", "inference"] and len(snapshot.nodes) == 4

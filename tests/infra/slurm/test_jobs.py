@@ -121,6 +121,13 @@ def test_predictions():
     assert answers[3][0] is None and "Requested node configuration is not available" in answers[3][1]
 
 
+def test_predictions_where_the_login_node_has_no_room_for_a_temporary_folder():
+    """Recorded with /tmp mounted read-only and an unwritable home: each candidate says why."""
+    [(start, words)] = parse_test_only(fixture("test-only-no-scratch"), 1)
+    assert start is None and words.startswith("the login node has no room for a temporary folder in $TMPDIR, "
+                                              "/tmp or the home folder (mktemp: failed to create directory")
+
+
 def test_submit_answers():
     assert parse_submit("@@corral submitted 42 new\n").handle == "42"
     assert parse_submit("@@corral submitted 42 existing\n").already_existed

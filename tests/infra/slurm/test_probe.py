@@ -2,7 +2,7 @@
 
 import pytest
 
-from corral.errors import ProbeParseError, SlurmControllerError
+from corral.errors import ClusterError, ProbeParseError, SlurmControllerError
 from corral.infra.slurm.probe import parse_probe_output, probe_script
 from corral.inventory import gpu_availability
 from tests.conftest import FIXTURES
@@ -53,6 +53,16 @@ def test_untyped_gres_and_empty_partition():
 def test_controller_down_is_reported_from_ping():
     with pytest.raises(SlurmControllerError, match="cirrus: Slurm controller is down: .*cirrus-ctl is DOWN"):
         parse_probe_output("cirrus", fixture("cirrus-controller-down"), 5)
+
+
+def test_no_room_for_a_temporary_folder_is_said_so():
+    """Recorded with /tmp mounted read-only, TMPDIR unset and an unwritable home (the probe tries
+    $TMPDIR, /tmp, then the home folder): the reason, not 'the output ended early'."""
+    with pytest.raises(ClusterError, match=r"^alpine: the login node has no room for a temporary folder in \$TMPDIR, "
+                                           r"/tmp or the home folder \(mktemp: failed to create directory via "
+                                           r"template '/proc/nonexistent/\.corral-scratch\.XXXXXX': No such file or "
+                                           r"directory\); free some space there$"):
+        parse_probe_output("alpine", fixture("no-scratch"), 5)
 
 
 def test_login_banner_before_the_first_section_is_ignored():

@@ -28,7 +28,7 @@ from corral.infra.slurm.jobscript import (
     spec_for,
 )
 from corral.infra.slurm.parsing import FIELD_SEPARATOR, format_spec
-from corral.infra.slurm.probe import MARK, split_sections
+from corral.infra.slurm.probe import MARK, SCRATCH, scratch_failure, split_sections
 
 _START_AT = re.compile(r"to start at (\S+)")
 _JOB_ID = re.compile(r"^\d+(_\d+)?\Z", re.ASCII)
@@ -98,7 +98,7 @@ def parse_clock(text: str) -> Clock:
 def test_only_script(requests: list[JobRequest], cluster: str) -> str:
     """`sbatch --test-only` for several candidates at once, in parallel (a job script as rewritten for
     the cluster, Corral's own jobs with their options and a `--wrap`)."""
-    out = [CLOCK, 'd=$(mktemp -d "${TMPDIR:-/tmp}/corral-test.XXXXXX") || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
+    out = [CLOCK + SCRATCH]
     scripts = [i for i, r in enumerate(requests) if userscript.is_script_request(r)]
     out += userscript.test_only_lines([requests[i] for i in scripts], cluster, scripts)
     for i, request in enumerate(requests):
@@ -115,10 +115,11 @@ def parse_test_only(stdout: str, count: int) -> list[tuple[float | None, str]]:
     """(predicted start in epoch seconds or None, Slurm's words) for each candidate."""
     sections = split_sections(stdout)
     clock = parse_clock(sections["clock"].text)
+    no_scratch = scratch_failure(sections)
     out = []
     for i in range(count):
         text = sections.get(f"test{i}")
-        words = " ".join(text.text.split()) if text else "no answer"
+        words = " ".join(text.text.split()) if text else no_scratch or "no answer"
         match = _START_AT.search(words)
         out.append((clock.to_epoch(match.group(1)) if match else None, words))
     return out

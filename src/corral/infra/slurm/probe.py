@@ -7,7 +7,7 @@ and `scontrol ping`, which answers in milliseconds when the controller port refu
 says the controller is not up, the queries are killed and the probe reports that at once, instead of
 after Slurm's own ~10 s of retries. The outputs are printed as marked sections with their exit
 statuses, by one `cat` (24 ms for the script on the testbed, against 42 ms when each step waited for
-the one before).
+the one before), from a scratch folder in $TMPDIR, /tmp or the home folder (SCRATCH).
 
 The login node's facts (`FACTS`: Slurm's version, the home's filesystem, the container runtimes)
 are asked for only when the caller does not know them yet: the Slurm infra keeps them with the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from corral.errors import ProbeParseError, SlurmControllerError
+from corral.errors import ClusterError, ProbeParseError, SlurmControllerError
 from corral.infra.base import ClusterSnapshot
 from corral.task import SAFE_PATH, expandable
 from corral.infra.slurm.parsing import (
@@ -42,6 +42,26 @@ QUERIES = {
     "partitions": "scontrol show partition -o",
     "pending": f"squeue -h -t PENDING -O '{format_spec(SQUEUE_PENDING_FIELDS)}'",
 }
+
+
+# A scratch folder for the outputs of commands run at once: in $TMPDIR, else /tmp, else the home
+# folder (a login node's /tmp is full often enough, and a probe that cannot write there would
+# otherwise fail with no reason given). If none takes one, a `scratch` section says why, and `end`.
+SCRATCH = f"""\
+d=$(mktemp -d "${{TMPDIR:-/tmp}}/corral.XXXXXX" 2>/dev/null || mktemp -d /tmp/corral.XXXXXX 2>/dev/null \
+  || mktemp -d "$HOME/.corral-scratch.XXXXXX" 2>&1) \
+  || {{ printf '\\n{MARK} scratch 1\\n%s\\n\\n{MARK} end 0\\n' "$d"; exit 0; }}
+trap 'rm -rf "$d"' EXIT
+"""
+
+
+def scratch_failure(sections: dict[str, Section]) -> str | None:
+    """Why a script found no scratch folder on the login node (SCRATCH); None if it found one."""
+    failed = sections.get("scratch")
+    if failed is None or failed.status == 0:
+        return None
+    return (f"the login node has no room for a temporary folder in $TMPDIR, /tmp or the home folder "
+            f"({_one_line(failed.text)}); free some space there")
 
 
 # `corral check` only: the user's associations (account|qos per line), from slurmdbd where there is one.
@@ -80,9 +100,7 @@ def probe_script(slurm_timeout: int, *, associations: bool = False, paths: tuple
     sections = " ".join(f'"$d/{name}.h" "$d/{name}"' for name in queries)
     return f"""\
 export LC_ALL=C
-d=$(mktemp -d "${{TMPDIR:-/tmp}}/corral-probe.XXXXXX") || exit 1
-trap 'rm -rf "$d"' EXIT
-{started}
+{SCRATCH}{started}
 {{
 {_FACTS_LINES if facts else ""}printf '\\n{MARK} paths 0\\n'
 {exists}}} >"$d/static" & static=$!
@@ -137,6 +155,8 @@ def read_probe(cluster: str, stdout: str, slurm_timeout: int, seconds: float = 0
 
 def _snapshot(cluster: str, sections: dict[str, Section], slurm_timeout: int, seconds: float) -> ClusterSnapshot:
     got = f" (sections: {', '.join(sections) or 'none'})"  # what came, for whoever reads the error
+    if (no_scratch := scratch_failure(sections)) is not None:
+        raise ClusterError(cluster, no_scratch)
     if "end" not in sections:
         raise ProbeParseError(cluster, f"the probe's output ended early{got}; was the remote shell killed?")
     version_text = sections.get("version", Section(0, "")).text.strip()
