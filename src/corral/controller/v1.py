@@ -68,6 +68,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     """`wake`: tick the controller now (new managed work)."""
     router = APIRouter(prefix="/v1", responses=REFUSALS)
     shared = refreshes or SharedRefresh()
+
     def slow() -> dict[str, str]:  # clusters whose status query is overdue: a launch does not wait for them
         return left_out(shared.flights.overdue(API_WAIT_AT_MOST))
 
