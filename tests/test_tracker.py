@@ -166,7 +166,7 @@ def test_a_refresh_newer_than_one_held_up_asks_the_others_again_and_joins_the_sl
         assert (alpine.queried, cirrus.queried) == (2, 1) and shared.flights.running() == {"cirrus"}
         # Nor is cirrus' query, already older than a caller's patience, waited for again: the refresh ends
         # with alpine's answer (it would wait for ever for cirrus' gate).
-        await until(lambda: shared.flights.ages(["cirrus"])["cirrus"] >= 0.2)
+        await until(lambda: "cirrus" in shared.flights.overdue(0.2))  # unrounded, as `patience` is compared
         third = await asyncio.wait_for(Tracker(client, store, shared.flights).refresh(patience=0.2), timeout=5)
         assert third.waiting == ["cirrus"]
         assert re.fullmatch(r"no answer in 0\.\d+ s; its jobs are shown as last seen \(Corral keeps asking\)",

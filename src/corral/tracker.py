@@ -125,16 +125,21 @@ class Flights:
         last = self.last.get(cluster)
         return last is not None and last.error is not None
 
-    def ages(self, clusters: Iterable[str] | None = None) -> dict[str, float]:
+    def ages(self, clusters: Iterable[str] | None = None, *, at_least: float = 0.0) -> dict[str, float]:
         """Seconds, to a tenth, each of these clusters' running query has run (0 if none runs); all
-        clusters with a running query if `clusters` is None. Sorted by cluster."""
+        clusters with a running query if `clusters` is None. Sorted by cluster. `at_least`: only those
+        whose query has run that long, unrounded (as a caller's patience is compared)."""
         now = time.monotonic()
-        names = sorted(self._running if clusters is None else clusters)
-        return {c: round(now - self._running[c][1], 1) if c in self._running else 0.0 for c in names}
+        ages = {}
+        for cluster in sorted(self._running if clusters is None else clusters):
+            elapsed = now - self._running[cluster][1] if cluster in self._running else 0.0
+            if elapsed >= at_least:
+                ages[cluster] = round(elapsed, 1)
+        return ages
 
     def overdue(self, after: float) -> dict[str, float]:
         """The clusters whose running query has run `after` seconds or more, with how long."""
-        return {c: age for c, age in self.ages().items() if age >= after}
+        return self.ages(at_least=after)
 
 
 def left_out(ages: dict[str, float]) -> dict[str, str]:
