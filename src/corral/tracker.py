@@ -241,22 +241,25 @@ class Tracker:
         await asyncio.gather(*(one(c, a) for c, a in by_cluster.items()))
         trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                  if n - before.get(c, 0)}
-        silent, waiting = self._unanswered(overdue)
-        return RefreshReport({**errors, **silent}, trips, reaped, sorted(deferred), waiting, self.flights.ages(overdue))
+        ages = self.flights.ages(overdue)
+        silent, waiting = self._unanswered(ages)
+        return RefreshReport({**errors, **silent}, trips, reaped, sorted(deferred), waiting, ages)
 
     def so_far(self) -> RefreshReport:
         """The refresh under way as far as it has come, for a caller that stopped waiting: the clusters
         that answered are written to the store already; those it still waits for are reported, and
         their jobs are as last seen."""
-        silent, waiting = self._unanswered(self.asking)
-        return RefreshReport({**self.errors, **silent}, {}, waiting=waiting, asking=self.flights.ages(self.asking))
+        ages = self.flights.ages(self.asking)
+        silent, waiting = self._unanswered(ages)
+        return RefreshReport({**self.errors, **silent}, {}, waiting=waiting, asking=ages)
 
-    def _unanswered(self, clusters: set[str]) -> tuple[dict[str, str], list[str]]:
-        """Why each of these clusters, still being asked, is not answered yet; and those of them that are
-        only slow (`waiting`): one that failed when last asked is still failing."""
+    def _unanswered(self, ages: dict[str, float]) -> tuple[dict[str, str], list[str]]:
+        """Why each of these clusters, still being asked (`ages`: how long, Flights.ages), is not answered
+        yet; and those of them that are only slow (`waiting`): one that failed when last asked is still
+        failing."""
         silent: dict[str, str] = {}
         waiting: list[str] = []
-        for cluster, age in self.flights.ages(clusters).items():
+        for cluster, age in ages.items():
             if self.flights.failed(cluster):
                 silent[cluster] = asked_again(self.flights.last[cluster].error or "", age)
             else:
