@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import statistics
 import sys
@@ -137,7 +138,7 @@ def main() -> None:
                      statistics.median(launches[1:]), baseline_launch, "-"),
                 ])
     for which, seconds in seen_ended.items():
-        if seconds != seconds:  # nan
+        if math.isnan(seconds):
             print(f"the managed job ({which}) was not seen to end while cirrus was frozen")
 
 
