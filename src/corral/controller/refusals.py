@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
+from corral.controller.protocol import MAX_REQUEST_HEAD
 from corral.errors import CorralError, ForbiddenError, UnknownClusterError
 from corral.state.store import JobNotFoundError
 
@@ -77,6 +78,7 @@ class Refused(BaseModel):
 
 def refusals(*statuses: int, streamed: bool = False) -> dict[int | str, dict[str, object]]:
     """The OpenAPI description of what an operation may refuse; every refusal has the JSON body `Refused`.
+    Any operation may answer 431 (a request line and headers too long to read: controller/protocol.py).
     `streamed`: for an operation whose answer is a stream, which FastAPI would otherwise say of its
     refusals too (they are JSON, answered before the stream starts)."""
     described = {
@@ -84,7 +86,10 @@ def refusals(*statuses: int, streamed: bool = False) -> dict[int | str, dict[str
         401: "No token, or one the server does not know",
         403: "Not this user's to do (another user's, or an admin's only)",
         404: "No such job, cluster, dev allocation or upload (or not this user's)",
+        431: f"The request's line and headers are too long to read (over {MAX_REQUEST_HEAD // 1024} KiB): "
+             "nothing was done",
     }
+    statuses = (*statuses, 431)
     if streamed:
         body = {"application/json": {"schema": {"$ref": "#/components/schemas/Refused"}}}
         return {status: {"description": described[status], "content": body} for status in statuses}

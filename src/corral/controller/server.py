@@ -31,10 +31,6 @@ from corral.config import corral_home, private_file, write_private
 from corral.errors import ConfigError, CorralError, UnavailableError
 
 MAX_INTERVAL = 10.0
-# Bytes of a request's line and headers. h11's default (16 KiB) drops the connection, without an answer,
-# on a query the API allows: `GET /v1/dev/{name}/ssh?command=` up to 8,192 characters, 12 bytes each
-# when percent-encoded.
-MAX_REQUEST_HEAD = 256 * 1024
 
 
 def pid_file() -> Path:
@@ -337,6 +333,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     from corral.client import Client
     from corral.controller.api import ControllerStatus, TickFigures, create_app
     from corral.controller.engine import LEASE, Controller, ControllerSettings
+    from corral.controller.protocol import MAX_REQUEST_HEAD, RefusingH11Protocol
     from corral.sdk.endpoint import settings as endpoint_settings
     from corral.state import open_store
     from corral.usage import UsageSampler
@@ -371,7 +368,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
                      trusted_proxies=options.trusted_proxies, access_log=options.team)
     first_request = asyncio.Event()
     asgi_app = app if ready_fd is None else _noting_first_request(app, first_request)  # for the wait below
-    config = uvicorn.Config(asgi_app, log_level="warning", access_log=False,
+    config = uvicorn.Config(asgi_app, log_level="warning", access_log=False, http=RefusingH11Protocol,
                             lifespan="off", ssl_certfile=options.tls_cert, ssl_keyfile=options.tls_key,
                             h11_max_incomplete_event_size=MAX_REQUEST_HEAD)
     api = _api_server(config)

@@ -1,0 +1,61 @@
+"""The HTTP/1.1 protocol the API serves: uvicorn's h11 protocol, mended for a request it cannot read
+(a line and headers over `h11_max_incomplete_event_size`, or a malformed head).
+
+uvicorn answered such a request with a text/plain 400 and closed the socket at once, the rest of the
+request unread, so the kernel reset the connection and the client usually lost the answer
+(`Connection reset by peer` while reading it). Here the answer is the API's JSON refusal (`Refused`,
+with a status the OpenAPI document declares: 431 for a head too long, 400 otherwise) and the close
+lingers, as nginx's does: the rest of the request is read and dropped until the client closes, for at
+most LINGER_SECONDS and LINGER_BYTES. Cost: nothing for a request that can be read."""
+
+from __future__ import annotations
+
+import json
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from corral.errors import EXIT_USAGE
+
+# Bytes of a request's line and headers; more is refused with 431. h11's default (16 KiB) would refuse a
+# query the API allows: `GET /v1/dev/{name}/ssh?command=` up to 8,192 characters, 12 bytes each when
+# percent-encoded. h11 counts only what it holds while waiting for more, so a longer head that arrives
+# whole may still be read.
+MAX_REQUEST_HEAD = 256 * 1024
+LINGER_SECONDS = 5.0
+LINGER_BYTES = 16 * 1024 * 1024
+
+
+class RefusingH11Protocol(H11Protocol):
+    _lingering = False
+    _dropped = 0
+
+    def data_received(self, data: bytes) -> None:
+        if not self._lingering:
+            super().data_received(data)
+            return
+        self._dropped += len(data)
+        if self._dropped > LINGER_BYTES:
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # an answer has begun: nothing to add
+            self.transport.close()
+            return
+        limit = self.config.h11_max_incomplete_event_size
+        if len(self.conn.trailing_data[0]) > limit:
+            status, kind = 431, "RequestTooLarge"
+            message = (f"the request's line and headers are over {limit // 1024} KiB; send fewer or shorter "
+                       "query values, or put them in a POST body")
+        else:
+            status, kind = 400, "MalformedRequest"
+            message = "the request is not valid HTTP/1.1; nothing was done"
+        body = json.dumps({"detail": {"message": message, "kind": kind, "exit_code": EXIT_USAGE}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self._lingering = True
+        if self.transport.can_write_eof():  # TLS cannot half-close; Content-Length ends the answer anyway
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
