@@ -82,6 +82,7 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                access_log: bool = False) -> FastAPI:
     from corral import __version__
     from corral.controller.auth import Authenticator, Unauthenticated
+    from corral.controller.bodylimit import BodyLimit
     from corral.controller.refusals import known_query_only, refusals, refused_status
     from corral.controller.v1 import create_router
     from corral.controller.web import COOKIE, add_pages
@@ -91,6 +92,7 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
                   description="One engine behind every face: the API the `corral` CLI and `corral.sdk` use. "
                               "Every request carries `Authorization: Bearer <token>`.")
 
+    app.add_middleware(BodyLimit)  # before FastAPI reads a body, which it does before the token check
     authenticator = Authenticator(store, token, sso_header, trusted_proxies)
 
     async def authorized(request: Request, _: Annotated[Any, Security(BEARER)]) -> None:  # BEARER: for the OpenAPI

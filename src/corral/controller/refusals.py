@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
+from corral.controller.bodylimit import MAX_REQUEST_BODY
 from corral.controller.protocol import MAX_REQUEST_HEAD
 from corral.errors import CorralError, ForbiddenError, UnknownClusterError
 from corral.state.store import JobNotFoundError
@@ -78,7 +79,8 @@ class Refused(BaseModel):
 
 def refusals(*statuses: int, streamed: bool = False) -> dict[int | str, dict[str, object]]:
     """The OpenAPI description of what an operation may refuse; every refusal has the JSON body `Refused`.
-    Any operation may answer 431 (a request line and headers too long to read: controller/protocol.py).
+    Any operation may answer 413 (a body too large: bodylimit.py) and 431 (a request line and headers too
+    long to read: protocol.py).
     `streamed`: for an operation whose answer is a stream, which FastAPI would otherwise say of its
     refusals too (they are JSON, answered before the stream starts)."""
     described = {
@@ -86,10 +88,12 @@ def refusals(*statuses: int, streamed: bool = False) -> dict[int | str, dict[str
         401: "No token, or one the server does not know",
         403: "Not this user's to do (another user's, or an admin's only)",
         404: "No such job, cluster, dev allocation or upload (or not this user's)",
+        413: f"The request body is over {MAX_REQUEST_BODY // (1024 * 1024)} MiB (files go as uploads): "
+             "nothing was done",
         431: f"The request's line and headers are too long to read (over {MAX_REQUEST_HEAD // 1024} KiB): "
              "nothing was done",
     }
-    statuses = (*statuses, 431)
+    statuses = (*statuses, 413, 431)
     if streamed:
         body = {"application/json": {"schema": {"$ref": "#/components/schemas/Refused"}}}
         return {status: {"description": described[status], "content": body} for status in statuses}
