@@ -1,16 +1,26 @@
 """The HTTP/1.1 protocol the API serves: uvicorn's h11 protocol, mended for a request it cannot read
-(a line and headers over `h11_max_incomplete_event_size`, or a malformed head).
+(a line and headers over `h11_max_incomplete_event_size`, or a malformed head) and for one that never
+finishes its head.
 
 uvicorn answered such a request with a text/plain 400 and closed the socket at once, the rest of the
 request unread, so the kernel reset the connection and the client usually lost the answer
 (`Connection reset by peer` while reading it). Here the answer is the API's JSON refusal (`Refused`,
 with a status the OpenAPI document declares: 431 for a head too long, 400 otherwise) and the close
 lingers, as nginx's does: the rest of the request is read and dropped until the client closes, for at
-most LINGER_SECONDS and LINGER_BYTES. Cost: nothing for a request that can be read."""
+most LINGER_SECONDS and LINGER_BYTES.
+
+uvicorn also kept a connection open for ever while its request line and headers had not all come: a
+new connection that sent nothing, or one that sent a header line every few seconds. Enough of them
+would use up the server's file descriptors, which its ssh connections to the clusters need too. Here
+a request's head must be complete within `CORRAL_REQUEST_HEAD_SECONDS` (30) of the connection, or of
+its first byte on a kept-alive connection, or the connection is closed, as nginx's
+`client_header_timeout` does. Cost: one timer per request head."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -26,16 +36,45 @@ LINGER_SECONDS = 5.0
 LINGER_BYTES = 16 * 1024 * 1024
 
 
+def head_seconds() -> float:
+    return float(os.environ.get("CORRAL_REQUEST_HEAD_SECONDS", "30"))
+
+
 class RefusingH11Protocol(H11Protocol):
     _lingering = False
     _dropped = 0
+    _head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
 
     def data_received(self, data: bytes) -> None:
         if not self._lingering:
             super().data_received(data)
+            self._await_head()
             return
         self._dropped += len(data)
         if self._dropped > LINGER_BYTES:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _await_head(self) -> None:
+        """Keep a deadline running while a request's head is still coming, and only then."""
+        waiting = self.conn.their_state is h11.IDLE and not self._lingering and not self.transport.is_closing()
+        if waiting and self._head_deadline is None:
+            self._head_deadline = self.loop.call_later(head_seconds(), self._head_overdue)
+        elif not waiting and self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def _head_overdue(self) -> None:
+        self._head_deadline = None
+        if self.conn.their_state is h11.IDLE and not self._lingering:
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
