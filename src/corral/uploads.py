@@ -56,8 +56,9 @@ def upload_path(digest: str, owner: str = "") -> Path | None:
     return path if path.is_dir() else None
 
 
-async def receive(digest: str, body: AsyncIterator[bytes], owner: str = "") -> Path:
-    """Store an upload from a request body; idempotent (a digest already held is kept as it is)."""
+async def receive(digest: str, body: AsyncIterator[bytes], owner: str = "", declared: int | None = None) -> Path:
+    """Store an upload from a request body; idempotent (a digest already held is kept as it is).
+    `declared`: its Content-Length, refused before anything is read when over the limit."""
     import asyncio
 
     found = upload_path(digest, owner)
@@ -65,6 +66,8 @@ async def receive(digest: str, body: AsyncIterator[bytes], owner: str = "") -> P
         os.utime(found)  # sent again: in use, not to be pruned
         return found
     limit = send_limit()
+    if declared is not None and declared > limit:
+        raise _too_large(limit)
     root = uploads_dir()
     fd, name = tempfile.mkstemp(prefix=".incoming-", dir=root)
     archive = Path(name)
@@ -74,8 +77,7 @@ async def receive(digest: str, body: AsyncIterator[bytes], owner: str = "") -> P
             async for chunk in body:
                 size += len(chunk)
                 if size > limit:
-                    raise UploadError(f"upload larger than {limit:,} bytes (CORRAL_MAX_UPLOAD_BYTES): "
-                                      "keep datasets on the cluster and mount them by path")
+                    raise _too_large(limit)
                 sha.update(chunk)
                 f.write(chunk)
         if sha.hexdigest() != digest:
@@ -83,6 +85,11 @@ async def receive(digest: str, body: AsyncIterator[bytes], owner: str = "") -> P
         return await asyncio.to_thread(_unpack, archive, root / _folder(digest, owner))
     finally:
         archive.unlink(missing_ok=True)
+
+
+def _too_large(limit: int) -> UploadError:
+    return UploadError(f"upload larger than {limit:,} bytes (CORRAL_MAX_UPLOAD_BYTES): keep datasets on the "
+                       "cluster and mount them by path")
 
 
 def _unpack(archive: Path, final: Path) -> Path:

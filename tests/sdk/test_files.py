@@ -164,6 +164,39 @@ def test_the_server_refuses_an_upload_over_its_limit_and_keeps_nothing_of_it(cor
     assert receive(archive).is_dir()
 
 
+def test_a_declared_size_over_the_limit_is_refused_before_anything_is_read(corral_home, monkeypatch):
+    monkeypatch.setenv("CORRAL_MAX_UPLOAD_BYTES", "1000")
+
+    async def never():
+        raise AssertionError("read")
+        yield b""
+
+    with pytest.raises(uploads.UploadError, match="larger than 1,000 bytes"):
+        asyncio.run(uploads.receive("0" * 64, never(), declared=1001))
+    assert list(uploads.uploads_dir().iterdir()) == []
+
+
+def test_a_server_that_takes_less_than_its_client_is_named_before_anything_is_sent(refusing_clusters,
+                                                                                  monkeypatch):
+    """Its refusal mid-stream came to the client, still sending, as a reset connection: "the local Corral
+    server did not answer: Connection reset by peer", three times out of three."""
+    from corral.sdk import Client
+    from corral.sdk.files import LocalFiles
+
+    monkeypatch.setenv("CORRAL_MAX_UPLOAD_BYTES", "100000")
+    client = Client()
+    client.endpoint  # the server starts with the lower limit
+    monkeypatch.delenv("CORRAL_MAX_UPLOAD_BYTES")  # the client's own: the default
+    data = refusing_clusters / "data"
+    data.mkdir()
+    (data / "part").write_bytes(bytes(300_000))
+    with pytest.raises(TaskError, match=r"data: 30\d\.\d KiB to send, more than 97\.7 KiB \(the server's "
+                                        r"CORRAL_MAX_UPLOAD_BYTES\)"):
+        client.send_files(LocalFiles(workdir=None, mounts={"/data": data}))
+    (data / "part").write_bytes(bytes(1000))
+    assert client.send_files(LocalFiles(workdir=None, mounts={"/data": data}))["file_mounts"]["/data"]
+
+
 def test_a_launch_naming_files_the_server_lacks_is_refused(corral_home):
     with pytest.raises(uploads.UploadNotFoundError, match="does not hold upload 000000000000"):
         uploads.resolve("0" * 64, "workdir")

@@ -268,14 +268,19 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
 
     @router.get("/uploads/{digest}")
     async def upload_held(me: Me, digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")]) -> dict[str, object]:
-        """Whether the server holds these files from you already (then they need not be sent)."""
-        return {"digest": digest, "held": uploads.upload_path(digest, me.owner) is not None}
+        """Whether the server holds these files from you already (then they need not be sent), and the
+        most it takes in one upload (`max_bytes`)."""
+        from corral.limits import send_limit
+
+        return {"digest": digest, "held": uploads.upload_path(digest, me.owner) is not None,
+                "max_bytes": send_limit()}
 
     @router.put("/uploads/{digest}")
     async def upload(me: Me, digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")],
                      request: Request) -> dict[str, object]:
         """Store a task's files: a tar archive (a folder as tree/, a file as file/<name>) named by its SHA-256."""
-        await uploads.receive(digest, request.stream(), me.owner)
+        declared = request.headers.get("content-length")
+        await uploads.receive(digest, request.stream(), me.owner, int(declared) if declared else None)
         return {"digest": digest, "held": True}
 
     @router.post("/launch", response_class=JsonLines, responses=STREAM_REFUSALS)

@@ -429,7 +429,10 @@ class Client:
 
         packed = _files.pack(path, workdir=workdir)
         try:
-            if not self._json("GET", f"/uploads/{packed.digest}")["held"]:
+            held = self._json("GET", f"/uploads/{packed.digest}")
+            if not held["held"]:  # a server's own lower limit, named before anything is sent (it would
+                # refuse mid-stream, and the client, still sending, would see only a reset connection)
+                _files.within_limit(path, packed.size, held.get("max_bytes") or packed.size, "the server's ")
                 with open(packed.archive, "rb") as f:
                     self._json("PUT", f"/uploads/{packed.digest}", body=f,
                                headers={"Content-Type": "application/x-tar", "Content-Length": str(packed.size)})

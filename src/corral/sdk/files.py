@@ -150,10 +150,11 @@ def size_text(count: int) -> str:
     return f"{count} B"
 
 
-def _within_limit(path: Path, size: int, limit: int) -> None:
+def within_limit(path: Path, size: int, limit: int, whose: str = "") -> None:
+    """Refuse `size` bytes to send over `limit`; `whose`: "the server's " when it is the server's limit."""
     if size > limit:
         raise TaskError(f"{path}: {size_text(size)} to send, more than {size_text(limit)} "
-                        "(CORRAL_MAX_UPLOAD_BYTES): leave data out of a workdir with .corralignore or .gitignore, "
+                        f"({whose}CORRAL_MAX_UPLOAD_BYTES): leave data out of a workdir with .corralignore or .gitignore, "
                         "and keep datasets on the cluster (file_mounts of a cluster path, or a bucket)")
 
 
@@ -167,9 +168,9 @@ def pack(path: Path, *, workdir: bool) -> Packed:
         rules = rules and workdir
         if rules and size > limit and (sent := _sent_size(path, ignore_filters(path))) is not None:
             size = sent
-        _within_limit(path, size, limit)
+        within_limit(path, size, limit)
     elif path.is_file():
-        _within_limit(path, path.stat().st_size, limit)
+        within_limit(path, path.stat().st_size, limit)
     fd, name = tempfile.mkstemp(prefix="corral-upload-", suffix=".tar")
     os.close(fd)
     archive = Path(name)
