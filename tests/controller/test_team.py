@@ -162,6 +162,8 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
         answers[(method, path)] = status
         assert status < 500, (method, path, status, text)
         asked = path + json.dumps(body)  # an error may echo what alice asked for; nothing else of bob's
+        if (method, path) == ("POST", "/v1/dev/box"):  # her own new allocation: its Slurm id is hers, and
+            asked += " ".join(_created_ids(text))  # may be the number one of bob's jobs has on another cluster
         leaked = [ref for ref in bobs if _mentions(text, ref) and ref not in asked]
         assert not leaked, (method, path, leaked, text[:500])
     for private in [f"/v1/jobs/{job}", f"/v1/jobs/{job}/logs", f"/v1/managed/{managed}", "/v1/dev/box/exec"]:
@@ -192,6 +194,13 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
     assert not_hers.value.status == 404
     as_bob.managed_cancel([managed])
     as_bob.dev_down("box")
+
+
+def _created_ids(stream: str) -> list[str]:
+    """The Slurm job ids in a launch stream's `done` events (JSON lines)."""
+    events = [json.loads(line) for line in stream.splitlines() if line.startswith("{")]
+    return [f'"{event["slurm_job_id"]}"' for event in events
+            if event.get("event") == "done" and event.get("slurm_job_id")]
 
 
 def _mentions(text: str, ref: str) -> bool:
