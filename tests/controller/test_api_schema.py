@@ -33,11 +33,6 @@ EXCLUDED = [checks.positive_data_acceptance]
 
 
 @pytest.fixture(scope="module")
-def server(refusing_server):
-    return refusing_server
-
-
-@pytest.fixture(scope="module")
 def team_member(tmp_path_factory):
     """A team server on loopback (SQLite store) and a member's token: (url, token). A member is refused
     what is an admin's (users) or another user's, and `corral ssh` (403)."""
@@ -69,8 +64,8 @@ def keeps_to_the_document(case, url: str, token: str) -> None:
 
 @schema.include(method_regex="GET|POST|PUT|PATCH|DELETE").parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_every_operation_keeps_to_its_document(case, server):
-    keeps_to_the_document(case, server.url, server.token)
+def test_every_operation_keeps_to_its_document(case, refusing_server):
+    keeps_to_the_document(case, refusing_server.url, refusing_server.token)
 
 
 @schema.include(method_regex="GET|POST|PUT|PATCH|DELETE").parametrize()
@@ -94,24 +89,25 @@ def post(server, path: str, body: object, token: str | None = None) -> tuple[int
         return exc.code, json.loads(exc.read())
 
 
-def test_a_misspelt_field_or_a_loose_type_is_refused_not_ignored(server):
-    status, answer = post(server, "/v1/cancel", {"jobs": ["c-0"], "al": True})
+def test_a_misspelt_field_or_a_loose_type_is_refused_not_ignored(refusing_server):
+    status, answer = post(refusing_server, "/v1/cancel", {"jobs": ["c-0"], "al": True})
     assert status == 422 and answer["detail"][0]["loc"] == ["body", "al"]
-    status, answer = post(server, "/v1/cancel", {"all": 0})
+    status, answer = post(refusing_server, "/v1/cancel", {"all": 0})
     assert status == 422 and answer["detail"][0]["loc"] == ["body", "all"]
-    status, answer = post(server, "/v1/launch", {"tasks": [{"run": "true"}], "overides": {"infra": "slurm/alpine"}})
+    status, answer = post(refusing_server, "/v1/launch",
+                          {"tasks": [{"run": "true"}], "overides": {"infra": "slurm/alpine"}})
     assert status == 422 and answer["detail"][0]["loc"] == ["body", "overides"]
 
 
-def test_every_refusal_has_the_same_body(server):
-    status, answer = post(server, "/v1/cancel", {"jobs": ["c-0"]}, token="wrong")
+def test_every_refusal_has_the_same_body(refusing_server):
+    status, answer = post(refusing_server, "/v1/cancel", {"jobs": ["c-0"]}, token="wrong")
     assert status == 401 and answer["detail"]["kind"] == "Unauthenticated" and answer["detail"]["exit_code"] == 77
-    status, answer = post(server, "/v1/cancel", {})
+    status, answer = post(refusing_server, "/v1/cancel", {})
     assert status == 400 and answer["detail"] == {"message": "name the jobs to cancel, or use --all",
                                                   "kind": "CorralError", "exit_code": 1}
 
 
-def test_a_method_a_path_does_not_have_is_answered_with_every_method_it_has(server):
+def test_a_method_a_path_does_not_have_is_answered_with_every_method_it_has(refusing_server):
     """Starlette's 405 named only the first matching route's methods (`Allow: POST` for /v1/users/x,
     which has PATCH and DELETE on two routes)."""
     import urllib.error
@@ -119,8 +115,8 @@ def test_a_method_a_path_does_not_have_is_answered_with_every_method_it_has(serv
 
     for path, allowed in (("/v1/users/someone", "DELETE, PATCH"), ("/v1/managed", "GET, POST"),
                           ("/v1/dev/box", "DELETE, POST")):
-        request = urllib.request.Request(f"{server.url}{path}", method="PUT",
-                                         headers={"Authorization": f"Bearer {server.token}"})
+        request = urllib.request.Request(f"{refusing_server.url}{path}", method="PUT",
+                                         headers={"Authorization": f"Bearer {refusing_server.token}"})
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
         assert refused.value.code == 405 and refused.value.headers["Allow"] == allowed, path

@@ -12,11 +12,6 @@ import pytest
 from corral.controller.bodylimit import MAX_REQUEST_BODY
 
 
-@pytest.fixture(scope="module")
-def server(refusing_server):
-    return refusing_server
-
-
 def connect(server) -> http.client.HTTPConnection:
     address = urllib.parse.urlsplit(server.url)
     return http.client.HTTPConnection(address.hostname, address.port, timeout=60)
@@ -36,13 +31,13 @@ def oversized() -> bytes:
 
 
 @pytest.mark.parametrize("token", [None, "wrong", "the server's"])
-def test_a_body_over_the_cap_is_refused_whoever_sends_it(server, token):
+def test_a_body_over_the_cap_is_refused_whoever_sends_it(refusing_server, token):
     body = oversized()
     assert len(body) == MAX_REQUEST_BODY + 1
     headers = {"Content-Type": "application/json"}
     if token is not None:
-        headers["Authorization"] = "Bearer " + (server.token if token == "the server's" else token)
-    connection = connect(server)
+        headers["Authorization"] = "Bearer " + (refusing_server.token if token == "the server's" else token)
+    connection = connect(refusing_server)
     try:
         connection.request("POST", "/v1/launch", body=body, headers=headers)  # sends it all, then reads
         refused(connection.getresponse())
@@ -50,21 +45,22 @@ def test_a_body_over_the_cap_is_refused_whoever_sends_it(server, token):
         connection.close()
 
 
-def test_a_chunked_body_over_the_cap_is_refused_and_one_under_it_is_read(server):
+def test_a_chunked_body_over_the_cap_is_refused_and_one_under_it_is_read(refusing_server):
     def chunks(body: bytes):
         for start in range(0, len(body), 1 << 20):
             yield body[start:start + (1 << 20)]
 
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {server.token}"}
-    connection = connect(server)
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {refusing_server.token}"}
+    connection = connect(refusing_server)
     try:
         connection.request("POST", "/v1/launch", body=chunks(oversized()), headers=headers, encode_chunked=True)
         refused(connection.getresponse())
     finally:
         connection.close()
-    connection = connect(server)
+    connection = connect(refusing_server)
     try:
-        under = json.dumps({"tasks": [{"run": "true"}], "dryrun": True, "overrides": {"infra": "slurm/nowhere"}}).encode()
+        under = json.dumps({"tasks": [{"run": "true"}], "dryrun": True,
+                            "overrides": {"infra": "slurm/nowhere"}}).encode()
         connection.request("POST", "/v1/launch", body=chunks(under), headers=headers, encode_chunked=True)
         response = connection.getresponse()
         answer = response.read()
@@ -73,8 +69,8 @@ def test_a_chunked_body_over_the_cap_is_refused_and_one_under_it_is_read(server)
         connection.close()
 
 
-def test_a_client_that_waits_to_be_asked_is_refused_before_it_sends(server):
-    connection = connect(server)
+def test_a_client_that_waits_to_be_asked_is_refused_before_it_sends(refusing_server):
+    connection = connect(refusing_server)
     try:
         connection.putrequest("POST", "/v1/launch")
         connection.putheader("Content-Type", "application/json")
@@ -86,7 +82,7 @@ def test_a_client_that_waits_to_be_asked_is_refused_before_it_sends(server):
         connection.close()
 
 
-def test_an_upload_over_the_cap_is_received(server, tmp_path):
+def test_an_upload_over_the_cap_is_received(refusing_server, tmp_path):
     """Uploads stream to disk behind the token check: the body cap is not theirs (uploads.py has its own)."""
     import hashlib
     import io
@@ -101,10 +97,11 @@ def test_an_upload_over_the_cap_is_received(server, tmp_path):
         tar.addfile(member, io.BytesIO(data))
     body = archive.getvalue()
     digest = hashlib.sha256(body).hexdigest()
-    connection = connect(server)
+    connection = connect(refusing_server)
     try:
         connection.request("PUT", f"/v1/uploads/{digest}", body=body,
-                           headers={"Authorization": f"Bearer {server.token}", "Content-Type": "application/x-tar"})
+                           headers={"Authorization": f"Bearer {refusing_server.token}",
+                                    "Content-Type": "application/x-tar"})
         response = connection.getresponse()
         answer = response.read()
         assert response.status == 200, answer

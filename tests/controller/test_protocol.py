@@ -9,20 +9,15 @@ import json
 import pytest
 
 
-@pytest.fixture(scope="module")
-def server(refusing_server):
-    return refusing_server
-
-
-def test_the_longest_query_the_api_allows_gets_an_answer(server):
+def test_the_longest_query_the_api_allows_gets_an_answer(refusing_server):
     """h11 dropped the connection, without a word, on a request head over 16 KiB."""
     import urllib.error
     import urllib.parse
     import urllib.request
 
     command = urllib.parse.quote("é" * 8192)  # 12 bytes a character, percent-encoded
-    request = urllib.request.Request(f"{server.url}/v1/dev/nothere/ssh?command={command}",
-                                     headers={"Authorization": f"Bearer {server.token}"})
+    request = urllib.request.Request(f"{refusing_server.url}/v1/dev/nothere/ssh?command={command}",
+                                     headers={"Authorization": f"Bearer {refusing_server.token}"})
     try:
         urllib.request.urlopen(request, timeout=30)
         status = 200
@@ -31,7 +26,7 @@ def test_the_longest_query_the_api_allows_gets_an_answer(server):
     assert status == 404  # no such dev allocation: asked and answered
 
 
-def test_a_request_too_long_to_read_is_refused_with_an_answer(server):
+def test_a_request_too_long_to_read_is_refused_with_an_answer(refusing_server):
     """uvicorn answered a head over its limit with text/plain and closed at once, the rest of the
     request unread: the kernel reset the connection and the client lost the answer (schemathesis drew a
     447 KB query for GET /v1/dev). Now: the JSON refusal, then a close once the client has sent all."""
@@ -41,8 +36,8 @@ def test_a_request_too_long_to_read_is_refused_with_an_answer(server):
 
     names = "&".join(f"name={urllib.parse.quote('é' * 50)}" for _ in range(4000))  # 1.2 MB
     for _ in range(3):
-        request = urllib.request.Request(f"{server.url}/v1/dev?{names}",
-                                         headers={"Authorization": f"Bearer {server.token}"})
+        request = urllib.request.Request(f"{refusing_server.url}/v1/dev?{names}",
+                                         headers={"Authorization": f"Bearer {refusing_server.token}"})
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
         answer = json.loads(refused.value.read())
@@ -50,10 +45,10 @@ def test_a_request_too_long_to_read_is_refused_with_an_answer(server):
         assert "over 256 KiB" in answer["detail"]["message"]
 
 
-def test_a_request_that_is_not_http_is_refused_in_json(server):
+def test_a_request_that_is_not_http_is_refused_in_json(refusing_server):
     import socket
 
-    host, port = server.url.removeprefix("http://").split(":")
+    host, port = refusing_server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as connection:
         connection.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
         answer = b""

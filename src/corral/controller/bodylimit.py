@@ -71,14 +71,19 @@ class BodyLimit:
         await self.app(scope, replayed, send)
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"detail": {
-            "message": f"the request body is over {self.limit // (1024 * 1024)} MiB; send files as uploads (the "
-                       "CLI and SDK do), not inside the request", "kind": "BodyTooLarge",
-            "exit_code": EXIT_USAGE}}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        headers, body = refusal_parts(
+            f"the request body is over {self.limit // (1024 * 1024)} MiB; send files as uploads (the CLI and SDK "
+            "do), not inside the request", "BodyTooLarge")
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def refusal_parts(message: str, kind: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of the API's JSON refusal, for the layers below FastAPI (here, protocol.py),
+    which then close the connection."""
+    body = json.dumps({"detail": {"message": message, "kind": kind, "exit_code": EXIT_USAGE}}).encode()
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")], body
 
 
 async def _drain(receive: Receive, budget: int) -> None:

@@ -19,13 +19,12 @@ its first byte on a kept-alive connection, or the connection is closed, as nginx
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from corral.errors import EXIT_USAGE
+from corral.controller.bodylimit import refusal_parts
 
 # Bytes of a request's line and headers; more is refused with 431. h11's default (16 KiB) would refuse a
 # query the API allows: `GET /v1/dev/{name}/ssh?command=` up to 8,192 characters, 12 bytes each when
@@ -89,9 +88,7 @@ class RefusingH11Protocol(H11Protocol):
         else:
             status, kind = 400, "MalformedRequest"
             message = "the request is not valid HTTP/1.1; nothing was done"
-        body = json.dumps({"detail": {"message": message, "kind": kind, "exit_code": EXIT_USAGE}}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
+        headers, body = refusal_parts(message, kind)
         for event in (h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self._lingering = True
