@@ -1,12 +1,17 @@
 """protocol.py against a real server: a request head up to MAX_REQUEST_HEAD is read and answered; one
 too long to read, or one that is not HTTP, gets the API's JSON refusal, and the answer reaches the client
-that is still sending."""
+that is still sending. A head that does not come in time, or a body that comes too slowly, closes
+the connection."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
+
+from tests.conftest import wait_for
 
 
 def test_the_longest_query_the_api_allows_gets_an_answer(refusing_server):
@@ -61,7 +66,7 @@ def test_a_request_that_is_not_http_is_refused_in_json(refusing_server):
 
 @pytest.fixture
 def impatient_server(tmp_path, monkeypatch):
-    """A server that waits 1 s for a request's head."""
+    """A server that waits 1 s for a request's head, and holds a body to its rate in windows of 1 s."""
     from corral.controller import server as local_server
     from corral.sdk import Client
     from tests.conftest import refusing_cluster_file
@@ -69,6 +74,7 @@ def impatient_server(tmp_path, monkeypatch):
     monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(refusing_cluster_file(tmp_path)))
     monkeypatch.setenv("CORRAL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CORRAL_REQUEST_HEAD_SECONDS", "1")
+    monkeypatch.setenv("CORRAL_REQUEST_BODY_SECONDS", "1")
     try:
         yield Client().endpoint
     finally:
@@ -83,19 +89,8 @@ def test_a_request_head_that_does_not_come_in_time_closes_the_connection(impatie
     host, port = impatient_server.url.removeprefix("http://").split(":")
     silent = socket.create_connection((host, int(port)), timeout=10)
     dribbling = socket.create_connection((host, int(port)), timeout=10)
-    started = time.monotonic()
     dribbling.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
-    dribbling.settimeout(0.2)
-    closed_after = None
-    while closed_after is None and time.monotonic() - started < 10:
-        try:
-            dribbling.sendall(b"X-Slow: 1\r\n")
-            if dribbling.recv(100) == b"":
-                closed_after = time.monotonic() - started
-        except TimeoutError:
-            continue
-        except ConnectionError:
-            closed_after = time.monotonic() - started
+    closed_after = seconds_until_closed(dribbling, b"X-Slow: 1\r\n")
     assert closed_after is not None and closed_after < 5, closed_after
     assert silent.recv(100) == b""  # closed too, with nothing said
     silent.close()
@@ -111,3 +106,65 @@ def test_a_request_head_that_does_not_come_in_time_closes_the_connection(impatie
         assert response.status == 200 and json.loads(response.read())["pid"] > 0
         time.sleep(1.5)  # longer than the head's deadline: it runs only while a head is coming
     connection.close()
+
+
+def seconds_until_closed(connection, piece: bytes, every: float = 0.2, within: float = 10) -> float | None:
+    """Send `piece` every `every` seconds until the server closes the connection: the seconds that took,
+    or None if it was still open after `within`."""
+    import time
+
+    started = time.monotonic()
+    connection.settimeout(every)
+    while time.monotonic() - started < within:
+        try:
+            connection.sendall(piece)
+            if connection.recv(100) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except ConnectionError:
+            return time.monotonic() - started
+    return None
+
+
+def test_a_body_that_trickles_closes_the_connection_and_one_that_flows_is_read(impatient_server):
+    """uvicorn kept a connection whose body came a few bytes at a time open for as long as bytes came
+    (10 bytes every 0.2 s for 20 s was tried): here each second of body must bring 500 bytes."""
+    import socket
+    import time
+
+    body = json.dumps({"tasks": [{"run": "true"}], "dryrun": True,
+                       "overrides": {"infra": "slurm/nowhere"}}).encode() + b" " * 6000
+    head = (f"POST /v1/launch HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {impatient_server.token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    host, port = impatient_server.url.removeprefix("http://").split(":")
+    trickling = socket.create_connection((host, int(port)), timeout=10)
+    trickling.sendall(head)
+    closed_after = seconds_until_closed(trickling, b" " * 10)  # 50 bytes a second
+    trickling.close()
+    assert closed_after is not None and closed_after < 5, closed_after
+
+    # an upload, which the operation reads as it comes: closed too, its part removed, a line logged
+    uploading = socket.create_connection((host, int(port)), timeout=10)
+    uploading.sendall((f"PUT /v1/uploads/{'a' * 64} HTTP/1.1\r\nHost: x\r\n"
+                       f"Authorization: Bearer {impatient_server.token}\r\nContent-Type: application/x-tar\r\n"
+                       "Content-Length: 100000\r\n\r\n").encode())
+    closed_after = seconds_until_closed(uploading, b"x" * 10)
+    uploading.close()
+    assert closed_after is not None and closed_after < 5, closed_after
+    home = Path(os.environ["CORRAL_HOME"])
+    wait_for("the upload's part removed", lambda: not list((home / "uploads").glob(".incoming-*")), timeout=10)
+    log = home / "controller.log"
+    wait_for("the server's note", lambda: "/v1/uploads/aaaa" in log.read_text(), timeout=10)
+    assert "the client went before its body had all come" in log.read_text()
+    assert "Traceback" not in log.read_text()
+
+    with socket.create_connection((host, int(port)), timeout=10) as flowing:  # 4,000 bytes a second, for 1.5 s
+        flowing.sendall(head)
+        for start in range(0, len(body), 1000):
+            time.sleep(0.25)
+            flowing.sendall(body[start:start + 1000])
+        answer = b""
+        while b"unknown cluster" not in answer and (chunk := flowing.recv(65536)):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"unknown cluster 'nowhere'" in answer, answer

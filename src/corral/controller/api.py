@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from corral import budget
 from corral.controller.engine import LEASE
@@ -155,6 +156,13 @@ def create_app(status: ControllerStatus, store: Store, token: str, refreshes: An
             headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(routes, request.url.path))}
         return JSONResponse(status_code=exc.status_code, headers=headers,
                             content={"detail": {"message": str(exc.detail), "kind": kind, "exit_code": exit_code}})
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        """The client went while its body was coming (or was closed for sending it too slowly:
+        protocol.py). Nobody is left to answer, and it is no fault of the server's: a line, not a traceback."""
+        print(f"{request.method} {request.url.path}: the client went before its body had all come", flush=True)
+        return Response(status_code=400)
 
     @app.exception_handler(CorralError)
     async def corral_error(request: Request, exc: CorralError) -> JSONResponse:

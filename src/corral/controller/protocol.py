@@ -14,7 +14,15 @@ new connection that sent nothing, or one that sent a header line every few secon
 would use up the server's file descriptors, which its ssh connections to the clusters need too. Here
 a request's head must be complete within `CORRAL_REQUEST_HEAD_SECONDS` (30) of the connection, or of
 its first byte on a kept-alive connection, or the connection is closed, as nginx's
-`client_header_timeout` does. Cost: one timer per request head."""
+`client_header_timeout` does.
+
+A request's body is held to a minimum rate in the same way (Apache's `mod_reqtimeout` body rule, in
+windows rather than with credit): while a body is coming, each `CORRAL_REQUEST_BODY_SECONDS` (30) must
+bring at least BODY_MIN_RATE bytes a second of it, or the connection is closed and the operation sees
+the client gone. Otherwise a client that trickles a byte now and then holds its connection (and
+what the server has read of its body) for ever. A window in which the server itself stopped reading
+(the operation had not taken what came before) does not count. Cost: one timer per request head,
+and one per window of a body."""
 
 from __future__ import annotations
 
@@ -33,16 +41,23 @@ from corral.controller.bodylimit import refusal_parts
 MAX_REQUEST_HEAD = 256 * 1024
 LINGER_SECONDS = 5.0
 LINGER_BYTES = 16 * 1024 * 1024
+BODY_MIN_RATE = 500  # bytes a second: Apache's mod_reqtimeout default (4 kbit/s)
 
 
 def head_seconds() -> float:
     return float(os.environ.get("CORRAL_REQUEST_HEAD_SECONDS", "30"))
 
 
+def body_window_seconds() -> float:
+    return float(os.environ.get("CORRAL_REQUEST_BODY_SECONDS", "30"))
+
+
 class RefusingH11Protocol(H11Protocol):
     _lingering = False
     _dropped = 0
     _head_deadline: asyncio.TimerHandle | None = None
+    _body_window: asyncio.TimerHandle | None = None
+    _body_bytes = 0  # received in the current window
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -52,14 +67,16 @@ class RefusingH11Protocol(H11Protocol):
         if not self._lingering:
             super().data_received(data)
             self._await_head()
+            self._await_body(len(data))
             return
         self._dropped += len(data)
         if self._dropped > LINGER_BYTES:
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_deadline is not None:
-            self._head_deadline.cancel()
+        for timer in (self._head_deadline, self._body_window):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
 
     def _await_head(self) -> None:
@@ -75,6 +92,32 @@ class RefusingH11Protocol(H11Protocol):
         self._head_deadline = None
         if self.conn.their_state is h11.IDLE and not self._lingering:
             self.transport.close()
+
+    def _await_body(self, received: int) -> None:
+        """Count a body's bytes, and keep its windows running while it is coming, and only then."""
+        if not self._sending_body():
+            if self._body_window is not None:
+                self._body_window.cancel()
+                self._body_window = None
+        elif self._body_window is None:
+            self._body_bytes = 0
+            self._body_window = self.loop.call_later(body_window_seconds(), self._body_window_ended)
+        else:
+            self._body_bytes += received
+
+    def _sending_body(self) -> bool:
+        return self.conn.their_state is h11.SEND_BODY and not self._lingering and not self.transport.is_closing()
+
+    def _body_window_ended(self) -> None:
+        self._body_window = None
+        if not self._sending_body():
+            return
+        window = body_window_seconds()
+        if self._body_bytes < BODY_MIN_RATE * window and not self.flow.read_paused:
+            self.transport.close()  # the operation reading the body sees the client gone
+            return
+        self._body_bytes = 0
+        self._body_window = self.loop.call_later(window, self._body_window_ended)
 
     def send_400_response(self, msg: str) -> None:
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # an answer has begun: nothing to add
