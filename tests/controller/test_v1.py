@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,7 +69,21 @@ def test_a_wrong_token_is_refused_and_api_login_saves_nothing_then(corral, corra
     env = {**corral_env, "CORRAL_API_URL": "http://127.0.0.1:9", "CORRAL_API_TOKEN": "x"}
     unreachable = corral("queue", env=env)  # the environment wins over the saved login
     assert unreachable.exit_code == 69 and "http://127.0.0.1:9 did not answer" in unreachable.stderr
+    assert "check CORRAL_API_URL, or unset it" in unreachable.stderr
+    malformed = corral("queue", env={**env, "CORRAL_API_URL": "notaurl"})  # was an internal error
+    assert malformed.exit_code == 78 and "CORRAL_API_URL 'notaurl' is not a Corral server's URL" in malformed.stderr
     assert corral("api", "logout").exit_code == 0 and not saved.exists()
+
+    not_http = corral("api", "login", "ftp://x")  # refused before the token is asked for
+    assert not_http.exit_code == 2 and "is not a Corral server's URL" in not_http.stderr, not_http.stderr
+    assert "Token" not in not_http.stdout + not_http.stderr
+    piped = subprocess.run([sys.executable, "-m", "corral", "api", "login", url], input=local.endpoint.token + "\n",
+                           capture_output=True, text=True, env=corral_env, timeout=60)
+    assert piped.returncode == 0 and "logged in to" in piped.stdout, piped.stderr
+    assert "GetPassWarning" not in piped.stderr and json.loads(saved.read_text())["token"] == local.endpoint.token
+    empty = subprocess.run([sys.executable, "-m", "corral", "api", "login", url], input="", capture_output=True,
+                           text=True, env=corral_env, timeout=60)
+    assert empty.returncode == 2 and "no token given" in empty.stderr, empty.stderr
 
 
 def test_the_published_openapi_document_is_the_served_one(corral_env):

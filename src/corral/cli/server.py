@@ -123,18 +123,35 @@ def api() -> None:
     """Which Corral server this CLI uses: a remote one (team server), or the local one started on demand."""
 
 
-@api.command(name="login")
-@click.argument("url")
-@click.option("--token", prompt=True, hide_input=True, help="The server's API token (asked for if not given).")
-@reports_errors
-def api_login(url: str, token: str) -> None:
-    """Use the server at URL from now on (saved, mode 600, in CORRAL_HOME/api.json)."""
+def _server_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """The URL checked before the token is asked for."""
     from corral.errors import CorralError
+    from corral.sdk.endpoint import server_url
+
+    try:
+        return server_url(value, "URL")
+    except CorralError as exc:
+        raise click.BadParameter(str(exc).removeprefix("URL "), ctx, param) from None
+
+
+@api.command(name="login")
+@click.argument("url", callback=_server_url)
+@click.option("--token", help="The server's API token; else read from standard input, or asked for on a "
+                              "terminal (without echo).")
+@reports_errors
+def api_login(url: str, token: str | None) -> None:
+    """Use the server at URL from now on (saved, mode 600, in CORRAL_HOME/api.json)."""
+    import sys
+
     from corral.sdk import Client
     from corral.sdk.endpoint import save_login
 
-    if not url.startswith(("http://", "https://")):
-        raise CorralError(f"{url!r}: give the server's URL, such as https://corral.example.org:8765")
+    if token is None:
+        token = (click.prompt("Token", hide_input=True, default="", show_default=False) if sys.stdin.isatty()
+                 else sys.stdin.readline()).strip()
+    if not token:
+        raise click.UsageError("no token given: pass --token, pipe it in (`corral api login URL < token-file`), "
+                               "or type it when asked")
     client = Client(url, token)
     health = client.health()  # refuses a wrong URL or token before anything is saved
     me = client.me()

@@ -478,7 +478,7 @@ class Client:
         except (urllib.error.URLError, OSError) as exc:
             where = "the local Corral server" if point.local else point.url
             raise ServerUnreachableError(f"{where} did not answer: {getattr(exc, 'reason', exc)}"
-                                         + ("" if point.local else "; check the URL, or `corral api logout`")) \
+                                         + (f"; {point.remedy}" if point.remedy else "")) \
                 from None
 
     def _json(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,

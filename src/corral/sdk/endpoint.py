@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.config import corral_home, write_private
-from corral.errors import CorralError
+from corral.errors import ConfigError, CorralError
+
+EXAMPLE_URL = "https://corral.example.org:8765"
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,23 @@ class Endpoint:
     token: str
     local: bool
     cafile: str | None = None  # this machine's team server's own certificate, trusted as it is
+    remedy: str = ""  # what to do when it does not answer, from where it was named
+
+
+def server_url(text: str, named_by: str) -> str:
+    """`text` as a server's base URL (http or https, a host, maybe a port and a path), without its
+    trailing slash; ConfigError naming `named_by` (where it was given) otherwise."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port_ok = parts.port is None or parts.port > 0  # .port raises ValueError for one out of range
+    except ValueError:
+        port_ok = False
+    if not port_ok or parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+            or parts.fragment or any(c.isspace() for c in text):
+        raise ConfigError(f"{named_by} {text!r} is not a Corral server's URL; give one such as {EXAMPLE_URL}")
+    return text.rstrip("/")
 
 
 def login_file() -> Path:
@@ -50,13 +69,17 @@ def forget_login() -> bool:
 def remote(url: str | None = None, token: str | None = None) -> Endpoint | None:
     """The remote server named by the arguments, the environment or `api login`; None for the local one."""
     if url:
-        return Endpoint(url.rstrip("/"), token or os.environ.get("CORRAL_API_TOKEN", ""), False)
+        return Endpoint(server_url(url, "the URL"), token or os.environ.get("CORRAL_API_TOKEN", ""), False,
+                        remedy="check the URL")
     if os.environ.get("CORRAL_API_URL"):
-        return Endpoint(os.environ["CORRAL_API_URL"].rstrip("/"), token or os.environ.get("CORRAL_API_TOKEN", ""),
-                        False)
+        return Endpoint(server_url(os.environ["CORRAL_API_URL"], "CORRAL_API_URL"),
+                        token or os.environ.get("CORRAL_API_TOKEN", ""), False,
+                        remedy="check CORRAL_API_URL, or unset it to use the local server")
     try:
         saved = json.loads(login_file().read_text())
-        return Endpoint(str(saved["url"]).rstrip("/"), token or str(saved.get("token", "")), False)
+        return Endpoint(server_url(str(saved["url"]), f"the URL saved in {login_file()}"),
+                        token or str(saved.get("token", "")), False,
+                        remedy="check the URL, or `corral api logout`")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
