@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corral.config import load_registry
+from corral.config import env_number, load_registry
 from corral.errors import ConfigError, UnknownClusterError
 
 
@@ -154,3 +154,23 @@ def test_a_bad_rpc_budget_says_what_it_takes(tmp_path: Path, monkeypatch: pytest
     path = kube_settings(tmp_path, monkeypatch, text)
     with pytest.raises(ConfigError, match=r"rpc_budget: expected `\{commands_per_minute: N\}`"):
         load_registry(path)
+
+
+@pytest.mark.parametrize("raw", ["ten", "nan", "inf", "-1", "1e400", " "])
+def test_a_number_setting_says_which_variable_is_wrong_and_its_default(monkeypatch: pytest.MonkeyPatch,
+                                                                        raw: str) -> None:
+    monkeypatch.setenv("CORRAL_SOMETHING", raw)
+    with pytest.raises(ConfigError, match=f"^CORRAL_SOMETHING={raw!r} is not a number of bytes "
+                                          r"\(8,589,934,592 by default\)$"):
+        env_number("CORRAL_SOMETHING", 8 << 30, unit="bytes")
+
+
+def test_a_number_setting_unset_or_empty_is_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CORRAL_SOMETHING", raising=False)
+    assert env_number("CORRAL_SOMETHING", 2.5) == 2.5
+    monkeypatch.setenv("CORRAL_SOMETHING", "")
+    assert env_number("CORRAL_SOMETHING", 2.5) == 2.5
+    monkeypatch.setenv("CORRAL_SOMETHING", "0.5")
+    assert env_number("CORRAL_SOMETHING", 2.5) == 0.5
+    with pytest.raises(ConfigError, match=r"is not a number of seconds, at least 1 \(2\.5 by default\)"):
+        env_number("CORRAL_SOMETHING", 2.5, minimum=1)

@@ -79,15 +79,29 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
+def env_number(name: str, default: float, *, unit: str = "seconds", minimum: float = 0.0, note: str = "") -> float:
+    """The number in the environment variable `name`, `default` when it is unset or empty; ConfigError
+    naming the variable for anything else (not a number, not finite, under `minimum`)."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= minimum):
+        at_least = f", at least {_plain(minimum)}" if minimum else ""
+        raise ConfigError(f"{name}={raw!r} is not a number of {unit}{at_least} ({_plain(default)} by default{note})")
+    return value
+
+
+def _plain(number: float) -> str:
+    return f"{int(number):,}" if number == int(number) else f"{number:g}"
+
+
 def default_timeout() -> float:
     """`CORRAL_TIMEOUT` seconds (default 10): the bound on every wait for a login node's answer."""
-    raw = os.environ.get(TIMEOUT_ENV)
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        return check_timeout(float(raw), TIMEOUT_ENV)
-    except ValueError:
-        raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    return check_timeout(env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT), TIMEOUT_ENV)
 
 
 def check_timeout(value: float, what: str = "--timeout") -> float:

@@ -15,15 +15,13 @@ so the next call learns it again. Pure functions and a small per-process cache; 
 
 from __future__ import annotations
 
-import math
-import os
 import re
 import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.errors import ConfigError
+from corral.config import env_number
 
 MARK = "@@corral-login-env@@"
 # Written at the top of a script run by `bash --login -s`: the environment, NUL-separated, on stderr.
@@ -46,17 +44,7 @@ SECONDS_ENV = "CORRAL_LOGIN_ENV_SECONDS"
 def login_env_seconds() -> float:
     """How long a learned environment is used (CORRAL_LOGIN_ENV_SECONDS, default 600; 0: a login shell
     every call)."""
-    raw = os.environ.get(SECONDS_ENV)
-    if not raw:
-        return 600.0
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise ConfigError(f"{SECONDS_ENV}={raw!r} is not a number of seconds (600 by default; 0 runs the "
-                          "login profile on every call)")
-    return seconds
+    return env_number(SECONDS_ENV, 600.0, note="; 0 runs the login profile on every call")
 
 
 def split_capture(stderr: str) -> tuple[str | None, str]:

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from corral.config import corral_home, private_dir
+from corral.config import corral_home, env_number, private_dir
 from corral.errors import NotFoundError, TaskError
 from corral.limits import send_limit
 from corral.taskfile import source_scheme
@@ -157,6 +157,10 @@ def with_uploads(task: Any, files: dict[str, Any], owner: str = "") -> Any:
 KEEP_DAYS_ENV = "CORRAL_UPLOAD_KEEP_DAYS"
 
 
+def keep_days_setting() -> float:
+    return env_number(KEEP_DAYS_ENV, 7.0, unit="days")
+
+
 def prune(live_tasks: list[str], *, now: float | None = None, keep_days: float | None = None) -> list[str]:
     """Remove uploads last sent more than `keep_days` ago (CORRAL_UPLOAD_KEEP_DAYS, default 7) that no
     live managed job's task names (a recovery would sync them again), and unpacking leftovers older
@@ -164,7 +168,7 @@ def prune(live_tasks: list[str], *, now: float | None = None, keep_days: float |
     import time
 
     now = time.time() if now is None else now
-    keep = float(os.environ.get(KEEP_DAYS_ENV, "7")) if keep_days is None else keep_days
+    keep = keep_days_setting() if keep_days is None else keep_days
     root = uploads_dir()
     named: set[str] = set()
     for text in live_tasks:

@@ -8,11 +8,11 @@ Cost: one probe per cluster per sample (shared with any probe in flight), and ro
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 from corral.client import Client
+from corral.config import env_number
 from corral.state import Store
 
 SAMPLE_ENV = "CORRAL_USAGE_SAMPLE_SECONDS"
@@ -29,8 +29,8 @@ class UsageSampler:
     def from_env(cls) -> UsageSampler:
         """From the environment; the first sample is one interval after start (a server started for
         one command does not probe every cluster for it)."""
-        return cls(max(1.0, float(os.environ.get(SAMPLE_ENV) or 60)),
-                   max(0.01, float(os.environ.get(RETENTION_ENV) or 14)), last=time.monotonic())
+        return cls(env_number(SAMPLE_ENV, 60.0, minimum=1), env_number(RETENTION_ENV, 14.0, unit="days", minimum=0.01),
+                   last=time.monotonic())
 
     def due(self, now: float) -> bool:
         return now - self.last >= self.interval

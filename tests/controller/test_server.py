@@ -7,6 +7,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from corral.controller import server
 from corral.sdk import Client
 from tests.conftest import wait_for
@@ -36,3 +38,15 @@ def test_a_server_that_cannot_serve_says_why_at_once(corral, corral_env):
     assert started.stderr.strip() == f"corral: error: cannot serve on 127.0.0.1:{port}: Address already in use"
     assert started.seconds < server.START_SECONDS  # not a speed figure: the deadline was not waited out
     assert server.running_pid() is None
+
+
+@pytest.mark.parametrize("name, value", [
+    ("CORRAL_REQUEST_HEAD_SECONDS", "abc"),  # read per connection: every request failed
+    ("CORRAL_USAGE_SAMPLE_SECONDS", "0"),  # read after the start: the server died once it had started
+    ("CORRAL_CONTROLLER_GRACE_SECONDS", "soon"),
+])
+def test_a_setting_that_is_not_a_number_stops_the_start_with_one_line(corral, corral_env, name, value):
+    started = corral("server", "start", env={**corral_env, name: value})
+    assert started.exit_code == 78, started.stderr
+    assert started.stderr.startswith(f"corral: error: {name}={value!r} is not a number of seconds")
+    assert len(started.stderr.strip().splitlines()) == 1 and server.running_pid() is None

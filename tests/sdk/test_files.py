@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import TaskError
+from corral.errors import ConfigError, TaskError
 from corral.sdk.files import pack, task_files
 from corral import uploads
 
@@ -263,5 +263,5 @@ def test_a_path_over_the_limit_is_refused_before_anything_is_written(tmp_path, m
     packed = pack(work, workdir=True)
     assert members(packed.archive) == ["tree/.gitignore", "tree/train.py"]
     monkeypatch.setenv("CORRAL_MAX_UPLOAD_BYTES", "lots")
-    with pytest.raises(TaskError, match="'lots' is not a number of bytes"):
+    with pytest.raises(ConfigError, match="'lots' is not a number of bytes"):
         pack(work, workdir=True)

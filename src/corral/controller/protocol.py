@@ -27,11 +27,11 @@ and one per window of a body."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from corral.config import env_number
 from corral.controller.bodylimit import refusal_parts
 
 # Bytes of a request's line and headers; more is refused with 431. h11's default (16 KiB) would refuse a
@@ -45,11 +45,11 @@ BODY_MIN_RATE = 500  # bytes a second: Apache's mod_reqtimeout default (4 kbit/s
 
 
 def head_seconds() -> float:
-    return float(os.environ.get("CORRAL_REQUEST_HEAD_SECONDS", "30"))
+    return env_number("CORRAL_REQUEST_HEAD_SECONDS", 30.0, minimum=1)
 
 
 def body_window_seconds() -> float:
-    return float(os.environ.get("CORRAL_REQUEST_BODY_SECONDS", "30"))
+    return env_number("CORRAL_REQUEST_BODY_SECONDS", 30.0, minimum=1)
 
 
 class RefusingH11Protocol(H11Protocol):

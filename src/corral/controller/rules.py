@@ -38,10 +38,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from corral.config import env_number
 from corral.infra.base import FailureClass, JobState
 from corral.placement import Candidate, Plan
 from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, ManagedJobRow, ManagedState
@@ -81,9 +81,7 @@ class ControllerSettings:
         settings = cls()
         for name in ("grace_seconds", "reroute_after", "reroute_cooldown", "reroute_margin", "reroute_margin_fraction",
                      "predict_interval", "unhealthy_seconds", "lease_seconds", "status_wait"):
-            value = os.environ.get(f"CORRAL_CONTROLLER_{name.upper()}")
-            if value:
-                setattr(settings, name, float(value))
+            setattr(settings, name, env_number(f"CORRAL_CONTROLLER_{name.upper()}", getattr(settings, name)))
         return settings
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.config import corral_home, private_file, write_private
+from corral.config import corral_home, default_timeout, env_number, private_file, write_private
 from corral.errors import ConfigError, CorralError, UnavailableError
 
 MAX_INTERVAL = 10.0
@@ -322,6 +322,19 @@ def _local_url(options: ServerOptions, port: int) -> str:
     return f"{'https' if options.tls_cert else 'http'}://{host}:{port}"
 
 
+def _check_settings() -> None:
+    """Read once now each setting the server reads later (per connection, per upload, per prune): a
+    bad one stops the start with one line, rather than failing every request that reads it."""
+    from corral.controller.protocol import body_window_seconds, head_seconds
+    from corral.limits import send_limit
+    from corral.login_env import login_env_seconds
+    from corral.uploads import keep_days_setting
+
+    for read in (head_seconds, body_window_seconds, send_limit, login_env_seconds, keep_days_setting,
+                 default_timeout):
+        read()
+
+
 async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     """The loop: tick, then wait; faster while jobs are on the move, slower when idle or on errors.
     The API serves on the same event loop, between and during ticks' remote calls."""
@@ -338,6 +351,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     from corral.state import open_store
     from corral.usage import UsageSampler
 
+    _check_settings()
     store = open_store()
     if options.team:  # each user's jobs reach the clusters as their own account (accounts.py)
         from corral import accounts
@@ -353,7 +367,8 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
         print(f"released the leases of {previous}, this home's previous server, which is no longer running",
               flush=True)
     controller = Controller(Client(), store, holder, ControllerSettings.from_env())
-    base = float(os.environ.get("CORRAL_CONTROLLER_INTERVAL", "5"))
+    base = env_number("CORRAL_CONTROLLER_INTERVAL", 5.0, minimum=0.1)
+    sampler = UsageSampler.from_env()
     status = ControllerStatus(pid=os.getpid(), holder=holder, started_at=time.time(), interval=base,
                               wake=asyncio.Event())
     stopping = asyncio.Event()
@@ -394,7 +409,6 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     if ready_fd is not None:  # started for a command: serve it first (a tick over many jobs holds the loop)
         await _first_of(first_request, stopping, timeout=FIRST_TICK_WAIT)
     interval = base
-    sampler = UsageSampler.from_env()
     # Renewed (by their holder) and looked at (by the other replicas) well within one lease period: a
     # lease never lapses between its holder's ticks, and another replica takes it soon after it does.
     longest = min(max(MAX_INTERVAL, base), controller.settings.lease_seconds / 3)

@@ -22,11 +22,12 @@ Nothing is installed on the cluster: bash, coreutils, getent and the Slurm comma
 
 from __future__ import annotations
 
-import os
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
 
+from corral.config import env_number
 from corral.errors import TaskError
 from corral.infra.base import JobRequest
 from corral.infra.shell import checkpoint_lines, render_env, write_file
@@ -48,10 +49,8 @@ STEP_COMMENT_PREFIX = "Corral: "
 
 def step_start_bound(container_runtime: str | None) -> int:
     """The bound for a job's step: the server's CORRAL_STEP_START_BOUND, else the default for its kind."""
-    configured = os.environ.get(STEP_START_BOUND_ENV, "")
-    if configured.isdigit() and int(configured) > 0:
-        return int(configured)
-    return IMAGE_STEP_START_BOUND if container_runtime == "pyxis" else STEP_START_BOUND
+    default = IMAGE_STEP_START_BOUND if container_runtime == "pyxis" else STEP_START_BOUND
+    return math.ceil(env_number(STEP_START_BOUND_ENV, default, minimum=1))
 
 
 @dataclass(frozen=True)
