@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from corral.controller import server
+from corral.errors import ConfigError
 from corral.sdk import Client
 from tests.conftest import wait_for
 
@@ -50,3 +51,13 @@ def test_a_setting_that_is_not_a_number_stops_the_start_with_one_line(corral, co
     assert started.exit_code == 78, started.stderr
     assert started.stderr.startswith(f"corral: error: {name}={value!r} is not a number of seconds")
     assert len(started.stderr.strip().splitlines()) == 1 and server.running_pid() is None
+
+
+def test_a_servers_options_are_those_its_starter_gives_it(monkeypatch):
+    monkeypatch.setenv("CORRAL_SERVER_PORT", "abc")
+    with pytest.raises(ConfigError, match=r"^CORRAL_SERVER_PORT='abc' is not a port \(0 to 65535\)$"):
+        server.ServerOptions.from_env()
+    # the background server's environment: what `start` was given, not what the shell had (it had
+    # started a team server with a CORRAL_SERVER_TRUSTED_PROXIES it could not read, then died)
+    inherited = {"CORRAL_SERVER_TRUSTED_PROXIES": "notacidr", "CORRAL_DB_URL": "sqlite:///x", "PATH": "/bin"}
+    assert server._without_server_options(inherited) == {"CORRAL_DB_URL": "sqlite:///x", "PATH": "/bin"}

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from corral.errors import ConfigError, UnavailableError
 from corral.infra.base import JobState
 from corral.state import Store
 from corral.state.models import AttemptRow, Base, JobRow
@@ -274,3 +275,16 @@ def test_a_write_of_many_rows_goes_in_batches_and_a_sweeps_jobs_share_their_task
     assert {a.state for a in store.active_attempts()} == {"PENDING"} and len(store.active_attempts()) == count
     jobs = store.jobs([f"c-{i}" for i in range(count)])
     assert len(jobs) == count and len({id(j.task_json) for j in jobs.values()}) == 1
+
+
+@pytest.mark.parametrize("url", ["garbage", "foo://x/y"])
+def test_a_store_url_that_is_not_one_is_a_config_error(url):
+    with pytest.raises(ConfigError, match=f"the store's URL \\(--db or CORRAL_DB_URL\\) '{url}' is not one SQLAlchemy"):
+        Store(url)
+
+
+def test_a_store_that_does_not_answer_is_unavailable_and_its_password_is_not_shown():
+    with pytest.raises(UnavailableError, match=r"^the store postgresql://corral:\*\*\*@127\.0\.0\.1:1/x did not "
+                                               "answer: .*Connection refused") as refused:
+        Store("postgresql://corral:hunter2@127.0.0.1:1/x")
+    assert "hunter2" not in str(refused.value)

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,12 +132,19 @@ class ServerOptions:
     @classmethod
     def from_env(cls) -> ServerOptions:
         get = os.environ.get
-        port = get("CORRAL_SERVER_PORT")
+        port = get("CORRAL_SERVER_PORT") or ""
+        if port and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+            raise ConfigError(f"CORRAL_SERVER_PORT={port!r} is not a port (0 to 65535)")
         proxies = tuple(p for p in get("CORRAL_SERVER_TRUSTED_PROXIES", "").split(",") if p)
         return cls(host=get("CORRAL_SERVER_HOST") or None, port=int(port) if port else None,
                    db_url=get("CORRAL_DB_URL") or None, tls_cert=get("CORRAL_SERVER_TLS_CERT") or None,
                    tls_key=get("CORRAL_SERVER_TLS_KEY") or None, sso_header=get("CORRAL_SERVER_SSO_HEADER") or None,
                    trusted_proxies=proxies)
+
+
+def _without_server_options(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` less the CORRAL_SERVER_* variables: a server's options are those its starter gives it."""
+    return {k: v for k, v in env.items() if not k.startswith("CORRAL_SERVER_")}
 
 
 def lock_file() -> Path:
@@ -170,7 +177,8 @@ def start(options: ServerOptions | None = None) -> int:
                 logged = log.tell()
                 proc = subprocess.Popen([sys.executable, "-m", "corral.controller", "run"], stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=log, start_new_session=True, pass_fds=(told,),
-                                        env={**os.environ, **options.to_env(), READY_FD: str(told)})
+                                        env={**_without_server_options(os.environ), **options.to_env(),
+                                             READY_FD: str(told)})
             os.close(told)
             told = -1
             if _await_ready(ready, START_SECONDS):
@@ -265,6 +273,7 @@ def run(options: ServerOptions | None = None) -> None:
 
     ready_fd = _keep_ready_fd()
     options = options or ServerOptions.from_env()
+    options.check()
     os.environ.update(options.to_env())  # the store and what `start` compares read them from here
     with open(private_file(lock_file()), "w") as held:
         try:

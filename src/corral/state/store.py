@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import bindparam, create_engine, delete, event, exists, func, insert, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from corral.config import private_file, private_home
-from corral.errors import NotFoundError
+from corral.errors import ConfigError, NotFoundError, UnavailableError
 from corral.infra.base import TERMINAL_JOB_STATES, JobState
 from corral.state import migrations
 from corral.state.plain import columns_of, plain_rows
@@ -96,6 +97,14 @@ def open_store(url: str | None = None) -> Store:
     return Store(url or default_url())
 
 
+def _shown(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("@")[-1] if "@" in url else url
+
+
 def _live_ids(owner: str | None = None, allocation: str | None = None) -> Any:
     """The ids of jobs with an attempt that may still run, through the index on attempts.state (live
     ones are few); `owner`'s, and in dev allocation `allocation`, when given."""
@@ -112,13 +121,22 @@ def _live_ids(owner: str | None = None, allocation: str | None = None) -> Any:
 class Store:
     def __init__(self, url: str):
         self.url = url
-        self.engine: Engine = create_engine(url, future=True)
+        try:
+            self.engine: Engine = create_engine(url, future=True)
+        except ArgumentError as exc:  # a malformed URL, or a database SQLAlchemy has no dialect for
+            raise ConfigError(f"the store's URL (--db or {DB_URL_ENV}) {_shown(url)!r} is not one SQLAlchemy "
+                              f"reads ({exc}); give one such as postgresql+psycopg://corral@db.example.org/corral"
+                              ) from None
         sqlite_path = _sqlite_path(url)
         if sqlite_path is not None:
             _private_sqlite_files(sqlite_path)
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        with _schema_lock(self.engine, sqlite_path), self.engine.begin() as connection:
-            migrations.upgrade(connection)
+        try:
+            with _schema_lock(self.engine, sqlite_path), self.engine.begin() as connection:
+                migrations.upgrade(connection)
+        except OperationalError as exc:
+            why = str(exc.orig or exc).strip().splitlines()[0]
+            raise UnavailableError(f"the store {_shown(url)} did not answer: {why}") from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def new_job_ids(self, count: int) -> list[str]:
