@@ -35,7 +35,7 @@ def test_the_sdk_sees_what_the_cli_sees(corral, corral_env):
     assert [j.job_id for j in page.jobs] == [job_id] and page.more == 0 and page.warnings == []
     wait_for("the job to run", lambda: client.job(job_id).state == "RUNNING", timeout=60)
     wait_for("its output", lambda: b"from-sdk" in b"".join(client.logs(job_id)), timeout=30)
-    [outcome] = client.cancel([job_id])
+    [outcome] = client.cancel(job_id)  # one job as it is, not a list (each character had been a job)
     assert (outcome.job_id, outcome.cancelled) == (job_id, True)
     ended = client.wait(job_id, poll=0.5, timeout=60)
     assert ended.state == "CANCELLED" and ended.ended

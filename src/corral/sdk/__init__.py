@@ -137,11 +137,11 @@ class Client:
         `follow`, until the job's tasks are over."""
         yield from self._stream("GET", f"/jobs/{_quoted(job)}/logs", {"follow": follow, "tail": tail or None})
 
-    def cancel(self, jobs: list[str] | None = None, *, all: bool = False, all_users: bool = False
+    def cancel(self, jobs: str | list[str] | None = None, *, all: bool = False, all_users: bool = False
                ) -> list[CancelOutcome]:
-        """Cancel jobs (one scancel per cluster); ended ones are reported as they are. `all`: every live
-        job of yours; with `all_users` (admins), every user's."""
-        data = self._json("POST", "/cancel", body={"jobs": list(jobs or []), "all": all, "all_users": all_users})
+        """Cancel jobs (one id or name, or a list; one scancel per cluster); ended ones are reported as
+        they are. `all`: every live job of yours; with `all_users` (admins), every user's."""
+        data = self._json("POST", "/cancel", body={"jobs": _job_list(jobs), "all": all, "all_users": all_users})
         return [CancelOutcome(c["job_id"], bool(c["cancelled"]), status_of(JobStatus, c["state"]))
                 for c in data["jobs"]]
 
@@ -248,12 +248,12 @@ class Client:
         """One managed job as JSON, with its attempts' count and its events."""
         return self._json("GET", f"/managed/{_quoted(job)}")
 
-    def managed_cancel(self, jobs: list[str] | None = None, *, all: bool = False, all_users: bool = False
+    def managed_cancel(self, jobs: str | list[str] | None = None, *, all: bool = False, all_users: bool = False
                        ) -> list[CancelOutcome]:
-        """Ask the controller to cancel managed jobs; ended ones are reported as they are. `all`: every
-        live managed job of yours; with `all_users` (admins), every user's."""
+        """Ask the controller to cancel managed jobs (one id or name, or a list); ended ones are reported
+        as they are. `all`: every live managed job of yours; with `all_users` (admins), every user's."""
         data = self._json("POST", "/managed/cancel",
-                          body={"jobs": list(jobs or []), "all": all, "all_users": all_users})
+                          body={"jobs": _job_list(jobs), "all": all, "all_users": all_users})
         return [CancelOutcome(c["job_id"], bool(c["cancelling"]), status_of(ManagedJobStatus, c["state"]))
                 for c in data["jobs"]]
 
@@ -557,6 +557,11 @@ def _output_to(on_output: Callable[[bytes], None] | None,
             on_event(e)
 
     return event
+
+
+def _job_list(jobs: str | list[str] | None) -> list[str]:
+    """One job or a list of them: `cancel("c-1a2b")` had sent each of its characters as a job."""
+    return [jobs] if isinstance(jobs, str) else list(jobs or [])
 
 
 def _quoted(ref: str) -> str:
