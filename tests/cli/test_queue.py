@@ -48,7 +48,12 @@ def test_queue_shows_a_page_and_says_how_many_more(refusing_clusters):
     code, out, _ = run_cli(["queue", "--all", "--json"])
     assert len(json.loads(out)) == 3030
     code, _, err = run_cli(["queue", "--since", "yesterday-ish"])
-    assert code == 1 and "--since 'yesterday-ish': give a duration" in err
+    assert code == 2 and "--since 'yesterday-ish': give a duration" in err
+    for before_1970 in ("99999d", "0001-01-01"):  # everything (the server had refused a negative time)
+        code, out, err = run_cli(["queue", "--since", before_1970, "--json", "--limit", "3"])
+        assert code == 0 and len(json.loads(out)) == 3, err
+    code, out, err = run_cli(["queue", "--since", "9999-12-31", "--json"])  # nothing has ended since
+    assert code == 0 and json.loads(out) == [], err
     # `sky queue -s`: the live jobs only, and no line about the ended ones
     store = Store(f"sqlite:///{home / 'state.db'}")
     store.add_jobs([JobRow(id="c-live00000000", name="live", task_json="{}", created_at=time.time() - 7200, num_jobs=1)],

@@ -123,17 +123,20 @@ def parse_since(text: str) -> float:
     import time
     from datetime import datetime
 
-    from corral.errors import CorralError
-
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
     raw = text.strip()
+    now = time.time()
     if raw[:-1].isdigit() and raw[-1:] in units:
-        return time.time() - int(raw[:-1]) * units[raw[-1]]
+        return max(0.0, now - int(raw[:-1]) * units[raw[-1]])  # before 1970: everything
     try:
-        return datetime.fromisoformat(raw).timestamp()
+        date = datetime.fromisoformat(raw)
     except ValueError:
-        raise CorralError(f"--since {text!r}: give a duration (30m, 2h, 3d, 1w) or a date (2026-11-30 or "
-                          "2026-11-30T08:00)") from None
+        raise click.UsageError(f"--since {text!r}: give a duration (30m, 2h, 3d, 1w) or a date (2026-11-30 or "
+                               "2026-11-30T08:00)") from None
+    try:
+        return min(max(0.0, date.timestamp()), now)  # in the future: nothing has ended since
+    except (OverflowError, OSError, ValueError):  # a year the platform cannot place
+        return 0.0 if date.year < 1970 else now
 
 
 @cli.command()
