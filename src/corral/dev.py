@@ -24,6 +24,7 @@ from corral.errors import (
     ClusterError,
     CorralError,
     NotFoundError,
+    TaskError,
     UnavailableError,
 )
 from corral.infra.base import (
@@ -97,7 +98,7 @@ class AllocationStatus:
 
 def check_name(name: str) -> str:
     if not _NAME.match(name):
-        raise CorralError(f"invalid allocation name {name!r}: use letters, digits, '-', '_' or '.', starting with a letter")
+        raise TaskError(f"invalid allocation name {name!r}: use letters, digits, '-', '_' or '.', starting with a letter")
     return name
 
 

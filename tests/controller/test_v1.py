@@ -28,13 +28,16 @@ def test_the_sdk_sees_what_the_cli_sees(corral, corral_env):
                                                                          ("borealis", "h100-cluster", 16)}
     assert report.failures == []
     assert [r.raw for r in report.rows] == corral("gpus", "--json", "H100").json()
-    launched = corral("launch", "-d", "--json", "--infra", "slurm/cirrus/debug", "--", "echo from-sdk; sleep 600")
+    launched = corral("launch", "-d", "--json", "--infra", "slurm/cirrus/debug", "-n", "sdk/lr=0.1", "--",
+                      "echo from-sdk; sleep 600")
     assert launched.exit_code == 0, launched.stderr
     job_id = launched.json()["job_id"]
     page = client.queue()
     assert [j.job_id for j in page.jobs] == [job_id] and page.more == 0 and page.warnings == []
     wait_for("the job to run", lambda: client.job(job_id).state == "RUNNING", timeout=60)
     wait_for("its output", lambda: b"from-sdk" in b"".join(client.logs(job_id)), timeout=30)
+    assert b"from-sdk" in b"".join(client.logs("sdk/lr=0.1"))  # by its name, slash and all (was Not Found)
+    assert "from-sdk" in corral("logs", "--no-follow", "sdk/lr=0.1").stdout
     [outcome] = client.cancel(job_id)  # one job as it is, not a list (each character had been a job)
     assert (outcome.job_id, outcome.cancelled) == (job_id, True)
     ended = client.wait(job_id, poll=0.5, timeout=60)

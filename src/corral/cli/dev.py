@@ -168,7 +168,7 @@ def down(names: tuple[str, ...], down_all: bool, yes: bool) -> None:
     from corral.sdk import Client
 
     if not names and not down_all:
-        raise CorralError("name the allocations to release, or use --all")
+        raise click.UsageError("name the allocations to release, or use --all")
     client = Client()
     if down_all:
         released, failed = client.dev_down_all()

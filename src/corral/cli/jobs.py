@@ -119,11 +119,10 @@ def jobs_logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
 @reports_errors
 def jobs_cancel(job_refs: tuple[str, ...], cancel_all: bool, all_users: bool, yes: bool) -> None:
     """Ask the controller to cancel managed jobs (it scancels their attempts at once)."""
-    from corral.errors import CorralError
     from corral.sdk import Client
 
     if not job_refs and not cancel_all:
-        raise CorralError("name the jobs to cancel, or use --all")
+        raise click.UsageError("name the jobs to cancel, or use --all")
     outcomes = Client().managed_cancel(list(job_refs), all=cancel_all, all_users=all_users)
     for outcome in outcomes:
         click.echo(f"{outcome.job_id}: " + ("cancelling" if outcome.cancelled else f"already {outcome.state.lower()}"))

@@ -209,11 +209,10 @@ def logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
 @reports_errors
 def cancel(jobs: tuple[str, ...], cancel_all: bool, all_users: bool, yes: bool) -> None:
     """Cancel jobs (one scancel per cluster)."""
-    from corral.errors import CorralError
     from corral.sdk import Client
 
     if not jobs and not cancel_all:
-        raise CorralError("name the jobs to cancel, or use --all")
+        raise click.UsageError("name the jobs to cancel, or use --all")
     outcomes = Client().cancel(list(jobs), all=cancel_all, all_users=all_users)
     for outcome in outcomes:
         word = "cancelled" if outcome.cancelled else f"already {outcome.state.lower()}"

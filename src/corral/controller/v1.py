@@ -29,6 +29,7 @@ from corral.client import Client, check_json, cluster_json, health_json
 from corral.controller import v1_dev, v1_launch, v1_users, web
 from corral.controller.auth import Me, owner_of_all
 from corral.controller.refusals import REFUSALS, STREAM_REFUSALS, RequestBody
+from corral.controller.routing import RawPathRoute
 from corral.controller.v1_launch import JsonLines, OutputStream, stream_output
 from corral.errors import CorralError
 from corral.infra.base import JobState
@@ -66,7 +67,7 @@ API_WAIT_AT_MOST = 3.0  # seconds a request waits for a refresh; past it, a clus
 def create_router(store: Store, refreshes: SharedRefresh | None = None,
                   wake: Callable[[], None] = lambda: None) -> APIRouter:
     """`wake`: tick the controller now (new managed work)."""
-    router = APIRouter(prefix="/v1", responses=REFUSALS)
+    router = APIRouter(prefix="/v1", responses=REFUSALS, route_class=RawPathRoute)  # a name may hold a slash
     shared = refreshes or SharedRefresh()
 
     def slow() -> dict[str, str]:  # clusters whose status query is overdue: a launch does not wait for them
