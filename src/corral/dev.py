@@ -66,7 +66,8 @@ EXIT_TERMINATED = 143  # a cancelled exec's status when its session ended before
 class AllocationNotFoundError(NotFoundError):
     def __init__(self, name: str, known: list[str]):
         listed = ", ".join(known) if known else "none"
-        super().__init__(f"no dev allocation {name!r}; allocations: {listed} (create one with `corral launch -c {name}`)")
+        create = f"`corral launch -c {name}`" if _NAME.match(name) else "`corral launch -c NAME`"
+        super().__init__(f"no dev allocation {name!r}; allocations: {listed} (create one with {create})")
 
 
 class AllocationMismatchError(CorralError):
