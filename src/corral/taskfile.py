@@ -33,26 +33,26 @@ def check_num_jobs(num_jobs: int) -> int:
     return num_jobs
 
 
-def read_task_text(path: Path) -> str:
-    """A task file's text, refused when missing, too large or not UTF-8."""
+def read_task_text(path: Path, kind: str = "task file") -> str:
+    """A task file's text (or a job script's: `kind`), refused when missing, too large or not UTF-8."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_TASK_FILE_BYTES + 1)
     except FileNotFoundError:
-        raise TaskError(f"{path}: task file not found") from None
+        raise TaskError(f"{path}: {kind} not found") from None
     except IsADirectoryError:
-        raise TaskError(f"{path}: is a directory, not a task file") from None
+        raise TaskError(f"{path}: is a directory, not a {kind}") from None
     except OSError as exc:
-        raise TaskError(f"{path}: cannot read task file: {exc.strerror or exc}") from None
+        raise TaskError(f"{path}: cannot read {kind}: {exc.strerror or exc}") from None
     except ValueError:  # a NUL in the name
         raise TaskError(f"{str(path)!r}: not a file name (it holds a NUL character)") from None
     if len(raw) > MAX_TASK_FILE_BYTES:
-        raise TaskError(f"{path}: task file is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
+        raise TaskError(f"{path}: {kind} is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
                         "keep data in file_mounts, not in the task")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TaskError(f"{path}: not UTF-8 text (byte {exc.start}); save the task file as UTF-8") from None
+        raise TaskError(f"{path}: not UTF-8 text (byte {exc.start}); save the {kind} as UTF-8") from None
 
 
 def parse_yaml(text: str, source: str) -> Any:

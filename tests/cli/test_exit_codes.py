@@ -11,6 +11,10 @@ from tests.helpers import run_cli
 CASES = [
     (["launch", "-d", "bad.yaml"], 65, "did you mean 'accelerators'"),
     (["launch", "-d", "missing.yaml"], 65, "missing.yaml: task file not found"),
+    (["sbatch", "missing.sh"], 65, "missing.sh: job script not found"),
+    (["cancel"], 2, "name the jobs to cancel, or use --all"),
+    (["down"], 2, "name the allocations to release, or use --all"),
+    (["launch", "-d", "-c", "bad/name", "--", "true"], 65, "invalid allocation name 'bad/name'"),
     (["launch", "-d", "--env", "NOEQUALS", "--", "true"], 65, "NOEQUALS is not set in your environment"),
     (["launch", "-d", "--env-file", "no-such.env", "--", "true"], 65, "--env-file no-such.env: cannot read it"),
     (["launch", "-d", "--num-jobs", "0", "--", "true"], 65, "a sweep has 1 to 10,000 jobs"),

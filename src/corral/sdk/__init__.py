@@ -217,7 +217,7 @@ class Client:
         files, when one is given)."""
         from corral import taskfile
 
-        text = taskfile.read_task_text(path)
+        text = taskfile.read_task_text(path, "job script")
         return {"source": str(path), "script": {"text": text, "file_name": path.name, "options": options,
                                                 "args": args}, **self._workdir_files(workdir, base)}
 
