@@ -359,6 +359,26 @@ def test_one_probe_for_many_jobs_of_one_task_reads_the_tasks_alternatives_once(s
     assert sorted(o.cluster for o in outcomes) == ["alpine", "borealis"]  # the pinned clusters, as before
 
 
+def test_a_task_for_a_kind_with_no_place_asks_no_cluster_and_says_what_to_set_up(store):
+    """`--infra k8s` without contexts had probed every Slurm cluster, and said why each could not run it."""
+    from corral.launch import NoFeasibleClusterError
+
+    client = fakes(alpine={"unreachable": True})
+    task = parse_task({"resources": {"infra": "k8s"}, "run": "true"}, "t")
+    launcher = Launcher(client, store)
+    assert asyncio.run(launcher.probe_for([task])) == []  # nothing asked
+    with pytest.raises(NoFeasibleClusterError, match=r"^no cluster can run this task: infra k8s: no Kubernetes "
+                                                     r"context is set up: list contexts under `kubernetes:"):
+        launch(client, store, {"resources": {"infra": "k8s"}, "run": "true"})
+    # either kind: the Slurm clusters are asked, and only the one that did not answer is named with the kind
+    either = parse_task({"resources": {"any_of": [{"infra": "k8s"}, {"infra": "slurm/alpine"}]}, "run": "true"}, "t")
+    assert [o.cluster for o in asyncio.run(launcher.probe_for([either]))] == ["alpine"]
+    with pytest.raises(NoFeasibleClusterError) as refused:
+        launch(client, store, {"resources": {"any_of": [{"infra": "k8s"}, {"infra": "slurm/alpine"}]}, "run": "true"})
+    assert "slurm/alpine: " in str(refused.value) and "infra k8s: no Kubernetes context" in str(refused.value)
+    assert "borealis" not in str(refused.value)
+
+
 def test_an_attempt_left_on_a_cluster_that_was_down_is_cancelled_when_it_answers_even_after_the_job_ended(store):
     """A cluster unreachable beyond the grace: its attempt is marked CANCELLING and the job recovers
     elsewhere. If the job ends there before the cluster answers again, the old attempt must still be

@@ -47,6 +47,7 @@ from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
 from corral.state.sealed import seal
 from corral.task import (
+    ResourceOption,
     Task,
     TaskError,
     job_environment,
@@ -162,13 +163,26 @@ class Launcher:
         pinned = {o.infra.cluster for o in options}
         for cluster in pinned - {None}:
             self.client.registry.get(cluster)  # an unknown name fails here, naming the known ones
-        clusters = None if None in pinned else sorted(pinned, key=self.client.registry.names().index)
+        clusters = self._places_for(options)
+        if clusters == []:  # only kinds with no place set up (`--infra k8s` without contexts): nothing to ask
+            return []
         paths = {p for o in options for p in o.paths}
         # Under load, a snapshot up to half a minute old rather than a wait for the budget (client.py).
         slow = self.slow if slow is None else slow
-        left_out = {c: why for c, why in slow.items() if c not in pinned} if None in pinned else {}
+        left_out = {c: why for c, why in slow.items() if c not in pinned and (clusters is None or c in clusters)
+                    } if None in pinned else {}
         return await self.client.probe(clusters, paths=tuple(sorted(paths)), reuse_when_busy=True,
                                        leave_out=left_out)
+
+    def _places_for(self, options: list[ResourceOption]) -> list[str] | None:
+        """The places these options may run on, in the cluster file's order; None: every place. An
+        option of one kind (`--infra k8s`) asks only the places of that kind, not every cluster."""
+        kinds = {o.infra.kind for o in options if o.infra.cluster is None}
+        if "" in kinds:
+            return None
+        registry = self.client.registry
+        return [c for c in registry.names()
+                if c in {o.infra.cluster for o in options} or registry.infra_kind(c) in kinds]
 
     async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None,
                    owner: str | None = None) -> Plan:
@@ -182,12 +196,16 @@ class Launcher:
             outcomes = await self.probe_for([task])
         refused = {o.cluster: why for o in outcomes if (why := self.client.refusal(owner, o.cluster))}
         snapshots = {o.cluster: o.snapshot for o in outcomes if o.snapshot and o.cluster not in refused}
-        unreachable = {o.cluster: o.error_message or "" for o in outcomes if o.snapshot is None}
+        places = self._places_for(options)  # a probe shared with other tasks asked other places too
+        unreachable = {o.cluster: o.error_message or "" for o in outcomes
+                       if o.snapshot is None and (places is None or o.cluster in places)}
         unreachable.update(refused)
         order = [o.cluster for o in outcomes]
         plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable, infra_order(),
                                          self._constraint_at(task)), task, self.client.profiles)
         plan.kinds = {c: kind for c in unreachable if (kind := self.client.registry.infra_kind(c)) != "slurm"}
+        set_up = {self.client.registry.infra_kind(c) for c in self.client.registry.names()}
+        plan.not_set_up = sorted({o.infra.kind for o in options if o.infra.kind and not o.infra.cluster} - set_up)
         if task.slurm.script is not None:
             plan = script_partitions(plan, task)
         for option in options:
@@ -511,9 +529,21 @@ def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidat
     return shares
 
 
+# What to set up for a kind of place the task asks for (`--infra k8s`) when there is none of it.
+SET_UP = {"slurm": "no Slurm cluster is set up: add a Host to the cluster file (~/.slurm/config)",
+          "ssh": "no SSH pool is set up: add one under `pools:` in config.yaml (docs/pools.md)",
+          "k8s": "no Kubernetes context is set up: list contexts under `kubernetes: {allowed_contexts: […]}` in "
+                 "config.yaml (docs/kubernetes.md)"}
+
+
+def not_set_up_reasons(plan: Plan) -> list[str]:
+    return [f"infra {kind}: {SET_UP.get(kind, 'not set up')}" for kind in plan.not_set_up]
+
+
 def _no_candidate_message(plan: Plan) -> str:
     reasons = [f"{c.infra}: {c.reason}" for c in plan.ranked()]
     reasons += [f"{plan.place_infra(cluster)}: {error}" for cluster, error in plan.unreachable.items()]
+    reasons += not_set_up_reasons(plan)
     if not reasons:
         return "no cluster matches the task's infra"
     return "no cluster can run this task: " + "; ".join(reasons)

@@ -81,6 +81,7 @@ class Plan:
     candidates: list[Candidate]
     unreachable: dict[str, str] = field(default_factory=dict)  # cluster -> error
     kinds: dict[str, str] = field(default_factory=dict)  # place -> its Infra kind, where not slurm
+    not_set_up: list[str] = field(default_factory=list)  # kinds the task asks for that have no place
 
     def place_infra(self, cluster: str) -> str:
         """How an unreachable place is written: slurm/<cluster>, ssh/<pool>, k8s/<context>."""

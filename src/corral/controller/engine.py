@@ -48,7 +48,7 @@ from corral.infra.base import (
     ReleasesHeld,
     ReportsSetupFailure,
 )
-from corral.launch import AttemptOptions, Launcher, LaunchEvents, split_sweep
+from corral.launch import AttemptOptions, Launcher, LaunchEvents, not_set_up_reasons, split_sweep
 from corral.placement import Candidate, Plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
@@ -548,4 +548,4 @@ def _task_key(job: JobRow) -> tuple[str, str]:
 def _reasons(plan: Plan) -> str:
     """Why no place fits: the best four places' reasons, then each cluster not asked or not answering."""
     reasons = [f"{c.infra}: {c.reason}" for c in plan.ranked()[:4] if c.reason] + list(plan.unreachable.values())
-    return "; ".join(reasons) or "none feasible"
+    return "; ".join(reasons + not_set_up_reasons(plan)) or "none feasible"
