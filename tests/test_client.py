@@ -154,3 +154,29 @@ def test_a_cluster_left_out_is_not_asked_and_says_why():
     assert isinstance(outcome.error, client.LeftOut) and outcome.error_message == "left-out-test: slow, says the tick"
     [asked] = asyncio.run(probing.probe(["left-out-test"], leave_out={"another": "slow"}))
     assert CountingInfra.probes == 1 and asked.ok
+
+
+def test_gpus_of_one_kind_asks_only_its_places_and_says_what_to_set_up_when_there_is_none(tmp_path, monkeypatch):
+    """`corral gpus --infra k8s` without contexts had probed every Slurm cluster, then shown none."""
+    import pytest
+
+    from corral.errors import NotFoundError
+
+    cluster_file = tmp_path / "clusters"
+    cluster_file.write_text("Host alpine\n  HostName 127.0.0.1\n  Port 1\n")
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(cluster_file))
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path / "home"))
+    asked = []
+    probing = Client()
+
+    async def probe(clusters=None, **flags):
+        asked.append(clusters)
+        return []
+
+    monkeypatch.setattr(probing, "probe", probe)
+    with pytest.raises(NotFoundError, match=r"^infra k8s: no Kubernetes context is set up: list contexts under"):
+        asyncio.run(probing.gpus(infra="k8s"))
+    with pytest.raises(NotFoundError, match=r"^infra ssh: no SSH pool is set up"):
+        asyncio.run(probing.gpus(infra="ssh"))
+    asyncio.run(probing.gpus(infra="slurm"))
+    assert asked == [["alpine"]]

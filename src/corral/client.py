@@ -31,11 +31,12 @@ from time import monotonic
 from corral import accounts as team_accounts
 from corral import budget
 from corral.accounts import Accounts
-from corral.config import ClusterRegistry, load_registry
+from corral.config import NOT_SET_UP, ClusterRegistry, load_registry
 from corral.errors import (
     ClusterError,
     CorralError,
     NoAccountError,
+    NotFoundError,
     UnknownClusterError,
     UnknownPartitionError,
     asked_again,
@@ -237,6 +238,10 @@ class Client:
         latest one started at most that many seconds ago (see _LATEST)."""
         selector = parse_infra(infra) if infra else InfraSelector()
         clusters = [selector.cluster] if selector.cluster else None
+        if selector.kind and not selector.cluster:  # only the places of that kind are asked
+            clusters = [c for c in self.registry.names() if self.registry.infra_kind(c) == selector.kind]
+            if not clusters:
+                raise NotFoundError(f"infra {selector.kind}: {NOT_SET_UP[selector.kind]}")
         outcomes = await self.probe(clusters, max_age=max_age)
         rows: list[GpuAvailability] = []
         failures: list[ProbeOutcome] = []

@@ -117,6 +117,11 @@ def cluster_file_path() -> Path:
 SLURM, MACHINE, POOL, KUBE = "slurm", "machine", "pool", "k8s"
 # The Infra kind of each kind of registry entry (a pool's machines are not places of their own).
 INFRA_KINDS = {SLURM: "slurm", POOL: "ssh", KUBE: "k8s"}
+# What to set up for a kind of place asked for (`--infra k8s`) when there is none of it.
+NOT_SET_UP = {"slurm": "no Slurm cluster is set up: add a Host to the cluster file (~/.slurm/config)",
+              "ssh": "no SSH pool is set up: add one under `pools:` in config.yaml (docs/pools.md)",
+              "k8s": "no Kubernetes context is set up: list contexts under `kubernetes: {allowed_contexts: […]}` in "
+                     "config.yaml (docs/kubernetes.md)"}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Literal
 
 from corral.budget import affords_now
 from corral.client import Client, ProbeOutcome
-from corral.config import infra_order
+from corral.config import NOT_SET_UP, infra_order
 from corral.errors import (
     ClusterError,
     CorralError,
@@ -529,15 +529,8 @@ def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidat
     return shares
 
 
-# What to set up for a kind of place the task asks for (`--infra k8s`) when there is none of it.
-SET_UP = {"slurm": "no Slurm cluster is set up: add a Host to the cluster file (~/.slurm/config)",
-          "ssh": "no SSH pool is set up: add one under `pools:` in config.yaml (docs/pools.md)",
-          "k8s": "no Kubernetes context is set up: list contexts under `kubernetes: {allowed_contexts: […]}` in "
-                 "config.yaml (docs/kubernetes.md)"}
-
-
 def not_set_up_reasons(plan: Plan) -> list[str]:
-    return [f"infra {kind}: {SET_UP.get(kind, 'not set up')}" for kind in plan.not_set_up]
+    return [f"infra {kind}: {NOT_SET_UP.get(kind, 'not set up')}" for kind in plan.not_set_up]
 
 
 def _no_candidate_message(plan: Plan) -> str:
