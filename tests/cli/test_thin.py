@@ -91,3 +91,16 @@ def test_help_loads_no_client(tmp_path, argv):
                           env={**os.environ, "CORRAL_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stderr.rsplit("HEAVY=", 1)[1]) == [], f"`corral {' '.join(argv)}` loaded the client"
+
+
+def test_a_command_that_finds_its_server_running_does_not_load_the_servers_module(corral_env):
+    """Only starting or restarting the server needs controller/server.py (~3 ms of imports on every call)."""
+    listed = run_and_list(("corral.controller.server", "subprocess"), top_level=False)
+    first = subprocess.run([sys.executable, "-c", listed, "queue"], env=corral_env, capture_output=True, text=True,
+                           timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert "corral.controller.server" in first.stderr.rsplit("HEAVY=", 1)[1]  # it started the server
+    again = subprocess.run([sys.executable, "-c", listed, "queue"], env=corral_env, capture_output=True, text=True,
+                           timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stderr.rsplit("HEAVY=", 1)[1]) == [], "`corral queue` loaded the server's module"

@@ -28,31 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from corral.config import corral_home, default_timeout, env_number, private_file, write_private
-from corral.errors import ConfigError, CorralError, UnavailableError
+from corral.controller.running import (  # noqa: F401 - the server's files, re-exported for its callers
+    ControllerUnavailable,
+    endpoint_file,
+    log_file,
+    pid_file,
+    read_endpoint,
+    running_pid,
+)
+from corral.errors import ConfigError, CorralError
 
 MAX_INTERVAL = 10.0
 
-
-def pid_file() -> Path:
-    return corral_home() / "controller.pid"
-
-
-def log_file() -> Path:
-    return corral_home() / "controller.log"
-
-
-def running_pid() -> int | None:
-    try:
-        pid = int(pid_file().read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"corral.controller" not in f.read():
-                return None
-    except OSError:
-        return None
-    return pid
 
 
 def _crashed_holder() -> str | None:
@@ -67,24 +54,6 @@ def _crashed_holder() -> str | None:
         return None
     return f"{socket.gethostname()}:{pid}"
 
-
-def endpoint_file() -> Path:
-    return corral_home() / "controller.json"
-
-
-def read_endpoint() -> dict[str, Any] | None:
-    """The running server's port, token and settings (None if it does not run)."""
-    try:
-        endpoint = json.loads(endpoint_file().read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(endpoint, dict) or running_pid() != endpoint.get("pid"):
-        return None
-    return endpoint
-
-
-class ControllerUnavailable(UnavailableError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -100,21 +100,23 @@ def settings() -> dict[str, str]:
 def local() -> Endpoint:
     """This user's local server: started if it does not run, restarted if it runs with other settings."""
     from corral.config import load_registry
-    from corral.controller import server
+    from corral.controller.running import read_endpoint
 
-    endpoint = server.read_endpoint()
+    endpoint = read_endpoint()
     if endpoint is not None and endpoint.get("team"):
         # A team server runs for this account: commands here (`corral users add`, as its admin) use
         # it as it is; it keeps its own settings, and is never restarted by a command.
         return Endpoint(str(endpoint["url"]), str(endpoint["token"]), True, endpoint.get("cafile"))
     load_registry()  # a missing or malformed cluster file is reported here, as it always was
     wanted = settings()
-    if endpoint is not None and endpoint.get("settings") != wanted:
+    if endpoint is not None and endpoint.get("settings") == wanted:
+        return Endpoint(f"http://127.0.0.1:{endpoint['port']}", endpoint["token"], True)
+    from corral.controller import server  # to start it, or restart it with these settings
+
+    if endpoint is not None:
         server.stop()
-        endpoint = None
+    server.start()
+    endpoint = server.read_endpoint()
     if endpoint is None:
-        server.start()
-        endpoint = server.read_endpoint()
-        if endpoint is None:
-            raise server.ControllerUnavailable(f"the server did not publish its port; see {server.log_file()}")
+        raise server.ControllerUnavailable(f"the server did not publish its port; see {server.log_file()}")
     return Endpoint(f"http://127.0.0.1:{endpoint['port']}", endpoint["token"], True)
