@@ -69,10 +69,11 @@ def views(store: Store, job_ids: list[str] | None = None, scope: str | None = No
     return sorted(out, key=lambda v: (v.job.created_at, v.job.job_rank))
 
 
-def page(store: Store, limit: int | None = 20, offset: int = 0,
-         scope: str | None = None) -> tuple[list[ManagedView], int]:
-    """Live managed jobs and the newest ended ones, newest first; and how many more ended ones there are."""
-    ids, more = store.managed_page(limit, offset, scope=scope)
+def page(store: Store, limit: int | None = 20, offset: int = 0, scope: str | None = None,
+         since: float | None = None) -> tuple[list[ManagedView], int]:
+    """Live managed jobs and the newest ended ones (launched since `since`, if given), newest first; and
+    how many more ended ones there are."""
+    ids, more = store.managed_page(limit, offset, scope=scope, since=since)
     shown = views(store, ids, scope)
     shown.sort(key=lambda v: (v.job.created_at, v.job.job_rank), reverse=True)
     return shown, more

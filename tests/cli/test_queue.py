@@ -78,3 +78,21 @@ def test_tables_load_neither_the_engine_nor_sqlalchemy_nor_pydantic(refusing_clu
              "print('HEAVY', heavy, file=sys.stderr)\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in proc.stderr, proc.stderr
+
+
+def test_jobs_queue_narrows_the_ended_managed_jobs_by_since_as_queue_does(refusing_clusters):
+    from corral.state.models import ManagedState
+
+    home = refusing_clusters / "home"
+    home.mkdir(mode=0o700)
+    store = Store(f"sqlite:///{home / 'state.db'}")
+    now = time.time()
+    store.add_managed_jobs([{"id": f"c-{i:012x}", "name": f"m{i}", "task_json": "{}", "created_at": now - hours * 3600,
+                             "job_rank": 0, "num_jobs": 1, "sweep_id": None, "submitter": None, "allocation": None,
+                             "owner": ""} for i, hours in enumerate([3, 2, 0.5, 0.1])])
+    store.set_managed_many([(f"c-{i:012x}", ManagedState.SUCCEEDED, None, {}) for i in range(3)])  # 3 stays live
+    code, out, err = run_cli(["jobs", "queue", "--since", "1h", "--json"])
+    assert code == 0, err
+    assert [row["job_id"] for row in json.loads(out)] == [f"c-{3:012x}", f"c-{2:012x}"]  # the live one, then
+    code, out, err = run_cli(["jobs", "queue", "--limit", "1"])
+    assert code == 0 and "2 more ended managed jobs: `corral jobs queue --page 2`, `--since 1d`, or `--all`" in err

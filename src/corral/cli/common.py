@@ -142,22 +142,46 @@ def read_env_file(path: str) -> list[str]:
 
 
 def paging(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """`--limit` and `--page` for a listing of `what` (live ones always shown, ended ones paged), and
-    `-s`/`--skip-finished` (SkyPilot's), which shows the live ones only: the command sees `limit` 0."""
+    """`--limit` and `--page` for a listing of `what` (live ones always shown, ended ones paged),
+    `--since` (the command sees a Unix time, or None), and `-s`/`--skip-finished` (SkyPilot's), which
+    shows the live ones only: the command sees `limit` 0."""
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(command)
-        def live_only_when_skipping(*args: Any, skip_finished: bool, **kwargs: Any) -> Any:
+        def live_only_when_skipping(*args: Any, skip_finished: bool, since: str | None, **kwargs: Any) -> Any:
             if skip_finished:
                 kwargs["limit"] = 0
-            return command(*args, **kwargs)
+            return command(*args, since=parse_since(since) if since else None, **kwargs)
 
+        func = click.option("--since", help=f"Only {what} launched since: 30m, 2h, 3d, 1w, or a date such as "
+                                            "2026-11-30.")(live_only_when_skipping)
         func = click.option("-s", "--skip-finished", is_flag=True,
-                            help=f"Only the live {what}, as `sky queue -s`.")(live_only_when_skipping)
+                            help=f"Only the live {what}, as `sky queue -s`.")(func)
         func = click.option("--page", type=click.IntRange(1, 1_000_000), default=1, show_default=True,
                             help=f"Which page of ended {what}, --limit per page.")(func)
         return click.option("-n", "--limit", type=click.IntRange(1, 100_000), default=DEFAULT_QUEUE_LIMIT,
                             show_default=True, help=f"How many ended {what} to show after the live ones.")(func)
     return decorate
+
+
+def parse_since(text: str) -> float:
+    """`--since`: a duration back from now (90s, 30m, 2h, 3d, 1w) or a local date/time (2026-11-30T08:00)."""
+    import time
+    from datetime import datetime
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    raw = text.strip()
+    now = time.time()
+    if raw[:-1].isdigit() and raw[-1:] in units:
+        return max(0.0, now - int(raw[:-1]) * units[raw[-1]])  # before 1970: everything
+    try:
+        date = datetime.fromisoformat(raw)
+    except ValueError:
+        raise click.UsageError(f"--since {text!r}: give a duration (30m, 2h, 3d, 1w) or a date (2026-11-30 or "
+                               "2026-11-30T08:00)") from None
+    try:
+        return min(max(0.0, date.timestamp()), now)  # in the future: nothing has ended since
+    except (OverflowError, OSError, ValueError):  # a year the platform cannot place
+        return 0.0 if date.year < 1970 else now
 
 
 def log_options(follow_help: str, tail_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

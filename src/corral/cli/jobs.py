@@ -73,12 +73,12 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every managed job ever launched.")
 @paging("managed jobs")
 @reports_errors
-def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
+def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int, since: float | None) -> None:
     """Managed jobs with their state, attempts and reason (as of the controller's last tick): the live
     ones and the newest ended ones, newest first."""
     from corral.sdk import Client
 
-    shown, more = Client().managed_jobs(limit=limit, page=page, all=show_all)
+    shown, more = Client().managed_jobs(limit=limit, page=page, all=show_all, since=since)
     rows = [j.raw for j in shown]
     if as_json:
         print_json(rows)
@@ -88,7 +88,7 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int) -> None:
         render_managed(rows)
         if more and limit:
             click.echo(f"{more} more ended managed job{'s' if more != 1 else ''}: "
-                       f"`corral jobs queue --page {page + 1}` or `--all`", err=True)
+                       f"`corral jobs queue --page {page + 1}`, `--since 1d`, or `--all`", err=True)
 
 
 @jobs.command(name="logs")

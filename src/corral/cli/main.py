@@ -118,45 +118,22 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | Non
         sys.exit(1)
 
 
-def parse_since(text: str) -> float:
-    """`--since`: a duration back from now (90s, 30m, 2h, 3d, 1w) or a local date/time (2026-11-30T08:00)."""
-    import time
-    from datetime import datetime
-
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    raw = text.strip()
-    now = time.time()
-    if raw[:-1].isdigit() and raw[-1:] in units:
-        return max(0.0, now - int(raw[:-1]) * units[raw[-1]])  # before 1970: everything
-    try:
-        date = datetime.fromisoformat(raw)
-    except ValueError:
-        raise click.UsageError(f"--since {text!r}: give a duration (30m, 2h, 3d, 1w) or a date (2026-11-30 or "
-                               "2026-11-30T08:00)") from None
-    try:
-        return min(max(0.0, date.timestamp()), now)  # in the future: nothing has ended since
-    except (OverflowError, OSError, ValueError):  # a year the platform cannot place
-        return 0.0 if date.year < 1970 else now
-
-
 @cli.command()
 @click.argument("allocation", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs (one object per job).")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every job ever launched, newest first, streamed.")
 @paging("jobs (or sweeps)")
-@click.option("--since", help="Only jobs launched since: 30m, 2h, 3d, 1w, or a date such as 2026-11-30.")
 @click.option("-x", "--expand", is_flag=True, help="One row per job of a sweep (default: one row per sweep).")
 @reports_errors
-def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, page: int, since: str | None,
+def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, page: int, since: float | None,
           expand: bool) -> None:
     """Live jobs across all clusters, refreshed with one Slurm query per cluster, and the newest ended
     ones; a line says how many more there are."""
     from corral.sdk import Client
 
     client = Client()
-    after = parse_since(since) if since else None
     if show_all:
-        jobs = client.queue_all(since=after, allocation=allocation)
+        jobs = client.queue_all(since=since, allocation=allocation)
         if as_json:
             stream_json(j.raw for j in jobs)
         else:
@@ -164,7 +141,7 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 
             render.render_queue_stream(jobs)
         return
-    shown = client.queue(limit=limit, page=page, since=after, allocation=allocation,
+    shown = client.queue(limit=limit, page=page, since=since, allocation=allocation,
                          by_sweep=not as_json and not expand)
     if as_json:
         print_json([j.raw for j in shown.jobs])

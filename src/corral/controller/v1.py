@@ -232,9 +232,13 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     async def managed_jobs(me: Me, all: bool = False,
                            limit: Annotated[int, Query(ge=0, le=100_000, description="Ended managed jobs per page "
                                                                                     "(0: the live ones only)")] = 20,
-                           page: Annotated[int, Query(ge=1, le=1_000_000)] = 1) -> dict[str, object]:
+                           page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+                           since: Annotated[float | None, Query(ge=0, le=1e11, description="Only ended managed jobs "
+                                                               "launched at or after this Unix time")] = None
+                           ) -> dict[str, object]:
         """Live managed jobs and the newest ended ones (`limit` a page; `all`: every one), newest first."""
-        shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit, me.scope)
+        shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit, me.scope,
+                                   since=since)
         return {"jobs": [v.to_json() for v in shown], "more": more}
 
     @router.get("/managed/{job}")

@@ -239,9 +239,11 @@ class Client:
             on_event({"event": "warning", "message": message})
         return list(answer["job_ids"])
 
-    def managed_jobs(self, *, limit: int = 20, page: int = 1, all: bool = False) -> tuple[list[ManagedJob], int]:
-        """Live managed jobs and the newest ended ones, newest first; and how many more ended ones."""
-        data = self._json("GET", "/managed", {"limit": limit, "page": page, "all": all})
+    def managed_jobs(self, *, limit: int = 20, page: int = 1, all: bool = False, since: float | None = None
+                     ) -> tuple[list[ManagedJob], int]:
+        """Live managed jobs and the newest ended ones (launched since `since`, a Unix time, if given),
+        newest first; and how many more ended ones."""
+        data = self._json("GET", "/managed", {"limit": limit, "page": page, "all": all, "since": since})
         return [ManagedJob.from_json(j) for j in data["jobs"]], int(data["more"])
 
     def managed_job(self, job: str) -> dict[str, Any]:

@@ -703,12 +703,16 @@ class Store:
                 found = list(s.scalars(query(JobRow.name == job_ref)))
         return found
 
-    def managed_page(self, limit: int | None, offset: int = 0, scope: str | None = None) -> tuple[list[str], int]:
-        """Live managed jobs, then the `limit` newest ended ones after `offset`; and how many more."""
+    def managed_page(self, limit: int | None, offset: int = 0, scope: str | None = None,
+                     since: float | None = None) -> tuple[list[str], int]:
+        """Live managed jobs, then the `limit` newest ended ones (launched since `since`, if given) after
+        `offset`; and how many more."""
         with self.session() as s:
             live_query = select(ManagedJobRow.job_id).where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))
             ended = (select(ManagedJobRow.job_id).join(JobRow, JobRow.id == ManagedJobRow.job_id)
                      .where(ManagedJobRow.state.in_(MANAGED_TERMINAL)))
+            if since is not None:
+                ended = ended.where(JobRow.created_at >= since)
             if scope is not None:
                 live_query = live_query.join(JobRow, JobRow.id == ManagedJobRow.job_id).where(JobRow.owner == scope)
                 ended = ended.where(JobRow.owner == scope)
