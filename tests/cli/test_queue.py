@@ -55,6 +55,8 @@ def test_queue_shows_a_page_and_says_how_many_more(refusing_clusters):
     code, out, err = run_cli(["queue", "--since", "9999-12-31", "--json"])  # nothing has ended since
     assert code == 0 and json.loads(out) == [], err
     # `sky queue -s`: the live jobs only, and no line about the ended ones
+    code, out, err = run_cli(["queue", "-s"])
+    assert code == 0 and out.strip() == "No live jobs." and "more ended" not in err, out  # was "on this page"
     store = Store(f"sqlite:///{home / 'state.db'}")
     store.add_jobs([JobRow(id="c-live00000000", name="live", task_json="{}", created_at=time.time() - 7200, num_jobs=1)],
                    [AttemptRow(token="tlive", job_id="c-live00000000", number=1, cluster="alpine", partition="gpu",

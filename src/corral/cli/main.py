@@ -148,7 +148,7 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
     else:
         from corral.cli import render
 
-        render.render_queue(shown, expand)
+        render.render_queue(shown, expand, live_only=limit == 0)
         if shown.more and limit:
             grouped = "" if expand else " (a sweep counts once)"
             click.echo(f"{shown.more} more ended job{'s' if shown.more != 1 else ''}{grouped}: "

@@ -213,9 +213,9 @@ def queue_rows(page: QueuePage, expand: bool) -> list[tuple[str | Text, ...]]:
     return rows
 
 
-def render_queue(page: QueuePage, expand: bool = False) -> None:
+def render_queue(page: QueuePage, expand: bool = False, live_only: bool = False) -> None:
     if not page.jobs:
-        console.print("No jobs." if not page.more else "No jobs on this page.")
+        console.print("No live jobs." if live_only else "No jobs." if not page.more else "No jobs on this page.")
         return
     owners = [j.raw.get("owner") or "-" for j in page.jobs]
     mixed = len(set(owners)) > 1  # an admin's view of several users' jobs: say whose each is
