@@ -194,11 +194,11 @@ class Launcher:
         options = resource_options(task.resources)
         if outcomes is None:
             outcomes = await self.probe_for([task])
-        refused = {o.cluster: why for o in outcomes if (why := self.client.refusal(owner, o.cluster))}
-        snapshots = {o.cluster: o.snapshot for o in outcomes if o.snapshot and o.cluster not in refused}
         places = self._places_for(options)  # a probe shared with other tasks asked other places too
-        unreachable = {o.cluster: o.error_message or "" for o in outcomes
-                       if o.snapshot is None and (places is None or o.cluster in places)}
+        relevant = [o for o in outcomes if places is None or o.cluster in places]
+        refused = {o.cluster: why for o in relevant if (why := self.client.refusal(owner, o.cluster))}
+        snapshots = {o.cluster: o.snapshot for o in relevant if o.snapshot and o.cluster not in refused}
+        unreachable = {o.cluster: o.error_message or "" for o in relevant if o.snapshot is None}
         unreachable.update(refused)
         order = [o.cluster for o in outcomes]
         plan = apply_profiles(build_plan(task, options, snapshots, order, unreachable, infra_order(),
