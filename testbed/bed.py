@@ -53,7 +53,8 @@ APT_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "ope
                 "environment-modules",  # `module load`, as HPC sites have it (cluster profiles' setup_prefix)
                 "tcsh", "zsh",  # users' login shells, which read the command lines ssh hands them
                 "postgresql",  # not Slurm's: the team-mode state store, tested against a real server
-                "chromium")  # nor this: the dashboard's tests drive it (Playwright, its system executable)
+                "chromium",  # nor this: the dashboard's tests drive it (Playwright, its system executable)
+                "git")  # the workdir's ignore rules are tested against git's own (tests/sdk/test_ignore.py)
 # Daemons must be started through links with exactly these names: libslurm decides what it is from
 # argv[0]'s basename, and a slurmd started as `slurmd-wlm` silently loses its node GRES.
 DAEMON_BINARIES = {"slurmctld": "/usr/sbin/slurmctld-wlm", "slurmd": "/usr/sbin/slurmd-wlm"}

@@ -13,7 +13,8 @@
         print(chunk, end="")
 
 `Client(url, token)` (or `CORRAL_API_URL` and `CORRAL_API_TOKEN`, or `corral api login`) talks to a remote
-server instead. Standard library only: importing it loads neither the engine nor its dependencies.
+server instead. Standard library only (and pathspec, for a workdir with ignore rules): importing it loads
+neither the engine nor its dependencies.
 Every failure is a `CorralError` (an `ApiError` for what the server refused) with the server's message.
 """
 

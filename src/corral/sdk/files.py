@@ -1,25 +1,23 @@
 """The local files a task names (`workdir`, `file_mounts` sources), read where the user runs the command
-and packed for the server, which never reads the user's files itself. Standard library only.
+and packed for the server, which never reads the user's files itself. Standard library only, and
+pathspec for a workdir with ignore rules (sdk/ignore.py).
 
 A relative path is relative to the directory the command runs in (as in SkyPilot), `~` is the user's
-home. A workdir leaves out what `.corralignore` at its root says, else what each `.gitignore` says for
-its own folder (rsync's rules: SkyPilot does the same with `.skyignore`); file_mounts are sent whole.
+home. A workdir leaves out what git would (its `.gitignore` files), or what `.corralignore` at its root
+says instead (SkyPilot's `.skyignore`): sdk/ignore.py. file_mounts are sent whole.
 
 Each path becomes one tar archive: a folder's contents under `tree/`, a file as `file/<its name>`. Its
 SHA-256 names it, so sending the same content twice costs one request that finds it already there.
-Cost: one walk and one tar of each path (a staging copy first when ignore rules apply), in a temporary
-file, never in memory. A path with more to send than the server's limit on an upload is refused
-before anything is written (the walk sums its files' sizes; rsync's dry run, when ignore rules may
-leave enough out).
+Cost: one walk of each path (which skips what is left out, and sums the sizes of what is sent) and one
+tar of it, in a temporary file, never in memory. A path with more to send than the server's limit on
+an upload is refused before anything is written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import socket
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -28,8 +26,7 @@ from typing import Any
 
 from corral.errors import TaskError
 from corral.limits import send_limit
-
-IGNORE_FILE = ".corralignore"
+from corral.sdk.ignore import IGNORE_FILE, sent_entries  # noqa: F401 - IGNORE_FILE: re-exported
 
 
 @dataclass(frozen=True)
@@ -102,44 +99,6 @@ def origin(path: Path) -> str:
     return f"{socket.gethostname()}:{path}"
 
 
-def ignore_filters(folder: Path) -> list[str]:
-    """rsync filter rules for a workdir: `.corralignore` at its root (gitignore-style patterns) when
-    there is one, else every `.gitignore` in it, each for its folder."""
-    own = folder / IGNORE_FILE
-    if own.is_file():
-        return [f"--exclude-from={own.resolve()}"]
-    return ["--filter=dir-merge,- .gitignore"]
-
-
-def _survey(folder: Path) -> tuple[bool, int]:
-    """In one walk: whether the folder has ignore rules (.corralignore at its root, any .gitignore), and
-    the bytes of its files (links not followed, as they are packed)."""
-    rules, size = (folder / IGNORE_FILE).is_file(), 0
-    for root, _dirs, files in os.walk(folder):
-        rules = rules or ".gitignore" in files
-        for name in files:
-            try:
-                size += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass  # gone meanwhile, or unreadable: packing names it
-    return rules, size
-
-
-def _sent_size(folder: Path, filters: list[str]) -> int | None:
-    """The bytes a workdir sends once its ignore rules leave things out (rsync's dry run), or None when
-    rsync cannot tell (staging then names the problem)."""
-    if not shutil.which("rsync"):
-        return None
-    done = subprocess.run(["rsync", "-a", "-n", "--stats", *filters, "--", f"{folder}/",
-                           os.path.join(tempfile.gettempdir(), "corral-dry-run-target", "")],
-                          capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith("Total file size:"):
-            digits = "".join(c for c in line.split(":", 1)[1] if c.isdigit())
-            return int(digits) if digits else None
-    return None
-
-
 def size_text(count: int) -> str:
     """A number of bytes for a person: `512 B`, `1.5 KiB`, … `12.0 GiB`."""
     size = float(count)
@@ -162,32 +121,31 @@ def pack(path: Path, *, workdir: bool) -> Packed:
     """One path as a tar archive in a temporary file (see the module's docstring for the layout).
     Refused before anything is written when it holds more than `send_limit()` to send."""
     limit = send_limit()
-    rules = False
-    if path.is_dir():
-        rules, size = _survey(path)
-        rules = rules and workdir
-        if rules and size > limit and (sent := _sent_size(path, ignore_filters(path))) is not None:
-            size = sent
-        within_limit(path, size, limit)
-    elif path.is_file():
-        within_limit(path, path.stat().st_size, limit)
+    try:
+        if path.is_dir():
+            entries = list(sent_entries(path, rules=workdir))
+            within_limit(path, sum(e.stat(follow_symlinks=False).st_size for e in entries
+                                   if e.is_file(follow_symlinks=False)), limit)
+        else:
+            entries = []
+            within_limit(path, path.stat().st_size, limit)
+    except OSError as exc:
+        raise TaskError(f"{path}: could not be read for sending: {exc.strerror or exc}") from None
     fd, name = tempfile.mkstemp(prefix="corral-upload-", suffix=".tar")
     os.close(fd)
     archive = Path(name)
     try:
-        with tempfile.TemporaryDirectory(prefix="corral-workdir-") as staging:
-            source = path
-            if rules:
-                source = Path(staging) / "tree"
-                _stage(path, source, ignore_filters(path))
-            try:
-                with tarfile.open(archive, "w") as tar:
-                    if path.is_dir():
-                        tar.add(source, arcname="tree", filter=_content_only)
-                    else:
-                        tar.add(source, arcname=f"file/{path.name}", filter=_content_only)
-            except OSError as exc:
-                raise TaskError(f"{path}: could not be read for sending: {exc.strerror or exc}") from None
+        try:
+            with tarfile.open(archive, "w") as tar:
+                if path.is_dir():
+                    tar.add(path, arcname="tree", recursive=False, filter=_content_only)
+                    for entry in entries:
+                        tar.add(entry.path, arcname=f"tree/{Path(entry.path).relative_to(path).as_posix()}",
+                                recursive=False, filter=_content_only)
+                else:
+                    tar.add(path, arcname=f"file/{path.name}", filter=_content_only)
+        except OSError as exc:
+            raise TaskError(f"{path}: could not be read for sending: {exc.strerror or exc}") from None
         digest = hashlib.sha256()
         with open(archive, "rb") as f:
             while chunk := f.read(1 << 20):
@@ -200,7 +158,7 @@ def pack(path: Path, *, workdir: bool) -> Packed:
 
 def _content_only(info: tarfile.TarInfo) -> tarfile.TarInfo:
     """What the digest should depend on: names, modes, contents and files' times (rsync's quick check
-    uses them), not owners or folders' times (staging a copy changes those)."""
+    uses them), not owners or folders' times (which change as files come and go)."""
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     if info.isdir():
@@ -208,13 +166,3 @@ def _content_only(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def _stage(source: Path, staged: Path, filters: list[str]) -> None:
-    """A local copy of `source` without what the filters leave out."""
-    if not shutil.which("rsync"):
-        raise TaskError(f"{source}: its .gitignore/.corralignore rules need rsync on this machine; install "
-                        "rsync (it stays local: the cluster needs none)")
-    done = subprocess.run(["rsync", "-a", *filters, "--", f"{source}/", f"{staged}/"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
-        raise TaskError(f"{source}: could not be prepared for sending: {lines[-1] if lines else 'rsync failed'}")
