@@ -241,8 +241,7 @@ def run(options: ServerOptions | None = None) -> None:
     import fcntl
 
     ready_fd = _keep_ready_fd()
-    options = options or ServerOptions.from_env()
-    options.check()
+    options = options or ServerOptions.from_env()  # checked by the command that started it
     os.environ.update(options.to_env())  # the store and what `start` compares read them from here
     with open(private_file(lock_file()), "w") as held:
         try:
