@@ -49,7 +49,9 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
         "rank=0 host=b1 n=2 gpus=2 cvd=0,1 ips=127.0.0.1,127.0.0.1 cluster=borealis",
         "rank=1 host=b2 n=2 gpus=2 cvd=0,1 ips=127.0.0.1,127.0.0.1 cluster=borealis",
     ]
-    assert corral("exec", "dev", "--", "exit 4").exit_code == 4
+    failed = corral("exec", "dev", "--", "exit 4")
+    assert failed.exit_code == 4
+    assert "Terminating StepId" not in failed.stdout + failed.stderr  # srun's own informational line (--quiet)
     # One node fails while the other runs, which is ended for it (--kill-on-bad-exit): the failure's own
     # status wins. Rank 1 fails only once rank 0 runs: a task that Slurm launches while it is killing the
     # step can miss the kill and run to its end (CI caught one on a loaded host).

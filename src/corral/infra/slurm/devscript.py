@@ -174,7 +174,9 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
 
     Its stdout and stderr, merged as in a job's log, go both to the caller and to the exec's `output`
     file in the allocation (what `corral logs` shows later); `ended` is left however the script ends.
-    It exits with the status of a node whose command failed by itself. With `--kill-on-bad-exit` the
+    `--quiet`: srun's informational lines (`_step_signal: Terminating StepId=…` after a failure) stay out
+    of the output; its errors stay in. It exits with the status of a node whose command failed by
+    itself. With `--kill-on-bad-exit` the
     first failure ends the other nodes (143), and srun's own status is whichever it saw last, so each
     node records its command's status and the lowest rank's own failure wins. srun reads nothing: its
     stdin is this script, which must go on after it."""
@@ -194,7 +196,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
         + "\n".join(node_env_lines(f'"$(squeue -h -j {job_id} -o %N)"')) + "\n"
-        + f'srun --jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} --nodes={num_nodes} '
+        + f'srun --quiet --jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} --nodes={num_nodes} '
         + '--ntasks-per-node=1 --kill-on-bad-exit=1 '
         + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh" </dev/null 2>&1 '
         + f'| tee "$d/{exec_dir}/{EXEC_OUTPUT}"\n'
