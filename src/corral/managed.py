@@ -92,6 +92,18 @@ def resolve(store: Store, ref: str, scope: str | None = None) -> ManagedView:
     raise JobNotFoundError(f"{ref!r} matches several managed jobs; give more of the id")
 
 
+def resolve_all(store: Store, ref: str, scope: str | None = None) -> list[ManagedView]:
+    """The managed job `ref` names, or every managed job of the sweep it names (the sweep's name)."""
+    from corral.state.store import JobNotFoundError
+
+    try:
+        return [resolve(store, ref, scope)]
+    except JobNotFoundError:
+        if ids := store.sweep_named(ref, managed_only=True, scope=scope):
+            return views(store, ids, scope)
+        raise
+
+
 def request_cancel(store: Store, job_ids: list[str]) -> None:
     for job_id in job_ids:
         store.set_managed(job_id, ManagedState.CANCELLING, "cancel requested", cancel_requested=True)

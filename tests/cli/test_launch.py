@@ -582,3 +582,21 @@ def test_a_dry_run_says_what_each_cluster_must_be_sent(corral, clean_queues, tmp
     (work / "weights.bin").write_bytes(b"v" * 50_000)
     (work / "notes.txt").write_bytes(b"n" * 700)
     assert sends() == {"alpine": 50_700, "cirrus": 50_700}  # what changed, counted by rsync itself
+
+
+def test_a_sweeps_name_cancels_every_job_of_it_and_a_name_two_launches_share_is_refused(corral, clean_queues):
+    """The queue shows a sweep as one row under its name; `corral cancel NAME` had refused it as "matches
+    several jobs", and its id (the first job's) cancels that one job only."""
+    sweep = corral("launch", "-d", "--json", "-n", "lr-sweep", "--num-jobs", "3", "--infra", "slurm/cirrus/debug",
+                   "--", "sleep 300")
+    assert sweep.exit_code == 0, sweep.stderr
+    ids = sorted(j["job_id"] for j in sweep.json())
+    cancelled = corral("cancel", "lr-sweep")
+    assert cancelled.exit_code == 0, cancelled.stderr
+    assert sorted(line.split(":")[0] for line in cancelled.stdout.splitlines()) == ids
+    for job_id in ids:
+        wait_state(corral, job_id, {"CANCELLED"})
+    for _ in range(2):
+        assert corral("launch", "-d", "-n", "twice", "--infra", "slurm/cirrus/debug", "--", "true").exit_code == 0
+    refused = corral("cancel", "twice")
+    assert refused.exit_code == 66 and "'twice' matches several jobs" in refused.stderr

@@ -288,3 +288,16 @@ def test_a_store_that_does_not_answer_is_unavailable_and_its_password_is_not_sho
                                                "answer: .*Connection refused") as refused:
         Store("postgresql://corral:hunter2@127.0.0.1:1/x")
     assert "hunter2" not in str(refused.value)
+
+
+def test_a_name_means_a_sweep_only_when_every_job_of_that_name_is_in_it(store):
+    def job(job_id: str, name: str, sweep: str | None, owner: str = "") -> JobRow:
+        return JobRow(id=job_id, name=name, task_json="{}", created_at=time.time(), num_jobs=2 if sweep else 1,
+                      sweep_id=sweep, owner=owner)
+
+    store.add_jobs([job("c-a0", "lr", "c-a0"), job("c-a1", "lr", "c-a0"), job("c-b0", "once", None),
+                    job("c-c0", "both", "c-c0"), job("c-c1", "both", "c-c0"), job("c-d0", "both", None),
+                    job("c-e0", "hers", "c-e0", owner="ann"), job("c-e1", "hers", "c-e0", owner="ann")], [])
+    assert store.sweep_named("lr") == ["c-a0", "c-a1"]
+    assert store.sweep_named("once") == [] and store.sweep_named("both") == [] and store.sweep_named("nope") == []
+    assert store.sweep_named("hers", scope="bob") == [] and store.sweep_named("hers", scope="ann") == ["c-e0", "c-e1"]

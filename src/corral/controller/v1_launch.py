@@ -328,7 +328,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
         views = (managed.views(store, scope=owner_of_all(me, request.all, request.all_users), live_only=True)
-                 if request.all else [managed.resolve(store, j, me.scope) for j in request.jobs])
+                 if request.all else [v for ref in request.jobs for v in managed.resolve_all(store, ref, me.scope)])
         live = [v for v in views if v.managed.state not in MANAGED_TERMINAL]
         managed.request_cancel(store, [v.job.id for v in live])
         wake()

@@ -703,6 +703,19 @@ class Store:
                 found = list(s.scalars(query(JobRow.name == job_ref)))
         return found
 
+    def sweep_named(self, name: str, managed_only: bool = False, scope: str | None = None) -> list[str]:
+        """Every job id of the one sweep called `name` when all the jobs of that name are in it (then the
+        name means the sweep, as `corral cancel NAME` uses it), else none."""
+        def scoped(query: Any) -> Any:
+            query = query.where(JobRow.owner == scope) if scope is not None else query
+            return query.join(ManagedJobRow, ManagedJobRow.job_id == JobRow.id) if managed_only else query
+
+        with self.session() as s:
+            sweeps = list(s.scalars(scoped(select(JobRow.sweep_id).where(JobRow.name == name)).distinct().limit(2)))
+            if len(sweeps) != 1 or sweeps[0] is None:
+                return []
+            return sorted(s.scalars(scoped(select(JobRow.id).where(JobRow.sweep_id == sweeps[0]))))
+
     def managed_page(self, limit: int | None, offset: int = 0, scope: str | None = None,
                      since: float | None = None) -> tuple[list[str], int]:
         """Live managed jobs, then the `limit` newest ended ones (launched since `since`, if given) after
