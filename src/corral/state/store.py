@@ -748,6 +748,9 @@ class Store:
         if not prefixed:
             raise JobNotFoundError(f"no job {job_ref!r}; see `corral queue` for job ids")
         ids = ", ".join(v.job.id for v in prefixed[:5])
+        if len({v.job.sweep_id for v in prefixed}) == 1 and prefixed[0].job.sweep_id is not None:
+            raise JobNotFoundError(f"{job_ref!r} is a sweep ({ids}…): give one job's id (`corral queue -x` lists "
+                                   "them); `corral cancel` takes the sweep's name for all of them")
         raise JobNotFoundError(f"{job_ref!r} matches several jobs ({ids}…); give more of the id")
 
 
