@@ -42,7 +42,7 @@ from corral.launch import (
     Failover,
     Launcher,
     NoFeasibleClusterError,
-    _no_candidate_message,
+    no_candidate_message,
 )
 from corral.placement import Candidate
 from corral.profiles import with_prefix
@@ -163,7 +163,7 @@ class DevAllocations:
         self.launcher.events.plan(plan)
         feasible = [c for c in plan.feasible() if isinstance(self.client.infra(c.cluster, self.owner), HoldsAllocations)]
         if not feasible:
-            raise NoFeasibleClusterError(_no_candidate_message(plan))
+            raise NoFeasibleClusterError(no_candidate_message(plan))
         idle_seconds = round((idle_minutes or 0) * 60)
         session_keys, host_public_key = devssh.new_session_keys()
         rows: dict[int, AllocationRow] = {}  # by id(candidate)

@@ -326,7 +326,7 @@ class Launcher:
         for (_task, source), plan in zip(tasks, plans):  # all or nothing: check before submitting any
             if not plan.feasible():
                 prefix = f"{source}: " if len(tasks) > 1 else ""
-                raise NoFeasibleClusterError(prefix + _no_candidate_message(plan))
+                raise NoFeasibleClusterError(prefix + no_candidate_message(plan))
         return list(await asyncio.gather(*(
             self._launch_planned(task, task_envs, plan, num_jobs)
             for (task, _), task_envs, plan in zip(tasks, envs, plans)
@@ -339,7 +339,7 @@ class Launcher:
         self.events.plan(plan)
         feasible = plan.feasible()
         if not feasible:
-            raise NoFeasibleClusterError(_no_candidate_message(plan))
+            raise NoFeasibleClusterError(no_candidate_message(plan))
         sealed = seal(resolved_secrets(task, "task"))
         ids, now = self.store.new_job_ids(num_jobs), time.time()
         sweep = ids[0] if num_jobs > 1 else None  # a sweep's jobs share it, and their creation time
@@ -533,7 +533,7 @@ def not_set_up_reasons(plan: Plan) -> list[str]:
     return [f"infra {kind}: {NOT_SET_UP.get(kind, 'not set up')}" for kind in plan.not_set_up]
 
 
-def _no_candidate_message(plan: Plan) -> str:
+def no_candidate_message(plan: Plan) -> str:
     reasons = [f"{c.infra}: {c.reason}" for c in plan.ranked()]
     reasons += [f"{plan.place_infra(cluster)}: {error}" for cluster, error in plan.unreachable.items()]
     reasons += not_set_up_reasons(plan)

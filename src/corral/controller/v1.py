@@ -35,7 +35,7 @@ from corral.errors import CorralError
 from corral.infra.base import JobState
 from corral.profiles import named_paths, profile_warnings
 from corral.state import Store
-from corral.state.store import JobFilter, JobNotFoundError, JobView
+from corral.state.store import JobFilter
 from corral.tracker import RefreshReport, SharedRefresh, Tracker, left_out
 from corral.views import job_json
 
@@ -223,19 +223,10 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         tracker = Tracker(Client(), store)
         await refreshed(fresh_within=0.0, at_most=None)  # what is cancelled must be what runs now, not a while ago
         views = (store.views(store.live_job_ids(owner_of_all(me, request.all, request.all_users))) if request.all
-                 else [view for ref in request.jobs for view in _jobs_or_sweep(ref, me.scope)])
+                 else [view for ref in request.jobs for view in store.resolve_all(ref, me.scope)])
         cancelled = await tracker.cancel(views)
         return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}
                          for v in views]}
-
-    def _jobs_or_sweep(ref: str, scope: str | None) -> list[JobView]:
-        """The job `ref` names, or every job of the sweep it names (a sweep's name, shared by its jobs)."""
-        try:
-            return [store.resolve(ref, scope)]
-        except JobNotFoundError:
-            if ids := store.sweep_named(ref, scope=scope):
-                return store.views(ids)
-            raise
 
     @router.get("/managed")
     async def managed_jobs(me: Me, all: bool = False,

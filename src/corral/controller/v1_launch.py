@@ -26,7 +26,7 @@ from corral.controller.auth import Me, owner_of_all
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.errors import CorralError, TaskError
 from corral.infra.base import JobState
-from corral.launch import Launcher, LaunchEvents, NoFeasibleClusterError, _no_candidate_message
+from corral.launch import Launcher, LaunchEvents, NoFeasibleClusterError, no_candidate_message
 from corral.state import Store
 from corral.state.store import MANAGED_TERMINAL
 from corral.task import Task, apply_overrides, parse_task
@@ -297,7 +297,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
                 plans = [await launcher.plan(task, predict="all") for task, _ in built]
                 for plan in plans:
                     if not plan.candidates and not plan.unreachable:  # no row to show why: say it
-                        raise NoFeasibleClusterError(_no_candidate_message(plan))
+                        raise NoFeasibleClusterError(no_candidate_message(plan))
                 sizes = [await launcher.transfer_sizes(task, plan) for (task, _), plan in zip(built, plans)]
                 scripts = [script_rows(task, launcher.script_previews(task, plan)) for (task, _), plan in zip(built, plans)]
                 return {"plans": [[{**row, "transfer_bytes": size.get(row.get("cluster")),

@@ -735,6 +735,16 @@ class Store:
             page = list(s.scalars(ordered.limit(limit) if limit is not None else ordered))
         return live + page, max(0, total - offset - len(page))
 
+    def resolve_all(self, job_ref: str, scope: str | None = None) -> list[JobView]:
+        """The job `job_ref` names (resolve), or every job of the sweep it names (its name, when only
+        that sweep's jobs carry it: sweep_named)."""
+        try:
+            return [self.resolve(job_ref, scope)]
+        except JobNotFoundError:
+            if ids := self.sweep_named(job_ref, scope=scope):
+                return self.views(ids)
+            raise
+
     def resolve(self, job_ref: str, scope: str | None = None) -> JobView:
         """A job by id or unique id prefix, or by name if unique (indexed look-ups, not a scan of history);
         with `scope`, among that owner's jobs only: another user's job is not found, as if it did not exist."""
