@@ -144,6 +144,9 @@ class FakeRegistry:
     def infra_kind(self, name: str) -> str:
         return "slurm"
 
+    def names_of(self, *kinds: str) -> list[str]:
+        return self.names() if "slurm" in kinds else []
+
 
 @dataclass
 class FakeTransport:

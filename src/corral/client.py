@@ -239,7 +239,7 @@ class Client:
         selector = parse_infra(infra) if infra else InfraSelector()
         clusters = [selector.cluster] if selector.cluster else None
         if selector.kind and not selector.cluster:  # only the places of that kind are asked
-            clusters = [c for c in self.registry.names() if self.registry.infra_kind(c) == selector.kind]
+            clusters = self.registry.names_of(selector.kind)
             if not clusters:
                 raise NotFoundError(f"infra {selector.kind}: {NOT_SET_UP[selector.kind]}")
         outcomes = await self.probe(clusters, max_age=max_age)

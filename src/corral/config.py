@@ -173,6 +173,10 @@ class ClusterRegistry:
         """The place's Infra kind: slurm, ssh (a pool) or k8s (a context)."""
         return INFRA_KINDS[self.kind(name)]
 
+    def names_of(self, *kinds: str) -> list[str]:
+        """The places of these Infra kinds (`--infra k8s`), in the order of names()."""
+        return [name for name in self.names() if self.infra_kind(name) in kinds]
+
     def kube_context(self, name: str) -> KubeEntry:
         for context in self.kube:
             if context.name == name:

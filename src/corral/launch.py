@@ -180,9 +180,9 @@ class Launcher:
         kinds = {o.infra.kind for o in options if o.infra.cluster is None}
         if "" in kinds:
             return None
-        registry = self.client.registry
-        return [c for c in registry.names()
-                if c in {o.infra.cluster for o in options} or registry.infra_kind(c) in kinds]
+        pinned = {o.infra.cluster for o in options}
+        of_kinds = set(self.client.registry.names_of(*kinds))
+        return [c for c in self.client.registry.names() if c in pinned or c in of_kinds]
 
     async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None,
                    owner: str | None = None) -> Plan:

@@ -267,7 +267,7 @@ def _open_masters() -> None:
         registry = load_registry()
     except CorralError:
         return  # a broken cluster file: the first command says what is wrong with it
-    open_masters(registry, [name for name in registry.names() if registry.infra_kind(name) == "slurm"])
+    open_masters(registry, registry.names_of("slurm"))
 
 
 def _listener(options: ServerOptions) -> socket.socket:
