@@ -15,6 +15,7 @@ from corral.sbatch_script import (
     is_batch_script,
     read_script,
     split_command_line,
+    wrap_script,
 )
 from tests.conftest import FIXTURES
 
@@ -72,12 +73,12 @@ def test_heterogeneous_components():
 
 
 def test_the_command_line_splits_like_sbatch_and_wins():
-    options, words, script, args = split_command_line(
+    options, words, script, args, wrap = split_command_line(
         ["-p", "gpu", "--time=5", "-N2", "--exclusive", "job.sh", "-p", "x", "--", "y"])
     assert [(o.name, o.value) for o in options] == [("partition", "gpu"), ("time", "5"), ("nodes", "2"),
                                                     ("exclusive", None)]
     assert words == ["-p", "gpu", "--time=5", "-N2", "--exclusive"] and script == "job.sh"
-    assert args == ["-p", "x", "--", "y"]
+    assert args == ["-p", "x", "--", "y"] and wrap is None
     text = "#!/bin/bash\n#SBATCH -p cpu -t 10\n"
     merged = effective(options, read_script(text).directives)
     assert merged["partition"].value == "gpu" and merged["partition"].line is None and merged["time"].value == "5"
@@ -86,6 +87,17 @@ def test_the_command_line_splits_like_sbatch_and_wins():
         split_command_line(["-N1", ":", "-N2", "job.sh"])
     with pytest.raises(ScriptError, match="-y is not an sbatch option"):
         split_command_line(["-y", "job.sh"])
+
+
+def test_wrap_takes_the_place_of_the_script():
+    line = split_command_line(["-HN2", "--wrap", "echo a; echo b", "--wra=last", "-t", "5"])
+    assert line.wrap == "last" and line.script is None and line.args == []  # the last --wrap, as getopt's
+    assert line.words == ["-HN2", "-t", "5"] and [o.name for o in line.options] == ["hold", "nodes", "time"]
+    assert wrap_script("echo a; echo b") == "#!/bin/sh\n# This script was created by sbatch --wrap.\n\necho a; echo b\n"
+    with pytest.raises(ScriptError, match="Script arguments not permitted with --wrap"):
+        split_command_line(["--wrap", "true", "job.sh"])
+    with pytest.raises(ScriptError, match="--wrap needs a value"):
+        split_command_line(["--wrap"])
 
 
 def test_array_specs():
@@ -111,7 +123,7 @@ def test_any_text_is_read_or_refused_with_a_script_error(text):
 @given(st.lists(st.text(max_size=20), max_size=8))
 def test_any_command_line_is_split_or_refused_with_a_script_error(argv):
     try:
-        options, words, script, args = split_command_line(argv)
+        options, words, script, args, wrap = split_command_line(argv)
     except ScriptError:
         return
     assert script is None or argv[len(argv) - len(args) - 1] == script

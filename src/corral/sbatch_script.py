@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from corral.errors import TaskError
 
@@ -235,10 +236,21 @@ def parse_options(tokens: Sequence[tuple[str, int, int]], where: str, line: int 
     return out
 
 
-def split_command_line(argv: Sequence[str]) -> tuple[list[Option], list[str], str | None, list[str]]:
-    """`sbatch [OPTIONS] script [ARGS]`: (options, their words as given, the script, its arguments).
-    Options end at the first word that is not one (or after `--`)."""
-    words: list[str] = []
+class CommandLine(NamedTuple):
+    """`sbatch [OPTIONS] script [ARGS]` split: the options (`--wrap` apart), their words as given, the
+    script and its arguments, and the command `--wrap` gives instead of a script."""
+
+    options: list[Option]
+    words: list[str]
+    script: str | None
+    args: list[str]
+    wrap: str | None = None
+
+
+def split_command_line(argv: Sequence[str]) -> CommandLine:
+    """`sbatch [OPTIONS] script [ARGS]`, or `sbatch [OPTIONS] --wrap CMD`. Options end at the first word
+    that is not one (or after `--`)."""
+    groups: list[list[str]] = []  # each option's words: one, or two when its value is the next word
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -250,12 +262,12 @@ def split_command_line(argv: Sequence[str]) -> tuple[list[Option], list[str], st
                               "the script instead (#SBATCH hetjob between their directives)")
         if not word.startswith("-") or word == "-":
             break
-        words.append(word)
+        groups.append([word])
         if word.startswith("--") and "=" not in word:
             name = _long_name(word[2:], "command line")
             if OPTIONS[name][1] == REQUIRED and i + 1 < len(argv):
                 i += 1
-                words.append(argv[i])
+                groups[-1].append(argv[i])
         elif not word.startswith("--"):
             letter = word[1:2]
             name = SHORT.get(letter)
@@ -263,12 +275,29 @@ def split_command_line(argv: Sequence[str]) -> tuple[list[Option], list[str], st
                 raise ScriptError(f"command line: -{letter} is not an sbatch option (man sbatch lists them)")
             if OPTIONS[name][1] == REQUIRED and len(word) == 2 and i + 1 < len(argv):
                 i += 1
-                words.append(argv[i])
+                groups[-1].append(argv[i])
         i += 1
-    options = parse_options([(w, 0, 0) for w in words], "command line")
-    options = [Option(o.name, o.value, o.spelling) for o in options]
+    options: list[Option] = []
+    words: list[str] = []
+    wrap = None
+    for group in groups:  # a group is one long option, or a cluster of short ones (-HN2)
+        parsed = [Option(o.name, o.value, o.spelling) for o in parse_options([(w, 0, 0) for w in group],
+                                                                              "command line")]
+        if parsed[0].name == "wrap":
+            wrap = parsed[0].value
+            continue
+        options += parsed
+        words += group
     script = argv[i] if i < len(argv) else None
-    return options, words, script, list(argv[i + 1:]) if script is not None else []
+    if wrap is not None and script is not None:
+        raise ScriptError(f"command line: --wrap is the job's script, so {script!r} and what follows cannot be "
+                          "given too (sbatch: 'Script arguments not permitted with --wrap option')")
+    return CommandLine(options, words, script, list(argv[i + 1:]) if script is not None else [], wrap)
+
+
+def wrap_script(command: str) -> str:
+    """The script `sbatch --wrap COMMAND` writes: COMMAND in a plain sh script, byte for byte as sbatch's."""
+    return f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{command}\n"
 
 
 def effective(command_line: Iterable[Option], directives: Iterable[Option], component: int = 0) -> dict[str, Option]:

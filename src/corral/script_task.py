@@ -34,7 +34,8 @@ GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socke
 REFUSED = {
     "clusters": "the script names Slurm clusters (-M/--clusters): Corral chooses the cluster; remove it, or pin "
                 "one with --infra slurm/<cluster>",
-    "wrap": "--wrap replaces the script; give either a script or `corral launch -- COMMAND`",
+    "wrap": "--wrap replaces the script: give the command as `corral sbatch [OPTIONS] --wrap COMMAND`, "
+            "without a script",
     "test-only": "use --dryrun: it shows the plan and the exact script each cluster would receive",
     "wait": "corral sbatch returns once the job is accepted; `corral logs JOB` follows it, `corral launch "
             "script.sh` (without -d) waits for it",

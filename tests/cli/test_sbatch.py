@@ -100,6 +100,25 @@ def test_what_cannot_be_routed_says_why(corral, tmp_path):
         assert result.exit_code != 0 and "Traceback" not in result.stderr and "corral: error:" in result.stderr
 
 
+def test_a_wrapped_command_runs_in_the_script_sbatch_would_write(corral, testbed, clean_queues, tmp_path):
+    """`sbatch --wrap CMD`, as Slurm users type it: the job's script is sbatch's own sh wrapper, its name
+    "wrap", and options before and after --wrap still count."""
+    submitted = corral("sbatch", "--json", "--infra", "slurm/alpine/cpu", "-c", "1", "--wrap",
+                       'echo "$SLURM_JOB_NAME $FOO"; sed -n 2p "$0"',
+                       "--export=ALL,FOO=bar", "-t", "5", cwd=tmp_path)
+    assert submitted.exit_code == 0, submitted.stderr
+    job = submitted.json()
+    wait_for("the wrapped command to end", lambda: {j["job_id"]: j for j in corral("queue", "--json", "--all").json()}[
+        job["job_id"]]["state"] == "SUCCEEDED", timeout=60)
+    assert corral("logs", job["job_id"]).stdout == "wrap bar\n#SBATCH --partition=cpu\n"  # Corral's one change
+    both = corral("sbatch", "--wrap", "true", "job.sh", cwd=tmp_path)
+    assert both.exit_code == 65 and "Script arguments not permitted with --wrap" in both.stderr
+    inside = tmp_path / "inside.sh"
+    inside.write_text("#!/bin/bash\n#SBATCH --wrap=true\ntrue\n")
+    refused = corral("sbatch", str(inside))
+    assert refused.exit_code == 65 and "inside.sh:2 --wrap: --wrap replaces the script" in refused.stderr
+
+
 def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):
     """Only borealis's H100 nodes carry the feature ib: the plan says so of every other place, the script
     lands there, and a task file's slurm.constraint is read the same way."""

@@ -19,11 +19,13 @@ from corral.cli.common import print_json, read_env_file, reports_errors, warning
 CORRAL_OPTIONS = {"--dryrun": False, "--managed": False, "--json": False, "--infra": True, "--workdir": True,
                   "--env": True, "--env-file": True, "--secret": True}
 USAGE = """Usage: corral sbatch [CORRAL OPTIONS] [SBATCH OPTIONS] SCRIPT [ARGS]...
+       corral sbatch [CORRAL OPTIONS] [SBATCH OPTIONS] --wrap COMMAND
 
   Run an sbatch job script as it is, on the cluster that can start it soonest. Its #SBATCH lines,
   and the sbatch options given here (which win, as with sbatch), say what it needs. Per cluster, Corral
   rewrites only the partition, the GPU type's spelling (h100 -> nvidia_h100_80gb_hbm3) and the
-  profile's account and QOS; --dryrun shows each cluster's script as a diff.
+  profile's account and QOS; --dryrun shows each cluster's script as a diff. --wrap COMMAND runs
+  COMMAND in the sh script sbatch would write for it.
 
   -p/--partition here pins the partition; one in the script is kept on a cluster that has it, and
   chosen by Corral elsewhere.
@@ -50,16 +52,17 @@ def sbatch(words: tuple[str, ...]) -> None:
     ours, rest = _corral_options(words)
     from corral.sbatch_script import split_command_line
 
-    options, option_words, script, args = split_command_line(rest)
-    if script is None:
+    options, option_words, script, args, wrap = split_command_line(rest)
+    if script is None and wrap is None:
         from corral.errors import TaskError
 
-        raise TaskError("corral sbatch: no script given (corral sbatch [OPTIONS] script.sh [ARGS])")
+        raise TaskError("corral sbatch: no script given (corral sbatch [OPTIONS] script.sh [ARGS], or "
+                        "corral sbatch [OPTIONS] --wrap COMMAND)")
     envs = [*read_env_file(ours["--env-file"][-1]), *ours["--env"]] if ours["--env-file"] else list(ours["--env"])
     from corral.sdk import Client
 
     client = Client()
-    result = client.sbatch(Path(script), options=option_words, args=list(args), dryrun=bool(ours["--dryrun"]),
+    result = client.sbatch(Path(script) if script is not None else None, wrap=wrap, options=option_words, args=list(args), dryrun=bool(ours["--dryrun"]),
                            managed=bool(ours["--managed"]), infra=_last(ours["--infra"]), envs=envs,
                            secrets=list(ours["--secret"]), workdir=_last(ours["--workdir"]), on_event=warnings_only)
     as_json = bool(ours["--json"])

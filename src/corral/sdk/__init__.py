@@ -191,7 +191,8 @@ class Client:
             return launched
         return Launched(launched.tasks, [self.wait(job_id) for job_id in launched.job_ids])
 
-    def sbatch(self, script: Path | str, *, options: list[str] | None = None, args: list[str] | None = None,
+    def sbatch(self, script: Path | str | None = None, *, wrap: str | None = None, options: list[str] | None = None,
+               args: list[str] | None = None,
                dryrun: bool = False, managed: bool = False, infra: str | None = None, envs: Pairs = None,
                secrets: Pairs = None, workdir: str | None = None, base: Path | None = None,
                on_event: Callable[[dict[str, Any]], None] | None = None) -> Launched | list[list[PlanRow]] | list[str]:
@@ -199,8 +200,9 @@ class Client:
         script [args]`. Its `#SBATCH` lines (and `options`, which win) say what it needs; per cluster,
         Corral rewrites only the partition, the GPU type's spelling, and the profile's account and QOS.
         With `dryrun`, each plan row carries `script_diff` and `sbatch_command`. With `managed`, the
-        controller recovers it (returns the job ids)."""
-        task = self._script_input(Path(script), options or [], args or [], base, workdir)
+        controller recovers it (returns the job ids). `wrap` instead of a script: a command, run in the
+        sh script `sbatch --wrap` writes for it."""
+        task = self._script_input(script, wrap, options or [], args or [], base, workdir)
         overrides = _overrides(infra=infra, envs=envs, secrets=secrets, workdir=workdir)
         if managed and not dryrun:  # a dry run plans the same for both: nothing is recorded
             answer = self._json("POST", "/managed", body={"task": task, "overrides": overrides})
@@ -212,15 +214,27 @@ class Client:
             return [[PlanRow.from_json(r) for r in plan] for plan in done["plans"]]
         return Launched([[Submission.from_json(s) for s in shares] for shares in done["tasks"]])
 
-    def _script_input(self, path: Path, options: list[str], args: list[str], base: Path | None,
-                      workdir: str | None) -> dict[str, Any]:
+    def _script_input(self, script: Path | str | None, wrap: str | None, options: list[str], args: list[str],
+                      base: Path | None, workdir: str | None) -> dict[str, Any]:
         """The API's task for a job script: its text, name, sbatch options and arguments (and a workdir's
         files, when one is given)."""
-        from corral import taskfile
+        from corral.errors import TaskError
 
-        text = taskfile.read_task_text(path, "job script")
-        return {"source": str(path), "script": {"text": text, "file_name": path.name, "options": options,
-                                                "args": args}, **self._workdir_files(workdir, base)}
+        if (script is None) == (wrap is None):
+            raise TaskError("sbatch: give a job script or a command to wrap (wrap=...), not both or neither")
+        if wrap is not None:
+            if args:
+                raise TaskError("sbatch: a wrapped command takes no script arguments (as sbatch --wrap)")
+            from corral.sbatch_script import wrap_script
+
+            text, source, file_name = wrap_script(wrap), "sbatch --wrap", "wrap"  # sbatch names such a job "wrap"
+        else:
+            from corral import taskfile
+
+            path = Path(script)  # type: ignore[arg-type]
+            text, source, file_name = taskfile.read_task_text(path, "job script"), str(path), path.name
+        return {"source": source, "script": {"text": text, "file_name": file_name, "options": options,
+                                             "args": args}, **self._workdir_files(workdir, base)}
 
     def managed_launch(self, task: TaskLike = None, *, command: str | None = None, num_jobs: int = 1,
                        name: str | None = None,
@@ -399,7 +413,7 @@ class Client:
             from corral.sbatch_script import is_batch_script
 
             if is_batch_script(text):  # `corral launch script.sh`: run as sbatch would
-                return self._script_input(Path(task), [], [], base, workdir)
+                return self._script_input(Path(task), None, [], [], base, workdir)
         elif isinstance(task, str):
             source, text = "task", task
         else:
