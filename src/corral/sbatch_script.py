@@ -236,15 +236,32 @@ def parse_options(tokens: Sequence[tuple[str, int, int]], where: str, line: int 
     return out
 
 
+def _short_wants_next(word: str) -> bool:
+    """Whether a cluster of short options (`-HN`) ends with one whose value is the next word, as getopt
+    reads it: letters without a value, then at most one that takes the rest of the word or the next."""
+    for at, letter in enumerate(word[1:], start=1):
+        name = SHORT.get(letter)
+        if name is None:
+            raise ScriptError(f"command line: -{letter} is not an sbatch option (man sbatch lists them)")
+        if OPTIONS[name][1] != NONE:
+            return OPTIONS[name][1] == REQUIRED and at == len(word) - 1
+    return False
+
+
 class CommandLine(NamedTuple):
-    """`sbatch [OPTIONS] script [ARGS]` split: the options (`--wrap` apart), their words as given, the
-    script and its arguments, and the command `--wrap` gives instead of a script."""
+    """`sbatch [OPTIONS] script [ARGS]` split: the options (but `--wrap` and `--wait`, which the client
+    does itself), their words as given, the script and its arguments, the command `--wrap` gives instead
+    of a script, and whether to wait for the job's end (`-W/--wait`)."""
 
     options: list[Option]
     words: list[str]
     script: str | None
     args: list[str]
     wrap: str | None = None
+    wait: bool = False
+
+
+CLIENT_OPTIONS = ("wrap", "wait")  # done by the client, as sbatch does them: never sent to Slurm
 
 
 def split_command_line(argv: Sequence[str]) -> CommandLine:
@@ -268,31 +285,28 @@ def split_command_line(argv: Sequence[str]) -> CommandLine:
             if OPTIONS[name][1] == REQUIRED and i + 1 < len(argv):
                 i += 1
                 groups[-1].append(argv[i])
-        elif not word.startswith("--"):
-            letter = word[1:2]
-            name = SHORT.get(letter)
-            if name is None:
-                raise ScriptError(f"command line: -{letter} is not an sbatch option (man sbatch lists them)")
-            if OPTIONS[name][1] == REQUIRED and len(word) == 2 and i + 1 < len(argv):
-                i += 1
-                groups[-1].append(argv[i])
+        elif not word.startswith("--") and _short_wants_next(word) and i + 1 < len(argv):
+            i += 1
+            groups[-1].append(argv[i])
         i += 1
     options: list[Option] = []
     words: list[str] = []
-    wrap = None
-    for group in groups:  # a group is one long option, or a cluster of short ones (-HN2)
+    client: dict[str, str | None] = {}
+    for group in groups:  # a group is one long option, or a cluster of short ones (-WHN2)
         parsed = [Option(o.name, o.value, o.spelling) for o in parse_options([(w, 0, 0) for w in group],
                                                                               "command line")]
-        if parsed[0].name == "wrap":
-            wrap = parsed[0].value
-            continue
-        options += parsed
-        words += group
+        kept = [o for o in parsed if o.name not in CLIENT_OPTIONS]
+        client.update((o.name, o.value) for o in parsed if o.name in CLIENT_OPTIONS)
+        options += kept
+        # a cluster that held -W is written again without it (its other letters are short options too)
+        words += group if len(kept) == len(parsed) else [o.spelling + (o.value or "") for o in kept]
     script = argv[i] if i < len(argv) else None
+    wrap = client.get("wrap")
     if wrap is not None and script is not None:
         raise ScriptError(f"command line: --wrap is the job's script, so {script!r} and what follows cannot be "
                           "given too (sbatch: 'Script arguments not permitted with --wrap option')")
-    return CommandLine(options, words, script, list(argv[i + 1:]) if script is not None else [], wrap)
+    return CommandLine(options, words, script, list(argv[i + 1:]) if script is not None else [], wrap,
+                       "wait" in client)
 
 
 def wrap_script(command: str) -> str:

@@ -37,8 +37,8 @@ REFUSED = {
     "wrap": "--wrap replaces the script: give the command as `corral sbatch [OPTIONS] --wrap COMMAND`, "
             "without a script",
     "test-only": "use --dryrun: it shows the plan and the exact script each cluster would receive",
-    "wait": "corral sbatch returns once the job is accepted; `corral logs JOB` follows it, `corral launch "
-            "script.sh` (without -d) waits for it",
+    "wait": "give -W/--wait on corral sbatch's command line: Corral waits on your side, not in a script's "
+            "#SBATCH line",
     "help": "corral sbatch --help lists what Corral reads", "usage": "corral sbatch --help lists what Corral reads",
     "version": "corral --version",
 }

@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import subprocess
+import sys
 
 from tests.conftest import FIXTURES, wait_for
 from tests.helpers import ssh_login
@@ -117,6 +120,37 @@ def test_a_wrapped_command_runs_in_the_script_sbatch_would_write(corral, testbed
     inside.write_text("#!/bin/bash\n#SBATCH --wrap=true\ntrue\n")
     refused = corral("sbatch", str(inside))
     assert refused.exit_code == 65 and "inside.sh:2 --wrap: --wrap replaces the script" in refused.stderr
+
+
+def test_wait_returns_when_the_job_ends_with_its_exit_code(corral, corral_env, testbed, clean_queues, tmp_path):
+    """`sbatch -W`: the job's exit code (an array's highest); Ctrl-C stops waiting, not the job."""
+    failed = corral("sbatch", "--infra", "slurm/alpine/cpu", "-W", "--wrap", "exit 3", cwd=tmp_path)
+    assert failed.exit_code == 3, failed.stderr
+    assert re.fullmatch(r"corral: c-\w+ FAILED on slurm/alpine/cpu \(exit code 3\)\n", failed.stderr)
+    script = tmp_path / "mixed.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --array=0-2 -c 1 -t 5\nexit $SLURM_ARRAY_TASK_ID\n")
+    array = corral("sbatch", "-t", "5", "--wait", str(script), cwd=tmp_path)
+    assert array.exit_code == 2, array.stderr
+    assert "3 jobs ended: 2 FAILED, 1 SUCCEEDED; highest exit code 2" in array.stderr
+    assert all(j["state"] != "RUNNING" for j in corral("queue", "--json").json())
+    script.write_text("#!/bin/bash\n#SBATCH -W\ntrue\n")
+    refused = corral("sbatch", str(script))
+    assert refused.exit_code == 65 and "mixed.sh:2 -W: give -W/--wait on corral sbatch's command line" in refused.stderr
+
+    proc = subprocess.Popen([sys.executable, "-m", "corral", "sbatch", "-W", "--wrap", "sleep 300"],
+                            env=corral_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        [job_id] = wait_for("the job to run", lambda: [j["job_id"] for j in corral("queue", "--json").json()
+                                                       if j["state"] == "RUNNING"], 60)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and out.startswith(f"Submitted batch job {job_id} "), (out, err)
+    assert f"{job_id} keeps running; Ctrl-C only stopped waiting. `corral cancel {job_id}` stops it" in err
+    assert "Traceback" not in err
+    assert {j["job_id"]: j["state"] for j in corral("queue", "--json").json()}[job_id] == "RUNNING"
+    assert corral("cancel", job_id).exit_code == 0
 
 
 def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):

@@ -30,13 +30,51 @@ def status_only(job: Any) -> int:
     while it has not ended, else what following it to its end gives. `job`: an SDK Job or ManagedJob."""
     from corral.errors import EXIT_TEMPFAIL
 
-    exit_code = job.raw.get("exit_code")
-    if exit_code is None and job.raw.get("attempt_list"):  # a managed job's: its last attempt's
-        exit_code = job.raw["attempt_list"][-1].get("exit_code")
+    exit_code = _exit_code(job)
     where = f" on {place(job)}" if job.cluster else ""
     code = f" (exit code {exit_code})" if job.ended else ""
     click.echo(f"{job.job_id} {job.state}{where}{code}")
     return exit_status(job.state, exit_code) if job.ended else EXIT_TEMPFAIL
+
+
+def _exit_code(job: Any) -> int | None:
+    exit_code = job.raw.get("exit_code")
+    if exit_code is None and job.raw.get("attempt_list"):  # a managed job's: its last attempt's
+        exit_code = job.raw["attempt_list"][-1].get("exit_code")
+    return exit_code  # type: ignore[no-any-return]
+
+
+def wait_quietly(client: Any, job_ids: list[str], *, managed: bool = False) -> int:
+    """`sbatch --wait`: until every job has ended, without their output; then one line on stderr for how
+    they ended. The exit status is the highest of theirs (sbatch's for an array). Ctrl-C leaves them
+    running and says how to stop them."""
+    ended: list[Any] = []
+    try:
+        for job_id in job_ids:  # one status request a second, for the job not yet seen ended
+            wait = client.managed_wait if managed else client.wait
+            ended.append(wait(job_id, poll=POLL_SECONDS))
+    except KeyboardInterrupt:
+        left = job_ids[len(ended):]
+        more = f" and {len(left) - 1} more" if len(left) > 1 else ""
+        stop = "corral jobs cancel" if managed else "corral cancel"
+        verb, them = ("keep", "them") if more else ("keeps", "it")
+        click.echo(f"\ncorral: {left[0]}{more} {verb} running; Ctrl-C only stopped waiting. `{stop} "
+                   f"{' '.join(left[:3])}{' …' if len(left) > 3 else ''}` stops {them}.", err=True)
+        return 130
+    statuses = [exit_status(job.state, _exit_code(job)) for job in ended]
+    worst = max(range(len(ended)), key=lambda i: statuses[i])
+    job = ended[worst]
+    if len(ended) == 1:
+        where = f" on {place(job)}" if job.cluster else ""
+        click.echo(f"corral: {job.job_id} {job.state}{where} (exit code {_exit_code(job)})", err=True)
+    else:
+        counts: dict[str, int] = {}
+        for each in ended:
+            counts[str(each.state)] = counts.get(str(each.state), 0) + 1
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        click.echo(f"corral: {len(ended)} jobs ended: {states}; highest exit code {_exit_code(job)} "
+                   f"({job.job_id})", err=True)
+    return statuses[worst]
 
 
 def print_output(chunks: Any) -> bool:

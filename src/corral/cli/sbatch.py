@@ -8,6 +8,7 @@ reads it; every word after the script is the script's.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +38,8 @@ Corral options (before the sbatch options):
   --workdir DIR      Send DIR; the job starts in its copy (else in an empty folder of its own).
   --env KEY=VALUE    Add to the job's environment (repeatable); --env-file FILE; --secret KEY[=VALUE].
   --json             Machine-readable output.
+
+-W/--wait waits for the job (each array task) to end, as sbatch does, and exits with its exit code.
 """
 
 
@@ -52,7 +55,7 @@ def sbatch(words: tuple[str, ...]) -> None:
     ours, rest = _corral_options(words)
     from corral.sbatch_script import split_command_line
 
-    options, option_words, script, args, wrap = split_command_line(rest)
+    options, option_words, script, args, wrap, wait = split_command_line(rest)
     if script is None and wrap is None:
         from corral.errors import TaskError
 
@@ -62,9 +65,10 @@ def sbatch(words: tuple[str, ...]) -> None:
     from corral.sdk import Client
 
     client = Client()
-    result = client.sbatch(Path(script) if script is not None else None, wrap=wrap, options=option_words, args=list(args), dryrun=bool(ours["--dryrun"]),
-                           managed=bool(ours["--managed"]), infra=_last(ours["--infra"]), envs=envs,
-                           secrets=list(ours["--secret"]), workdir=_last(ours["--workdir"]), on_event=warnings_only)
+    result = client.sbatch(Path(script) if script is not None else None, wrap=wrap, options=option_words,
+                           args=list(args), dryrun=bool(ours["--dryrun"]), managed=bool(ours["--managed"]),
+                           infra=_last(ours["--infra"]), envs=envs, secrets=list(ours["--secret"]),
+                           workdir=_last(ours["--workdir"]), on_event=warnings_only)
     as_json = bool(ours["--json"])
     if ours["--dryrun"]:
         plan = [row.raw for row in result[0]]  # type: ignore[index]
@@ -76,15 +80,25 @@ def sbatch(words: tuple[str, ...]) -> None:
             render.render_plan(plan, full=True)
         return
     if ours["--managed"]:  # not with --dryrun, which returned above
-        for job_id in result:  # type: ignore[union-attr]
+        job_ids = list(result)  # type: ignore[arg-type]
+        for job_id in job_ids:
             click.echo(job_id if as_json or any(o.name == "parsable" for o in options)
                        else f"Submitted managed job {job_id}")
-        return
-    shares = [s.raw for s in result.submissions]  # type: ignore[union-attr]
+    else:
+        shares = [s.raw for s in result.submissions]  # type: ignore[union-attr]
+        job_ids = [job_id for share in shares for job_id in share.get("job_ids") or []]
+        _report_submitted(shares, as_json, parsable=any(o.name == "parsable" for o in options))
+    if wait:
+        from corral.cli.following import wait_quietly
+
+        sys.stdout.flush()
+        sys.exit(wait_quietly(client, job_ids, managed=bool(ours["--managed"])))
+
+
+def _report_submitted(shares: list[dict], as_json: bool, *, parsable: bool) -> None:
     if as_json:  # a script is one Slurm job (an array's tasks: one Corral job each, in job_ids and handles)
         print_json(shares[0])
         return
-    parsable = any(o.name == "parsable" for o in options)
     for share in shares:
         ids = share.get("job_ids") or []
         job = ids[0] if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)} array tasks)"
