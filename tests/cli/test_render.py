@@ -58,6 +58,16 @@ def test_any_name_is_printed_as_written(name):
     assert "".join(out.split()).count(name) >= 2
 
 
+def test_a_sweep_row_spans_its_first_start_to_its_last_end():
+    jobs = [Job.from_json({"job_id": f"c-00{i}", "name": "lr", "state": "SUCCEEDED", "cluster": "alpine",
+                           "partition": "gpu", "sweep_id": "c-000", "submitted_at": 0.0}) for i in range(3)]
+    started, ended = render._when(60.0), render._when(3600.0)
+    out, _ = printed(render.render_queue, QueuePage(jobs, 0, {"c-000": {"SUCCEEDED": 3}}, [], {"c-000": [60.0, 3600.0]}))
+    assert out.splitlines()[1].rstrip().endswith(f"{started}  {ended}")
+    out, _ = printed(render.render_queue, QueuePage(jobs, 0, {"c-000": {"RUNNING": 3}}, [], {"c-000": [60.0, None]}))
+    assert out.splitlines()[1].rstrip().endswith(f"{started}  -")
+
+
 def test_a_state_keeps_its_colour(monkeypatch):
     monkeypatch.setattr(consoles.console, "_force_terminal", True)
     monkeypatch.setattr(consoles.console, "_color_system", consoles.console._detect_color_system())

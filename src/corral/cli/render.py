@@ -187,8 +187,9 @@ def _job_row(j: Job) -> tuple[str | Text, ...]:
             j.reason or "", _when(j.submitted_at), _when(j.started_at), _when(j.ended_at))
 
 
-def _sweep_row(jobs: list[Job], counts: dict[str, int]) -> tuple[str | Text, ...]:
-    """One row for a whole sweep: its jobs per state (all of them, not only those on the page)."""
+def _sweep_row(jobs: list[Job], counts: dict[str, int], times: list[float | None]) -> tuple[str | Text, ...]:
+    """One row for a whole sweep: its jobs per state (all of them, not only those on the page), its first
+    job's start and, once none is live, its last one's end."""
     first = jobs[0]
     places = sorted({_where(j) for j in jobs})
     total = sum(counts.values()) or len(jobs)
@@ -196,7 +197,8 @@ def _sweep_row(jobs: list[Job], counts: dict[str, int]) -> tuple[str | Text, ...
                              for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",
             places[0] if len(places) == 1 else f"{len(places)} places", "-", states, "",
-            _when(min((j.submitted_at or 0) for j in jobs) or None), "", "")
+            _when(min((j.submitted_at or 0) for j in jobs) or None), _when(times[0] if times else None),
+            _when(times[1] if len(times) > 1 else None))
 
 
 def queue_rows(page: QueuePage, expand: bool) -> list[tuple[str | Text, ...]]:
@@ -207,7 +209,8 @@ def queue_rows(page: QueuePage, expand: bool) -> list[tuple[str | Text, ...]]:
         if sweep and not expand:
             if sweep not in seen:
                 seen.add(sweep)
-                rows.append(_sweep_row([k for k in page.jobs if k.sweep_id == sweep], page.sweeps.get(sweep, {})))
+                rows.append(_sweep_row([k for k in page.jobs if k.sweep_id == sweep], page.sweeps.get(sweep, {}),
+                                       page.sweep_times.get(sweep, [])))
             continue
         rows.append(_job_row(j))
     return rows

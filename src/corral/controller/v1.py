@@ -150,6 +150,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                                  by_sweep=by_sweep, scope=me.scope)
         kinds = place_kinds()
         return {"jobs": [job_json(v, kinds) for v in shown.views], "more": shown.more, "sweeps": shown.sweeps,
+                "sweep_times": {sweep: list(times) for sweep, times in shown.sweep_times.items()},
                 "warnings": [f"could not refresh {cluster}: {error}" for cluster, error in report.errors.items()]}
 
     @router.get("/jobs")

@@ -115,7 +115,7 @@ class Client:
         data = self._json("GET", "/queue", {"limit": limit, "page": page, "since": since,
                                             "allocation": allocation, "by_sweep": by_sweep})
         return QueuePage([Job.from_json(j) for j in data["jobs"]], int(data["more"]), data.get("sweeps") or {},
-                         list(data.get("warnings") or []))
+                         list(data.get("warnings") or []), data.get("sweep_times") or {})
 
     def queue_all(self, *, since: float | None = None, allocation: str | None = None) -> Iterator[Job]:
         """Every job, newest first, streamed (memory stays flat on both sides)."""

@@ -8,7 +8,7 @@ import secrets
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +65,8 @@ class QueuePage:
     views: list[JobView]
     more: int  # ended jobs the filters match beyond this page
     sweeps: dict[str, dict[str, int]]  # sweep id -> {state: jobs}, over the whole sweep
+    sweep_times: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    # sweep id -> (its first job's start, its last job's end once every job has ended)
 
 
 @dataclass(frozen=True)
@@ -251,8 +253,8 @@ class Store:
                 page_units = len(page_ids)
         shown = self.views((live_ids if live else set()) | set(page_ids))
         shown.sort(key=lambda v: (v.job.created_at, v.job.job_rank), reverse=True)
-        return QueuePage(shown, max(0, total - offset - page_units),
-                         self.sweep_counts({v.job.sweep_id for v in shown if v.job.sweep_id}))
+        counts, times = self.sweep_summaries({v.job.sweep_id for v in shown if v.job.sweep_id})
+        return QueuePage(shown, max(0, total - offset - page_units), counts, times)
 
     def job_page(self, wanted: JobFilter, *, limit: int = 50, offset: int = 0,
                  scope: str | None = None) -> tuple[list[JobView], int]:
@@ -331,23 +333,33 @@ class Store:
                 return
             offset += QUEUE_CHUNK
 
-    def sweep_counts(self, sweep_ids: set[str]) -> dict[str, dict[str, int]]:
-        """Jobs per state of each sweep, by its jobs' latest attempts (one aggregate query)."""
+    def sweep_summaries(self, sweep_ids: set[str]) -> tuple[dict[str, dict[str, int]],
+                                                             dict[str, tuple[float | None, float | None]]]:
+        """Of each sweep, by its jobs' latest attempts (one aggregate query): its jobs per state, and (the
+        first start, the last end once none is live)."""
         if not sweep_ids:
-            return {}
+            return {}, {}
         with self.session() as s:
             latest = (select(AttemptRow.job_id, func.max(AttemptRow.number).label("number"))
                       .join(JobRow, JobRow.id == AttemptRow.job_id)
                       .where(JobRow.sweep_id.in_(list(sweep_ids))).group_by(AttemptRow.job_id).subquery())
             rows = s.execute(
-                select(JobRow.sweep_id, AttemptRow.state, func.count())
+                select(JobRow.sweep_id, AttemptRow.state, func.count(), func.min(AttemptRow.started_at),
+                       func.max(AttemptRow.ended_at))
                 .join(latest, latest.c.job_id == JobRow.id)
                 .join(AttemptRow, (AttemptRow.job_id == latest.c.job_id) & (AttemptRow.number == latest.c.number))
                 .group_by(JobRow.sweep_id, AttemptRow.state))
             counts: dict[str, dict[str, int]] = {}
-            for sweep_id, state, count in rows:
+            starts: dict[str, list[float]] = {}
+            ends: dict[str, list[float]] = {}
+            for sweep_id, state, count, started, ended in rows:
                 counts.setdefault(sweep_id, {})[state] = count
-            return counts
+                starts.setdefault(sweep_id, []).extend([started] if started is not None else [])
+                ends.setdefault(sweep_id, []).extend([ended] if ended is not None else [])
+            live = {sweep for sweep, states in counts.items() if any(state in LIVE_ATTEMPT_STATES for state in states)}
+            times = {sweep: (min(starts[sweep], default=None), None if sweep in live else max(ends[sweep], default=None))
+                     for sweep in counts}
+            return counts, times
 
     def active_attempts(self) -> list[AttemptRow]:
         """Live attempts of batch jobs (exec jobs in dev allocations are tracked by `corral exec`), as
