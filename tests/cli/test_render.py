@@ -60,10 +60,14 @@ def test_any_name_is_printed_as_written(name):
 
 def test_a_sweep_row_spans_its_first_start_to_its_last_end():
     jobs = [Job.from_json({"job_id": f"c-00{i}", "name": "lr", "state": "SUCCEEDED", "cluster": "alpine",
-                           "partition": "gpu", "sweep_id": "c-000", "submitted_at": 0.0}) for i in range(3)]
+                           "partition": "gpu", "sweep_id": "c-000", "submitted_at": 0.0, "slurm_job_id": f"4711_{i}"})
+            for i in range(3)]
     started, ended = render._when(60.0), render._when(3600.0)
     out, _ = printed(render.render_queue, QueuePage(jobs, 0, {"c-000": {"SUCCEEDED": 3}}, [], {"c-000": [60.0, 3600.0]}))
     assert out.splitlines()[1].rstrip().endswith(f"{started}  {ended}")
+    assert out.splitlines()[1].split()[5] == "4711"  # the Slurm array's id: `corral cancel 4711` takes it
+    out, _ = printed(render.render_queue, QueuePage(jobs, 0, {"c-000": {"SUCCEEDED": 4}}, [], {}))
+    assert out.splitlines()[1].split()[5] == "-"  # a job not on the page may be in another array
     out, _ = printed(render.render_queue, QueuePage(jobs, 0, {"c-000": {"RUNNING": 3}}, [], {"c-000": [60.0, None]}))
     assert out.splitlines()[1].rstrip().endswith(f"{started}  -")
 

@@ -153,6 +153,21 @@ def test_wait_returns_when_the_job_ends_with_its_exit_code(corral, corral_env, t
     assert corral("cancel", job_id).exit_code == 0
 
 
+def test_the_slurm_job_id_names_a_job_and_an_array_id_all_its_tasks(corral, testbed, clean_queues, tmp_path):
+    """As with squeue and scancel: `corral logs 4711`, `corral cancel 4711` for a whole array."""
+    one = corral("sbatch", "--json", "--infra", "slurm/alpine/cpu", "-c", "1", "--wrap", "echo one; sleep 300",
+                 cwd=tmp_path).json()
+    array = corral("sbatch", "--json", "--infra", "slurm/alpine/cpu", "--array=0-2", "--hold", "--wrap", "true",
+                   cwd=tmp_path).json()
+    wait_for("the job to print", lambda: corral("logs", "--no-follow", one["slurm_job_id"]).stdout == "one\n", 60)
+    assert f"{one['job_id']}: cancelled" in corral("cancel", one["slurm_job_id"]).stdout
+    cancelled = corral("cancel", array["slurm_job_id"])
+    assert cancelled.exit_code == 0 and sorted(re.findall(r"(c-\w+): cancelled", cancelled.stdout)) == sorted(
+        array["job_ids"])
+    row = corral("queue").stdout.splitlines()[1]
+    assert f"{array['job_ids'][0]} (sweep)" in row and f" {array['slurm_job_id']} " in row
+
+
 def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):
     """Only borealis's H100 nodes carry the feature ib: the plan says so of every other place, the script
     lands there, and a task file's slurm.constraint is read the same way."""

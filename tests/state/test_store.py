@@ -242,6 +242,28 @@ def test_resolve_finds_by_id_prefix_and_name_without_reading_history(store):
         store.resolve("train")
 
 
+def test_a_slurm_job_id_finds_its_job_and_an_array_id_all_its_tasks(store):
+    def at(job_id, cluster, handle, sweep=None, rank=0):
+        row, attempt = ended(job_id, 10.0 + rank, sweep=sweep, rank=rank)
+        attempt.cluster, attempt.handle = cluster, handle
+        return row, attempt
+
+    fill(store, [at("c-one", "alpine", "39"), at("c-two", "borealis", "39"), at("c-three", "alpine", "41")])
+    fill(store, [at(f"c-t{i}", "alpine", f"40_{i}", sweep="c-t0", rank=i) for i in range(12)])
+    assert store.resolve("41").job.id == "c-three" and store.resolve("40_11").job.id == "c-t11"
+    with pytest.raises(JobNotFoundError, match=r"Slurm job 39 is several jobs of Corral's \(c-\w+ on \w+, c-"):
+        store.resolve("39")
+    assert sorted(v.job.id for v in store.resolve_all("40")) == sorted(f"c-t{i}" for i in range(12))
+    assert [v.job.id for v in store.resolve_all("40_1")] == ["c-t1"]  # not 40_10 and 40_11 as well
+    with pytest.raises(JobNotFoundError, match="no job '4'"):
+        store.resolve_all("4")
+    with pytest.raises(JobNotFoundError, match="no job '40'"):  # another user's array is not found
+        store.resolve_all("40", scope="someone-else")
+    fill(store, [at("c-far", "borealis", "40_0", sweep="c-far")])
+    with pytest.raises(JobNotFoundError, match=r"array 40 is on several clusters \(alpine, borealis\)"):
+        store.resolve_all("40")
+
+
 def test_managed_jobs_are_recorded_all_or_none(store):
     from sqlalchemy.exc import IntegrityError
 

@@ -195,8 +195,11 @@ def _sweep_row(jobs: list[Job], counts: dict[str, int], times: list[float | None
     total = sum(counts.values()) or len(jobs)
     states = Text(", ").join(Text.assemble(f"{n} ", state_cell(state))
                              for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    # its Slurm array's id (`4711` of `4711_3`), when every job is on the page and in that one array
+    arrays = {str(j.slurm_job_id).partition("_")[0] if "_" in str(j.slurm_job_id) else None for j in jobs}
+    array = arrays.pop() if len(arrays) == 1 and len(jobs) == total else None
     return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",
-            places[0] if len(places) == 1 else f"{len(places)} places", "-", states, "",
+            places[0] if len(places) == 1 else f"{len(places)} places", array or "-", states, "",
             _when(min((j.submitted_at or 0) for j in jobs) or None), _when(times[0] if times else None),
             _when(times[1] if len(times) > 1 else None))
 

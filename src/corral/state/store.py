@@ -696,8 +696,9 @@ class Store:
             return True
 
     def matching_ids(self, job_ref: str, managed_only: bool = False, scope: str | None = None) -> list[str]:
-        """Job ids a reference may mean: the id itself, else ids it prefixes, else jobs of that name
-        (at most 6; indexed look-ups, not a scan of the history); with `scope`, only that owner's."""
+        """Job ids a reference may mean: the id itself, else ids it prefixes, else jobs of that name, else
+        jobs the infra knows by that handle (a Slurm job id; at most 6; indexed look-ups, not a scan of the
+        history); with `scope`, only that owner's."""
         def query(*conditions: Any) -> Any:
             q = select(JobRow.id).where(*conditions)
             if scope is not None:
@@ -713,6 +714,9 @@ class Store:
                 found = list(s.scalars(query(JobRow.id.like(escaped + "%", escape="\\"))))
             if not found:
                 found = list(s.scalars(query(JobRow.name == job_ref)))
+            if not found and job_ref:  # the id Slurm gave it (4711, 4711_3), as `corral queue` shows it
+                found = list(s.scalars(query(JobRow.id.in_(select(AttemptRow.job_id).where(
+                    AttemptRow.handle == job_ref))).order_by(JobRow.created_at.desc())))
         return found
 
     def sweep_named(self, name: str, managed_only: bool = False, scope: str | None = None) -> list[str]:
@@ -753,9 +757,28 @@ class Store:
         try:
             return [self.resolve(job_ref, scope)]
         except JobNotFoundError:
-            if ids := self.sweep_named(job_ref, scope=scope):
+            if ids := self.sweep_named(job_ref, scope=scope) or self._array_tasks(job_ref, scope):
                 return self.views(ids)
             raise
+
+    def _array_tasks(self, handle: str, scope: str | None) -> list[str]:
+        """The jobs whose handles are the tasks of the array `handle` names (`4711` for `4711_0`…, as
+        `scancel 4711` means the whole array), when they are on one cluster; else none."""
+        if not handle or not handle.isdigit():
+            return []
+        # an array task's handle is `<array>_<index>` (RunsArrays.array_handle, Slurm's form, the only
+        # infra with arrays); handles `4711_…` as a range of the index: `_` is 0x5F, "`" (0x60) the next
+        query = (select(AttemptRow.job_id, AttemptRow.cluster).join(JobRow, JobRow.id == AttemptRow.job_id)
+                 .where(AttemptRow.handle >= handle + "_", AttemptRow.handle < handle + "`"))
+        if scope is not None:
+            query = query.where(JobRow.owner == scope)
+        with self.session() as s:
+            found = s.execute(query).all()
+        if len({cluster for _, cluster in found}) > 1:
+            on = ", ".join(sorted({cluster for _, cluster in found}))
+            raise JobNotFoundError(f"array {handle} is on several clusters ({on}): give its sweep's name or "
+                                   "Corral's job ids (`corral queue -x` lists them)")
+        return sorted({job_id for job_id, _ in found})
 
     def resolve(self, job_ref: str, scope: str | None = None) -> JobView:
         """A job by id or unique id prefix, or by name if unique (indexed look-ups, not a scan of history);
@@ -770,6 +793,9 @@ class Store:
         if not prefixed:
             raise JobNotFoundError(f"no job {job_ref!r}; see `corral queue` for job ids")
         ids = ", ".join(v.job.id for v in prefixed[:5])
+        if not any(v.job.id.startswith(job_ref) or v.job.name == job_ref for v in prefixed):  # by handle
+            on = ", ".join(f"{v.job.id} on {v.attempt.cluster}" for v in prefixed[:5])
+            raise JobNotFoundError(f"Slurm job {job_ref} is several jobs of Corral's ({on}): give Corral's id")
         if len({v.job.sweep_id for v in prefixed}) == 1 and prefixed[0].job.sweep_id is not None:
             raise JobNotFoundError(f"{job_ref!r} is a sweep ({ids}…): give one job's id (`corral queue -x` lists "
                                    "them); `corral cancel` takes the sweep's name for all of them")
