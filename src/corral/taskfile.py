@@ -8,7 +8,7 @@ Bounds: at most MAX_TASK_FILE_BYTES of UTF-8, and one YAML document of at most M
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from corral.errors import TaskError
 
@@ -37,7 +37,7 @@ def read_task_text(path: Path, kind: str = "task file") -> str:
     """A task file's text (or a job script's: `kind`), refused when missing, too large or not UTF-8."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(MAX_TASK_FILE_BYTES + 1)
+            return read_task_stream(f, str(path), kind)
     except FileNotFoundError:
         raise TaskError(f"{path}: {kind} not found") from None
     except IsADirectoryError:
@@ -46,13 +46,19 @@ def read_task_text(path: Path, kind: str = "task file") -> str:
         raise TaskError(f"{path}: cannot read {kind}: {exc.strerror or exc}") from None
     except ValueError:  # a NUL in the name
         raise TaskError(f"{str(path)!r}: not a file name (it holds a NUL character)") from None
+
+
+def read_task_stream(stream: BinaryIO, source: str, kind: str = "task file") -> str:
+    """The text of a task (or a job script: `kind`) read from `stream` (a file, standard input), refused
+    when too large or not UTF-8; `source` names it in the error."""
+    raw = stream.read(MAX_TASK_FILE_BYTES + 1)
     if len(raw) > MAX_TASK_FILE_BYTES:
-        raise TaskError(f"{path}: {kind} is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
+        raise TaskError(f"{source}: {kind} is larger than {MAX_TASK_FILE_BYTES // 1024} KiB; "
                         "keep data in file_mounts, not in the task")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TaskError(f"{path}: not UTF-8 text (byte {exc.start}); save the {kind} as UTF-8") from None
+        raise TaskError(f"{source}: not UTF-8 text (byte {exc.start}); save the {kind} as UTF-8") from None
 
 
 def parse_yaml(text: str, source: str) -> Any:

@@ -122,6 +122,27 @@ def test_a_wrapped_command_runs_in_the_script_sbatch_would_write(corral, testbed
     assert refused.exit_code == 65 and "inside.sh:2 --wrap: --wrap replaces the script" in refused.stderr
 
 
+def test_a_script_on_standard_input_runs_as_sbatch_would_run_it(corral_env, testbed, clean_queues, tmp_path):
+    """`corral sbatch < job.sh` or a here document, as sbatch reads one: the job is named "sbatch" (and so
+    is its file on the cluster, which sbatch must not take for itself from PATH)."""
+    script = "#!/bin/bash\n#SBATCH -c 1 -t 5\necho \"$SLURM_JOB_NAME ran $1\"\n"
+    ran = subprocess.run([sys.executable, "-m", "corral", "sbatch", "--infra", "slurm/alpine/cpu", "-W"],
+                         input=script, capture_output=True, text=True, env=corral_env, cwd=tmp_path, timeout=90)
+    assert ran.returncode == 0, ran.stderr
+    job_id = ran.stdout.split()[3]
+    logs = subprocess.run([sys.executable, "-m", "corral", "logs", job_id], capture_output=True, text=True,
+                          env=corral_env, timeout=30)
+    assert logs.stdout == "sbatch ran \n"
+    for given, error in (("", "standard input was empty"), ("echo hi\n", "starts with a '#!' line")):
+        refused = subprocess.run([sys.executable, "-m", "corral", "sbatch"], input=given, capture_output=True,
+                                 text=True, env=corral_env, cwd=tmp_path, timeout=30)
+        assert refused.returncode == 65 and error in refused.stderr, refused.stderr
+    misplaced = subprocess.run([sys.executable, "-m", "corral", "sbatch", "-W", "--infra", "slurm/alpine", "x.sh"],
+                               capture_output=True, text=True, env=corral_env, timeout=30)
+    assert misplaced.returncode == 65 and "--infra is Corral's option: give it before the sbatch options" in \
+        misplaced.stderr
+
+
 def test_wait_returns_when_the_job_ends_with_its_exit_code(corral, corral_env, testbed, clean_queues, tmp_path):
     """`sbatch -W`: the job's exit code (an array's highest); Ctrl-C stops waiting, not the job."""
     failed = corral("sbatch", "--infra", "slurm/alpine/cpu", "-W", "--wrap", "exit 3", cwd=tmp_path)

@@ -21,6 +21,7 @@ CORRAL_OPTIONS = {"--dryrun": False, "--managed": False, "--json": False, "--inf
                   "--env": True, "--env-file": True, "--secret": True}
 USAGE = """Usage: corral sbatch [CORRAL OPTIONS] [SBATCH OPTIONS] SCRIPT [ARGS]...
        corral sbatch [CORRAL OPTIONS] [SBATCH OPTIONS] --wrap COMMAND
+       corral sbatch [CORRAL OPTIONS] [SBATCH OPTIONS] < SCRIPT
 
   Run an sbatch job script as it is, on the cluster that can start it soonest. Its #SBATCH lines,
   and the sbatch options given here (which win, as with sbatch), say what it needs. Per cluster, Corral
@@ -49,23 +50,27 @@ Corral options (before the sbatch options):
 @reports_errors
 def sbatch(words: tuple[str, ...]) -> None:
     """Run an sbatch job script as it is, on the cluster that can start it soonest."""
-    if not words or words[0] in ("--help", "-h"):
+    if (not words and sys.stdin.isatty()) or words[:1] in (("--help",), ("-h",)):
         click.echo(USAGE)
         return
     ours, rest = _corral_options(words)
+    misplaced = next((w for w in _leading_options(rest) if w.partition("=")[0] in CORRAL_OPTIONS), None)
+    if misplaced is not None:
+        from corral.errors import TaskError
+
+        raise TaskError(f"corral sbatch: {misplaced.partition('=')[0]} is Corral's option: give it before the sbatch "
+                        f"options (corral sbatch {misplaced.partition('=')[0]} … -t 30 script.sh)")
     from corral.sbatch_script import split_command_line
 
     options, option_words, script, args, wrap, wait = split_command_line(rest)
+    text = None
     if script is None and wrap is None:
-        from corral.errors import TaskError
-
-        raise TaskError("corral sbatch: no script given (corral sbatch [OPTIONS] script.sh [ARGS], or "
-                        "corral sbatch [OPTIONS] --wrap COMMAND)")
+        text = _script_on_stdin()
     envs = [*read_env_file(ours["--env-file"][-1]), *ours["--env"]] if ours["--env-file"] else list(ours["--env"])
     from corral.sdk import Client
 
     client = Client()
-    result = client.sbatch(Path(script) if script is not None else None, wrap=wrap, options=option_words,
+    result = client.sbatch(Path(script) if script is not None else None, wrap=wrap, text=text, options=option_words,
                            args=list(args), dryrun=bool(ours["--dryrun"]), managed=bool(ours["--managed"]),
                            infra=_last(ours["--infra"]), envs=envs, secrets=list(ours["--secret"]),
                            workdir=_last(ours["--workdir"]), on_event=warnings_only)
@@ -109,6 +114,23 @@ def _report_submitted(shares: list[dict], as_json: bool, *, parsable: bool) -> N
                        f"(Slurm job {share.get('slurm_job_id')})")
 
 
+def _script_on_stdin() -> str:
+    """The script, read on standard input as sbatch reads one there (`corral sbatch < job.sh`, a here
+    document); a terminal there means none was given."""
+    from corral.errors import TaskError
+
+    if sys.stdin is None or sys.stdin.isatty():
+        raise TaskError("corral sbatch: no script given (corral sbatch [OPTIONS] script.sh [ARGS], "
+                        "corral sbatch [OPTIONS] --wrap COMMAND, or the script on standard input)")
+    from corral.taskfile import read_task_stream
+
+    text = read_task_stream(sys.stdin.buffer, "standard input", "job script")
+    if not text.strip():
+        raise TaskError("corral sbatch: no script given: standard input was empty (give script.sh, or "
+                        "--wrap COMMAND)")
+    return text
+
+
 def _corral_options(words: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
     """Corral's options from the front of the words (up to the first that is not one), and the rest."""
     ours: dict[str, list[str]] = {name: [] for name in CORRAL_OPTIONS}
@@ -127,6 +149,16 @@ def _corral_options(words: Sequence[str]) -> tuple[dict[str, list[str]], list[st
         ours[name].append(value if CORRAL_OPTIONS[name] else "1")
         i += 1
     return ours, list(words[i:])
+
+
+def _leading_options(words: Sequence[str]) -> list[str]:
+    """The words before the script (or `--`) that look like options."""
+    leading = []
+    for word in words:
+        if word == "--" or not word.startswith("-"):
+            break
+        leading.append(word)
+    return leading
 
 
 def _last(values: list[str]) -> str | None:

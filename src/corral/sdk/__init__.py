@@ -191,8 +191,8 @@ class Client:
             return launched
         return Launched(launched.tasks, [self.wait(job_id) for job_id in launched.job_ids])
 
-    def sbatch(self, script: Path | str | None = None, *, wrap: str | None = None, options: list[str] | None = None,
-               args: list[str] | None = None,
+    def sbatch(self, script: Path | str | None = None, *, wrap: str | None = None, text: str | None = None,
+               options: list[str] | None = None, args: list[str] | None = None,
                dryrun: bool = False, managed: bool = False, infra: str | None = None, envs: Pairs = None,
                secrets: Pairs = None, workdir: str | None = None, base: Path | None = None,
                on_event: Callable[[dict[str, Any]], None] | None = None) -> Launched | list[list[PlanRow]] | list[str]:
@@ -200,9 +200,10 @@ class Client:
         script [args]`. Its `#SBATCH` lines (and `options`, which win) say what it needs; per cluster,
         Corral rewrites only the partition, the GPU type's spelling, and the profile's account and QOS.
         With `dryrun`, each plan row carries `script_diff` and `sbatch_command`. With `managed`, the
-        controller recovers it (returns the job ids). `wrap` instead of a script: a command, run in the
-        sh script `sbatch --wrap` writes for it."""
-        task = self._script_input(script, wrap, options or [], args or [], base, workdir)
+        controller recovers it (returns the job ids). Instead of a script's path: `wrap`, a command run in
+        the sh script `sbatch --wrap` writes for it, or `text`, the script itself (as sbatch reads one on
+        its standard input)."""
+        task = self._script_input(script, wrap, options or [], args or [], base, workdir, text=text)
         overrides = _overrides(infra=infra, envs=envs, secrets=secrets, workdir=workdir)
         if managed and not dryrun:  # a dry run plans the same for both: nothing is recorded
             answer = self._json("POST", "/managed", body={"task": task, "overrides": overrides})
@@ -215,14 +216,17 @@ class Client:
         return Launched([[Submission.from_json(s) for s in shares] for shares in done["tasks"]])
 
     def _script_input(self, script: Path | str | None, wrap: str | None, options: list[str], args: list[str],
-                      base: Path | None, workdir: str | None) -> dict[str, Any]:
+                      base: Path | None, workdir: str | None, *, text: str | None = None) -> dict[str, Any]:
         """The API's task for a job script: its text, name, sbatch options and arguments (and a workdir's
         files, when one is given)."""
         from corral.errors import TaskError
 
-        if (script is None) == (wrap is None):
-            raise TaskError("sbatch: give a job script or a command to wrap (wrap=...), not both or neither")
-        if wrap is not None:
+        if [script, wrap, text].count(None) != 2:
+            raise TaskError("sbatch: give one of a job script's path, a command to wrap (wrap=...) or a "
+                            "script's text (text=...)")
+        if text is not None:
+            text, source, file_name = text, "standard input", "sbatch"  # sbatch's name for such a job
+        elif wrap is not None:
             if args:
                 raise TaskError("sbatch: a wrapped command takes no script arguments (as sbatch --wrap)")
             from corral.sbatch_script import wrap_script

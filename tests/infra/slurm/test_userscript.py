@@ -86,7 +86,7 @@ def test_the_command_line_is_rewritten_where_it_sets_an_option():
     assert "#SBATCH --partition=gpu\n" in submission.text  # overridden by the command line: left as written
     assert submission.command() == (
         "sbatch --parsable -p h100-cluster --gres=gpu:H100:2 --exclusive --comment=corral-0123456789ab "
-        "--chdir=$HOME/.corral/runs/0123456789ab/workdir single_gpu.sh --seed '1 2'")
+        "--chdir=$HOME/.corral/runs/0123456789ab/workdir ./single_gpu.sh --seed '1 2'")
     mine = userscript.submission_for(request("modules", "debug", None, options=("--comment=mine",)), "cirrus")
     assert mine.command().index("--comment=mine") < mine.command().index("--comment=corral-")  # Corral's wins
 

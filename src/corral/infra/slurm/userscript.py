@@ -66,7 +66,9 @@ class ScriptSubmission:
         """sbatch's command line; `home` stands for the login node's home in --chdir ("$HOME" shows it,
         '"$HOME"' is what the login node's shell expands)."""
         # Corral's after the user's: the later option wins, and its comment (the job's token) must.
-        words = [sbatch, "--parsable", *self.user_options, *self.corral_options, self.file_name, *self.args]
+        # `./name`: with --chdir, sbatch looks a bare name up in PATH first (a script named `sbatch`
+        # became /usr/bin/sbatch: "This does not look like a batch script"). The job's name stays `name`.
+        words = [sbatch, "--parsable", *self.user_options, *self.corral_options, f"./{self.file_name}", *self.args]
         line = " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
         return line.replace(f"--chdir={_HOME_MARK}/", f"--chdir={home}/")
 
