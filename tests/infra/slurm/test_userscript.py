@@ -112,7 +112,7 @@ def test_the_submission_is_idempotent_by_its_comment_and_keeps_values_whole():
 
 def test_a_script_is_predicted_as_it_would_be_submitted():
     script = jobs.test_only_script([request("modules", "debug", None)], "cirrus")
-    assert "sbatch --test-only  job" in script and "#SBATCH --partition=debug" in script
+    assert "sbatch --test-only  ./job" in script and "#SBATCH --partition=debug" in script
 
 
 def test_status_finds_script_jobs_by_their_comment_whatever_their_name():

@@ -307,5 +307,5 @@ def test_only_lines(requests: Sequence[JobRequest], cluster: str, indices: Seque
         out.append(f"mkdir -p \"$d/s{i}\"; cat > \"$d/s{i}/job\" <<'{delimiter}'\n{submission.text}"
                    f"{'' if submission.text.endswith(chr(10)) else chr(10)}{delimiter}")
         named = unset_named(_effective(submission.text, submission.user_options))
-        out.append(f"( {named}cd \"$d/s{i}\" && timeout 20 sbatch --test-only {words} job >\"$d/{i}\" 2>&1 ) &")
+        out.append(f"( {named}cd \"$d/s{i}\" && timeout 20 sbatch --test-only {words} ./job >\"$d/{i}\" 2>&1 ) &")
     return out
