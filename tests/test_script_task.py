@@ -127,6 +127,10 @@ def test_a_dependency_on_corral_jobs_pins_their_cluster_and_names_their_slurm_id
             task_from_script(inline(f"#SBATCH --dependency={text}\n"), "job.sh", find_job=find)
     with pytest.raises(ScriptError, match="run on alpine, not borealis"):
         task_from_script(inline("#SBATCH -d afterok:c-0123abcd\n"), "job.sh", infra="slurm/borealis", find_job=find)
+    parsable = task_from_script(inline("", ("--dependency=afterok:c-0123abcd;alpine",)), "job.sh", find_job=find)
+    assert parsable.slurm.script.dependencies == {"c-0123abcd": "17"}  # as `corral sbatch --parsable` printed it
+    with pytest.raises(ScriptError, match="c-0123abcd runs on alpine, not borealis"):
+        task_from_script(inline("", ("--dependency=afterok:c-0123abcd;borealis",)), "job.sh", find_job=find)
 
 
 def test_the_constraint_placement_checks_is_the_one_sbatch_would_use():

@@ -27,6 +27,11 @@ MAX_SCRIPT_BYTES = 1024 * 1024  # sbatch's own limit is 4 MiB; a job script this
 
 REQUIRED, NONE, OPTIONAL = "required", "none", "optional"
 
+# A Corral job in a --dependency (afterok:c-0dc34e09a55c), optionally as `corral sbatch --parsable` prints
+# it (c-0dc34e09a55c;alpine, as sbatch -M prints jobid;cluster): group 1 the id, group 2 the cluster.
+CORRAL_JOB_REF = re.compile(r"(?<![A-Za-z0-9_-])(c-[0-9a-f]{4,32})(?:;([A-Za-z0-9][A-Za-z0-9._-]*))?"
+                            r"(?![A-Za-z0-9_-])", re.ASCII)
+
 # sbatch's options (man sbatch, Slurm 22.05–24.11): long name -> (short letter or "", argument).
 OPTIONS: dict[str, tuple[str, str]] = {
     "account": ("A", REQUIRED), "acctg-freq": ("", REQUIRED), "array": ("a", REQUIRED),

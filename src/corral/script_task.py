@@ -17,6 +17,7 @@ from typing import Any
 
 from corral.placement import Plan
 from corral.sbatch_script import (
+    CORRAL_JOB_REF,
     Option,
     ScriptError,
     array_indices,
@@ -138,12 +139,17 @@ def task_from_script(script: JobScript, source: str, *, infra: str | None = None
 
 
 JobFinder = Callable[[str], tuple[str, str | None]]  # Corral job id -> (cluster, Slurm id or None); KeyError if none
-_CORRAL_ID = re.compile(r"(?<![A-Za-z0-9_-])c-[0-9a-f]{4,32}(?![A-Za-z0-9_-])", re.ASCII)
 
 
 def corral_dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str, ...]:
     option = options.get("dependency")
-    return tuple(dict.fromkeys(_CORRAL_ID.findall(option.value or ""))) if option is not None else ()
+    return tuple(dict.fromkeys(m.group(1) for m in CORRAL_JOB_REF.finditer(option.value or ""))
+                 ) if option is not None else ()
+
+
+def _said_clusters(option: Option) -> dict[str, str]:
+    """The cluster each Corral job was written with (c-…;alpine, as `--parsable` prints it)."""
+    return {m.group(1): m.group(2) for m in CORRAL_JOB_REF.finditer(option.value or "") if m.group(2)}
 
 
 def _pinned_to_dependencies(script: JobScript, options: dict[str, Option], ids: tuple[str, ...], infra: str | None,
@@ -159,6 +165,9 @@ def _pinned_to_dependencies(script: JobScript, options: dict[str, Option], ids: 
             raise ScriptError(f"{where}: no job {job_id} (see corral queue)") from None
         if not handle:
             raise ScriptError(f"{where}: {job_id} has not reached its cluster yet; submit this script once it has")
+        said = _said_clusters(options["dependency"]).get(job_id)
+        if said is not None and said != cluster:
+            raise ScriptError(f"{where}: {job_id} runs on {cluster}, not {said}")
         found[job_id] = (cluster, handle)
     clusters = sorted({cluster for cluster, _ in found.values()})
     if len(clusters) > 1:
@@ -321,7 +330,7 @@ def _dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str,
     if option is None or not option.value:
         return ()
     ids = []
-    for part in re.split(r"[,?]", _CORRAL_ID.sub("", option.value)):
+    for part in re.split(r"[,?]", CORRAL_JOB_REF.sub("", option.value)):
         kind, _, rest = part.partition(":")
         if kind in ("singleton", "expand") and not rest:
             continue

@@ -247,7 +247,9 @@ def test_a_pipeline_of_scripts_waits_on_the_cluster_of_the_job_it_depends_on(cor
     prepared = corral("sbatch", "--json", "--infra", "slurm/borealis", str(first))
     assert prepared.exit_code == 0, prepared.stderr
     before = prepared.json()
-    trained = corral("sbatch", "--json", f"--dependency=afterok:{before['job_id']}", str(second))
+    parsable = corral("sbatch", "--infra", "slurm/borealis", "--parsable", "--wrap", "true").stdout.strip()
+    assert parsable.endswith(";borealis")  # as `sbatch -M` prints jobid;cluster, and dependencies take it
+    trained = corral("sbatch", "--json", f"--dependency=afterok:{before['job_id']}:{parsable}", str(second))
     assert trained.exit_code == 0, trained.stderr
     after = trained.json()
     assert after["cluster"] == "borealis"  # where the job it waits for runs: nothing pinned it but the dependency

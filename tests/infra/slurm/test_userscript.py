@@ -142,3 +142,7 @@ def test_a_dependency_on_corral_jobs_becomes_their_slurm_ids():
     rewritten, _ = userscript.rewrite(text, [], partition="cpu", gpu_type=None, account=None, qos=None,
                                       dependencies={"c-0123abcd": "17"})
     assert "#SBATCH --dependency=afterok:17:42,singleton -t 5\n" in rewritten
+    _, words = userscript.rewrite(text, ["--dependency=afterok:c-0123abcd;alpine:c-ffff0000"], partition="cpu",
+                                  gpu_type=None, account=None, qos=None,
+                                  dependencies={"c-0123abcd": "17", "c-ffff0000": "18_3"})
+    assert words == ["--dependency=afterok:17:18_3"]  # `--parsable`'s c-…;cluster: the cluster is dropped

@@ -33,6 +33,7 @@ from corral.infra.shell import checkpoint_lines, render_env
 from corral.infra.slurm.environment import unset_named
 from corral.infra.slurm.jobscript import RUNS_DIR, submit_files_script
 from corral.sbatch_script import (
+    CORRAL_JOB_REF,
     DIRECTIVE,
     Option,
     array_indices,
@@ -46,7 +47,6 @@ from corral.task import expandable
 COMMENT_PREFIX = "corral-"
 GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
 _SITE_WORD = re.compile(r"^[A-Za-z0-9_.,:+@%=?\-]{1,4096}\Z", re.ASCII)
-_CORRAL_JOB = re.compile(r"(?<![A-Za-z0-9_-])c-[0-9a-f]{4,32}(?![A-Za-z0-9_-])", re.ASCII)
 _PATTERN = re.compile(r"%(\d*)([A-Za-z%])")
 
 
@@ -186,8 +186,8 @@ def rewrite(text: str, words: list[str], *, partition: str, gpu_type: str | None
                     if value and (first or name in options)]
         dependency = options.get("dependency")
         if dependencies and dependency is not None and dependency.value:
-            changes.append(("dependency", _CORRAL_JOB.sub(lambda m: dependencies.get(m.group(0), m.group(0)),
-                                                          dependency.value)))
+            changes.append(("dependency", CORRAL_JOB_REF.sub(lambda m: dependencies.get(m.group(1), m.group(0)),
+                                                             dependency.value)))
         if first and array is not None and "array" in options:
             full, throttle = array_indices(options["array"].value or "")
             if tuple(array) != full:
