@@ -66,6 +66,9 @@ def test_users_tokens_and_who_you_are(corral, corral_env, team, fresh_postgres):
     assert again.exit_code == 65 and "exists already" in again.stderr
     bad = corral("users", "add", "bob", "--unix-user", "alpine")
     assert bad.exit_code == 65 and "CLUSTER=NAME" in bad.stderr
+    for name in ("", "x" * 129, "a b"):  # one message says what a name may hold, empty or long as well
+        bad = corral("users", "add", name)
+        assert bad.exit_code == 65 and "is not a user name: use letters, digits" in bad.stderr, bad.stderr
     service = corral("users", "add", "ci", "--service")
     assert service.exit_code == 65 and "must expire" in service.stderr
     add_user(corral, "ci", "--service", "--expires", "30")

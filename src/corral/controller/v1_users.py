@@ -29,7 +29,8 @@ UserName = Annotated[str, Path(min_length=1, max_length=128)]
 
 
 class NewUser(RequestBody):
-    name: Annotated[str, Field(min_length=1, max_length=128)]
+    # checked by auth.check_user_name, whose message says what a name may hold (the bound keeps bodies small)
+    name: Annotated[str, Field(max_length=1024)]
     role: Role = Field(Role.USER, strict=False)  # its value, as JSON gives it
     unix_users: dict[Annotated[str, Field(min_length=1, max_length=256)],
                      Annotated[str, Field(min_length=1, max_length=32)]] = Field(default_factory=dict, max_length=1000)
