@@ -265,3 +265,17 @@ def test_a_terminal_that_cannot_show_unicode_gets_question_marks_not_a_crash(cor
     plan = corral("launch", "--dryrun", "--infra", "slurm/alpine/cpu", "--", "true", env=env)
     assert plan.exit_code == 0, plan.stderr
     assert any(line.split()[:2] == ["?", "slurm/alpine/cpu"] for line in plan.stdout.splitlines()), plan.stdout
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["sbatch"], (0, "Usage: corral sbatch")),  # nothing given, nothing to read: the usage, as for a terminal
+    (["sbatch", "-t", "5"], (65, "no script given")),
+    (["api", "login", "http://127.0.0.1:9"], (2, "no token given")),
+])
+def test_a_closed_standard_input_is_no_script_and_no_token(corral_env, tmp_path, argv, expected):
+    """`corral sbatch <&-` (sys.stdin is None) was an internal error where a script may come on stdin."""
+    env = {**corral_env, "CORRAL_HOME": str(tmp_path / "home")}
+    ran = subprocess.run([sys.executable, "-m", "corral", *argv], env=env, capture_output=True, text=True,
+                         timeout=60, preexec_fn=lambda: os.close(0))
+    assert ran.returncode == expected[0], ran.stderr
+    assert expected[1] in ran.stdout + ran.stderr and "Traceback" not in ran.stderr

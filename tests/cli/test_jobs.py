@@ -124,6 +124,8 @@ def test_ctrl_c_on_an_attached_managed_launch_stops_following_not_the_job(corral
     assert [j["job_id"] for j in live.json()] == [job], live.stdout
     cancelled = corral("jobs", "cancel", "-a", "-y", env=env)  # every live managed job, and only those
     assert (cancelled.exit_code, cancelled.stdout) == (0, f"{job}: cancelling\n"), cancelled.stderr
+    unknown = corral("jobs", "cancel", "-n", "no-such-name", env=env)  # `sky jobs cancel -n NAME`
+    assert unknown.exit_code == 66 and "no managed job 'no-such-name'" in unknown.stderr
     assert wait_job(corral, env, job, {"CANCELLED"})["state"] == "CANCELLED"
 
 

@@ -593,7 +593,9 @@ def test_a_sweeps_name_cancels_every_job_of_it_and_a_name_two_launches_share_is_
     ids = sorted(j["job_id"] for j in sweep.json())
     logs = corral("logs", "--no-follow", "lr-sweep")  # one job's output: which one is for the user to say
     assert logs.exit_code == 66 and "'lr-sweep' is a sweep" in logs.stderr and "corral queue -x" in logs.stderr
-    cancelled = corral("cancel", "lr-sweep")
+    assert corral("logs", "--no-follow", "-n", "lr-sweep").stderr == logs.stderr  # SkyPilot's --name, the same
+    assert corral("logs", ids[0], "-n", "lr-sweep").exit_code == 2  # one job, named one way
+    cancelled = corral("cancel", "-n", "lr-sweep")  # as `sky jobs cancel -n NAME`
     assert cancelled.exit_code == 0, cancelled.stderr
     assert sorted(line.split(":")[0] for line in cancelled.stdout.splitlines()) == ids
     for job_id in ids:

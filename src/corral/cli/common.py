@@ -187,9 +187,17 @@ def parse_since(text: str) -> float:
 def log_options(follow_help: str, tail_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """JOB (optional: the newest, see newest_id), --follow/--no-follow, --tail and --status, for `logs` and
     `jobs logs`."""
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(show: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(show)
+        def func(*args: Any, job: str | None = None, name: str | None = None, **kwargs: Any) -> Any:
+            if job is not None and name is not None:
+                raise click.UsageError("give JOB or --name, not both")
+            return show(*args, job=job if job is not None else name, **kwargs)
+
         for decorator in reversed([
             click.argument("job", required=False),
+            click.option("-n", "--name", metavar="NAME", help="The job of this name (as JOB does; SkyPilot's "
+                                                              "--name)."),
             click.option("--follow/--no-follow", default=True, show_default=True, help=follow_help),
             click.option("-f", "follow", flag_value=True, hidden=True),  # the flag before following became the default
             click.option("--tail", type=click.IntRange(0, 10_000_000), default=0, metavar="N", help=tail_help),
@@ -200,6 +208,12 @@ def log_options(follow_help: str, tail_help: str) -> Callable[[Callable[..., Any
             func = decorator(func)
         return func
     return decorate
+
+
+def piped_stdin() -> Any:
+    """Standard input when something is piped or redirected into it; None for a terminal, or when it is
+    closed (`<&-`: sys.stdin is None)."""
+    return sys.stdin if sys.stdin is not None and not sys.stdin.isatty() else None
 
 
 def newest_id(jobs: list[Any], nothing: str) -> str:
@@ -213,6 +227,37 @@ def newest_id(jobs: list[Any], nothing: str) -> str:
 
 yes_option = click.option("-y", "--yes", "yes", is_flag=True,
                           help="Accepted as SkyPilot users type it: Corral asks for no confirmation.")
+
+
+def cancel_command(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """JOB…, -n/--name (as SkyPilot's `sky jobs cancel -n`), -a/--all, -u/--all-users and -y for `cancel`
+    and `jobs cancel`; the command gets the references (names included), --all and --all-users, and
+    returns the outcomes, which are printed here. `what`: "jobs" or "managed jobs"."""
+    def decorate(cancel: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(cancel)
+        def command(job_refs: tuple[str, ...], names: tuple[str, ...], cancel_all: bool, all_users: bool,
+                    yes: bool) -> None:
+            refs = [*job_refs, *names]
+            if not refs and not cancel_all:
+                raise click.UsageError("name the jobs to cancel, or use --all")
+            outcomes = cancel(refs, cancel_all, all_users)
+            done = "cancelling" if what == "managed jobs" else "cancelled"
+            for outcome in outcomes:
+                click.echo(f"{outcome.job_id}: " + (done if outcome.cancelled else f"already {outcome.state.lower()}"))
+            if not outcomes:
+                click.echo(f"no live {what} to cancel", err=True)
+
+        for decorator in reversed([
+            click.argument("job_refs", nargs=-1),
+            click.option("-n", "--name", "names", multiple=True, metavar="NAME",
+                         help=f"The {what} of this name (as JOB does; SkyPilot's --name); repeatable."),
+            click.option("-a", "--all", "cancel_all", is_flag=True, help=f"Cancel every live {what[:-1]} of yours."),
+            click.option("-u", "--all-users", is_flag=True, help=f"With --all: every user's live {what} (admins)."),
+            yes_option,
+        ]):
+            command = decorator(command)
+        return command
+    return decorate
 
 
 def task_options(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from corral.cli.common import (
+    cancel_command,
     log_options,
     newest_id,
     paging,
@@ -18,7 +20,6 @@ from corral.cli.common import (
     task_arguments,
     task_options,
     warnings_only,
-    yes_option,
 )
 from corral.cli.following import follow_managed, status_only
 from corral.timefmt import clock
@@ -112,22 +113,13 @@ def jobs_logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
 
 
 @jobs.command(name="cancel")
-@click.argument("job_refs", nargs=-1)
-@click.option("-a", "--all", "cancel_all", is_flag=True, help="Cancel every live managed job of yours.")
-@click.option("-u", "--all-users", is_flag=True, help="With --all: every user's live managed jobs (admins).")
-@yes_option
+@cancel_command("managed jobs")
 @reports_errors
-def jobs_cancel(job_refs: tuple[str, ...], cancel_all: bool, all_users: bool, yes: bool) -> None:
+def jobs_cancel(refs: list[str], cancel_all: bool, all_users: bool) -> list[Any]:
     """Ask the controller to cancel managed jobs (it scancels their attempts at once)."""
     from corral.sdk import Client
 
-    if not job_refs and not cancel_all:
-        raise click.UsageError("name the jobs to cancel, or use --all")
-    outcomes = Client().managed_cancel(list(job_refs), all=cancel_all, all_users=all_users)
-    for outcome in outcomes:
-        click.echo(f"{outcome.job_id}: " + ("cancelling" if outcome.cancelled else f"already {outcome.state.lower()}"))
-    if not outcomes:
-        click.echo("no live managed jobs to cancel", err=True)
+    return Client().managed_cancel(refs, all=cancel_all, all_users=all_users)
 
 
 @jobs.command(name="events")

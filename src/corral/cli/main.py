@@ -5,12 +5,14 @@ inside the commands, so that `corral --help` loads click alone."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
 from corral import __version__
 from corral.cli.common import (
     NumberRange,
+    cancel_command,
     log_options,
     newest_id,
     one_line,
@@ -18,7 +20,6 @@ from corral.cli.common import (
     print_json,
     reports_errors,
     stream_json,
-    yes_option,
 )
 
 # SkyPilot's names for what Corral calls otherwise, and its commands that have no meaning on Slurm, with
@@ -179,23 +180,13 @@ def logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
 
 
 @cli.command()
-@click.argument("jobs", nargs=-1)
-@click.option("-a", "--all", "cancel_all", is_flag=True, help="Cancel every live job of yours.")
-@click.option("-u", "--all-users", is_flag=True, help="With --all: every user's live jobs (admins).")
-@yes_option
+@cancel_command("jobs")
 @reports_errors
-def cancel(jobs: tuple[str, ...], cancel_all: bool, all_users: bool, yes: bool) -> None:
+def cancel(refs: list[str], cancel_all: bool, all_users: bool) -> list[Any]:
     """Cancel jobs (one scancel per cluster)."""
     from corral.sdk import Client
 
-    if not jobs and not cancel_all:
-        raise click.UsageError("name the jobs to cancel, or use --all")
-    outcomes = Client().cancel(list(jobs), all=cancel_all, all_users=all_users)
-    for outcome in outcomes:
-        word = "cancelled" if outcome.cancelled else f"already {outcome.state.lower()}"
-        click.echo(f"{outcome.job_id}: {word}")
-    if not outcomes:
-        click.echo("no live jobs to cancel", err=True)
+    return Client().cancel(refs, all=cancel_all, all_users=all_users)
 
 
 def _register() -> None:

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import click
 
-from corral.cli.common import print_json, read_env_file, reports_errors, warnings_only
+from corral.cli.common import (
+    piped_stdin,
+    print_json,
+    read_env_file,
+    reports_errors,
+    warnings_only,
+)
 
 # Corral's options: name -> takes a value. None of them is an sbatch option.
 CORRAL_OPTIONS = {"--dryrun": False, "--managed": False, "--json": False, "--infra": True, "--workdir": True,
@@ -50,7 +56,7 @@ Corral options (before the sbatch options):
 @reports_errors
 def sbatch(words: tuple[str, ...]) -> None:
     """Run an sbatch job script as it is, on the cluster that can start it soonest."""
-    if (not words and sys.stdin.isatty()) or words[:1] in (("--help",), ("-h",)):
+    if (not words and piped_stdin() is None) or words[:1] in (("--help",), ("-h",)):
         click.echo(USAGE)
         return
     ours, rest = _corral_options(words)
@@ -119,12 +125,16 @@ def _script_on_stdin() -> str:
     document); a terminal there means none was given."""
     from corral.errors import TaskError
 
-    if sys.stdin is None or sys.stdin.isatty():
+    stdin = piped_stdin()
+    if stdin is None:
         raise TaskError("corral sbatch: no script given (corral sbatch [OPTIONS] script.sh [ARGS], "
                         "corral sbatch [OPTIONS] --wrap COMMAND, or the script on standard input)")
     from corral.taskfile import read_task_stream
 
-    text = read_task_stream(sys.stdin.buffer, "standard input", "job script")
+    try:
+        text = read_task_stream(stdin.buffer, "standard input", "job script")
+    except (OSError, ValueError, AttributeError) as exc:  # closed, or not a byte stream
+        raise TaskError(f"corral sbatch: no script given, and standard input cannot be read ({exc})") from None
     if not text.strip():
         raise TaskError("corral sbatch: no script given: standard input was empty (give script.sh, or "
                         "--wrap COMMAND)")

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from corral.cli.common import print_json, reports_errors
+from corral.cli.common import piped_stdin, print_json, reports_errors
 
 
 @click.group()
@@ -141,14 +141,15 @@ def _server_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @reports_errors
 def api_login(url: str, token: str | None) -> None:
     """Use the server at URL from now on (saved, mode 600, in CORRAL_HOME/api.json)."""
-    import sys
-
     from corral.sdk import Client
     from corral.sdk.endpoint import save_login
 
     if token is None:
-        token = (click.prompt("Token", hide_input=True, default="", show_default=False) if sys.stdin.isatty()
-                 else sys.stdin.readline()).strip()
+        piped = piped_stdin()
+        if piped is not None:
+            token = piped.readline().strip()
+        elif sys.stdin is not None:  # a terminal: asked without echo
+            token = click.prompt("Token", hide_input=True, default="", show_default=False).strip()
     if not token:
         raise click.UsageError("no token given: pass --token, pipe it in (`corral api login URL < token-file`), "
                                "or type it when asked")
