@@ -385,6 +385,23 @@ def test_dryrun_plan_json(corral):
     assert time.time() - 120 < chosen[0]["predicted_start"] <= time.time() + 5
 
 
+def test_skypilots_launch_flags_mean_here_what_its_task_fields_mean(corral):
+    """Typed from habit: --cloud/--region/--zone place the job as the task file's fields do; the cloud VM
+    flags are ignored with the task file's words; none is "No such option"."""
+    planned = corral("launch", "--dryrun", "--json", "--cloud", "slurm", "--region", "cirrus", "--zone", "debug",
+                     "--use-spot", "--disk-size", "100", "--ports", "8080", "--retry-until-up", "--down", "--", "true")
+    assert planned.exit_code == 0, planned.stderr
+    assert [(r["cluster"], r["partition"]) for r in planned.json()] == [("cirrus", "debug")]
+    assert "--use-spot: ignored on Slurm (Slurm has no spot VMs" in planned.stderr
+    assert "--disk-size: ignored on Slurm" in planned.stderr and "--ports: ignored on Slurm" in planned.stderr
+    assert "--retry-until-up: nothing to retry" in planned.stderr
+    for argv, message in ((["--cloud", "slurm", "--infra", "slurm/alpine"], "either --infra or --cloud"),
+                          (["--zone", "debug"], "need --cloud"),
+                          (["-c", "box", "--down"], "released by `corral down NAME`")):
+        refused = corral("launch", "--dryrun", *argv, "--", "true")
+        assert refused.exit_code == 2 and message in refused.stderr, refused.stderr
+
+
 def test_sweep_is_spread_over_clusters_as_job_arrays(corral, clean_queues):
     result = corral("launch", "-d", "--json", "--num-jobs", "12", "--gpus", "gpu:2", "--",
                     'echo "rank=$CORRAL_JOB_RANK of=$CORRAL_NUM_JOBS id=$CORRAL_TASK_ID"')

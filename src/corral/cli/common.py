@@ -260,8 +260,59 @@ def cancel_command(what: str) -> Callable[[Callable[..., Any]], Callable[..., An
     return decorate
 
 
+# `sky launch` flags for cloud VMs, hidden: typed from habit, each gets a warning saying why it changes
+# nothing here (the task file's fields get the same words, task_compat.py), not "No such option".
+_IGNORED_FLAGS = {"use_spot": "--use-spot", "disk_size": "--disk-size", "disk_tier": "--disk-tier",
+                  "ports": "--ports", "instance_type": "--instance-type", "network_tier": "--network-tier"}
+
+
+def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Takes SkyPilot's launch flags off the command's arguments: --cloud/--region/--zone become --infra
+    (as the task file's cloud/region/zone), the VM ones are ignored with a warning, --retry-until-up and
+    --down say what Corral does instead."""
+    @functools.wraps(command)
+    def launch(*args: Any, cloud: str | None, region: str | None, zone: str | None, retry_until_up: bool,
+               down: bool, **kwargs: Any) -> Any:
+        from corral.skypilot_only import IGNORED_RESOURCE_FIELDS
+
+        if cloud or region or zone:
+            if kwargs.get("infra"):
+                raise click.UsageError("use either --infra or --cloud/--region/--zone, not both")
+            if not cloud or (zone and not region):
+                raise click.UsageError("--region (a cluster) and --zone (a partition) need --cloud: "
+                                       "--cloud slurm --region CLUSTER [--zone PARTITION], or --infra")
+            kwargs["infra"] = "/".join(part for part in (cloud, region, zone) if part)
+        if down and kwargs.get("dev_name"):
+            raise click.UsageError("--down with -c: a dev allocation is released by `corral down NAME`, or once "
+                                   "idle for -i MINUTES")
+        for field, flag in _IGNORED_FLAGS.items():  # after the refusals: an error stays one line
+            if kwargs.pop(field) not in (None, False, ()):
+                click.echo(f"corral: warning: {flag}: ignored on Slurm ({IGNORED_RESOURCE_FIELDS[field]})", err=True)
+        if retry_until_up:
+            click.echo("corral: note: --retry-until-up: nothing to retry; a job that cannot start now waits in "
+                       "Slurm's queue (a managed job is moved where it can start sooner)", err=True)
+        if down:
+            click.echo("corral: note: --down: a job's nodes are released when it ends, always", err=True)
+        return command(*args, **kwargs)
+
+    for decorator in reversed([
+        click.option("--cloud", hidden=True), click.option("--region", hidden=True),
+        click.option("--zone", hidden=True),
+        click.option("--use-spot/--no-use-spot", "use_spot", default=None, hidden=True),
+        click.option("--disk-size", hidden=True), click.option("--disk-tier", hidden=True),
+        click.option("--ports", multiple=True, hidden=True), click.option("--instance-type", hidden=True),
+        click.option("--network-tier", hidden=True),
+        click.option("--retry-until-up", "-r", "retry_until_up", is_flag=True, hidden=True),
+        click.option("--down", is_flag=True, hidden=True),
+    ]):
+        launch = decorator(launch)
+    return launch
+
+
 def task_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The overrides `launch` and `jobs launch` share, as SkyPilot names them."""
+    """The overrides `launch` and `jobs launch` share, as SkyPilot names them (and its cloud flags,
+    hidden: _skypilot_flags)."""
+    func = _skypilot_flags(func)
     for decorator in reversed([
         click.option("-n", "--name", help="Job name (default: the task's name)."),
         click.option("--gpus", help="Accelerators per node, e.g. H100:8 (overrides resources.accelerators)."),
