@@ -14,6 +14,7 @@ from corral.sbatch_script import (
     effective,
     is_batch_script,
     read_script,
+    expand_hostlist,
     split_command_line,
     wrap_script,
 )
@@ -135,3 +136,23 @@ def test_any_command_line_is_split_or_refused_with_a_script_error(argv):
         return
     assert script is None or argv[len(argv) - len(args) - 1] == script
     assert all(o.name in OPTIONS for o in options)
+
+
+def test_a_hostlist_expands_as_slurm_reads_it():
+    assert expand_hostlist("a1,b[1-3,07-08],rack[1-2]-n[1-2]") == [
+        "a1", "b1", "b2", "b3", "b07", "b08", "rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
+    assert expand_hostlist("gpu[009-011]") == ["gpu009", "gpu010", "gpu011"]  # the first bound's padding
+    for bad in ("a[1-", "a[x]", "a,,b", "a[[1]]", "a[3-1]", "a]", "n[0-99999999]"):
+        with pytest.raises(ScriptError):
+            expand_hostlist(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab01-9[],", max_size=30))
+def test_any_hostlist_is_expanded_or_refused_with_a_script_error(text):
+    try:
+        names = expand_hostlist(text)
+    except ScriptError as exc:
+        assert str(exc)
+        return
+    assert names and all(name and "," not in name for name in names)

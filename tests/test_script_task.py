@@ -3,6 +3,8 @@ and how its partition lines steer placement (on recorded probes of the testbed's
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from corral.placement import build_plan
@@ -12,12 +14,13 @@ from corral.script_task import (
     read_ask,
     script_constraint,
     script_copies,
+    script_nodes,
     script_partitions,
     task_from_script,
 )
 from corral.task import JobScript, resource_options
 from tests.conftest import FIXTURES
-from tests.test_placement import ORDER, SNAPSHOTS
+from tests.test_placement import ORDER, SNAPSHOTS, snapshot
 
 
 def script(name: str, options: tuple[str, ...] = ()) -> JobScript:
@@ -141,3 +144,27 @@ def test_the_constraint_placement_checks_is_the_one_sbatch_would_use():
     assert constraint("#SBATCH --constraint='ib&hdr'\ntrue\n", ("--constraint=a100",)) == "a100"  # command line wins
     assert constraint("#SBATCH -t 5\ntrue\n") is None
     assert constraint("#SBATCH -C ib\n#SBATCH hetjob\n#SBATCH -C eth\ntrue\n") is None  # each component its own
+
+
+def test_a_nodelist_keeps_the_script_on_the_partitions_that_hold_its_nodes():
+    def planned(job: JobScript, snapshots=SNAPSHOTS):
+        task = task_from_script(job, job.file_name)
+        options = resource_options(task.resources)
+        return script_nodes(script_partitions(build_plan(task, options, snapshots, ORDER), task), task, snapshots)
+
+    plan = planned(inline("#SBATCH -c 1\n", ("-w", "a4")))  # alpine's L4 node, in its inference partition only
+    assert [(c.cluster, c.partition) for c in plan.feasible()] == [("alpine", "inference")]
+    reasons = {(c.cluster, c.partition): c.reason for c in plan.candidates}
+    assert reasons[("alpine", "cpu")] == "--nodelist a4: not a node of this partition"
+    assert reasons[("cirrus", "debug")] == "--nodelist a4: no such node on this cluster"
+    plan = planned(inline("#SBATCH --nodelist=b[1-2] --gres=gpu:1\n"))
+    assert [(c.cluster, c.partition) for c in plan.feasible()] == [("borealis", "h100-cluster")]
+    job = inline("#SBATCH -c 1 -p gpu -w a1\n")  # a1 has free H100s and CPUs: it can start now...
+    assert [(c.cluster, c.partition, c.startable_now) for c in planned(job).feasible()][0] == ("alpine", "gpu", True)
+    alpine = SNAPSHOTS["alpine"]
+    nodes = tuple(replace(n, usable=False, state="drained") if n.name == "a1" else n for n in alpine.nodes)
+    drained = {**SNAPSHOTS, "alpine": replace(alpine, nodes=nodes)}  # ...until a1 is drained, a2 being free or not
+    assert not [c for c in planned(job, drained).feasible() if c.cluster == "alpine"][0].startable_now
+    assert len(planned(inline("#SBATCH -c 1 -w ./hosts.txt\n")).feasible()) > 1  # a file of names: Slurm's to read
+    with pytest.raises(ScriptError, match=r"job.sh:2 --nodelist=a\[1-: a '\[' is not closed"):
+        planned(inline("#SBATCH --nodelist=a[1-\n"))

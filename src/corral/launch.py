@@ -42,7 +42,13 @@ from corral.infra.base import (
 from corral.liveness import process_tag
 from corral.placement import Candidate, Plan, build_plan
 from corral.profiles import RunSettings, apply_profiles, with_prefix
-from corral.script_task import copy_indices, script_constraint, script_copies, script_partitions
+from corral.script_task import (
+    copy_indices,
+    script_constraint,
+    script_copies,
+    script_nodes,
+    script_partitions,
+)
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
 from corral.state.sealed import seal
@@ -207,7 +213,7 @@ class Launcher:
         set_up = {self.client.registry.infra_kind(c) for c in self.client.registry.names()}
         plan.not_set_up = sorted({o.infra.kind for o in options if o.infra.kind and not o.infra.cluster} - set_up)
         if task.slurm.script is not None:
-            plan = script_partitions(plan, task)
+            plan = script_nodes(script_partitions(plan, task), task, snapshots)
         for option in options:
             sel = option.infra
             if sel.partition and sel.cluster in snapshots and not any(

@@ -362,6 +362,58 @@ def array_indices(spec: str, where: str = "--array") -> tuple[tuple[int, ...], s
     return ordered, throttle or None
 
 
+MAX_HOSTS = 100_000
+_HOST_RANGE = re.compile(r"^(\d+)(?:-(\d+))?\Z", re.ASCII)
+
+
+def expand_hostlist(text: str, where: str = "--nodelist") -> list[str]:
+    """The node names a Slurm hostlist names (`a1,b[1-3,07-08],rack[1-2]-n[1-2]`), in order: a bracket
+    holds numbers and ranges, a range keeps its first bound's zero padding, several brackets multiply."""
+    names: list[str] = []
+    for item in _top_level_split(text, where):
+        names += _expand_host(item, where)
+        if len(names) > MAX_HOSTS:
+            raise ScriptError(f"{where}={text}: more than {MAX_HOSTS:,} nodes")
+    return list(dict.fromkeys(names))
+
+
+def _top_level_split(text: str, where: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for at, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise ScriptError(f"{where}={text}: unbalanced or nested brackets")
+        if char == "," and depth == 0:
+            items.append(text[start:at])
+            start = at + 1
+    if depth:
+        raise ScriptError(f"{where}={text}: a '[' is not closed")
+    items.append(text[start:])
+    if any(not item.strip() for item in items):
+        raise ScriptError(f"{where}={text}: an empty node name")
+    return [item.strip() for item in items]
+
+
+def _expand_host(item: str, where: str) -> list[str]:
+    opening = item.find("[")
+    if opening < 0:
+        return [item]
+    closing = item.index("]", opening)
+    numbers: list[str] = []
+    for part in item[opening + 1:closing].split(","):
+        match = _HOST_RANGE.match(part.strip())
+        if not match:
+            raise ScriptError(f"{where}={item}: {part!r} is not a number or a range (1-4, 01-16)")
+        first, last = match.group(1), match.group(2) or match.group(1)
+        if int(last) < int(first) or int(last) - int(first) > MAX_HOSTS:
+            raise ScriptError(f"{where}={item}: {part!r} is not a range of at most {MAX_HOSTS:,} nodes")
+        numbers += [str(n).zfill(len(first)) for n in range(int(first), int(last) + 1)]
+    head, tails = item[:opening], _expand_host(item[closing + 1:], where)
+    if len(numbers) * len(tails) > MAX_HOSTS:
+        raise ScriptError(f"{where}={item}: more than {MAX_HOSTS:,} nodes")
+    return [head + number + tail for number in numbers for tail in tails]
+
+
 def array_spec(indices: Sequence[int], throttle: str | None) -> str:
     """An `--array` value for these indices (ranges where they run on), with the throttle."""
     parts: list[str] = []

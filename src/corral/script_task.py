@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from corral.infra.base import ClusterSnapshot
 from corral.placement import Plan
 from corral.sbatch_script import (
     CORRAL_JOB_REF,
@@ -22,6 +23,7 @@ from corral.sbatch_script import (
     ScriptError,
     array_indices,
     effective,
+    expand_hostlist,
     parse_options,
     read_script,
 )
@@ -239,6 +241,33 @@ def script_partitions(plan: Plan, task: Task) -> Plan:
     return plan
 
 
+def script_nodes(plan: Plan, task: Task, snapshots: Mapping[str, ClusterSnapshot]) -> Plan:
+    """`-w/--nodelist` names nodes of one site: a partition that lacks one of them cannot run the script
+    (Slurm would refuse it there, at the cost of a failover each); one whose named nodes are not all up
+    cannot start it now. A nodelist read from a file (a name with a slash) is left to Slurm."""
+    assert task.slurm.script is not None
+    script = task.slurm.script
+    option = effective(_command_line(script), read_script(script.text, script.file_name).directives).get("nodelist")
+    if option is None or not option.value or "/" in option.value:
+        return plan
+    hosts = expand_hostlist(option.value, _where(option, script))
+    out = []
+    for c in plan.candidates:
+        snapshot = snapshots.get(c.cluster)
+        if c.feasible and snapshot is not None and snapshot.kind == "slurm":
+            here = {n.name: n for n in snapshot.nodes if c.partition in n.partitions}
+            missing = next((h for h in hosts if h not in here), None)
+            if missing is not None:
+                elsewhere = any(n.name == missing for n in snapshot.nodes)
+                why = "not a node of this partition" if elsewhere else "no such node on this cluster"
+                c = replace(c, feasible=False, startable_now=False, reason=f"--nodelist {missing}: {why}")
+            elif not all(here[h].usable for h in hosts):
+                c = replace(c, startable_now=False, startable_copies=0)
+        out.append(c)
+    plan.candidates = out
+    return plan
+
+
 def _command_line(script: JobScript) -> list[Option]:
     """The sbatch options given on the command line (`corral sbatch -p gpu script.sh`), as parsed."""
     return parse_options([(w, 0, 0) for w in script.options], "command line")
@@ -339,4 +368,4 @@ def _dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str,
 
 
 __all__ = ["ScriptAsk", "ScriptError", "copy_indices", "read_ask", "script_constraint", "script_copies",
-           "script_partitions", "task_from_script"]
+           "script_nodes", "script_partitions", "task_from_script"]
