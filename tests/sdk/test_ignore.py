@@ -71,3 +71,17 @@ def test_git_info_exclude_counts_and_corralignore_replaces_every_gitignore(tmp_p
 def test_any_ignore_files_leave_out_what_git_does(tmp_path_factory, root, sub, files):
     folder = tree(tmp_path_factory.mktemp("w"), sorted(files), {".": root, "sub": sub})
     assert sent(folder) == gits_view(folder)
+
+
+def test_a_file_git_tracks_is_sent_though_a_rule_ignores_it(tmp_path):
+    """`git add -f`: the file is part of the repository, ignored or not (in an ignored folder too)."""
+    folder = tree(tmp_path / "w", FILES, {".": ["*.csv", "build/", "logs"]})
+    assert "data/a.csv" not in sent(folder)  # not a repository yet: the rules alone
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    subprocess.run(["git", "-C", str(folder), "add", "-f", "data/a.csv", "build/out.o", ".gitignore"], check=True)
+    listed = subprocess.run(["git", "-c", "core.excludesFile=/dev/null", "-C", str(folder), "ls-files", "-z",
+                             "--cached", "--others", "--exclude-standard"], check=True, capture_output=True,
+                            text=True).stdout
+    assert sent(folder) == set(filter(None, listed.split("\0")))  # what a clone plus `git add -A` would hold
+    assert {"data/a.csv", "build/out.o"} <= sent(folder) and "sub/data/b.csv" not in sent(folder)
+    assert "logs/x.log" not in sent(folder) and "sub/build/o.o" not in sent(folder)

@@ -49,9 +49,9 @@ def wait_quietly(client: Any, job_ids: list[str], *, managed: bool = False) -> i
     they ended. The exit status is the highest of theirs (sbatch's for an array). Ctrl-C leaves them
     running and says how to stop them."""
     ended: list[Any] = []
+    wait = client.managed_wait if managed else client.wait
     try:
         for job_id in job_ids:  # one status request a second, for the job not yet seen ended
-            wait = client.managed_wait if managed else client.wait
             ended.append(wait(job_id, poll=POLL_SECONDS))
     except KeyboardInterrupt:
         left = job_ids[len(ended):]

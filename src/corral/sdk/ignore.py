@@ -6,14 +6,16 @@ before its end is anchored to the file's folder; `dir/` is a folder only) and `.
 root, or from `.corralignore` at the root instead of all of them (the same syntax, for the whole
 tree: SkyPilot's `.skyignore` plays that part). A folder left out is not entered, so nothing under it
 can be taken back, as in git. The matching is pathspec's `GitIgnoreSpec`, imported only for a workdir
-that has such a file.
+that has such a file. In a git repository (a workdir with `.git`), a file git tracks is sent even when
+a rule ignores it (`git add -f`), as it is part of the repository: `git ls-files` says which, once.
 
 Corral used rsync's `--filter='dir-merge,- .gitignore'`, as SkyPilot does (skypilot#8812, #5492,
 #3298), which reads every line as one more exclude: after `*.txt`, `!keep.txt` left keep.txt out as
 well, and `data/*` left out every `…/data/*` in the tree, where git leaves out only the root's.
 
 Cost: one walk of the folder, which skips what is left out (a `.venv/` listed in `.gitignore` is not
-walked), and one match per file and folder against the rules above it.
+walked), and one match per file and folder against the rules above it; in a git repository where
+something is ignored, one `git ls-files` (a few ms).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def sent_entries(folder: Path, *, rules: bool = True) -> Iterator[os.DirEntry[st
     folder); without `rules`, all of them. Raises OSError for a folder that cannot be listed."""
     own = folder / IGNORE_FILE
     stack: list[tuple[str, Any]] = []  # (folder relative to the root, with a trailing slash; its rules)
+    tracked = _Tracked(None)
     if rules and own.is_file():
         stack.append(("", _spec(own.read_text(errors="replace").splitlines())))
         per_folder = False
@@ -40,23 +43,58 @@ def sent_entries(folder: Path, *, rules: bool = True) -> Iterator[os.DirEntry[st
         exclude = folder / ".git" / "info" / "exclude"
         if per_folder and exclude.is_file():
             stack.append(("", _spec(exclude.read_text(errors="replace").splitlines())))
-    yield from _walk(folder, "", stack, per_folder)
+        if per_folder and (folder / ".git").exists():
+            tracked = _Tracked(folder)
+    yield from _walk(folder, "", stack, per_folder, tracked)
 
 
-def _walk(folder: Path, prefix: str, stack: list[tuple[str, Any]], per_folder: bool) -> Iterator[os.DirEntry[str]]:
+class _Tracked:
+    """The files git tracks although its rules ignore them (`git add -f`): they are part of the
+    repository, so they are sent. Asked of git once, when the walk first meets an ignored path."""
+
+    def __init__(self, root: Path | None):
+        self.root = root
+        self._files: set[str] | None = None
+        self._folders: set[str] = set()
+
+    def holds(self, relative: str) -> bool:
+        """`relative` is such a file, or a folder (ending in /) with one inside."""
+        if self.root is None:
+            return False
+        if self._files is None:
+            self._files = _tracked_but_ignored(self.root)
+            self._folders = {name[:at + 1] for name in self._files for at, c in enumerate(name) if c == "/"}
+        return relative in self._files or relative in self._folders
+
+
+def _tracked_but_ignored(root: Path) -> set[str]:
+    import subprocess
+
+    try:
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--ignored",
+                                 "--exclude-standard"], capture_output=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):  # no git, not a repository it will read: its rules alone
+        return set()
+    return {name for name in listed.decode(errors="surrogateescape").split("\0") if name}
+
+
+def _walk(folder: Path, prefix: str, stack: list[tuple[str, Any]], per_folder: bool, tracked: _Tracked,
+          only_tracked: bool = False) -> Iterator[os.DirEntry[str]]:
+    """`only_tracked`: a folder git ignores, entered for the tracked files in it (and only those)."""
     with os.scandir(folder) as listing:
         entries = sorted(listing, key=lambda e: e.name)
-    if per_folder and any(e.name == GIT_IGNORE and e.is_file() for e in entries):
+    if per_folder and not only_tracked and any(e.name == GIT_IGNORE and e.is_file() for e in entries):
         lines = (folder / GIT_IGNORE).read_text(errors="replace").splitlines()
         stack = [*stack, (prefix, _spec(lines))]
     for entry in entries:
         is_folder = entry.is_dir(follow_symlinks=False)
         relative = prefix + entry.name + ("/" if is_folder else "")
-        if _ignored(relative, stack):
+        ignored = only_tracked or _ignored(relative, stack)
+        if ignored and not tracked.holds(relative):
             continue
         yield entry
         if is_folder:
-            yield from _walk(Path(entry.path), relative, stack, per_folder)
+            yield from _walk(Path(entry.path), relative, stack, per_folder, tracked, ignored)
 
 
 def _ignored(relative: str, stack: list[tuple[str, Any]]) -> bool:
