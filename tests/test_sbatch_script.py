@@ -74,7 +74,7 @@ def test_heterogeneous_components():
 
 
 def test_the_command_line_splits_like_sbatch_and_wins():
-    options, words, script, args, wrap, wait = split_command_line(
+    options, words, script, args, wrap, wait, test_only = split_command_line(
         ["-p", "gpu", "--time=5", "-N2", "--exclusive", "job.sh", "-p", "x", "--", "y"])
     assert [(o.name, o.value) for o in options] == [("partition", "gpu"), ("time", "5"), ("nodes", "2"),
                                                     ("exclusive", None)]
@@ -103,7 +103,9 @@ def test_wrap_takes_the_place_of_the_script():
 
 def test_wait_is_the_clients_and_leaves_a_cluster_of_short_options_whole_otherwise():
     line = split_command_line(["-WHN", "2", "--wait", "-p", "gpu", "job.sh", "-W"])
-    assert line.wait and line.words == ["-H", "-N2", "-p", "gpu"] and line.args == ["-W"]
+    assert line.wait and line.words == ["-H", "-N2", "-p", "gpu"] and line.args == ["-W"] and not line.test_only
+    assert split_command_line(["--test-only", "-t", "5", "job.sh"])[1:] == (["-t", "5"], "job.sh", [], None, False,
+                                                                           True)
     assert [(o.name, o.value) for o in line.options] == [("hold", None), ("nodes", "2"), ("partition", "gpu")]
     assert not split_command_line(["-HN2", "job.sh"]).wait and split_command_line(["-HN2", "job.sh"]).words == ["-HN2"]
 
@@ -131,7 +133,7 @@ def test_any_text_is_read_or_refused_with_a_script_error(text):
 @given(st.lists(st.text(max_size=20), max_size=8))
 def test_any_command_line_is_split_or_refused_with_a_script_error(argv):
     try:
-        options, words, script, args, wrap, wait = split_command_line(argv)
+        options, words, script, args, wrap, wait, test_only = split_command_line(argv)
     except ScriptError:
         return
     assert script is None or argv[len(argv) - len(args) - 1] == script

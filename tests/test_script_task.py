@@ -63,7 +63,7 @@ def test_what_cannot_be_routed_says_why():
     for text, message in (
             ("#SBATCH -M other\n", "job.sh:2 -M: the script names Slurm clusters"),
             ("#SBATCH --wrap=true\n", "--wrap replaces the script"),
-            ("#SBATCH --test-only\n", "use --dryrun"),
+            ("#SBATCH --test-only\n", "give --test-only \\(or --dryrun\\) on corral sbatch.s command line"),
             ("#SBATCH -N x\n", "expected a count"),
             ("#SBATCH --mem=lots\n", "expected a size"),
             ("#SBATCH --gpus-per-node=h100:x\n", r"expected \[type:\]count")):

@@ -254,9 +254,10 @@ def _short_wants_next(word: str) -> bool:
 
 
 class CommandLine(NamedTuple):
-    """`sbatch [OPTIONS] script [ARGS]` split: the options (but `--wrap` and `--wait`, which the client
-    does itself), their words as given, the script and its arguments, the command `--wrap` gives instead
-    of a script, and whether to wait for the job's end (`-W/--wait`)."""
+    """`sbatch [OPTIONS] script [ARGS]` split: the options (but `--wrap`, `--wait` and `--test-only`, which
+    the client does itself), their words as given, the script and its arguments, the command `--wrap`
+    gives instead of a script, whether to wait for the job's end (`-W/--wait`), and whether it is a dry
+    run."""
 
     options: list[Option]
     words: list[str]
@@ -264,9 +265,10 @@ class CommandLine(NamedTuple):
     args: list[str]
     wrap: str | None = None
     wait: bool = False
+    test_only: bool = False  # `--test-only`: a dry run (the plan, with Slurm's predicted starts)
 
 
-CLIENT_OPTIONS = ("wrap", "wait")  # done by the client, as sbatch does them: never sent to Slurm
+CLIENT_OPTIONS = ("wrap", "wait", "test-only")  # done by the client, as sbatch does them: never sent to Slurm
 
 
 def split_command_line(argv: Sequence[str]) -> CommandLine:
@@ -311,7 +313,7 @@ def split_command_line(argv: Sequence[str]) -> CommandLine:
         raise ScriptError(f"command line: --wrap is the job's script, so {script!r} and what follows cannot be "
                           "given too (sbatch: 'Script arguments not permitted with --wrap option')")
     return CommandLine(options, words, script, list(argv[i + 1:]) if script is not None else [], wrap,
-                       "wait" in client)
+                       "wait" in client, "test-only" in client)
 
 
 def wrap_script(command: str) -> str:

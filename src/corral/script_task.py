@@ -39,7 +39,8 @@ REFUSED = {
                 "one with --infra slurm/<cluster>",
     "wrap": "--wrap replaces the script: give the command as `corral sbatch [OPTIONS] --wrap COMMAND`, "
             "without a script",
-    "test-only": "use --dryrun: it shows the plan and the exact script each cluster would receive",
+    "test-only": "give --test-only (or --dryrun) on corral sbatch's command line: it shows the plan, with the "
+                 "start each cluster predicts, and the exact script each would receive",
     "wait": "give -W/--wait on corral sbatch's command line: Corral waits on your side, not in a script's "
             "#SBATCH line",
     "help": "corral sbatch --help lists what Corral reads", "usage": "corral sbatch --help lists what Corral reads",

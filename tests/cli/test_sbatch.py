@@ -114,6 +114,8 @@ def test_a_wrapped_command_runs_in_the_script_sbatch_would_write(corral, testbed
     wait_for("the wrapped command to end", lambda: {j["job_id"]: j for j in corral("queue", "--json", "--all").json()}[
         job["job_id"]]["state"] == "SUCCEEDED", timeout=60)
     assert corral("logs", job["job_id"]).stdout == "wrap bar\n#SBATCH --partition=cpu\n"  # Corral's one change
+    tested = corral("sbatch", "--json", "--test-only", "-c", "1", "--wrap", "true", cwd=tmp_path)  # sbatch's dry run
+    assert tested.exit_code == 0 and tested.json()[0]["sbatch_command"].endswith(" ./wrap"), tested.stderr
     both = corral("sbatch", "--wrap", "true", "job.sh", cwd=tmp_path)
     assert both.exit_code == 65 and "Script arguments not permitted with --wrap" in both.stderr
     inside = tmp_path / "inside.sh"

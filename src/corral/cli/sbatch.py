@@ -68,7 +68,9 @@ def sbatch(words: tuple[str, ...]) -> None:
                         f"options (corral sbatch {misplaced.partition('=')[0]} … -t 30 script.sh)")
     from corral.sbatch_script import split_command_line
 
-    options, option_words, script, args, wrap, wait = split_command_line(rest)
+    options, option_words, script, args, wrap, wait, test_only = split_command_line(rest)
+    if test_only:  # sbatch's own dry run: the plan says when and where it would start
+        ours["--dryrun"].append("1")
     text = None
     if script is None and wrap is None:
         text = _script_on_stdin()
