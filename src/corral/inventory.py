@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from corral.gpu_names import gpu_matches, normalize_gpu_name
 from corral.infra.base import ClusterSnapshot
 
 UNTYPED_GPU = "gpu"
+_COUNTED = re.compile(r"^[^:]+:[1-9][0-9]{0,3}\Z")  # H100:8
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class GpuAvailability:
     nodes_with_free: int
     max_free_per_node: int
     pending: int  # GPUs requested by pending jobs that may run in this partition
+    max_per_node: int = 0  # the most of them one node has, free or not
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -37,6 +40,7 @@ class GpuAvailability:
             "nodes": self.nodes,
             "nodes_with_free": self.nodes_with_free,
             "max_free_per_node": self.max_free_per_node,
+            "max_per_node": self.max_per_node,
             "pending": self.pending,
         }
 
@@ -62,6 +66,8 @@ def gpu_availability(snapshot: ClusterSnapshot) -> list[GpuAvailability]:
                     nodes_with_free=sum(1 for f in free_per_node if f > 0),
                     max_free_per_node=max(free_per_node, default=0),
                     pending=_pending(snapshot, partition.name, gres_type, len(types)),
+                    max_per_node=max((sum(p.total for p in n.gpus if p.gres_type == gres_type) for n in with_type),
+                                     default=0),
                 )
             )
     return rows
@@ -81,6 +87,8 @@ def _pending(snapshot: ClusterSnapshot, partition: str, gres_type: str | None, t
 
 
 def filter_rows(rows: list[GpuAvailability], gpu: str | None) -> list[GpuAvailability]:
+    """The rows of that GPU type; `H100:8` (as `sky show-gpus H100:8`): where one node has 8 of them."""
     if not gpu:
         return rows
-    return [r for r in rows if gpu_matches(gpu, r.gres_type)]
+    name, _, count = gpu.rpartition(":") if _COUNTED.match(gpu) else (gpu, "", "0")
+    return [r for r in rows if gpu_matches(name, r.gres_type) and r.max_per_node >= int(count)]

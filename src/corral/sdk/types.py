@@ -102,11 +102,13 @@ class GpuRow:
     nodes: int
     pending: int
     raw: dict[str, Any] = field(repr=False, compare=False)
+    max_per_node: int = 0  # the most of them one node has (what `gpus H100:8` filters on)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GpuRow:
         return cls(data["cluster"], data["partition"], data["gpu"], data.get("gres_type"), int(data["free"]),
-                   int(data["total"]), int(data["nodes"]), int(data.get("pending") or 0), data)
+                   int(data["total"]), int(data["nodes"]), int(data.get("pending") or 0), data,
+                   int(data.get("max_per_node") or 0))
 
 
 @dataclass(frozen=True)

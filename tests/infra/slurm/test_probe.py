@@ -29,6 +29,17 @@ def test_busy_cluster():
     }
 
 
+def test_a_gpu_count_filters_to_where_one_node_has_that_many():
+    """`corral gpus H100:8`, as `sky show-gpus H100:8`: partitions with a node of 8, busy or not."""
+    from corral.inventory import filter_rows
+
+    snap = parse_probe_output("alpine", fixture("alpine-busy"), 5)  # a1, a2: 4 H100 each; a4: 2 L4
+    found = gpu_availability(snap)
+    assert [r.max_per_node for r in found] == [4, 2]
+    assert [r.partition for r in filter_rows(found, "h100:4")] == ["gpu"]
+    assert filter_rows(found, "H100:8") == [] and [r.partition for r in filter_rows(found, "l4")] == ["inference"]
+
+
 def test_draining_and_fully_used_nodes():
     snap = parse_probe_output("borealis", fixture("borealis-draining"), 5)
     assert snap.nodes[1].state == "draining" and not snap.nodes[1].usable
