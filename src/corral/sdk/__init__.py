@@ -102,7 +102,8 @@ class Client:
     def gpus(self, gpu: str | None = None, infra: str | None = None, *, timeout: float | None = None,
              max_age: float = 0) -> GpuReport:
         """GPUs per cluster and partition, probed now; with `max_age` (seconds), from the server's latest
-        probe of each cluster where it started at most that long ago (shared with every other caller)."""
+        probe of each cluster where it started at most that long ago (shared with every other caller).
+        `gpu`: a type (`H100`), or `H100:8` for the partitions where one node has 8 of them."""
         data = self._json("GET", "/gpus", {"gpu": gpu, "infra": infra, "timeout": timeout,
                                            "max_age": max_age or None})
         answered = [c["probed_at"] for c in data.get("clusters") or [] if c.get("probed_at")]
