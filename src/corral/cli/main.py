@@ -104,7 +104,7 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | Non
     """GPUs across every cluster: type, free/total, nodes and pending demand.
 
     GPU filters by name tolerantly: H100 matches the GRES type nvidia_h100_80gb_hbm3; L4 does not
-    match L40.
+    match L40. H100:8 keeps the partitions where one node has 8 of them.
     """
     from corral.sdk import Client
 
