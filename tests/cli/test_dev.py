@@ -70,6 +70,7 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     kept = corral("logs", jobs[0]["job_id"])
     assert (kept.exit_code, kept.stdout) == (0, "path=/nowhere\npath=/nowhere\n"), kept.stderr
     assert corral("logs", jobs[1]["job_id"]).exit_code == 3
+    assert corral("logs", "dev").stdout == kept.stdout  # the allocation's newest job, as `sky logs CLUSTER`
     # Its stderr too, as in a job's log (it was dropped before).
     loud = corral("exec", "dev", "--", 'echo "to stderr $CORRAL_NODE_RANK" >&2')
     assert sorted(loud.stdout.splitlines()) == ["to stderr 0", "to stderr 1"], loud.stderr

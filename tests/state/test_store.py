@@ -264,6 +264,20 @@ def test_a_slurm_job_id_finds_its_job_and_an_array_id_all_its_tasks(store):
         store.resolve_all("40")
 
 
+def test_a_dev_allocations_name_means_its_newest_job_where_one_job_is_shown(store):
+    """`corral logs dev`, as `sky logs CLUSTER`: the allocation's latest job; cancel is not widened."""
+    rows = [ended(f"c-e{i}", 10.0 + i) for i in range(3)]
+    for row, _ in rows:
+        row.allocation = "dev"
+    fill(store, rows)
+    assert store.resolve_or_newest_in("dev").job.id == "c-e2"
+    assert store.resolve_or_newest_in("c-e0").job.id == "c-e0"
+    with pytest.raises(JobNotFoundError, match="no job 'dev'"):
+        store.resolve_all("dev")
+    with pytest.raises(JobNotFoundError, match="no job 'dev'"):
+        store.resolve_or_newest_in("dev", scope="someone-else")
+
+
 def test_managed_jobs_are_recorded_all_or_none(store):
     from sqlalchemy.exc import IntegrityError
 

@@ -201,8 +201,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
 
     @router.get("/jobs/{job}")
     async def job(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
-        """One job by id, unique id prefix or unique name, refreshed."""
-        view = store.resolve(job, me.scope)
+        """One job by id, unique id prefix, unique name or Slurm job id (or a dev allocation's newest job),
+        refreshed."""
+        view = store.resolve_or_newest_in(job, me.scope)
         await refreshed()
         return job_json(store.views([view.job.id])[0], place_kinds())
 
@@ -210,8 +211,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     async def logs(me: Me, job: Annotated[str, Path(max_length=200)], follow: bool = False,
                    tail: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> StreamingResponse:
         """The job's output, all nodes (with `tail` > 0, the last `tail` lines); with `follow`, streamed
-        until its tasks are over."""
-        view = store.resolve(job, me.scope)
+        until its tasks are over. `job` as for GET /jobs/{job}."""
+        view = store.resolve_or_newest_in(job, me.scope)
         tracker = Tracker(Client(), store)
         tracker.check_logs(view)  # a refusal is an error answer, not a line in the job's output
         return stream_output(lambda sink: tracker.logs(view, follow, sink, tail))

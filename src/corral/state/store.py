@@ -761,6 +761,21 @@ class Store:
                 return self.views(ids)
             raise
 
+    def resolve_or_newest_in(self, job_ref: str, scope: str | None = None) -> JobView:
+        """The job `job_ref` names (resolve), or else the newest job of the dev allocation of that name,
+        as `sky logs CLUSTER` shows a cluster's latest job (`corral logs dev`)."""
+        try:
+            return self.resolve(job_ref, scope)
+        except JobNotFoundError:
+            query = select(JobRow.id).where(JobRow.allocation == job_ref)
+            query = query.where(JobRow.owner == scope) if scope is not None else query
+            with self.session() as s:
+                newest = s.scalar(query.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc()).limit(1))
+            views = self.views([newest]) if newest is not None else []
+            if not views:
+                raise
+            return views[0]
+
     def _array_tasks(self, handle: str, scope: str | None) -> list[str]:
         """The jobs whose handles are the tasks of the array `handle` names (`4711` for `4711_0`…, as
         `scancel 4711` means the whole array), when they are on one cluster; else none."""
