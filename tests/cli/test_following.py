@@ -144,3 +144,39 @@ def test_status_only_of_a_managed_job_takes_its_last_attempts_exit_code(capfd):
                                   "partition": "gpu", "attempt_list": [attempt(1, "FAILED", 3), attempt(2, "FAILED", 9)]})
     assert following.status_only(found) == 9
     assert capfd.readouterr().out == "c-1 FAILED on slurm/alpine/gpu (exit code 9)\n"
+
+
+class Ended:
+    """Answers `wait` with each job's end at once; `interrupt_at`: Ctrl-C while waiting for that one."""
+
+    def __init__(self, ends: dict[str, tuple[str, int | None]], interrupt_at: str | None = None):
+        self.ends = ends
+        self.interrupt_at = interrupt_at
+        self.waited: list[str] = []
+
+    def wait(self, job_id: str, *, poll: float) -> Job:
+        self.waited.append(job_id)
+        if job_id == self.interrupt_at:
+            raise KeyboardInterrupt
+        state, code = self.ends[job_id]
+        return Job.from_json({"job_id": job_id, "name": "x", "state": state, "cluster": "alpine", "partition": "cpu",
+                              "exit_code": code})
+
+
+def test_sbatch_wait_exits_with_the_highest_exit_code_of_an_arrays_tasks(capfd):
+    """`corral sbatch -W`: sbatch's rule, the highest exit code; one line on stderr for all of them."""
+    client = Ended({"c-0": ("SUCCEEDED", 0), "c-1": ("FAILED", 2), "c-2": ("FAILED", 7), "c-3": ("CANCELLED", None)})
+    assert following.wait_quietly(client, ["c-0", "c-1", "c-2", "c-3"]) == 7
+    assert capfd.readouterr().err == ("corral: 4 jobs ended: 2 FAILED, 1 SUCCEEDED, 1 CANCELLED; highest exit "
+                                      "code 7 (c-2)\n")
+    assert following.wait_quietly(Ended({"c-9": ("CANCELLED", None)}), ["c-9"]) == 1  # no exit code: 1, as sbatch
+    assert capfd.readouterr().err == "corral: c-9 CANCELLED on slurm/alpine/cpu\n"
+
+
+def test_ctrl_c_while_sbatch_waits_names_the_jobs_still_running(capfd):
+    client = Ended({f"c-{i}": ("SUCCEEDED", 0) for i in range(6)}, interrupt_at="c-1")
+    assert following.wait_quietly(client, [f"c-{i}" for i in range(6)]) == 130
+    err = capfd.readouterr().err
+    assert "corral: c-1 and 4 more keep running; Ctrl-C only stopped waiting. `corral cancel c-1 c-2 c-3 …` stops " \
+           "them." in err
+    assert client.waited == ["c-0", "c-1"]

@@ -66,7 +66,8 @@ def wait_quietly(client: Any, job_ids: list[str], *, managed: bool = False) -> i
     job = ended[worst]
     if len(ended) == 1:
         where = f" on {place(job)}" if job.cluster else ""
-        click.echo(f"corral: {job.job_id} {job.state}{where} (exit code {_exit_code(job)})", err=True)
+        code = f" (exit code {_exit_code(job)})" if _exit_code(job) is not None else ""
+        click.echo(f"corral: {job.job_id} {job.state}{where}{code}", err=True)
     else:
         counts: dict[str, int] = {}
         for each in ended:
