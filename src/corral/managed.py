@@ -43,7 +43,11 @@ class ManagedView:
 
 
 def record(store: Store, task: Task, source: str, num_jobs: int = 1, owner: str = "") -> list[str]:
+    """One managed job per copy: `num_jobs` of a task, or one per --array task of a job script."""
+    from corral.script_task import script_copies
+
     check_num_jobs(num_jobs)
+    num_jobs = script_copies([(task, source)], num_jobs)
     job_environment(task, source)  # a null env without --env fails here, not in the controller
     now = time.time()
     task_json = redacted_json(task)

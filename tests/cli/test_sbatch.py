@@ -191,6 +191,19 @@ def test_the_slurm_job_id_names_a_job_and_an_array_id_all_its_tasks(corral, test
     assert f"{array['job_ids'][0]} (sweep)" in row and f" {array['slurm_job_id']} " in row
 
 
+def test_a_managed_array_is_one_managed_job_per_task(corral, testbed, clean_queues, tmp_path):
+    """`corral sbatch --managed` of an array recorded one managed job, and only task 0 ever ran."""
+    ran = corral("sbatch", "--managed", "--infra", "slurm/alpine/cpu", "--parsable", "-W", "--array=0-2", "--wrap",
+                 "echo t$SLURM_ARRAY_TASK_ID; exit $SLURM_ARRAY_TASK_ID", cwd=tmp_path, timeout=120)
+    assert ran.exit_code == 2, ran.stderr  # the highest of the tasks' exit codes, as sbatch -W
+    ids = ran.stdout.split()
+    assert len(ids) == 3 and "3 jobs ended: 2 FAILED, 1 SUCCEEDED" in ran.stderr
+    rows = {r["job_id"]: r for r in corral("jobs", "queue", "--json").json()}
+    handles = sorted(rows[i]["slurm_job_id"] for i in ids)
+    assert len({h.partition("_")[0] for h in handles}) == 1 and [h.partition("_")[2] for h in handles] == ["0", "1", "2"]
+    assert [corral("jobs", "logs", "--no-follow", i).stdout.splitlines()[-1] for i in ids] == ["t0", "t1", "t2"]
+
+
 def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):
     """Only borealis's H100 nodes carry the feature ib: the plan says so of every other place, the script
     lands there, and a task file's slurm.constraint is read the same way."""
