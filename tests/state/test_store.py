@@ -254,6 +254,8 @@ def test_a_slurm_job_id_finds_its_job_and_an_array_id_all_its_tasks(store):
     with pytest.raises(JobNotFoundError, match=r"Slurm job 39 is several jobs of Corral's \(c-\w+ on \w+, c-"):
         store.resolve("39")
     assert sorted(v.job.id for v in store.resolve_all("40")) == sorted(f"c-t{i}" for i in range(12))
+    with pytest.raises(JobNotFoundError, match=r"Slurm job 40 is an array of 12 tasks: give one of them \(40_…"):
+        store.resolve("40")  # `corral logs 40`: one job is wanted
     assert [v.job.id for v in store.resolve_all("40_1")] == ["c-t1"]  # not 40_10 and 40_11 as well
     with pytest.raises(JobNotFoundError, match="no job '4'"):
         store.resolve_all("4")

@@ -806,6 +806,11 @@ class Store:
         if len(prefixed) == 1:
             return prefixed[0]
         if not prefixed:
+            tasks = self._array_tasks(job_ref, scope)
+            if tasks:  # where one job is wanted (logs): say which ones there are
+                raise JobNotFoundError(f"Slurm job {job_ref} is an array of {len(tasks)} tasks: give one of them "
+                                       f"({job_ref}_… or Corral's id; `corral queue -x` lists them); `corral cancel "
+                                       f"{job_ref}` takes them all")
             raise JobNotFoundError(f"no job {job_ref!r}; see `corral queue` for job ids")
         ids = ", ".join(v.job.id for v in prefixed[:5])
         if not any(v.job.id.startswith(job_ref) or v.job.name == job_ref for v in prefixed):  # by handle
