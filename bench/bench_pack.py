@@ -64,13 +64,15 @@ def main() -> None:
         # the same folder as a git repository with its sources committed: its .git is sent as well (as
         # SkyPilot sends it, for git commands in the job), and one `git ls-files` asks which ignored files
         # git tracks (sdk/ignore.py)
-        for command in (["init", "-q"], ["add", "."], ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "b"]):
+        commit = ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "b"]
+        for command in (["init", "-q"], ["add", "."], commit):
             subprocess.run(["git", "-C", str(folder), *command], check=True, stdout=subprocess.DEVNULL)
         in_repo, repo_baseline = median_of(args.runs, corral_pack), median_of(args.runs, raw_tar)
         print_table(f"packing a workdir of {args.sources} files beside {args.ignored:,} that .gitignore leaves out "
                     f"(median of {args.runs})",
                     [("corral.sdk.files.pack (walk, git's ignore rules, tar, sha256)", plain, baseline, "-"),
-                     ("the same as a git repository (its .git sent too, and one git ls-files)", in_repo, repo_baseline, "-")])
+                     ("the same as a git repository (its .git sent too, and one git ls-files)", in_repo,
+                      repo_baseline, "-")])
 
 
 if __name__ == "__main__":

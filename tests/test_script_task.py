@@ -20,7 +20,7 @@ from corral.script_task import (
 )
 from corral.task import JobScript, resource_options
 from tests.conftest import FIXTURES
-from tests.test_placement import ORDER, SNAPSHOTS, snapshot
+from tests.test_placement import ORDER, SNAPSHOTS
 
 
 def script(name: str, options: tuple[str, ...] = ()) -> JobScript:

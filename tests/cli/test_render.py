@@ -63,7 +63,8 @@ def test_a_sweep_row_spans_its_first_start_to_its_last_end():
                            "partition": "gpu", "sweep_id": "c-000", "submitted_at": 0.0, "slurm_job_id": f"4711_{i}"})
             for i in range(3)]
     started, ended = render._when(60.0), render._when(3600.0)
-    out, _ = printed(render.render_queue, QueuePage(jobs, 0, {"c-000": {"SUCCEEDED": 3}}, [], {"c-000": [60.0, 3600.0]}))
+    page = QueuePage(jobs, 0, {"c-000": {"SUCCEEDED": 3}}, [], {"c-000": [60.0, 3600.0]})
+    out, _ = printed(render.render_queue, page)
     assert out.splitlines()[1].rstrip().endswith(f"{started}  {ended}")
     assert out.splitlines()[1].split()[5] == "4711"  # the Slurm array's id: `corral cancel 4711` takes it
     out, _ = printed(render.render_queue, QueuePage(jobs, 0, {"c-000": {"SUCCEEDED": 4}}, [], {}))

@@ -200,7 +200,8 @@ def test_a_managed_array_is_one_managed_job_per_task(corral, testbed, clean_queu
     assert len(ids) == 3 and "3 jobs ended: 2 FAILED, 1 SUCCEEDED" in ran.stderr
     rows = {r["job_id"]: r for r in corral("jobs", "queue", "--json").json()}
     handles = sorted(rows[i]["slurm_job_id"] for i in ids)
-    assert len({h.partition("_")[0] for h in handles}) == 1 and [h.partition("_")[2] for h in handles] == ["0", "1", "2"]
+    assert len({h.partition("_")[0] for h in handles}) == 1  # one Slurm array
+    assert [h.partition("_")[2] for h in handles] == ["0", "1", "2"]
     assert [corral("jobs", "logs", "--no-follow", i).stdout.splitlines()[-1] for i in ids] == ["t0", "t1", "t2"]
 
 

@@ -39,7 +39,8 @@ class AttemptRow(Base):
     number: Mapped[int] = mapped_column(Integer, default=1)
     cluster: Mapped[str] = mapped_column(String(256))
     partition: Mapped[str] = mapped_column(String(256))
-    handle: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)  # the infra's; None until accepted
+    # the infra's (a Slurm job id); None until accepted; indexed: `corral cancel 4711` finds its job by it
+    handle: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     state: Mapped[str] = mapped_column(String(32), index=True)
     created_at: Mapped[float] = mapped_column(Float, default=0.0)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)

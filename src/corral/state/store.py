@@ -357,8 +357,8 @@ class Store:
                 starts.setdefault(sweep_id, []).extend([started] if started is not None else [])
                 ends.setdefault(sweep_id, []).extend([ended] if ended is not None else [])
             live = {sweep for sweep, states in counts.items() if any(state in LIVE_ATTEMPT_STATES for state in states)}
-            times = {sweep: (min(starts[sweep], default=None), None if sweep in live else max(ends[sweep], default=None))
-                     for sweep in counts}
+            times = {sweep: (min(starts[sweep], default=None),
+                             None if sweep in live else max(ends[sweep], default=None)) for sweep in counts}
             return counts, times
 
     def active_attempts(self) -> list[AttemptRow]:
