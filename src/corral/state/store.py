@@ -782,9 +782,10 @@ class Store:
         if not handle or not handle.isdigit():
             return []
         # an array task's handle is `<array>_<index>` (RunsArrays.array_handle, Slurm's form, the only
-        # infra with arrays); handles `4711_…` as a range of the index: `_` is 0x5F, "`" (0x60) the next
+        # infra with arrays). LIKE, not a range of the index: PostgreSQL's usual collations do not sort
+        # `_` bytewise. It reads the handle index whole, on this fallback path only (a digits-only ref).
         query = (select(AttemptRow.job_id, AttemptRow.cluster).join(JobRow, JobRow.id == AttemptRow.job_id)
-                 .where(AttemptRow.handle >= handle + "_", AttemptRow.handle < handle + "`"))
+                 .where(AttemptRow.handle.like(handle + "\\_%", escape="\\")))
         if scope is not None:
             query = query.where(JobRow.owner == scope)
         with self.session() as s:
