@@ -203,6 +203,10 @@ def test_a_managed_array_is_one_managed_job_per_task(corral, testbed, clean_queu
     assert len({h.partition("_")[0] for h in handles}) == 1  # one Slurm array
     assert [h.partition("_")[2] for h in handles] == ["0", "1", "2"]
     assert [corral("jobs", "logs", "--no-follow", i).stdout.splitlines()[-1] for i in ids] == ["t0", "t1", "t2"]
+    shown = corral("sbatch", "--managed", "--infra", "slurm/alpine/cpu", "--array=0-1", "--wrap", "true", cwd=tmp_path)
+    assert re.fullmatch(r"Submitted managed jobs c-\w+\.\.c-\w+ \(2 array tasks\)\n", shown.stdout), shown.stderr
+    as_json = corral("sbatch", "--managed", "--json", "--infra", "slurm/alpine/cpu", "--wrap", "true", cwd=tmp_path)
+    assert as_json.json()["job_ids"] == [as_json.json()["job_id"]]  # JSON, as `corral jobs launch --json`
 
 
 def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):

@@ -94,9 +94,13 @@ def sbatch(words: tuple[str, ...]) -> None:
         return
     if ours["--managed"]:  # not with --dryrun, which returned above
         job_ids = list(result)  # type: ignore[arg-type]
-        for job_id in job_ids:
-            click.echo(job_id if as_json or any(o.name == "parsable" for o in options)
-                       else f"Submitted managed job {job_id}")
+        if as_json:  # as `corral jobs launch --json`
+            print_json({"job_id": job_ids[0], "job_ids": job_ids})
+        elif any(o.name == "parsable" for o in options):
+            click.echo("\n".join(job_ids))
+        else:
+            many = f"s {job_ids[0]}..{job_ids[-1]} ({len(job_ids)} array tasks)" if len(job_ids) > 1 else ""
+            click.echo(f"Submitted managed job{many or ' ' + job_ids[0]}")
     else:
         shares = [s.raw for s in result.submissions]  # type: ignore[union-attr]
         job_ids = [job_id for share in shares for job_id in share.get("job_ids") or []]
