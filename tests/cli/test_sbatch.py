@@ -209,6 +209,16 @@ def test_a_managed_array_is_one_managed_job_per_task(corral, testbed, clean_queu
     assert as_json.json()["job_ids"] == [as_json.json()["job_id"]]  # JSON, as `corral jobs launch --json`
 
 
+def test_a_log_folder_the_script_names_is_there_when_the_job_starts(corral, testbed, clean_queues, tmp_path):
+    """`#SBATCH -o logs/%x-%j.out`: with sbatch it works beside a logs/ folder; the job failed with
+    Slurm's JobLaunchFailure, as it starts in a folder of its own."""
+    script = tmp_path / "logged.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -o logs/%x-%j.out -e errors/%j.err -c 1 -t 5\necho out; echo err >&2\n")
+    ran = corral("sbatch", "--infra", "slurm/alpine/cpu", "-W", str(script), cwd=tmp_path, timeout=90)
+    assert ran.exit_code == 0, ran.stderr
+    assert corral("logs", "--no-follow", ran.stdout.split()[3]).stdout == "out\n"
+
+
 def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):
     """Only borealis's H100 nodes carry the feature ib: the plan says so of every other place, the script
     lands there, and a task file's slurm.constraint is read the same way."""

@@ -146,3 +146,13 @@ def test_a_dependency_on_corral_jobs_becomes_their_slurm_ids():
                                   gpu_type=None, account=None, qos=None,
                                   dependencies={"c-0123abcd": "17", "c-ffff0000": "18_3"})
     assert words == ["--dependency=afterok:17:18_3"]  # `--parsable`'s c-…;cluster: the cluster is dropped
+
+
+def test_the_folders_of_the_log_files_are_made_before_sbatch():
+    """`-o logs/%x-%j.out` beside a logs/ folder works with sbatch; the job starts in a folder of its own,
+    where Slurm would fail it (JobLaunchFailure) for want of logs/."""
+    text = "#!/bin/bash\n#SBATCH -o logs/%x-%j.out -e /scratch/me/err/%j.err\n#SBATCH --chdir=work\ntrue\n"
+    options = userscript._effective(text, [])
+    assert userscript.log_folders(options, ".corral/runs/t0") == [".corral/runs/t0/work/logs", "/scratch/me/err"]
+    assert userscript.log_folders(userscript._effective("#!/bin/bash\n#SBATCH -o %u/%j.out -e e.err\n", []),
+                                  ".corral/runs/t0") == []  # a folder a pattern names, or none: left alone

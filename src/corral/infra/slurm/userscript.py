@@ -109,15 +109,33 @@ def log_paths(options: dict[str, Option], run_dir: str, job_name: str, request: 
     array = "array" in options
     pattern = options["output"].value if "output" in options and options["output"].value else (
         "slurm-%A_%a.out" if array else "slurm-%j.out")
-    chdir = options["chdir"].value if "chdir" in options and options["chdir"].value else f"{run_dir}/workdir"
-    if not chdir.startswith("/"):
-        chdir = chdir if chdir.startswith(RUNS_DIR) else f"{run_dir}/{chdir}"
-    base = pattern if pattern.startswith("/") else f"{chdir.rstrip('/')}/{pattern}"
-    base = _fill(base, {"x": job_name})
+    base = _fill(_under_chdir(pattern, options, run_dir), {"x": job_name})
     if not array:
         return (base,)
     indices = request.copy_indices or tuple(range(len(request.task_ids)))
     return tuple(_fill(base, {"a": str(i)}) for i in indices)
+
+
+def _under_chdir(pattern: str, options: dict[str, Option], run_dir: str) -> str:
+    """A file pattern (--output, --error) where Slurm opens it: under the job's working directory unless
+    absolute; relative to the home unless absolute."""
+    chdir = options["chdir"].value if "chdir" in options and options["chdir"].value else f"{run_dir}/workdir"
+    if not chdir.startswith("/"):
+        chdir = chdir if chdir.startswith(RUNS_DIR) else f"{run_dir}/{chdir}"
+    return pattern if pattern.startswith("/") else f"{chdir.rstrip('/')}/{pattern}"
+
+
+def log_folders(options: dict[str, Option], run_dir: str) -> list[str]:
+    """The folders the --output and --error files go in, for those a pattern does not name (`logs/%j.out`
+    needs logs/): Slurm does not make them, and fails the job (JobLaunchFailure) when one is missing. The
+    job starts in a folder of its own, where the logs/ beside the user's script is not."""
+    folders = []
+    for name in ("output", "error"):
+        if name in options and options[name].value and "/" in options[name].value.rstrip("/"):
+            folder = _under_chdir(options[name].value, options, run_dir).rsplit("/", 1)[0]
+            if "%" not in folder and folder not in folders:
+                folders.append(folder)
+    return folders
 
 
 def _fill(pattern: str, values: dict[str, str]) -> str:
@@ -289,9 +307,13 @@ def submit_script(request: JobRequest, cluster: str) -> str:
     """Write the script and env.sh, and submit it with Corral's options (idempotent by the comment)."""
     submission = submission_for(request, cluster)
     command = submission.command('"$sb"', home='"$HOME"')
-    named = unset_named(_effective(submission.text, submission.user_options))  # the script's own account, …
+    options = _effective(submission.text, submission.user_options)
+    named = unset_named(options)  # the script's own account, …
+    folders = " ".join(shlex.quote(f) if f.startswith("/") else f'"$HOME"/{shlex.quote(f)}'
+                       for f in log_folders(options, submission.run_dir))
+    made = f"mkdir -p -- {folders} 2>/dev/null; " if folders else ""
     sbatch = (' ( sb=$(command -v sbatch) || sb=sbatch; set -a; . "$d/env.sh" || exit 1; set +a; '
-              f"{named}exec {command} )")
+              f"{made}{named}exec {command} )")
     return submit_files_script(submission.run_dir, files(request, cluster, submission), _find(request.token), sbatch)
 
 
