@@ -209,14 +209,19 @@ def test_a_managed_array_is_one_managed_job_per_task(corral, testbed, clean_queu
     assert as_json.json()["job_ids"] == [as_json.json()["job_id"]]  # JSON, as `corral jobs launch --json`
 
 
-def test_a_log_folder_the_script_names_is_there_when_the_job_starts(corral, testbed, clean_queues, tmp_path):
+def test_a_log_folder_and_the_submit_folder_are_where_the_script_expects(corral, testbed, clean_queues, tmp_path):
     """`#SBATCH -o logs/%x-%j.out`: with sbatch it works beside a logs/ folder; the job failed with
     Slurm's JobLaunchFailure, as it starts in a folder of its own."""
     script = tmp_path / "logged.sh"
-    script.write_text("#!/bin/bash\n#SBATCH -o logs/%x-%j.out -e errors/%j.err -c 1 -t 5\necho out; echo err >&2\n")
-    ran = corral("sbatch", "--infra", "slurm/alpine/cpu", "-W", str(script), cwd=tmp_path, timeout=90)
+    script.write_text("#!/bin/bash\n#SBATCH -o logs/%x-%j.out -e errors/%j.err -c 1 -t 5\n"
+                      "cd \"$SLURM_SUBMIT_DIR\" && cat data.txt; echo err >&2\n")
+    (tmp_path / "sent").mkdir()
+    (tmp_path / "sent" / "data.txt").write_text("data\n")
+    ran = corral("sbatch", "--infra", "slurm/alpine/cpu", "--workdir", "sent", "-W", str(script), cwd=tmp_path,
+                 timeout=90)
     assert ran.exit_code == 0, ran.stderr
-    assert corral("logs", "--no-follow", ran.stdout.split()[3]).stdout == "out\n"
+    # and SLURM_SUBMIT_DIR is where the files sent with it are, as where the user runs sbatch
+    assert corral("logs", "--no-follow", ran.stdout.split()[3]).stdout == "data\n"
 
 
 def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):

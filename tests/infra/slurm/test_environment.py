@@ -67,5 +67,5 @@ def test_a_job_that_names_its_account_or_qos_is_submitted_without_the_users_defa
     from corral.infra.slurm.userscript import submit_script as submit_user_script
 
     named = submit_user_script(request("het_mem_per_cpu", "h100-cluster", None, "research", "normal"), "borealis")
-    assert "unset SBATCH_ACCOUNT SBATCH_QOS; exec" in named
+    assert 'unset SBATCH_ACCOUNT SBATCH_QOS; cd "$d/workdir" || exit 1; exec' in named
     assert "unset SBATCH" not in submit_user_script(request("array", "cpu", None), "alpine")

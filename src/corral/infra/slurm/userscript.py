@@ -62,14 +62,16 @@ class ScriptSubmission:
     run_dir: str
     log_paths: tuple[str, ...]  # per copy: relative to the home unless absolute; %j/%A/%a resolved later
 
-    def command(self, sbatch: str = "sbatch", home: str = "$HOME") -> str:
+    def command(self, sbatch: str = "sbatch", home: str = "$HOME", folder: str = ".") -> str:
         """sbatch's command line; `home` stands for the login node's home in --chdir ("$HOME" shows it,
-        '"$HOME"' is what the login node's shell expands)."""
+        '"$HOME"' is what the login node's shell expands), `folder` for the run folder the script is in
+        (a bash word)."""
         # Corral's after the user's: the later option wins, and its comment (the job's token) must.
-        # `./name`: with --chdir, sbatch looks a bare name up in PATH first (a script named `sbatch`
-        # became /usr/bin/sbatch: "This does not look like a batch script"). The job's name stays `name`.
-        words = [sbatch, "--parsable", *self.user_options, *self.corral_options, f"./{self.file_name}", *self.args]
-        line = " ".join(shlex.quote(w) if i else w for i, w in enumerate(words))
+        # A path, never a bare name: with --chdir, sbatch looks a bare name up in PATH first (a script
+        # named `sbatch` became /usr/bin/sbatch: "This does not look like a batch script"). The job's
+        # name stays the file's name.
+        options = " ".join(shlex.quote(w) for w in ("--parsable", *self.user_options, *self.corral_options))
+        line = " ".join([sbatch, options, f"{folder}/{shlex.quote(self.file_name)}", *map(shlex.quote, self.args)])
         return line.replace(f"--chdir={_HOME_MARK}/", f"--chdir={home}/")
 
 
@@ -306,14 +308,16 @@ def _find(token: str) -> str:
 def submit_script(request: JobRequest, cluster: str) -> str:
     """Write the script and env.sh, and submit it with Corral's options (idempotent by the comment)."""
     submission = submission_for(request, cluster)
-    command = submission.command('"$sb"', home='"$HOME"')
+    command = submission.command('"$sb"', home='"$HOME"', folder='"$d"')
     options = _effective(submission.text, submission.user_options)
     named = unset_named(options)  # the script's own account, …
     folders = " ".join(shlex.quote(f) if f.startswith("/") else f'"$HOME"/{shlex.quote(f)}'
                        for f in log_folders(options, submission.run_dir))
     made = f"mkdir -p -- {folders} 2>/dev/null; " if folders else ""
+    # sbatch runs in the workdir, so that the job's SLURM_SUBMIT_DIR is where the files sent with it are,
+    # as with sbatch where the user ran it (`cd $SLURM_SUBMIT_DIR` opens many scripts)
     sbatch = (' ( sb=$(command -v sbatch) || sb=sbatch; set -a; . "$d/env.sh" || exit 1; set +a; '
-              f"{made}{named}exec {command} )")
+              f'{made}{named}cd "$d/workdir" || exit 1; exec {command} )')
     return submit_files_script(submission.run_dir, files(request, cluster, submission), _find(request.token), sbatch)
 
 
