@@ -17,6 +17,7 @@ from corral.script_task import (
     script_nodes,
     script_partitions,
     task_from_script,
+    without_excluded,
 )
 from corral.task import JobScript, resource_options
 from tests.conftest import FIXTURES
@@ -168,3 +169,26 @@ def test_a_nodelist_keeps_the_script_on_the_partitions_that_hold_its_nodes():
     assert len(planned(inline("#SBATCH -c 1 -w ./hosts.txt\n")).feasible()) > 1  # a file of names: Slurm's to read
     with pytest.raises(ScriptError, match=r"job.sh:2 --nodelist=a\[1-: a '\[' is not closed"):
         planned(inline("#SBATCH --nodelist=a[1-\n"))
+
+
+def test_excluded_nodes_are_not_counted_where_the_script_may_go():
+    """`-x a1`: alpine's only free H100s are on a1, so alpine cannot start it now; `-x b[1-2]` leaves
+    borealis's h100-cluster no node at all."""
+    def planned(job: JobScript):
+        task = task_from_script(job, job.file_name)
+        snapshots = without_excluded(task, SNAPSHOTS)
+        plan = script_partitions(build_plan(task, resource_options(task.resources), snapshots, ORDER), task)
+        return script_nodes(plan, task, SNAPSHOTS)
+
+    job = inline("#SBATCH --gres=gpu:h100:1 -p gpu\n")
+    assert [(c.cluster, c.startable_now) for c in planned(job).feasible()][0] == ("alpine", True)
+    excluded = planned(inline("#SBATCH --gres=gpu:h100:1 -p gpu\n", ("-x", "a1")))
+    assert ("alpine", "gpu", False) in [(c.cluster, c.partition, c.startable_now) for c in excluded.feasible()]
+    walled = planned(inline("#SBATCH --gres=gpu:h100:1 --exclude=b[1-2]\n"))
+    reasons = {(c.cluster, c.partition): c.reason for c in walled.candidates}
+    assert not any(c.cluster == "borealis" and c.partition == "h100-cluster" for c in walled.feasible())
+    assert reasons[("borealis", "h100-cluster")] == "--exclude leaves this partition no node"
+    assert reasons[("cirrus", "maint")] == "partition has no nodes"  # it had none to begin with
+    unchanged = inline("#SBATCH -c 1 -x ./hosts.txt\n")  # a file of names: Slurm's to read
+    task = task_from_script(unchanged, "job.sh")
+    assert without_excluded(task, SNAPSHOTS) == SNAPSHOTS

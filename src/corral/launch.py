@@ -48,6 +48,7 @@ from corral.script_task import (
     script_copies,
     script_nodes,
     script_partitions,
+    without_excluded,
 )
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
@@ -204,6 +205,9 @@ class Launcher:
         relevant = [o for o in outcomes if places is None or o.cluster in places]
         refused = {o.cluster: why for o in relevant if (why := self.client.refusal(owner, o.cluster))}
         snapshots = {o.cluster: o.snapshot for o in relevant if o.snapshot and o.cluster not in refused}
+        probed = snapshots
+        if task.slurm.script is not None:
+            snapshots = without_excluded(task, snapshots)  # `-x`: Slurm will not use those nodes
         unreachable = {o.cluster: o.error_message or "" for o in relevant if o.snapshot is None}
         unreachable.update(refused)
         order = [o.cluster for o in outcomes]
@@ -213,7 +217,7 @@ class Launcher:
         set_up = {self.client.registry.infra_kind(c) for c in self.client.registry.names()}
         plan.not_set_up = sorted({o.infra.kind for o in options if o.infra.kind and not o.infra.cluster} - set_up)
         if task.slurm.script is not None:
-            plan = script_nodes(script_partitions(plan, task), task, snapshots)
+            plan = script_nodes(script_partitions(plan, task), task, probed)
         for option in options:
             sel = option.infra
             if sel.partition and sel.cluster in snapshots and not any(

@@ -245,10 +245,16 @@ def script_partitions(plan: Plan, task: Task) -> Plan:
 def script_nodes(plan: Plan, task: Task, snapshots: Mapping[str, ClusterSnapshot]) -> Plan:
     """`-w/--nodelist` names nodes of one site: a partition that lacks one of them cannot run the script
     (Slurm would refuse it there, at the cost of a failover each); one whose named nodes are not all up
-    cannot start it now. A nodelist read from a file (a name with a slash) is left to Slurm."""
+    cannot start it now. A nodelist read from a file (a name with a slash) is left to Slurm. `snapshots`:
+    as probed, before without_excluded; a partition `-x` emptied says so."""
     assert task.slurm.script is not None
     script = task.slurm.script
-    option = effective(_command_line(script), read_script(script.text, script.file_name).directives).get("nodelist")
+    options = effective(_command_line(script), read_script(script.text, script.file_name).directives)
+    if "exclude" in options:  # without_excluded took them out: say so where that left a partition empty
+        plan.candidates = [replace(c, reason=f"{options['exclude'].spelling} leaves this partition no node")
+                           if c.reason == "partition has no nodes" and c.cluster in snapshots
+                           and snapshots[c.cluster].nodes_in(c.partition) else c for c in plan.candidates]
+    option = options.get("nodelist")
     if option is None or not option.value or "/" in option.value:
         return plan
     hosts = expand_hostlist(option.value, _where(option, script))
@@ -267,6 +273,20 @@ def script_nodes(plan: Plan, task: Task, snapshots: Mapping[str, ClusterSnapshot
         out.append(c)
     plan.candidates = out
     return plan
+
+
+def without_excluded(task: Task, snapshots: Mapping[str, ClusterSnapshot]) -> dict[str, ClusterSnapshot]:
+    """The snapshots placement should read for a script with `-x/--exclude`: its excluded nodes taken out
+    (Slurm never runs it there, so their free GPUs cannot start it). A file of names is left to Slurm."""
+    script = task.slurm.script
+    if script is None:
+        return dict(snapshots)
+    option = effective(_command_line(script), read_script(script.text, script.file_name).directives).get("exclude")
+    if option is None or not option.value or "/" in option.value:
+        return dict(snapshots)
+    excluded = set(expand_hostlist(option.value, _where(option, script)))
+    return {cluster: replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name not in excluded))
+            if snapshot.kind == "slurm" else snapshot for cluster, snapshot in snapshots.items()}
 
 
 def _command_line(script: JobScript) -> list[Option]:
@@ -369,4 +389,4 @@ def _dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str,
 
 
 __all__ = ["ScriptAsk", "ScriptError", "copy_indices", "read_ask", "script_constraint", "script_copies",
-           "script_nodes", "script_partitions", "task_from_script"]
+           "script_nodes", "script_partitions", "task_from_script", "without_excluded"]
