@@ -153,6 +153,7 @@ def test_the_folders_of_the_log_files_are_made_before_sbatch():
     where Slurm would fail it (JobLaunchFailure) for want of logs/."""
     text = "#!/bin/bash\n#SBATCH -o logs/%x-%j.out -e /scratch/me/err/%j.err\n#SBATCH --chdir=work\ntrue\n"
     options = userscript._effective(text, [])
-    assert userscript.log_folders(options, ".corral/runs/t0") == [".corral/runs/t0/work/logs", "/scratch/me/err"]
+    assert userscript.log_folders(options, ".corral/runs/t0") == [".corral/runs/t0/workdir/work/logs",
+                                                                  "/scratch/me/err"]  # --chdir: from the workdir
     assert userscript.log_folders(userscript._effective("#!/bin/bash\n#SBATCH -o %u/%j.out -e e.err\n", []),
                                   ".corral/runs/t0") == []  # a folder a pattern names, or none: left alone

@@ -120,10 +120,11 @@ def log_paths(options: dict[str, Option], run_dir: str, job_name: str, request: 
 
 def _under_chdir(pattern: str, options: dict[str, Option], run_dir: str) -> str:
     """A file pattern (--output, --error) where Slurm opens it: under the job's working directory unless
-    absolute; relative to the home unless absolute."""
+    absolute; relative to the home unless absolute. A relative --chdir is relative to where sbatch runs,
+    the workdir (submit_script)."""
     chdir = options["chdir"].value if "chdir" in options and options["chdir"].value else f"{run_dir}/workdir"
     if not chdir.startswith("/"):
-        chdir = chdir if chdir.startswith(RUNS_DIR) else f"{run_dir}/{chdir}"
+        chdir = chdir if chdir.startswith(RUNS_DIR) else f"{run_dir}/workdir/{chdir}"
     return pattern if pattern.startswith("/") else f"{chdir.rstrip('/')}/{pattern}"
 
 
