@@ -222,6 +222,22 @@ def test_a_log_folder_and_the_submit_folder_are_where_the_script_expects(corral,
     assert ran.exit_code == 0, ran.stderr
     # and SLURM_SUBMIT_DIR is where the files sent with it are, as where the user runs sbatch
     assert corral("logs", "--no-follow", ran.stdout.split()[3]).stdout == "data\n"
+    (tmp_path / "sent" / "sub").mkdir()
+    script.write_text("#!/bin/bash\n#SBATCH -D sub -o out-%j.txt -c 1 -t 5\npwd\n")  # -D: from the submit folder
+    ran = corral("sbatch", "--infra", "slurm/alpine/cpu", "--workdir", "sent", "-W", str(script), cwd=tmp_path,
+                 timeout=90)
+    assert ran.exit_code == 0, ran.stderr
+    assert corral("logs", "--no-follow", ran.stdout.split()[3]).stdout.endswith("/workdir/sub\n")
+
+
+def test_excluded_and_listed_nodes_steer_the_plan(corral):
+    plan = corral("sbatch", "--dryrun", "--json", "-x", "a[1-2]", "--gres=gpu:h100:1", "--wrap", "true").json()
+    rows = {r["infra"]: r for r in plan}
+    assert rows["slurm/alpine/gpu"]["reason"] == "-x leaves this partition no node"
+    assert [r["infra"] for r in plan if r["feasible"]] == ["slurm/borealis/h100-cluster"]
+    plan = corral("sbatch", "--dryrun", "--json", "-w", "a4", "--wrap", "true").json()
+    assert [r["infra"] for r in plan if r["feasible"]] == ["slurm/alpine/inference"]
+    assert {r["infra"]: r["reason"] for r in plan}["slurm/cirrus/debug"] == "--nodelist a4: no such node on this cluster"
 
 
 def test_a_constraint_goes_where_nodes_have_the_features(corral, testbed, clean_queues, tmp_path):
