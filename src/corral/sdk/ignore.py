@@ -100,10 +100,24 @@ def _walk(folder: Path, prefix: str, stack: list[tuple[str, Any]], per_folder: b
 def _ignored(relative: str, stack: list[tuple[str, Any]]) -> bool:
     """The deepest rules that say anything about the path decide; a folder's path ends with `/`."""
     for base, spec in reversed(stack):
-        verdict = spec.check_file(relative[len(base):]).include
+        verdict = _verdict(spec, relative[len(base):])
         if verdict is not None:
-            return bool(verdict)
+            return verdict
     return False
+
+
+def _verdict(spec: Any, path: str) -> bool | None:
+    """Git's: the last pattern that matches the path itself decides (True: ignored). pathspec's own check
+    lets a folder pattern match what is under the folder too, so `!sub/` took back `sub/data/` that
+    `data/` ignores; here a folder's contents are never asked about once it is ignored (the walk does
+    not enter it), as in git."""
+    for pattern in reversed(spec.patterns):
+        if pattern.include is None or pattern.regex is None:
+            continue
+        match = pattern.regex.match(path)
+        if match is not None and match.end() == len(path):
+            return bool(pattern.include)
+    return None
 
 
 def _spec(lines: list[str]) -> Any:
