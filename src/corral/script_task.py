@@ -249,15 +249,14 @@ def script_nodes(plan: Plan, task: Task, snapshots: Mapping[str, ClusterSnapshot
     as probed, before without_excluded; a partition `-x` emptied says so."""
     assert task.slurm.script is not None
     script = task.slurm.script
-    options = effective(_command_line(script), read_script(script.text, script.file_name).directives)
+    options = _effective_options(script)
     if "exclude" in options:  # without_excluded took them out: say so where that left a partition empty
         plan.candidates = [replace(c, reason=f"{options['exclude'].spelling} leaves this partition no node")
                            if c.reason == "partition has no nodes" and c.cluster in snapshots
                            and snapshots[c.cluster].nodes_in(c.partition) else c for c in plan.candidates]
-    option = options.get("nodelist")
-    if option is None or not option.value or "/" in option.value:
+    hosts = _named_hosts(options, "nodelist", script)
+    if hosts is None:
         return plan
-    hosts = expand_hostlist(option.value, _where(option, script))
     out = []
     for c in plan.candidates:
         snapshot = snapshots.get(c.cluster)
@@ -279,14 +278,26 @@ def without_excluded(task: Task, snapshots: Mapping[str, ClusterSnapshot]) -> di
     """The snapshots placement should read for a script with `-x/--exclude`: its excluded nodes taken out
     (Slurm never runs it there, so their free GPUs cannot start it). A file of names is left to Slurm."""
     script = task.slurm.script
-    if script is None:
+    hosts = _named_hosts(_effective_options(script), "exclude", script) if script is not None else None
+    if hosts is None:
         return dict(snapshots)
-    option = effective(_command_line(script), read_script(script.text, script.file_name).directives).get("exclude")
-    if option is None or not option.value or "/" in option.value:
-        return dict(snapshots)
-    excluded = set(expand_hostlist(option.value, _where(option, script)))
+    excluded = set(hosts)
     return {cluster: replace(snapshot, nodes=tuple(n for n in snapshot.nodes if n.name not in excluded))
             if snapshot.kind == "slurm" else snapshot for cluster, snapshot in snapshots.items()}
+
+
+def _effective_options(script: JobScript) -> dict[str, Option]:
+    """The options that count for the script's (first) component: its command line's over its lines'."""
+    return effective(_command_line(script), read_script(script.text, script.file_name).directives)
+
+
+def _named_hosts(options: dict[str, Option], name: str, script: JobScript) -> list[str] | None:
+    """The nodes a hostlist option (`nodelist`, `exclude`) names; None without one, or when it names a
+    file of them (a value with a slash), which is Slurm's to read."""
+    option = options.get(name)
+    if option is None or not option.value or "/" in option.value:
+        return None
+    return expand_hostlist(option.value, _where(option, script))
 
 
 def _command_line(script: JobScript) -> list[Option]:

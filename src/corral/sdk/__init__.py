@@ -204,7 +204,7 @@ class Client:
         controller recovers it (returns the job ids). Instead of a script's path: `wrap`, a command run in
         the sh script `sbatch --wrap` writes for it, or `text`, the script itself (as sbatch reads one on
         its standard input)."""
-        task = self._script_input(script, wrap, options or [], args or [], base, workdir, text=text)
+        task = self._script_input(script, options or [], args or [], base, workdir, wrap=wrap, text=text)
         overrides = _overrides(infra=infra, envs=envs, secrets=secrets, workdir=workdir)
         if managed and not dryrun:  # a dry run plans the same for both: nothing is recorded
             answer = self._json("POST", "/managed", body={"task": task, "overrides": overrides})
@@ -216,8 +216,8 @@ class Client:
             return [[PlanRow.from_json(r) for r in plan] for plan in done["plans"]]
         return Launched([[Submission.from_json(s) for s in shares] for shares in done["tasks"]])
 
-    def _script_input(self, script: Path | str | None, wrap: str | None, options: list[str], args: list[str],
-                      base: Path | None, workdir: str | None, *, text: str | None = None) -> dict[str, Any]:
+    def _script_input(self, script: Path | str | None, options: list[str], args: list[str], base: Path | None,
+                      workdir: str | None, *, wrap: str | None = None, text: str | None = None) -> dict[str, Any]:
         """The API's task for a job script: its text, name, sbatch options and arguments (and a workdir's
         files, when one is given)."""
         from corral.errors import TaskError
@@ -418,7 +418,7 @@ class Client:
             from corral.sbatch_script import is_batch_script
 
             if is_batch_script(text):  # `corral launch script.sh`: run as sbatch would
-                return self._script_input(Path(task), None, [], [], base, workdir)
+                return self._script_input(Path(task), [], [], base, workdir)
         elif isinstance(task, str):
             source, text = "task", task
         else:

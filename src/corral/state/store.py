@@ -50,6 +50,14 @@ class JobNotFoundError(NotFoundError):
     pass
 
 
+class ArrayNotOneJobError(JobNotFoundError):
+    """A Slurm array's id where one job is wanted; `job_ids`: its tasks' jobs (all of them for cancel)."""
+
+    def __init__(self, message: str, job_ids: list[str]):
+        super().__init__(message)
+        self.job_ids = job_ids
+
+
 @dataclass(frozen=True)
 class JobView:
     """A job with its current (latest) attempt."""
@@ -753,11 +761,12 @@ class Store:
 
     def resolve_all(self, job_ref: str, scope: str | None = None) -> list[JobView]:
         """The job `job_ref` names (resolve), or every job of the sweep it names (its name, when only
-        that sweep's jobs carry it: sweep_named)."""
+        that sweep's jobs carry it: sweep_named), or of the Slurm array it names (its id, as scancel's)."""
         try:
             return [self.resolve(job_ref, scope)]
-        except JobNotFoundError:
-            if ids := self.sweep_named(job_ref, scope=scope) or self._array_tasks(job_ref, scope):
+        except JobNotFoundError as missing:
+            tasks = missing.job_ids if isinstance(missing, ArrayNotOneJobError) else []  # resolve looked them up
+            if ids := self.sweep_named(job_ref, scope=scope) or tasks:
                 return self.views(ids)
             raise
 
@@ -809,9 +818,9 @@ class Store:
         if not prefixed:
             tasks = self._array_tasks(job_ref, scope)
             if tasks:  # where one job is wanted (logs): say which ones there are
-                raise JobNotFoundError(f"Slurm job {job_ref} is an array of {len(tasks)} tasks: give one of them "
-                                       f"({job_ref}_… or Corral's id; `corral queue -x` lists them); `corral cancel "
-                                       f"{job_ref}` takes them all")
+                raise ArrayNotOneJobError(f"Slurm job {job_ref} is an array of {len(tasks)} tasks: give one of them "
+                                          f"({job_ref}_… or Corral's id; `corral queue -x` lists them); `corral "
+                                          f"cancel {job_ref}` takes them all", tasks)
             raise JobNotFoundError(f"no job {job_ref!r}; see `corral queue` for job ids")
         ids = ", ".join(v.job.id for v in prefixed[:5])
         if not any(v.job.id.startswith(job_ref) or v.job.name == job_ref for v in prefixed):  # by handle
