@@ -70,7 +70,8 @@ def test_what_cannot_be_routed_says_why():
             ("#SBATCH --gpus-per-node=h100:x\n", r"expected \[type:\]count")):
         with pytest.raises(ScriptError, match=message):
             task_from_script(inline(text), "job.sh")
-    with pytest.raises(ScriptError, match=r"job.sh:2 --dependency.*Slurm job 123, 456.*--infra slurm/<cluster>"):
+    with pytest.raises(ScriptError, match=r"job.sh:2 --dependency.*Slurm job 123, 456, which Corral did not submit.*"
+                                          r"--infra slurm/<cluster>"):
         task_from_script(inline("#SBATCH --dependency=afterok:123:456_2,singleton\n"), "job.sh")
     pinned = task_from_script(inline("#SBATCH --dependency=afterok:123\n"), "job.sh", infra="slurm/alpine")
     assert resource_options(pinned.resources)[0].infra.cluster == "alpine"
@@ -135,6 +136,29 @@ def test_a_dependency_on_corral_jobs_pins_their_cluster_and_names_their_slurm_id
     assert parsable.slurm.script.dependencies == {"c-0123abcd": "17"}  # as `corral sbatch --parsable` printed it
     with pytest.raises(ScriptError, match="c-0123abcd runs on alpine, not borealis"):
         task_from_script(inline("", ("--dependency=afterok:c-0123abcd;borealis",)), "job.sh", find_job=find)
+
+
+def test_a_dependency_on_slurm_ids_pins_the_cluster_corral_submitted_them_to():
+    submitted = {"17": ["alpine"], "18": ["alpine", "borealis"], "19": ["borealis"], "20": ["alpine"]}
+
+    def find(slurm_id: str) -> list[str]:
+        return submitted.get(slurm_id, [])
+
+    def cluster_of(dependency: str, infra: str | None = None) -> str:
+        task = task_from_script(inline(f"#SBATCH --dependency={dependency}\n"), "job.sh", infra=infra,
+                                find_clusters=find)
+        return resource_options(task.resources)[0].infra.cluster
+
+    assert cluster_of("afterok:17") == "alpine"
+    assert cluster_of("afterok:17:20_3") == "alpine"  # an array task: its array's id
+    assert cluster_of("afterany:18,afterok:19") == "borealis"  # 18 is on both; with 19 only borealis fits
+    assert cluster_of("afterok:18", infra="slurm/alpine") == "alpine"  # a pin is the user's word
+    assert cluster_of("afterok:19", infra="slurm") == "borealis"
+    for dependency, message in (("afterok:18", r"more than one cluster \(18 on alpine, borealis\); pin"),
+                                ("afterok:17:19", r"on different clusters \(17 on alpine; 19 on borealis\)"),
+                                ("afterok:17:99", r"Slurm job 99, which Corral did not submit.*which cluster's job it is")):
+        with pytest.raises(ScriptError, match=message):
+            cluster_of(dependency)
 
 
 def test_the_constraint_placement_checks_is_the_one_sbatch_would_use():

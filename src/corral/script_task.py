@@ -62,7 +62,7 @@ class ScriptAsk:
     partition: str | None
     job_name: str
     array: tuple[int, ...] | None
-    dependency_ids: tuple[str, ...]  # Slurm job ids the dependency names (they exist on one cluster only)
+    dependency_ids: tuple[str, ...]  # Slurm job ids the dependency names (each means a job of one cluster)
 
 
 def read_ask(script: JobScript) -> ScriptAsk:
@@ -110,18 +110,17 @@ def _shape(options: dict[str, Option], script: JobScript) -> tuple[int, str | No
 
 
 def task_from_script(script: JobScript, source: str, *, infra: str | None = None, envs: dict[str, Any] | None = None,
-                     workdir: str | None = None, find_job: JobFinder | None = None) -> Task:
+                     workdir: str | None = None, find_job: JobFinder | None = None,
+                     find_clusters: ClusterFinder | None = None) -> Task:
     """The task that runs `script` as it is. A dependency must stay within one cluster: on Corral jobs
-    (`afterok:c-…`, found with `find_job`), it pins the script to their cluster; on Slurm job ids, the
-    cluster must be pinned already."""
+    (`afterok:c-…`, found with `find_job`), it pins the script to their cluster; on Slurm job ids, to the
+    one cluster where Corral submitted them (`find_clusters`), unless a cluster is pinned already."""
     ask = read_ask(script)
     corral_ids = corral_dependency_ids(ask.options, script)
     if corral_ids:
         infra, script = _pinned_to_dependencies(script, ask.options, corral_ids, infra, find_job)
     if ask.dependency_ids and not (infra and infra.count("/") >= 1):
-        raise ScriptError(f"{_where(ask.options['dependency'], script)}: --dependency names Slurm job "
-                          f"{', '.join(ask.dependency_ids)}, which exist on one cluster only; pin that cluster with "
-                          "--infra slurm/<cluster> (or drop the dependency)")
+        infra = f"slurm/{_cluster_of_slurm_ids(script, ask, find_clusters)}"
     resources: dict[str, Any] = {}
     if ask.gpus_per_node:
         resources["accelerators"] = f"{ask.gpu_type or 'gpu'}:{ask.gpus_per_node}"
@@ -142,6 +141,29 @@ def task_from_script(script: JobScript, source: str, *, infra: str | None = None
 
 
 JobFinder = Callable[[str], tuple[str, str | None]]  # Corral job id -> (cluster, Slurm id or None); KeyError if none
+ClusterFinder = Callable[[str], list[str]]  # Slurm job id -> the clusters where Corral submitted a job of that id
+
+
+def _cluster_of_slurm_ids(script: JobScript, ask: ScriptAsk, find_clusters: ClusterFinder | None) -> str:
+    """The one cluster where every Slurm job the dependency names was submitted through Corral: a Slurm
+    job id means a job of one cluster only."""
+    where = _where(ask.options["dependency"], script)
+    pin = "pin the cluster with --infra slurm/<cluster> (or drop the dependency)"
+    found = {slurm_id: find_clusters(slurm_id) if find_clusters is not None else []
+             for slurm_id in ask.dependency_ids}
+    if unknown := [slurm_id for slurm_id, clusters in found.items() if not clusters]:
+        raise ScriptError(f"{where}: names Slurm job {', '.join(unknown)}, which Corral did not submit, so it "
+                          f"cannot tell which cluster's {'jobs they are' if len(unknown) > 1 else 'job it is'}; "
+                          f"{pin}")
+    common = set.intersection(*(set(clusters) for clusters in found.values()))
+    if len(common) == 1:
+        return common.pop()
+    said = "; ".join(f"{slurm_id} on {', '.join(clusters)}" for slurm_id, clusters in found.items())
+    if common:
+        raise ScriptError(f"{where}: Corral submitted a Slurm job of that id on more than one cluster ({said}); "
+                          f"{pin}, or name the job by Corral's id (afterok:c-…)")
+    raise ScriptError(f"{where}: the Slurm jobs it waits for are on different clusters ({said}); a Slurm "
+                      "dependency stays within one cluster")
 
 
 def corral_dependency_ids(options: dict[str, Option], script: JobScript) -> tuple[str, ...]:

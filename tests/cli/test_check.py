@@ -56,8 +56,8 @@ def test_stopped_controller_is_reported_and_others_answer(corral, controller_sto
     assert rows["cirrus"]["error"] == "cirrus: Slurm controller is down: Slurmctld(primary) at cirrus-ctl is DOWN"
     assert rows["alpine"]["ok"] and rows["borealis"]["ok"]
     human = corral("check")
-    assert human.exit_code == 1
-    assert "cirrus: Slurm controller is down" in human.stderr
+    assert human.exit_code == 1, human.stderr
+    assert "cirrus: Slurm controller is down" in human.stderr, human.stderr  # says why, if it ever differs
 
 
 def test_stopped_login_node_is_reported_and_others_answer(corral, login_stopped):

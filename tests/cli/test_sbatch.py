@@ -95,7 +95,8 @@ def test_what_cannot_be_routed_says_why(corral, tmp_path):
     assert refused.exit_code == 65 and "elsewhere.sh:2 -M: the script names Slurm clusters" in refused.stderr
     script.write_text("#!/bin/bash\n#SBATCH --dependency=afterok:12345\ntrue\n")
     refused = corral("sbatch", str(script))
-    assert refused.exit_code == 65 and "--infra slurm/<cluster>" in refused.stderr
+    assert refused.exit_code == 65 and "12345, which Corral did not submit" in refused.stderr
+    assert "--infra slurm/<cluster>" in refused.stderr
     script.write_text("#!/bin/bash\n#SBATCH --nodes=many\ntrue\n")
     refused = corral("launch", str(script))  # recognised as a script by `corral launch` too
     assert refused.exit_code == 65 and "elsewhere.sh:2 --nodes=many: expected a count" in refused.stderr
@@ -306,6 +307,9 @@ def test_a_pipeline_of_scripts_waits_on_the_cluster_of_the_job_it_depends_on(cor
     assert after["cluster"] == "borealis"  # where the job it waits for runs: nothing pinned it but the dependency
     squeue = ssh_login(testbed.cluster_config, "borealis", f"squeue -h -j {after['slurm_job_id']} -o '%E %r'")
     assert f"afterok:{before['slurm_job_id']}" in squeue
+    by_slurm_id = corral("sbatch", "--json", f"--dependency=afterany:{before['slurm_job_id']}", "--wrap", "true")
+    assert by_slurm_id.exit_code == 0, by_slurm_id.stderr
+    assert by_slurm_id.json()["cluster"] == "borealis"  # a bare Slurm id: the cluster Corral submitted it to
 
     def ended() -> list[dict] | None:
         jobs = {j["job_id"]: j for j in corral("queue", "--json", "--all").json()}

@@ -261,9 +261,14 @@ def test_a_slurm_job_id_finds_its_job_and_an_array_id_all_its_tasks(store):
         store.resolve_all("4")
     with pytest.raises(JobNotFoundError, match="no job '40'"):  # another user's array is not found
         store.resolve_all("40", scope="someone-else")
+    assert (store.clusters_of_native_job("39"), store.clusters_of_native_job("41")) == (["alpine", "borealis"], ["alpine"])
+    assert store.clusters_of_native_job("40") == ["alpine"]  # an array's id: where its tasks are
+    assert store.clusters_of_native_job("4") == [] and store.clusters_of_native_job("4_%") == []
+    assert store.clusters_of_native_job("41", scope="someone-else") == []
     fill(store, [at("c-far", "borealis", "40_0", sweep="c-far")])
     with pytest.raises(JobNotFoundError, match=r"array 40 is on several clusters \(alpine, borealis\)"):
         store.resolve_all("40")
+    assert store.clusters_of_native_job("40") == ["alpine", "borealis"]
 
 
 def test_a_dev_allocations_name_means_its_newest_job_where_one_job_is_shown(store):

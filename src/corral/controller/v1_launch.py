@@ -177,8 +177,11 @@ def _script_task(given: TaskInput, overrides: Overrides, owner: str, store: Stor
             raise KeyError(job_id) from None
         return view.attempt.cluster, view.attempt.handle
 
+    def find_clusters(slurm_id: str) -> list[str]:
+        return store.clusters_of_native_job(slurm_id, owner or None) if store is not None else []
+
     task = task_from_script(script.model_copy(update={"dependencies": {}}), given.source, infra=overrides.infra,
-                            find_job=find_job)
+                            find_job=find_job, find_clusters=find_clusters)
     task = apply_overrides(task, given.source, envs=overrides.envs, secrets=overrides.secrets,
                            workdir=overrides.workdir)
     return uploads.with_uploads(task, given.files.model_dump(), owner)

@@ -805,6 +805,20 @@ class Store:
                                    "Corral's job ids (`corral queue -x` lists them)")
         return sorted({job_id for job_id, _ in found})
 
+    def clusters_of_native_job(self, native_id: str, scope: str | None = None) -> list[str]:
+        """The clusters where Corral submitted the native job `native_id` (a Slurm job id, or an array's
+        id: its tasks' handles are `<id>_<index>`), with `scope` among that owner's jobs only."""
+        def clusters(condition: Any) -> list[str]:
+            query = select(AttemptRow.cluster).join(JobRow, JobRow.id == AttemptRow.job_id).where(condition)
+            query = query.where(JobRow.owner == scope) if scope is not None else query
+            with self.session() as s:
+                return sorted(set(s.scalars(query.distinct())))
+
+        if not native_id.isdigit():
+            return []
+        return clusters(AttemptRow.handle == native_id) or clusters(
+            AttemptRow.handle.like(native_id + "\\_%", escape="\\"))  # an array: LIKE, as in _array_tasks
+
     def resolve(self, job_ref: str, scope: str | None = None) -> JobView:
         """A job by id or unique id prefix, or by name if unique (indexed look-ups, not a scan of history);
         with `scope`, among that owner's jobs only: another user's job is not found, as if it did not exist."""
