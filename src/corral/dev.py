@@ -8,6 +8,7 @@ job holds the nodes until it is taken down, its walltime ends, or it has been id
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -61,6 +62,9 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}\Z", re.ASCII)
 WAITING_PHASES = frozenset({AllocationPhase.PENDING, AllocationPhase.STARTING})
 LIVE_PHASES = WAITING_PHASES | {AllocationPhase.READY}
 EXIT_TERMINATED = 143  # a cancelled exec's status when its session ended before it could give one (as TERM)
+# Execs whose session this process holds (by job id): one that none holds (its server stopped or died
+# while it ran; it runs on) is settled from its allocation's files (settle_unfollowed_execs).
+FOLLOWED: set[str] = set()
 
 
 class AllocationNotFoundError(NotFoundError):
@@ -97,6 +101,17 @@ class AllocationStatus:
         }
 
 
+async def settle_unfollowed_execs(client: Client, store: Store) -> int:
+    """Settle the live execs whose session no process here holds (FOLLOWED): their server stopped or
+    died while they ran, and they ran on. Their allocations are asked (one status query per cluster),
+    which records the end of those whose `ended` marker is there. Returns how many allocations."""
+    unfollowed = {(owner, name) for job_id, owner, name in store.live_execs() if job_id not in FOLLOWED}
+    rows = [row for owner, name in sorted(unfollowed) if (row := store.allocation(name, owner)) is not None]
+    if rows:
+        await DevAllocations(client, store, Launcher(client, store)).status(rows)
+    return len(rows)
+
+
 def check_name(name: str) -> str:
     if not _NAME.match(name):
         raise TaskError(f"invalid allocation name {name!r}: use letters, digits, '-', '_' or '.', starting with a letter")
@@ -130,8 +145,6 @@ class DevAllocations:
                      walltime: str | None) -> tuple[AllocationRow, bool]:
         """Place and hold the allocation, or reuse a live one of the same shape. Returns (row, new).
         Two commands launching one name at once take turns: the second reuses the first's allocation."""
-        import asyncio
-
         from corral.locks import held, named
 
         check_name(name)
@@ -220,8 +233,6 @@ class DevAllocations:
     # ---- status -------------------------------------------------------------------------------
     async def status(self, rows: list[AllocationRow] | None = None) -> list[AllocationStatus]:
         """One round trip per cluster, for all its allocations."""
-        import asyncio
-
         if rows is None:
             rows = self.store.allocations(None if self.sees_all else self.owner)
         by_account: dict[tuple[str, str], list[AllocationRow]] = {}  # the run dirs read are the owner's
@@ -309,13 +320,20 @@ class DevAllocations:
         if on_started is not None:
             on_started(job_id)
         infra = self._holder(row.cluster, row.owner)
+        sent = False
+        FOLLOWED.add(job_id)
         try:
             await self.sync_files(name, task)
             # the cluster's profile, as for a job: its env under the task's, its prefix before the run
             settings = self.client.profiles.settings(row.cluster, row.partition, task)
+            sent = True
             status = await infra.exec_in(row.handle, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
                                          on_output)
+        except asyncio.CancelledError:
+            if not sent:
+                self.store.end_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
+            raise  # the server is stopping: the exec runs on, and its end is read from its allocation later
         except CorralError:
             [attempt] = self.store.attempts_by_token([token])
             if attempt.state not in (JobState.CANCELLING, JobState.CANCELLED):
@@ -325,6 +343,8 @@ class DevAllocations:
         except BaseException:
             self.store.end_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
             raise
+        finally:
+            FOLLOWED.discard(job_id)
         state = JobState.SUCCEEDED if status == 0 else JobState.FAILED
         reason = "allocation not ready" if status == EXIT_NOT_READY else None
         self.store.end_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
@@ -409,7 +429,5 @@ def _describe(resources: str) -> str:
 
 
 async def _sleep(seconds: float) -> None:
-    import asyncio
-
     await asyncio.sleep(seconds)
 

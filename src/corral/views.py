@@ -75,6 +75,7 @@ def job_json(view: JobView, kinds: Mapping[str, str] | None = None) -> dict[str,
         "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
         "expected_start": a.expected_start if a.state == JobState.PENDING else None,
         "exit_code": a.exit_code, "job_rank": view.job.job_rank, "sweep_id": view.job.sweep_id,
+        "allocation": view.job.allocation,  # the dev allocation an exec ran in (`corral exec`)
     }
 
 

@@ -117,6 +117,23 @@ def test_cancelling_an_exec_ends_it_and_keeps_its_allocation(corral, corral_env,
     assert runner.returncode == 130 and f"`corral cancel {followed_id}` stops it" in err, err
     followed = corral("logs", followed_id)
     assert (followed.exit_code, followed.stdout) == (0, "started\nfinished\n"), followed.stderr
+    # SkyPilot's forms for a cluster's jobs: `sky exec -d`, `sky logs CLUSTER JOB`, `sky cancel CLUSTER --all`.
+    detached = corral("exec", "box", "-d", "--", "echo detached; sleep 120")
+    assert detached.exit_code == 0, detached.stderr
+    detached_id = detached.stdout.strip()
+    assert re.fullmatch(r"c-[0-9a-f]+", detached_id) and f"{detached_id} started in box" in detached.stderr
+    wait_for("the detached exec's output", lambda: corral("logs", "box", detached_id, "--no-follow").stdout
+             == "detached\n", timeout=30)
+    alone = corral("cancel", "box")
+    assert alone.exit_code == 65 and "`corral cancel box --all` cancels the jobs running in it" in alone.stderr
+    elsewhere = corral("launch", "-d", "--infra", "slurm/cirrus/debug", "--", "true").stdout.strip()
+    for wrong in (corral("logs", "box", elsewhere, "--no-follow"), corral("cancel", "box", elsewhere)):
+        assert wrong.exit_code in (65, 66) and f"{elsewhere} did not run in dev allocation 'box'" in wrong.stderr
+    cancelled = corral("cancel", "box", "--all")
+    assert (cancelled.exit_code, cancelled.stdout) == (0, f"{detached_id}: cancelled\n"), cancelled.stderr
+    ended = corral("logs", "box", detached_id)
+    assert ended.exit_code != 0 and "CANCELLED" in ended.stderr, ended.stderr
+    assert status(corral, "box")["state"] == "READY"  # its jobs cancelled, the allocation kept
     assert corral("down", "box").exit_code == 0
     # Its output went with the allocation: `logs` says so.
     gone = corral("logs", job_id)
@@ -154,6 +171,28 @@ def test_an_exec_whose_end_its_server_did_not_see_is_settled_from_the_allocation
     assert corral("down", "box2").exit_code == 0
     released = queued(job_id)
     assert (released["state"], released["reason"]) == ("CANCELLED", "its allocation 'box2' was released")
+
+
+def test_an_exec_outlives_a_stopped_server_with_all_its_output(corral, testbed, clean):
+    """`corral server stop` during an exec marked it FAILED ("interrupted") while it ran on, and the
+    output it printed after was lost (its `tee` died with the session)."""
+    up = corral("launch", "-c", "box3", "--infra", "slurm/cirrus/debug", "--cpus", "1", "--json")
+    assert up.exit_code == 0, up.stderr
+    job_id = corral("exec", "box3", "-d", "--", "echo one; sleep 3; echo two; exit 3").stdout.strip()
+    wait_for("its first line", lambda: corral("logs", job_id, "--no-follow").stdout == "one\n", timeout=30)
+    assert corral("server", "stop").exit_code == 0
+    marker = f"cat .corral/runs/*/exec/{job_id}/ended 2>/dev/null; true"
+    wait_for("the exec's end on the cluster", lambda: ssh_login(testbed.cluster_config, "cirrus", marker).strip(),
+             timeout=60, interval=0.5)
+
+    def settled() -> dict | None:  # by the new server's first tick: no `corral status` asked
+        job = next(j for j in corral("queue", "box3", "--json").json() if j["job_id"] == job_id)
+        return job if job["state"] != "RUNNING" else None
+
+    ended = wait_for("the new server to settle it", settled, timeout=60, interval=0.5)
+    assert (ended["state"], ended["exit_code"], ended["reason"]) == ("FAILED", 3, None)
+    output = corral("logs", job_id, "--no-follow").stdout
+    assert output.startswith("one\ntwo\n") and "Exited with exit code 3" in output, output  # srun's line too
 
 
 def test_ssh_into_the_head_node(corral, corral_env, testbed, clean, tmp_path):

@@ -389,8 +389,10 @@ def test_skypilots_launch_flags_mean_here_what_its_task_fields_mean(corral):
     """Typed from habit: --cloud/--region/--zone place the job as the task file's fields do; the cloud VM
     flags are ignored with the task file's words; none is "No such option"."""
     planned = corral("launch", "--dryrun", "--json", "--cloud", "slurm", "--region", "cirrus", "--zone", "debug",
-                     "--use-spot", "--disk-size", "100", "--ports", "8080", "--retry-until-up", "--down", "--", "true")
+                     "--use-spot", "--disk-size", "100", "--ports", "8080", "--retry-until-up", "--down", "--fast",
+                     "--", "true")
     assert planned.exit_code == 0, planned.stderr
+    assert "--fast: nothing to skip" in planned.stderr
     assert [(r["cluster"], r["partition"]) for r in planned.json()] == [("cirrus", "debug")]
     assert "--use-spot: ignored on Slurm (Slurm has no spot VMs" in planned.stderr
     assert "--disk-size: ignored on Slurm" in planned.stderr and "--ports: ignored on Slurm" in planned.stderr
@@ -400,6 +402,12 @@ def test_skypilots_launch_flags_mean_here_what_its_task_fields_mean(corral):
                           (["-c", "box", "--down"], "released by `corral down NAME`")):
         refused = corral("launch", "--dryrun", *argv, "--", "true")
         assert refused.exit_code == 2 and message in refused.stderr, refused.stderr
+    # and the other commands' flags that have nothing to change here (`sky status -r`, `sky show-gpus -a`)
+    for argv in (["status", "--refresh"], ["jobs", "queue", "-r"], ["gpus", "-a", "--infra", "slurm/cirrus"]):
+        accepted = corral(*argv)
+        assert accepted.exit_code == 0 and accepted.stderr == "", (argv, accepted.stderr)
+    recorded = corral("jobs", "launch", "--async", "--infra", "slurm/cirrus", "--", "true")
+    assert re.fullmatch(r"c-[0-9a-f]+\n", recorded.stdout), recorded.stderr  # `sky jobs launch --async`: as -d
 
 
 def test_sweep_is_spread_over_clusters_as_job_arrays(corral, clean_queues):

@@ -184,18 +184,24 @@ def parse_since(text: str) -> float:
         return 0.0 if date.year < 1970 else now
 
 
-def log_options(follow_help: str, tail_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def log_options(follow_help: str, tail_help: str, *, in_allocation: bool = False
+                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """JOB (optional: the newest, see newest_id), --follow/--no-follow, --tail and --status, for `logs` and
-    `jobs logs`."""
+    `jobs logs`. `in_allocation`: `ALLOCATION JOB` too, as `sky logs CLUSTER JOB_ID` (the command gets
+    `allocation`)."""
     def decorate(show: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(show)
-        def func(*args: Any, job: str | None = None, name: str | None = None, **kwargs: Any) -> Any:
+        def func(*args: Any, job: str | None = None, name: str | None = None, job_in: str | None = None,
+                 **kwargs: Any) -> Any:
             if job is not None and name is not None:
                 raise click.UsageError("give JOB or --name, not both")
+            if job_in is not None:
+                kwargs["allocation"], job = job, job_in
             return show(*args, job=job if job is not None else name, **kwargs)
 
         for decorator in reversed([
-            click.argument("job", required=False),
+            click.argument("job", required=False, metavar="[JOB | ALLOCATION [JOB]]" if in_allocation else None),
+            *([click.argument("job_in", required=False, metavar="")] if in_allocation else []),
             click.option("-n", "--name", metavar="NAME", help="The job of this name (as JOB does; SkyPilot's "
                                                               "--name)."),
             click.option("--follow/--no-follow", default=True, show_default=True, help=follow_help),
@@ -227,6 +233,16 @@ def newest_id(jobs: list[Any], nothing: str) -> str:
 
 yes_option = click.option("-y", "--yes", "yes", is_flag=True,
                           help="Accepted as SkyPilot users type it: Corral asks for no confirmation.")
+
+
+def habit_flag(*flags: str, note: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A SkyPilot flag typed from habit that has nothing to change here, hidden: accepted rather than
+    "No such option", with `note` (what Corral does instead) on stderr when there is one to say."""
+    def said(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value and note:
+            click.echo(f"corral: note: {flags[-1]}: {note}", err=True)
+
+    return click.option(*flags, is_flag=True, hidden=True, expose_value=False, callback=said)
 
 
 def cancel_command(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -304,6 +320,7 @@ def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--network-tier", hidden=True),
         click.option("--retry-until-up", "-r", "retry_until_up", is_flag=True, hidden=True),
         click.option("--down", is_flag=True, hidden=True),
+        habit_flag("--fast", note="nothing to skip: Corral provisions no machines"),
     ]):
         launch = decorator(launch)
     return launch

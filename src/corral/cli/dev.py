@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import click
 
 from corral.cli.common import (
+    habit_flag,
     print_json,
     reports_errors,
     task_arguments,
@@ -100,8 +101,11 @@ def stopped_following(job_id: str, name: str) -> NoReturn:
 @click.argument("args", nargs=-1)
 @click.option("--env", "envs", multiple=True, help="KEY=VALUE, repeatable.")
 @click.option("--secret", "secret_values", multiple=True, help="KEY=VALUE or KEY: a secret env, repeatable.")
+@click.option("-d", "--detach", "--detach-run", "detach", is_flag=True,
+              help="Return once it has started, printing its job id (`sky exec -d`); `corral logs JOB` follows it.")
 @reports_errors
-def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values: tuple[str, ...]) -> None:
+def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values: tuple[str, ...],
+          detach: bool) -> None:
     """Run a task or `-- COMMAND` on every node of dev allocation NAME; exits with its exit code.
     The task's workdir and file_mounts are synced into the allocation first."""
     from corral.sdk import Client
@@ -112,13 +116,18 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
     client = Client()
     started: list[str] = []
     try:
-        job_id, code = client.dev_exec(name, Path(paths[0]) if paths else None, command=command,
+        job_id, code = client.dev_exec(name, Path(paths[0]) if paths else None, command=command, detach=detach,
                                        envs=list(envs), secrets=list(secret_values), on_output=write_bytes,
                                        on_event=lambda e: started.append(str(e["job_id"])) if "job_id" in e else None)
     except KeyboardInterrupt:
         if not started:
             raise
         stopped_following(started[0], name)
+    if code is None:  # detached
+        click.echo(f"corral: {job_id} started in {name}; `corral logs {job_id}` follows it, `corral cancel "
+                   f"{job_id}` stops it", err=True)
+        click.echo(job_id)
+        return
     if code != 0 and (job := client.job(job_id)).state == "CANCELLED":  # ended by `corral cancel`, say so
         click.echo(f"corral: {job_id} was cancelled ({job.reason}); allocation {name!r} is still held", err=True)
     sys.exit(code)
@@ -143,6 +152,7 @@ def ssh(name: str, command: tuple[str, ...]) -> None:
 @click.command()
 @click.argument("names", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of allocations.")
+@habit_flag("-r", "--refresh")  # it always asks the clusters
 @reports_errors
 def status(names: tuple[str, ...], as_json: bool) -> None:
     """Dev allocations across all clusters: state, age, idle time, walltime left."""

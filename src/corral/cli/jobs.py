@@ -11,6 +11,7 @@ import click
 
 from corral.cli.common import (
     cancel_command,
+    habit_flag,
     log_options,
     newest_id,
     paging,
@@ -35,7 +36,7 @@ def jobs() -> None:
 @task_options
 @click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep, at most 10,000).")
 @click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids}.")
-@click.option("-d", "--detach", "--detach-run", "detach", is_flag=True,
+@click.option("-d", "--detach", "--detach-run", "--async", "detach", is_flag=True,
               help="Return once the job is recorded, with its id (always so with --json or --num-jobs).")
 @reports_errors
 def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str | None,
@@ -71,6 +72,7 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
 
 @jobs.command(name="queue")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@habit_flag("-r", "--refresh")  # the server's controller keeps them fresh
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every managed job ever launched.")
 @paging("managed jobs")
 @reports_errors

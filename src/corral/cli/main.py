@@ -13,6 +13,7 @@ from corral import __version__
 from corral.cli.common import (
     NumberRange,
     cancel_command,
+    habit_flag,
     log_options,
     newest_id,
     one_line,
@@ -94,6 +95,7 @@ def check(clusters: tuple[str, ...], as_json: bool, timeout: float | None) -> No
 @click.argument("gpu", required=False)
 @click.option("--infra", help="Only this infra: slurm/<cluster>[/<partition>].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows (and of unreachable clusters).")
+@habit_flag("-a", "--all")  # every GPU type is always shown (`sky show-gpus -a`)
 @click.option("--timeout", type=NumberRange(1, 3600), default=None,
               help="Most seconds to wait for each cluster's answer [default: CORRAL_TIMEOUT or 10].")
 @click.option("--max-age", type=NumberRange(0, 3600), default=0, metavar="SECONDS",
@@ -160,16 +162,22 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 
 @cli.command()
 @log_options("Keep printing until the job ends, as `sky logs` does; --no-follow prints what there is.",
-             "Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.")
+             "Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.", in_allocation=True)
 @reports_errors
-def logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
+def logs(job: str | None, follow: bool, tail: int, status: bool, allocation: str | None = None) -> None:
     """Print a job's output (all nodes), following it until it ends; then how it ended, and exit with
-    its exit code, as an attached `launch` does. Without JOB: your newest job."""
+    its exit code, as an attached `launch` does. Without JOB: your newest job. A dev allocation's name
+    alone means its newest job; `ALLOCATION JOB` one of its jobs (as `sky logs CLUSTER JOB_ID`)."""
     from corral.sdk import Client
 
     client = Client()
     if job is None:
         job = newest_id(client.jobs(limit=1)[0], "no jobs yet: name one, or launch one with `corral launch`")
+    if allocation is not None and (found := client.job(job)).allocation != allocation:
+        from corral.errors import NotFoundError
+
+        raise NotFoundError(f"{found.job_id} did not run in dev allocation {allocation!r}; `corral queue "
+                            f"{allocation}` lists its jobs")
     from corral.cli.following import LazyProgress, follow_to_end, print_output, status_only
 
     if status:

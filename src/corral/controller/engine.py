@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from corral.client import Client
 from corral.controller import rules
 from corral.controller.rules import Context, ControllerSettings, Decision, Facts, Need
 from corral.controller.shards import Shards, home_cluster
+from corral.dev import settle_unfollowed_execs
 from corral.errors import CorralError
 from corral.infra.base import (
     DEFAULT_CHECKPOINT_DIR,
@@ -48,16 +50,31 @@ from corral.infra.base import (
     ReleasesHeld,
     ReportsSetupFailure,
 )
-from corral.launch import AttemptOptions, Launcher, LaunchEvents, not_set_up_reasons, split_sweep
+from corral.launch import (
+    AttemptOptions,
+    Launcher,
+    LaunchEvents,
+    not_set_up_reasons,
+    split_sweep,
+)
 from corral.placement import Candidate, Plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
 from corral.state.sealed import unseal
 from corral.state.store import TERMINAL_STATES
 from corral.task import Task, resolved_envs
-from corral.tracker import RefreshScope, SharedRefresh, Tracker, left_out, sent_by_account
+from corral.tracker import (
+    RefreshScope,
+    SharedRefresh,
+    Tracker,
+    left_out,
+    sent_by_account,
+)
 
 LEASE = "controller"
+# While execs run that no server follows (theirs stopped while they ran), their allocations are asked
+# this often for the ones that ended: one status query per cluster, by the chores' holder.
+EXEC_SETTLE_SECONDS = 30.0
 CHECKPOINTS_DIR = ".corral/checkpoints"
 
 
@@ -91,6 +108,7 @@ class Controller:
         self.refreshes = SharedRefresh()  # shared with the server's API: one Slurm query per cluster at a time
         self.shards = Shards(store, holder, self.settings.lease_seconds, client.registry.names)
         self._last_tick = 0.0  # time.monotonic() at the end of the last tick
+        self._execs_settled = -math.inf  # time.monotonic() when unfollowed execs were last looked for
 
     async def tick(self) -> TickReport:
         held = self.shards.claim()
@@ -134,6 +152,9 @@ class Controller:
                 # job that names it excepted): its probe, and a submission, would most likely wait too.
                 sent = await self._drive(managed, attempts, held, now, report, left_out(refresh.asking))
         await self._cancel_again(cancelling, held, set(refresh.errors) | self._unreachable_beyond_grace(now), sent)
+        if chores and time.monotonic() - self._execs_settled >= EXEC_SETTLE_SECONDS:
+            self._execs_settled = time.monotonic()
+            await settle_unfollowed_execs(self.client, self.store)
         report.round_trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                               if n - before.get(c, 0)}
         self._last_tick = time.monotonic()

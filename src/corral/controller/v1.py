@@ -27,11 +27,11 @@ from pydantic import Field
 from corral import managed
 from corral.client import Client, check_json, cluster_json, health_json
 from corral.controller import v1_dev, v1_launch, v1_users, web
-from corral.controller.auth import Me, owner_of_all
+from corral.controller.auth import Me, Principal, owner_of_all
 from corral.controller.refusals import REFUSALS, STREAM_REFUSALS, RequestBody
 from corral.controller.routing import RawPathRoute
 from corral.controller.v1_launch import JsonLines, OutputStream, stream_output
-from corral.errors import CorralError
+from corral.errors import CorralError, TaskError
 from corral.infra.base import JobState
 from corral.profiles import named_paths, profile_warnings
 from corral.state import Store
@@ -217,15 +217,32 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         tracker.check_logs(view)  # a refusal is an error answer, not a line in the job's output
         return stream_output(lambda sink: tracker.logs(view, follow, sink, tail))
 
+    def in_allocation(me: Principal, refs: list[str], every: bool) -> tuple[str | None, list[str]]:
+        """`sky cancel CLUSTER JOB…`: a first reference that names one of your dev allocations (and no job)
+        keeps the others, or --all, to the jobs run in it; the rest of the references."""
+        if not refs or store.allocation(refs[0], me.owner) is None or store.matching_ids(refs[0], scope=me.scope):
+            return None, refs
+        name, rest = refs[0], refs[1:]
+        if not rest and not every:
+            raise TaskError(f"{name!r} is a dev allocation: `corral cancel {name} --all` cancels the jobs running in "
+                            f"it (or name them after it), `corral down {name}` releases it")
+        return name, rest
+
     @router.post("/cancel")
     async def cancel(me: Me, request: CancelRequest) -> dict[str, object]:
-        """Cancel jobs (or every live one), one scancel per cluster."""
+        """Cancel jobs (or every live one), one scancel per cluster. A first entry of `jobs` that names one
+        of your dev allocations, and no job, means the jobs run in it: the others named, or with `all`,
+        all of them (as `sky cancel CLUSTER JOB…` and `sky cancel CLUSTER --all`)."""
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
+        allocation, refs = in_allocation(me, request.jobs, request.all)
         tracker = Tracker(Client(), store)
         await refreshed(fresh_within=0.0, at_most=None)  # what is cancelled must be what runs now, not a while ago
-        views = (store.views(store.live_job_ids(owner_of_all(me, request.all, request.all_users))) if request.all
-                 else [view for ref in request.jobs for view in store.resolve_all(ref, me.scope)])
+        views = (store.views(store.live_job_ids(owner_of_all(me, request.all, request.all_users), allocation))
+                 if request.all else [view for ref in refs for view in store.resolve_all(ref, me.scope)])
+        if strays := [v.job.id for v in views if allocation is not None and v.job.allocation != allocation]:
+            raise TaskError(f"{', '.join(strays)} did not run in dev allocation {allocation!r}; `corral queue "
+                            f"{allocation}` lists its jobs")
         cancelled = await tracker.cancel(views)
         return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}
                          for v in views]}

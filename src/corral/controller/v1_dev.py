@@ -32,11 +32,14 @@ from corral.controller.v1_launch import (
     event_stream,
     launch_events,
     put_warnings,
+    run_on,
 )
 from corral.dev import AllocationStatus, DevAllocations, check_name
-from corral.errors import CorralError
+from corral.errors import CorralError, UnavailableError
+from corral.infra.base import AllocationPhase
 from corral.launch import Launcher
 from corral.state import Store
+from corral.task import Task
 from corral.task_compat import autostop_minutes
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
@@ -57,6 +60,8 @@ class DevLaunchRequest(RequestBody):
 class DevExecRequest(RequestBody):
     task: TaskInput
     overrides: Overrides = Field(default_factory=Overrides)
+    detach: bool = Field(False, description="Answer `done` (no exit status) once the exec has started, as "
+                                            "`sky exec -d`: it runs on, its output kept for GET /jobs/{job}/logs")
 
 
 def output_events(put: Put) -> Callable[[bytes], None]:
@@ -68,6 +73,23 @@ def started_event(put: Put) -> Callable[[str], None]:
     """The exec's job id as a `started` event, before its output: what a client that stops following
     needs to say how to follow it again."""
     return lambda job_id: put({"event": "started", "job_id": job_id})
+
+
+async def detached_exec(allocations: DevAllocations, name: str, task: Task, source: str) -> str:
+    """Start an exec that runs on without anyone following it; its job id once it is recorded. Its
+    allocation is asked first (one round trip), so that one not ready is an error now, not a failed
+    job later."""
+    [status] = await allocations.status([allocations.get(name)])
+    if status.state != AllocationPhase.READY:
+        raise UnavailableError(f"allocation {name!r} is {status.state}"
+                               + (f" ({status.reason})" if status.reason else "") + f"; see `corral status {name}`")
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    running = run_on(allocations.exec(name, task, source, lambda chunk: None, started.set_result))
+    running.add_done_callback(lambda done: done.cancelled() or done.exception())  # its end is in the store
+    await asyncio.wait({started, running}, return_when=asyncio.FIRST_COMPLETED)
+    if not started.done():
+        running.result()  # it failed before it was recorded: that error
+    return started.result()
 
 
 def status_json(status: AllocationStatus) -> dict[str, Any]:
@@ -130,6 +152,8 @@ def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str
 
         async def work(put: Put) -> dict[str, Any]:
             ready = await buckets.fetched(task, me.owner)
+            if request.detach:
+                return {"job_id": await detached_exec(allocations, name, ready, source), "exit_code": None}
             job_id, code = await allocations.exec(name, ready, source, output_events(put), started_event(put))
             return {"job_id": job_id, "exit_code": code}
 

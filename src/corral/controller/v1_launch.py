@@ -26,7 +26,12 @@ from corral.controller.auth import Me, owner_of_all
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.errors import CorralError, TaskError
 from corral.infra.base import JobState
-from corral.launch import Launcher, LaunchEvents, NoFeasibleClusterError, no_candidate_message
+from corral.launch import (
+    Launcher,
+    LaunchEvents,
+    NoFeasibleClusterError,
+    no_candidate_message,
+)
 from corral.state import Store
 from corral.state.store import MANAGED_TERMINAL
 from corral.task import Task, apply_overrides, parse_task
@@ -209,7 +214,16 @@ def put_warnings(put: Put, task: Task, source: str, *, dev: bool = False) -> Non
         put({"event": "warning", "message": f"{source}: {line}"})
 
 
-_RUNNING: set[asyncio.Task[Any]] = set()  # launches whose client went away run on to the end
+_RUNNING: set[asyncio.Future[Any]] = set()  # launches whose client went away run on to the end
+
+
+def run_on(work: Awaitable[Any]) -> asyncio.Future[Any]:
+    """`work` as a task of its own, kept until it ends: a client that stops waiting for it (goes away,
+    or detaches) does not stop it."""
+    running = asyncio.ensure_future(work)
+    _RUNNING.add(running)
+    running.add_done_callback(_RUNNING.discard)
+    return running
 
 
 Put = Callable[[dict[str, Any]], None]
@@ -254,9 +268,7 @@ def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingR
         finally:
             put(None)
 
-    running = asyncio.ensure_future(run())
-    _RUNNING.add(running)
-    running.add_done_callback(_RUNNING.discard)
+    run_on(run())
 
     async def body() -> AsyncIterator[bytes]:
         while (item := await queue.get()) is not None:

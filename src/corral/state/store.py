@@ -233,6 +233,13 @@ class Store:
         with self.session() as s:
             return list(s.scalars(_live_ids(owner, allocation)))
 
+    def live_execs(self) -> list[tuple[str, str, str]]:
+        """(job id, owner, allocation) of each exec (a job run in a dev allocation) that may still run."""
+        query = select(JobRow.id, JobRow.owner, JobRow.allocation).where(
+            JobRow.id.in_(_live_ids()), JobRow.allocation.is_not(None))
+        with self.session() as s:
+            return [(job_id, owner, allocation) for job_id, owner, allocation in s.execute(query)]
+
     def queue_page(self, *, limit: int | None = 20, offset: int = 0, since: float | None = None,
                    allocation: str | None = None, live: bool = True, by_sweep: bool = False,
                    scope: str | None = None) -> QueuePage:

@@ -199,7 +199,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + f'srun --quiet --jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} --nodes={num_nodes} '
         + '--ntasks-per-node=1 --kill-on-bad-exit=1 '
         + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh" </dev/null 2>&1 '
-        + f'| tee "$d/{exec_dir}/{EXEC_OUTPUT}"\n'
+        + f'| tee -p "$d/{exec_dir}/{EXEC_OUTPUT}"\n'
         + 'status=${PIPESTATUS[0]}\n'
         + f'for rank in $(seq 0 {num_nodes - 1}); do rc=$(cat "$d/{exec_dir}/rc.$rank" 2>/dev/null); '
         + 'case "$rc" in ""|0|12[89]|1[3-9][0-9]|2[0-9][0-9]) ;; *) exit "$rc" ;; esac; done\n'

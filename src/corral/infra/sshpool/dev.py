@@ -58,7 +58,7 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str) -> str
             + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
             + 'cd "$d/workdir" || exit 1\n'
             + f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {folder}/env.sh '
-            + f"{folder}/run.sh </dev/null 2>&1 | tee {folder}/{EXEC_OUTPUT}\n"
+            + f"{folder}/run.sh </dev/null 2>&1 | tee -p {folder}/{EXEC_OUTPUT}\n"
             + 'exit "${PIPESTATUS[0]}"\n')
 
 
