@@ -82,6 +82,32 @@ def test_tables_load_neither_the_engine_nor_sqlalchemy_nor_pydantic(refusing_clu
     assert "HEAVY []" in proc.stderr, proc.stderr
 
 
+def test_queue_narrowed_by_state_cluster_and_name_as_squeue_does(refusing_clusters):
+    home = refusing_clusters / "home"
+    home.mkdir(mode=0o700)
+    seed(home, 50)  # 50 jobs that succeeded on alpine, and a sweep of 30: 20 succeeded, 10 failed
+
+    def ids(out: str) -> list[str]:
+        return [line.split()[0] for line in out.splitlines()[1:]]
+
+    code, out, err = run_cli(["queue", "-t", "F"])  # Slurm's short form; one row per job, newest first
+    assert code == 0 and ids(out) == [f"c-5{i:011x}" for i in range(29, 19, -1)], err
+    code, out, err = run_cli(["queue", "--state", "completed", "--limit", "5"])
+    assert code == 0 and len(ids(out)) == 5 and "65 more matching jobs: `--page 2`" in err, err
+    code, out, err = run_cli(["queue", "-t", "PD,R"])
+    assert (code, out.strip()) == (0, "No jobs match."), err
+    code, out, _ = run_cli(["queue", "--name", "job4", "--json"])
+    assert sorted(row["name"] for row in json.loads(out)) == ["job4", *(f"job4{i}" for i in range(10))]
+    code, out, _ = run_cli(["queue", "--infra", "slurm/borealis", "--json"])
+    assert (code, json.loads(out)) == (0, [])
+    code, _, err = run_cli(["queue", "-t", "bogus"])
+    assert code == 65 and "unknown job state 'bogus': use live, one of" in err, err
+    for argv, message in ((["-s", "-t", "F"], "-s is --state live"), (["--infra", "slurm/alpine/gpu"], "not a partition"),
+                          (["--all", "-t", "F"], "--all streams every job")):
+        code, _, err = run_cli(["queue", *argv])
+        assert code == 2 and message in err, (argv, err)
+
+
 def test_jobs_queue_narrows_the_ended_managed_jobs_by_since_as_queue_does(refusing_clusters):
     from corral.state.models import ManagedState
 

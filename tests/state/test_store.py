@@ -209,6 +209,12 @@ def test_a_job_page_filters_by_user_state_cluster_and_name_on_the_latest_attempt
     assert ids(JobFilter(name="%"), limit=1)[1] == 120
     assert ids(JobFilter(), scope="bob", limit=100)[1] == 60
     assert ids(JobFilter(owner="alice"), scope="bob") == ([], 0)  # a user's scope wins over a filter
+    assert ids(JobFilter(state="RUNNING,FAILED"), limit=100)[1] == 40  # several states (squeue -t R,F)
+    assert ids(JobFilter(state="live,SUCCEEDED"), limit=100)[1] == 81
+    assert ids(JobFilter(since=1115.0)) == ([f"c-{i:04d}" for i in range(119, 114, -1)], 5)
+    store.add_jobs([JobRow(id="c-exec", name="exec", task_json="{}", created_at=3000.0, allocation="dev")],
+                   [attempt("t-exec", "c-exec", state="RUNNING")])
+    assert ids(JobFilter(allocation="dev")) == (["c-exec"], 1)
 
 
 def test_a_sweep_is_counted_whole_by_state_and_spans_its_first_start_to_its_last_end(store):

@@ -127,14 +127,27 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | Non
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every job ever launched, newest first, streamed.")
 @paging("jobs (or sweeps)")
 @click.option("-x", "--expand", is_flag=True, help="One row per job of a sweep (default: one row per sweep).")
+@click.option("-t", "--state", "states", metavar="STATES",
+              help="Only jobs in these states, comma-separated: PENDING, RUNNING, FAILED…, live, or Slurm's PD, R, "
+                   "CD… (as squeue -t); newest first, --limit a page.")
+@click.option("--infra", help="Only jobs on this cluster: slurm/<cluster> (ssh/<pool>, k8s/<context>, or the name "
+                               "alone).")
+@click.option("--name", "name_part", metavar="TEXT", help="Only jobs whose name contains TEXT.")
+@click.option("-u", "--user", metavar="USER", help="Only USER's jobs (a team server's admin sees everyone's).")
 @reports_errors
 def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, page: int, since: float | None,
-          expand: bool) -> None:
+          expand: bool, states: str | None, infra: str | None, name_part: str | None, user: str | None) -> None:
     """Live jobs across all clusters, refreshed with one Slurm query per cluster, and the newest ended
-    ones; a line says how many more there are."""
+    ones; a line says how many more there are. With --state, --infra, --name or --user: the jobs that
+    match, live or ended, newest first, one row per job."""
     from corral.sdk import Client
 
     client = Client()
+    if states is not None or infra or name_part or user:
+        if show_all:
+            raise click.UsageError("--all streams every job: give it without --state, --infra, --name or --user")
+        _filtered_queue(client, allocation, as_json, limit, page, since, states, infra, name_part, user)
+        return
     if show_all:
         jobs = client.queue_all(since=since, allocation=allocation)
         if as_json:
@@ -158,6 +171,38 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
                        f"`corral queue --page {page + 1}`, `--since 1d`, or `--all`", err=True)
     for warning in shown.warnings:
         click.echo(f"corral: warning: {warning}", err=True)
+
+
+def _filtered_queue(client: Any, allocation: str | None, as_json: bool, limit: int, page: int, since: float | None,
+                    states: str | None, infra: str | None, name_part: str | None, user: str | None) -> None:
+    """`queue` narrowed by its filters: a page of the jobs that match (GET /jobs), newest first."""
+    from corral.sdk.types import QueuePage
+
+    cluster = (infra or "").removesuffix("/")
+    for kind in ("slurm/", "ssh/", "k8s/"):
+        cluster = cluster.removeprefix(kind)
+    if "/" in cluster:
+        raise click.UsageError(f"--infra {infra}: give a cluster (slurm/<cluster>), a pool (ssh/<pool>) or a context "
+                               "(k8s/<context>), not a partition")
+    if limit == 0:  # -s: the live ones among those
+        if states is not None:
+            raise click.UsageError("-s is --state live: give one of them")
+        states = "live"
+    per_page = min(limit or 1000, 1000)
+    shown, total = client.jobs(owner=user or "", state=states or "", cluster=cluster, name=name_part or "",
+                               since=since, allocation=allocation or "", limit=per_page, page=page)
+    if as_json:
+        print_json([j.raw for j in shown])
+        return
+    more = max(0, total - (page - 1) * per_page - len(shown))
+    if not shown:
+        click.echo("No jobs match." if not more else "No matching jobs on this page.")
+        return
+    from corral.cli import render
+
+    render.render_queue(QueuePage(shown, more, {}, []), expand=True)
+    if more:
+        click.echo(f"{more} more matching job{'s' if more != 1 else ''}: `--page {page + 1}`", err=True)
 
 
 @cli.command()

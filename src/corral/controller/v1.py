@@ -49,6 +49,25 @@ class CancelRequest(RequestBody):
 
 
 
+# Slurm's state names and short forms (squeue -t) for Corral's states, where they mean the same.
+SLURM_STATES = {"PD": "PENDING", "R": "RUNNING", "CF": "STARTING", "CONFIGURING": "STARTING", "CD": "SUCCEEDED",
+                "COMPLETED": "SUCCEEDED", "F": "FAILED", "CA": "CANCELLED", "CG": "CANCELLING"}
+
+
+def job_states(text: str) -> str:
+    """`state` of GET /jobs as the store reads it: comma-separated job states or `live`, in any case,
+    Slurm's names taken for Corral's; TaskError naming what is accepted."""
+    names = {s.value for s in JobState}
+    states = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        wanted = "live" if part.lower() == "live" else SLURM_STATES.get(part.upper(), part.upper())
+        if wanted != "live" and wanted not in names:
+            raise TaskError(f"unknown job state {part!r}: use live, one of {', '.join(sorted(names))}, or Slurm's "
+                            f"{', '.join(SLURM_STATES)}; several with commas")
+        states.append(wanted)
+    return ",".join(dict.fromkeys(states))
+
+
 def place_kinds() -> dict[str, str]:
     """Each place's kind by name (slurm, ssh), from the cluster file and the pools (small files, read now)."""
     from corral.config import load_registry
@@ -155,21 +174,22 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
 
     @router.get("/jobs")
     async def jobs(me: Me, owner: Annotated[str, Query(max_length=128)] = "",
-                   state: Annotated[str, Query(max_length=32)] = "",
+                   state: Annotated[str, Query(max_length=256)] = "",
                    cluster: Annotated[str, Query(max_length=256)] = "",
                    name: Annotated[str, Query(max_length=256)] = "",
+                   since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+                   allocation: Annotated[str, Query(max_length=200)] = "",
                    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
                    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1) -> dict[str, object]:
         """One page of jobs, newest first, after one Slurm query per cluster: those of `owner`, whose
-        latest attempt is in `state` (or any unfinished one: `live`), on `cluster`, with `name` in their
-        name; and how many match in all. `managed`: the controller drives it
-        (cancel it as a managed job), `managed_state` its state there."""
-        states = [s.value for s in JobState]
-        if state and state != "live" and state not in states:
-            raise CorralError(f"unknown job state {state!r}: use live or one of {', '.join(states)}")
+        latest attempt is in `state` (one, or several comma-separated: a job state, `live` for any
+        unfinished one, or Slurm's name or short form, `PD`, `R`, `CD`…), on `cluster`, with `name` in
+        their name, launched since `since`, run in dev allocation `allocation`; and how many match in
+        all. `managed`: the controller drives it (cancel it as a managed job), `managed_state` its state
+        there."""
         report = await refreshed()
-        shown, total = store.job_page(JobFilter(owner, state, cluster, name), limit=limit,
-                                      offset=(page - 1) * limit, scope=me.scope)
+        wanted = JobFilter(owner, job_states(state), cluster, name, since, allocation)
+        shown, total = store.job_page(wanted, limit=limit, offset=(page - 1) * limit, scope=me.scope)
         managed_states = {m.job_id: m.state for m in store.managed(v.job.id for v in shown)}
         kinds = place_kinds()
         return {"jobs": [{**job_json(v, kinds), "managed": v.job.id in managed_states,

@@ -123,12 +123,14 @@ class Client:
         for line in self._stream("GET", "/queue/all", {"since": since, "allocation": allocation}, lines=True):
             yield Job.from_json(json.loads(line))
 
-    def jobs(self, *, owner: str = "", state: str = "", cluster: str = "", name: str = "", limit: int = 50,
-             page: int = 1) -> tuple[list[Job], int]:
-        """One page of jobs, newest first, live or not (`state`: one job state, or `live`), and how many
-        match in all; each refreshed from the clusters, as the dashboard lists them."""
+    def jobs(self, *, owner: str = "", state: str = "", cluster: str = "", name: str = "",
+             since: float | None = None, allocation: str = "", limit: int = 50, page: int = 1) -> tuple[list[Job], int]:
+        """One page of jobs, newest first, live or not, and how many match in all; each refreshed from
+        the clusters, as the dashboard lists them. `state`: job states (or `live`, or Slurm's `PD`, `R`…),
+        comma-separated; `name`: part of the name; `since`: launched since (Unix time)."""
         data = self._json("GET", "/jobs", {"owner": owner or None, "state": state or None, "cluster": cluster or None,
-                                           "name": name or None, "limit": limit, "page": page})
+                                           "name": name or None, "since": since, "allocation": allocation or None,
+                                           "limit": limit, "page": page})
         return [Job.from_json(j) for j in data["jobs"]], int(data["total"])
 
     def job(self, job: str) -> Job:

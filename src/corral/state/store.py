@@ -82,9 +82,11 @@ class JobFilter:
     """Which jobs a page shows (the dashboard's filters); empty fields match everything."""
 
     owner: str = ""  # exactly this user's
-    state: str = ""  # the latest attempt's state (a JobState), or "live" for any unfinished one
+    state: str = ""  # the latest attempt's state (a JobState, or "live" for any unfinished one), or several, comma-separated
     cluster: str = ""  # exactly this cluster's
     name: str = ""  # names containing this, ignoring case
+    since: float | None = None  # launched at or after this Unix time
+    allocation: str = ""  # run in this dev allocation (`corral exec`)
 
 
 QUEUE_CHUNK = 1000
@@ -283,10 +285,10 @@ class Store:
             newer = aliased(AttemptRow)
             latest = select(AttemptRow.job_id).where(~exists().where(newer.job_id == AttemptRow.job_id,
                                                                      newer.number > AttemptRow.number))
-            if wanted.state == "live":
-                latest = latest.where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES))
-            elif wanted.state:
-                latest = latest.where(AttemptRow.state == wanted.state)
+            if wanted.state:
+                states = {s for part in wanted.state.split(",")
+                          for s in (LIVE_ATTEMPT_STATES if part == "live" else (part,))}
+                latest = latest.where(AttemptRow.state.in_(sorted(states)))
             if wanted.cluster:
                 latest = latest.where(AttemptRow.cluster == wanted.cluster)
             query = query.where(JobRow.id.in_(latest))
@@ -297,6 +299,10 @@ class Store:
         if wanted.name:
             escaped = wanted.name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             query = query.where(JobRow.name.ilike(f"%{escaped}%", escape="\\"))
+        if wanted.since is not None:
+            query = query.where(JobRow.created_at >= wanted.since)
+        if wanted.allocation:
+            query = query.where(JobRow.allocation == wanted.allocation)
         with self.session() as s:
             total = s.scalar(select(func.count()).select_from(query.subquery())) or 0
             ids = list(s.scalars(query.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc())
