@@ -89,6 +89,7 @@ class AllocationStatus:
     time_left: str | None
     sshd: bool = False  # the head node has an sshd, so the ssh alias can serve editors
     ended_execs: dict[str, int] = field(default_factory=dict)  # exec job id: exit status, per its files
+    setup_output: str = ""  # when its setup failed: the last lines it printed
 
     def to_json(self, now: float) -> dict[str, object]:
         r = self.row
@@ -98,6 +99,7 @@ class AllocationStatus:
             "nodes": self.nodes, "age_seconds": round(now - r.created_at),
             "idle_seconds": round(now - self.last_active) if self.last_active else None,
             "idle_limit_seconds": r.idle_seconds or None, "time_left": self.time_left,
+            "setup_output": self.setup_output or None,
         }
 
 
@@ -224,8 +226,10 @@ class DevAllocations:
             if status.state is AllocationPhase.READY:
                 return status
             if status.state not in WAITING_PHASES:
+                said = " | ".join(line.strip() for line in status.setup_output.splitlines() if line.strip())
                 raise CorralError(f"allocation {row.name!r} is {status.state}"
-                                  + (f": {status.reason}" if status.reason else ""))
+                                  + (f": {status.reason}" if status.reason else "")
+                                  + (f"; the last lines setup printed: {said}" if said else ""))
             if timeout is not None and time.monotonic() - started > timeout:
                 raise CorralError(f"allocation {row.name!r} is still {status.state} after {timeout:g}s")
             await _sleep(1.0)
@@ -260,7 +264,7 @@ class DevAllocations:
                 state = states.get(r.handle or "")
                 results[_key(r)] = (AllocationStatus(r, state.phase, state.reason, state.nodes, None,
                                                     state.last_active, state.time_left, sshd=state.sshd,
-                                                    ended_execs=state.ended_execs)
+                                                    ended_execs=state.ended_execs, setup_output=state.setup_output)
                                    if state else AllocationStatus(r, AllocationPhase.UNKNOWN, why, [], None, None,
                                                                   None))
 

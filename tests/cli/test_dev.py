@@ -331,6 +331,19 @@ def test_node_death_and_walltime_end_are_shown(corral, testbed, clean):
         testbed.resume("a4")
 
 
+def test_a_failed_setup_says_what_it_printed(corral, clean, tmp_path):
+    """`launch -c` with a failing setup said only its exit code; its output was in the holder's log,
+    which no command showed."""
+    task = tmp_path / "task.yaml"
+    task.write_text("setup: |\n  echo installing\n  echo 'pip: no such package' >&2\n  exit 4\nrun: echo hi\n")
+    failed = corral("launch", "-c", "broken", str(task), "--infra", "slurm/cirrus/debug", "--cpus", "1")
+    assert failed.exit_code == 1, failed.stderr
+    assert ("allocation 'broken' is FAILED: setup failed with exit code 4; the last lines setup printed: installing | "
+            "pip: no such package | ") in failed.stderr, failed.stderr
+    assert "pip: no such package" in status(corral, "broken")["setup_output"]
+    assert corral("down", "broken").exit_code == 0
+
+
 def test_unknown_allocation_names_the_known_ones(corral, clean):
     assert corral("launch", "-c", "known", "--infra", "slurm/alpine/cpu", "-d").exit_code == 0
     result = corral("exec", "nope", "--", "true")

@@ -348,6 +348,7 @@ class AllocationState:
     time_left: str | None
     sshd: bool = False  # the head node has an sshd, so editors' remote-SSH can reach it
     ended_execs: dict[str, int] = field(default_factory=dict)  # exec id: exit status, for those over
+    setup_output: str = ""  # when its setup failed: the last lines it printed (why, for the user)
 
 
 @dataclass(frozen=True)

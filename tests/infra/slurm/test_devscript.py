@@ -97,6 +97,14 @@ def test_status(squeue, files, expected):
     assert (status.phase.value, status.reason, status.nodes) == expected
 
 
+def test_a_failed_setup_says_its_last_lines():
+    failed = "7|FAILED|NonZeroExitCode|0:00|2026-11-30T05:27:13|a4"
+    said = "installing\npip: no such package\nsrun: error: a4: task 0: Exited with exit code 3\ncorral: setup failed (3)"
+    status = parse_allocation_status("7", answer(failed, "setup_failed=3") + f"\n@@corral setup-7 0\n{said}\n")
+    assert status.setup_output == "installing\npip: no such package\nsrun: error: a4: task 0: Exited with exit code 3"
+    assert "if [ -e \"$HOME\"/.corral/runs/dev-1/setup_failed ]; then" in status_script([("7", ".corral/runs/dev-1")])
+
+
 def test_status_says_whether_the_head_node_has_sshd():
     running = "7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]"
     assert parse_allocation_status("7", answer(running, "ready=\nnodes=a1,a2\nsshd_ok=")).sshd

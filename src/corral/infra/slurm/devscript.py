@@ -236,6 +236,10 @@ def cancel_exec_script(job_id: str, exec_id: str) -> str:
             f"awk -F'|' '$2 == \"{exec_step_name(exec_id)}\" {{print $1}}' | xargs -r scancel\nexit 0\n")
 
 
+SETUP_TAIL_LINES = 15
+_HOLDER_SETUP_FAILED = re.compile(r"^corral: setup failed \(\d+\)$")
+
+
 def status_script(allocations: list[tuple[str, str]]) -> str:
     """For (job id, run dir) pairs: Slurm's view and the holder's own files, in one round trip."""
     out = [f"printf '{MARK} clock 0\\n'; date +%s"]
@@ -252,6 +256,9 @@ def status_script(allocations: list[tuple[str, str]]) -> str:
                    f"printf '%s=%s\\n' \"$f\" \"$(paste -sd, {path}/$f)\"; fi; done")
         out.append(f"for f in {path}/exec/*/{EXEC_ENDED}; do [ -s \"$f\" ] && printf 'exec=%s:%s\\n' "
                    f"\"$(basename \"${{f%/*}}\")\" \"$(head -c 12 \"$f\")\"; done")
+        # A failed setup's last lines (its output is the holder's log): what says why.
+        out.append(f"if [ -e {path}/setup_failed ]; then printf '\\n{MARK} setup-{job_id} 0\\n'; "
+                   f"tail -n {SETUP_TAIL_LINES} {path}/log.txt 2>/dev/null | cut -c1-300; fi")
     return "\n".join(out) + "\nexit 0\n"
 
 
@@ -301,7 +308,10 @@ def parse_allocation_status(job_id: str, stdout: str) -> AllocationState:
         fields = line.split(FIELD_SEPARATOR)
         if fields and fields[0] == job_id and len(fields) == 6:
             slurm = fields
-    return dataclasses.replace(_phase(files, slurm), ended_execs=ended_execs)
+    setup = sections.get(f"setup-{job_id}")
+    said = [line for line in (setup.text if setup is not None else "").splitlines()
+            if not _HOLDER_SETUP_FAILED.match(line)]  # the holder's own line says only the exit code
+    return dataclasses.replace(_phase(files, slurm), ended_execs=ended_execs, setup_output="\n".join(said))
 
 
 def _phase(files: dict[str, str], slurm: list[str] | None) -> AllocationState:
