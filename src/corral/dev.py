@@ -32,6 +32,7 @@ from corral.infra.base import (
     EXIT_NOT_READY,
     AllocationPhase,
     FailureClass,
+    FollowsSetup,
     HoldsAllocations,
     JobState,
     SubmitResult,
@@ -61,6 +62,7 @@ from corral.task import (
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}\Z", re.ASCII)
 WAITING_PHASES = frozenset({AllocationPhase.PENDING, AllocationPhase.STARTING})
 LIVE_PHASES = WAITING_PHASES | {AllocationPhase.READY}
+SETUP_OUTPUT_GRACE = 5.0  # seconds a finished setup's output is still waited for
 EXIT_TERMINATED = 143  # a cancelled exec's status when its session ended before it could give one (as TERM)
 # Execs whose session this process holds (by job id): one that none holds (its server stopped or died
 # while it ran; it runs on) is settled from its allocation's files (settle_unfollowed_execs).
@@ -215,7 +217,25 @@ class DevAllocations:
         return row, True
 
     async def wait_ready(self, row: AllocationRow, timeout: float | None = None,
-                         on_state: Callable[[AllocationStatus], None] = lambda s: None) -> AllocationStatus:
+                         on_state: Callable[[AllocationStatus], None] = lambda s: None,
+                         on_setup_output: Callable[[bytes], None] | None = None) -> AllocationStatus:
+        """Until the allocation is ready; an error saying why once it cannot be. `on_setup_output`: its
+        setup's output as it runs, where the infra can show it (one more session while waiting)."""
+        infra = self._holder(row.cluster, row.owner)
+        follower = None
+        if on_setup_output is not None and row.handle and isinstance(infra, FollowsSetup):
+            follower = asyncio.ensure_future(infra.setup_output(row.handle, row.run_dir, on_setup_output))
+            # The output is a courtesy: a failure to show it is not the allocation's, whose state says.
+            follower.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            return await self._until_ready(row, timeout, on_state)
+        finally:
+            if follower is not None:  # it stops by itself once setup is over: give it its last lines
+                await asyncio.wait({follower}, timeout=SETUP_OUTPUT_GRACE)
+                follower.cancel()
+
+    async def _until_ready(self, row: AllocationRow, timeout: float | None,
+                           on_state: Callable[[AllocationStatus], None]) -> AllocationStatus:
         started = time.monotonic()
         last = None
         while True:

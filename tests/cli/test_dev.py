@@ -340,6 +340,7 @@ def test_a_failed_setup_says_what_it_printed(corral, clean, tmp_path):
     assert failed.exit_code == 1, failed.stderr
     assert ("allocation 'broken' is FAILED: setup failed with exit code 4; the last lines setup printed: installing | "
             "pip: no such package | ") in failed.stderr, failed.stderr
+    assert "installing\n" in failed.stdout  # shown as it ran, as `sky launch -c` shows setup's output
     assert "pip: no such package" in status(corral, "broken")["setup_output"]
     assert corral("down", "broken").exit_code == 0
 

@@ -128,7 +128,8 @@ def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str
             if not request.wait:
                 return answer
             status = await allocations.wait_ready(
-                row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason}))
+                row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason}),
+                on_setup_output=output_events(put) if new and task.setup else None)
             alias = await allocations.write_ssh_alias(row, status)
             answer |= {"nodes": status.nodes, "ssh_alias": str(alias) if alias else None}
             if request.run and task.run:

@@ -410,6 +410,15 @@ class HoldsAllocations(ABC):
         """What the ssh alias of the allocation needs."""
 
 
+class FollowsSetup(ABC):
+    """The infra can show a dev allocation's `setup` output as it runs (`corral launch -c NAME`)."""
+
+    @abstractmethod
+    async def setup_output(self, handle: str, run_dir: str, on_output: OutputSink) -> None:
+        """The holder's output from its start, as it comes, until its setup is over (ready or failed)
+        or the holder has ended."""
+
+
 def holder(infra: Infra) -> HoldsAllocations:
     """`infra` as one that holds dev allocations, or a clear error naming it."""
     if not isinstance(infra, HoldsAllocations):

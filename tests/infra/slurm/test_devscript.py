@@ -10,6 +10,7 @@ from corral.infra.slurm.devscript import (
     exec_script,
     holder_sbatch,
     parse_allocation_status,
+    setup_output_script,
     session_proxy_command,
     session_proxy_script,
     shell_command,
@@ -95,6 +96,13 @@ def answer(squeue: str, files: str) -> str:
 def test_status(squeue, files, expected):
     status = parse_allocation_status("7", answer(squeue, files))
     assert (status.phase.value, status.reason, status.nodes) == expected
+
+
+def test_setup_output_script():
+    """The holder's log from its start until ready, setup_failed, or the holder gone (squeue every 5 s)."""
+    check_golden("dev-setup-output.sh", setup_output_script(".corral/runs/dev-1", "42"))
+    with pytest.raises(ValueError):
+        setup_output_script(".corral/runs/dev-1", "42;rm")
 
 
 def test_a_failed_setup_says_its_last_lines():

@@ -23,6 +23,7 @@ from corral.infra.base import (
     AttemptFiles,
     ClusterSnapshot,
     CopiesCheckpoints,
+    FollowsSetup,
     HoldsAllocations,
     Infra,
     JobRequest,
@@ -66,7 +67,7 @@ FULL_STATUS_EVERY = 60.0
 
 
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
-                 ReleasesHeld, RunsJobScripts):
+                 FollowsSetup, ReleasesHeld, RunsJobScripts):
     kind: ClassVar[str] = "slurm"
     probe_commands: ClassVar[int] = 1 + len(QUERIES)  # scontrol ping, and the queries (sinfo, squeue, …)
     status_commands: ClassVar[int] = 2  # squeue, and sacct for what it forgot
@@ -240,6 +241,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,
                           tail: int = 0) -> None:
         await self._stream(devscript.exec_output_script(run_dir, handle, exec_id, follow, tail), on_output)
+
+    async def setup_output(self, handle: str, run_dir: str, on_output: OutputSink) -> None:
+        await self._stream(devscript.setup_output_script(run_dir, handle), on_output)
 
     async def cancel_exec(self, handle: str, run_dir: str, exec_id: str) -> None:
         await self._run(devscript.cancel_exec_script(handle, exec_id), timeout=JOB_TIMEOUT)

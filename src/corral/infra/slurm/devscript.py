@@ -236,6 +236,23 @@ def cancel_exec_script(job_id: str, exec_id: str) -> str:
             f"awk -F'|' '$2 == \"{exec_step_name(exec_id)}\" {{print $1}}' | xargs -r scancel\nexit 0\n")
 
 
+def setup_output_script(run_dir: str, job_id: str) -> str:
+    """Print the holder's log from its start as it comes (its setup's output), until the holder is
+    ready or its setup failed, or it has ended (one squeue every 5 s; a pending holder waits)."""
+    _check_id(job_id)
+    return (
+        f'd="$HOME"/{shlex.quote(run_dir)}; n=0\n'
+        'over() { { [ -e "$d/ready" ] || [ -e "$d/setup_failed" ]; } && return 0; n=$((n + 1)); '
+        '[ $((n % 5)) -eq 1 ] || return 1; '
+        f'! squeue -h -j {job_id} -o %T 2>/dev/null | grep -q -e PENDING -e RUNNING -e CONFIGURING; }}\n'
+        'while [ ! -e "$d/log.txt" ] && ! over; do sleep 1; done\n'
+        '[ -e "$d/log.txt" ] || exit 0\n'
+        'tail -n +1 -F -- "$d/log.txt" 2>/dev/null & t=$!\n'
+        "while ! over; do sleep 1; done\n"
+        "sleep 0.5; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n"
+    )
+
+
 SETUP_TAIL_LINES = 15
 _HOLDER_SETUP_FAILED = re.compile(r"^corral: setup failed \(\d+\)$")
 
