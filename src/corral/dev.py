@@ -329,6 +329,13 @@ class DevAllocations:
         row = self.get(name)
         if not row.handle:
             raise CorralError(f"allocation {name!r} never reached Slurm; `corral down {name}` and launch it again")
+        # The task's num_nodes where it gives one (as `sky exec` runs a 2-node task on 2 of 4 nodes), else all.
+        nodes = task.num_nodes if "num_nodes" in task.model_fields_set else row.num_nodes
+        if nodes > row.num_nodes:
+            raise TaskError(f"{source}: the task asks for {nodes} nodes; allocation {name!r} has {row.num_nodes}")
+        if nodes < row.num_nodes and not self._holder(row.cluster, row.owner).execs_on_fewer_nodes:
+            raise TaskError(f"{source}: the task asks for {nodes} of the {row.num_nodes} nodes: an exec in this "
+                            f"allocation runs on all of them; leave num_nodes out, or hold one of that size")
         envs = job_environment(task, source)
         [job_id] = self.store.new_job_ids(1)
         token = f"exec-{secrets.token_hex(6)}"
@@ -351,7 +358,7 @@ class DevAllocations:
             # the cluster's profile, as for a job: its env under the task's, its prefix before the run
             settings = self.client.profiles.settings(row.cluster, row.partition, task)
             sent = True
-            status = await infra.exec_in(row.handle, row.run_dir, job_id, row.num_nodes, row.gpus_per_node,
+            status = await infra.exec_in(row.handle, row.run_dir, job_id, nodes, row.gpus_per_node,
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
                                          on_output)
         except asyncio.CancelledError:

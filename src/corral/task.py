@@ -760,6 +760,8 @@ def apply_overrides(
         resources["memory"] = memory
     if num_nodes is not None:
         data["num_nodes"] = num_nodes
+    elif "num_nodes" not in task.model_fields_set:
+        data.pop("num_nodes", None)  # still unsaid: an exec then runs on all of its allocation's nodes
     env = dict(data.get("envs", {}))
     for item in envs:
         key, sep, value = item.partition("=")

@@ -79,6 +79,12 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     left = corral("exec", "dev", "--", "sleep 3021 & echo left")
     assert (left.exit_code, left.stdout, left.seconds < 20) == (0, "left\nleft\n", True), left.stderr
     wait_for("the sleeps it left to end", lambda: not runs_somewhere("sleep", "3021"), timeout=15)
+    # A task's num_nodes (or --num-nodes) runs it on that many of the nodes, as `sky exec` does.
+    fewer = corral("exec", "dev", "--num-nodes", "1", "--", script)
+    assert (fewer.exit_code, fewer.stdout) == (
+        0, "rank=0 host=b1 n=1 gpus=2 cvd=0,1 ips=127.0.0.1 cluster=borealis\n"), fewer.stderr
+    more = corral("exec", "dev", "--num-nodes", "3", "--", "true")
+    assert more.exit_code == 65 and "the task asks for 3 nodes; allocation 'dev' has 2" in more.stderr
     # Same name, same resources: reused, no second allocation; the task just runs in it.
     again = corral("launch", "-c", "dev", "--gpus", "H100:2", "--num-nodes", "2", "--", "hostname")
     assert again.exit_code == 0, again.stderr

@@ -103,11 +103,14 @@ def stopped_following(job_id: str, name: str) -> NoReturn:
 @click.option("--secret", "secret_values", multiple=True, help="KEY=VALUE or KEY: a secret env, repeatable.")
 @click.option("-d", "--detach", "--detach-run", "detach", is_flag=True,
               help="Return once it has started, printing its job id (`sky exec -d`); `corral logs JOB` follows it.")
+@click.option("--num-nodes", type=click.IntRange(1, 100_000),
+              help="On this many of the allocation's nodes (overrides the task's num_nodes; default: all).")
 @reports_errors
 def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values: tuple[str, ...],
-          detach: bool) -> None:
-    """Run a task or `-- COMMAND` on every node of dev allocation NAME; exits with its exit code.
-    The task's workdir and file_mounts are synced into the allocation first."""
+          detach: bool, num_nodes: int | None) -> None:
+    """Run a task or `-- COMMAND` on every node of dev allocation NAME (or on the task's num_nodes of
+    them, as `sky exec`); exits with its exit code. The task's workdir and file_mounts are synced into
+    the allocation first."""
     from corral.sdk import Client
 
     paths, command = task_arguments(args)
@@ -117,6 +120,7 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
     started: list[str] = []
     try:
         job_id, code = client.dev_exec(name, Path(paths[0]) if paths else None, command=command, detach=detach,
+                                       num_nodes=num_nodes,
                                        envs=list(envs), secrets=list(secret_values), on_output=write_bytes,
                                        on_event=lambda e: started.append(str(e["job_id"])) if "job_id" in e else None)
     except KeyboardInterrupt:

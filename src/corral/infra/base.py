@@ -368,6 +368,8 @@ EXIT_NOT_READY = 75  # `exec_in`'s exit status when the allocation is not ready
 class HoldsAllocations(ABC):
     """The infra can hold nodes for a user to exec and ssh into (`corral launch -c NAME`)."""
 
+    execs_on_fewer_nodes: ClassVar[bool] = True  # an exec may run on some of the nodes (exec_in's num_nodes)
+
     @abstractmethod
     async def hold(self, request: JobRequest, idle_seconds: int, session_keys: SessionKeys) -> SubmitResult:
         """Submit the holder job (idempotently, by the request's token); it runs `setup` once, then
@@ -380,7 +382,8 @@ class HoldsAllocations(ABC):
     @abstractmethod
     async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
                       envs: dict[str, str], run: str, on_output: OutputSink) -> int:
-        """Run `run` on every node of the allocation; its exit status (EXIT_NOT_READY if not ready)."""
+        """Run `run` on the allocation's first `num_nodes` nodes (every node, unless the task asked for
+        fewer); its exit status (EXIT_NOT_READY if not ready)."""
 
     @abstractmethod
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,

@@ -170,7 +170,8 @@ def exec_step_name(exec_id: str) -> str:
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
                 envs: dict[str, str], run: str) -> str:
-    """Run `run` on every node of the allocation as one step named for the exec, from the login node.
+    """Run `run` on the allocation's first `num_nodes` nodes (all of them, usually) as one step named
+    for the exec, from the login node.
 
     Its stdout and stderr, merged as in a job's log, go both to the caller and to the exec's `output`
     file in the allocation (what `corral logs` shows later); `ended` is left however the script ends.
@@ -195,9 +196,10 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + 'export CORRAL_RUN_DIR="$d"\n'
         + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
-        + "\n".join(node_env_lines(f'"$(squeue -h -j {job_id} -o %N)"')) + "\n"
+        + f'nodes=$(scontrol show hostnames "$(squeue -h -j {job_id} -o %N)" | head -n {num_nodes} | paste -sd, -)\n'
+        + "\n".join(node_env_lines('"$nodes"')) + "\n"
         + f'srun --quiet --jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} --nodes={num_nodes} '
-        + '--ntasks-per-node=1 --kill-on-bad-exit=1 '
+        + '-w "$nodes" --ntasks-per-node=1 --kill-on-bad-exit=1 '
         + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh" </dev/null 2>&1 '
         + f'| tee -p "$d/{exec_dir}/{EXEC_OUTPUT}"\n'
         + 'status=${PIPESTATUS[0]}\n'

@@ -75,6 +75,7 @@ def configured_gpus(spec: str) -> tuple[Gpu, ...]:
 
 class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoints):
     kind: ClassVar[str] = "ssh"
+    execs_on_fewer_nodes: ClassVar[bool] = False  # each machine's variables (vars.sh) name them all
 
     def __init__(self, pool: PoolEntry, transport: SshTransport):
         self.pool = pool
