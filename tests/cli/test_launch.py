@@ -399,9 +399,11 @@ def test_skypilots_launch_flags_mean_here_what_its_task_fields_mean(corral):
     assert "--retry-until-up: nothing to retry" in planned.stderr
     for argv, message in ((["--cloud", "slurm", "--infra", "slurm/alpine"], "either --infra or --cloud"),
                           (["--zone", "debug"], "need --cloud"),
-                          (["-c", "box", "--down"], "released by `corral down NAME`")):
+                          (["-c", "box", "--down"], "released by `corral down NAME`"),
+                          (["--fast", "--zone", "debug"], "need --cloud")):  # found by test_fuzz: no note first
         refused = corral("launch", "--dryrun", *argv, "--", "true")
         assert refused.exit_code == 2 and message in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr  # an error is one line
     # and the other commands' flags that have nothing to change here (`sky status -r`, `sky show-gpus -a`)
     for argv in (["status", "--refresh"], ["jobs", "queue", "-r"], ["gpus", "-a", "--infra", "slurm/cirrus"]):
         accepted = corral(*argv)

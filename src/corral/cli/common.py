@@ -235,14 +235,11 @@ yes_option = click.option("-y", "--yes", "yes", is_flag=True,
                           help="Accepted as SkyPilot users type it: Corral asks for no confirmation.")
 
 
-def habit_flag(*flags: str, note: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def habit_flag(*flags: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A SkyPilot flag typed from habit that has nothing to change here, hidden: accepted rather than
-    "No such option", with `note` (what Corral does instead) on stderr when there is one to say."""
-    def said(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-        if value and note:
-            click.echo(f"corral: note: {flags[-1]}: {note}", err=True)
-
-    return click.option(*flags, is_flag=True, hidden=True, expose_value=False, callback=said)
+    "No such option", and said nothing of (a note is the command's to print, after its refusals, so
+    that an error stays one line)."""
+    return click.option(*flags, is_flag=True, hidden=True, expose_value=False)
 
 
 def cancel_command(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -288,7 +285,7 @@ def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
     --down say what Corral does instead."""
     @functools.wraps(command)
     def launch(*args: Any, cloud: str | None, region: str | None, zone: str | None, retry_until_up: bool,
-               down: bool, **kwargs: Any) -> Any:
+               down: bool, fast: bool, **kwargs: Any) -> Any:
         from corral.skypilot_only import IGNORED_RESOURCE_FIELDS
 
         if cloud or region or zone:
@@ -309,6 +306,8 @@ def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
                        "Slurm's queue (a managed job is moved where it can start sooner)", err=True)
         if down:
             click.echo("corral: note: --down: a job's nodes are released when it ends, always", err=True)
+        if fast:
+            click.echo("corral: note: --fast: nothing to skip: Corral provisions no machines", err=True)
         return command(*args, **kwargs)
 
     for decorator in reversed([
@@ -320,7 +319,7 @@ def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--network-tier", hidden=True),
         click.option("--retry-until-up", "-r", "retry_until_up", is_flag=True, hidden=True),
         click.option("--down", is_flag=True, hidden=True),
-        habit_flag("--fast", note="nothing to skip: Corral provisions no machines"),
+        click.option("--fast", is_flag=True, hidden=True),
     ]):
         launch = decorator(launch)
     return launch
