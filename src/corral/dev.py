@@ -324,16 +324,18 @@ class DevAllocations:
 
     async def exec(self, name: str, task: Task, source: str, on_output: Callable[[bytes], None],
                    on_started: Callable[[str], None] | None = None) -> tuple[str, int]:
-        """Run the task's `run` on every node of the allocation; returns (job id, exit status).
-        `on_started` learns the job id once it is recorded, before anything runs."""
+        """Run the task's `run` on every node of the allocation (or on the task's num_nodes of them);
+        returns (job id, exit status). `on_started` learns the job id once it is recorded, before
+        anything runs."""
         row = self.get(name)
         if not row.handle:
             raise CorralError(f"allocation {name!r} never reached Slurm; `corral down {name}` and launch it again")
+        infra = self._holder(row.cluster, row.owner)
         # The task's num_nodes where it gives one (as `sky exec` runs a 2-node task on 2 of 4 nodes), else all.
         nodes = task.num_nodes if "num_nodes" in task.model_fields_set else row.num_nodes
         if nodes > row.num_nodes:
             raise TaskError(f"{source}: the task asks for {nodes} nodes; allocation {name!r} has {row.num_nodes}")
-        if nodes < row.num_nodes and not self._holder(row.cluster, row.owner).execs_on_fewer_nodes:
+        if nodes < row.num_nodes and not infra.execs_on_fewer_nodes:
             raise TaskError(f"{source}: the task asks for {nodes} of the {row.num_nodes} nodes: an exec in this "
                             f"allocation runs on all of them; leave num_nodes out, or hold one of that size")
         envs = job_environment(task, source)
@@ -350,7 +352,6 @@ class DevAllocations:
         )
         if on_started is not None:
             on_started(job_id)
-        infra = self._holder(row.cluster, row.owner)
         sent = False
         FOLLOWED.add(job_id)
         try:
