@@ -9,6 +9,7 @@ job holds the nodes until it is taken down, its walltime ends, or it has been id
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import secrets
@@ -166,7 +167,7 @@ class DevAllocations:
         if existing is not None:
             [status] = await self.status([existing])
             if status.state in LIVE_PHASES:
-                if existing.resources != wanted:
+                if not _fits(existing, task, wanted):
                     raise AllocationMismatchError(
                         f"allocation {name!r} exists with other resources ({_describe(existing.resources)}); "
                         f"asked for {_describe(wanted)}. Use another name, or `corral down {name}` first")
@@ -312,6 +313,27 @@ class DevAllocations:
                 self.store.end_attempt(view.attempt.token, state=JobState.FAILED, ended_at=now,
                                        reason=f"its allocation ended ({status.reason or phase})")
 
+    # ---- autostop -----------------------------------------------------------------------------
+    async def set_idle_limits(self, names: list[str], idle_minutes: float
+                              ) -> tuple[list[AllocationStatus], list[AllocationStatus]]:
+        """A new idle limit (0: never) for the allocations named (none: all yours), counted from now, as
+        `sky autostop -i`: each holder reads it on its next poll. Returns (those changed, those not live,
+        left as they are). Round trips: one status query per cluster, then one per allocation."""
+        rows = [self.get(name) for name in names] if names else self.store.allocations(self.owner)
+        statuses = await self.status(rows)
+        live = [s for s in statuses if s.state in LIVE_PHASES and s.row.handle]
+        seconds = round(idle_minutes * 60)
+
+        async def change(status: AllocationStatus) -> None:
+            row = status.row
+            await self._holder(row.cluster, row.owner).set_idle_limit(row.handle or "", row.run_dir, seconds)
+            row.idle_seconds = seconds
+            self.store.put_allocation(row)
+
+        await asyncio.gather(*(change(s) for s in live))
+        now = time.time()
+        return [dataclasses.replace(s, last_active=now) for s in live], [s for s in statuses if s not in live]
+
     # ---- exec ---------------------------------------------------------------------------------
     def _holder(self, cluster: str, owner: str) -> HoldsAllocations:
         return holder(self.client.infra(cluster, owner))
@@ -323,10 +345,11 @@ class DevAllocations:
         return row
 
     async def exec(self, name: str, task: Task, source: str, on_output: Callable[[bytes], None],
-                   on_started: Callable[[str], None] | None = None) -> tuple[str, int]:
+                   on_started: Callable[[str], None] | None = None, setup: bool = False) -> tuple[str, int]:
         """Run the task's `run` on every node of the allocation (or on the task's num_nodes of them);
         returns (job id, exit status). `on_started` learns the job id once it is recorded, before
-        anything runs."""
+        anything runs. `setup`: the task's setup first, on every node, in the same job (as `sky launch`
+        on a live cluster runs it again); the run only if it succeeded."""
         row = self.get(name)
         if not row.handle:
             raise CorralError(f"allocation {name!r} never reached Slurm; `corral down {name}` and launch it again")
@@ -359,9 +382,10 @@ class DevAllocations:
             # the cluster's profile, as for a job: its env under the task's, its prefix before the run
             settings = self.client.profiles.settings(row.cluster, row.partition, task)
             sent = True
+            setup_commands = with_prefix(settings.prefix(), task.setup) if setup else None
             status = await infra.exec_in(row.handle, row.run_dir, job_id, nodes, row.gpus_per_node,
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
-                                         on_output)
+                                         on_output, setup_commands or "")
         except asyncio.CancelledError:
             if not sent:
                 self.store.end_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
@@ -453,6 +477,14 @@ class DevAllocations:
 
 def _key(row: AllocationRow) -> tuple[str, str]:
     return row.owner, row.name
+
+
+def _fits(existing: AllocationRow, task: Task, wanted: str) -> bool:
+    """Whether a live allocation serves the task: the same resources, on as many nodes as the task asks
+    for or more (it runs on the first N, as `sky launch` runs a 1-node task on a 4-node cluster)."""
+    have, want = json.loads(existing.resources), json.loads(wanted)
+    have_nodes, want_nodes = have.pop("num_nodes"), want.pop("num_nodes")
+    return have == want and ("num_nodes" not in task.model_fields_set or want_nodes <= have_nodes)
 
 
 def _describe(resources: str) -> str:

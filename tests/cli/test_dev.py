@@ -32,7 +32,7 @@ def status(corral, name: str) -> dict:
     return next(s for s in result.json() if s["name"] == name)
 
 
-def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, testbed, clean):
+def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, testbed, clean, tmp_path):
     full = ssh_login(testbed.cluster_config, "alpine",
                      "sbatch -o /dev/null --parsable -p gpu -N2 --gres=gpu:nvidia_h100_80gb_hbm3:4 --wrap 'sleep 600'").strip()
     wait_for("alpine to be full", lambda: job_state(testbed.cluster_config, "alpine", full) == "RUNNING")
@@ -90,6 +90,31 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert again.exit_code == 0, again.stderr
     assert sorted(again.stdout.split()) == ["b1", "b2"]
     assert status(corral, "dev")["slurm_job_id"] == info["slurm_job_id"]
+    # As `sky launch` on a live cluster: the task's setup runs again on every node, then its run on the
+    # task's num_nodes (1 of the 2). It was refused ("other resources") and setup did not run again.
+    task = tmp_path / "again.yaml"
+    task.write_text("resources:\n  accelerators: H100:2\nnum_nodes: 1\n"
+                    'setup: echo "setup on $(hostname)"\nrun: echo "run on $(hostname)"\n')
+    relaunch = corral("launch", "-c", "dev", str(task))
+    assert relaunch.exit_code == 0, relaunch.stderr
+    lines = relaunch.stdout.splitlines()
+    assert (sorted(lines[:2]), lines[2:]) == (["setup on b1", "setup on b2"], ["run on b1"]), relaunch.stdout
+    relaunched = corral("queue", "dev", "--json").json()[0]
+    assert corral("logs", relaunched["job_id"]).stdout == relaunch.stdout  # both kept, in the job's output
+    assert corral("launch", "-c", "dev", str(task), "--no-setup").stdout == "run on b1\n"
+    # -d (`sky launch -d`): returns once the run has started, with its job id; it used to drop the run.
+    detached = corral("launch", "-c", "dev", str(task), "-d", "--no-setup")
+    assert detached.exit_code == 0 and f"{detached.stdout.strip()} started in dev" in detached.stderr, detached.stderr
+    wait_for("the detached run's output", lambda: corral("logs", detached.stdout.strip()).stdout == "run on b1\n",
+             timeout=30)
+    # A setup that fails stops the run; the job fails with setup's status, and the allocation stays.
+    task.write_text("resources:\n  accelerators: H100:2\nsetup: echo installing; exit 5\nrun: echo never\n")
+    broken = corral("launch", "-c", "dev", str(task))
+    assert (broken.exit_code, "never" in broken.stdout) == (5, False), broken.stdout + broken.stderr
+    assert "setup failed with exit code 5; the run did not start" in broken.stdout + broken.stderr
+    assert (corral("queue", "dev", "--json").json()[0]["state"], status(corral, "dev")["state"]) == ("FAILED", "READY")
+    more = corral("launch", "-c", "dev", str(task), "--num-nodes", "3")
+    assert more.exit_code == 65 and "exists with other resources" in more.stderr, more.stderr
     other = corral("launch", "-c", "dev", "--gpus", "H100:1")
     assert other.exit_code == 65
     assert "allocation 'dev' exists with other resources (accelerator=H100:2, num_nodes=2); asked for " \
@@ -387,6 +412,21 @@ def test_a_tasks_skypilot_autostop_is_the_allocations_idle_limit(corral, clean, 
     flag = corral("launch", "-c", "box2", str(task), "-i", "3", "-d", "--json")  # SkyPilot's -i
     assert flag.exit_code == 0, flag.stderr
     assert status(corral, "box2")["idle_limit_seconds"] == 180  # -i wins over the task
+    # `sky autostop` on live allocations: the holder takes the new limit, counted from now, with no
+    # server needed. box is released after 6 idle seconds (its 2 h limit would have kept it).
+    wait_for("box to be ready", lambda: status(corral, "box")["state"] == "READY", timeout=60)
+    never = corral("autostop", "box2", "--cancel")
+    assert (never.exit_code, never.stdout) == (0, "box2: never released for being idle\n"), never.stderr
+    assert status(corral, "box2")["idle_limit_seconds"] is None  # none: never
+    soon = corral("autostop", "box", "-i", "0.1", "--down")
+    assert (soon.exit_code, soon.stdout) == (0, "box: released once idle for 0.1 min\n"), soon.stderr
+    released = wait_for("box to be released for being idle", lambda: (s := status(corral, "box"))["state"] == "ENDED"
+                        and s, timeout=60)
+    assert released["reason"] == "released after being idle" and status(corral, "box2")["state"] != "ENDED"
+    ended = corral("autostop", "box")
+    assert ended.exit_code == 1 and "box is ENDED: nothing to release" in ended.stderr, ended.stderr
+    relaunch = corral("launch", "-c", "box2", str(task), "-i", "30", "-d")  # `sky launch -c NAME -i M` on a live one
+    assert relaunch.exit_code == 0 and status(corral, "box2")["idle_limit_seconds"] == 1800, relaunch.stderr
     down = corral("down", "-a", "-y")  # `sky down -a -y`: every allocation of yours
     assert (down.exit_code, sorted(down.stdout.splitlines())) == (0, ["box2: released", "box: released"]), down.stderr
     assert corral("status", "--json").json() == []

@@ -21,7 +21,8 @@ CASES = [
     (["launch", "--no-such-flag"], 2, "No such option"),
     # SkyPilot's commands that mean nothing on Slurm say what to type instead; its show-gpus is gpus.
     (["stop", "dev"], 2, "Corral has no `stop` (SkyPilot's): a Slurm allocation cannot be stopped"),
-    (["autostop", "dev", "-i", "5"], 2, "set it with `corral launch -c NAME -i MINUTES`"),
+    (["autostop", "dev", "-i", "5"], 66, "no dev allocation 'dev'"),  # SkyPilot's `sky autostop`
+    (["autostop"], 2, "name the allocations, or use --all"),
     (["show-gpus", "--help"], 0, ""),
     (["launch", "--detach-run", "-s", "--idle-minutes-to-autostop", "5", "--dryrun", "--infra", "slurm/alpine/gpu",
       "--", "true"], 0, ""),  # SkyPilot's long flag names

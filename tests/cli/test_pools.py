@@ -138,7 +138,7 @@ def test_a_multi_node_task_spans_machines_whose_ranks_reach_each_other(corral, p
                                                               capture_output=True).returncode != 0, timeout=30)
 
 
-def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env):
+def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env, tmp_path):
     up = corral("launch", "-c", "labdev", "--infra", "ssh/lab", "--gpus", "A100:2", "--json", env=pool_env)
     assert up.exit_code == 0, up.stderr
     info = up.json()
@@ -156,6 +156,12 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env):
     [last] = corral("queue", "labdev", "--json", "--limit", "1", env=pool_env).json()
     kept = corral("logs", last["job_id"], env=pool_env)
     assert (kept.exit_code, kept.stdout) == (0, "out\nerr\n"), kept.stderr
+    # `launch -c` on it again runs the task's setup again first, as `sky launch` on a live cluster does.
+    task = tmp_path / "again.yaml"
+    task.write_text("resources:\n  infra: ssh/lab\n  accelerators: A100:2\nsetup: echo setup $CORRAL_NODE_RANK\n"
+                    "run: echo run $CORRAL_NODE_RANK\n")
+    again = corral("launch", "-c", "labdev", str(task), env=pool_env)
+    assert (again.exit_code, again.stdout) == (0, "setup 0\nrun 0\n"), again.stderr
     cancel_a_running_exec(corral, pool_env, "labdev")
     assert corral("exec", "labdev", "--", "true", env=pool_env).exit_code == 0  # the allocation lives on
     shell = corral("ssh", "labdev", "--", 'echo "$(hostname) $CUDA_VISIBLE_DEVICES $(basename $(dirname $PWD))"',
@@ -182,10 +188,12 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env):
     both = f"{ips[head]},{ips[other]}"
     assert sorted(ranks.stdout.splitlines()) == [f"0 {head} {both}", f"1 {other} {both}"]
     assert corral("down", "pair", env=pool_env).exit_code == 0
-    # An allocation nothing runs in is released by its holder on the machine, without a server.
-    idle = corral("launch", "-c", "idler", "--infra", "ssh/lab", "--gpus", "L4:1", "--idle-minutes", "0.1", "--json",
-                  env=pool_env)
+    # An allocation nothing runs in is released by its holder on the machine, without a server, once
+    # idle for the limit `corral autostop` gave it (it had none).
+    idle = corral("launch", "-c", "idler", "--infra", "ssh/lab", "--gpus", "L4:1", "--json", env=pool_env)
     assert idle.exit_code == 0, idle.stderr
+    soon = corral("autostop", "idler", "-i", "0.1", env=pool_env)
+    assert (soon.exit_code, soon.stdout) == (0, "idler: released once idle for 0.1 min\n"), soon.stderr
     ended = wait_for("the idle allocation to be released", lambda: (s := next(
         s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "idler"))["state"] == "ENDED" and s,
         timeout=40)

@@ -23,8 +23,10 @@ from corral.cli.common import (
 def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: str | None, infra: str | None,
                num_nodes: int | None, cpus: str | None, memory: str | None, envs: tuple[str, ...],
                secret_values: tuple[str, ...], num_jobs: int, idle_minutes: float | None, walltime: str | None,
-               detach: bool, as_json: bool, workdir: str | None = None, image_id: str | None = None) -> int:
-    """`corral launch -c NAME`: hold (or reuse) a named allocation, then run the task in it."""
+               detach: bool, as_json: bool, workdir: str | None = None, image_id: str | None = None,
+               setup: bool = True) -> int:
+    """`corral launch -c NAME`: hold (or reuse) a named allocation, then run the task in it (with -d:
+    start it and return, as `sky launch -d`; a task without `run` returns once Slurm has the holder)."""
     from corral.cli.render import LaunchProgress
     from corral.config import load_user_settings
     from corral.errors import TaskError
@@ -45,8 +47,13 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         announced.append(held)
         summary = {k: held.get(k) for k in ("name", "cluster", "partition", "slurm_job_id", "new")}
         if detach:
+            job_id = held.get("job_id")
             if as_json:
-                print_json(summary)
+                print_json({**summary, "job_id": job_id} if job_id else summary)
+            elif job_id:
+                click.echo(f"corral: {job_id} started in {dev_name}; `corral logs {job_id}` follows it, "
+                           f"`corral cancel {job_id}` stops it", err=True)
+                click.echo(job_id)
             return
         if held["new"] and not as_json:
             ways = (f"`corral ssh {dev_name}`, or `ssh {dev_name}` with `Include {held['ssh_alias']}` in ~/.ssh/config"
@@ -62,7 +69,8 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         if event.get("event") == "started":
             started.append(str(event["job_id"]))
         elif event.get("event") == "ready":
-            announce(event)
+            if not detach:  # detached, the answer says it, with the run's job id
+                announce(event)
         elif event.get("event") == "state":
             progress.clear()
             if not as_json:
@@ -73,7 +81,8 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
 
     try:  # the task's files are sent once; once ready, its `run` runs in the same request
         held = Client().dev_launch(dev_name, task, command=command, idle_minutes=idle_minutes, walltime=walltime,
-                                   wait=not detach, run=not detach, job_name=name, gpus=gpus, infra=infra,
+                                   wait=not detach, run=True, detach=detach, setup=setup, job_name=name,
+                                   gpus=gpus, infra=infra,
                                    num_nodes=num_nodes, cpus=cpus, memory=memory, envs=list(envs),
                                    secrets=list(secret_values), workdir=workdir, image_id=image_id,
                                    default_idle_minutes=default_idle, on_event=show, on_output=write_bytes)
@@ -200,3 +209,35 @@ def down(names: tuple[str, ...], down_all: bool, yes: bool) -> None:
             click.echo(f"{name}: released")
         else:
             click.echo(f"{name}: no such allocation (already down)", err=True)
+
+
+@click.command()
+@click.argument("names", nargs=-1)
+@click.option("-a", "--all", "every", is_flag=True, help="Every dev allocation of yours.")
+@click.option("-i", "--idle-minutes", type=click.FloatRange(0, 525_600), default=None,
+              help="Release once idle this many minutes, counted from now (default: 5, as SkyPilot's).")
+@click.option("--cancel", is_flag=True, help="Never release for being idle (walltime and `corral down` still do).")
+@habit_flag("--down")  # an allocation is always released, never stopped: autostop is autodown here
+@yes_option
+@reports_errors
+def autostop(names: tuple[str, ...], every: bool, idle_minutes: float | None, cancel: bool, yes: bool) -> None:
+    """Release live dev allocations once idle (as `sky autostop`): a new idle limit, counted from now.
+    Their holders apply it on the cluster, with no Corral process up."""
+    from corral.errors import CorralError
+    from corral.sdk import Client
+
+    if bool(names) == every:
+        raise click.UsageError("name the allocations, or use --all" if not names else "names or --all, not both")
+    if cancel and idle_minutes is not None:
+        raise click.UsageError("-i or --cancel, not both")
+    minutes = 0.0 if cancel else 5.0 if idle_minutes is None else idle_minutes
+    changed, not_live = Client().dev_autostop(list(names), minutes)
+    for status in changed:
+        after = "never released for being idle" if not minutes else f"released once idle for {minutes:g} min"
+        click.echo(f"{status['name']}: {after}")
+    for status in not_live:
+        click.echo(f"corral: {status['name']} is {status['state']}: nothing to release", err=True)
+    if every and not changed and not not_live:
+        click.echo("no dev allocations", err=True)
+    if names and not_live:
+        raise CorralError(f"{len(not_live)} allocation{'s' if len(not_live) != 1 else ''} not live")

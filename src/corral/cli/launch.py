@@ -31,6 +31,8 @@ from corral.cli.following import LazyProgress, follow_to_end
 @click.option("--dryrun", is_flag=True, help="Show the placement plan; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-c", "--cluster-name", "dev_name", help="Hold a named dev allocation (or reuse it) and run the task in it.")
+@click.option("--no-setup", is_flag=True,
+              help="With -c on a live allocation: run the task without running its setup again (as SkyPilot's).")
 @click.option("-i", "--idle-minutes", "--idle-minutes-to-autostop", "idle_minutes", type=float, default=None,
               help="With -c: release the allocation after M idle minutes (SkyPilot's -i).")
 @click.option("--time", "walltime", help="Walltime (sbatch --time), e.g. 4:00:00.")
@@ -39,7 +41,7 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
            cpus: str | None, memory: str | None, envs: tuple[str, ...], env_file: str | None, workdir: str | None,
            image_id: str | None, yes: bool, secret_values: tuple[str, ...], num_jobs: int,
            detach: bool, detach_setup: bool, dryrun: bool, as_json: bool, dev_name: str | None,
-           idle_minutes: float | None, walltime: str | None) -> None:
+           idle_minutes: float | None, walltime: str | None, no_setup: bool) -> None:
     """Run a task on the cluster that can start it soonest.
 
     ARGS: task YAML file(s), or a command (`corral launch 'python train.py'`, or after `--`). Without -d,
@@ -55,7 +57,7 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
         sys.exit(launch_dev(args, dev_name, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                             memory=memory, envs=envs, secret_values=secret_values, num_jobs=num_jobs,
                             idle_minutes=idle_minutes, walltime=walltime, detach=detach, as_json=as_json,
-                            workdir=workdir, image_id=image_id))
+                            workdir=workdir, image_id=image_id, setup=not no_setup))
     from corral.sdk import Client
 
     paths, command = task_arguments(args, allow_empty=bool(dev_name))

@@ -31,8 +31,6 @@ SKYPILOT_ONLY = {
             "`corral launch -c NAME` holds a new one",
     "start": "a Slurm allocation cannot be stopped and started again: `corral launch -c NAME` holds a new one "
              "(or reuses the live one of that name)",
-    "autostop": "a dev allocation is released once idle for its limit: set it with `corral launch -c NAME "
-                "-i MINUTES` (or the task's `resources.autostop`)",
 }
 
 
@@ -248,7 +246,7 @@ def _register() -> None:
 
     cli.add_command(launch.launch)
     cli.add_command(sbatch.sbatch)
-    for command in (dev.exec_, dev.ssh, dev.status, dev.down):
+    for command in (dev.exec_, dev.ssh, dev.status, dev.down, dev.autostop):
         cli.add_command(command)
     cli.add_command(jobs.jobs)
     cli.add_command(server.server)

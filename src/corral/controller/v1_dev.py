@@ -54,7 +54,20 @@ class DevLaunchRequest(RequestBody):
     walltime: Annotated[str, Field(max_length=64)] | None = None
     wait: bool = Field(True, description="Stream until the allocation is ready (or has failed)")
     run: bool = Field(False, description="Once ready, run the task's `run` in it as `exec` does: its output "
-                                         "as `output` events, its exit status in `done`")
+                                         "as `output` events, its exit status in `done`. It waits until the "
+                                         "allocation is ready, whatever `wait` says")
+    setup: bool = Field(True, description="With `run`, on a live allocation reused: run the task's `setup` again "
+                                          "first, on every node, as `sky launch` on an existing cluster does "
+                                          "(false: `--no-setup`). A new allocation's holder runs it anyway")
+    detach: bool = Field(False, description="With `run`: answer `done` (with its `job_id`, no exit status) once "
+                                            "the run has started, as `sky launch -d`")
+
+
+class DevAutostopRequest(RequestBody):
+    idle_minutes: float = Field(ge=0, le=525_600, description="Release each allocation once idle this long, counted "
+                                                              "from now (0: never), as `sky autostop -i`")
+    names: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=1000,
+                              description="The allocations (yours); none: all of yours")
 
 
 class DevExecRequest(RequestBody):
@@ -75,7 +88,7 @@ def started_event(put: Put) -> Callable[[str], None]:
     return lambda job_id: put({"event": "started", "job_id": job_id})
 
 
-async def detached_exec(allocations: DevAllocations, name: str, task: Task, source: str) -> str:
+async def detached_exec(allocations: DevAllocations, name: str, task: Task, source: str, setup: bool = False) -> str:
     """Start an exec that runs on without anyone following it; its job id once it is recorded. Its
     allocation is asked first (one round trip), so that one not ready is an error now, not a failed
     job later."""
@@ -84,7 +97,7 @@ async def detached_exec(allocations: DevAllocations, name: str, task: Task, sour
         raise UnavailableError(f"allocation {name!r} is {status.state}"
                                + (f" ({status.reason})" if status.reason else "") + f"; see `corral status {name}`")
     started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    running = run_on(allocations.exec(name, task, source, lambda chunk: None, started.set_result))
+    running = run_on(allocations.exec(name, task, source, lambda chunk: None, started.set_result, setup=setup))
     running.add_done_callback(lambda done: done.cancelled() or done.exception())  # its end is in the store
     await asyncio.wait({started, running}, return_when=asyncio.FIRST_COMPLETED)
     if not started.done():
@@ -123,19 +136,26 @@ def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str
             allocations = dev(me, put)
             async with locks.setdefault((me.owner, name), asyncio.Lock()):
                 row, new = await allocations.launch(name, task, source, idle_minutes, request.walltime)
+                if not new and request.idle_minutes is not None:  # `sky launch -c NAME -i M` on a live one
+                    await allocations.set_idle_limits([name], request.idle_minutes)
             answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
                                       "slurm_job_id": row.handle, "new": new}
-            if not request.wait:
+            setup_again = request.setup and not new and bool(task.setup)  # a new one's holder runs it
+            runs = request.run and bool(task.run or setup_again)
+            if not (request.wait or runs):
                 return answer
             status = await allocations.wait_ready(
                 row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason}),
                 on_setup_output=output_events(put) if new and task.setup else None)
             alias = await allocations.write_ssh_alias(row, status)
             answer |= {"nodes": status.nodes, "ssh_alias": str(alias) if alias else None}
-            if request.run and task.run:
+            if runs:
                 put({"event": "ready", **answer})
+                if request.detach:
+                    return {**answer, "job_id": await detached_exec(allocations, name, task, source, setup_again),
+                            "exit_code": None}
                 job_id, code = await allocations.exec(name, task, source, output_events(put),  # syncs its files
-                                                      started_event(put))
+                                                      started_event(put), setup=setup_again)
                 return {**answer, "job_id": job_id, "exit_code": code}
             if task.workdir or task.file_mounts:
                 put({"event": "step", "step": "sync", "detail": f"copying the task's files to {name}"})
@@ -185,6 +205,14 @@ def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str
                 except CorralError as exc:
                     failed.append({"name": row.name, "error": str(exc)})
         return {"released": released, "failed": failed}
+
+    @router.patch("/dev")
+    async def dev_autostop(me: Me, request: DevAutostopRequest) -> dict[str, object]:
+        """A new idle limit (0: never) for the allocations named, or all yours, their idle time counted
+        from now (`sky autostop`); each holder takes it on its next poll. Those not live are `not_live`,
+        unchanged."""
+        changed, not_live = await dev(me).set_idle_limits(request.names, request.idle_minutes)
+        return {"allocations": [status_json(s) for s in changed], "not_live": [status_json(s) for s in not_live]}
 
     @router.delete("/dev/{name}")
     async def dev_down(me: Me, name: Name) -> dict[str, object]:

@@ -376,14 +376,20 @@ class HoldsAllocations(ABC):
         holds the nodes until released, its walltime ends, or it has been idle `idle_seconds` (0: never)."""
 
     @abstractmethod
+    async def set_idle_limit(self, handle: str, run_dir: str, idle_seconds: int) -> None:
+        """Give the live holder a new idle limit (0: never), its idle time counted from now
+        (`corral autostop`)."""
+
+    @abstractmethod
     async def allocation_states(self, held: list[tuple[str, str]]) -> dict[str, AllocationState]:
         """For (handle, run dir) pairs, each allocation's state by handle, in one round trip."""
 
     @abstractmethod
     async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
-                      envs: dict[str, str], run: str, on_output: OutputSink) -> int:
+                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "") -> int:
         """Run `run` on the allocation's first `num_nodes` nodes (every node, unless the task asked for
-        fewer); its exit status (EXIT_NOT_READY if not ready)."""
+        fewer); its exit status (EXIT_NOT_READY if not ready). With `setup`, that first on every node
+        of the allocation, in the same exec (its output, its cancel), and `run` only if it succeeded."""
 
     @abstractmethod
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,

@@ -338,17 +338,20 @@ class Client:
                    num_nodes: int | None = None, cpus: str | None = None, memory: str | None = None,
                    envs: Pairs = None, secrets: Pairs = None, base: Path | None = None, run: bool = False,
                    workdir: str | None = None, image_id: str | None = None,
-                   default_idle_minutes: float | None = None,
+                   default_idle_minutes: float | None = None, setup: bool = True, detach: bool = False,
                    on_event: Callable[[dict[str, Any]], None] | None = None,
                    on_output: Callable[[bytes], None] | None = None) -> dict[str, Any]:
         """Hold the dev allocation NAME (or reuse a live one of the same shape); with `wait`, until it is
         ready. Returns its cluster, partition, Slurm job id, whether it is `new`, and (ready) its nodes.
-        With `run`, the task's `run` then runs in it (its output to `on_output`): `exit_code` and
-        `job_id` say how it ended. The idle limit: `idle_minutes`, else the task's `resources.autostop`,
-        else `default_idle_minutes` (a user's setting), else none."""
+        With `run`, once it is ready (whatever `wait` says), the task's `run` runs in it (its output to
+        `on_output`): `exit_code` and `job_id` say how it ended; with `detach` too, it returns once the
+        run has started (`job_id`, `exit_code` None), as `sky launch -d`. A live allocation reused runs
+        the task's `setup` again first (as `sky launch` on an existing cluster), unless `setup=False`.
+        The idle limit: `idle_minutes`, else the task's `resources.autostop`, else
+        `default_idle_minutes` (a user's setting), else none."""
         body = {"task": self._task_or_command(task, command, base, workdir), "idle_minutes": idle_minutes,
                 "default_idle_minutes": default_idle_minutes,
-                "walltime": walltime, "wait": wait, "run": run,
+                "walltime": walltime, "wait": wait, "run": run, "setup": setup, "detach": detach,
                 "overrides": _overrides(name=job_name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                                         memory=memory, envs=envs, secrets=secrets, workdir=workdir,
                                         image_id=image_id)}
@@ -372,6 +375,14 @@ class Client:
     def dev_status(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """Dev allocations (all, or those named): state, nodes, idle time, walltime left."""
         return list(self._json("GET", "/dev", {"name": names or []})["allocations"])
+
+    def dev_autostop(self, names: list[str] | None, idle_minutes: float) -> tuple[list[dict[str, Any]],
+                                                                                 list[dict[str, Any]]]:
+        """Release the allocations named (None: all yours) once idle for `idle_minutes`, counted from now
+        (0: never), as `sky autostop -i`. Returns (the statuses of those changed, with their new
+        `idle_limit_seconds`; those not live, unchanged)."""
+        data = self._json("PATCH", "/dev", body={"idle_minutes": idle_minutes, "names": names or []})
+        return list(data["allocations"]), list(data["not_live"])
 
     def dev_down(self, name: str) -> bool:
         """Release allocation NAME; False if there was none."""

@@ -33,6 +33,13 @@ def test_exec_script():
                                             {"WORD": "it's"}, "python train.py"))
 
 
+def test_exec_script_with_setup():
+    """Setup first on every node of the allocation, as a step of the same name; run on the first N only if
+    setup succeeded on every node, appending to the same output."""
+    check_golden("dev-exec-setup.sh", exec_script(".corral/runs/dev-1", "42", "c-0123abcd", 1, 4, "alpine",
+                                                  {}, "python train.py", setup="pip install -r requirements.txt"))
+
+
 def test_cancelling_an_exec_scancels_its_named_step_only():
     assert cancel_exec_script("42", "c-0123abcd") == (
         "squeue -h -s -j 42 -o '%i|%j' 2>/dev/null | awk -F'|' '$2 == \"corral-exec-c-0123abcd\" {print $1}' "

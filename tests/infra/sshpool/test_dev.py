@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from corral.infra.sshpool.dev import cancel_exec_script, exec_output_script, exec_script, states_script
+from corral.infra.sshpool.dev import (
+    cancel_exec_script,
+    exec_output_script,
+    exec_script,
+    idle_limit_script,
+    states_script,
+)
 from corral.infra.sshpool.pool import _allocation_state
 from corral.infra.sshpool.runner import RUNS_DIR
 from tests.conftest import wait_for
@@ -52,6 +58,29 @@ def test_an_exec_shows_and_keeps_its_stdout_and_stderr(home):
     assert run(home, exec_output_script(TOKEN, "c-0001", follow=False)) == (0, "out it's\nerr\n")
     assert run(home, exec_output_script(TOKEN, "c-0001", follow=False, tail=1)) == (0, "err\n")
     assert run(home, exec_output_script(TOKEN, "c-0001", follow=True)) == (0, "out it's\nerr\n")  # ended: at once
+
+
+def test_an_exec_with_setup_runs_it_first_and_its_run_only_if_it_succeeded(home):
+    """`launch -c NAME` on a live allocation runs the task's setup again, in the same exec."""
+    both = exec_script(TOKEN, "c-0011", {"WORD": "w"}, 'echo "run $WORD"', setup='echo "setup $WORD"')
+    assert run(home, both) == (0, "setup w\nrun w\n")
+    assert run(home, exec_output_script(TOKEN, "c-0011", follow=False)) == (0, "setup w\nrun w\n")  # both kept
+    failed = exec_script(TOKEN, "c-0012", {}, "echo never", setup="echo installing; exit 5")
+    status, shown = run(home, failed)
+    assert status == 5 and shown.startswith("installing\ncorral: setup failed on ") and shown.endswith(
+        " with exit code 5; the run did not start\n"), shown
+    assert run(home, exec_output_script(TOKEN, "c-0012", follow=False)) == (0, shown)
+    assert (home / RUNS_DIR / TOKEN / "exec" / "c-0012" / "ended").read_text() == "5\n"
+    assert run(home, exec_script(TOKEN, "c-0013", {}, "", setup="echo only setup")) == (0, "only setup\n")
+
+
+def test_autostop_gives_the_holder_a_new_limit_counted_from_now(home):
+    d = home / RUNS_DIR / TOKEN
+    (d / "last_active").touch()
+    os.utime(d / "last_active", (1, 1))
+    assert run(home, idle_limit_script(TOKEN, 360)) == (0, "")
+    assert (d / "idle_limit").read_text() == "360\n" and (d / "last_active").stat().st_mtime > 1
+    assert run(home, idle_limit_script("ba9876543210.0", 360)) == (0, "")  # no such allocation here: nothing
 
 
 def test_cancel_ends_the_exec_and_its_followers_not_the_holder(home):

@@ -232,10 +232,13 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
             return {handle: AllocationState(AllocationPhase.UNKNOWN, str(exc), [], None, None) for handle, _ in held}
         return {handle: devscript.parse_allocation_status(handle, result.stdout) for handle, _ in held}
 
+    async def set_idle_limit(self, handle: str, run_dir: str, idle_seconds: int) -> None:
+        await self._run(devscript.idle_limit_script(run_dir, idle_seconds), timeout=JOB_TIMEOUT)
+
     async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
-                      envs: dict[str, str], run: str, on_output: OutputSink) -> int:
+                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "") -> int:
         script = devscript.exec_script(run_dir, handle, exec_id, num_nodes, accelerators_per_node, self.cluster,
-                                       envs, run)
+                                       envs, run, setup)
         return await self._stream(script, on_output)
 
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,

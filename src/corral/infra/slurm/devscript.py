@@ -18,6 +18,7 @@ from corral.infra.shell import (
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_START_WAIT,
+    IDLE_LIMIT_FILE,
     check_exec_id,
     exec_ended_trap,
     exec_folder,
@@ -80,8 +81,10 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
         "date +%s > last_active",
         "touch ready",
         f"idle_limit={int(idle_seconds)}",
-        'poll=15; if [ "$idle_limit" -gt 0 ] && [ "$idle_limit" -lt 45 ]; then poll=$(( (idle_limit + 2) / 3 )); fi',
         "while true; do",
+        f"  # `corral autostop` changes the limit: {IDLE_LIMIT_FILE} (seconds; 0: never).",
+        f'  [ -s {IDLE_LIMIT_FILE} ] && read -r idle_limit < {IDLE_LIMIT_FILE}',
+        '  poll=15; if [ "$idle_limit" -gt 0 ] && [ "$idle_limit" -lt 45 ]; then poll=$(( (idle_limit + 2) / 3 )); fi',
         '  sleep "$poll"',
         f'  if [ -e "$CORRAL_RUN_DIR/{CANCEL_MARKER}" ] || [ ! -d "$CORRAL_RUN_DIR" ]; then',
         '    echo "corral: released (corral down)"; exit 0',
@@ -169,11 +172,12 @@ def exec_step_name(exec_id: str) -> str:
 
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
-                envs: dict[str, str], run: str) -> str:
+                envs: dict[str, str], run: str, setup: str = "") -> str:
     """Run `run` on the allocation's first `num_nodes` nodes (all of them, usually) as one step named
-    for the exec, from the login node.
+    for the exec, from the login node; with `setup`, first that on every node of the allocation, as a
+    step of the same name (so that `cancel_exec_script` ends either), and `run` only if it succeeded.
 
-    Its stdout and stderr, merged as in a job's log, go both to the caller and to the exec's `output`
+    Their stdout and stderr, merged as in a job's log, go both to the caller and to the exec's `output`
     file in the allocation (what `corral logs` shows later); `ended` is left however the script ends.
     `--quiet`: srun's informational lines (`_step_signal: Terminating StepId=…` after a failure) stay out
     of the output; its errors stay in. It exits with the status of a node whose command failed by
@@ -183,10 +187,12 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
     stdin is this script, which must go on after it."""
     _check_id(job_id)
     exec_dir = exec_folder(exec_id)
-    node = (f'"$BASH" "$CORRAL_RUN_DIR"/{exec_dir}/cmd.sh; rc=$?\n'
-            f'echo "$rc" > "$CORRAL_RUN_DIR"/{exec_dir}/rc."$SLURM_NODEID"\nexit "$rc"\n')
-    files = {f"{exec_dir}/cmd.sh": run, f"{exec_dir}/run.sh": node, f"{exec_dir}/env.sh": render_env(envs)}
-    return (
+    files = {f"{exec_dir}/cmd.sh": run, f"{exec_dir}/run.sh": _node_wrapper(exec_dir, "cmd.sh", "rc"),
+             f"{exec_dir}/env.sh": render_env(envs)}
+    if setup:
+        files |= {f"{exec_dir}/setup-cmd.sh": setup,
+                  f"{exec_dir}/setup.sh": _node_wrapper(exec_dir, "setup-cmd.sh", "setup-rc")}
+    out = (
         write_files_script(run_dir, files)
         + 'cd "$d" || exit 1\n'
         + f'state=$(squeue -h -j {job_id} -o %T 2>/dev/null)\n'
@@ -196,17 +202,45 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + 'export CORRAL_RUN_DIR="$d"\n'
         + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
-        + f'nodes=$(scontrol show hostnames "$(squeue -h -j {job_id} -o %N)" | head -n {num_nodes} | paste -sd, -)\n'
+        + f'all=$(scontrol show hostnames "$(squeue -h -j {job_id} -o %N)")\n'
+        + f'nodes=$(echo "$all" | head -n {num_nodes} | paste -sd, -)\n'
         + "\n".join(node_env_lines('"$nodes"')) + "\n"
-        + f'srun --quiet --jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} --nodes={num_nodes} '
-        + '-w "$nodes" --ntasks-per-node=1 --kill-on-bad-exit=1 '
-        + f'bash task.sh "" "$d/{exec_dir}/run.sh" "$d/{exec_dir}/env.sh" </dev/null 2>&1 '
-        + f'| tee -p "$d/{exec_dir}/{EXEC_OUTPUT}"\n'
-        + 'status=${PIPESTATUS[0]}\n'
+    )
+    if setup:
+        out += (
+            'count=$(echo "$all" | wc -l)\n'
+            + _exec_step(job_id, exec_id, '"$count"', '$(echo "$all" | paste -sd, -)', "setup.sh", "")
+            + 'for rank in $(seq 0 $((count - 1))); do rc=$(cat "$d/' + exec_dir + '/setup-rc.$rank" 2>/dev/null); '
+            + 'case "$rc" in ""|0|12[89]|1[3-9][0-9]|2[0-9][0-9]) ;; *) status=$rc; break ;; esac; done\n'
+            + 'if [ "$status" -ne 0 ]; then echo "corral: setup failed with exit code $status; the run did not start" '
+            + f'| tee -a "$d/{exec_dir}/{EXEC_OUTPUT}"; exit "$status"; fi\n'
+        )
+        if not run:
+            return out + "exit 0\n"
+    return (
+        out
+        + _exec_step(job_id, exec_id, str(num_nodes), "$nodes", "run.sh", "-a " if setup else "")
         + f'for rank in $(seq 0 {num_nodes - 1}); do rc=$(cat "$d/{exec_dir}/rc.$rank" 2>/dev/null); '
         + 'case "$rc" in ""|0|12[89]|1[3-9][0-9]|2[0-9][0-9]) ;; *) exit "$rc" ;; esac; done\n'
         + 'exit "$status"\n'
     )
+
+
+def _node_wrapper(exec_dir: str, command_file: str, rc_file: str) -> str:
+    """What runs on each node of an exec's step: the command, then its status into `rc_file`.<rank>."""
+    return (f'"$BASH" "$CORRAL_RUN_DIR"/{exec_dir}/{command_file}; rc=$?\n'
+            f'echo "$rc" > "$CORRAL_RUN_DIR"/{exec_dir}/{rc_file}."$SLURM_NODEID"\nexit "$rc"\n')
+
+
+def _exec_step(job_id: str, exec_id: str, count: str, nodes: str, wrapper: str, tee_flags: str) -> str:
+    """One srun step of an exec on `nodes` (`count` of them), its output to the caller and the exec's
+    output file; leaves `status`."""
+    exec_dir = exec_folder(exec_id)
+    return (f'srun --quiet --jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} --nodes={count} '
+            f'-w "{nodes}" --ntasks-per-node=1 --kill-on-bad-exit=1 '
+            f'bash task.sh "" "$d/{exec_dir}/{wrapper}" "$d/{exec_dir}/env.sh" </dev/null 2>&1 '
+            f'| tee -p {tee_flags}"$d/{exec_dir}/{EXEC_OUTPUT}"\n'
+            'status=${PIPESTATUS[0]}\n')
 
 
 def exec_output_script(run_dir: str, job_id: str, exec_id: str, follow: bool, tail: int = 0) -> str:
@@ -279,6 +313,16 @@ def status_script(allocations: list[tuple[str, str]]) -> str:
         out.append(f"if [ -e {path}/setup_failed ]; then printf '\\n{MARK} setup-{job_id} 0\\n'; "
                    f"tail -n {SETUP_TAIL_LINES} {path}/log.txt 2>/dev/null | cut -c1-300; fi")
     return "\n".join(out) + "\nexit 0\n"
+
+
+def idle_limit_script(run_dir: str, idle_seconds: int) -> str:
+    """Give a live holder a new idle limit (0: never), counted from now (each file replaced whole: the
+    holder reads them as it polls)."""
+    return (f'd="$HOME"/{shlex.quote(run_dir)}\n'
+            '[ -d "$d" ] || exit 0\n'
+            f'echo {int(idle_seconds)} > "$d/{IDLE_LIMIT_FILE}.new" && mv -f "$d/{IDLE_LIMIT_FILE}.new" '
+            f'"$d/{IDLE_LIMIT_FILE}"\n'
+            'date +%s > "$d/last_active.new" && mv -f "$d/last_active.new" "$d/last_active"\n')
 
 
 def down_script(job_id: str | None, run_dir: str) -> str:

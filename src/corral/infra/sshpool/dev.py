@@ -16,6 +16,7 @@ from corral.infra.shell import (
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_START_WAIT,
+    IDLE_LIMIT_FILE,
     exec_ended_trap,
     exec_folder,
     render_env,
@@ -42,24 +43,43 @@ def _exec_dir(token: str, exec_id: str) -> str:
     return f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}/{exec_folder(exec_id)}'
 
 
-def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str) -> str:
+def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup: str = "") -> str:
     """Run `run` in the allocation's rank on this machine, with its variables and GPUs; its exit status.
-    Its stdout and stderr, merged, go to the caller and to the exec's `output` file; the exec's `pid`
-    (this script's, with its start time) lets `cancel_exec_script` end it; `ended` is left however
-    it ends."""
+    With `setup`, that first, and `run` only if it succeeded. Their stdout and stderr, merged, go to
+    the caller and to the exec's `output` file; the exec's `pid` (this script's, with its start time)
+    lets `cancel_exec_script` end it; `ended` is left however it ends."""
     folder = f'"$d"/{exec_folder(exec_id)}'
-    return (_ready_check(token)
-            + f"mkdir -p {folder}\n"
-            + write_file(f"{folder}/run.sh", run) + "\n"
-            + write_file(f"{folder}/env.sh", render_env(envs)) + "\n"
-            + f'echo "$$ $(started "$$")" > {folder}/pid\n'
-            + exec_ended_trap(folder)
-            + _KEEP_ACTIVE
-            + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
-            + 'cd "$d/workdir" || exit 1\n'
-            + f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {folder}/env.sh '
-            + f"{folder}/run.sh </dev/null 2>&1 | tee -p {folder}/{EXEC_OUTPUT}\n"
-            + 'exit "${PIPESTATUS[0]}"\n')
+
+    def step(command_file: str, tee_flags: str) -> str:
+        return (f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {folder}/env.sh '
+                f"{folder}/{command_file} </dev/null 2>&1 | tee -p {tee_flags}{folder}/{EXEC_OUTPUT}\n")
+
+    script = (_ready_check(token)
+              + f"mkdir -p {folder}\n"
+              + write_file(f"{folder}/run.sh", run) + "\n"
+              + (write_file(f"{folder}/setup.sh", setup) + "\n" if setup else "")
+              + write_file(f"{folder}/env.sh", render_env(envs)) + "\n"
+              + f'echo "$$ $(started "$$")" > {folder}/pid\n'
+              + exec_ended_trap(folder)
+              + _KEEP_ACTIVE
+              + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
+              + 'cd "$d/workdir" || exit 1\n')
+    if setup:
+        script += (step("setup.sh", "")
+                   + 'status=${PIPESTATUS[0]}\n'
+                   + 'if [ "$status" -ne 0 ]; then echo "corral: setup failed on $(hostname) with exit code $status; '
+                   + f'the run did not start" | tee -a {folder}/{EXEC_OUTPUT}; exit "$status"; fi\n')
+        if not run:
+            return script + "exit 0\n"
+    return script + step("run.sh", "-a " if setup else "") + 'exit "${PIPESTATUS[0]}"\n'
+
+
+def idle_limit_script(token: str, idle_seconds: int) -> str:
+    """Give this machine's holder of the allocation a new idle limit (0: never), counted from now."""
+    folder = f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}'
+    return (f"[ -d {folder} ] || exit 0\n"
+            f'echo {int(idle_seconds)} > {folder}/{IDLE_LIMIT_FILE}.new && mv -f {folder}/{IDLE_LIMIT_FILE}.new '
+            f"{folder}/{IDLE_LIMIT_FILE} && touch {folder}/last_active\n")
 
 
 def exec_output_script(token: str, exec_id: str, follow: bool, tail: int = 0) -> str:

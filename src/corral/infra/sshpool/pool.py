@@ -321,12 +321,21 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
             out[handle] = _allocation_state(hosts, [lines.get(r) for r in ranks], silent)
         return out
 
+    async def set_idle_limit(self, handle: str, run_dir: str, idle_seconds: int) -> None:
+        """On every machine of the allocation (each holder tells its own idleness)."""
+        hosts, token = _hosts_and_token(handle)
+        await asyncio.gather(*(self.transport.run(host, pooldev.idle_limit_script(_rank_token(token, rank, len(hosts)),
+                                                                                  idle_seconds), timeout=JOB_TIMEOUT)
+                               for rank, host in enumerate(hosts) if host in self.pool.hosts))
+
     async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
-                      envs: dict[str, str], run: str, on_output: OutputSink) -> int:
-        """`run` on every machine of the allocation at once; the lowest rank's failure is the status."""
+                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "") -> int:
+        """`run` on every machine of the allocation at once; the lowest rank's failure is the status.
+        Each machine runs `setup` first, and its `run` only if that succeeded."""
         hosts, token = _hosts_and_token(handle)
         statuses = await asyncio.gather(*(
-            self.transport.stream(host, pooldev.exec_script(_rank_token(token, rank, len(hosts)), exec_id, envs, run),
+            self.transport.stream(host, pooldev.exec_script(_rank_token(token, rank, len(hosts)), exec_id, envs, run,
+                                                            setup),
                                   on_output)
             for rank, host in enumerate(hosts)))
         if EXIT_NOT_READY in statuses:

@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 
 from corral.infra.base import JobRequest
-from corral.infra.shell import checkpoint_lines, tail_lines, write_file
+from corral.infra.shell import IDLE_LIMIT_FILE, checkpoint_lines, tail_lines, write_file
 from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
 
 RUNS_DIR = ".corral/runs"
@@ -62,8 +62,9 @@ def holder_script(request: JobRequest, pool: str, rank: int, node_addresses: Seq
         'date +%s > "$CORRAL_RUN_DIR/last_active"',
         ': > "$CORRAL_RUN_DIR/ready"',
         f"idle_limit={int(idle_seconds)}",
-        'poll=5; if [ "$idle_limit" -gt 0 ] && [ "$idle_limit" -lt 15 ]; then poll=1; fi',
         "while true; do",
+        f'  [ -s "$CORRAL_RUN_DIR/{IDLE_LIMIT_FILE}" ] && read -r idle_limit < "$CORRAL_RUN_DIR/{IDLE_LIMIT_FILE}"',
+        '  poll=5; if [ "$idle_limit" -gt 0 ] && [ "$idle_limit" -lt 15 ]; then poll=1; fi',
         '  sleep "$poll"',
         '  if [ -e "$CORRAL_RUN_DIR/cancelled" ] || [ ! -d "$CORRAL_RUN_DIR" ]; then exit 0; fi',
         '  active=$(stat -c %Y "$CORRAL_RUN_DIR/last_active" 2>/dev/null || echo 0)',
