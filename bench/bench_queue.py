@@ -1,8 +1,9 @@
 """`corral queue` over a long history: 100,000 ended jobs (and one 1,000-job sweep) in the store.
 
 Run as root with the testbed (`python -m testbed up`):  python bench/bench_queue.py [--jobs N]
-Times what a person runs, the table (`corral queue`), and `--json`, and the peak memory of the
-command, each a fresh process (so the first call is what is measured). The baseline is what a user
+Times what a person runs, the table (`corral queue`), `--json` and squeue's filters (`-t`,
+`--name`), and the peak memory of the command, each a fresh process (so the first call is what is
+measured). The baseline is what a user
 would otherwise type: `ssh <login> squeue --me` on a new connection.
 """
 
@@ -61,6 +62,10 @@ def main() -> None:
         table = median_of(args.runs, lambda: time_command(corral_argv("queue"), env=env))
         as_json = median_of(args.runs, lambda: time_command(corral_argv("queue", "--json"), env=env))
         page = median_of(args.runs, lambda: time_command(corral_argv("queue", "--page", "100"), env=env))
+        # squeue's filters (GET /v1/jobs): a page of the matches, and how many there are
+        ended = median_of(args.runs, lambda: time_command(corral_argv("queue", "-t", "CD"), env=env))
+        failed = median_of(args.runs, lambda: time_command(corral_argv("queue", "-t", "F,CA"), env=env))
+        named = median_of(args.runs, lambda: time_command(corral_argv("queue", "--name", "job9999"), env=env))
         raw = median_of(args.runs, lambda: time_command([*bench.raw_ssh("alpine", mux=False), "squeue --me"]))
         memory = peak_rss_mb(corral_argv("queue"), env)
         all_memory = peak_rss_mb(corral_argv("queue", "--all", "--json"), env)
@@ -71,6 +76,9 @@ def main() -> None:
         ("queue (the table: 20 rows, a sweep as one) vs ssh squeue, new conn", table, raw, "<= 0.3 s"),
         ("queue --json (20 jobs) vs ssh squeue, new conn", as_json, raw, "-"),
         ("queue --page 100 (rows 1,981-2,000)", page, raw, "-"),
+        (f"queue -t CD (20 of {args.jobs + 1000:,} matches, counted)", ended, raw, "-"),
+        ("queue -t F,CA (no match)", failed, raw, "-"),
+        ("queue --name job9999 (a name part: 11 matches)", named, raw, "-"),
         (f"queue --all --json ({args.jobs + 1000:,} jobs, streamed)", everything, None, "-"),
     ])
     print(f"peak memory: queue {memory:.0f} MB, queue --all --json {all_memory:.0f} MB")

@@ -224,19 +224,27 @@ class DevAllocations:
         setup's output as it runs, where the infra can show it (one more session while waiting)."""
         infra = self._holder(row.cluster, row.owner)
         follower = None
+        shown: list[bool] = []  # whether setup's output has been shown: the error then need not repeat it
+
+        def show(chunk: bytes) -> None:
+            shown.append(True)
+            if on_setup_output is not None:
+                on_setup_output(chunk)
+
         if on_setup_output is not None and row.handle and isinstance(infra, FollowsSetup):
-            follower = asyncio.ensure_future(infra.setup_output(row.handle, row.run_dir, on_setup_output))
+            follower = asyncio.ensure_future(infra.setup_output(row.handle, row.run_dir, show))
             # The output is a courtesy: a failure to show it is not the allocation's, whose state says.
             follower.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
-            return await self._until_ready(row, timeout, on_state)
+            return await self._until_ready(row, timeout, on_state, lambda: not shown)
         finally:
             if follower is not None:  # it stops by itself once setup is over: give it its last lines
                 await asyncio.wait({follower}, timeout=SETUP_OUTPUT_GRACE)
                 follower.cancel()
 
     async def _until_ready(self, row: AllocationRow, timeout: float | None,
-                           on_state: Callable[[AllocationStatus], None]) -> AllocationStatus:
+                           on_state: Callable[[AllocationStatus], None],
+                           quote_setup: Callable[[], bool] = lambda: True) -> AllocationStatus:
         started = time.monotonic()
         last = None
         while True:
@@ -250,7 +258,8 @@ class DevAllocations:
                 said = " | ".join(line.strip() for line in status.setup_output.splitlines() if line.strip())
                 raise CorralError(f"allocation {row.name!r} is {status.state}"
                                   + (f": {status.reason}" if status.reason else "")
-                                  + (f"; the last lines setup printed: {said}" if said else ""))
+                                  + ((f"; the last lines setup printed: {said}" if quote_setup() else
+                                      "; its output is above") if said else ""))
             if timeout is not None and time.monotonic() - started > timeout:
                 raise CorralError(f"allocation {row.name!r} is still {status.state} after {timeout:g}s")
             await _sleep(1.0)

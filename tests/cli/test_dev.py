@@ -369,10 +369,20 @@ def test_a_failed_setup_says_what_it_printed(corral, clean, tmp_path):
     task.write_text("setup: |\n  echo installing\n  echo 'pip: no such package' >&2\n  exit 4\nrun: echo hi\n")
     failed = corral("launch", "-c", "broken", str(task), "--infra", "slurm/cirrus/debug", "--cpus", "1")
     assert failed.exit_code == 1, failed.stderr
-    assert ("allocation 'broken' is FAILED: setup failed with exit code 4; the last lines setup printed: installing | "
-            "pip: no such package | ") in failed.stderr, failed.stderr
-    assert "installing\n" in failed.stdout  # shown as it ran, as `sky launch -c` shows setup's output
+    # shown as it ran, as `sky launch -c` shows setup's output; the error then does not repeat it
+    assert "installing\n" in failed.stdout and "pip: no such package" in failed.stdout, failed.stdout
+    assert "allocation 'broken' is FAILED: setup failed with exit code 4; its output is above" in failed.stderr
+    assert "installing" not in failed.stderr, failed.stderr
     assert "pip: no such package" in status(corral, "broken")["setup_output"]
+    # Where it was not shown (`launch -c` again while the first, detached, runs setup), the error gives
+    # its last lines.
+    task.write_text("setup: |\n  echo installing\n  sleep 3\n  echo 'pip: no such package' >&2\n  exit 4\n")
+    first = corral("launch", "-c", "broken2", str(task), "--infra", "slurm/cirrus/debug", "--cpus", "1", "-d")
+    assert first.exit_code == 0, first.stderr
+    again = corral("launch", "-c", "broken2", "--infra", "slurm/cirrus/debug", "--cpus", "1")
+    assert again.exit_code == 1 and "installing" not in again.stdout, again.stdout
+    assert ("allocation 'broken2' is FAILED: setup failed with exit code 4; the last lines setup printed: "
+            "installing | pip: no such package | ") in again.stderr, again.stderr
     assert corral("down", "broken").exit_code == 0
 
 
@@ -427,8 +437,13 @@ def test_a_tasks_skypilot_autostop_is_the_allocations_idle_limit(corral, clean, 
     assert ended.exit_code == 1 and "box is ENDED: nothing to release" in ended.stderr, ended.stderr
     relaunch = corral("launch", "-c", "box2", str(task), "-i", "30", "-d")  # `sky launch -c NAME -i M` on a live one
     assert relaunch.exit_code == 0 and status(corral, "box2")["idle_limit_seconds"] == 1800, relaunch.stderr
+    # `sky launch -c NAME --down`: autodown once its jobs are done (it was refused)
+    autodown = corral("launch", "-c", "box3", "--infra", "slurm/alpine/cpu", "--cpus", "1", "--down", "-d")
+    assert autodown.exit_code == 0 and "box3 is released once nothing has run in it for 1 minute" in autodown.stderr
+    assert status(corral, "box3")["idle_limit_seconds"] == 60
     down = corral("down", "-a", "-y")  # `sky down -a -y`: every allocation of yours
-    assert (down.exit_code, sorted(down.stdout.splitlines())) == (0, ["box2: released", "box: released"]), down.stderr
+    assert (down.exit_code, sorted(down.stdout.splitlines())) == (
+        0, ["box2: released", "box3: released", "box: released"]), down.stderr
     assert corral("status", "--json").json() == []
     again = corral("down", "--all")
     assert again.exit_code == 0 and "no dev allocations to release" in again.stderr

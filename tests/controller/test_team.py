@@ -143,6 +143,7 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
         ("GET", "/v1/dev", None), ("GET", "/v1/dev?name=box", None),
         ("POST", "/v1/dev/box/exec", {"task": {"run": "hostname"}}), ("GET", "/v1/dev/box/ssh", None),
         ("DELETE", "/v1/dev/box", None), ("DELETE", "/v1/dev", None),
+        ("PATCH", "/v1/dev", {"idle_minutes": 0.1, "names": ["box"]}),  # `corral autostop box -i 0.1`
         ("GET", "/v1/users", None), ("POST", "/v1/users", {"name": "mallory", "role": "admin"}),
         ("DELETE", "/v1/users/bob", None), ("PATCH", "/v1/users/bob", {"unix_users": {"alpine": "mallory"}}),
         ("POST", "/v1/dashboard/link", None),
@@ -171,6 +172,7 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
         assert not leaked, (method, path, leaked, text[:500])
     for private in [f"/v1/jobs/{job}", f"/v1/jobs/{job}/logs", f"/v1/managed/{managed}", "/v1/dev/box/exec"]:
         assert answers[("GET" if "exec" not in private else "POST", private)] == 404, private
+    assert answers[("PATCH", "/v1/dev")] == 404  # she has no box (yet): bob's is not hers to change
     assert answers[("GET", "/v1/users")] == answers[("POST", "/v1/users")] == answers[("DELETE", "/v1/users/bob")] \
         == answers[("PATCH", "/v1/users/bob")] == 403
     assert answers[("GET", "/v1/dev/box/ssh")] == 403
@@ -185,7 +187,7 @@ def test_no_route_shows_or_changes_another_users_objects(corral, corral_env, tea
     assert as_bob.job(job).state in ("PENDING", "RUNNING")
     assert as_bob.managed_job(managed)["state"] not in ("CANCELLING", "CANCELLED")
     [still] = as_bob.dev_status(["box"])
-    assert (still["owner"], still["slurm_job_id"]) == ("bob", box["slurm_job_id"])
+    assert (still["owner"], still["slurm_job_id"], still["idle_limit_seconds"]) == ("bob", box["slurm_job_id"], None)
     assert {u["name"]: u["unix_users"] for u in Client().users()} == {"alice": {}, "bob": {}}
     # the admin sees everyone's, but "all" is their own unless they ask for every user's, as `sky cancel -u`
     assert {j.job_id for j in Client().queue().jobs} >= {job}

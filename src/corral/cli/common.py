@@ -279,6 +279,9 @@ _IGNORED_FLAGS = {"use_spot": "--use-spot", "disk_size": "--disk-size", "disk_ti
                   "ports": "--ports", "instance_type": "--instance-type", "network_tier": "--network-tier"}
 
 
+DOWN_IDLE_MINUTES = 1.0  # `launch -c NAME --down` without -i: released once its jobs are done, after this
+
+
 def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
     """Takes SkyPilot's launch flags off the command's arguments: --cloud/--region/--zone become --infra
     (as the task file's cloud/region/zone), the VM ones are ignored with a warning, --retry-until-up and
@@ -295,9 +298,9 @@ def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
                 raise click.UsageError("--region (a cluster) and --zone (a partition) need --cloud: "
                                        "--cloud slurm --region CLUSTER [--zone PARTITION], or --infra")
             kwargs["infra"] = "/".join(part for part in (cloud, region, zone) if part)
-        if down and kwargs.get("dev_name"):
-            raise click.UsageError("--down with -c: a dev allocation is released by `corral down NAME`, or once "
-                                   "idle for -i MINUTES")
+        down_alone = down and kwargs.get("dev_name") and kwargs.get("idle_minutes") is None
+        if down_alone:  # SkyPilot's autodown once its jobs are done; with -i, -i is what Corral does anyway
+            kwargs["idle_minutes"] = DOWN_IDLE_MINUTES
         if kwargs.get("no_setup") and not kwargs.get("dev_name"):
             raise click.UsageError("--no-setup goes with -c NAME (a live allocation's setup is not run again); "
                                    "a new job runs its setup inside its own allocation")
@@ -307,7 +310,10 @@ def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         if retry_until_up:
             click.echo("corral: note: --retry-until-up: nothing to retry; a job that cannot start now waits in "
                        "Slurm's queue (a managed job is moved where it can start sooner)", err=True)
-        if down:
+        if down_alone:
+            click.echo(f"corral: note: --down: {kwargs['dev_name']} is released once nothing has run in it for "
+                       f"{DOWN_IDLE_MINUTES:g} minute", err=True)
+        elif down and not kwargs.get("dev_name"):
             click.echo("corral: note: --down: a job's nodes are released when it ends, always", err=True)
         if fast:
             click.echo("corral: note: --fast: nothing to skip: Corral provisions no machines", err=True)

@@ -9,6 +9,7 @@ import shlex
 from corral.infra.base import DEFAULT_CHECKPOINT_DIR
 
 _EXEC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z", re.ASCII)
+SETUP_TAIL_LINES = 15  # of a dev allocation's failed setup, what its state gives (setup_output)
 IDLE_LIMIT_FILE = "idle_limit"  # in a dev allocation's run dir: its idle limit in seconds, as `corral autostop` set it
 EXEC_OUTPUT = "output"  # an exec's stdout and stderr as it ran, in its folder of the allocation
 EXEC_START_WAIT = 600  # seconds a follower waits for a running exec's output to begin (its files syncing)

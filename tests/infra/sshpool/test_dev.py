@@ -128,3 +128,17 @@ def test_the_allocation_s_state_names_the_execs_that_ended_with_their_status(hom
     rank1 = [TOKEN, "1", "1", "-", "-", "-", "c-0003:7,c-0005:3,"]
     state = _allocation_state(["lab1", "lab2"], [rank0, rank1], {})
     assert state.ended_execs == {"c-0003": 7, "c-0005": 2}
+
+
+def test_a_failed_setup_s_last_lines_come_with_the_state(home):
+    """A pool allocation whose setup failed said only its exit code; its output was in the holder's log."""
+    d = home / RUNS_DIR / TOKEN
+    (d / "setup_failed").write_text("4\n")
+    (d / "log.txt").write_text("".join(f"line {i}\n" for i in range(20)) + "pip: no such package\n")
+    status, out = run(home, states_script([TOKEN]))
+    said = [x.split(" ", 3)[3] for x in out.splitlines() if x.startswith(f"@@corral said {TOKEN} ")]
+    assert status == 0 and said == [f"line {i}" for i in range(6, 20)] + ["pip: no such package"]
+    [line] = [x.split() for x in out.splitlines() if x.startswith(TOKEN)]
+    state = _allocation_state(["lab1"], [line], {}, ["\n".join(said)])
+    assert (state.phase, state.reason) == ("FAILED", "setup failed with exit code 4")
+    assert state.setup_output.endswith("line 19\npip: no such package")

@@ -19,6 +19,7 @@ from corral.infra.shell import (
     EXEC_OUTPUT,
     EXEC_START_WAIT,
     IDLE_LIMIT_FILE,
+    SETUP_TAIL_LINES,
     check_exec_id,
     exec_ended_trap,
     exec_folder,
@@ -289,7 +290,6 @@ def setup_output_script(run_dir: str, job_id: str) -> str:
     )
 
 
-SETUP_TAIL_LINES = 15
 _HOLDER_SETUP_FAILED = re.compile(r"^corral: setup failed \(\d+\)$")
 
 

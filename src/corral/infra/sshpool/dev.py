@@ -17,6 +17,7 @@ from corral.infra.shell import (
     EXEC_OUTPUT,
     EXEC_START_WAIT,
     IDLE_LIMIT_FILE,
+    SETUP_TAIL_LINES,
     exec_ended_trap,
     exec_folder,
     render_env,
@@ -122,9 +123,13 @@ def shell_command(token: str, command: str | None) -> str:
     return f"bash -c {shlex.quote(script)}"
 
 
+SETUP_SAID = f"{MARK} said"  # states_script's lines of a failed setup's output: `@@corral said <token> <line>`
+
+
 def states_script(tokens: list[str]) -> str:
     """One line per token: `<token> <alive 0|1> <ready 0|1> <last active or -> <setup exit code or -> <ended
-    reason or -> <ended execs as id:status,… or ->`."""
+    reason or -> <ended execs as id:status,… or ->`; after a failed setup's, its last lines in the holder's
+    log, each as `@@corral said <token> <line>`."""
     body = " ".join(check_token(t) for t in tokens)
     return (ALIVE + f"printf '{MARK} clock %s\\n' \"$(date +%s)\"\n"
             + f"for t in {body}; do\n"
@@ -137,6 +142,8 @@ def states_script(tokens: list[str]) -> str:
             + f'  x=; for f in "$d"/exec/*/{EXEC_ENDED}; do [ -s "$f" ] || continue; g=${{f%/*}}; '
             + 'x="$x${g##*/}:$(head -c 12 "$f" | tr -dc 0-9),"; done\n'
             + '  echo "$t $a $r $l ${s:--} ${e:--} ${x:--}"\n'
+            + f'  [ "${{s:--}}" = - ] || tail -n {SETUP_TAIL_LINES} "$d/log.txt" 2>/dev/null | cut -c1-300 | '
+            + f'sed "s/^/{SETUP_SAID} $t /"\n'
             + "done\nexit 0\n")
 
 

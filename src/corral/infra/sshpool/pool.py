@@ -303,6 +303,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         answers = await asyncio.gather(*(self.transport.run(h, pooldev.states_script(t), timeout=JOB_TIMEOUT)
                                          for h, t in by_host.items()), return_exceptions=True)
         lines: dict[tuple[str, str], list[str]] = {}
+        said: dict[tuple[str, str], list[str]] = {}  # a failed setup's last lines, per (host, rank token)
         silent: dict[str, str] = {}
         for host, answer in zip(by_host, answers):
             if isinstance(answer, BaseException):
@@ -312,13 +313,16 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
                 continue
             for line in answer.stdout.splitlines():
                 parts = line.split()
-                if len(parts) == 7 and not line.startswith(MARK):
+                if line.startswith(f"{pooldev.SETUP_SAID} ") and len(parts) >= 3:
+                    said.setdefault((host, parts[2]), []).append(line.split(" ", 3)[3] if len(parts) > 3 else "")
+                elif len(parts) == 7 and not line.startswith(MARK):
                     lines[(host, parts[0])] = parts
         out: dict[str, AllocationState] = {}
         for handle, _ in held:
             hosts, token = _hosts_and_token(handle)
             ranks = [(h, _rank_token(token, r, len(hosts))) for r, h in enumerate(hosts)]
-            out[handle] = _allocation_state(hosts, [lines.get(r) for r in ranks], silent)
+            out[handle] = _allocation_state(hosts, [lines.get(r) for r in ranks], silent,
+                                            ["\n".join(said.get(r, [])) for r in ranks])
         return out
 
     async def set_idle_limit(self, handle: str, run_dir: str, idle_seconds: int) -> None:
@@ -406,10 +410,15 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         return False
 
 
-def _allocation_state(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, str]) -> AllocationState:
+def _allocation_state(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, str],
+                      said: list[str] | None = None) -> AllocationState:
     """An allocation's state from its ranks' lines (`pooldev.states_script`), with the execs over on
-    every rank (the lowest rank's failure as the status, as `exec_in` gives it)."""
+    every rank (the lowest rank's failure as the status, as `exec_in` gives it). `said`: per rank, what
+    a failed setup printed last."""
     state = _phase(hosts, ranks, silent)
+    if state.phase is AllocationPhase.FAILED and said:
+        failed = next(i for i, r in enumerate(ranks) if r and r[4] != "-")
+        state = replace(state, setup_output=said[failed])
     on_ranks = [dict(item.split(":", 1) for item in r[6].split(",") if item.count(":") == 1)
                 if r and r[6] != "-" else {} for r in ranks]
     ended: dict[str, int] = {}
