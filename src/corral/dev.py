@@ -29,6 +29,7 @@ from corral.errors import (
     TaskError,
     UnavailableError,
 )
+from corral.gpu_names import gpu_matches
 from corral.infra.base import (
     EXIT_NOT_READY,
     AllocationPhase,
@@ -370,6 +371,7 @@ class DevAllocations:
         if nodes < row.num_nodes and not infra.execs_on_fewer_nodes:
             raise TaskError(f"{source}: the task asks for {nodes} of the {row.num_nodes} nodes: an exec in this "
                             f"allocation runs on all of them; leave num_nodes out, or hold one of that size")
+        _check_gpus(task, row, source)
         envs = job_environment(task, source)
         [job_id] = self.store.new_job_ids(1)
         token = f"exec-{secrets.token_hex(6)}"
@@ -486,6 +488,23 @@ class DevAllocations:
 
 def _key(row: AllocationRow) -> tuple[str, str]:
     return row.owner, row.name
+
+
+def _check_gpus(task: Task, row: AllocationRow, source: str) -> None:
+    """A task that asks for GPUs the allocation does not hold is refused, as `sky exec` refuses a task
+    the cluster cannot satisfy (it would run with the allocation's GPUs, and fail later). Any one of
+    its alternatives that fits will do; a task that names no GPU runs with the allocation's."""
+    options = resource_options(task.resources)
+    parts = (row.accelerator or "").split(":")  # the --gres it was held with: gpu:TYPE:N, or gpu:N
+    held_type = parts[1] if len(parts) == 3 else None
+    if not options or any(o.accelerator is None or (o.accelerator.count <= row.gpus_per_node and (
+            held_type is None or gpu_matches(o.accelerator.name, held_type))) for o in options):
+        return
+    held = (f"{row.gpus_per_node} GPU{'s' if row.gpus_per_node != 1 else ''} ({held_type or 'untyped'}) per node"
+            if row.gpus_per_node else "no GPU")
+    asked = " or ".join(sorted({str(o.accelerator) for o in options if o.accelerator}))
+    raise TaskError(f"{source}: the task asks for {asked}; allocation {row.name!r} holds {held}. Leave "
+                    f"resources.accelerators out to run with what it holds, or hold another allocation")
 
 
 def _fits(existing: AllocationRow, task: Task, wanted: str) -> bool:

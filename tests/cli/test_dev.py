@@ -85,6 +85,14 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
         0, "rank=0 host=b1 n=1 gpus=2 cvd=0,1 ips=127.0.0.1 cluster=borealis\n"), fewer.stderr
     more = corral("exec", "dev", "--num-nodes", "3", "--", "true")
     assert more.exit_code == 65 and "the task asks for 3 nodes; allocation 'dev' has 2" in more.stderr
+    # A task asking for GPUs the allocation does not hold is refused, as `sky exec` refuses it (it ran).
+    greedy = tmp_path / "greedy.yaml"
+    greedy.write_text("resources:\n  accelerators: H100:4\nrun: nvidia-smi\n")
+    refused = corral("exec", "dev", str(greedy))
+    assert refused.exit_code == 65 and ("the task asks for H100:4; allocation 'dev' holds 2 GPUs "
+                                        "(H100) per node") in refused.stderr, refused.stderr
+    greedy.write_text("resources:\n  accelerators: [H100:4, H100:1]\nrun: echo fits\n")  # one alternative fits
+    assert corral("exec", "dev", "--num-nodes", "1", str(greedy)).stdout == "fits\n"
     # Same name, same resources: reused, no second allocation; the task just runs in it.
     again = corral("launch", "-c", "dev", "--gpus", "H100:2", "--num-nodes", "2", "--", "hostname")
     assert again.exit_code == 0, again.stderr
