@@ -382,6 +382,10 @@ def test_a_failed_setup_says_what_it_printed(corral, clean, tmp_path):
     assert "allocation 'broken' is FAILED: setup failed with exit code 4; its output is above" in failed.stderr
     assert "installing" not in failed.stderr, failed.stderr
     assert "pip: no such package" in status(corral, "broken")["setup_output"]
+    assert corral("down", "broken").exit_code == 0
+    # --no-setup: a new allocation is held without running it (as `sky launch --no-setup`)
+    skipped = corral("launch", "-c", "nosetup", str(task), "--infra", "slurm/cirrus/debug", "--cpus", "1", "--no-setup")
+    assert (skipped.exit_code, skipped.stdout) == (0, "hi\n"), skipped.stderr
     # Where it was not shown (`launch -c` again while the first, detached, runs setup), the error gives
     # its last lines.
     task.write_text("setup: |\n  echo installing\n  sleep 3\n  echo 'pip: no such package' >&2\n  exit 4\n")
@@ -391,7 +395,7 @@ def test_a_failed_setup_says_what_it_printed(corral, clean, tmp_path):
     assert again.exit_code == 1 and "installing" not in again.stdout, again.stdout
     assert ("allocation 'broken2' is FAILED: setup failed with exit code 4; the last lines setup printed: "
             "installing | pip: no such package | ") in again.stderr, again.stderr
-    assert corral("down", "broken").exit_code == 0
+    assert corral("down", "broken2", "nosetup").exit_code == 0
 
 
 def test_unknown_allocation_names_the_known_ones(corral, clean):

@@ -302,8 +302,8 @@ def _skypilot_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         if down_alone:  # SkyPilot's autodown once its jobs are done; with -i, -i is what Corral does anyway
             kwargs["idle_minutes"] = DOWN_IDLE_MINUTES
         if kwargs.get("no_setup") and not kwargs.get("dev_name"):
-            raise click.UsageError("--no-setup goes with -c NAME (a live allocation's setup is not run again); "
-                                   "a new job runs its setup inside its own allocation")
+            raise click.UsageError("--no-setup goes with -c NAME (the dev allocation runs the task without its "
+                                   "setup); a job runs its setup inside its own allocation")
         for field, flag in _IGNORED_FLAGS.items():  # after the refusals: an error stays one line
             if kwargs.pop(field) not in (None, False, ()):
                 click.echo(f"corral: warning: {flag}: ignored on Slurm ({IGNORED_RESOURCE_FIELDS[field]})", err=True)

@@ -32,7 +32,7 @@ from corral.cli.following import LazyProgress, follow_to_end
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-c", "--cluster-name", "dev_name", help="Hold a named dev allocation (or reuse it) and run the task in it.")
 @click.option("--no-setup", is_flag=True,
-              help="With -c on a live allocation: run the task without running its setup again (as SkyPilot's).")
+              help="With -c: run the task without its setup, on a live allocation or a new one (as SkyPilot's).")
 @click.option("-i", "--idle-minutes", "--idle-minutes-to-autostop", "idle_minutes", type=float, default=None,
               help="With -c: release the allocation after M idle minutes (SkyPilot's -i).")
 @click.option("--time", "walltime", help="Walltime (sbatch --time), e.g. 4:00:00.")

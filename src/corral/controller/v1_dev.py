@@ -56,9 +56,10 @@ class DevLaunchRequest(RequestBody):
     run: bool = Field(False, description="Once ready, run the task's `run` in it as `exec` does: its output "
                                          "as `output` events, its exit status in `done`. It waits until the "
                                          "allocation is ready, whatever `wait` says")
-    setup: bool = Field(True, description="With `run`, on a live allocation reused: run the task's `setup` again "
-                                          "first, on every node, as `sky launch` on an existing cluster does "
-                                          "(false: `--no-setup`). A new allocation's holder runs it anyway")
+    setup: bool = Field(True, description="Run the task's `setup`: a new allocation's holder runs it on every node "
+                                          "before it is ready; with `run`, a live allocation reused runs it again "
+                                          "first, as `sky launch` on an existing cluster does. False (`--no-setup`): "
+                                          "neither")
     detach: bool = Field(False, description="With `run`: answer `done` (with its `job_id`, no exit status) once "
                                             "the run has started, as `sky launch -d`")
 
@@ -132,6 +133,8 @@ def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str
         async def work(put: Put) -> dict[str, Any]:
             nonlocal task
             put_warnings(put, task, source, dev=True)
+            if not request.setup:  # `--no-setup`: not on a live allocation, nor by a new one's holder
+                task = task.model_copy(update={"setup": None})
             task = await buckets.fetched(task, me.owner, lambda d: put({"event": "step", "step": "fetch", "detail": d}))
             allocations = dev(me, put)
             async with locks.setdefault((me.owner, name), asyncio.Lock()):

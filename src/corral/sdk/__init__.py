@@ -346,7 +346,8 @@ class Client:
         With `run`, once it is ready (whatever `wait` says), the task's `run` runs in it (its output to
         `on_output`): `exit_code` and `job_id` say how it ended; with `detach` too, it returns once the
         run has started (`job_id`, `exit_code` None), as `sky launch -d`. A live allocation reused runs
-        the task's `setup` again first (as `sky launch` on an existing cluster), unless `setup=False`.
+        the task's `setup` again first (as `sky launch` on an existing cluster); `setup=False` runs no
+        setup, there or in a new allocation.
         The idle limit: `idle_minutes`, else the task's `resources.autostop`, else
         `default_idle_minutes` (a user's setting), else none."""
         body = {"task": self._task_or_command(task, command, base, workdir), "idle_minutes": idle_minutes,
