@@ -48,7 +48,7 @@ from corral.launch import (
     NoFeasibleClusterError,
     no_candidate_message,
 )
-from corral.placement import Candidate
+from corral.placement import Candidate, gres_type_of
 from corral.profiles import with_prefix
 from corral.state import Store
 from corral.state.models import AllocationRow, AttemptRow, JobRow
@@ -332,17 +332,16 @@ class DevAllocations:
         rows = [self.get(name) for name in names] if names else self.store.allocations(self.owner)
         statuses = await self.status(rows)
         live = [s for s in statuses if s.state in LIVE_PHASES and s.row.handle]
-        seconds = round(idle_minutes * 60)
-
-        async def change(status: AllocationStatus) -> None:
-            row = status.row
-            await self._holder(row.cluster, row.owner).set_idle_limit(row.handle or "", row.run_dir, seconds)
-            row.idle_seconds = seconds
-            self.store.put_allocation(row)
-
-        await asyncio.gather(*(change(s) for s in live))
+        await asyncio.gather(*(self.set_idle_limit(s.row, idle_minutes) for s in live))
         now = time.time()
         return [dataclasses.replace(s, last_active=now) for s in live], [s for s in statuses if s not in live]
+
+    async def set_idle_limit(self, row: AllocationRow, idle_minutes: float) -> None:
+        """The new idle limit of one allocation its caller knows is live (one round trip)."""
+        seconds = round(idle_minutes * 60)
+        await self._holder(row.cluster, row.owner).set_idle_limit(row.handle or "", row.run_dir, seconds)
+        row.idle_seconds = seconds
+        self.store.put_allocation(row)
 
     # ---- exec ---------------------------------------------------------------------------------
     def _holder(self, cluster: str, owner: str) -> HoldsAllocations:
@@ -495,8 +494,7 @@ def _check_gpus(task: Task, row: AllocationRow, source: str) -> None:
     the cluster cannot satisfy (it would run with the allocation's GPUs, and fail later). Any one of
     its alternatives that fits will do; a task that names no GPU runs with the allocation's."""
     options = resource_options(task.resources)
-    parts = (row.accelerator or "").split(":")  # the --gres it was held with: gpu:TYPE:N, or gpu:N
-    held_type = parts[1] if len(parts) == 3 else None
+    held_type = gres_type_of(row.accelerator)  # row.accelerator: the --gres it was held with
     if not options or any(o.accelerator is None or (o.accelerator.count <= row.gpus_per_node and (
             held_type is None or gpu_matches(o.accelerator.name, held_type))) for o in options):
         return

@@ -124,6 +124,17 @@ def _gpu_pool_types(nodes: list[Node], name: str) -> list[str | None]:
     return sorted(t for t in types if t is not None and gpu_matches(name, t))
 
 
+def gres_option(gres_type: str | None, gpus: int) -> str:
+    """What goes to --gres for `gpus` GPUs per node of `gres_type` (any type: None)."""
+    return f"gpu:{gres_type}:{gpus}" if gres_type else f"gpu:{gpus}"
+
+
+def gres_type_of(gres: str | None) -> str | None:
+    """The GPU type a --gres value from `gres_option` names (None: untyped, or no GPU)."""
+    parts = (gres or "").split(":")
+    return parts[1] if len(parts) == 3 else None
+
+
 def _fits(node: Node, gres_type: str | None, gpus: int, cpus: int, memory_mb: int, any_type: bool) -> bool:
     if gpus:
         pools = [p for p in node.gpus if any_type or p.gres_type == gres_type]
@@ -235,15 +246,11 @@ def evaluate(
                   and (any_type or d.gres_type in (None, gres_type)))
     free_gpus = sum(n.gpus_free(gres_type) if not any_type else sum(n.gpus_free(p.gres_type) for p in n.gpus)
                     for n in nodes) if accel else 0
-    if accel:
-        gres = f"gpu:{gres_type}:{gpus}" if gres_type else f"gpu:{gpus}"
-    else:
-        gres = None
     return replace(
         base,
         feasible=True,
         gres_type=gres_type,
-        gres=gres,
+        gres=gres_option(gres_type, gpus) if accel else None,
         free_gpus=free_gpus,
         startable_now=len(free_nodes) >= task.num_nodes,
         startable_copies=copies,

@@ -140,7 +140,7 @@ def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str
             async with locks.setdefault((me.owner, name), asyncio.Lock()):
                 row, new = await allocations.launch(name, task, source, idle_minutes, request.walltime)
                 if not new and request.idle_minutes is not None:  # `sky launch -c NAME -i M` on a live one
-                    await allocations.set_idle_limits([name], request.idle_minutes)
+                    await allocations.set_idle_limit(row, request.idle_minutes)
             answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
                                       "slurm_job_id": row.handle, "new": new}
             setup_again = request.setup and not new and bool(task.setup)  # a new one's holder runs it

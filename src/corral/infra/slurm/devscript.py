@@ -211,8 +211,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         out += (
             'count=$(echo "$all" | wc -l)\n'
             + _exec_step(job_id, exec_id, '"$count"', '$(echo "$all" | paste -sd, -)', "setup.sh", "")
-            + 'for rank in $(seq 0 $((count - 1))); do rc=$(cat "$d/' + exec_dir + '/setup-rc.$rank" 2>/dev/null); '
-            + 'case "$rc" in ""|0|12[89]|1[3-9][0-9]|2[0-9][0-9]) ;; *) status=$rc; break ;; esac; done\n'
+            + _own_failure(exec_dir, "setup-rc", "$((count - 1))", 'status=$rc; break')
             + 'if [ "$status" -ne 0 ]; then echo "corral: setup failed with exit code $status; the run did not start" '
             + f'| tee -a "$d/{exec_dir}/{EXEC_OUTPUT}"; exit "$status"; fi\n'
         )
@@ -221,8 +220,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
     return (
         out
         + _exec_step(job_id, exec_id, str(num_nodes), "$nodes", "run.sh", "-a " if setup else "")
-        + f'for rank in $(seq 0 {num_nodes - 1}); do rc=$(cat "$d/{exec_dir}/rc.$rank" 2>/dev/null); '
-        + 'case "$rc" in ""|0|12[89]|1[3-9][0-9]|2[0-9][0-9]) ;; *) exit "$rc" ;; esac; done\n'
+        + _own_failure(exec_dir, "rc", str(num_nodes - 1), 'exit "$rc"')
         + 'exit "$status"\n'
     )
 
@@ -231,6 +229,13 @@ def _node_wrapper(exec_dir: str, command_file: str, rc_file: str) -> str:
     """What runs on each node of an exec's step: the command, then its status into `rc_file`.<rank>."""
     return (f'"$BASH" "$CORRAL_RUN_DIR"/{exec_dir}/{command_file}; rc=$?\n'
             f'echo "$rc" > "$CORRAL_RUN_DIR"/{exec_dir}/{rc_file}."$SLURM_NODEID"\nexit "$rc"\n')
+
+
+def _own_failure(exec_dir: str, rc_file: str, last_rank: str, then: str) -> str:
+    """Bash that runs `then` for the lowest rank whose command failed by itself (its status in `rc`),
+    not by a signal (128-299: ended for another node's failure, or cancelled)."""
+    return (f'for rank in $(seq 0 {last_rank}); do rc=$(cat "$d/{exec_dir}/{rc_file}.$rank" 2>/dev/null); '
+            f'case "$rc" in ""|0|12[89]|1[3-9][0-9]|2[0-9][0-9]) ;; *) {then} ;; esac; done\n')
 
 
 def _exec_step(job_id: str, exec_id: str, count: str, nodes: str, wrapper: str, tee_flags: str) -> str:

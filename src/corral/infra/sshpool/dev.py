@@ -25,7 +25,7 @@ from corral.infra.shell import (
     write_file,
 )
 from corral.infra.sshpool.inventory import ALIVE, MARK
-from corral.infra.sshpool.runner import RUNS_DIR, check_token
+from corral.infra.sshpool.runner import RUNS_DIR, check_token, run_dir_word
 
 _KEEP_ACTIVE = ('( while kill -0 "$$" 2>/dev/null; do touch "$d/last_active"; sleep 5; done ) '
                 "</dev/null >/dev/null 2>&1 &\n")
@@ -33,7 +33,7 @@ _KEEP_ACTIVE = ('( while kill -0 "$$" 2>/dev/null; do touch "$d/last_active"; sl
 
 def _ready_check(token: str) -> str:
     """Bash: `d` is the holder's run dir; exit EXIT_NOT_READY unless the holder lives and is ready."""
-    return (f'd="$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}\n' + ALIVE
+    return (f"d={run_dir_word(token)}\n" + ALIVE
             + 'pid= since=; [ -s "$d/pid" ] && read -r pid since < "$d/pid"\n'
             + 'if ! alive "$pid" "$since" || [ ! -e "$d/ready" ]; then '
             + f'echo "corral: the allocation is not ready on $(hostname)" >&2; exit {EXIT_NOT_READY}; fi\n')
@@ -41,7 +41,7 @@ def _ready_check(token: str) -> str:
 
 def _exec_dir(token: str, exec_id: str) -> str:
     """An exec's folder on the machine of rank `token`, as a bash word."""
-    return f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}/{exec_folder(exec_id)}'
+    return f"{run_dir_word(token)}/{exec_folder(exec_id)}"
 
 
 def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup: str = "") -> str:
@@ -77,7 +77,7 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup:
 
 def idle_limit_script(token: str, idle_seconds: int) -> str:
     """Give this machine's holder of the allocation a new idle limit (0: never), counted from now."""
-    folder = f'"$HOME"/{shlex.quote(f"{RUNS_DIR}/{check_token(token)}")}'
+    folder = run_dir_word(token)
     return (f"[ -d {folder} ] || exit 0\n"
             f'echo {int(idle_seconds)} > {folder}/{IDLE_LIMIT_FILE}.new && mv -f {folder}/{IDLE_LIMIT_FILE}.new '
             f"{folder}/{IDLE_LIMIT_FILE} && touch {folder}/last_active\n")

@@ -40,6 +40,11 @@ def run_dir(token: str) -> str:
     return f"{RUNS_DIR}/{check_token(token)}"
 
 
+def run_dir_word(token: str) -> str:
+    """The run directory of rank `token` on its machine, as a bash word."""
+    return f'"$HOME"/{shlex.quote(run_dir(token))}'
+
+
 def job_script(request: JobRequest, pool: str, rank: int = 0, node_addresses: Sequence[str] = ()) -> str:
     """job.sh: the task on one machine, as node `rank` of the request's nodes. `node_addresses`: every
     node's, rank 0 first (a single node finds its own)."""
@@ -124,7 +129,7 @@ def submit_script(request: JobRequest, pool: str, files: dict[str, str], configu
     """Claim the request's GPUs (of its type) and start the task, in one round trip; idempotent by token.
     Answers `@@corral submitted <host>/<token> new|existing`, or `@@corral rejected <why>`."""
     token = check_token(request.token)
-    directory = f'"$HOME"/{shlex.quote(run_dir(token))}'
+    directory = run_dir_word(token)
     wanted = request.accelerators_per_node
     type_test = (f'[ "$name" = {shlex.quote(request.accelerator_type)} ] || continue\n'
                  if request.accelerator_type else "")
@@ -216,7 +221,7 @@ exit 0
 
 def follow_script(token: str, follow: bool, tail: int = 0) -> str:
     """Print the task's log (with `tail` > 0, its last `tail` lines); with `follow`, until it has ended."""
-    directory = f'"$HOME"/{shlex.quote(run_dir(token))}'
+    directory = run_dir_word(token)
     lines = tail_lines(tail)
     if not follow:
         return f"tail {lines} {directory}/log.txt 2>/dev/null; exit 0\n"
