@@ -52,6 +52,14 @@ def test_the_sdk_sees_what_the_cli_sees(corral, corral_env):
     with pytest.raises(ApiError) as malformed:
         client.queue(limit=-1)  # 0 is the live jobs only (queue -s)
     assert malformed.value.status == 422 and "limit" in str(malformed.value)
+    # One value given twice where the operation takes one is refused, not the last one kept (found by the
+    # schemathesis run: `?gpu=…&gpu=…` answered 200); a list parameter takes several.
+    with pytest.raises(ApiError) as twice:
+        client._json("GET", "/gpus", {"gpu": ["A100", "H100"]})
+    assert twice.value.status == 422 and "gpu" in str(twice.value) and "one value" in str(twice.value)
+    with pytest.raises(ApiError) as listed:
+        client.dev_status(["a", "b"])  # ?name=a&name=b: read as two names (there is no allocation "a")
+    assert listed.value.status == 404 and "no dev allocation 'a'" in str(listed.value)
 
 
 def test_a_wrong_token_is_refused_and_api_login_saves_nothing_then(corral, corral_env):

@@ -4,7 +4,8 @@ app's handler (api.py); the framework's own (a body that is not JSON, no token) 
 
 from __future__ import annotations
 
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -25,34 +26,50 @@ class RequestBody(BaseModel):
 
 async def known_query_only(request: Request) -> None:
     """Refuse a query parameter the operation does not have, as a body field is (`?limt=5` must not
-    quietly give the default 20): 422, in FastAPI's list of fields."""
+    quietly give the default 20), and one value given twice where the operation takes one (`?gpu=A100&
+    gpu=H100` must not quietly keep the last): 422, in FastAPI's list of fields."""
     route = request.scope.get("route")
     if route is None or not request.query_params:
         return
     declared = _declared_query(route)
-    unknown = [name for name in request.query_params if name not in declared]
-    if unknown:
-        raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", name), "msg": "Extra inputs are not "
-                                       "permitted", "input": request.query_params[name]} for name in unknown])
+    given = request.query_params
+    unknown = [{"type": "extra_forbidden", "loc": ("query", name), "msg": "Extra inputs are not permitted",
+                "input": given[name]} for name in given if name not in declared]
+    repeated = [{"type": "too_long", "loc": ("query", name), "msg": "Give one value, not several",
+                 "input": given.getlist(name)} for name in given
+                if name in declared and not declared[name] and len(given.getlist(name)) > 1]
+    if unknown or repeated:
+        raise RequestValidationError(unknown + repeated)
 
 
-_DECLARED: dict[int, tuple[Any, frozenset[str]]] = {}  # id(route) -> (route, its query names)
+_DECLARED: dict[int, tuple[Any, dict[str, bool]]] = {}  # id(route) -> (route, its query names: repeatable)
 
 
-def _declared_query(route: Any) -> frozenset[str]:
-    """A route's query parameter names, worked out at its first request with a query."""
+def _declared_query(route: Any) -> dict[str, bool]:
+    """A route's query parameter names, each with whether it takes several values (a list), worked out at
+    its first request with a query."""
     found = _DECLARED.get(id(route))
     if found is None or found[0] is not route:  # another app's route may have had this id
-        found = _DECLARED[id(route)] = (route, frozenset(_query_names(route.dependant)))
+        found = _DECLARED[id(route)] = (route, _query_names(route.dependant))
     return found[1]
 
 
-def _query_names(dependant: Any) -> set[str]:
-    """The query parameters a route declares, its dependencies' included."""
-    names = {param.alias for param in dependant.query_params}
+def _query_names(dependant: Any) -> dict[str, bool]:
+    """The query parameters a route declares, its dependencies' included: name -> takes several values."""
+    names = {param.alias: _several(param.field_info.annotation) for param in dependant.query_params}
     for sub in dependant.dependencies:
         names |= _query_names(sub)
     return names
+
+
+def _several(annotation: Any) -> bool:
+    """Whether a parameter's type takes several values (`list[str]`, optional or not)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _several(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        return any(_several(arg) for arg in get_args(annotation))
+    return (origin or annotation) in (list, set, frozenset, tuple)
 
 
 def refused_status(exc: CorralError) -> int:
