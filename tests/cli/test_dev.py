@@ -121,6 +121,12 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert (broken.exit_code, "never" in broken.stdout) == (5, False), broken.stdout + broken.stderr
     assert "setup failed with exit code 5; the run did not start" in broken.stdout + broken.stderr
     assert (corral("queue", "dev", "--json").json()[0]["state"], status(corral, "dev")["state"]) == ("FAILED", "READY")
+    # A `corral cancel` landing between setup's step and run's finds no step to scancel: the run started
+    # regardless. Its marker now stops it (here setup leaves the marker itself, at its last moment).
+    task.write_text("resources:\n  accelerators: H100:2\nrun: echo never\n"
+                    'setup: |\n  echo set\n  touch "$CORRAL_RUN_DIR/exec/$CORRAL_TASK_ID/cancelled"\n')
+    late = corral("launch", "-c", "dev", str(task))
+    assert (late.exit_code, late.stdout) == (143, "set\nset\n"), late.stdout + late.stderr
     more = corral("launch", "-c", "dev", str(task), "--num-nodes", "3")
     assert more.exit_code == 65 and "exists with other resources" in more.stderr, more.stderr
     other = corral("launch", "-c", "dev", "--gpus", "H100:1")

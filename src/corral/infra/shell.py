@@ -13,6 +13,7 @@ SETUP_TAIL_LINES = 15  # of a dev allocation's failed setup, what its state give
 IDLE_LIMIT_FILE = "idle_limit"  # in a dev allocation's run dir: its idle limit in seconds, as `corral autostop` set it
 EXEC_OUTPUT = "output"  # an exec's stdout and stderr as it ran, in its folder of the allocation
 EXEC_START_WAIT = 600  # seconds a follower waits for a running exec's output to begin (its files syncing)
+EXEC_CANCELLED = "cancelled"  # left in the exec's folder by `corral cancel`: no step of it starts after
 EXEC_ENDED = "ended"  # left in the exec's folder once it has ended, however it ended: its exit status
 
 

@@ -41,7 +41,9 @@ def test_exec_script_with_setup():
 
 
 def test_cancelling_an_exec_scancels_its_named_step_only():
-    assert cancel_exec_script("42", "c-0123abcd") == (
+    assert cancel_exec_script(".corral/runs/dev-1", "42", "c-0123abcd") == (
+        '[ -d "$HOME"/.corral/runs/dev-1 ] && mkdir -p "$HOME"/.corral/runs/dev-1/exec/c-0123abcd && '
+        ': > "$HOME"/.corral/runs/dev-1/exec/c-0123abcd/cancelled\n'
         "squeue -h -s -j 42 -o '%i|%j' 2>/dev/null | awk -F'|' '$2 == \"corral-exec-c-0123abcd\" {print $1}' "
         "| xargs -r scancel\nexit 0\n")
 
@@ -50,7 +52,7 @@ def test_exec_ids_and_job_ids_are_checked_before_they_reach_bash():
     for job_id, exec_id in (("42;rm", "c-1"), ("42", "../c"), ("42", "c-1 x"), ("42", "")):
         for make in (lambda: exec_script(".corral/runs/x", job_id, exec_id, 1, 0, "a", {}, "true"),
                      lambda: exec_output_script(".corral/runs/x", job_id, exec_id, True),
-                     lambda: cancel_exec_script(job_id, exec_id)):
+                     lambda: cancel_exec_script(".corral/runs/x", job_id, exec_id)):
             with pytest.raises(ValueError):
                 make()
 

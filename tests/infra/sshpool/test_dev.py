@@ -107,6 +107,19 @@ def test_cancel_ends_the_exec_and_its_followers_not_the_holder(home):
     assert run(home, cancel_exec_script(TOKEN, "c-0002")) == (0, "")  # ended already: nothing to do
 
 
+def test_a_cancel_that_lands_before_the_exec_began_or_between_its_setup_and_run_stops_it(home):
+    """The cancel found no process (no `pid` yet, or a moment between setup and run), so the exec ran on
+    regardless: its marker now stops it where it is."""
+    assert run(home, cancel_exec_script(TOKEN, "c-0006")) == (0, "")  # before its script has started
+    assert run(home, exec_script(TOKEN, "c-0006", {}, "echo never")) == (143, "")
+    # What setup's last moment looks like when the cancel lands right then: the marker, and no process left.
+    setup = "echo setup; : > ../exec/c-0007/cancelled"  # it runs in the allocation's workdir
+    assert run(home, exec_script(TOKEN, "c-0007", {}, "echo never", setup=setup)) == (143, "setup\n")
+    assert (home / RUNS_DIR / TOKEN / "exec" / "c-0007" / "ended").read_text() == "143\n"
+    assert run(home, cancel_exec_script("ba9876543210.0", "c-0008")) == (0, "")  # no such allocation: no folder made
+    assert not (home / RUNS_DIR / "ba9876543210.0").exists()
+
+
 def test_exec_ids_are_checked_before_they_reach_bash():
     for bad in ("../x", "c-1;rm", "", "c 1"):
         with pytest.raises(ValueError):

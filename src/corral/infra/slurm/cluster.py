@@ -249,7 +249,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         await self._stream(devscript.setup_output_script(run_dir, handle), on_output)
 
     async def cancel_exec(self, handle: str, run_dir: str, exec_id: str) -> None:
-        await self._run(devscript.cancel_exec_script(handle, exec_id), timeout=JOB_TIMEOUT)
+        await self._run(devscript.cancel_exec_script(run_dir, handle, exec_id), timeout=JOB_TIMEOUT)
 
     async def release(self, handle: str | None, run_dir: str) -> None:
         await self._run(devscript.down_script(handle, run_dir), timeout=JOB_TIMEOUT)
