@@ -54,7 +54,9 @@ from corral.state import Store
 from corral.state.models import AllocationRow, AttemptRow, JobRow
 from corral.state.sealed import seal
 from corral.task import (
+    ResourceOption,
     Task,
+    parse_amount,
     job_environment,
     redacted_json,
     resolved_secrets,
@@ -168,10 +170,11 @@ class DevAllocations:
         if existing is not None:
             [status] = await self.status([existing])
             if status.state in LIVE_PHASES:
-                if not _fits(existing, task, wanted):
+                problem = self._unmet(existing, task)
+                if problem:
                     raise AllocationMismatchError(
-                        f"allocation {name!r} exists with other resources ({_describe(existing.resources)}); "
-                        f"asked for {_describe(wanted)}. Use another name, or `corral down {name}` first")
+                        f"allocation {name!r} ({_describe(existing.resources)}) cannot run this task: it asks for "
+                        f"{problem}. Use another name, or `corral down {name}` first")
                 return existing, False
             self.store.delete_allocation(name, self.owner)  # ended: a new one takes the name
             devssh.forget_host_key(existing.token)
@@ -347,6 +350,12 @@ class DevAllocations:
     def _holder(self, cluster: str, owner: str) -> HoldsAllocations:
         return holder(self.client.infra(cluster, owner))
 
+    def _unmet(self, row: AllocationRow, task: Task) -> str | None:
+        """What the task asks that a live allocation does not hold (nodes included), or None."""
+        if "num_nodes" in task.model_fields_set and task.num_nodes > row.num_nodes:
+            return f"{task.num_nodes} nodes (it has {row.num_nodes})"
+        return unmet(row, self.client.infra(row.cluster, row.owner).kind, task)
+
     def get(self, name: str) -> AllocationRow:
         row = self.store.allocation(name, self.owner)
         if row is None:
@@ -370,7 +379,10 @@ class DevAllocations:
         if nodes < row.num_nodes and not infra.execs_on_fewer_nodes:
             raise TaskError(f"{source}: the task asks for {nodes} of the {row.num_nodes} nodes: an exec in this "
                             f"allocation runs on all of them; leave num_nodes out, or hold one of that size")
-        _check_gpus(task, row, source)
+        problem = unmet(row, infra.kind, task)
+        if problem:
+            raise TaskError(f"{source}: allocation {name!r} cannot run this task: it asks for {problem}. Leave "
+                            "those resources out to run with what it holds, or hold another allocation")
         envs = job_environment(task, source)
         [job_id] = self.store.new_job_ids(1)
         token = f"exec-{secrets.token_hex(6)}"
@@ -489,28 +501,43 @@ def _key(row: AllocationRow) -> tuple[str, str]:
     return row.owner, row.name
 
 
-def _check_gpus(task: Task, row: AllocationRow, source: str) -> None:
-    """A task that asks for GPUs the allocation does not hold is refused, as `sky exec` refuses a task
-    the cluster cannot satisfy (it would run with the allocation's GPUs, and fail later). Any one of
-    its alternatives that fits will do; a task that names no GPU runs with the allocation's."""
+def unmet(row: AllocationRow, kind: str, task: Task) -> str | None:
+    """What of the task's resources the allocation cannot give, or None when one of its alternatives
+    fits: as SkyPilot's "less demanding than" the cluster, a task may ask for less than is held (fewer
+    GPUs, CPUs, memory; a wider infra; nothing at all) and runs with what the allocation holds. CPUs and
+    memory count only where the allocation was held with a number of them (else it is unknown)."""
     options = resource_options(task.resources)
+    if not options:
+        return None
+    held = json.loads(row.resources)
     held_type = gres_type_of(row.accelerator)  # row.accelerator: the --gres it was held with
-    if not options or any(o.accelerator is None or (o.accelerator.count <= row.gpus_per_node and (
-            held_type is None or gpu_matches(o.accelerator.name, held_type))) for o in options):
-        return
-    held = (f"{row.gpus_per_node} GPU{'s' if row.gpus_per_node != 1 else ''} ({held_type or 'untyped'}) per node"
-            if row.gpus_per_node else "no GPU")
-    asked = " or ".join(sorted({str(o.accelerator) for o in options if o.accelerator}))
-    raise TaskError(f"{source}: the task asks for {asked}; allocation {row.name!r} holds {held}. Leave "
-                    f"resources.accelerators out to run with what it holds, or hold another allocation")
 
+    def shortfall(option: ResourceOption) -> list[str]:
+        out = []
+        gpus = option.accelerator
+        if gpus is not None and (gpus.count > row.gpus_per_node or (
+                held_type is not None and not gpu_matches(gpus.name, held_type))):
+            have = (f"{row.gpus_per_node} GPU{'s' if row.gpus_per_node != 1 else ''} ({held_type or 'untyped'}) "
+                    "per node" if row.gpus_per_node else "no GPU")
+            out.append(f"{gpus} (it holds {have})")
+        for what, asked, unit in (("cpus", option.cpus, ""), ("memory", option.memory_gb, "GB")):
+            if asked is None:
+                continue
+            have_text = held.get(what)
+            if have_text is None:
+                out.append(f"{what}={asked}{unit} (it was held without a number of {what})")
+            elif parse_amount(have_text, what).value < asked.value:
+                out.append(f"{what}={asked}{unit} (it holds {have_text}{unit})")
+        where = option.infra
+        if ((where.kind and where.kind != kind) or (where.cluster and where.cluster != row.cluster)
+                or (where.partition and where.partition != row.partition)):
+            out.append(f"infra {where} (it is on {kind}/{row.cluster}/{row.partition})")
+        return out
 
-def _fits(existing: AllocationRow, task: Task, wanted: str) -> bool:
-    """Whether a live allocation serves the task: the same resources, on as many nodes as the task asks
-    for or more (it runs on the first N, as `sky launch` runs a 1-node task on a 4-node cluster)."""
-    have, want = json.loads(existing.resources), json.loads(wanted)
-    have_nodes, want_nodes = have.pop("num_nodes"), want.pop("num_nodes")
-    return have == want and ("num_nodes" not in task.model_fields_set or want_nodes <= have_nodes)
+    shortfalls = [shortfall(option) for option in options]
+    if any(not missing for missing in shortfalls):
+        return None
+    return "; ".join(shortfalls[0])
 
 
 def _describe(resources: str) -> str:

@@ -89,8 +89,13 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     greedy = tmp_path / "greedy.yaml"
     greedy.write_text("resources:\n  accelerators: H100:4\nrun: nvidia-smi\n")
     refused = corral("exec", "dev", str(greedy))
-    assert refused.exit_code == 65 and ("the task asks for H100:4; allocation 'dev' holds 2 GPUs "
-                                        "(H100) per node") in refused.stderr, refused.stderr
+    assert refused.exit_code == 65 and ("allocation 'dev' cannot run this task: it asks for H100:4 (it holds 2 GPUs "
+                                        "(H100) per node)") in refused.stderr, refused.stderr
+    # So is one asking for CPUs or memory it was held without a number of, or another cluster.
+    greedy.write_text("resources:\n  cpus: 4\n  infra: slurm/alpine\nrun: nproc\n")
+    refused = corral("exec", "dev", str(greedy))
+    assert refused.exit_code == 65 and ("it asks for cpus=4 (it was held without a number of cpus); infra slurm/alpine "
+                                        "(it is on slurm/borealis/h100-cluster)") in refused.stderr, refused.stderr
     greedy.write_text("resources:\n  accelerators: [H100:4, H100:1]\nrun: echo fits\n")  # one alternative fits
     assert corral("exec", "dev", "--num-nodes", "1", str(greedy)).stdout == "fits\n"
     # Same name, same resources: reused, no second allocation; the task just runs in it.
@@ -128,11 +133,16 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     late = corral("launch", "-c", "dev", str(task))
     assert (late.exit_code, late.stdout) == (143, "set\nset\n"), late.stdout + late.stderr
     more = corral("launch", "-c", "dev", str(task), "--num-nodes", "3")
-    assert more.exit_code == 65 and "exists with other resources" in more.stderr, more.stderr
-    other = corral("launch", "-c", "dev", "--gpus", "H100:1")
+    assert more.exit_code == 65 and "it asks for 3 nodes (it has 2)" in more.stderr, more.stderr
+    # A task asking for less than is held runs in it, as `sky launch -c` runs one "less demanding than" the
+    # cluster: fewer GPUs, a wider infra, or no resources at all. It was refused unless it asked for the same.
+    for fewer in (["--gpus", "H100:1", "--infra", "slurm"], []):
+        ran = corral("launch", "-c", "dev", *fewer, "--", "echo in dev")
+        assert (ran.exit_code, ran.stdout) == (0, "in dev\nin dev\n"), ran.stderr
+    other = corral("launch", "-c", "dev", "--gpus", "L40S:1")
     assert other.exit_code == 65
-    assert "allocation 'dev' exists with other resources (accelerator=H100:2, num_nodes=2); asked for " \
-           "accelerator=H100:1, num_nodes=1" in other.stderr
+    assert ("allocation 'dev' (accelerator=H100:2, num_nodes=2) cannot run this task: it asks for L40S:1 (it holds "
+            "2 GPUs (H100) per node). Use another name, or `corral down dev` first") in other.stderr, other.stderr
     down = corral("down", "dev")
     assert down.exit_code == 0 and down.stdout.strip() == "dev: released"
     assert job_state(testbed.cluster_config, "borealis", info["slurm_job_id"]) == "CANCELLED"

@@ -1,0 +1,49 @@
+"""Which tasks a live dev allocation runs: what a task asks for against what the allocation holds
+(`dev.unmet`), pure, on rows as `launch -c` records them."""
+
+from __future__ import annotations
+
+import json
+
+from corral.dev import resources_key, unmet
+from corral.state.models import AllocationRow
+from corral.task import parse_task
+from corral.taskfile import parse_yaml
+
+
+def task(text: str):
+    return parse_task(parse_yaml(text, "task.yaml"), "task.yaml")
+
+
+def held(text: str, *, gres: str | None = "gpu:h100:2", gpus: int = 2, nodes: int = 2) -> AllocationRow:
+    key = json.loads(resources_key(task(text)))
+    return AllocationRow(name="dev", token="t", cluster="borealis", partition="h100-cluster", num_nodes=nodes,
+                         accelerator=gres, gpus_per_node=gpus, resources=json.dumps(key), run_dir="r",
+                         created_at=0.0)
+
+
+def test_a_task_asking_for_less_than_is_held_runs_in_it():
+    row = held("resources:\n  accelerators: H100:2\n  cpus: 8\n  memory: 64\n  infra: slurm/borealis\n")
+    for asks in ("run: x\n",  # nothing at all
+                 "resources:\n  accelerators: H100:1\n",
+                 "resources:\n  accelerators: h100\n  cpus: 4+\n  memory: 64\n",
+                 "resources:\n  infra: slurm\n", "resources:\n  infra: slurm/borealis/h100-cluster\n",
+                 "resources:\n  accelerators: [H100:4, H100:2]\n"):  # one alternative that fits is enough
+        assert unmet(row, "slurm", task(asks)) is None, asks
+
+
+def test_a_task_asking_for_more_or_elsewhere_says_what_and_what_is_held():
+    row = held("resources:\n  accelerators: H100:2\n  cpus: 8\n")
+    cases = {
+        "resources:\n  accelerators: H100:4\n": "H100:4 (it holds 2 GPUs (h100) per node)",
+        "resources:\n  accelerators: L40S:1\n": "L40S:1 (it holds 2 GPUs (h100) per node)",
+        "resources:\n  cpus: 16\n": "cpus=16 (it holds 8)",
+        "resources:\n  memory: 32+\n": "memory=32+GB (it was held without a number of memory)",
+        "resources:\n  infra: slurm/alpine\n": "infra slurm/alpine (it is on slurm/borealis/h100-cluster)",
+        "resources:\n  infra: slurm/borealis/l40s\n": "infra slurm/borealis/l40s (it is on slurm/borealis/h100-cluster)",
+        "resources:\n  infra: ssh/lab\n": "infra ssh/lab (it is on slurm/borealis/h100-cluster)",
+    }
+    for asks, said in cases.items():
+        assert unmet(row, "slurm", task(asks)) == said, asks
+    no_gpu = held("resources:\n  cpus: 1\n", gres=None, gpus=0)
+    assert unmet(no_gpu, "slurm", task("resources:\n  accelerators: H100:1\n")) == "H100:1 (it holds no GPU)"
