@@ -23,6 +23,18 @@ def exec_ended_trap(folder: str) -> str:
     return f"trap 'echo \"$?\" > {folder}/{EXEC_ENDED}' EXIT\n"
 
 
+def stop_if_cancelled(folder: str) -> str:
+    """Bash: end as cancelled (143, as TERM) if `corral cancel` has left its marker in the exec's
+    `folder` (a bash word): no step of the exec starts after the marker."""
+    return f"if [ -e {folder}/{EXEC_CANCELLED} ]; then exit 143; fi\n"
+
+
+def leave_cancel_marker(run_dir: str, folder: str) -> str:
+    """Bash: leave the cancel marker in an exec's `folder` (bash words both), if its allocation's
+    `run_dir` is still there (none is made for an allocation that is gone)."""
+    return f"[ -d {run_dir} ] && mkdir -p {folder} && : > {folder}/{EXEC_CANCELLED}\n"
+
+
 def check_exec_id(exec_id: str) -> str:
     """An exec's id (its job id), checked to be a bash word needing no quotes."""
     if not _EXEC_ID.match(exec_id):

@@ -15,7 +15,6 @@ import shlex
 
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
 from corral.infra.shell import (
-    EXEC_CANCELLED,
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_START_WAIT,
@@ -24,8 +23,10 @@ from corral.infra.shell import (
     check_exec_id,
     exec_ended_trap,
     exec_folder,
+    leave_cancel_marker,
     one_line_word,
     render_env,
+    stop_if_cancelled,
     tail_lines,
 )
 from corral.infra.slurm.environment import login_shell_line
@@ -201,7 +202,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + 'if [ "$state" != RUNNING ] || [ ! -e ready ]; then '
         + 'echo "corral: the allocation is not ready (${state:-gone})" >&2; exit 75; fi\n'
         + exec_ended_trap(f'"$d"/{exec_dir}')
-        + _stop_if_cancelled(exec_dir)
+        + stop_if_cancelled(f'"$d"/{exec_dir}')
         + 'export CORRAL_RUN_DIR="$d"\n'
         + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
@@ -214,7 +215,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
             'count=$(echo "$all" | wc -l)\n'
             + _exec_step(job_id, exec_id, '"$count"', '$(echo "$all" | paste -sd, -)', "setup.sh", "")
             + _own_failure(exec_dir, "setup-rc", "$((count - 1))", 'status=$rc; break')
-            + _stop_if_cancelled(exec_dir)
+            + stop_if_cancelled(f'"$d"/{exec_dir}')
             + 'if [ "$status" -ne 0 ]; then echo "corral: setup failed with exit code $status; the run did not start" '
             + f'| tee -a "$d/{exec_dir}/{EXEC_OUTPUT}"; exit "$status"; fi\n'
         )
@@ -231,14 +232,9 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
 def _node_wrapper(exec_dir: str, command_file: str, rc_file: str) -> str:
     """What runs on each node of an exec's step: the command, then its status into `rc_file`.<rank>;
     nothing if the exec was cancelled before the step began (see `cancel_exec_script`)."""
-    return (f'[ -e "$CORRAL_RUN_DIR"/{exec_dir}/{EXEC_CANCELLED} ] && exit 143\n'
-            f'"$BASH" "$CORRAL_RUN_DIR"/{exec_dir}/{command_file}; rc=$?\n'
+    return (stop_if_cancelled(f'"$CORRAL_RUN_DIR"/{exec_dir}')
+            + f'"$BASH" "$CORRAL_RUN_DIR"/{exec_dir}/{command_file}; rc=$?\n'
             f'echo "$rc" > "$CORRAL_RUN_DIR"/{exec_dir}/{rc_file}."$SLURM_NODEID"\nexit "$rc"\n')
-
-
-def _stop_if_cancelled(exec_dir: str) -> str:
-    """Bash: end as cancelled (143, as TERM) if `corral cancel` has left its marker in the exec's folder."""
-    return f'if [ -e "$d/{exec_dir}/{EXEC_CANCELLED}" ]; then exit 143; fi\n'
 
 
 def _own_failure(exec_dir: str, rc_file: str, last_rank: str, then: str) -> str:
@@ -289,8 +285,8 @@ def cancel_exec_script(run_dir: str, job_id: str, exec_id: str) -> str:
     _check_id(job_id)
     run = f'"$HOME"/{shlex.quote(run_dir)}'
     folder = f"{run}/{exec_folder(exec_id)}"
-    return (f"[ -d {run} ] && mkdir -p {folder} && : > {folder}/{EXEC_CANCELLED}\n"
-            f"squeue -h -s -j {job_id} -o '%i|%j' 2>/dev/null | "
+    return (leave_cancel_marker(run, folder)
+            + f"squeue -h -s -j {job_id} -o '%i|%j' 2>/dev/null | "
             f"awk -F'|' '$2 == \"{exec_step_name(exec_id)}\" {{print $1}}' | xargs -r scancel\nexit 0\n")
 
 

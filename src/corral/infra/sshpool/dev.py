@@ -13,7 +13,6 @@ import shlex
 
 from corral.infra.base import EXIT_NOT_READY
 from corral.infra.shell import (
-    EXEC_CANCELLED,
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_START_WAIT,
@@ -21,7 +20,9 @@ from corral.infra.shell import (
     SETUP_TAIL_LINES,
     exec_ended_trap,
     exec_folder,
+    leave_cancel_marker,
     render_env,
+    stop_if_cancelled,
     tail_lines,
     write_file,
 )
@@ -51,8 +52,6 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup:
     the caller and to the exec's `output` file; the exec's `pid` (this script's, with its start time)
     lets `cancel_exec_script` end it; `ended` is left however it ends."""
     folder = f'"$d"/{exec_folder(exec_id)}'
-    # Written after `pid`, read by `cancel_exec_script` after its marker: one of the two sees the other.
-    stop_if_cancelled = f"if [ -e {folder}/{EXEC_CANCELLED} ]; then exit 143; fi\n"
 
     def step(command_file: str, tee_flags: str) -> str:
         return (f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {folder}/env.sh '
@@ -65,14 +64,15 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup:
               + write_file(f"{folder}/env.sh", render_env(envs)) + "\n"
               + f'echo "$$ $(started "$$")" > {folder}/pid\n'
               + exec_ended_trap(folder)
-              + stop_if_cancelled
+              # After `pid`, as `cancel_exec_script` reads `pid` after its marker: one sees the other.
+              + stop_if_cancelled(folder)
               + _KEEP_ACTIVE
               + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
               + 'cd "$d/workdir" || exit 1\n')
     if setup:
         script += (step("setup.sh", "")
                    + 'status=${PIPESTATUS[0]}\n'
-                   + stop_if_cancelled
+                   + stop_if_cancelled(folder)
                    + 'if [ "$status" -ne 0 ]; then echo "corral: setup failed on $(hostname) with exit code $status; '
                    + f'the run did not start" | tee -a {folder}/{EXEC_OUTPUT}; exit "$status"; fi\n')
         if not run:
@@ -112,7 +112,7 @@ def cancel_exec_script(token: str, exec_id: str) -> str:
     first: an exec that has not yet written its `pid` ends as soon as it has."""
     folder = _exec_dir(token, exec_id)
     return (ALIVE + f"e={folder}\n"
-            + f'[ -d {run_dir_word(token)} ] && mkdir -p "$e" && : > "$e/{EXEC_CANCELLED}"\n'
+            + leave_cancel_marker(run_dir_word(token), '"$e"')
             + f'[ -e "$e/{EXEC_ENDED}" ] && exit 0\n'
             + 'read -r pid since < "$e/pid" 2>/dev/null && alive "$pid" "$since" || exit 0\n'
             + 'group=$(ps -o pgid= -p "$pid" | tr -d " "); mine=$(ps -o pgid= -p "$$" | tr -d " ")\n'
