@@ -127,9 +127,13 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert "setup failed with exit code 5; the run did not start" in broken.stdout + broken.stderr
     assert (corral("queue", "dev", "--json").json()[0]["state"], status(corral, "dev")["state"]) == ("FAILED", "READY")
     # A `corral cancel` landing between setup's step and run's finds no step to scancel: the run started
-    # regardless. Its marker now stops it (here setup leaves the marker itself, at its last moment).
+    # regardless. Its marker now stops it (here setup leaves the marker itself, at its last moment: node 1
+    # once node 0 is past its start, as a node that starts after the marker runs nothing).
     task.write_text("resources:\n  accelerators: H100:2\nrun: echo never\n"
-                    'setup: |\n  echo set\n  touch "$CORRAL_RUN_DIR/exec/$CORRAL_TASK_ID/cancelled"\n')
+                    'setup: |\n  echo set\n  e="$CORRAL_RUN_DIR/exec/$CORRAL_TASK_ID"\n'
+                    '  if [ "$SLURM_NODEID" = 0 ]; then touch "$e/began"; exit 0; fi\n'
+                    '  for i in $(seq 300); do [ -e "$e/began" ] && break; sleep 0.1; done\n'
+                    '  touch "$e/cancelled"\n')
     late = corral("launch", "-c", "dev", str(task))
     assert (late.exit_code, late.stdout) == (143, "set\nset\n"), late.stdout + late.stderr
     more = corral("launch", "-c", "dev", str(task), "--num-nodes", "3")
