@@ -1,11 +1,12 @@
 """Which tasks a live dev allocation runs: what a task asks for against what the allocation holds
-(`dev.unmet`), pure, on rows as `launch -c` records them."""
+(`dev.unmet`), and how many of its GPUs an exec takes (`dev.gpus_to_claim`), pure, on rows as
+`launch -c` records them."""
 
 from __future__ import annotations
 
 import json
 
-from corral.dev import resources_key, unmet
+from corral.dev import gpus_to_claim, resources_key, unmet
 from corral.state.models import AllocationRow
 from corral.task import parse_task
 from corral.taskfile import parse_yaml
@@ -47,3 +48,19 @@ def test_a_task_asking_for_more_or_elsewhere_says_what_and_what_is_held():
         assert unmet(row, "slurm", task(asks)) == said, asks
     no_gpu = held("resources:\n  cpus: 1\n", gres=None, gpus=0)
     assert unmet(no_gpu, "slurm", task("resources:\n  accelerators: H100:1\n")) == "H100:1 (it holds no GPU)"
+
+
+def test_an_exec_takes_the_gpus_its_task_names_and_none_when_it_names_none():
+    row = held("resources:\n  accelerators: H100:2\n  cpus: 8\n")
+    cases = {
+        "run: x\n": 0,  # it names none: it sees all of them, and takes none
+        "resources:\n  cpus: 4\n": 0,
+        "resources:\n  accelerators: H100:1\n": 1,
+        "resources:\n  accelerators: h100:2\n": 2,
+        "resources:\n  accelerators: [H100:4, H100:2, H100:1]\n": 2,  # the first alternative that fits
+        "resources:\n  any_of:\n    - infra: slurm/alpine\n      accelerators: H100:1\n    - cpus: 2\n": 0,
+    }
+    for asks, taken in cases.items():
+        assert gpus_to_claim(row, "slurm", task(asks)) == taken, asks
+    no_gpu = held("resources:\n  cpus: 1\n", gres=None, gpus=0)
+    assert gpus_to_claim(no_gpu, "slurm", task("resources:\n  cpus: 1\n")) == 0

@@ -407,7 +407,7 @@ class DevAllocations:
             setup_commands = with_prefix(settings.prefix(), task.setup) if setup else None
             status = await infra.exec_in(row.handle, row.run_dir, job_id, nodes, row.gpus_per_node,
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
-                                         on_output, setup_commands or "")
+                                         on_output, setup_commands or "", gpus_to_claim(row, infra.kind, task))
         except asyncio.CancelledError:
             if not sent:
                 self.store.end_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
@@ -509,35 +509,46 @@ def unmet(row: AllocationRow, kind: str, task: Task) -> str | None:
     options = resource_options(task.resources)
     if not options:
         return None
-    held = json.loads(row.resources)
-    held_type = gres_type_of(row.accelerator)  # row.accelerator: the --gres it was held with
-
-    def shortfall(option: ResourceOption) -> list[str]:
-        out = []
-        gpus = option.accelerator
-        if gpus is not None and (gpus.count > row.gpus_per_node or (
-                held_type is not None and not gpu_matches(gpus.name, held_type))):
-            have = (f"{row.gpus_per_node} GPU{'s' if row.gpus_per_node != 1 else ''} ({held_type or 'untyped'}) "
-                    "per node" if row.gpus_per_node else "no GPU")
-            out.append(f"{gpus} (it holds {have})")
-        for what, asked, unit in (("cpus", option.cpus, ""), ("memory", option.memory_gb, "GB")):
-            if asked is None:
-                continue
-            have_text = held.get(what)
-            if have_text is None:
-                out.append(f"{what}={asked}{unit} (it was held without a number of {what})")
-            elif parse_amount(have_text, what).value < asked.value:
-                out.append(f"{what}={asked}{unit} (it holds {have_text}{unit})")
-        where = option.infra
-        if ((where.kind and where.kind != kind) or (where.cluster and where.cluster != row.cluster)
-                or (where.partition and where.partition != row.partition)):
-            out.append(f"infra {where} (it is on {kind}/{row.cluster}/{row.partition})")
-        return out
-
-    shortfalls = [shortfall(option) for option in options]
+    shortfalls = [_shortfall(row, kind, option) for option in options]
     if any(not missing for missing in shortfalls):
         return None
     return "; ".join(shortfalls[0])
+
+
+def gpus_to_claim(row: AllocationRow, kind: str, task: Task) -> int:
+    """How many of the allocation's GPUs per node an exec of `task` takes for itself (as SkyPilot's
+    job queue gives each job its own): the count its first fitting alternative names, or 0 (it names
+    none, or the allocation holds none) for an exec that sees all of them and takes none."""
+    for option in resource_options(task.resources):
+        if not _shortfall(row, kind, option):
+            return option.accelerator.count if option.accelerator is not None and row.gpus_per_node else 0
+    return 0
+
+
+def _shortfall(row: AllocationRow, kind: str, option: ResourceOption) -> list[str]:
+    """What of one alternative of a task's resources the allocation lacks (empty when it fits)."""
+    held = json.loads(row.resources)
+    held_type = gres_type_of(row.accelerator)  # row.accelerator: the --gres it was held with
+    out = []
+    gpus = option.accelerator
+    if gpus is not None and (gpus.count > row.gpus_per_node or (
+            held_type is not None and not gpu_matches(gpus.name, held_type))):
+        have = (f"{row.gpus_per_node} GPU{'s' if row.gpus_per_node != 1 else ''} ({held_type or 'untyped'}) "
+                "per node" if row.gpus_per_node else "no GPU")
+        out.append(f"{gpus} (it holds {have})")
+    for what, asked, unit in (("cpus", option.cpus, ""), ("memory", option.memory_gb, "GB")):
+        if asked is None:
+            continue
+        have_text = held.get(what)
+        if have_text is None:
+            out.append(f"{what}={asked}{unit} (it was held without a number of {what})")
+        elif parse_amount(have_text, what).value < asked.value:
+            out.append(f"{what}={asked}{unit} (it holds {have_text}{unit})")
+    where = option.infra
+    if ((where.kind and where.kind != kind) or (where.cluster and where.cluster != row.cluster)
+            or (where.partition and where.partition != row.partition)):
+        out.append(f"infra {where} (it is on {kind}/{row.cluster}/{row.partition})")
+    return out
 
 
 def _describe(resources: str) -> str:

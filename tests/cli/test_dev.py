@@ -199,6 +199,50 @@ def test_cancelling_an_exec_ends_it_and_keeps_its_allocation(corral, corral_env,
     assert gone.exit_code == 1 and "which has been released since" in gone.stderr, gone.stderr
 
 
+def test_execs_naming_gpus_each_take_their_own_and_wait_for_them(corral, clean):
+    """As SkyPilot's job queue on a cluster: two execs asking for 1 of the allocation's 2 GPUs each see
+    a GPU of their own, a third waits (saying so) until one is free, a cancel ends it while it waits,
+    and an exec naming no GPUs sees them all. Before, every exec saw every GPU."""
+    up = corral("launch", "-c", "share", "--gpus", "H100:2", "--infra", "slurm/alpine", "--json")
+    assert up.exit_code == 0, up.stderr
+    hold = 'echo "$CORRAL_TASK_ID cvd=$CUDA_VISIBLE_DEVICES n=$CORRAL_NUM_GPUS_PER_NODE"; ' \
+           'until [ -e "$CORRAL_RUN_DIR/go" ]; do sleep 0.1; done'
+
+    def detached(*args: str) -> str:
+        result = corral("exec", "share", "-d", "--gpus", "H100:1", *args)
+        assert result.exit_code == 0, result.stderr
+        return result.stdout.strip()
+
+    def output(job_id: str) -> str:
+        return corral("logs", job_id, "--no-follow").stdout
+
+    seen = corral("exec", "share", "--", "echo $CUDA_VISIBLE_DEVICES")
+    assert seen.exit_code == 0, seen.stderr
+    devices = seen.stdout.strip().split(",")  # the node's GPUs that Slurm gave the allocation
+    assert len(devices) == 2, seen.stdout
+    first, second = detached("--", hold), detached("--", hold)
+    shown = wait_for("both to print their GPUs", lambda: (a := output(first)) and (b := output(second)) and a + b,
+                     timeout=60)
+    got = dict(line.split(" ", 1) for line in shown.splitlines())
+    assert sorted(got) == sorted([first, second]) and \
+        sorted(got.values()) == sorted(f"cvd={device} n=1" for device in devices), shown
+    third, doomed = detached("--", "echo third cvd=$CUDA_VISIBLE_DEVICES"), detached("--", "echo never")
+    waiting = "corral: waiting for 1 of the allocation's 2 GPUs per node, in use by job(s) "
+    wait_for("the third to say it waits", lambda: output(third).startswith(waiting), timeout=60)
+    assert sorted(output(third).split("job(s) ")[1].split()) == sorted([first, second])
+    cancelled = corral("cancel", doomed)
+    assert cancelled.exit_code == 0, cancelled.stderr
+    ended = corral("logs", doomed)
+    assert ended.exit_code != 0 and "CANCELLED" in ended.stderr and "never" not in ended.stdout, ended.stderr
+    everything = corral("exec", "share", "--", 'echo "all=$CUDA_VISIBLE_DEVICES"; touch "$CORRAL_RUN_DIR/go"')
+    assert (everything.exit_code, everything.stdout) == (0, f"all={seen.stdout.strip()}\n"), everything.stderr
+    finished = corral("logs", third)
+    assert finished.exit_code == 0, finished.stderr
+    assert re.fullmatch(re.escape(waiting) + r".*\nthird cvd=(" + "|".join(devices) + r")\n", finished.stdout), \
+        finished.stdout
+    assert corral("down", "share").exit_code == 0
+
+
 def test_an_exec_whose_end_its_server_did_not_see_is_settled_from_the_allocation(corral, corral_env, clean):
     """kill -9 of the server during an exec left the exec RUNNING in the queue for ever."""
     up = corral("launch", "-c", "box2", "--infra", "slurm/cirrus/debug", "--cpus", "1", "--json")

@@ -114,12 +114,19 @@ def stopped_following(job_id: str, name: str) -> NoReturn:
               help="Return once it has started, printing its job id (`sky exec -d`); `corral logs JOB` follows it.")
 @click.option("--num-nodes", type=click.IntRange(1, 100_000),
               help="On this many of the allocation's nodes (overrides the task's num_nodes; default: all).")
+@click.option("--gpus", help="GPUs per node it takes for itself, e.g. H100:1 (overrides resources.accelerators); "
+                             "it waits while other jobs hold them. Default: it sees all, and takes none.")
+@click.option("--cpus", help="CPUs per node it needs (N or N+): at most what the allocation holds.")
+@click.option("--memory", help="Memory per node it needs in GB (N or N+): at most what the allocation holds.")
+@click.option("--infra", help="Where it may run (as the task's infra): the allocation must be there.")
 @reports_errors
 def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values: tuple[str, ...],
-          detach: bool, num_nodes: int | None) -> None:
+          detach: bool, num_nodes: int | None, gpus: str | None, cpus: str | None, memory: str | None,
+          infra: str | None) -> None:
     """Run a task or `-- COMMAND` on every node of dev allocation NAME (or on the task's num_nodes of
     them, as `sky exec`); exits with its exit code. The task's workdir and file_mounts are synced into
-    the allocation first."""
+    the allocation first. A task naming GPUs takes that many for itself, as in SkyPilot's job queue:
+    it sees only those, and waits while other jobs in the allocation hold them."""
     from corral.sdk import Client
 
     paths, command = task_arguments(args)
@@ -129,7 +136,7 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
     started: list[str] = []
     try:
         job_id, code = client.dev_exec(name, Path(paths[0]) if paths else None, command=command, detach=detach,
-                                       num_nodes=num_nodes,
+                                       num_nodes=num_nodes, gpus=gpus, cpus=cpus, memory=memory, infra=infra,
                                        envs=list(envs), secrets=list(secret_values), on_output=write_bytes,
                                        on_event=lambda e: started.append(str(e["job_id"])) if "job_id" in e else None)
     except KeyboardInterrupt:

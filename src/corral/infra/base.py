@@ -386,10 +386,14 @@ class HoldsAllocations(ABC):
 
     @abstractmethod
     async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
-                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "") -> int:
+                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "",
+                      gpus_claimed: int = 0) -> int:
         """Run `run` on the allocation's first `num_nodes` nodes (every node, unless the task asked for
         fewer); its exit status (EXIT_NOT_READY if not ready). With `setup`, that first on every node
-        of the allocation, in the same exec (its output, its cancel), and `run` only if it succeeded."""
+        of the allocation, in the same exec (its output, its cancel), and `run` only if it succeeded.
+        `accelerators_per_node`: the GPUs the allocation holds per node; `gpus_claimed` > 0: the exec
+        takes that many of them for itself, waiting while other execs hold them, and sees only those
+        (a backend that cannot keep them apart shows it all of them)."""
 
     @abstractmethod
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,

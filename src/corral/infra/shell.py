@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from corral.infra.base import DEFAULT_CHECKPOINT_DIR
+from corral.infra.base import DEFAULT_CHECKPOINT_DIR, EXIT_NOT_READY
 
 _EXEC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z", re.ASCII)
 SETUP_TAIL_LINES = 15  # of a dev allocation's failed setup, what its state gives (setup_output)
@@ -15,6 +15,8 @@ EXEC_OUTPUT = "output"  # an exec's stdout and stderr as it ran, in its folder o
 EXEC_START_WAIT = 600  # seconds a follower waits for a running exec's output to begin (its files syncing)
 EXEC_CANCELLED = "cancelled"  # left in the exec's folder by `corral cancel`: no step of it starts after
 EXEC_ENDED = "ended"  # left in the exec's folder once it has ended, however it ended: its exit status
+GPU_CLAIMS = "gpus"  # in a dev allocation's run dir: a file per GPU slot an exec holds (its id, host, pid)
+GPU_WAIT_POLL = 2  # seconds between looks while an exec waits for GPUs that other execs hold
 
 
 def exec_ended_trap(folder: str) -> str:
@@ -27,6 +29,56 @@ def stop_if_cancelled(folder: str) -> str:
     """Bash: end as cancelled (143, as TERM) if `corral cancel` has left its marker in the exec's
     `folder` (a bash word): no step of the exec starts after the marker."""
     return f"if [ -e {folder}/{EXEC_CANCELLED} ]; then exit 143; fi\n"
+
+
+def claim_gpus(exec_id: str, wanted: int, held: int, still_held: str) -> str:
+    """Bash, `d` being the allocation's run dir: take `wanted` of its `held` GPU slots per node for
+    the exec (as SkyPilot's job queue gives each job on a cluster GPUs of its own), waiting while other
+    execs hold them, with one line saying so in the exec's output. Exports CORRAL_GPU_SLOTS (the slots'
+    positions, which `narrow_gpus` turns into devices on each node) and CORRAL_NUM_GPUS_PER_NODE.
+
+    A slot's claim names its exec, the host and the pid of the exec's script; it is free once that
+    exec has ended (its `ended` marker) or, on the same host, its script is gone. Claims are read and
+    written under a lock, so two execs never take the same slot. While it waits, the exec stops if
+    cancelled, and leaves EXIT_NOT_READY (75) if `still_held` (a bash command) fails: checked at
+    once, then every fifth look."""
+    folder = f'"$d"/{exec_folder(exec_id)}'
+    claims = f'"$d"/{GPU_CLAIMS}'
+    return (
+        f'me=$(hostname); looks=0; exec 8>>{claims}.lock\n'
+        "while :; do\n"
+        "  flock 8; got=(); busy=()\n"
+        f"  for slot in $(seq 0 {int(held) - 1}); do\n"
+        f'    owner= host= pid=; [ -s {claims}/"$slot" ] && read -r owner host pid < {claims}/"$slot"\n'
+        f'    if [ -n "$owner" ] && [ ! -e "$d/exec/$owner/{EXEC_ENDED}" ] '
+        '&& { [ "$host" != "$me" ] || kill -0 "$pid" 2>/dev/null; }; then busy+=("$owner"); continue; fi\n'
+        f'    got+=("$slot"); [ "${{#got[@]}}" -eq {int(wanted)} ] && break\n'
+        "  done\n"
+        f'  if [ "${{#got[@]}}" -eq {int(wanted)} ]; then mkdir -p {claims}; '
+        f'for slot in "${{got[@]}}"; do echo "{check_exec_id(exec_id)} $me $$" > {claims}/"$slot"; done; '
+        "flock -u 8; break; fi\n"
+        "  flock -u 8\n"
+        + "  " + stop_if_cancelled(folder)
+        + f"  if [ $((looks % 5)) -eq 0 ] && ! {still_held}; then echo \"corral: the allocation ended while this job "
+        f"waited for its GPUs\" >&2; exit {EXIT_NOT_READY}; fi\n"
+        f'  if [ "$looks" -eq 0 ]; then mkdir -p {folder}; echo "corral: waiting for {int(wanted)} of the '
+        f"allocation's {int(held)} GPUs per node, in use by job(s) "
+        f'$(printf "%s\\n" "${{busy[@]}}" | sort -u | paste -sd" " -)" | tee -a {folder}/{EXEC_OUTPUT}; fi\n'
+        f"  looks=$((looks + 1)); sleep {GPU_WAIT_POLL}\n"
+        "done\n"
+        "exec 8>&-\n"
+        f'export CORRAL_GPU_SLOTS=$(IFS=,; echo "${{got[*]}}") CORRAL_NUM_GPUS_PER_NODE={int(wanted)}\n'
+    )
+
+
+def narrow_gpus() -> str:
+    """Bash, on a node of an exec's step: where the exec claimed GPU slots (CORRAL_GPU_SLOTS), keep
+    only those of the devices the allocation gives the step (CUDA_VISIBLE_DEVICES, and its ROCm and
+    GPU_DEVICE_ORDINAL twins where set), so that each exec sees only its own GPUs."""
+    return ('if [ -n "${CORRAL_GPU_SLOTS:-}" ]; then for var in CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES '
+            'GPU_DEVICE_ORDINAL; do [ -n "${!var:-}" ] || continue; IFS=, read -ra all <<< "${!var}"; pick=(); '
+            'for slot in ${CORRAL_GPU_SLOTS//,/ }; do pick+=("${all[$slot]}"); done; '
+            'export "$var=$(IFS=,; echo "${pick[*]}")"; done; fi\n')
 
 
 def leave_cancel_marker(run_dir: str, folder: str) -> str:

@@ -361,15 +361,19 @@ class Client:
 
     def dev_exec(self, name: str, task: TaskLike = None, *, command: str | None = None, envs: Pairs = None,
                  secrets: Pairs = None, base: Path | None = None, detach: bool = False, num_nodes: int | None = None,
-                 on_output: Callable[[bytes], None] | None = None,
+                 gpus: str | None = None, cpus: str | None = None, memory: str | None = None,
+                 infra: str | None = None, on_output: Callable[[bytes], None] | None = None,
                  on_event: Callable[[dict[str, Any]], None] | None = None) -> tuple[str, int | None]:
         """Run a task (or one command) on every node of allocation NAME; (job id, exit status). Its
         output goes to `on_output` as it comes; `on_event` gets `{"event": "started", "job_id": …}` first.
         Stopping (Ctrl-C) stops following, not the exec: `cancel(job_id)` ends it. `detach` (`sky exec
         -d`): return once it has started, with no exit status; `logs(job_id)` and `wait(job_id)` follow it.
-        `num_nodes` (or the task's): on that many of the allocation's nodes, as `sky exec`; else all."""
+        `num_nodes` (or the task's): on that many of the allocation's nodes, as `sky exec`; else all.
+        `gpus` (or the task's accelerators): that many of the allocation's GPUs per node for this job
+        alone, waiting while other jobs hold them; `cpus`, `memory`, `infra` must fit what it holds."""
         body = {"task": self._task_or_command(task, command, base),
-                "overrides": _overrides(envs=envs, secrets=secrets, num_nodes=num_nodes), "detach": detach}
+                "overrides": _overrides(envs=envs, secrets=secrets, num_nodes=num_nodes, gpus=gpus, cpus=cpus,
+                                        memory=memory, infra=infra), "detach": detach}
         done = self._events(f"/dev/{_quoted(name)}/exec", body, _output_to(on_output, on_event))
         return str(done["job_id"]), None if done.get("exit_code") is None else int(done["exit_code"])
 

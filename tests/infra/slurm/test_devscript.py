@@ -40,6 +40,13 @@ def test_exec_script_with_setup():
                                                   {}, "python train.py", setup="pip install -r requirements.txt"))
 
 
+def test_exec_script_taking_gpus():
+    """An exec naming GPUs takes that many of the allocation's slots first (waiting for them, checking
+    its cancel marker and the holder meanwhile), and its steps append to the line that says it waited."""
+    check_golden("dev-exec-gpus.sh", exec_script(".corral/runs/dev-1", "42", "c-0123abcd", 1, 4, "alpine",
+                                                 {}, "python train.py", setup="make", gpus_claimed=1))
+
+
 def test_cancelling_an_exec_scancels_its_named_step_only():
     assert cancel_exec_script(".corral/runs/dev-1", "42", "c-0123abcd") == (
         '[ -d "$HOME"/.corral/runs/dev-1 ] && mkdir -p "$HOME"/.corral/runs/dev-1/exec/c-0123abcd && '

@@ -236,9 +236,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         await self._run(devscript.idle_limit_script(run_dir, idle_seconds), timeout=JOB_TIMEOUT)
 
     async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
-                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "") -> int:
+                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "",
+                      gpus_claimed: int = 0) -> int:
         script = devscript.exec_script(run_dir, handle, exec_id, num_nodes, accelerators_per_node, self.cluster,
-                                       envs, run, setup)
+                                       envs, run, setup, gpus_claimed)
         return await self._stream(script, on_output)
 
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,

@@ -21,9 +21,11 @@ from corral.infra.shell import (
     IDLE_LIMIT_FILE,
     SETUP_TAIL_LINES,
     check_exec_id,
+    claim_gpus,
     exec_ended_trap,
     exec_folder,
     leave_cancel_marker,
+    narrow_gpus,
     one_line_word,
     render_env,
     stop_if_cancelled,
@@ -175,10 +177,12 @@ def exec_step_name(exec_id: str) -> str:
 
 
 def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_per_node: int, cluster: str,
-                envs: dict[str, str], run: str, setup: str = "") -> str:
+                envs: dict[str, str], run: str, setup: str = "", gpus_claimed: int = 0) -> str:
     """Run `run` on the allocation's first `num_nodes` nodes (all of them, usually) as one step named
     for the exec, from the login node; with `setup`, first that on every node of the allocation, as a
     step of the same name (so that `cancel_exec_script` ends either), and `run` only if it succeeded.
+    With `gpus_claimed`, the exec first takes that many of the `gpus_per_node` the allocation holds
+    (waiting while other execs hold them) and its steps see only those (`claim_gpus`); else all.
 
     Their stdout and stderr, merged as in a job's log, go both to the caller and to the exec's `output`
     file in the allocation (what `corral logs` shows later); `ended` is left however the script ends.
@@ -206,6 +210,8 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
         + 'export CORRAL_RUN_DIR="$d"\n'
         + f"export CORRAL_TASK_ID={shlex.quote(exec_id)} CORRAL_CLUSTER={shlex.quote(cluster)}\n"
         + f"export CORRAL_NUM_GPUS_PER_NODE={gpus_per_node}\n"
+        + (claim_gpus(exec_id, gpus_claimed, gpus_per_node,
+                      f'[ "$(squeue -h -j {job_id} -o %T 2>/dev/null)" = RUNNING ]') if gpus_claimed else "")
         + f'all=$(scontrol show hostnames "$(squeue -h -j {job_id} -o %N)")\n'
         + f'nodes=$(echo "$all" | head -n {num_nodes} | paste -sd, -)\n'
         + "\n".join(node_env_lines('"$nodes"')) + "\n"
@@ -213,7 +219,8 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
     if setup:
         out += (
             'count=$(echo "$all" | wc -l)\n'
-            + _exec_step(job_id, exec_id, '"$count"', '$(echo "$all" | paste -sd, -)', "setup.sh", "")
+            + _exec_step(job_id, exec_id, '"$count"', '$(echo "$all" | paste -sd, -)', "setup.sh",
+                         "-a " if gpus_claimed else "")
             + _own_failure(exec_dir, "setup-rc", "$((count - 1))", 'status=$rc; break')
             + stop_if_cancelled(f'"$d"/{exec_dir}')
             + 'if [ "$status" -ne 0 ]; then echo "corral: setup failed with exit code $status; the run did not start" '
@@ -223,7 +230,8 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
             return out + "exit 0\n"
     return (
         out
-        + _exec_step(job_id, exec_id, str(num_nodes), "$nodes", "run.sh", "-a " if setup else "")
+        # appended to what came before: setup's output, or the line saying it waited for GPUs
+        + _exec_step(job_id, exec_id, str(num_nodes), "$nodes", "run.sh", "-a " if setup or gpus_claimed else "")
         + _own_failure(exec_dir, "rc", str(num_nodes - 1), 'exit "$rc"')
         + 'exit "$status"\n'
     )
@@ -232,7 +240,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
 def _node_wrapper(exec_dir: str, command_file: str, rc_file: str) -> str:
     """What runs on each node of an exec's step: the command, then its status into `rc_file`.<rank>;
     nothing if the exec was cancelled before the step began (see `cancel_exec_script`)."""
-    return (stop_if_cancelled(f'"$CORRAL_RUN_DIR"/{exec_dir}')
+    return (stop_if_cancelled(f'"$CORRAL_RUN_DIR"/{exec_dir}') + narrow_gpus()
             + f'"$BASH" "$CORRAL_RUN_DIR"/{exec_dir}/{command_file}; rc=$?\n'
             f'echo "$rc" > "$CORRAL_RUN_DIR"/{exec_dir}/{rc_file}."$SLURM_NODEID"\nexit "$rc"\n')
 

@@ -333,9 +333,11 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
                                for rank, host in enumerate(hosts) if host in self.pool.hosts))
 
     async def exec_in(self, handle: str, run_dir: str, exec_id: str, num_nodes: int, accelerators_per_node: int,
-                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "") -> int:
+                      envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "",
+                      gpus_claimed: int = 0) -> int:
         """`run` on every machine of the allocation at once; the lowest rank's failure is the status.
-        Each machine runs `setup` first, and its `run` only if that succeeded."""
+        Each machine runs `setup` first, and its `run` only if that succeeded. Every exec sees all of
+        the allocation's GPUs (`gpus_claimed` is not kept apart here yet)."""
         hosts, token = _hosts_and_token(handle)
         statuses = await asyncio.gather(*(
             self.transport.stream(host, pooldev.exec_script(_rank_token(token, rank, len(hosts)), exec_id, envs, run,
