@@ -41,7 +41,7 @@ from corral.infra.base import (
     holder,
     new_token,
 )
-from corral.infra.shell import EXEC_OUTPUT, exec_folder
+from corral.infra.shell import EXEC_OUTPUT, EXEC_SETUP_FAILED, exec_folder
 from corral.launch import (
     Failover,
     Launcher,
@@ -398,6 +398,7 @@ class DevAllocations:
         if on_started is not None:
             on_started(job_id)
         sent = False
+        said = SaidInOutput(EXEC_SETUP_FAILED.encode(), on_output)
         FOLLOWED.add(job_id)
         try:
             await self.sync_files(name, task)
@@ -407,7 +408,7 @@ class DevAllocations:
             setup_commands = with_prefix(settings.prefix(), task.setup) if setup else None
             status = await infra.exec_in(row.handle, row.run_dir, job_id, nodes, row.gpus_per_node,
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
-                                         on_output, setup_commands or "", gpus_to_claim(row, infra.kind, task))
+                                         said, setup_commands or "", gpus_to_claim(row, infra.kind, task))
         except asyncio.CancelledError:
             if not sent:
                 self.store.end_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
@@ -424,7 +425,8 @@ class DevAllocations:
         finally:
             FOLLOWED.discard(job_id)
         state = JobState.SUCCEEDED if status == 0 else JobState.FAILED
-        reason = "allocation not ready" if status == EXIT_NOT_READY else None
+        reason = ("allocation not ready" if status == EXIT_NOT_READY
+                  else "setup failed; the run did not start" if status != 0 and setup and said.seen else None)
         self.store.end_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
         if status == EXIT_NOT_READY:
             raise UnavailableError(f"allocation {name!r} is not ready; see `corral status {name}`")
@@ -499,6 +501,21 @@ class DevAllocations:
 
 def _key(row: AllocationRow) -> tuple[str, str]:
     return row.owner, row.name
+
+
+class SaidInOutput:
+    """An output sink passing chunks on, that notes whether `line` (bytes) began a line of the output,
+    even split across chunks: how a server tells from an exec's output that its setup failed."""
+
+    def __init__(self, line: bytes, on_output: Callable[[bytes], None]) -> None:
+        self.line, self.on_output, self.seen = line, on_output, False
+        self._last = b"\n"  # the end of what came before: the start of the output starts a line
+
+    def __call__(self, chunk: bytes) -> None:
+        if not self.seen:
+            self.seen = b"\n" + self.line in self._last + chunk
+            self._last = (self._last + chunk)[-len(self.line) - 1:]
+        self.on_output(chunk)
 
 
 def unmet(row: AllocationRow, kind: str, task: Task) -> str | None:

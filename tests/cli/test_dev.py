@@ -125,7 +125,9 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     broken = corral("launch", "-c", "dev", str(task))
     assert (broken.exit_code, "never" in broken.stdout) == (5, False), broken.stdout + broken.stderr
     assert "setup failed with exit code 5; the run did not start" in broken.stdout + broken.stderr
-    assert (corral("queue", "dev", "--json").json()[0]["state"], status(corral, "dev")["state"]) == ("FAILED", "READY")
+    failed = corral("queue", "dev", "--json").json()[0]
+    assert (failed["state"], failed["reason"], status(corral, "dev")["state"]) == (
+        "FAILED", "setup failed; the run did not start", "READY")  # the queue used to give no reason
     # A `corral cancel` landing between setup's step and run's finds no step to scancel: the run started
     # regardless. Its marker now stops it (here setup leaves the marker itself, at its last moment: node 1
     # once node 0 is past its start, as a node that starts after the marker runs nothing).

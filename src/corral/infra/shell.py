@@ -15,6 +15,7 @@ EXEC_OUTPUT = "output"  # an exec's stdout and stderr as it ran, in its folder o
 EXEC_START_WAIT = 600  # seconds a follower waits for a running exec's output to begin (its files syncing)
 EXEC_CANCELLED = "cancelled"  # left in the exec's folder by `corral cancel`: no step of it starts after
 EXEC_ENDED = "ended"  # left in the exec's folder once it has ended, however it ended: its exit status
+EXEC_SETUP_FAILED = "corral: setup failed"  # how an exec's output says its setup failed and its run did not start
 GPU_CLAIMS = "gpus"  # in a dev allocation's run dir: a file per GPU slot an exec holds (its id, host, pid)
 GPU_WAIT_POLL = 2  # seconds between looks while an exec waits for GPUs that other execs hold
 

@@ -17,6 +17,7 @@ from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
 from corral.infra.shell import (
     EXEC_ENDED,
     EXEC_OUTPUT,
+    EXEC_SETUP_FAILED,
     EXEC_START_WAIT,
     IDLE_LIMIT_FILE,
     SETUP_TAIL_LINES,
@@ -223,7 +224,7 @@ def exec_script(run_dir: str, job_id: str, exec_id: str, num_nodes: int, gpus_pe
                          "-a " if gpus_claimed else "")
             + _own_failure(exec_dir, "setup-rc", "$((count - 1))", 'status=$rc; break')
             + stop_if_cancelled(f'"$d"/{exec_dir}')
-            + 'if [ "$status" -ne 0 ]; then echo "corral: setup failed with exit code $status; the run did not start" '
+            + f'if [ "$status" -ne 0 ]; then echo "{EXEC_SETUP_FAILED} with exit code $status; the run did not start" '
             + f'| tee -a "$d/{exec_dir}/{EXEC_OUTPUT}"; exit "$status"; fi\n'
         )
         if not run:

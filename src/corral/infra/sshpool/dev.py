@@ -15,6 +15,7 @@ from corral.infra.base import EXIT_NOT_READY
 from corral.infra.shell import (
     EXEC_ENDED,
     EXEC_OUTPUT,
+    EXEC_SETUP_FAILED,
     EXEC_START_WAIT,
     IDLE_LIMIT_FILE,
     SETUP_TAIL_LINES,
@@ -73,7 +74,7 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup:
         script += (step("setup.sh", "")
                    + 'status=${PIPESTATUS[0]}\n'
                    + stop_if_cancelled(folder)
-                   + 'if [ "$status" -ne 0 ]; then echo "corral: setup failed on $(hostname) with exit code $status; '
+                   + f'if [ "$status" -ne 0 ]; then echo "{EXEC_SETUP_FAILED} on $(hostname) with exit code $status; '
                    + f'the run did not start" | tee -a {folder}/{EXEC_OUTPUT}; exit "$status"; fi\n')
         if not run:
             return script + "exit 0\n"
