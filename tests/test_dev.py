@@ -39,7 +39,8 @@ def test_a_task_asking_for_more_or_elsewhere_says_what_and_what_is_held():
         "resources:\n  accelerators: H100:4\n": "H100:4 (it holds 2 GPUs (h100) per node)",
         "resources:\n  accelerators: L40S:1\n": "L40S:1 (it holds 2 GPUs (h100) per node)",
         "resources:\n  cpus: 16\n": "cpus=16 (it holds 8)",
-        "resources:\n  memory: 32+\n": "memory=32+GB (it was held without a number of memory)",
+        "resources:\n  memory: 32+\n": "memory=32+GB (it was held without a number of memory, and has not said "
+                                       "what it got)",
         "resources:\n  infra: slurm/alpine\n": "infra slurm/alpine (it is on slurm/borealis/h100-cluster)",
         "resources:\n  infra: slurm/borealis/l40s\n": "infra slurm/borealis/l40s (it is on slurm/borealis/h100-cluster)",
         "resources:\n  infra: ssh/lab\n": "infra ssh/lab (it is on slurm/borealis/h100-cluster)",
@@ -80,3 +81,14 @@ def test_a_line_said_in_an_execs_output_is_seen_across_chunks_and_only_at_a_line
     assert seen(b"installing\n", b"corral: setup failed\n")
     assert not seen(b"echo 'corral: setup failed' is just text\n", b"x corral: setup failed\n")
     assert not seen(b"corral: setup fine\n", b"")
+
+
+def test_cpus_and_memory_held_without_a_number_count_as_what_the_infra_gave():
+    row = held("resources:\n  accelerators: H100:2\n")
+    row.held_cpus, row.held_memory_mb = 4, 16384  # as its holder read SLURM_CPUS_ON_NODE and its memory
+    for asks in ("resources:\n  cpus: 4\n", "resources:\n  cpus: 2+\n  memory: 16\n"):
+        assert unmet(row, "slurm", task(asks)) is None, asks
+    assert unmet(row, "slurm", task("resources:\n  cpus: 8\n")) == (
+        "cpus=8 (it was held without a number of cpus; the infra gave it 4 per node)")
+    assert unmet(row, "slurm", task("resources:\n  memory: 32\n")) == (
+        "memory=32GB (it was held without a number of memory; the infra gave it 16GB per node)")

@@ -33,6 +33,7 @@ from corral.gpu_names import gpu_matches
 from corral.infra.base import (
     EXIT_NOT_READY,
     AllocationPhase,
+    AllocationState,
     FailureClass,
     FollowsSetup,
     HoldsAllocations,
@@ -105,7 +106,8 @@ class AllocationStatus:
             "nodes": self.nodes, "age_seconds": round(now - r.created_at),
             "idle_seconds": round(now - self.last_active) if self.last_active else None,
             "idle_limit_seconds": r.idle_seconds or None, "time_left": self.time_left,
-            "setup_output": self.setup_output or None,
+            "setup_output": self.setup_output or None, "cpus_per_node": r.held_cpus,
+            "memory_gb_per_node": r.held_memory_mb / 1024 if r.held_memory_mb else None,  # exact: MB / 2**10
         }
 
 
@@ -296,6 +298,8 @@ class DevAllocations:
                 why = "no answer"
             for r in submitted:
                 state = states.get(r.handle or "")
+                if state is not None:
+                    self._note_held(r, state)
                 results[_key(r)] = (AllocationStatus(r, state.phase, state.reason, state.nodes, None,
                                                     state.last_active, state.time_left, sshd=state.sshd,
                                                     ended_execs=state.ended_execs, setup_output=state.setup_output)
@@ -307,6 +311,13 @@ class DevAllocations:
         for status in statuses:
             self._settle_execs(status)
         return statuses
+
+    def _note_held(self, row: AllocationRow, state: AllocationState) -> None:
+        """Keep what the infra gave the allocation per node, the first time its holder says."""
+        if state.cpus_per_node is not None and (row.held_cpus, row.held_memory_mb) != (
+                state.cpus_per_node, state.memory_mb_per_node):
+            self.store.set_allocation_held(row.name, row.owner, state.cpus_per_node, state.memory_mb_per_node)
+            row.held_cpus, row.held_memory_mb = state.cpus_per_node, state.memory_mb_per_node
 
     def _settle_execs(self, status: AllocationStatus) -> None:
         """Record the end of execs the allocation's files say are over (`ended_execs`), or that could not
@@ -553,14 +564,19 @@ def _shortfall(row: AllocationRow, kind: str, option: ResourceOption) -> list[st
         have = (f"{row.gpus_per_node} GPU{'s' if row.gpus_per_node != 1 else ''} ({held_type or 'untyped'}) "
                 "per node" if row.gpus_per_node else "no GPU")
         out.append(f"{gpus} (it holds {have})")
+    given = {"cpus": row.held_cpus, "memory": round(row.held_memory_mb / 1024, 2) if row.held_memory_mb else None}
     for what, asked, unit in (("cpus", option.cpus, ""), ("memory", option.memory_gb, "GB")):
         if asked is None:
             continue
         have_text = held.get(what)
-        if have_text is None:
-            out.append(f"{what}={asked}{unit} (it was held without a number of {what})")
-        elif parse_amount(have_text, what).value < asked.value:
-            out.append(f"{what}={asked}{unit} (it holds {have_text}{unit})")
+        if have_text is not None:
+            if parse_amount(have_text, what).value < asked.value:
+                out.append(f"{what}={asked}{unit} (it holds {have_text}{unit})")
+        elif given[what] is None:
+            out.append(f"{what}={asked}{unit} (it was held without a number of {what}, and has not said what it got)")
+        elif given[what] < asked.value:
+            out.append(f"{what}={asked}{unit} (it was held without a number of {what}; the infra gave it "
+                       f"{given[what]:g}{unit} per node)")
     where = option.infra
     if ((where.kind and where.kind != kind) or (where.cluster and where.cluster != row.cluster)
             or (where.partition and where.partition != row.partition)):

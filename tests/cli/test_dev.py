@@ -201,7 +201,7 @@ def test_cancelling_an_exec_ends_it_and_keeps_its_allocation(corral, corral_env,
     assert gone.exit_code == 1 and "which has been released since" in gone.stderr, gone.stderr
 
 
-def test_execs_naming_gpus_each_take_their_own_and_wait_for_them(corral, clean):
+def test_execs_naming_gpus_each_take_their_own_and_wait_for_them(corral, testbed, clean):
     """As SkyPilot's job queue on a cluster: two execs asking for 1 of the allocation's 2 GPUs each see
     a GPU of their own, a third waits (saying so) until one is free, a cancel ends it while it waits,
     and an exec naming no GPUs sees them all. Before, every exec saw every GPU."""
@@ -242,6 +242,14 @@ def test_execs_naming_gpus_each_take_their_own_and_wait_for_them(corral, clean):
     assert finished.exit_code == 0, finished.stderr
     assert re.fullmatch(re.escape(waiting) + r".*\nthird cvd=(" + "|".join(devices) + r")\n", finished.stdout), \
         finished.stdout
+    # Held without --cpus: a task's cpus count against what Slurm gave it (they used to be refused outright).
+    given = status(corral, "share")
+    cpus = ssh_login(testbed.cluster_config, "alpine", f"squeue -h -j {given['slurm_job_id']} -o %C").strip()
+    assert given["cpus_per_node"] == int(cpus) and given["memory_gb_per_node"], given
+    fits = corral("exec", "share", "--cpus", cpus, "--", "echo fits")
+    assert (fits.exit_code, fits.stdout) == (0, "fits\n"), fits.stderr
+    more = corral("exec", "share", "--cpus", str(int(cpus) + 1), "--", "echo never")
+    assert more.exit_code == 65 and f"the infra gave it {cpus} per node" in more.stderr, more.stderr
     assert corral("down", "share").exit_code == 0
 
 

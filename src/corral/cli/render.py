@@ -260,6 +260,11 @@ def _print_chunk(jobs: list[Job], header: bool) -> None:
     console.print(table)
 
 
+def _memory(gb: float) -> str:
+    """Memory as Slurm's TRES shows it: whole GB as G, else MB as M (1000M, not 0.98G)."""
+    return f"{gb:g}G" if float(gb).is_integer() else f"{round(gb * 1024)}M"
+
+
 def render_status(allocations: list[dict[str, Any]]) -> None:
     """Dev allocations, from the API's JSON."""
     if not allocations:
@@ -271,7 +276,10 @@ def render_status(allocations: list[dict[str, Any]]) -> None:
         idle_for = a.get("idle_seconds")
         idle = duration(idle_for) if isinstance(idle_for, (int, float)) and a["state"] == "READY" else "-"
         limit = f"/{duration(a['idle_limit_seconds'])}" if a.get("idle_limit_seconds") else ""
-        table.add_row(str(a["name"]), f"{a['cluster']}/{a['partition']}", f"{a['num_nodes']}x {a.get('gres') or 'cpu'}",
+        given = (f", cpu={a['cpus_per_node']}" if a.get("cpus_per_node") else "") + (
+            f", mem={_memory(a['memory_gb_per_node'])}" if a.get("memory_gb_per_node") else "")
+        table.add_row(str(a["name"]), f"{a['cluster']}/{a['partition']}",
+                      f"{a['num_nodes']}x {a.get('gres') or 'cpu'}{given}",
                       state, duration(a["age_seconds"]), idle + limit, str(a.get("time_left") or "-"),
                       ",".join(a.get("nodes") or []) or "-")
     console.print(table)

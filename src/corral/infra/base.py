@@ -349,6 +349,8 @@ class AllocationState:
     sshd: bool = False  # the head node has an sshd, so editors' remote-SSH can reach it
     ended_execs: dict[str, int] = field(default_factory=dict)  # exec id: exit status, for those over
     setup_output: str = ""  # when its setup failed: the last lines it printed (why, for the user)
+    cpus_per_node: int | None = None  # what the infra gave it, once its holder has said (None: unknown)
+    memory_mb_per_node: int | None = None
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,9 @@ class AllocationRow(Base):
     accelerator: Mapped[str | None] = mapped_column(String(256), nullable=True)  # the infra's name for its type
     gpus_per_node: Mapped[int] = mapped_column(Integer, default=0)
     resources: Mapped[str] = mapped_column(Text)  # what was asked for, to compare with a relaunch
+    # What the infra gave it per node, as its holder read it once started (None until then, or unknown).
+    held_cpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    held_memory_mb: Mapped[int | None] = mapped_column(Integer, nullable=True)
     run_dir: Mapped[str] = mapped_column(Text)
     idle_seconds: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)

@@ -626,6 +626,13 @@ class Store:
         with self.session() as s, s.begin():
             s.merge(row)
 
+    def set_allocation_held(self, name: str, owner: str, cpus: int | None, memory_mb: int | None) -> None:
+        """Record what the infra gave allocation `name` per node (once its holder has said)."""
+        with self.session() as s, s.begin():
+            row = s.get(AllocationRow, (owner, name), with_for_update=True)
+            if row is not None:
+                row.held_cpus, row.held_memory_mb = cpus, memory_mb
+
     def delete_allocation(self, name: str, owner: str = "") -> None:
         with self.session() as s, s.begin():
             row = s.get(AllocationRow, (owner, name))

@@ -151,3 +151,12 @@ def test_down_leaves_the_cancel_marker_before_its_scancel():
     lines = down_script("42", ".corral/runs/abc").splitlines()
     assert lines[:3] == ['[ -d "$HOME"/.corral/runs/abc ] && : > "$HOME"/.corral/runs/abc/cancelled',
                          "scancel 42 2>/dev/null", 'rm -rf "$HOME"/.corral/runs/abc']
+
+
+def test_status_says_what_slurm_gave_the_allocation_per_node():
+    running = "7|RUNNING|None|59:10|2026-11-30T05:27:13|a[1-2]"
+    given = parse_allocation_status("7", answer(running, "ready=\nnodes=a1,a2\nheld=1:1000"))
+    assert (given.cpus_per_node, given.memory_mb_per_node) == (1, 1000)
+    for files in ("ready=\nnodes=a1,a2", "ready=\nheld=0:0", "ready=\nheld=garbage"):  # from before, or unknown
+        status = parse_allocation_status("7", answer(running, files))
+        assert (status.cpus_per_node, status.memory_mb_per_node) == (None, None), files

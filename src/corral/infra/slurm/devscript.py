@@ -78,6 +78,9 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
         f"export CORRAL_NUM_GPUS_PER_NODE={spec.gpus_per_node}",
         *node_env_lines('"$SLURM_JOB_NODELIST"'),
         'scontrol show hostnames "$SLURM_JOB_NODELIST" > nodes',
+        # What Slurm gave it per node (CPUs:memory in MB), to hold a later task's cpus and memory against.
+        'echo "${SLURM_CPUS_ON_NODE:-0}:${SLURM_MEM_PER_NODE:-$(( ${SLURM_MEM_PER_CPU:-0} * ${SLURM_CPUS_ON_NODE:-0} ))}"'
+        " > held",
         "if [ -s setup.sh ]; then",
         f"  srun --overlap --nodes={spec.num_nodes} --ntasks-per-node=1 bash task.sh \"$CORRAL_RUN_DIR/setup.sh\" \"\"",
         '  rc=$?; if [ "$rc" -ne 0 ]; then echo "corral: setup failed ($rc)"; echo "$rc" > setup_failed; exit "$rc"; fi',
@@ -331,7 +334,7 @@ def status_script(allocations: list[tuple[str, str]]) -> str:
     for job_id, run_dir in allocations:
         path = f'"$HOME"/{shlex.quote(run_dir)}'
         out.append(f"printf '\\n{MARK} files-{job_id} 0\\n'")
-        out.append(f"for f in ready last_active ended setup_failed nodes sshd_ok; do if [ -e {path}/$f ]; then "
+        out.append(f"for f in ready last_active ended setup_failed nodes sshd_ok held; do if [ -e {path}/$f ]; then "
                    f"printf '%s=%s\\n' \"$f\" \"$(paste -sd, {path}/$f)\"; fi; done")
         out.append(f"for f in {path}/exec/*/{EXEC_ENDED}; do [ -s \"$f\" ] && printf 'exec=%s:%s\\n' "
                    f"\"$(basename \"${{f%/*}}\")\" \"$(head -c 12 \"$f\")\"; done")
@@ -400,7 +403,10 @@ def parse_allocation_status(job_id: str, stdout: str) -> AllocationState:
     setup = sections.get(f"setup-{job_id}")
     said = [line for line in (setup.text if setup is not None else "").splitlines()
             if not _HOLDER_SETUP_FAILED.match(line)]  # the holder's own line says only the exit code
-    return dataclasses.replace(_phase(files, slurm), ended_execs=ended_execs, setup_output="\n".join(said))
+    cpus, _, memory_mb = files.get("held", "").partition(":")
+    return dataclasses.replace(_phase(files, slurm), ended_execs=ended_execs, setup_output="\n".join(said),
+                               cpus_per_node=int(cpus) if cpus.isdigit() and int(cpus) else None,
+                               memory_mb_per_node=int(memory_mb) if memory_mb.isdigit() and int(memory_mb) else None)
 
 
 def _phase(files: dict[str, str], slurm: list[str] | None) -> AllocationState:
