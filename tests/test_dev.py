@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from corral.dev import SaidInOutput, gpus_to_claim, resources_key, unmet
+from corral.dev import OutputLines, gpus_to_claim, resources_key, unmet
 from corral.state.models import AllocationRow
 from corral.task import parse_task
 from corral.taskfile import parse_yaml
@@ -67,20 +67,21 @@ def test_an_exec_takes_the_gpus_its_task_names_and_none_when_it_names_none():
     assert gpus_to_claim(no_gpu, "slurm", task("resources:\n  cpus: 1\n")) == 0
 
 
-def test_a_line_said_in_an_execs_output_is_seen_across_chunks_and_only_at_a_line_start():
-    def seen(*chunks: bytes) -> bool:
+def test_corrals_own_lines_in_an_execs_output_are_read_across_chunks_and_only_at_a_line_start():
+    def read(*chunks: bytes) -> list[bytes]:
         passed: list[bytes] = []
-        sink = SaidInOutput(b"corral: setup failed", passed.append)
+        lines: list[bytes] = []
+        sink = OutputLines(b"corral: ", lines.append, passed.append)
         for chunk in chunks:
             sink(chunk)
         assert passed == list(chunks)  # every chunk goes on, as it came
-        return sink.seen
+        return lines
 
-    assert seen(b"corral: setup failed with exit code 5\n")
-    assert seen(b"installing\ncorral: set", b"up fai", b"led on h1 with exit code 5\n")
-    assert seen(b"installing\n", b"corral: setup failed\n")
-    assert not seen(b"echo 'corral: setup failed' is just text\n", b"x corral: setup failed\n")
-    assert not seen(b"corral: setup fine\n", b"")
+    assert read(b"corral: setup failed with exit code 5\n") == [b"corral: setup failed with exit code 5"]
+    assert read(b"installing\ncorral: set", b"up fai", b"led on h1\n", b"corral: waiting for 1") == [
+        b"corral: setup failed on h1"]  # a line is read once whole
+    assert read(b"echo 'corral: setup failed' is text\n", b"x corral: setup failed\n") == []
+    assert read(b"x" * 5000, b"corral: not at a line start\n", b"corral: this is\n") == [b"corral: this is"]
 
 
 def test_cpus_and_memory_held_without_a_number_count_as_what_the_infra_gave():

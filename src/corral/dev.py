@@ -42,7 +42,7 @@ from corral.infra.base import (
     holder,
     new_token,
 )
-from corral.infra.shell import EXEC_OUTPUT, EXEC_SETUP_FAILED, exec_folder
+from corral.infra.shell import EXEC_OUTPUT, EXEC_SETUP_FAILED, GPU_TAKEN, GPU_WAITING, exec_folder
 from corral.launch import (
     Failover,
     Launcher,
@@ -409,7 +409,21 @@ class DevAllocations:
         if on_started is not None:
             on_started(job_id)
         sent = False
-        said = SaidInOutput(EXEC_SETUP_FAILED.encode(), on_output)
+        setup_failed = False
+
+        def corral_line(line: bytes) -> None:
+            nonlocal setup_failed
+            text = line.decode(errors="replace")
+            if text.startswith(EXEC_SETUP_FAILED):
+                setup_failed = True
+            elif text.startswith(GPU_WAITING):  # as SkyPilot's queue shows a job waiting for its GPUs
+                self.store.move_attempt(token, JobState.RUNNING, state=JobState.PENDING, started_at=None,
+                                        reason=text.removeprefix("corral: "))
+            elif text.startswith(GPU_TAKEN):
+                self.store.move_attempt(token, JobState.PENDING, state=JobState.RUNNING, started_at=time.time(),
+                                        reason=None)
+
+        output = OutputLines(b"corral: ", corral_line, on_output)
         FOLLOWED.add(job_id)
         try:
             await self.sync_files(name, task)
@@ -419,7 +433,7 @@ class DevAllocations:
             setup_commands = with_prefix(settings.prefix(), task.setup) if setup else None
             status = await infra.exec_in(row.handle, row.run_dir, job_id, nodes, row.gpus_per_node,
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
-                                         said, setup_commands or "", gpus_to_claim(row, infra.kind, task))
+                                         output, setup_commands or "", gpus_to_claim(row, infra.kind, task))
         except asyncio.CancelledError:
             if not sent:
                 self.store.end_attempt(token, state=JobState.FAILED, reason="interrupted", ended_at=time.time())
@@ -437,7 +451,7 @@ class DevAllocations:
             FOLLOWED.discard(job_id)
         state = JobState.SUCCEEDED if status == 0 else JobState.FAILED
         reason = ("allocation not ready" if status == EXIT_NOT_READY
-                  else "setup failed; the run did not start" if status != 0 and setup and said.seen else None)
+                  else "setup failed; the run did not start" if status != 0 and setup and setup_failed else None)
         self.store.end_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
         if status == EXIT_NOT_READY:
             raise UnavailableError(f"allocation {name!r} is not ready; see `corral status {name}`")
@@ -514,19 +528,24 @@ def _key(row: AllocationRow) -> tuple[str, str]:
     return row.owner, row.name
 
 
-class SaidInOutput:
-    """An output sink passing chunks on, that notes whether `line` (bytes) began a line of the output,
-    even split across chunks: how a server tells from an exec's output that its setup failed."""
+class OutputLines:
+    """An output sink passing chunks on as they come, that also gives `on_line` each whole line that
+    starts with `prefix` (bytes, without its newline), even one split across chunks: how a server
+    reads an exec's own lines (its setup failed, it waits for GPUs) from the output it streams."""
 
-    def __init__(self, line: bytes, on_output: Callable[[bytes], None]) -> None:
-        self.line, self.on_output, self.seen = line, on_output, False
-        self._last = b"\n"  # the end of what came before: the start of the output starts a line
+    LONGEST = 4096  # a line longer than this is not one of Corral's: not kept whole
+
+    def __init__(self, prefix: bytes, on_line: Callable[[bytes], None], on_output: Callable[[bytes], None]) -> None:
+        self.prefix, self.on_line, self.on_output = prefix, on_line, on_output
+        self._partial = b""
 
     def __call__(self, chunk: bytes) -> None:
-        if not self.seen:
-            self.seen = b"\n" + self.line in self._last + chunk
-            self._last = (self._last + chunk)[-len(self.line) - 1:]
         self.on_output(chunk)
+        *lines, partial = (self._partial + chunk).split(b"\n")
+        self._partial = partial if len(partial) <= self.LONGEST else b"\0"  # never starts with the prefix
+        for line in lines:
+            if line.startswith(self.prefix):
+                self.on_line(line)
 
 
 def unmet(row: AllocationRow, kind: str, task: Task) -> str | None:

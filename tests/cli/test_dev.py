@@ -232,6 +232,15 @@ def test_execs_naming_gpus_each_take_their_own_and_wait_for_them(corral, testbed
     waiting = "corral: waiting for 1 of the allocation's 2 GPUs per node, in use by job(s) "
     wait_for("the third to say it waits", lambda: output(third).startswith(waiting), timeout=60)
     assert sorted(output(third).split("job(s) ")[1].split()) == sorted([first, second])
+
+    def queued(job_id: str) -> dict:
+        return next(j for j in corral("queue", "share", "--json").json() if j["job_id"] == job_id)
+
+    # PENDING while it waits, as `sky queue` shows a job waiting for its GPUs (it used to say RUNNING).
+    shown = wait_for("the third to show PENDING", lambda: (j := queued(third))["state"] == "PENDING" and j,
+                     timeout=30)
+    assert shown["reason"].startswith(waiting.removeprefix("corral: ")) and shown["started_at"] is None, shown
+    assert sorted(shown["reason"].split("job(s) ")[1].split()) == sorted([first, second]), shown
     cancelled = corral("cancel", doomed)
     assert cancelled.exit_code == 0, cancelled.stderr
     ended = corral("logs", doomed)
@@ -240,8 +249,10 @@ def test_execs_naming_gpus_each_take_their_own_and_wait_for_them(corral, testbed
     assert (everything.exit_code, everything.stdout) == (0, f"all={seen.stdout.strip()}\n"), everything.stderr
     finished = corral("logs", third)
     assert finished.exit_code == 0, finished.stderr
-    assert re.fullmatch(re.escape(waiting) + r".*\nthird cvd=(" + "|".join(devices) + r")\n", finished.stdout), \
-        finished.stdout
+    assert re.fullmatch(re.escape(waiting) + r".*\ncorral: its GPUs are free after \d+ s; starting\nthird cvd=("
+                        + "|".join(devices) + r")\n", finished.stdout), finished.stdout
+    ran = queued(third)
+    assert (ran["state"], ran["reason"], ran["started_at"] is not None) == ("SUCCEEDED", None, True), ran
     # Held without --cpus: a task's cpus count against what Slurm gave it (they used to be refused outright).
     given = status(corral, "share")
     cpus = ssh_login(testbed.cluster_config, "alpine", f"squeue -h -j {given['slurm_job_id']} -o %C").strip()

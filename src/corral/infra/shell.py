@@ -18,6 +18,8 @@ EXEC_ENDED = "ended"  # left in the exec's folder once it has ended, however it 
 EXEC_SETUP_FAILED = "corral: setup failed"  # how an exec's output says its setup failed and its run did not start
 GPU_CLAIMS = "gpus"  # in a dev allocation's run dir: a file per GPU slot an exec holds (its id, host, pid)
 GPU_WAIT_POLL = 2  # seconds between looks while an exec waits for GPUs that other execs hold
+GPU_WAITING = "corral: waiting for"  # an exec's line when it waits for GPUs other execs hold (then its reason)
+GPU_TAKEN = "corral: its GPUs are free"  # and when it has them, after waiting: it starts
 
 
 def exec_ended_trap(folder: str) -> str:
@@ -35,7 +37,8 @@ def stop_if_cancelled(folder: str) -> str:
 def claim_gpus(exec_id: str, wanted: int, held: int, still_held: str) -> str:
     """Bash, `d` being the allocation's run dir: take `wanted` of its `held` GPU slots per node for
     the exec (as SkyPilot's job queue gives each job on a cluster GPUs of its own), waiting while other
-    execs hold them, with one line saying so in the exec's output. Exports CORRAL_GPU_SLOTS (the slots'
+    execs hold them, with a line in the exec's output when it begins to wait (GPU_WAITING) and one
+    when it has them (GPU_TAKEN), which the server reads as the exec's PENDING and RUNNING. Exports CORRAL_GPU_SLOTS (the slots'
     positions, which `narrow_gpus` turns into devices on each node) and CORRAL_NUM_GPUS_PER_NODE.
 
     A slot's claim names its exec, the host and the pid of the exec's script; it is free once that
@@ -62,11 +65,13 @@ def claim_gpus(exec_id: str, wanted: int, held: int, still_held: str) -> str:
         + "  " + stop_if_cancelled(folder)
         + f"  if [ $((looks % 5)) -eq 0 ] && ! {still_held}; then echo \"corral: the allocation ended while this job "
         f"waited for its GPUs\" >&2; exit {EXIT_NOT_READY}; fi\n"
-        f'  if [ "$looks" -eq 0 ]; then mkdir -p {folder}; echo "corral: waiting for {int(wanted)} of the '
+        f'  if [ "$looks" -eq 0 ]; then mkdir -p {folder}; echo "{GPU_WAITING} {int(wanted)} of the '
         f"allocation's {int(held)} GPUs per node, in use by job(s) "
         f'$(printf "%s\\n" "${{busy[@]}}" | sort -u | paste -sd" " -)" | tee -a {folder}/{EXEC_OUTPUT}; fi\n'
         f"  looks=$((looks + 1)); sleep {GPU_WAIT_POLL}\n"
         "done\n"
+        f'if [ "$looks" -gt 0 ]; then echo "{GPU_TAKEN} after $((looks * {GPU_WAIT_POLL})) s; starting" '
+        f"| tee -a {folder}/{EXEC_OUTPUT}; fi\n"
         "exec 8>&-\n"
         f'export CORRAL_GPU_SLOTS=$(IFS=,; echo "${{got[*]}}") CORRAL_NUM_GPUS_PER_NODE={int(wanted)}\n'
     )

@@ -180,6 +180,14 @@ class Store:
             for key, value in fields.items():
                 setattr(row, key, value)
 
+    def move_attempt(self, token: str, from_state: JobState, **fields: object) -> bool:
+        """Change an attempt only while it is in `from_state` (one UPDATE), so that a cancel or an end
+        recorded meanwhile stands; whether it changed."""
+        with self.session() as s, s.begin():
+            result = s.execute(update(AttemptRow).where(AttemptRow.token == token, AttemptRow.state == from_state)
+                               .values(**fields))
+            return bool(result.rowcount)  # type: ignore[attr-defined]
+
     def end_attempt(self, token: str, **fields: object) -> None:
         """Record how an attempt ended, in one transaction with reading it. One that a user's cancel
         reached meanwhile (CANCELLING or CANCELLED) ends CANCELLED, with the cancel's reason and the
