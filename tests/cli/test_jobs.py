@@ -104,6 +104,10 @@ def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
     assert (status.exit_code, status.stdout) == (3, f"{job} FAILED on slurm/cirrus/debug (exit code 3)\n")
     latest = corral("jobs", "logs", "--no-follow", "--tail", "1", env=env)  # no JOB: the newest managed job
     assert (latest.exit_code, latest.stdout) == (0, "attempt 2\n"), latest.stderr  # the current attempt's end
+    saved = corral("jobs", "logs", "-s", job, env={**env, "HOME": str(tmp_path)})  # a file per attempt
+    folder = tmp_path / "corral_logs" / job
+    assert (saved.exit_code, saved.stdout) == (0, f"{folder}/attempt-1.log\n{folder}/attempt-2.log\n"), saved.stderr
+    assert [(folder / f"attempt-{n}.log").read_text() for n in (1, 2)] == ["attempt 1\n", "attempt 2\n"]
 
 
 def test_ctrl_c_on_an_attached_managed_launch_stops_following_not_the_job(corral, env):

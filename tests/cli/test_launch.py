@@ -176,7 +176,7 @@ def test_following_a_job_whose_login_node_stops_answering_ends_with_69_not_a_wai
     assert corral("cancel", job_id).exit_code == 0
 
 
-def test_exit_code_and_setup_failure(corral, clean_queues, tmp_path):
+def test_exit_code_and_setup_failure(corral, corral_env, clean_queues, tmp_path):
     assert corral("launch", "--infra", "slurm/alpine/cpu", "--", "echo out; exit 7").exit_code == 7
     # `corral logs` follows to the end and exits as the job did, so a script can wait on it; --no-follow only prints.
     followed = corral("logs")
@@ -185,6 +185,13 @@ def test_exit_code_and_setup_failure(corral, clean_queues, tmp_path):
     assert corral("logs", "--no-follow").exit_code == 0
     status = corral("logs", "--status")  # how it ended, without its output: a script's check
     assert status.exit_code == 7 and re.fullmatch(r"c-\w+ FAILED on slurm/alpine/cpu \(exit code 7\)\n", status.stdout)
+    # --sync-down (`sky logs --sync-down`): its output saved under ~/corral_logs/<job id>/, the path printed.
+    home = tmp_path / "laptop"
+    saved = corral("logs", "--sync-down", env={**corral_env, "HOME": str(home)})
+    job_id = status.stdout.split()[0]
+    assert (saved.exit_code, saved.stdout) == (0, f"{home}/corral_logs/{job_id}/run.log\n"), saved.stderr
+    assert (home / "corral_logs" / job_id / "run.log").read_text() == "out\n"
+    assert f"{job_id}: 4 bytes saved to" in saved.stderr
     task = tmp_path / "t.yaml"
     task.write_text("setup: exit 5\nrun: echo never\nresources:\n  infra: slurm/alpine/cpu\n")
     result = corral("launch", str(task))

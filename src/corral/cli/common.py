@@ -210,6 +210,9 @@ def log_options(follow_help: str, tail_help: str, *, in_allocation: bool = False
             click.option("--status", is_flag=True,
                          help="Print no output, only the job's state; exit 0 if it succeeded, 75 while it has "
                               "not ended, else as when following it (as `sky logs --status`)."),
+            click.option("-s", "--sync-down", is_flag=True,
+                         help="Save its output as it is now to ~/corral_logs/<job id>/ and print the file's path, "
+                              "as `sky logs --sync-down`."),
         ]):
             func = decorator(func)
         return func

@@ -98,7 +98,7 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int, since: floa
 @log_options("Follow the job until it ends, attempt after attempt, as `sky jobs logs` does.",
              "Only the current attempt, starting with its last N lines (0: every attempt, all of it).")
 @reports_errors
-def jobs_logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
+def jobs_logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool) -> None:
     """A managed job's output across its attempts, following it through recoveries until it ends; then
     how it ended, and exit with its exit code. Without JOB: your newest managed job."""
     from corral.sdk import Client
@@ -111,6 +111,11 @@ def jobs_logs(job: str | None, follow: bool, tail: int, status: bool) -> None:
         from corral.sdk.types import ManagedJob
 
         sys.exit(status_only(ManagedJob.from_json(client.managed_job(job))))
+    if sync_down:  # each attempt's output to its own file
+        from corral.cli.sync_down import sync_down_managed
+
+        sync_down_managed(client, job)
+        return
     sys.exit(follow_managed(client, job, follow=follow, tail=tail))
 
 

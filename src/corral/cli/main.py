@@ -207,7 +207,8 @@ def _filtered_queue(client: Any, allocation: str | None, as_json: bool, limit: i
 @log_options("Keep printing until the job ends, as `sky logs` does; --no-follow prints what there is.",
              "Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.", in_allocation=True)
 @reports_errors
-def logs(job: str | None, follow: bool, tail: int, status: bool, allocation: str | None = None) -> None:
+def logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool, allocation: str | None = None
+         ) -> None:
     """Print a job's output (all nodes), following it until it ends; then how it ended, and exit with
     its exit code, as an attached `launch` does. Without JOB: your newest job. A dev allocation's name
     alone means its newest job; `ALLOCATION JOB` one of its jobs (as `sky logs CLUSTER JOB_ID`)."""
@@ -225,6 +226,11 @@ def logs(job: str | None, follow: bool, tail: int, status: bool, allocation: str
 
     if status:
         sys.exit(status_only(client.job(job)))
+    if sync_down:
+        from corral.cli.sync_down import sync_down_job
+
+        sync_down_job(client, job)
+        return
     if follow:  # while it is pending, its Slurm reason and expected start on a status line, as `launch`
         sys.exit(follow_to_end(client, job, LazyProgress(), tail=tail))
     print_output(client.logs(job, tail=tail))
