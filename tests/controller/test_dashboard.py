@@ -7,6 +7,7 @@ command, idle timer and release, and a second user seeing none of it."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -235,6 +236,8 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     page.goto(dashboard_server + "/#/dev")
     row = page.wait_for_selector('#dev tr[data-allocation="box"][data-state=READY]', timeout=90_000)
     command = row.query_selector("code.command").text_content()
+    # what it holds per node: what it asked for, and what Slurm gave it (the holder's own reading)
+    assert re.fullmatch(r"1x cpu, cpu=1, mem=\d+[MG]", row.query_selector("td.resources").text_content())
     # alice logs in herself (submit_as: service here, so as the cluster's account): ssh, then a step there.
     assert command.startswith("ssh -t cirrus ") and "srun --jobid=" in command and "--pty bash -l" in command
     idle = row.query_selector("[data-idle-since]")

@@ -536,11 +536,19 @@ async function release(name, status) {
   await drawDev();
 }
 
+// What an allocation holds per node, as `corral status` says it: what it asked for, then what Slurm gave.
+function heldText(a) {
+  const mem = a.memory_gb_per_node;
+  const given = (a.cpus_per_node ? `, cpu=${a.cpus_per_node}` : "") +
+    (mem ? `, mem=${Number.isInteger(mem) ? `${mem}G` : `${Math.round(mem * 1024)}M`}` : "");
+  return `${a.num_nodes}x ${a.gres || "cpu"}${given}`;
+}
+
 async function drawDev() {
   const { allocations } = await api("GET", "/dev");
   const admin = me && me.role === "admin";
-  header($("dev"), ["Name", ...(admin ? ["User"] : []), "State", "Infra", "Nodes", "Idle", "Time left",
-                    "Shell", "Actions"]);
+  header($("dev"), ["Name", ...(admin ? ["User"] : []), "State", "Infra", "Resources", "Nodes", "Idle",
+                    "Time left", "Shell", "Actions"]);
   const now = Date.now() / 1000;
   $("dev").querySelector("tbody").replaceChildren(...allocations.map((a) => {
     const tr = el("tr");
@@ -550,6 +558,7 @@ async function drawDev() {
     if (admin) cell(tr, a.owner || "(server)");
     cell(tr, a.reason ? `${a.state}: ${a.reason}` : a.state, `state state-${a.state}`);
     cell(tr, `${a.cluster}/${a.partition}`);
+    cell(tr, heldText(a), "resources");
     cell(tr, a.nodes.join(", ") || "-");
     const idle = cell(tr, idleText(a.idle_seconds, a.idle_limit_seconds));
     if (a.idle_seconds !== null) {
