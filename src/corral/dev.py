@@ -416,7 +416,7 @@ class DevAllocations:
             text = line.decode(errors="replace")
             if text.startswith(EXEC_SETUP_FAILED):
                 setup_failed = True
-            elif text.startswith(GPU_WAITING):  # as SkyPilot's queue shows a job waiting for its GPUs
+            elif text.startswith(GPU_WAITING) and "GPUs per node, in use by job(s)" in text:  # as `sky queue`
                 self.store.move_attempt(token, JobState.RUNNING, state=JobState.PENDING, started_at=None,
                                         reason=text.removeprefix("corral: "))
             elif text.startswith(GPU_TAKEN):
