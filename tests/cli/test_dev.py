@@ -91,11 +91,12 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     refused = corral("exec", "dev", str(greedy))
     assert refused.exit_code == 65 and ("allocation 'dev' cannot run this task: it asks for H100:4 (it holds 2 GPUs "
                                         "(H100) per node)") in refused.stderr, refused.stderr
-    # So is one asking for CPUs or memory it was held without a number of, or another cluster.
+    # So is one asking for more CPUs than Slurm gave it (held without --cpus: one here), or another cluster.
     greedy.write_text("resources:\n  cpus: 4\n  infra: slurm/alpine\nrun: nproc\n")
     refused = corral("exec", "dev", str(greedy))
-    assert refused.exit_code == 65 and ("it asks for cpus=4 (it was held without a number of cpus); infra slurm/alpine "
-                                        "(it is on slurm/borealis/h100-cluster)") in refused.stderr, refused.stderr
+    assert refused.exit_code == 65 and ("it asks for cpus=4 (it was held without a number of cpus; the infra gave "
+                                        "it 1 per node); infra slurm/alpine (it is on slurm/borealis/h100-cluster)"
+                                        ) in refused.stderr, refused.stderr
     greedy.write_text("resources:\n  accelerators: [H100:4, H100:1]\nrun: echo fits\n")  # one alternative fits
     assert corral("exec", "dev", "--num-nodes", "1", str(greedy)).stdout == "fits\n"
     # Same name, same resources: reused, no second allocation; the task just runs in it.

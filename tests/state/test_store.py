@@ -217,6 +217,34 @@ def test_a_job_page_filters_by_user_state_cluster_and_name_on_the_latest_attempt
     assert ids(JobFilter(allocation="dev")) == (["c-exec"], 1)
 
 
+def test_a_dense_filter_walks_by_creation_and_gives_the_same_pages_as_a_sort(store, monkeypatch):
+    """A state or cluster matching most of the history pages by a walk in creation order that stops
+    once the page is full (`-t CD` over 100,000 completed jobs used to sort them all): the same pages,
+    in the same order, as sorting every match, whatever the filters, offsets and ties in creation time."""
+    rows = [ended(f"c-{i:04d}", 1000.0 + i // 3, "SUCCEEDED" if i % 4 else "FAILED", rank=i % 3) for i in range(300)]
+    for i, (row, _) in enumerate(rows):
+        row.owner, row.name = ("alice" if i % 2 else "bob"), f"train_{i}"
+    fill(store, rows)
+    store.add_jobs([], [AttemptRow(token="t-c-0004-2", job_id="c-0004", number=2, cluster="borealis",
+                                   partition="h100", state="SUCCEEDED", created_at=2000.0, run_dir="r", log_path="l")])
+    filters = [JobFilter(state="SUCCEEDED"), JobFilter(state="FAILED,SUCCEEDED", owner="alice"),
+               JobFilter(cluster="alpine"), JobFilter(state="SUCCEEDED", name="train_1", since=1010.0),
+               JobFilter(state="FAILED")]
+    pages = [dict(limit=limit, offset=offset) for limit, offset in ((20, 0), (7, 13), (50, 200), (20, 400))]
+
+    def ids(wanted: JobFilter, **kwargs) -> tuple[list[str], int]:
+        shown, total = store.job_page(wanted, **kwargs)
+        return [v.job.id for v in shown], total
+
+    sorted_pages = [ids(f, **page) for f in filters for page in pages]
+    monkeypatch.setattr("corral.state.store.DENSE_MATCHES", 0)
+    monkeypatch.setattr("corral.state.store.DENSE_CHUNK", 16)  # many steps, some ending inside a tie
+    walked = [ids(f, **page) for f in filters for page in pages]
+    assert walked == sorted_pages
+    assert sorted_pages[0] == ([f"c-{i:04d}" for i in (299, 298, 297, 295, 294, 293, 291, 290, 289, 287, 286, 285,
+                                                       283, 282, 281, 279, 278, 277, 275, 274)], 226)
+
+
 def test_a_sweep_is_counted_whole_by_state_and_spans_its_first_start_to_its_last_end(store):
     rows = [ended(f"c-s{i:03d}", 500.0, "SUCCEEDED" if i < 7 else "FAILED", sweep="c-s000", rank=i) for i in range(10)]
     for i, (_, attempt) in enumerate(rows):

@@ -90,6 +90,8 @@ class JobFilter:
 
 
 QUEUE_CHUNK = 1000
+DENSE_MATCHES = 2000  # a state or cluster filter matching more jobs pages by a walk in creation order
+DENSE_CHUNK = 500  # jobs read per step of that walk
 
 
 def new_job_id() -> str:
@@ -285,9 +287,13 @@ class Store:
                  scope: str | None = None) -> tuple[list[JobView], int]:
         """(one page of the jobs `wanted` matches, newest first; how many match in all). State and
         cluster apply to each job's latest attempt. Unfiltered, it reads the page's rows and an index
-        count; a state narrows through the index on attempts.state. A job with no attempt yet (a managed
-        job before its first placement) counts in the total but is not listed, as in `queue_page`."""
+        count; a state narrows through the index on attempts.state. When a state or cluster matches
+        many jobs (more than DENSE_MATCHES: most of a long history, `-t CD`), the page comes from a walk
+        by creation time that stops once it is full, rather than from sorting every match. A job with
+        no attempt yet (a managed job before its first placement) counts in the total but is not
+        listed, as in `queue_page`."""
         query = select(JobRow.id)
+        latest = None
         if wanted.state or wanted.cluster:
             # jobs whose latest attempt (none newer for the same job) is in that state, on that cluster
             newer = aliased(AttemptRow)
@@ -299,7 +305,6 @@ class Store:
                 latest = latest.where(AttemptRow.state.in_(sorted(states)))
             if wanted.cluster:
                 latest = latest.where(AttemptRow.cluster == wanted.cluster)
-            query = query.where(JobRow.id.in_(latest))
         if scope is not None:
             query = query.where(JobRow.owner == scope)
         if wanted.owner:
@@ -311,13 +316,47 @@ class Store:
             query = query.where(JobRow.created_at >= wanted.since)
         if wanted.allocation:
             query = query.where(JobRow.allocation == wanted.allocation)
+        matching = query if latest is None else query.where(JobRow.id.in_(latest))
         with self.session() as s:
-            total = s.scalar(select(func.count()).select_from(query.subquery())) or 0
-            ids = list(s.scalars(query.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc())
-                                 .offset(offset).limit(limit)))
+            total = s.scalar(select(func.count()).select_from(matching.subquery())) or 0
+            if latest is not None and total > DENSE_MATCHES:
+                ids = self._walk_newest(s, query, latest, offset, limit)
+            else:
+                ids = list(s.scalars(matching.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc())
+                                     .offset(offset).limit(limit)))
         shown = self.views(ids)
         shown.sort(key=lambda v: (v.job.created_at, v.job.job_rank), reverse=True)
         return shown, total
+
+    @staticmethod
+    def _walk_newest(s: Session, query: Any, latest: Any, offset: int, limit: int) -> list[str]:
+        """Matches `offset` to `offset + limit` of `query`'s jobs whose latest attempt `latest` selects,
+        newest first: jobs read by creation time a chunk at a time (keyset, through the created_at
+        index), each chunk checked in one query, stopping once the page is full."""
+        ids: list[str] = []
+        skipped = 0
+        after: tuple[float, int, str] | None = None
+        while True:
+            step = query.add_columns(JobRow.created_at, JobRow.job_rank)
+            if after is not None:
+                at, rank, job_id = after
+                step = step.where((JobRow.created_at < at) | ((JobRow.created_at == at) & (
+                    (JobRow.job_rank < rank) | ((JobRow.job_rank == rank) & (JobRow.id < job_id)))))
+            chunk = s.execute(step.order_by(JobRow.created_at.desc(), JobRow.job_rank.desc(), JobRow.id.desc())
+                              .limit(DENSE_CHUNK)).all()
+            if not chunk:
+                return ids
+            found = set(s.scalars(latest.where(AttemptRow.job_id.in_([row[0] for row in chunk]))))
+            for job_id, *_ in chunk:
+                if job_id not in found:
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                elif len(ids) < limit:
+                    ids.append(job_id)
+            if len(ids) >= limit or len(chunk) < DENSE_CHUNK:
+                return ids
+            after = (chunk[-1][1], chunk[-1][2], chunk[-1][0])
 
     @staticmethod
     def _page_ids(s: Session, ordered: Any, offset: int, limit: int | None,
