@@ -38,8 +38,9 @@ def claim_gpus(exec_id: str, wanted: int, held: int, still_held: str) -> str:
     """Bash, `d` being the allocation's run dir: take `wanted` of its `held` GPU slots per node for
     the exec (as SkyPilot's job queue gives each job on a cluster GPUs of its own), waiting while other
     execs hold them, with a line in the exec's output when it begins to wait (GPU_WAITING) and one
-    when it has them (GPU_TAKEN), which the server reads as the exec's PENDING and RUNNING. Exports CORRAL_GPU_SLOTS (the slots'
-    positions, which `narrow_gpus` turns into devices on each node) and CORRAL_NUM_GPUS_PER_NODE.
+    when it has them (GPU_TAKEN), which the server reads as the exec's PENDING and RUNNING. Exports
+    CORRAL_GPU_SLOTS (the slots' positions, which `narrow_gpus` turns into devices on each node) and
+    CORRAL_NUM_GPUS_PER_NODE.
 
     A slot's claim names its exec, the host and the pid of the exec's script; it is free once that
     exec has ended (its `ended` marker) or, on the same host, its script is gone. Claims are read and
