@@ -39,27 +39,28 @@ def sync_down_job(client: Any, job: str) -> Path:
     found = client.job(job)
     path = job_folder(found.job_id) / "run.log"
     size = save(client.logs(found.job_id), path)
-    _said(found.job_id, [(path, size)], str(found.state))
+    _said(found.job_id, [(path, size)], str(found.state), live=not found.ended)
     return path
 
 
 def sync_down_managed(client: Any, job: str) -> list[Path]:
     """Each attempt's output that reached a cluster, to ~/corral_logs/<job id>/attempt-<n>.log."""
+    from corral.sdk.types import ManagedJob
+
     found = client.managed_job(job)
     saved = []
     for attempt in found["attempt_list"]:
         if attempt["slurm_job_id"]:
             path = job_folder(found["job_id"]) / f"attempt-{attempt['number']}.log"
             saved.append((path, save(client.managed_logs(found["job_id"], attempt["number"]), path)))
-    _said(found["job_id"], saved, found["state"])
+    _said(found["job_id"], saved, found["state"], live=not ManagedJob.from_json(found).ended)
     return [path for path, _ in saved]
 
 
-def _said(job_id: str, saved: list[tuple[Path, int]], state: str) -> None:
+def _said(job_id: str, saved: list[tuple[Path, int]], state: str, *, live: bool) -> None:
     if not saved:
         click.echo(f"corral: {job_id} has no output yet ({state}): nothing saved", err=True)
         return
-    live = state in ("SUBMITTING", "PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING")
     for path, size in saved:
         click.echo(str(path))
         click.echo(f"corral: {job_id}: {size} bytes saved to {path}"
