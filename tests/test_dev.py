@@ -16,10 +16,11 @@ def task(text: str):
     return parse_task(parse_yaml(text, "task.yaml"), "task.yaml")
 
 
-def held(text: str, *, gres: str | None = "gpu:h100:2", gpus: int = 2, nodes: int = 2) -> AllocationRow:
+def held(text: str, *, gres: str | None = "gpu:h100:2", gpus: int = 2, nodes: int = 2,
+         handle: str | None = None) -> AllocationRow:
     key = json.loads(resources_key(task(text)))
     return AllocationRow(name="dev", token="t", cluster="borealis", partition="h100-cluster", num_nodes=nodes,
-                         accelerator=gres, gpus_per_node=gpus, resources=json.dumps(key), run_dir="r",
+                         handle=handle, accelerator=gres, gpus_per_node=gpus, resources=json.dumps(key), run_dir="r",
                          created_at=0.0)
 
 
@@ -93,3 +94,32 @@ def test_cpus_and_memory_held_without_a_number_count_as_what_the_infra_gave():
         "cpus=8 (it was held without a number of cpus; the infra gave it 4 per node)")
     assert unmet(row, "slurm", task("resources:\n  memory: 32\n")) == (
         "memory=32GB (it was held without a number of memory; the infra gave it 16GB per node)")
+
+
+def test_a_queued_exec_whose_allocation_went_or_changed_fails_and_none_starts(tmp_path):
+    """An exec queued until its allocation is ready must never start in another allocation that took
+    the name (another holder job), nor wait for one that is gone; no cluster is asked for them."""
+    import asyncio
+    import time
+
+    from corral.dev import start_queued_execs
+    from corral.infra.base import JobState
+    from corral.state import Store
+    from corral.state.models import AttemptRow, JobRow
+
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    now = time.time()
+    store.put_allocation(held("run: x\n", handle="8"))  # `dev` again, as another Slurm job
+    jobs = [JobRow(id=job_id, name="exec", task_json="{}", created_at=now, allocation=name)
+            for job_id, name in (("c-1", "dev"), ("c-2", "gone"))]
+    attempts = [AttemptRow(token=f"exec-{job.id}", job_id=job.id, number=1, cluster="borealis", partition="p",
+                           handle="7", state=JobState.PENDING, created_at=now, run_dir="r", log_path="r/o")
+                for job in jobs]
+    store.add_jobs(jobs, attempts)
+    started: list[object] = []
+    waiting = asyncio.run(start_queued_execs(client=None, store=store, spawn=started.append))  # type: ignore[arg-type]
+    assert waiting == 0
+    assert started == [] and store.queued_execs() == []
+    ended = {v.job.id: (v.attempt.state, v.attempt.reason) for v in store.views(["c-1", "c-2"])}
+    assert ended == {job: (JobState.FAILED, "its allocation ended before it was ready") for job in ("c-1", "c-2")}
+

@@ -15,7 +15,7 @@ import re
 import secrets
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,19 +52,23 @@ from corral.launch import (
 from corral.placement import Candidate, gres_type_of
 from corral.profiles import with_prefix
 from corral.state import Store
+from corral.state.store import JobView
 from corral.state.models import AllocationRow, AttemptRow, JobRow
-from corral.state.sealed import seal
+from corral.state.sealed import seal, unseal
 from corral.task import (
     ResourceOption,
     Task,
     parse_amount,
     job_environment,
     redacted_json,
+    resolved_envs,
     resolved_secrets,
     resource_options,
 )
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,62}\Z", re.ASCII)
+QUEUED_AFTER = 30.0  # seconds pending without a reason (not yet scheduled) after which a detached run is queued
+PENDING_POLL_SECONDS = 5.0  # how often a launch that has waited a minute in Slurm's queue asks again
 WAITING_PHASES = frozenset({AllocationPhase.PENDING, AllocationPhase.STARTING})
 LIVE_PHASES = WAITING_PHASES | {AllocationPhase.READY}
 SETUP_OUTPUT_GRACE = 5.0  # seconds a finished setup's output is still waited for
@@ -97,6 +101,7 @@ class AllocationStatus:
     sshd: bool = False  # the head node has an sshd, so the ssh alias can serve editors
     ended_execs: dict[str, int] = field(default_factory=dict)  # exec job id: exit status, per its files
     setup_output: str = ""  # when its setup failed: the last lines it printed
+    expected_start: float | None = None  # while pending: when the infra expects it to start, if it says
 
     def to_json(self, now: float) -> dict[str, object]:
         r = self.row
@@ -108,6 +113,7 @@ class AllocationStatus:
             "idle_limit_seconds": r.idle_seconds or None, "time_left": self.time_left,
             "setup_output": self.setup_output or None, "cpus_per_node": r.held_cpus,
             "memory_gb_per_node": r.held_memory_mb / 1024 if r.held_memory_mb else None,  # exact: MB / 2**10
+            "expected_start": self.expected_start,
         }
 
 
@@ -120,6 +126,51 @@ async def settle_unfollowed_execs(client: Client, store: Store) -> int:
     if rows:
         await DevAllocations(client, store, Launcher(client, store)).status(rows)
     return len(rows)
+
+
+async def start_queued_execs(client: Client, store: Store, spawn: Callable[[Awaitable[None]], object]) -> int:
+    """Start the execs queued until their allocation is ready (`DevAllocations.queue_exec`): those
+    whose allocation is ready now are handed to `spawn` (they run on as detached execs do); those of an
+    allocation that ended are failed (`DevAllocations.status` settles them); the others' reasons follow
+    the allocation's. One status query per cluster; none without queued execs. Returns how many wait."""
+    views = store.views(store.queued_execs())
+    if not views:
+        return 0
+    by_allocation: dict[tuple[str, str], list[JobView]] = {}
+    for view in views:
+        by_allocation.setdefault((view.job.owner, str(view.job.allocation)), []).append(view)
+    rows = {key: row for key in by_allocation if (row := store.allocation(key[1], key[0])) is not None}
+    now = time.time()
+    # `down` cancels them; one whose allocation went (or another took its name) meanwhile cannot run
+    gone = [view for key, group in by_allocation.items() for view in group
+            if key not in rows or rows[key].handle != view.attempt.handle]
+    for view in gone:
+        store.move_attempt(view.attempt.token, JobState.PENDING, state=JobState.FAILED, ended_at=now,
+                           reason="its allocation ended before it was ready")
+        by_allocation[(view.job.owner, str(view.job.allocation))].remove(view)
+    rows = {key: row for key, row in rows.items() if by_allocation[key]}
+    waiting = 0
+    for status in await DevAllocations(client, store, Launcher(client, store)).status(list(rows.values())):
+        group = by_allocation[(status.row.owner, status.row.name)]
+        if status.state is AllocationPhase.READY:
+            allocations = DevAllocations(client, store, Launcher(client, store, owner=status.row.owner))
+            for view in group:  # unless a cancel came first
+                if store.move_attempt(view.attempt.token, JobState.PENDING, state=JobState.RUNNING, reason=None,
+                                      submitted_at=now, started_at=now, expected_start=None):
+                    spawn(allocations.run_queued(view))
+        elif status.state in WAITING_PHASES:
+            waiting += len(group)
+            store.update_attempts({view.attempt.token: {"reason": queued_reason(status),
+                                                        "expected_start": status.expected_start}
+                                   for view in group if (view.attempt.reason, view.attempt.expected_start) !=
+                                   (queued_reason(status), status.expected_start)})
+    return waiting
+
+
+def queued_reason(status: AllocationStatus) -> str:
+    """A queued exec's reason: "waiting for its allocation dev to be ready (PENDING: Resources)"."""
+    why = f": {status.reason}" if status.reason else ""
+    return f"waiting for its allocation {status.row.name} to be ready ({status.state}{why})"
 
 
 def check_name(name: str) -> str:
@@ -225,9 +276,12 @@ class DevAllocations:
 
     async def wait_ready(self, row: AllocationRow, timeout: float | None = None,
                          on_state: Callable[[AllocationStatus], None] = lambda s: None,
-                         on_setup_output: Callable[[bytes], None] | None = None) -> AllocationStatus:
+                         on_setup_output: Callable[[bytes], None] | None = None,
+                         until_queued: bool = False) -> AllocationStatus:
         """Until the allocation is ready; an error saying why once it cannot be. `on_setup_output`: its
-        setup's output as it runs, where the infra can show it (one more session while waiting)."""
+        setup's output as it runs, where the infra can show it (one more session while waiting).
+        `until_queued`: or until the infra has queued it (pending, with a reason: it cannot start now),
+        or it has been pending for QUEUED_AFTER seconds; the status then says which."""
         infra = self._holder(row.cluster, row.owner)
         follower = None
         shown: list[bool] = []  # whether setup's output has been shown: the error then need not repeat it
@@ -241,23 +295,30 @@ class DevAllocations:
             follower = asyncio.ensure_future(infra.setup_output(row.handle, row.run_dir, show))
             # The output is a courtesy: a failure to show it is not the allocation's, whose state says.
             follower.add_done_callback(lambda done: done.cancelled() or done.exception())
+        queued = False
         try:
-            return await self._until_ready(row, timeout, on_state, lambda: not shown)
+            status = await self._until_ready(row, timeout, on_state, lambda: not shown, until_queued)
+            queued = status.state is not AllocationPhase.READY
+            return status
         finally:
             if follower is not None:  # it stops by itself once setup is over: give it its last lines
-                await asyncio.wait({follower}, timeout=SETUP_OUTPUT_GRACE)
+                if not queued:  # (a queued one's setup has not begun)
+                    await asyncio.wait({follower}, timeout=SETUP_OUTPUT_GRACE)
                 follower.cancel()
 
     async def _until_ready(self, row: AllocationRow, timeout: float | None,
                            on_state: Callable[[AllocationStatus], None],
-                           quote_setup: Callable[[], bool] = lambda: True) -> AllocationStatus:
+                           quote_setup: Callable[[], bool] = lambda: True,
+                           until_queued: bool = False) -> AllocationStatus:
         started = time.monotonic()
         last = None
         while True:
             [status] = await self.status([row])
-            if status.state != last:
+            # A pending one's reason changes as Slurm schedules, and its estimate comes once Slurm has one.
+            said = (status.state, status.reason, status.expected_start is not None)
+            if said != last:
                 on_state(status)
-                last = status.state
+                last = said
             if status.state is AllocationPhase.READY:
                 return status
             if status.state not in WAITING_PHASES:
@@ -266,9 +327,13 @@ class DevAllocations:
                                   + (f": {status.reason}" if status.reason else "")
                                   + ((f"; the last lines setup printed: {said}" if quote_setup() else
                                       "; its output is above") if said else ""))
-            if timeout is not None and time.monotonic() - started > timeout:
+            waited = time.monotonic() - started
+            if until_queued and status.state is AllocationPhase.PENDING and (status.reason or waited > QUEUED_AFTER):
+                return status
+            if timeout is not None and waited > timeout:
                 raise CorralError(f"allocation {row.name!r} is still {status.state} after {timeout:g}s")
-            await _sleep(1.0)
+            # One squeue a second while it starts; a long wait in the queue asks less often.
+            await _sleep(PENDING_POLL_SECONDS if status.state is AllocationPhase.PENDING and waited > 60 else 1.0)
 
     # ---- status -------------------------------------------------------------------------------
     async def status(self, rows: list[AllocationRow] | None = None) -> list[AllocationStatus]:
@@ -302,7 +367,8 @@ class DevAllocations:
                     self._note_held(r, state)
                 results[_key(r)] = (AllocationStatus(r, state.phase, state.reason, state.nodes, None,
                                                     state.last_active, state.time_left, sshd=state.sshd,
-                                                    ended_execs=state.ended_execs, setup_output=state.setup_output)
+                                                    ended_execs=state.ended_execs, setup_output=state.setup_output,
+                                                    expected_start=state.expected_start)
                                    if state else AllocationStatus(r, AllocationPhase.UNKNOWN, why, [], None, None,
                                                                   None))
 
@@ -379,11 +445,33 @@ class DevAllocations:
         returns (job id, exit status). `on_started` learns the job id once it is recorded, before
         anything runs. `setup`: the task's setup first, on every node, in the same job (as `sky launch`
         on a live cluster runs it again); the run only if it succeeded."""
+        row, task = self._exec_task(name, task, source, setup)
+        envs = job_environment(task, source)
+        job_id, token = self._record_exec(row, task, source, queued=None)
+        if on_started is not None:
+            on_started(job_id)
+        return job_id, await self._run_exec(row, job_id, token, task, envs, on_output, sync=True)
+
+    async def queue_exec(self, name: str, task: Task, source: str, status: AllocationStatus,
+                         setup: bool = False) -> str:
+        """Record an exec that runs once the allocation, still waiting (`status`), is ready: `exec -d`
+        or `launch -c -d` on a pending allocation returns at once, as `sbatch` does. Its files are
+        copied now; the server starts it (`start_queued_execs`), or fails it if the allocation ends
+        first. Returns its job id."""
+        row, task = self._exec_task(name, task, source, setup)
+        job_environment(task, source)  # a missing env is an error now, not when it starts
+        await self.sync_files(name, task)
+        job_id, _token = self._record_exec(row, task, source, queued=status)
+        return job_id
+
+    def _exec_task(self, name: str, task: Task, source: str, setup: bool) -> tuple[AllocationRow, Task]:
+        """The allocation, and the task as the exec runs it: its nodes counted (the task's num_nodes
+        where it gives one, as `sky exec` runs a 2-node task on 2 of 4 nodes, else all), its setup only
+        with `setup`. A task the allocation cannot run is refused here."""
         row = self.get(name)
         if not row.handle:
             raise CorralError(f"allocation {name!r} never reached Slurm; `corral down {name}` and launch it again")
         infra = self._holder(row.cluster, row.owner)
-        # The task's num_nodes where it gives one (as `sky exec` runs a 2-node task on 2 of 4 nodes), else all.
         nodes = task.num_nodes if "num_nodes" in task.model_fields_set else row.num_nodes
         if nodes > row.num_nodes:
             raise TaskError(f"{source}: the task asks for {nodes} nodes; allocation {name!r} has {row.num_nodes}")
@@ -394,20 +482,40 @@ class DevAllocations:
         if problem:
             raise TaskError(f"{source}: allocation {name!r} cannot run this task: it asks for {problem}. Leave "
                             "those resources out to run with what it holds, or hold another allocation")
-        envs = job_environment(task, source)
+        return row, task.model_copy(update={"num_nodes": nodes, **({} if setup else {"setup": None})})
+
+    def _record_exec(self, row: AllocationRow, task: Task, source: str,
+                     queued: AllocationStatus | None) -> tuple[str, str]:
+        """The exec's job and attempt rows: RUNNING, or PENDING and never sent while `queued`."""
         [job_id] = self.store.new_job_ids(1)
         token = f"exec-{secrets.token_hex(6)}"
+        now = time.time()
         self.store.add_jobs(
             [JobRow(id=job_id, name=task.name or "exec", task_json=redacted_json(task),
                     secrets_sealed=seal(resolved_secrets(task, source)),
-                    created_at=time.time(), allocation=name, owner=self.owner)],
+                    created_at=now, allocation=row.name, owner=self.owner)],
             [AttemptRow(token=token, job_id=job_id, number=1, cluster=row.cluster, partition=row.partition,
-                        handle=row.handle, state=JobState.RUNNING, created_at=time.time(),
+                        handle=row.handle, state=JobState.PENDING if queued else JobState.RUNNING, created_at=now,
                         run_dir=row.run_dir, log_path=f"{row.run_dir}/{exec_folder(job_id)}/{EXEC_OUTPUT}",
-                        started_at=time.time(), submitted_at=time.time())],
+                        started_at=None if queued else now, submitted_at=None if queued else now,
+                        reason=queued_reason(queued) if queued else None,
+                        expected_start=queued.expected_start if queued else None)],
         )
-        if on_started is not None:
-            on_started(job_id)
+        return job_id, token
+
+    async def run_queued(self, view: JobView) -> None:
+        """Run a queued exec, already moved to RUNNING (`start_queued_execs`), its output kept in the
+        allocation only; its end is recorded as a detached exec's."""
+        row = self.get(str(view.job.allocation))
+        task = Task.model_validate_json(view.job.task_json)
+        envs = {**resolved_envs(task, "queued exec"), **unseal(view.job.secrets_sealed)}
+        await self._run_exec(row, view.job.id, view.attempt.token, task, envs, lambda chunk: None, sync=False)
+
+    async def _run_exec(self, row: AllocationRow, job_id: str, token: str, task: Task, envs: dict[str, str],
+                        on_output: Callable[[bytes], None], sync: bool) -> int:
+        """Run a recorded exec to its end and record how it ended; its exit status."""
+        infra = self._holder(row.cluster, row.owner)
+        setup = bool(task.setup)
         sent = False
         setup_failed = False
 
@@ -426,12 +534,13 @@ class DevAllocations:
         output = OutputLines(b"corral: ", corral_line, on_output)
         FOLLOWED.add(job_id)
         try:
-            await self.sync_files(name, task)
+            if sync:
+                await self.sync_files(row.name, task)
             # the cluster's profile, as for a job: its env under the task's, its prefix before the run
             settings = self.client.profiles.settings(row.cluster, row.partition, task)
             sent = True
             setup_commands = with_prefix(settings.prefix(), task.setup) if setup else None
-            status = await infra.exec_in(row.handle, row.run_dir, job_id, nodes, row.gpus_per_node,
+            status = await infra.exec_in(row.handle or "", row.run_dir, job_id, task.num_nodes, row.gpus_per_node,
                                          {**settings.env, **envs}, with_prefix(settings.prefix(), task.run) or "",
                                          output, setup_commands or "", gpus_to_claim(row, infra.kind, task))
         except asyncio.CancelledError:
@@ -454,8 +563,9 @@ class DevAllocations:
                   else "setup failed; the run did not start" if status != 0 and setup and setup_failed else None)
         self.store.end_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
         if status == EXIT_NOT_READY:
-            raise UnavailableError(f"allocation {name!r} is not ready; see `corral status {name}`")
-        return job_id, status
+            raise UnavailableError(f"allocation {row.name!r} is not ready; see `corral status {row.name}`. "
+                                   f"`corral exec -d {row.name} …` queues a job to start once it is")
+        return status
 
     async def sync_files(self, name: str, task: Task) -> None:
         """The task's workdir and file_mounts into the allocation's folder, where `exec` runs (as

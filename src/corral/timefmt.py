@@ -18,6 +18,12 @@ def clock(epoch: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(epoch)) if epoch else "unknown"
 
 
+def expected_start(epoch: object) -> str:
+    """"; Slurm expects it to start 14:05:09" for a moment still ahead; "" otherwise."""
+    return (f"; Slurm expects it to start {clock(epoch)}"
+            if isinstance(epoch, (int, float)) and epoch > time.time() else "")
+
+
 def duration(seconds: float) -> str:
     """A compact duration for a table cell: 45s, 12m, 3h05m, 2d4h."""
     seconds = int(seconds)

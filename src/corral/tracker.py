@@ -312,6 +312,14 @@ class Tracker:
             by_account.setdefault((view.attempt.cluster, view.job.owner), []).append(view)
 
         async def one(account: tuple[str, str], group: list[JobView]) -> None:
+            # An exec queued until its allocation is ready has reached no cluster: it ends here, unless
+            # the server started it meanwhile (then it is cancelled as a running one).
+            unsent = {v.attempt.token for v in group if v.job.allocation is not None and v.attempt.submitted_at is None
+                      and self.store.move_attempt(v.attempt.token, JobState.PENDING, state=JobState.CANCELLED,
+                                                  reason="cancelled by user", ended_at=time.time())}
+            group = [v for v in group if v.attempt.token not in unsent]
+            if not group:
+                return
             infra = self.client.infra(*account)
             sent = [v.attempt for v in group if v.attempt.handle and v.job.allocation is None]
             # An exec's handle is its allocation's holder: end the exec alone, never the allocation. It is

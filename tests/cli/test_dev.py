@@ -565,3 +565,50 @@ def test_a_new_allocation_leaves_out_a_cluster_whose_status_query_is_overdue(cor
         assert re.search(r"dev is ready on slurm/(alpine|borealis)/", up.stderr), up.stderr
     finally:
         testbed.thaw_controller("cirrus")
+
+
+def test_a_detached_run_on_a_pending_allocation_is_queued_until_it_is_ready(corral, testbed, clean):
+    """`launch -c NAME -d` waited for as long as Slurm kept the allocation pending (hours, on a busy
+    cluster), and `exec -d` on a pending one gave a job that then failed. Now the run is queued in the
+    server, which starts it once the allocation is ready (after a server restart too); a cancel or a
+    `down` ends it before it reaches the cluster."""
+    config = testbed.cluster_config
+    blocker = ssh_login(config, "cirrus", "sbatch --parsable -p debug --exclusive -t 10 --wrap 'sleep 600'").strip()
+    wait_for("the blocker to run", lambda: job_state(config, "cirrus", blocker) == "RUNNING", timeout=60)
+
+    def job(job_id: str) -> dict:
+        return next(j for j in corral("queue", "--json").json() if j["job_id"] == job_id)
+
+    queued = corral("launch", "-c", "later", "--infra", "slurm/cirrus/debug", "-d", "--", "echo ran in $CORRAL_CLUSTER")
+    assert queued.exit_code == 0, queued.stderr
+    first = queued.stdout.strip()
+    assert f"{first} queued in later: it starts once later is ready, now PENDING (" in queued.stderr, queued.stderr
+    assert status(corral, "later")["state"] == "PENDING"
+    waiting = job(first)
+    assert waiting["state"] == "PENDING" and waiting["submitted_at"] is None, waiting
+    assert waiting["reason"].startswith("waiting for its allocation later to be ready (PENDING"), waiting
+    # Slurm's estimate of when it starts, as the queue shows it for any pending job
+    wait_for("Slurm's estimate", lambda: status(corral, "later")["expected_start"], timeout=60, interval=1)
+
+    doomed = corral("exec", "later", "-d", "--", "echo never")
+    assert doomed.exit_code == 0 and "queued in later" in doomed.stderr, doomed.stderr
+    assert corral("cancel", doomed.stdout.strip()).exit_code == 0
+    assert job(doomed.stdout.strip())["state"] == "CANCELLED"
+    # A queued exec of an allocation taken down is cancelled with it.
+    other = corral("launch", "-c", "other", "--infra", "slurm/cirrus/debug", "-d", "--", "echo never")
+    assert other.exit_code == 0 and "queued in other" in other.stderr, other.stderr
+    assert corral("down", "other").exit_code == 0
+    gone = job(other.stdout.strip())
+    assert (gone["state"], gone["reason"]) == ("CANCELLED", "its allocation 'other' was released"), gone
+
+    # The queue is the server's: a restart keeps it.
+    assert corral("server", "stop").exit_code == 0
+    ssh_login(config, "cirrus", f"scancel {blocker}")
+    ran = wait_for("the queued run to end", lambda: (j := job(first))["state"] in ("SUCCEEDED", "FAILED") and j,
+                   timeout=120, interval=1)
+    assert (ran["state"], ran["reason"], ran["started_at"] is not None) == ("SUCCEEDED", None, True), ran
+    output = corral("logs", first)
+    assert (output.exit_code, output.stdout) == (0, "ran in cirrus\n"), output.stderr
+    assert corral("logs", doomed.stdout.strip(), "--no-follow").stdout == ""
+    assert job(doomed.stdout.strip())["state"] == "CANCELLED"
+    assert corral("down", "later").exit_code == 0

@@ -27,7 +27,7 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
                setup: bool = True) -> int:
     """`corral launch -c NAME`: hold (or reuse) a named allocation, then run the task in it (with -d:
     start it and return, as `sky launch -d`; a task without `run` returns once Slurm has the holder)."""
-    from corral.cli.render import LaunchProgress
+    from corral.cli.render import LaunchProgress, allocation_state
     from corral.config import load_user_settings
     from corral.errors import TaskError
     from corral.sdk import Client
@@ -49,10 +49,9 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         if detach:
             job_id = held.get("job_id")
             if as_json:
-                print_json({**summary, "job_id": job_id} if job_id else summary)
+                print_json({**summary, "job_id": job_id, "queued": bool(held.get("queued"))} if job_id else summary)
             elif job_id:
-                click.echo(f"corral: {job_id} started in {dev_name}; `corral logs {job_id}` follows it, "
-                           f"`corral cancel {job_id}` stops it", err=True)
+                say_detached(job_id, dev_name, held.get("queued"))
                 click.echo(job_id)
             return
         if held["new"] and not as_json:
@@ -74,8 +73,7 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         elif event.get("event") == "state":
             progress.clear()
             if not as_json:
-                reason = f" ({event['reason']})" if event.get("reason") else ""
-                click.echo(f"corral: {dev_name}: {event['state']}{reason}", err=True)
+                click.echo(f"corral: {dev_name}: {allocation_state(event)}", err=True)
         else:
             (warnings_only if as_json else progress)(event)
 
@@ -96,6 +94,16 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
     if not announced:
         announce(held)
     return int(held.get("exit_code") or 0)
+
+
+def say_detached(job_id: str, name: str, queued: dict[str, Any] | None) -> None:
+    """Where a detached run is: started, or queued until its allocation (`queued`, as it is) is ready."""
+    from corral.cli.render import allocation_state
+
+    where = (f"queued in {name}: it starts once {name} is ready, now {allocation_state(queued)}" if queued
+             else f"started in {name}")
+    click.echo(f"corral: {job_id} {where}; `corral logs {job_id}` follows it, `corral cancel {job_id}` stops it",
+               err=True)
 
 
 def stopped_following(job_id: str, name: str) -> NoReturn:
@@ -134,18 +142,25 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
         raise click.UsageError("exec runs one task file at a time")
     client = Client()
     started: list[str] = []
+    queued: list[dict[str, Any]] = []
+
+    def seen(event: dict[str, Any]) -> None:
+        if event.get("event") == "queued":
+            queued.append(event["allocation"])
+        elif "job_id" in event:
+            started.append(str(event["job_id"]))
+
     try:
         job_id, code = client.dev_exec(name, Path(paths[0]) if paths else None, command=command, detach=detach,
                                        num_nodes=num_nodes, gpus=gpus, cpus=cpus, memory=memory, infra=infra,
                                        envs=list(envs), secrets=list(secret_values), on_output=write_bytes,
-                                       on_event=lambda e: started.append(str(e["job_id"])) if "job_id" in e else None)
+                                       on_event=seen)
     except KeyboardInterrupt:
         if not started:
             raise
         stopped_following(started[0], name)
     if code is None:  # detached
-        click.echo(f"corral: {job_id} started in {name}; `corral logs {job_id}` follows it, `corral cancel "
-                   f"{job_id}` stops it", err=True)
+        say_detached(job_id, name, queued[0] if queued else None)
         click.echo(job_id)
         return
     if code != 0 and (job := client.job(job_id)).state == "CANCELLED":  # ended by `corral cancel`, say so

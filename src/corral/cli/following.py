@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from corral.cli.common import write_bytes
-from corral.timefmt import clock
+from corral.timefmt import expected_start
 
 WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
 BETWEEN_ATTEMPTS = frozenset({"RECOVERING", "CANCELLING"})  # managed states worth a line while no output comes
@@ -183,12 +183,7 @@ def _waiting_line(found: dict[str, Any], pending: bool) -> str:
     where it waits and when Slurm expects it to start."""
     where = f" on slurm/{found['cluster']}/{found['partition']}" if pending and found.get("cluster") else ""
     return (f"{found['job_id']} {found['state']}{where}" + (f" ({found['reason']})" if found.get("reason") else "")
-            + _expected(found.get("expected_start")))
-
-
-def _expected(expected: object) -> str:
-    return (f"; Slurm expects it to start {clock(expected)}"
-            if isinstance(expected, (int, float)) and expected > time.time() else "")
+            + expected_start(found.get("expected_start")))
 
 
 def _show_waiting(progress: Any, line: str, shown: str | None) -> str:
@@ -235,7 +230,7 @@ def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
             progress.clear()
             return job
         line = f"{job_id} {job.state} on {place(job)}" + (
-            f" ({job.reason})" if job.reason else "") + _expected(job.raw.get("expected_start"))
+            f" ({job.reason})" if job.reason else "") + expected_start(job.raw.get("expected_start"))
         shown = _show_waiting(progress, line, shown)
         time.sleep(POLL_SECONDS)
 

@@ -10,7 +10,7 @@ from rich.text import Text
 from corral.cli.common import warn
 from corral.cli.consoles import console, err_console, literal, state_cell, styled
 from corral.cli.consoles import table as new_table
-from corral.timefmt import duration, start_text
+from corral.timefmt import duration, expected_start, start_text
 
 if TYPE_CHECKING:  # type hints only: a table must not cost the import of the engine, SQLAlchemy or pydantic
     from collections.abc import Iterable
@@ -265,6 +265,12 @@ def _memory(gb: float) -> str:
     return f"{gb:g}G" if float(gb).is_integer() else f"{round(gb * 1024)}M"
 
 
+def allocation_state(allocation: dict[str, Any]) -> str:
+    """"PENDING (Resources; Slurm expects it to start 14:05:09)", from the API's JSON."""
+    why = "; ".join(filter(None, (allocation.get("reason"), expected_start(allocation.get("expected_start"))[2:])))
+    return str(allocation["state"]) + (f" ({why})" if why else "")
+
+
 def render_status(allocations: list[dict[str, Any]]) -> None:
     """Dev allocations, from the API's JSON."""
     if not allocations:
@@ -272,7 +278,7 @@ def render_status(allocations: list[dict[str, Any]]) -> None:
         return
     table = new_table(("NAME", "INFRA", "RESOURCES", "STATE", "AGE", "IDLE", "TIME LEFT", "NODES"))
     for a in allocations:
-        state = str(a["state"]) + (f" ({a['reason']})" if a.get("reason") else "")
+        state = allocation_state(a)
         idle_for = a.get("idle_seconds")
         idle = duration(idle_for) if isinstance(idle_for, (int, float)) and a["state"] == "READY" else "-"
         limit = f"/{duration(a['idle_limit_seconds'])}" if a.get("idle_limit_seconds") else ""

@@ -39,9 +39,10 @@ from pathlib import Path
 from corral import budget
 from corral.client import Client
 from corral.controller import rules
+from corral.controller.background import run_on
 from corral.controller.rules import Context, ControllerSettings, Decision, Facts, Need
 from corral.controller.shards import Shards, home_cluster
-from corral.dev import settle_unfollowed_execs
+from corral.dev import settle_unfollowed_execs, start_queued_execs
 from corral.errors import CorralError
 from corral.infra.base import (
     DEFAULT_CHECKPOINT_DIR,
@@ -85,6 +86,7 @@ class TickReport:
     clusters: list[str] = field(default_factory=list)  # the clusters this replica held and drove
     replicas: int = 1  # live replicas on the store, this one included
     jobs: int = 0  # live managed jobs this replica drove
+    queued_execs: int = 0  # execs still waiting for their allocation to be ready (the chores' holder)
     submitted: int = 0
     moved: int = 0
     cancelled: int = 0
@@ -152,6 +154,8 @@ class Controller:
                 # job that names it excepted): its probe, and a submission, would most likely wait too.
                 sent = await self._drive(managed, attempts, held, now, report, left_out(refresh.asking))
         await self._cancel_again(cancelling, held, set(refresh.errors) | self._unreachable_beyond_grace(now), sent)
+        if chores:  # execs queued in allocations that were not ready: started once they are
+            report.queued_execs = await start_queued_execs(self.client, self.store, run_on)
         if chores and time.monotonic() - self._execs_settled >= EXEC_SETTLE_SECONDS:
             self._execs_settled = time.monotonic()
             await settle_unfollowed_execs(self.client, self.store)

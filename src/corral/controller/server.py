@@ -415,9 +415,9 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
                 if report.disagreement != disagreement:  # said once when it starts, and when it ends
                     disagreement = report.disagreement
                     print(disagreement or "replicas read the same cluster list again: driving jobs", flush=True)
-                if report.jobs:  # live managed jobs: the configured pace, even while a cluster fails. A failing
-                    # cluster is held back by its own budget and back-off (budget.py); a loop that slowed
-                    # for it (it did, to 10 s) saw every job late, its recovery after the grace included.
+                if report.jobs or report.queued_execs:  # work: the configured pace, even while a cluster
+                    # fails. A failing cluster is held back by its own budget and back-off (budget.py); a
+                    # loop that slowed for it (it did, to 10 s) saw every job late, its recovery included.
                     interval = base
                 else:  # nothing to drive: slow down
                     interval = min(longest, max(base, interval * 1.5))

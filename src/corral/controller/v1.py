@@ -93,7 +93,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         return left_out(shared.flights.overdue(API_WAIT_AT_MOST))
 
     v1_launch.add_routes(router, store, wake, slow)
-    v1_dev.add_routes(router, store, slow)
+    v1_dev.add_routes(router, store, wake, slow)
     v1_users.add_routes(router, store)
     web.add_api_routes(router, store)
 

@@ -22,6 +22,7 @@ from pydantic import Field
 from corral import buckets
 from corral.client import Client
 from corral.controller.auth import Forbidden, Me, Principal
+from corral.controller.background import run_on
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.controller.v1_launch import (
     JsonLines,
@@ -32,9 +33,8 @@ from corral.controller.v1_launch import (
     event_stream,
     launch_events,
     put_warnings,
-    run_on,
 )
-from corral.dev import AllocationStatus, DevAllocations, check_name
+from corral.dev import WAITING_PHASES, AllocationStatus, DevAllocations, check_name
 from corral.errors import CorralError, UnavailableError
 from corral.infra.base import AllocationPhase
 from corral.launch import Launcher
@@ -89,11 +89,19 @@ def started_event(put: Put) -> Callable[[str], None]:
     return lambda job_id: put({"event": "started", "job_id": job_id})
 
 
-async def detached_exec(allocations: DevAllocations, name: str, task: Task, source: str, setup: bool = False) -> str:
-    """Start an exec that runs on without anyone following it; its job id once it is recorded. Its
-    allocation is asked first (one round trip), so that one not ready is an error now, not a failed
-    job later."""
-    [status] = await allocations.status([allocations.get(name)])
+async def detached_exec(allocations: DevAllocations, name: str, task: Task, source: str, wake: Callable[[], None],
+                        setup: bool = False, status: AllocationStatus | None = None) -> dict[str, Any]:
+    """Start an exec that runs on without anyone following it: its job id once it is recorded, and
+    `queued` (the allocation's state) when the allocation is still waiting, as the exec then is until it
+    is ready (the engine starts it). The allocation is asked first (one round trip) unless `status` is
+    how it is now, so that one that ended is an error now, not a failed job later. `wake`: the engine's
+    next tick now, and at its working pace while execs are queued."""
+    if status is None:
+        [status] = await allocations.status([allocations.get(name)])
+    if status.state in WAITING_PHASES:
+        job_id = await allocations.queue_exec(name, task, source, status, setup=setup)
+        wake()
+        return {"job_id": job_id, "queued": status_json(status)}
     if status.state != AllocationPhase.READY:
         raise UnavailableError(f"allocation {name!r} is {status.state}"
                                + (f" ({status.reason})" if status.reason else "") + f"; see `corral status {name}`")
@@ -103,15 +111,17 @@ async def detached_exec(allocations: DevAllocations, name: str, task: Task, sour
     await asyncio.wait({started, running}, return_when=asyncio.FIRST_COMPLETED)
     if not started.done():
         running.result()  # it failed before it was recorded: that error
-    return started.result()
+    return {"job_id": started.result(), "queued": None}
 
 
 def status_json(status: AllocationStatus) -> dict[str, Any]:
     return status.to_json(time.time())
 
 
-def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str]] = dict) -> None:
-    """`slow`: the clusters a new allocation leaves out now, with why (their status queries are overdue)."""
+def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambda: None,
+               slow: Callable[[], dict[str, str]] = dict) -> None:
+    """`slow`: the clusters a new allocation leaves out now, with why (their status queries are overdue).
+    `wake`: tick the engine now (an exec was queued)."""
     locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def dev(me: Principal, put: Put | None = None) -> DevAllocations:
@@ -147,15 +157,22 @@ def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str
             runs = request.run and bool(task.run or setup_again)
             if not (request.wait or runs):
                 return answer
+            # Detached, a run waits for the allocation in the server, not here: once Slurm has queued
+            # the allocation (it is pending, with a reason), the run is queued in it and this returns.
             status = await allocations.wait_ready(
-                row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason}),
-                on_setup_output=output_events(put) if new and task.setup else None)
+                row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason,
+                                       "expected_start": s.expected_start}),
+                on_setup_output=output_events(put) if new and task.setup else None,
+                until_queued=request.detach and runs)
+            if status.state is not AllocationPhase.READY:
+                queued = await detached_exec(allocations, name, task, source, wake, setup_again, status)
+                return {**answer, "nodes": [], "ssh_alias": None, **queued, "exit_code": None}
             alias = await allocations.write_ssh_alias(row, status)
             answer |= {"nodes": status.nodes, "ssh_alias": str(alias) if alias else None}
             if runs:
                 put({"event": "ready", **answer})
                 if request.detach:
-                    return {**answer, "job_id": await detached_exec(allocations, name, task, source, setup_again),
+                    return {**answer, **await detached_exec(allocations, name, task, source, wake, setup_again, status),
                             "exit_code": None}
                 job_id, code = await allocations.exec(name, task, source, output_events(put),  # syncs its files
                                                       started_event(put), setup=setup_again)
@@ -177,7 +194,10 @@ def add_routes(router: APIRouter, store: Store, slow: Callable[[], dict[str, str
         async def work(put: Put) -> dict[str, Any]:
             ready = await buckets.fetched(task, me.owner)
             if request.detach:
-                return {"job_id": await detached_exec(allocations, name, ready, source), "exit_code": None}
+                detached = await detached_exec(allocations, name, ready, source, wake)
+                if detached["queued"]:  # said before the answer, which the SDK's dev_exec reduces to the job id
+                    put({"event": "queued", "job_id": detached["job_id"], "allocation": detached["queued"]})
+                return {**detached, "exit_code": None}
             job_id, code = await allocations.exec(name, ready, source, output_events(put), started_event(put))
             return {"job_id": job_id, "exit_code": code}
 

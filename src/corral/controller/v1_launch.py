@@ -23,6 +23,7 @@ from pydantic import Field, field_validator
 from corral import buckets, managed, uploads
 from corral.client import Client
 from corral.controller.auth import Me, owner_of_all
+from corral.controller.background import run_on
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.errors import CorralError, TaskError
 from corral.infra.base import JobState
@@ -212,18 +213,6 @@ def put_warnings(put: Put, task: Task, source: str, *, dev: bool = False) -> Non
     """A `warning` event for each SkyPilot field of the task that has no meaning on Slurm."""
     for line in ignored_fields(task, dev=dev):
         put({"event": "warning", "message": f"{source}: {line}"})
-
-
-_RUNNING: set[asyncio.Future[Any]] = set()  # launches whose client went away run on to the end
-
-
-def run_on(work: Awaitable[Any]) -> asyncio.Future[Any]:
-    """`work` as a task of its own, kept until it ends: a client that stops waiting for it (goes away,
-    or detaches) does not stop it."""
-    running = asyncio.ensure_future(work)
-    _RUNNING.add(running)
-    running.add_done_callback(_RUNNING.discard)
-    return running
 
 
 Put = Callable[[dict[str, Any]], None]

@@ -351,6 +351,7 @@ class AllocationState:
     setup_output: str = ""  # when its setup failed: the last lines it printed (why, for the user)
     cpus_per_node: int | None = None  # what the infra gave it, once its holder has said (None: unknown)
     memory_mb_per_node: int | None = None
+    expected_start: float | None = None  # while pending: when the infra expects it to start, if it says
 
 
 @dataclass(frozen=True)

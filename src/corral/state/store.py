@@ -252,6 +252,15 @@ class Store:
         with self.session() as s:
             return [(job_id, owner, allocation) for job_id, owner, allocation in s.execute(query)]
 
+    def queued_execs(self) -> list[str]:
+        """The ids of execs queued until their allocation is ready (`exec -d` on a pending one): PENDING
+        and never sent, through the index on attempts.state."""
+        query = (select(AttemptRow.job_id).join(JobRow, JobRow.id == AttemptRow.job_id)
+                 .where(AttemptRow.state == JobState.PENDING, AttemptRow.submitted_at.is_(None),
+                        JobRow.allocation.is_not(None)))
+        with self.session() as s:
+            return list(s.scalars(query))
+
     def queue_page(self, *, limit: int | None = 20, offset: int = 0, since: float | None = None,
                    allocation: str | None = None, live: bool = True, by_sweep: bool = False,
                    scope: str | None = None) -> QueuePage:

@@ -93,7 +93,18 @@ def test_shell_command_is_validated_and_quoted():
 
 
 def answer(squeue: str, files: str) -> str:
-    return f"@@corral clock 0\n1796015347\n\n@@corral squeue 0\n{squeue}\n@@corral files-7 0\n{files}\n"
+    return (f"@@corral clock 0\n1796015347\n2026-11-30T05:29:07\n\n@@corral squeue 0\n{squeue}\n"
+            f"@@corral files-7 0\n{files}\n")
+
+
+def test_a_pending_allocation_has_slurms_expected_start_in_epoch_seconds():
+    """squeue's StartTime is the cluster's local time: the clock read in the same round trip maps it."""
+    pending = parse_allocation_status("7", answer("7|PENDING|Resources|1:00:00|2026-11-30T06:29:07|", ""))
+    assert pending.expected_start == 1796015347 + 3600
+    unknown = parse_allocation_status("7", answer("7|PENDING|Priority|1:00:00|N/A|", ""))
+    assert (unknown.reason, unknown.expected_start) == ("Priority", None)
+    running = parse_allocation_status("7", answer("7|RUNNING|None|59:10|2026-11-30T05:27:13|a1", "ready="))
+    assert running.expected_start is None
 
 
 @pytest.mark.parametrize(("squeue", "files", "expected"), [

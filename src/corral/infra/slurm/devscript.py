@@ -33,7 +33,7 @@ from corral.infra.shell import (
     tail_lines,
 )
 from corral.infra.slurm.environment import login_shell_line
-from corral.infra.slurm.jobs import STATE_MAP
+from corral.infra.slurm.jobs import CLOCK, STATE_MAP, parse_clock
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
     JOB_NAME_PREFIX,
@@ -324,7 +324,7 @@ _HOLDER_SETUP_FAILED = re.compile(r"^corral: setup failed \(\d+\)$")
 
 def status_script(allocations: list[tuple[str, str]]) -> str:
     """For (job id, run dir) pairs: Slurm's view and the holder's own files, in one round trip."""
-    out = [f"printf '{MARK} clock 0\\n'; date +%s"]
+    out = [CLOCK.rstrip("\n")]
     for job_id, _ in allocations:
         _check_id(job_id)
     # All of the user's jobs, not `-j ids`: squeue refuses the whole list if one id was purged.
@@ -404,7 +404,14 @@ def parse_allocation_status(job_id: str, stdout: str) -> AllocationState:
     said = [line for line in (setup.text if setup is not None else "").splitlines()
             if not _HOLDER_SETUP_FAILED.match(line)]  # the holder's own line says only the exit code
     cpus, _, memory_mb = files.get("held", "").partition(":")
-    return dataclasses.replace(_phase(files, slurm), ended_execs=ended_execs, setup_output="\n".join(said),
+    state = _phase(files, slurm)
+    clock = sections.get("clock")
+    if state.phase is AllocationPhase.PENDING and slurm is not None and clock is not None:
+        try:  # Slurm's estimate, in the cluster's local time: its clock turns it into an epoch
+            state = dataclasses.replace(state, expected_start=parse_clock(clock.text).to_epoch(slurm[4]))
+        except ValueError:
+            pass
+    return dataclasses.replace(state, ended_execs=ended_execs, setup_output="\n".join(said),
                                cpus_per_node=int(cpus) if cpus.isdigit() and int(cpus) else None,
                                memory_mb_per_node=int(memory_mb) if memory_mb.isdigit() and int(memory_mb) else None)
 
