@@ -567,7 +567,7 @@ def test_a_new_allocation_leaves_out_a_cluster_whose_status_query_is_overdue(cor
         testbed.thaw_controller("cirrus")
 
 
-def test_a_detached_run_on_a_pending_allocation_is_queued_until_it_is_ready(corral, testbed, clean):
+def test_a_detached_run_on_a_pending_allocation_is_queued_until_it_is_ready(corral, corral_env, testbed, clean):
     """`launch -c NAME -d` waited for as long as Slurm kept the allocation pending (hours, on a busy
     cluster), and `exec -d` on a pending one gave a job that then failed. Now the run is queued in the
     server, which starts it once the allocation is ready (after a server restart too); a cancel or a
@@ -600,6 +600,18 @@ def test_a_detached_run_on_a_pending_allocation_is_queued_until_it_is_ready(corr
     assert corral("down", "other").exit_code == 0
     gone = job(other.stdout.strip())
     assert (gone["state"], gone["reason"]) == ("CANCELLED", "its allocation 'other' was released"), gone
+
+    # Attached, it waits; Ctrl-C then says the allocation stays queued (it said "interrupted").
+    attached = pexpect.spawn(sys.executable, ["-m", "corral", "launch", "-c", "waits", "--infra", "slurm/cirrus/debug"],
+                             env=corral_env, encoding="utf-8", timeout=60)
+    attached.expect(r"corral: waits: PENDING \(")
+    attached.kill(signal.SIGINT)
+    attached.expect(pexpect.EOF)
+    attached.close()
+    assert attached.exitstatus == 130, attached.before
+    assert "Ctrl-C stopped waiting, not the allocation: waits stays in Slurm's queue (PENDING (" in attached.before
+    assert status(corral, "waits")["state"] == "PENDING"
+    assert corral("down", "waits").exit_code == 0
 
     # The queue is the server's: a restart keeps it.
     assert corral("server", "stop").exit_code == 0

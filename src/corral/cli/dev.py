@@ -63,6 +63,7 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
             print_json({**summary, "nodes": held["nodes"]})
 
     started: list[str] = []
+    waited: list[dict[str, Any]] = []  # the allocation's states while it was waited for
 
     def show(event: dict[str, Any]) -> None:
         if event.get("event") == "started":
@@ -71,6 +72,7 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
             if not detach:  # detached, the answer says it, with the run's job id
                 announce(event)
         elif event.get("event") == "state":
+            waited.append(event)
             progress.clear()
             if not as_json:
                 click.echo(f"corral: {dev_name}: {allocation_state(event)}", err=True)
@@ -86,9 +88,15 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
                                    default_idle_minutes=default_idle, on_event=show, on_output=write_bytes)
     except KeyboardInterrupt:
         progress.clear()
-        if not started:
+        if started:
+            stopped_following(started[0], dev_name)
+        if not waited or announced:
             raise
-        stopped_following(started[0], dev_name)
+        runs = " and the server still runs the task in it once it is ready" if (task or command) else ""
+        click.echo(f"\ncorral: Ctrl-C stopped waiting, not the allocation: {dev_name} stays in Slurm's queue "
+                   f"({allocation_state(waited[-1])}){runs}. `corral status {dev_name}` shows it, "
+                   f"`corral down {dev_name}` releases it.", err=True)
+        sys.exit(130)
     finally:
         progress.clear()
     if not announced:
