@@ -277,11 +277,13 @@ class DevAllocations:
     async def wait_ready(self, row: AllocationRow, timeout: float | None = None,
                          on_state: Callable[[AllocationStatus], None] = lambda s: None,
                          on_setup_output: Callable[[bytes], None] | None = None,
-                         until_queued: bool = False) -> AllocationStatus:
+                         until_queued: bool = False,
+                         give_up: Callable[[], bool] = lambda: False) -> AllocationStatus:
         """Until the allocation is ready; an error saying why once it cannot be. `on_setup_output`: its
         setup's output as it runs, where the infra can show it (one more session while waiting).
         `until_queued`: or until the infra has queued it (pending, with a reason: it cannot start now),
-        or it has been pending for QUEUED_AFTER seconds; the status then says which."""
+        or it has been pending for QUEUED_AFTER seconds; `give_up`: or once that says so. The status
+        then says which."""
         infra = self._holder(row.cluster, row.owner)
         follower = None
         shown: list[bool] = []  # whether setup's output has been shown: the error then need not repeat it
@@ -297,7 +299,7 @@ class DevAllocations:
             follower.add_done_callback(lambda done: done.cancelled() or done.exception())
         queued = False
         try:
-            status = await self._until_ready(row, timeout, on_state, lambda: not shown, until_queued)
+            status = await self._until_ready(row, timeout, on_state, lambda: not shown, until_queued, give_up)
             queued = status.state is not AllocationPhase.READY
             return status
         finally:
@@ -309,7 +311,8 @@ class DevAllocations:
     async def _until_ready(self, row: AllocationRow, timeout: float | None,
                            on_state: Callable[[AllocationStatus], None],
                            quote_setup: Callable[[], bool] = lambda: True,
-                           until_queued: bool = False) -> AllocationStatus:
+                           until_queued: bool = False,
+                           give_up: Callable[[], bool] = lambda: False) -> AllocationStatus:
         started = time.monotonic()
         last = None
         while True:
@@ -329,6 +332,8 @@ class DevAllocations:
                                       "; its output is above") if said else ""))
             waited = time.monotonic() - started
             if until_queued and status.state is AllocationPhase.PENDING and (status.reason or waited > QUEUED_AFTER):
+                return status
+            if give_up() and status.state in WAITING_PHASES:
                 return status
             if timeout is not None and waited > timeout:
                 raise CorralError(f"allocation {row.name!r} is still {status.state} after {timeout:g}s")

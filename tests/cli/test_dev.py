@@ -601,17 +601,23 @@ def test_a_detached_run_on_a_pending_allocation_is_queued_until_it_is_ready(corr
     gone = job(other.stdout.strip())
     assert (gone["state"], gone["reason"]) == ("CANCELLED", "its allocation 'other' was released"), gone
 
-    # Attached, it waits; Ctrl-C then says the allocation stays queued (it said "interrupted").
-    attached = pexpect.spawn(sys.executable, ["-m", "corral", "launch", "-c", "waits", "--infra", "slurm/cirrus/debug"],
-                             env=corral_env, encoding="utf-8", timeout=60)
+    # Attached, it waits; Ctrl-C then says the allocation stays queued (it said "interrupted"), and its
+    # run is queued as with -d (it used to wait in the server's memory, in no queue, beyond any cancel).
+    attached = pexpect.spawn(sys.executable, ["-m", "corral", "launch", "-c", "waits", "--infra", "slurm/cirrus/debug",
+                                              "--", "echo never"], env=corral_env, encoding="utf-8", timeout=60)
     attached.expect(r"corral: waits: PENDING \(")
     attached.kill(signal.SIGINT)
     attached.expect(pexpect.EOF)
     attached.close()
     assert attached.exitstatus == 130, attached.before
     assert "Ctrl-C stopped waiting, not the allocation: waits stays in Slurm's queue (PENDING (" in attached.before
+    assert "the task is queued in it and starts once it is ready (`corral queue waits`)" in attached.before
     assert status(corral, "waits")["state"] == "PENDING"
+    left = wait_for("the run to be queued", lambda: corral("queue", "waits", "--json").json(), timeout=30)
+    assert [(j["state"], j["reason"].split(" (")[0]) for j in left] == [
+        ("PENDING", "waiting for its allocation waits to be ready")], left
     assert corral("down", "waits").exit_code == 0
+    assert job(left[0]["job_id"])["state"] == "CANCELLED"
 
     # The queue is the server's: a restart keeps it.
     assert corral("server", "stop").exit_code == 0

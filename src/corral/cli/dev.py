@@ -92,7 +92,8 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
             stopped_following(started[0], dev_name)
         if not waited or announced:
             raise
-        runs = " and the server still runs the task in it once it is ready" if (task or command) else ""
+        runs = (f"; the task is queued in it and starts once it is ready (`corral queue {dev_name}`)"
+                if task or command else "")
         click.echo(f"\ncorral: Ctrl-C stopped waiting, not the allocation: {dev_name} stays in Slurm's queue "
                    f"({allocation_state(waited[-1])}){runs}. `corral status {dev_name}` shows it, "
                    f"`corral down {dev_name}` releases it.", err=True)

@@ -157,13 +157,14 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
             runs = request.run and bool(task.run or setup_again)
             if not (request.wait or runs):
                 return answer
-            # Detached, a run waits for the allocation in the server, not here: once Slurm has queued
-            # the allocation (it is pending, with a reason), the run is queued in it and this returns.
+            # Detached, a run waits for the allocation in the server's queue, not here: once Slurm has
+            # queued the allocation (it is pending, with a reason), the run is queued in it and this
+            # returns. So does a client that goes away (Ctrl-C) while it waits: its run is queued too.
             status = await allocations.wait_ready(
                 row, on_state=lambda s: put({"event": "state", "state": s.state, "reason": s.reason,
                                        "expected_start": s.expected_start}),
                 on_setup_output=output_events(put) if new and task.setup else None,
-                until_queued=request.detach and runs)
+                until_queued=request.detach and runs, give_up=lambda: runs and gone.is_set())
             if status.state is not AllocationPhase.READY:
                 queued = await detached_exec(allocations, name, task, source, wake, setup_again, status)
                 return {**answer, "nodes": [], "ssh_alias": None, **queued, "exit_code": None}
@@ -182,7 +183,8 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
                 await allocations.sync_files(name, task)
             return answer
 
-        return event_stream(work)
+        gone = asyncio.Event()
+        return event_stream(work, gone)
 
     @router.post("/dev/{name}/exec", response_class=JsonLines, responses=STREAM_REFUSALS)
     async def dev_exec(me: Me, name: Name, request: DevExecRequest) -> StreamingResponse:

@@ -240,8 +240,10 @@ class OutputStream(StreamingResponse):
     media_type = "application/octet-stream"
 
 
-def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingResponse:
-    """Run `work` as its own task and stream the events it puts, then `done` or `error`."""
+def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]],
+                 gone: asyncio.Event | None = None) -> StreamingResponse:
+    """Run `work` as its own task and stream the events it puts, then `done` or `error`. `gone` is
+    set once the stream ends: early when the client went away (work goes on, unread)."""
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     put = queue.put_nowait
 
@@ -260,8 +262,12 @@ def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]]) -> StreamingR
     run_on(run())
 
     async def body() -> AsyncIterator[bytes]:
-        while (item := await queue.get()) is not None:
-            yield (json.dumps(item) + "\n").encode()
+        try:
+            while (item := await queue.get()) is not None:
+                yield (json.dumps(item) + "\n").encode()
+        finally:
+            if gone is not None:
+                gone.set()
 
     return JsonLines(body())
 
