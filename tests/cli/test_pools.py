@@ -7,6 +7,7 @@ away fails its task as the infrastructure's doing, and a managed job is recovere
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -187,6 +188,27 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env, tmp_path):
     ips = {"lab1": "10.201.0.11", "lab2": "10.201.0.12"}
     both = f"{ips[head]},{ips[other]}"
     assert sorted(ranks.stdout.splitlines()) == [f"0 {head} {both}", f"1 {other} {both}"]
+    # Execs naming GPUs take their own on every machine (they all saw all four), claimed one machine
+    # at a time in rank order (two could otherwise each hold a machine the other waits for).
+    hold = 'echo "$CORRAL_TASK_ID cvd=$CUDA_VISIBLE_DEVICES n=$CORRAL_NUM_GPUS_PER_NODE"; ' \
+           'until [ -e ~/go-pair ]; do sleep 0.1; done'
+    first, second, third = (corral("exec", "pair", "-d", "--gpus", "A100:2", "--", command, env=pool_env).stdout.strip()
+                            for command in (hold, hold, "echo third cvd=$CUDA_VISIBLE_DEVICES"))
+
+    def output(job_id: str) -> str:
+        return corral("logs", job_id, "--no-follow", env=pool_env).stdout
+
+    shown = wait_for("both to print their GPUs", lambda: (a := output(first)) and (b := output(second)) and a + b,
+                     timeout=60)
+    assert sorted(shown.split()) == sorted([first, second, "cvd=0,1", "cvd=2,3", "n=2", "n=2"]), shown
+    waiting = "corral: waiting for 2 of the allocation's 4 GPUs per node, in use by job(s) "
+    wait_for("the third to wait", lambda: output(third).startswith(waiting), timeout=60)
+    assert sorted(output(third).split("job(s) ")[1].split()) == sorted([first, second])
+    assert corral("exec", "pair", "--", "touch ~/go-pair", env=pool_env).exit_code == 0  # takes no GPUs: runs
+    done = corral("logs", third, env=pool_env)
+    assert done.exit_code == 0 and re.search(r"\ncorral: its GPUs are free after \d+ s; starting\nthird cvd=(0,1|2,3)\n$",
+                                             done.stdout), done.stdout
+    assert corral("exec", "pair", "--", "rm -f ~/go-pair", env=pool_env).exit_code == 0
     assert corral("down", "pair", env=pool_env).exit_code == 0
     # An allocation nothing runs in is released by its holder on the machine, without a server, once
     # idle for the limit `corral autostop` gave it (it had none).

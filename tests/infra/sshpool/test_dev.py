@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from corral.infra.sshpool.dev import (
+    CLAIMED,
     cancel_exec_script,
     exec_output_script,
     exec_script,
+    go_script,
     idle_limit_script,
     states_script,
 )
@@ -155,3 +157,39 @@ def test_a_failed_setup_s_last_lines_come_with_the_state(home):
     state = _allocation_state(["lab1"], [line], {}, ["\n".join(said)])
     assert (state.phase, state.reason) == ("FAILED", "setup failed with exit code 4")
     assert state.setup_output.endswith("line 19\npip: no such package")
+
+
+def test_a_multi_machine_exec_naming_gpus_claims_them_says_so_and_waits_for_the_go(home):
+    """Each rank takes its GPUs (the positions of the allocation's devices), says CLAIMED on stdout
+    only, and starts once `go_script` has run on its machine; a cancel while it waits ends it."""
+    d = home / RUNS_DIR / TOKEN
+    (d / "vars.sh").write_text("export CORRAL_NODE_RANK=1 CUDA_VISIBLE_DEVICES=4,5,6,7 CORRAL_NUM_GPUS_PER_NODE=4\n")
+    script = exec_script(TOKEN, "c-0021", {}, 'echo "cvd=$CUDA_VISIBLE_DEVICES n=$CORRAL_NUM_GPUS_PER_NODE"',
+                         gpus_claimed=2, gpus_held=4, wait_for_go=True)
+    rank = session(home, script)
+    rank.stdin.write(script)
+    rank.stdin.close()
+    assert rank.stdout.readline() == CLAIMED + "\n"
+    assert rank.poll() is None  # waits for the go
+    assert run(home, go_script(TOKEN, "c-0021")) == (0, "")
+    assert (rank.wait(timeout=15), rank.stdout.read()) == (0, "cvd=4,5 n=2\n")
+    assert run(home, exec_output_script(TOKEN, "c-0021", follow=False)) == (0, "cvd=4,5 n=2\n")  # not CLAIMED
+    # The first has ended, so its slots are free again for the next, which a cancel ends while it waits.
+    other = exec_script(TOKEN, "c-0022", {}, "echo never", gpus_claimed=2, gpus_held=4, wait_for_go=True)
+    waiting = session(home, other)
+    waiting.stdin.write(other)
+    waiting.stdin.close()
+    assert waiting.stdout.readline() == CLAIMED + "\n"
+    assert run(home, cancel_exec_script(TOKEN, "c-0022")) == (0, "")
+    assert waiting.wait(timeout=15) in (143, -15) and waiting.stdout.read() == ""
+
+
+def test_until_line_keeps_back_one_line_across_chunks_and_passes_the_rest_in_order():
+    from corral.infra.sshpool.pool import _UntilLine
+
+    seen: list[str] = []
+    out: list[bytes] = []
+    sink = _UntilLine("corral: claimed", lambda: seen.append("claimed"), out.append)
+    for chunk in (b"waiting\ncorral: cl", b"aimed\nrun", b" output\n", b"corral: claimed\n"):
+        sink(chunk)
+    assert seen == ["claimed"] and b"".join(out) == b"waiting\nrun output\ncorral: claimed\n"

@@ -19,9 +19,11 @@ from corral.infra.shell import (
     EXEC_START_WAIT,
     IDLE_LIMIT_FILE,
     SETUP_TAIL_LINES,
+    claim_gpus,
     exec_ended_trap,
     exec_folder,
     leave_cancel_marker,
+    narrow_gpus,
     render_env,
     stop_if_cancelled,
     tail_lines,
@@ -47,12 +49,30 @@ def _exec_dir(token: str, exec_id: str) -> str:
     return f"{run_dir_word(token)}/{exec_folder(exec_id)}"
 
 
-def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup: str = "") -> str:
+CLAIMED = "corral: claimed its GPUs; waiting for the go"  # a multi-machine exec's line, on stdout only
+
+
+def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup: str = "", gpus_claimed: int = 0,
+                gpus_held: int = 0, wait_for_go: bool = False) -> str:
     """Run `run` in the allocation's rank on this machine, with its variables and GPUs; its exit status.
     With `setup`, that first, and `run` only if it succeeded. Their stdout and stderr, merged, go to
     the caller and to the exec's `output` file; the exec's `pid` (this script's, with its start time)
-    lets `cancel_exec_script` end it; `ended` is left however it ends."""
+    lets `cancel_exec_script` end it; `ended` is left however it ends.
+
+    With `gpus_claimed`, it first takes that many of the `gpus_held` GPUs the allocation holds on this
+    machine (`claim_gpus`: waiting while other execs hold them) and sees only those. `wait_for_go` (an
+    exec on several machines, which claims them one at a time in rank order so that two such execs
+    never each hold a machine the other waits for): once it has them, it says CLAIMED on stdout and
+    waits for the `go` file `go_script` leaves, so that every rank starts together."""
     folder = f'"$d"/{exec_folder(exec_id)}'
+    claim = ""
+    if gpus_claimed:
+        holder_lives = '{ read -r hp hs < "$d/pid" && alive "$hp" "$hs"; }'
+        claim = claim_gpus(exec_id, gpus_claimed, gpus_held, holder_lives)
+        if wait_for_go:
+            claim += (f'echo "{CLAIMED}"\n'
+                      f'until [ -e {folder}/go ]; do {stop_if_cancelled(folder).strip()}; '
+                      f'{holder_lives} || exit {EXIT_NOT_READY}; sleep 0.2; done\n')
 
     def step(command_file: str, tee_flags: str) -> str:
         return (f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {folder}/env.sh '
@@ -67,18 +87,25 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup:
               + exec_ended_trap(folder)
               # After `pid`, as `cancel_exec_script` reads `pid` after its marker: one sees the other.
               + stop_if_cancelled(folder)
+              + claim
               + _KEEP_ACTIVE
               + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
+              + (narrow_gpus() + f"export CORRAL_NUM_GPUS_PER_NODE={int(gpus_claimed)}\n" if gpus_claimed else "")
               + 'cd "$d/workdir" || exit 1\n')
     if setup:
-        script += (step("setup.sh", "")
+        script += (step("setup.sh", "-a " if gpus_claimed else "")  # after the lines it waited with
                    + 'status=${PIPESTATUS[0]}\n'
                    + stop_if_cancelled(folder)
                    + f'if [ "$status" -ne 0 ]; then echo "{EXEC_SETUP_FAILED} on $(hostname) with exit code $status; '
                    + f'the run did not start" | tee -a {folder}/{EXEC_OUTPUT}; exit "$status"; fi\n')
         if not run:
             return script + "exit 0\n"
-    return script + step("run.sh", "-a " if setup else "") + 'exit "${PIPESTATUS[0]}"\n'
+    return script + step("run.sh", "-a " if setup or gpus_claimed else "") + 'exit "${PIPESTATUS[0]}"\n'
+
+
+def go_script(token: str, exec_id: str) -> str:
+    """Let a multi-machine exec's rank on this machine start (`exec_script`'s `wait_for_go`)."""
+    return f": > {_exec_dir(token, exec_id)}/go\n"
 
 
 def idle_limit_script(token: str, idle_seconds: int) -> str:

@@ -27,7 +27,7 @@ import asyncio
 import re
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -336,17 +336,52 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
                       envs: dict[str, str], run: str, on_output: OutputSink, setup: str = "",
                       gpus_claimed: int = 0) -> int:
         """`run` on every machine of the allocation at once; the lowest rank's failure is the status.
-        Each machine runs `setup` first, and its `run` only if that succeeded. Every exec sees all of
-        the allocation's GPUs (`gpus_claimed` is not kept apart here yet)."""
+        Each machine runs `setup` first, and its `run` only if that succeeded. With `gpus_claimed`, it
+        takes that many of the allocation's GPUs on each machine for itself (waiting while other execs
+        hold them): on several machines one at a time, in rank order, so that two execs never each hold
+        a machine the other waits for; every rank then starts at once."""
         hosts, token = _hosts_and_token(handle)
-        statuses = await asyncio.gather(*(
-            self.transport.stream(host, pooldev.exec_script(_rank_token(token, rank, len(hosts)), exec_id, envs, run,
-                                                            setup),
-                                  on_output)
-            for rank, host in enumerate(hosts)))
+        several = bool(gpus_claimed) and len(hosts) > 1
+
+        def script(rank: int) -> str:
+            return pooldev.exec_script(_rank_token(token, rank, len(hosts)), exec_id, envs, run, setup,
+                                       gpus_claimed, accelerators_per_node, wait_for_go=several)
+
+        if not several:
+            statuses = await asyncio.gather(*(self.transport.stream(host, script(rank), on_output)
+                                              for rank, host in enumerate(hosts)))
+        else:
+            statuses = await self._exec_in_rank_order(hosts, token, exec_id, script, on_output)
         if EXIT_NOT_READY in statuses:
             return EXIT_NOT_READY
         return next((s for s in statuses if s != 0), 0)
+
+    async def _exec_in_rank_order(self, hosts: list[str], token: str, exec_id: str, script: Callable[[int], str],
+                                  on_output: OutputSink) -> list[int]:
+        """Start each rank's script once the one before has its GPUs (its CLAIMED line), then let them
+        all go (one more round trip per machine). A rank that ends before it has them (cancelled, the
+        allocation gone) ends those started before it, which wait for the go."""
+        running: list[asyncio.Future[int]] = []
+        try:
+            for rank, host in enumerate(hosts):
+                claimed = asyncio.Event()
+                running.append(asyncio.ensure_future(
+                    self.transport.stream(host, script(rank), _UntilLine(pooldev.CLAIMED, claimed.set, on_output))))
+                said = asyncio.ensure_future(claimed.wait())
+                await asyncio.wait({running[-1], said}, return_when=asyncio.FIRST_COMPLETED)
+                said.cancel()
+                if not claimed.is_set():
+                    if rank:
+                        await self.cancel_exec(f"{','.join(hosts)}/{token}", "", exec_id)
+                    return list(await asyncio.gather(*running))
+            await asyncio.gather(*(self.transport.run(host, pooldev.go_script(_rank_token(token, rank, len(hosts)),
+                                                                               exec_id), timeout=JOB_TIMEOUT)
+                                   for rank, host in enumerate(hosts)))
+            return list(await asyncio.gather(*running))
+        except BaseException:
+            for started in running:
+                started.cancel()
+            raise
 
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,
                           tail: int = 0) -> None:
@@ -452,6 +487,34 @@ def _phase(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, st
     why = {"idle": "released after being idle", "down": "released (corral down)"}.get(
         ended, "its holder ended (the machine restarted, or the process was killed)")
     return AllocationState(AllocationPhase.ENDED, why, hosts, last_active, None)
+
+
+class _UntilLine:
+    """An output sink that passes output on, but for the first line equal to `line`: that one it keeps
+    back, and calls `on_seen`. Until then whole lines pass (a part of a line waits for its end)."""
+
+    def __init__(self, line: str, on_seen: Callable[[], None], on_output: OutputSink) -> None:
+        self.line, self.on_seen, self.on_output = line.encode(), on_seen, on_output
+        self.partial: bytes | None = b""  # None once seen: everything passes
+
+    def __call__(self, chunk: bytes) -> None:
+        if self.partial is None:
+            self.on_output(chunk)
+            return
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        for i, line in enumerate(lines):
+            if line == self.line:
+                before, after = lines[:i], lines[i + 1:]
+                if before:
+                    self.on_output(b"\n".join(before) + b"\n")
+                rest = b"".join(part + b"\n" for part in after) + self.partial
+                self.partial = None
+                self.on_seen()
+                if rest:
+                    self.on_output(rest)
+                return
+        if lines:
+            self.on_output(b"\n".join(lines) + b"\n")
 
 
 def _hosts_and_token(handle: str) -> tuple[list[str], str]:
