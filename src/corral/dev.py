@@ -9,6 +9,7 @@ job holds the nodes until it is taken down, its walltime ends, or it has been id
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
@@ -510,11 +511,17 @@ class DevAllocations:
 
     async def run_queued(self, view: JobView) -> None:
         """Run a queued exec, already moved to RUNNING (`start_queued_execs`), its output kept in the
-        allocation only; its end is recorded as a detached exec's."""
-        row = self.get(str(view.job.allocation))
-        task = Task.model_validate_json(view.job.task_json)
-        envs = {**resolved_envs(task, "queued exec"), **unseal(view.job.secrets_sealed)}
-        await self._run_exec(row, view.job.id, view.attempt.token, task, envs, lambda chunk: None, sync=False)
+        allocation only; its end is recorded as a detached exec's, whatever happens (never raises)."""
+        try:
+            row = self.get(str(view.job.allocation))
+            task = Task.model_validate_json(view.job.task_json)
+            envs = {**resolved_envs(task, "queued exec"), **unseal(view.job.secrets_sealed)}
+        except (CorralError, ValueError) as exc:
+            self.store.end_attempt(view.attempt.token, state=JobState.FAILED, ended_at=time.time(),
+                                   reason=f"it could not start: {exc}")
+            return
+        with contextlib.suppress(CorralError):  # recorded as the exec's end already
+            await self._run_exec(row, view.job.id, view.attempt.token, task, envs, lambda chunk: None, sync=False)
 
     async def _run_exec(self, row: AllocationRow, job_id: str, token: str, task: Task, envs: dict[str, str],
                         on_output: Callable[[bytes], None], sync: bool) -> int:

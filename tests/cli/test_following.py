@@ -7,6 +7,7 @@ import pytest
 
 from corral.cli import following
 from corral.sdk.types import Job
+from corral.timefmt import clock
 
 
 def attempt(number: int, state: str, exit_code: int | None = None, slurm_job_id: str | None = "7") -> dict:
@@ -73,7 +74,7 @@ def test_an_attempt_pending_in_slurm_is_a_waiting_line_until_it_starts(capfd):
     out, err = capfd.readouterr()
     assert out == "out 1\n" and client.streams == [(1, True, 0)]  # followed once it ran, not while pending
     assert err.splitlines()[:2] == [
-        f"corral: c-1 PENDING on slurm/alpine/gpu (Resources); Slurm expects it to start {following.clock(soon)}",
+        f"corral: c-1 PENDING on slurm/alpine/gpu (Resources); Slurm expects it to start {clock(soon)}",
         "== attempt 1 on slurm/alpine/gpu (Slurm job 7, RUNNING) ==",  # said once, though asked twice
     ]
 
