@@ -351,16 +351,17 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
             statuses = await asyncio.gather(*(self.transport.stream(host, script(rank), on_output)
                                               for rank, host in enumerate(hosts)))
         else:
-            statuses = await self._exec_in_rank_order(hosts, token, exec_id, script, on_output)
+            statuses = await self._exec_in_rank_order(handle, exec_id, script, on_output)
         if EXIT_NOT_READY in statuses:
             return EXIT_NOT_READY
         return next((s for s in statuses if s != 0), 0)
 
-    async def _exec_in_rank_order(self, hosts: list[str], token: str, exec_id: str, script: Callable[[int], str],
+    async def _exec_in_rank_order(self, handle: str, exec_id: str, script: Callable[[int], str],
                                   on_output: OutputSink) -> list[int]:
         """Start each rank's script once the one before has its GPUs (its CLAIMED line), then let them
         all go (one more round trip per machine). A rank that ends before it has them (cancelled, the
         allocation gone) ends those started before it, which wait for the go."""
+        hosts, token = _hosts_and_token(handle)
         running: list[asyncio.Future[int]] = []
         try:
             for rank, host in enumerate(hosts):
@@ -372,7 +373,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
                 said.cancel()
                 if not claimed.is_set():
                     if rank:
-                        await self.cancel_exec(f"{','.join(hosts)}/{token}", "", exec_id)
+                        await self.cancel_exec(handle, "", exec_id)
                     return list(await asyncio.gather(*running))
             await asyncio.gather(*(self.transport.run(host, pooldev.go_script(_rank_token(token, rank, len(hosts)),
                                                                                exec_id), timeout=JOB_TIMEOUT)
