@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from corral.dev import OutputLines, gpus_to_claim, resources_key, unmet
+from corral.infra.base import AllocationPhase, AllocationState, HoldsAllocations
 from corral.state.models import AllocationRow
 from corral.task import parse_task
 from corral.taskfile import parse_yaml
@@ -123,3 +124,71 @@ def test_a_queued_exec_whose_allocation_went_or_changed_fails_and_none_starts(tm
     ended = {v.job.id: (v.attempt.state, v.attempt.reason) for v in store.views(["c-1", "c-2"])}
     assert ended == {job: (JobState.FAILED, "its allocation ended before it was ready") for job in ("c-1", "c-2")}
 
+
+
+class _Holders(HoldsAllocations):
+    """A cluster's allocations as `allocation_states` reports them, counting its round trips."""
+
+    def __init__(self, states: dict[str, AllocationState]):
+        self.states, self.asked = states, []
+
+    async def allocation_states(self, held):
+        self.asked.append(sorted(handle for handle, _ in held))
+        return {handle: self.states[handle] for handle, _ in held}
+
+
+_Holders.__abstractmethods__ = frozenset()  # only what the engine's queued-exec pass uses
+
+
+class _Client:
+    def __init__(self, holders: _Holders):
+        self.holders = holders
+
+    def infra(self, cluster: str, owner: str = "") -> _Holders:
+        return self.holders
+
+
+def test_queued_execs_start_once_their_allocation_is_ready_at_one_status_query_per_cluster(tmp_path):
+    """The engine's pass: none asked without queued execs; then one query for both allocations of the
+    cluster; the ready one's execs are started (unless cancelled first), the pending one's wait, its
+    reason and Slurm's estimate kept on them."""
+    import asyncio
+    import time
+
+    from corral.dev import start_queued_execs
+    from corral.infra.base import JobState
+    from corral.state import Store
+    from corral.state.models import AttemptRow, JobRow
+
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    holders = _Holders({"7": AllocationState(AllocationPhase.READY, None, ["b1"], None, "59:00"),
+                        "8": AllocationState(AllocationPhase.PENDING, "Resources", [], None, "1:00:00",
+                                             expected_start=1796015347.0)})
+    started: list[object] = []
+
+    def tick() -> int:
+        return asyncio.run(start_queued_execs(_Client(holders), store, started.append))  # type: ignore[arg-type]
+
+    assert tick() == 0 and holders.asked == []
+    now = time.time()
+    for name, handle in (("dev", "7"), ("later", "8")):
+        row = held("run: x\n", handle=handle)
+        row.name = name
+        store.put_allocation(row)
+    jobs = [JobRow(id=job_id, name="exec", task_json="{}", created_at=now, allocation=name)
+            for job_id, name in (("c-1", "dev"), ("c-2", "dev"), ("c-3", "dev"), ("c-4", "later"))]
+    store.add_jobs(jobs, [AttemptRow(token=f"exec-{j.id}", job_id=j.id, number=1, cluster="borealis", partition="p",
+                                     handle="7" if j.allocation == "dev" else "8", state=JobState.PENDING,
+                                     created_at=now, run_dir="r", log_path="r/o") for j in jobs])
+    store.move_attempt("exec-c-3", JobState.PENDING, state=JobState.CANCELLED)  # `corral cancel` came first
+    assert tick() == 1 and holders.asked == [["7", "8"]]
+    for coroutine in started:
+        coroutine.close()  # type: ignore[attr-defined]
+    assert len(started) == 2
+    views = {v.job.id: v.attempt for v in store.views(["c-1", "c-2", "c-3", "c-4"])}
+    assert [views[j].state for j in ("c-1", "c-2", "c-3", "c-4")] == [
+        JobState.RUNNING, JobState.RUNNING, JobState.CANCELLED, JobState.PENDING]
+    assert views["c-1"].submitted_at is not None and views["c-4"].submitted_at is None
+    assert (views["c-4"].reason, views["c-4"].expected_start) == (
+        "waiting for its allocation later to be ready (PENDING: Resources)", 1796015347.0)
+    assert store.queued_execs() == ["c-4"]
