@@ -446,17 +446,20 @@ class DevAllocations:
         return row
 
     async def exec(self, name: str, task: Task, source: str, on_output: Callable[[bytes], None],
-                   on_started: Callable[[str], None] | None = None, setup: bool = False) -> tuple[str, int]:
+                   on_started: Callable[[str], None] | None = None, setup: bool = False,
+                   on_queued: Callable[[AllocationStatus], None] | None = None) -> tuple[str, int | None]:
         """Run the task's `run` on every node of the allocation (or on the task's num_nodes of them);
         returns (job id, exit status). `on_started` learns the job id once it is recorded, before
         anything runs. `setup`: the task's setup first, on every node, in the same job (as `sky launch`
-        on a live cluster runs it again); the run only if it succeeded."""
+        on a live cluster runs it again); the run only if it succeeded. `on_queued`: an allocation found
+        still waiting (pending, or running its setup) gets the exec queued (`queue_exec`), this learns
+        the allocation's status, and the exit status is None; without it, that is an error."""
         row, task = self._exec_task(name, task, source, setup)
         envs = job_environment(task, source)
         job_id, token = self._record_exec(row, task, source, queued=None)
         if on_started is not None:
             on_started(job_id)
-        return job_id, await self._run_exec(row, job_id, token, task, envs, on_output, sync=True)
+        return job_id, await self._run_exec(row, job_id, token, task, envs, on_output, sync=True, on_queued=on_queued)
 
     async def queue_exec(self, name: str, task: Task, source: str, status: AllocationStatus,
                          setup: bool = False) -> str:
@@ -524,8 +527,10 @@ class DevAllocations:
             await self._run_exec(row, view.job.id, view.attempt.token, task, envs, lambda chunk: None, sync=False)
 
     async def _run_exec(self, row: AllocationRow, job_id: str, token: str, task: Task, envs: dict[str, str],
-                        on_output: Callable[[bytes], None], sync: bool) -> int:
-        """Run a recorded exec to its end and record how it ended; its exit status."""
+                        on_output: Callable[[bytes], None], sync: bool,
+                        on_queued: Callable[[AllocationStatus], None] | None = None) -> int | None:
+        """Run a recorded exec to its end and record how it ended; its exit status (None: queued, see
+        `exec`)."""
         infra = self._holder(row.cluster, row.owner)
         setup = bool(task.setup)
         sent = False
@@ -570,6 +575,13 @@ class DevAllocations:
             raise
         finally:
             FOLLOWED.discard(job_id)
+        if status == EXIT_NOT_READY and on_queued is not None:  # nothing ran: the script checks first
+            [now] = await self.status([row])
+            if now.state in WAITING_PHASES and self.store.move_attempt(
+                    token, JobState.RUNNING, state=JobState.PENDING, submitted_at=None, started_at=None,
+                    reason=queued_reason(now), expected_start=now.expected_start):
+                on_queued(now)
+                return None
         state = JobState.SUCCEEDED if status == 0 else JobState.FAILED
         reason = ("allocation not ready" if status == EXIT_NOT_READY
                   else "setup failed; the run did not start" if status != 0 and setup and setup_failed else None)

@@ -630,3 +630,26 @@ def test_a_detached_run_on_a_pending_allocation_is_queued_until_it_is_ready(corr
     assert corral("logs", doomed.stdout.strip(), "--no-follow").stdout == ""
     assert job(doomed.stdout.strip())["state"] == "CANCELLED"
     assert corral("down", "later").exit_code == 0
+
+
+def test_an_attached_exec_on_a_pending_allocation_waits_in_the_queue_and_ends_as_its_run(corral, corral_env,
+                                                                                           testbed, clean):
+    """`corral exec NAME -- CMD` on an allocation still pending failed (exit 69) and left a FAILED job
+    in the queue; it now queues the run, follows it, and exits with its exit code."""
+    config = testbed.cluster_config
+    blocker = ssh_login(config, "cirrus", "sbatch --parsable -p debug --exclusive -t 10 --wrap 'sleep 600'").strip()
+    wait_for("the blocker to run", lambda: job_state(config, "cirrus", blocker) == "RUNNING", timeout=60)
+    held = corral("launch", "-c", "soon", "--infra", "slurm/cirrus/debug", "-d")
+    assert held.exit_code == 0 and status(corral, "soon")["state"] == "PENDING", held.stderr
+    attached = subprocess.Popen([sys.executable, "-m", "corral", "exec", "soon", "--", "echo attached; exit 3"],
+                                env=corral_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert attached.stderr is not None
+    said = attached.stderr.readline()
+    assert re.match(r"corral: c-\w+ queued in soon: it starts once soon is ready, now PENDING \(.*; following it",
+                    said), said
+    ssh_login(config, "cirrus", f"scancel {blocker}")
+    out, err = attached.communicate(timeout=120)
+    assert attached.returncode == 3 and out.startswith("attached\n"), (out, err)  # then srun's own error line
+    job_id = said.split()[1]
+    assert f"corral: {job_id} FAILED on slurm/cirrus/debug (exit code 3)" in err, err
+    assert corral("down", "soon").exit_code == 0

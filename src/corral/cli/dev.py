@@ -105,14 +105,16 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
     return int(held.get("exit_code") or 0)
 
 
-def say_detached(job_id: str, name: str, queued: dict[str, Any] | None) -> None:
-    """Where a detached run is: started, or queued until its allocation (`queued`, as it is) is ready."""
+def say_detached(job_id: str, name: str, queued: dict[str, Any] | None, following: bool = False) -> None:
+    """Where a detached run is: started, or queued until its allocation (`queued`, as it is) is ready;
+    `following`: this command follows it (Ctrl-C stops that, not the run)."""
     from corral.cli.render import allocation_state
 
     where = (f"queued in {name}: it starts once {name} is ready, now {allocation_state(queued)}" if queued
              else f"started in {name}")
-    click.echo(f"corral: {job_id} {where}; `corral logs {job_id}` follows it, `corral cancel {job_id}` stops it",
-               err=True)
+    follow = "following it (Ctrl-C stops following, not the job)" if following else \
+        f"`corral logs {job_id}` follows it"
+    click.echo(f"corral: {job_id} {where}; {follow}, `corral cancel {job_id}` stops it", err=True)
 
 
 def stopped_following(job_id: str, name: str) -> NoReturn:
@@ -168,6 +170,11 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
         if not started:
             raise
         stopped_following(started[0], name)
+    if code is None and not detach:  # queued: its allocation was not ready; followed until it ends
+        from corral.cli.following import LazyProgress, follow_to_end
+
+        say_detached(job_id, name, queued[0] if queued else None, following=True)
+        sys.exit(follow_to_end(client, job_id, LazyProgress()))
     if code is None:  # detached
         say_detached(job_id, name, queued[0] if queued else None)
         click.echo(job_id)

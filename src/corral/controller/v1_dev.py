@@ -200,8 +200,14 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
                 if detached["queued"]:  # said before the answer, which the SDK's dev_exec reduces to the job id
                     put({"event": "queued", "job_id": detached["job_id"], "allocation": detached["queued"]})
                 return {**detached, "exit_code": None}
-            job_id, code = await allocations.exec(name, ready, source, output_events(put), started_event(put))
-            return {"job_id": job_id, "exit_code": code}
+            queued: list[AllocationStatus] = []  # not ready yet: it waits in the queue, and the client follows it
+            job_id, code = await allocations.exec(name, ready, source, output_events(put), started_event(put),
+                                                  on_queued=queued.append)
+            if not queued:
+                return {"job_id": job_id, "exit_code": code}
+            wake()
+            put({"event": "queued", "job_id": job_id, "allocation": status_json(queued[0])})
+            return {"job_id": job_id, "exit_code": None, "queued": status_json(queued[0])}
 
         return event_stream(work)
 
