@@ -367,9 +367,10 @@ class Client:
         """Run a task (or one command) on every node of allocation NAME; (job id, exit status). Its
         output goes to `on_output` as it comes; `on_event` gets `{"event": "started", "job_id": …}` first.
         Stopping (Ctrl-C) stops following, not the exec: `cancel(job_id)` ends it. `detach` (`sky exec
-        -d`): return once it has started, with no exit status; `logs(job_id)` and `wait(job_id)` follow it. On
-        an allocation not ready yet it is queued in the server until it is, and `on_event` gets
-        `{"event": "queued", "job_id": …, "allocation": …}` (the allocation's status) first.
+        -d`): return once it has started, with no exit status; `logs(job_id)` and `wait(job_id)` follow it.
+        On an allocation not ready yet (detached or not) it is queued in the server until it is,
+        `on_event` gets `{"event": "queued", "job_id": …, "allocation": …}` (the allocation's status),
+        and the exit status is None: `wait(job_id)` or `logs(job_id, follow=True)` from there.
         `num_nodes` (or the task's): on that many of the allocation's nodes, as `sky exec`; else all.
         `gpus` (or the task's accelerators): that many of the allocation's GPUs per node for this job
         alone, waiting while other jobs hold them; `cpus`, `memory`, `infra` must fit what it holds."""
