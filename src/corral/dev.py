@@ -49,20 +49,20 @@ from corral.launch import (
     Launcher,
     NoFeasibleClusterError,
     no_candidate_message,
+    recorded_environment,
 )
 from corral.placement import Candidate, gres_type_of
 from corral.profiles import with_prefix
 from corral.state import Store
 from corral.state.store import JobView
 from corral.state.models import AllocationRow, AttemptRow, JobRow
-from corral.state.sealed import seal, unseal
+from corral.state.sealed import seal
 from corral.task import (
     ResourceOption,
     Task,
     parse_amount,
     job_environment,
     redacted_json,
-    resolved_envs,
     resolved_secrets,
     resource_options,
 )
@@ -518,7 +518,7 @@ class DevAllocations:
         try:
             row = self.get(str(view.job.allocation))
             task = Task.model_validate_json(view.job.task_json)
-            envs = {**resolved_envs(task, "queued exec"), **unseal(view.job.secrets_sealed)}
+            envs = recorded_environment(view.job, task, "queued exec")
         except (CorralError, ValueError) as exc:
             self.store.end_attempt(view.attempt.token, state=JobState.FAILED, ended_at=time.time(),
                                    reason=f"it could not start: {exc}")

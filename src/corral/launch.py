@@ -52,13 +52,14 @@ from corral.script_task import (
 )
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow
-from corral.state.sealed import seal
+from corral.state.sealed import seal, unseal
 from corral.task import (
     ResourceOption,
     Task,
     TaskError,
     job_environment,
     redacted_json,
+    resolved_envs,
     resolved_secrets,
     resource_options,
 )
@@ -516,6 +517,12 @@ class Launcher:
         lock = _CACHE_LOCKS.setdefault((id(asyncio.get_running_loop()), infra, key), asyncio.Lock())
         async with lock:
             yield key
+
+
+def recorded_environment(job: JobRow, task: Task, source: str) -> dict[str, str]:
+    """What a recorded job's environment gets: its task's envs, then its secrets unsealed from the
+    store (sealed apart when it was recorded; a sweep's jobs share both)."""
+    return {**resolved_envs(task, source), **unseal(job.secrets_sealed)}
 
 
 def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidate, int, int]]:

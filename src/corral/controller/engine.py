@@ -56,14 +56,14 @@ from corral.launch import (
     Launcher,
     LaunchEvents,
     not_set_up_reasons,
+    recorded_environment,
     split_sweep,
 )
 from corral.placement import Candidate, Plan
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
-from corral.state.sealed import unseal
 from corral.state.store import TERMINAL_STATES
-from corral.task import Task, resolved_envs
+from corral.task import Task
 from corral.tracker import (
     RefreshScope,
     SharedRefresh,
@@ -288,7 +288,7 @@ class Controller:
             previous = attempts.get(job.id, [])
             await self._carry_checkpoint(job, task, previous[-1] if previous else None, feasible[0].cluster)
         try:
-            shares = await self.launcher.submit_jobs(task, _environment(jobs[0], task),
+            shares = await self.launcher.submit_jobs(task, recorded_environment(jobs[0], task, "managed job"),
                                                      feasible, jobs, _attempt_options(task, number))
         except CorralError as exc:
             self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
@@ -393,7 +393,7 @@ class Controller:
         held = isinstance(self.client.infra(target.cluster, job.owner), ReleasesHeld)
         options = dataclasses.replace(_attempt_options(task, number), held=held)
         try:
-            await self.launcher.submit_jobs(task, _environment(job, task), [target], [job], options)
+            await self.launcher.submit_jobs(task, recorded_environment(job, task, "managed job"), [target], [job], options)
         except CorralError as exc:
             self.store.set_managed(job.id, reason=f"could not move to {target.infra}: {exc}")
             return 0
@@ -516,11 +516,6 @@ class Controller:
 
 def _task(job: JobRow) -> Task:
     return _parse_task(job.task_json)
-
-
-def _environment(job: JobRow, task: Task) -> dict[str, str]:
-    """The job's envs, and its secrets unsealed from the store (a sweep's jobs share both)."""
-    return {**resolved_envs(task, "managed job"), **unseal(job.secrets_sealed)}
 
 
 @functools.lru_cache(maxsize=256)
