@@ -161,10 +161,10 @@ async def start_queued_execs(client: Client, store: Store, spawn: Callable[[Awai
                     spawn(allocations.run_queued(view))
         elif status.state in WAITING_PHASES:
             waiting += len(group)
-            store.update_attempts({view.attempt.token: {"reason": queued_reason(status),
-                                                        "expected_start": status.expected_start}
+            reason, expected = queued_reason(status), status.expected_start
+            store.update_attempts({view.attempt.token: {"reason": reason, "expected_start": expected}
                                    for view in group if (view.attempt.reason, view.attempt.expected_start) !=
-                                   (queued_reason(status), status.expected_start)})
+                                   (reason, expected)})
     return waiting
 
 
@@ -172,6 +172,13 @@ def queued_reason(status: AllocationStatus) -> str:
     """A queued exec's reason: "waiting for its allocation dev to be ready (PENDING: Resources)"."""
     why = f": {status.reason}" if status.reason else ""
     return f"waiting for its allocation {status.row.name} to be ready ({status.state}{why})"
+
+
+def queued_attempt(status: AllocationStatus) -> dict[str, object]:
+    """An exec attempt's fields while it is queued until its allocation (as it is: `status`) is
+    ready: PENDING and never sent (what `Store.queued_execs` looks for), with why and Slurm's estimate."""
+    return {"state": JobState.PENDING, "submitted_at": None, "started_at": None,
+            "reason": queued_reason(status), "expected_start": status.expected_start}
 
 
 def check_name(name: str) -> str:
@@ -499,16 +506,15 @@ class DevAllocations:
         [job_id] = self.store.new_job_ids(1)
         token = f"exec-{secrets.token_hex(6)}"
         now = time.time()
+        where: dict[str, object] = (queued_attempt(queued) if queued else
+                                    {"state": JobState.RUNNING, "submitted_at": now, "started_at": now})
         self.store.add_jobs(
             [JobRow(id=job_id, name=task.name or "exec", task_json=redacted_json(task),
                     secrets_sealed=seal(resolved_secrets(task, source)),
                     created_at=now, allocation=row.name, owner=self.owner)],
             [AttemptRow(token=token, job_id=job_id, number=1, cluster=row.cluster, partition=row.partition,
-                        handle=row.handle, state=JobState.PENDING if queued else JobState.RUNNING, created_at=now,
-                        run_dir=row.run_dir, log_path=f"{row.run_dir}/{exec_folder(job_id)}/{EXEC_OUTPUT}",
-                        started_at=None if queued else now, submitted_at=None if queued else now,
-                        reason=queued_reason(queued) if queued else None,
-                        expected_start=queued.expected_start if queued else None)],
+                        handle=row.handle, created_at=now, run_dir=row.run_dir,
+                        log_path=f"{row.run_dir}/{exec_folder(job_id)}/{EXEC_OUTPUT}", **where)],
         )
         return job_id, token
 
@@ -577,9 +583,7 @@ class DevAllocations:
             FOLLOWED.discard(job_id)
         if status == EXIT_NOT_READY and on_queued is not None:  # nothing ran: the script checks first
             [now] = await self.status([row])
-            if now.state in WAITING_PHASES and self.store.move_attempt(
-                    token, JobState.RUNNING, state=JobState.PENDING, submitted_at=None, started_at=None,
-                    reason=queued_reason(now), expected_start=now.expected_start):
+            if now.state in WAITING_PHASES and self.store.move_attempt(token, JobState.RUNNING, **queued_attempt(now)):
                 on_queued(now)
                 return None
         state = JobState.SUCCEEDED if status == 0 else JobState.FAILED
