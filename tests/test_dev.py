@@ -192,3 +192,5 @@ def test_queued_execs_start_once_their_allocation_is_ready_at_one_status_query_p
     assert (views["c-4"].reason, views["c-4"].expected_start) == (
         "waiting for its allocation later to be ready (PENDING: Resources)", 1796015347.0)
     assert store.queued_execs() == ["c-4"]
+    # The 30 s settling pass asks about execs sent to their allocation only: not c-4's allocation again.
+    assert sorted(job_id for job_id, _, _ in store.live_execs()) == ["c-1", "c-2"]

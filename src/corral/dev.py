@@ -121,7 +121,8 @@ class AllocationStatus:
 async def settle_unfollowed_execs(client: Client, store: Store) -> int:
     """Settle the live execs whose session no process here holds (FOLLOWED): their server stopped or
     died while they ran, and they ran on. Their allocations are asked (one status query per cluster),
-    which records the end of those whose `ended` marker is there. Returns how many allocations."""
+    which records the end of those whose `ended` marker is there. Returns how many allocations. Execs
+    still queued are not among them: `start_queued_execs` asks about theirs on every tick."""
     unfollowed = {(owner, name) for job_id, owner, name in store.live_execs() if job_id not in FOLLOWED}
     rows = [row for owner, name in sorted(unfollowed) if (row := store.allocation(name, owner)) is not None]
     if rows:

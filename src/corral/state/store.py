@@ -246,9 +246,11 @@ class Store:
             return list(s.scalars(_live_ids(owner, allocation)))
 
     def live_execs(self) -> list[tuple[str, str, str]]:
-        """(job id, owner, allocation) of each exec (a job run in a dev allocation) that may still run."""
-        query = select(JobRow.id, JobRow.owner, JobRow.allocation).where(
-            JobRow.id.in_(_live_ids()), JobRow.allocation.is_not(None))
+        """(job id, owner, allocation) of each exec (a job run in a dev allocation) that may still run
+        there: sent to it, so not one still queued until it is ready (`queued_execs`)."""
+        query = (select(JobRow.id, JobRow.owner, JobRow.allocation).join(AttemptRow, AttemptRow.job_id == JobRow.id)
+                 .where(AttemptRow.state.in_(LIVE_ATTEMPT_STATES), AttemptRow.submitted_at.is_not(None),
+                        JobRow.allocation.is_not(None)))
         with self.session() as s:
             return [(job_id, owner, allocation) for job_id, owner, allocation in s.execute(query)]
 
