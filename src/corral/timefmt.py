@@ -19,8 +19,8 @@ def clock(epoch: float | None) -> str:
 
 
 def expected_start(epoch: object) -> str:
-    """"; Slurm expects it to start 14:05:09" for a moment still ahead; "" otherwise."""
-    return (f"; Slurm expects it to start {clock(epoch)}"
+    """"Slurm expects it to start 14:05:09" for a moment still ahead; "" otherwise."""
+    return (f"Slurm expects it to start {clock(epoch)}"
             if isinstance(epoch, (int, float)) and epoch > time.time() else "")
 
 

@@ -183,7 +183,11 @@ def _waiting_line(found: dict[str, Any], pending: bool) -> str:
     where it waits and when Slurm expects it to start."""
     where = f" on slurm/{found['cluster']}/{found['partition']}" if pending and found.get("cluster") else ""
     return (f"{found['job_id']} {found['state']}{where}" + (f" ({found['reason']})" if found.get("reason") else "")
-            + expected_start(found.get("expected_start")))
+            + _then(expected_start(found.get("expected_start"))))
+
+
+def _then(clause: str) -> str:
+    return f"; {clause}" if clause else ""
 
 
 def _show_waiting(progress: Any, line: str, shown: str | None) -> str:
@@ -230,7 +234,7 @@ def _wait_for_start(client: Any, job_id: str, progress: Any) -> Any:
             progress.clear()
             return job
         line = f"{job_id} {job.state} on {place(job)}" + (
-            f" ({job.reason})" if job.reason else "") + expected_start(job.raw.get("expected_start"))
+            f" ({job.reason})" if job.reason else "") + _then(expected_start(job.raw.get("expected_start")))
         shown = _show_waiting(progress, line, shown)
         time.sleep(POLL_SECONDS)
 

@@ -267,7 +267,7 @@ def _memory(gb: float) -> str:
 
 def allocation_state(allocation: dict[str, Any]) -> str:
     """"PENDING (Resources; Slurm expects it to start 14:05:09)", from the API's JSON."""
-    why = "; ".join(filter(None, (allocation.get("reason"), expected_start(allocation.get("expected_start"))[2:])))
+    why = "; ".join(filter(None, (allocation.get("reason"), expected_start(allocation.get("expected_start")))))
     return str(allocation["state"]) + (f" ({why})" if why else "")
 
 
