@@ -170,13 +170,14 @@ def exec_(name: str, args: tuple[str, ...], envs: tuple[str, ...], secret_values
         if not started:
             raise
         stopped_following(started[0], name)
-    if code is None and not detach:  # queued: its allocation was not ready; followed until it ends
-        from corral.cli.following import LazyProgress, follow_to_end
+    if code is None:  # detached, or queued because its allocation was not ready
+        waits_for = queued[0] if queued else None
+        if not detach:  # followed until it ends
+            from corral.cli.following import LazyProgress, follow_to_end
 
-        say_detached(job_id, name, queued[0] if queued else None, following=True)
-        sys.exit(follow_to_end(client, job_id, LazyProgress()))
-    if code is None:  # detached
-        say_detached(job_id, name, queued[0] if queued else None)
+            say_detached(job_id, name, waits_for, following=True)
+            sys.exit(follow_to_end(client, job_id, LazyProgress()))
+        say_detached(job_id, name, waits_for)
         click.echo(job_id)
         return
     if code != 0 and (job := client.job(job_id)).state == "CANCELLED":  # ended by `corral cancel`, say so

@@ -196,18 +196,17 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
         async def work(put: Put) -> dict[str, Any]:
             ready = await buckets.fetched(task, me.owner)
             if request.detach:
-                detached = await detached_exec(allocations, name, ready, source, wake)
-                if detached["queued"]:  # said before the answer, which the SDK's dev_exec reduces to the job id
-                    put({"event": "queued", "job_id": detached["job_id"], "allocation": detached["queued"]})
-                return {**detached, "exit_code": None}
-            queued: list[AllocationStatus] = []  # not ready yet: it waits in the queue, and the client follows it
-            job_id, code = await allocations.exec(name, ready, source, output_events(put), started_event(put),
-                                                  on_queued=queued.append)
-            if not queued:
-                return {"job_id": job_id, "exit_code": code}
-            wake()
-            put({"event": "queued", "job_id": job_id, "allocation": status_json(queued[0])})
-            return {"job_id": job_id, "exit_code": None, "queued": status_json(queued[0])}
+                answer = {**await detached_exec(allocations, name, ready, source, wake), "exit_code": None}
+            else:  # an allocation not ready yet: it waits in the queue, and the client follows it
+                queued: list[AllocationStatus] = []
+                job_id, code = await allocations.exec(name, ready, source, output_events(put), started_event(put),
+                                                      on_queued=queued.append)
+                answer = {"job_id": job_id, "exit_code": code, "queued": status_json(queued[0]) if queued else None}
+                if queued:
+                    wake()
+            if answer["queued"]:  # said before the answer, which the SDK's dev_exec reduces to the job id
+                put({"event": "queued", "job_id": answer["job_id"], "allocation": answer["queued"]})
+            return answer
 
         return event_stream(work)
 
