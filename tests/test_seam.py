@@ -588,3 +588,55 @@ def test_a_tick_leaves_a_cluster_whose_status_query_has_not_answered_out_of_its_
         cirrus.gate.set()
 
     asyncio.run(scenario())
+
+
+def test_a_pipelines_tasks_run_one_after_another_and_a_failure_skips_the_rest(store):
+    """A task starts on the tick its predecessor succeeds (decided in the order they run), never before;
+    a task that fails skips every task after it; and the predecessors are read in one store query."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    tasks = [(parse_task({"name": name, "resources": {"cpus": 1}, "run": "true"}, "t"), "t")
+             for name in ("prep", "train", "eval")]
+    ids = managed.record_pipeline(store, "pipe", tasks)
+    controller = Controller(client, store, "test", ControllerSettings())
+    reads = []
+    original = store.pipeline_tasks
+
+    def counted(pipeline_ids):
+        reads.append(sorted(set(pipeline_ids := list(pipeline_ids))))
+        return original(pipeline_ids)
+
+    store.pipeline_tasks = counted
+
+    def state(job_id):
+        [view] = managed.views(store, [job_id])
+        return view.managed.state, len(view.attempts), view.managed.reason
+
+    def finish(job_id, fate, failure=None):
+        latest = store.attempts_of([job_id])[job_id][-1]
+        client.infras[latest.cluster].finish(latest.handle, fate, failure, ended_at=2000.0)
+
+    asyncio.run(controller.tick())
+    assert state(ids[0])[:2] == ("PENDING", 1)
+    assert state(ids[1]) == ("PENDING", 0, f"waiting for the pipeline's task 0 ({ids[0]}) to succeed")
+    assert state(ids[2]) == ("PENDING", 0, f"waiting for the pipeline's task 1 ({ids[1]}) to succeed")
+    assert reads == [[ids[0]]]  # both waiting tasks' predecessors: one query
+    asyncio.run(controller.tick())
+    assert state(ids[1])[1] == 0  # the first task still runs: nothing more starts
+    finish(ids[0], JobState.SUCCEEDED)
+    asyncio.run(controller.tick())
+    assert state(ids[0])[0] == "SUCCEEDED"
+    assert state(ids[1])[:2] == ("PENDING", 1)  # on the same tick
+    assert state(ids[2])[1] == 0
+    finish(ids[1], JobState.FAILED, FailureClass.TASK)
+    for _ in range(2):
+        asyncio.run(controller.tick())
+    assert state(ids[1])[0] == "FAILED"
+    assert state(ids[2]) == ("CANCELLED", 0, f"skipped: the pipeline's task 1 ({ids[1]}) ended FAILED")
+    reads.clear()
+    asyncio.run(controller.tick())
+    assert reads == []  # nothing is live any more: no pipeline read
+    assert [v.job.id for v in managed.resolve_all(store, "pipe")] == ids
+    assert managed.resolve(store, "pipe").job.id == ids[0]

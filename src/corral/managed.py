@@ -10,12 +10,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from corral.errors import TaskError
 from corral.infra.base import JobState
 from corral.launch import check_num_jobs
 from corral.state import Store
 from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
 from corral.state.sealed import seal
 from corral.task import Task, job_environment, redacted_json, resolved_secrets
+
+MAX_PIPELINE_TASKS = 100
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class ManagedView:
             "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,
             "created_at": self.job.created_at,
             "expected_start": latest.expected_start if latest and latest.state == JobState.PENDING else None,
+            "pipeline": ({"id": self.managed.pipeline_id, "name": self.managed.pipeline_name,
+                          "task": self.managed.pipeline_stage} if self.managed.pipeline_id else None),
         }
 
 
@@ -48,17 +53,33 @@ def record(store: Store, task: Task, source: str, num_jobs: int = 1, owner: str 
 
     check_num_jobs(num_jobs)
     num_jobs = script_copies([(task, source)], num_jobs)
-    job_environment(task, source)  # a null env without --env fails here, not in the controller
-    now = time.time()
-    task_json = redacted_json(task)
-    sealed = seal(resolved_secrets(task, source))
     ids = store.new_job_ids(num_jobs)
     sweep = ids[0] if num_jobs > 1 else None
-    store.add_managed_jobs([{"id": job_id, "name": task.name or "task", "task_json": task_json,
-                             "secrets_sealed": sealed, "created_at": now, "job_rank": i, "num_jobs": num_jobs,
-                             "sweep_id": sweep, "submitter": None, "allocation": None, "owner": owner}
+    row = _job_row(task, source, owner)
+    store.add_managed_jobs([{**row, "id": job_id, "job_rank": i, "num_jobs": num_jobs, "sweep_id": sweep}
                             for i, job_id in enumerate(ids)])
     return ids
+
+
+def record_pipeline(store: Store, name: str, tasks: list[tuple[Task, str]], owner: str = "") -> list[str]:
+    """A managed pipeline: one managed job per task, in the order they run; each starts once the one
+    before it has succeeded (controller/rules.py). Returns their ids, the first one standing for the
+    pipeline."""
+    if not 1 <= len(tasks) <= MAX_PIPELINE_TASKS:
+        raise TaskError(f"a pipeline has 1 to {MAX_PIPELINE_TASKS} tasks, not {len(tasks)}")
+    rows = [_job_row(task, source, owner) for task, source in tasks]  # every task checked before any is recorded
+    ids = store.new_job_ids(len(tasks))
+    store.add_managed_jobs([{**row, "id": job_id, "job_rank": 0, "num_jobs": 1, "sweep_id": None}
+                            for row, job_id in zip(rows, ids)], pipeline_name=name)
+    return ids
+
+
+def _job_row(task: Task, source: str, owner: str) -> dict[str, object]:
+    """A managed job's `jobs` columns but its id and place in a sweep."""
+    job_environment(task, source)  # a null env without --env fails here, not in the controller
+    return {"name": task.name or "task", "task_json": redacted_json(task),
+            "secrets_sealed": seal(resolved_secrets(task, source)), "created_at": time.time(),
+            "submitter": None, "allocation": None, "owner": owner}
 
 
 def views(store: Store, job_ids: list[str] | None = None, scope: str | None = None,
@@ -84,7 +105,29 @@ def page(store: Store, limit: int | None = 20, offset: int = 0, scope: str | Non
 
 
 def resolve(store: Store, ref: str, scope: str | None = None) -> ManagedView:
-    """A managed job by id, id prefix or name; with `scope`, among that owner's only."""
+    """A managed job by id, id prefix or name, or a pipeline's first task by the pipeline's name; with
+    `scope`, among that owner's only."""
+    from corral.state.store import JobNotFoundError
+
+    try:
+        return _resolve_job(store, ref, scope)
+    except JobNotFoundError:
+        if ids := _pipeline_named(store, ref, scope):
+            return views(store, ids[:1], scope)[0]
+        raise
+
+
+def _pipeline_named(store: Store, ref: str, scope: str | None) -> list[str]:
+    from corral.state.store import JobNotFoundError
+
+    ids, pipelines = store.pipeline_named(ref, scope)
+    if pipelines > 1:
+        raise JobNotFoundError(f"{ref!r} names several pipelines; give the id of one of its tasks (`corral jobs "
+                               "queue` shows them)")
+    return ids
+
+
+def _resolve_job(store: Store, ref: str, scope: str | None) -> ManagedView:
     from corral.state.store import JobNotFoundError
 
     candidates = views(store, store.matching_ids(ref, managed_only=True, scope=scope), scope)
@@ -97,13 +140,13 @@ def resolve(store: Store, ref: str, scope: str | None = None) -> ManagedView:
 
 
 def resolve_all(store: Store, ref: str, scope: str | None = None) -> list[ManagedView]:
-    """The managed job `ref` names, or every managed job of the sweep it names (the sweep's name)."""
+    """The managed job `ref` names, or every managed job of the sweep or pipeline it names (by name)."""
     from corral.state.store import JobNotFoundError
 
     try:
-        return [resolve(store, ref, scope)]
+        return [_resolve_job(store, ref, scope)]
     except JobNotFoundError:
-        if ids := store.sweep_named(ref, managed_only=True, scope=scope):
+        if ids := store.sweep_named(ref, managed_only=True, scope=scope) or _pipeline_named(store, ref, scope):
             return views(store, ids, scope)
         raise
 

@@ -62,7 +62,23 @@ def read_task_stream(stream: BinaryIO, source: str, kind: str = "task file") -> 
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    """One YAML document, refused when it would expand beyond MAX_YAML_NODES or MAX_YAML_DEPTH."""
+    """One YAML document, refused when it would expand beyond MAX_YAML_NODES or MAX_YAML_DEPTH. A file of
+    several documents (a pipeline) is refused with where it runs: `corral jobs launch`."""
+    documents = [d for d in parse_yaml_documents(text, source) if d is not None]  # a stray `---` is no task
+    if len(documents) > 1:
+        raise TaskError(f"{source}: holds {len(documents)} YAML documents, a pipeline of tasks run one after "
+                        f"another: launch it as a managed job, `corral jobs launch {source}`")
+    return documents[0] if documents else None
+
+
+def parse_yaml_documents(text: str, source: str) -> list[Any]:
+    """Every YAML document of a file (one for a task, several for a pipeline), refused when together
+    they would expand beyond MAX_YAML_NODES or MAX_YAML_DEPTH."""
+    return [value for _, value in _documents(text, source)]
+
+
+def _documents(text: str, source: str) -> list[tuple[Any, Any]]:
+    """Each YAML document's node (for where it is in the text) and value."""
     import yaml
 
     if len(text.encode("utf-8", errors="replace")) > MAX_TASK_FILE_BYTES:
@@ -70,11 +86,9 @@ def parse_yaml(text: str, source: str) -> Any:
                         "keep data in file_mounts, not in the task")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where PyYAML was built with it
     try:
-        root = yaml.compose(text, Loader=loader)
-        if root is None:
-            return None
-        _check_yaml_size(root, source)
-        return yaml.load(text, Loader=loader)
+        roots = list(yaml.compose_all(text, Loader=loader))
+        _check_yaml_size(roots, source)
+        return list(zip(roots, yaml.load_all(text, Loader=loader)))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -84,11 +98,44 @@ def parse_yaml(text: str, source: str) -> Any:
         raise TaskError(f"{source}: YAML nested deeper than {MAX_YAML_DEPTH} levels") from None
 
 
-def _check_yaml_size(root: Any, source: str) -> None:
+PIPELINE_HEADER_KEYS = frozenset({"name", "execution"})
+
+
+def pipeline_tasks(text: str, source: str) -> tuple[str | None, list[tuple[str, Any]]] | None:
+    """A pipeline file's name and its tasks, each as its own YAML text and value; None for a file of one
+    document. As SkyPilot reads a pipeline: a first document with no more than `name` (and `execution:
+    serial`) names it; every other document is a task, run in the order written."""
+    found = [(node, value) for node, value in _documents(text, source) if value is not None]
+    if len(found) < 2:
+        return None
+    header: dict[str, Any] = {}
+    first = found[0][1]
+    if isinstance(first, dict) and first and set(first) <= PIPELINE_HEADER_KEYS:
+        header, found = first, found[1:]
+    documents = [(_text_of(text, node), value) for node, value in found]
+    execution = header.get("execution", "serial")
+    if execution != "serial":
+        raise TaskError(f"{source}: execution: {execution!r}: Corral runs a pipeline's tasks one after another "
+                        "(`serial`); to run tasks side by side, launch each as its own managed job")
+    name = header.get("name")
+    if name is not None and not isinstance(name, str):
+        raise TaskError(f"{source}: the pipeline's name must be a string, not {type(name).__name__}")
+    if not documents:
+        raise TaskError(f"{source}: a pipeline with no task: give each task after a `---` line")
+    return name, documents
+
+
+def _text_of(text: str, node: Any) -> str:
+    """One document's text, from the start of its first line (its indentation kept) to its end."""
+    start = text.rfind("\n", 0, node.start_mark.index) + 1
+    return text[start:node.end_mark.index]
+
+
+def _check_yaml_size(roots: list[Any], source: str) -> None:
     import yaml
 
     count = 0
-    stack: list[tuple[Any, int]] = [(root, 1)]
+    stack: list[tuple[Any, int]] = [(root, 1) for root in roots if root is not None]
     while stack:
         node, depth = stack.pop()
         count += 1

@@ -423,3 +423,92 @@ def test_a_step_that_does_not_start_within_the_bound_is_reported_and_recovered(c
     story = " | ".join(f"{e['state']}: {e['reason']}" for e in events(corral, env, job))
     assert "the srun step started on 1 of 2 node(s) within 4 s of the batch script" in story, story
     corral("server", "stop", env=env)
+
+
+PIPELINE = """\
+name: {name}
+---
+name: train
+resources:
+  infra: slurm/cirrus/debug
+run: |
+  echo train
+  echo model-ok > ~/{name}.out
+---
+name: eval
+workdir: eval-code
+resources:
+  infra: slurm/cirrus/debug
+run: |
+  echo "eval reads $(cat ~/{name}.out) with $(cat check.sh)"
+  {eval_end}
+---
+name: report
+resources:
+  infra: slurm/cirrus/debug
+run: echo report
+"""
+
+
+def test_a_pipeline_runs_its_tasks_one_after_another_and_stops_at_the_first_failure(corral, env, tmp_path):
+    """SkyPilot's pipeline file, unchanged: each task starts once the one before it succeeded (and reads
+    what it left on the cluster), each with its own workdir; a task that fails skips the rest."""
+    name = f"pipe-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "eval-code").mkdir()
+    (tmp_path / "eval-code" / "check.sh").write_text("the eval workdir\n")
+    (tmp_path / "pipe.yaml").write_text(PIPELINE.format(name=name, eval_end="true"))
+    attached = corral("jobs", "launch", "pipe.yaml", env=env, cwd=tmp_path)
+    assert attached.exit_code == 0, attached.stderr
+    assert attached.stdout == "train\neval reads model-ok with the eval workdir\nreport\n"
+    tasks = [j for j in jobs(corral, env).values() if (j.get("pipeline") or {}).get("name") == name]
+    tasks.sort(key=lambda j: j["pipeline"]["task"])
+    assert [(j["name"], j["state"], j["attempts"]) for j in tasks] == [
+        ("train", "SUCCEEDED", 1), ("eval", "SUCCEEDED", 1), ("report", "SUCCEEDED", 1)]
+    assert {j["pipeline"]["id"] for j in tasks} == {tasks[0]["job_id"]}
+    assert f"=== pipeline {name}, task 1: {tasks[1]['job_id']} ===" in attached.stderr
+    waited = [e["reason"] for e in events(corral, env, tasks[1]["job_id"])]
+    assert f"waiting for the pipeline's task 0 ({tasks[0]['job_id']}) to succeed" in waited
+    # Each task was submitted after the one before it ended, as Slurm saw it end.
+    from corral.sdk import Client
+
+    attempts = [Client().managed_job(j["job_id"])["attempt_list"][0] for j in tasks]
+    assert attempts[0]["ended_at"] <= attempts[1]["submitted_at"]
+    assert attempts[1]["ended_at"] <= attempts[2]["submitted_at"]
+    followed = corral("jobs", "logs", name, env=env)  # the pipeline's name: its tasks, one after another
+    assert (followed.exit_code, followed.stdout) == (0, attached.stdout), followed.stderr
+
+    (tmp_path / "pipe.yaml").write_text(PIPELINE.format(name=name + "-f", eval_end="exit 3"))
+    failed = corral("jobs", "launch", "pipe.yaml", env=env, cwd=tmp_path)
+    assert failed.exit_code == 3, failed.stderr
+    assert failed.stdout == "train\neval reads model-ok with the eval workdir\n"
+    assert f"pipeline {name}-f stopped at task 1: the tasks after it are skipped" in failed.stderr
+    [report] = [j for j in jobs(corral, env).values()
+                if (j.get("pipeline") or {}).get("name") == name + "-f" and j["name"] == "report"]
+    assert (report["state"], report["attempts"]) == ("CANCELLED", 0)
+    assert report["reason"].startswith("skipped: the pipeline's task 1 (") and report["reason"].endswith("ended FAILED")
+
+    single = corral("launch", "pipe.yaml", env=env, cwd=tmp_path)  # not a managed job: says where it runs
+    assert single.exit_code == 65
+    assert "holds 4 YAML documents, a pipeline of tasks run one after another: launch it as a managed job, " \
+           "`corral jobs launch pipe.yaml`" in single.stderr
+
+
+def test_a_pipeline_is_cancelled_by_its_name(corral, env, tmp_path):
+    name = f"pipe-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "p.yaml").write_text("\n---\n".join(["name: ignored", "run: echo one; sleep 600", "run: echo two"]))
+    result = corral("jobs", "launch", "-d", "--json", "-n", name, "p.yaml", env=env, cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    first, second = result.json()["job_ids"]
+    assert result.json()["pipeline"] == name  # -n names the pipeline, as `sky jobs launch -n`
+    wait_job(corral, env, first, {"RUNNING"})
+    assert jobs(corral, env)[second]["state"] == "PENDING"
+    from corral.sdk import Client
+    from corral.sdk.types import PipelinePlace
+
+    shown = {j.job_id: j for j in Client().managed_jobs(all=True)[0]}  # the SDK's typed answer says so too
+    assert (shown[first].pipeline, shown[second].pipeline) == (PipelinePlace(first, name, 0),
+                                                               PipelinePlace(first, name, 1))
+    cancelled = corral("jobs", "cancel", name, env=env)
+    assert (cancelled.exit_code, cancelled.stdout) == (0, f"{first}: cancelling\n{second}: cancelling\n")
+    assert wait_job(corral, env, first, {"CANCELLED"})["attempts"] == 1
+    assert (jobs(corral, env)[second]["state"], jobs(corral, env)[second]["attempts"]) == ("CANCELLED", 0)

@@ -206,7 +206,7 @@ def test_a_job_appears_live_is_cancelled_from_the_page_and_others_see_nothing(br
 
 
 def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_timer_and_release(
-        browser, corral, corral_env, dashboard_server, testbed):
+        browser, corral, corral_env, dashboard_server, testbed, tmp_path):
     alice_env = {**corral_env, "CORRAL_API_URL": dashboard_server, "CORRAL_API_TOKEN": add_user(corral, "alice")}
     context, page, _ = logged_in(browser, corral, alice_env)
     fill_h100s(testbed.cluster_config)  # alpine's and borealis's H100s are taken: the managed job waits
@@ -214,8 +214,15 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
                       "--", "echo ran", env=alice_env)
     assert launched.exit_code == 0, launched.stderr
     job = launched.stdout.split()[-1]
+    (tmp_path / "pipe.yaml").write_text("name: pipe\n---\nname: first\nrun: sleep 600\n---\nname: second\nrun: echo 2\n")
+    pipeline = corral("jobs", "launch", "-d", str(tmp_path / "pipe.yaml"), env=alice_env)
+    assert pipeline.exit_code == 0, pipeline.stderr
+    second = pipeline.stdout.split()[-1]
     page.goto(dashboard_server + "/#/managed")
     page.wait_for_selector(f'#managed tr[data-job="{job}"]', timeout=30_000)
+    # a pipeline's task says which pipeline it belongs to, and its place in it
+    assert page.locator(f'#managed tr[data-job="{second}"] td.name').text_content() == "pipe/1: second"
+    assert corral("jobs", "cancel", "pipe", env=alice_env).exit_code == 0
     page.get_by_role("link", name=job).click()
     why = page.wait_for_selector("#mjob-why[data-loaded=true]", timeout=60_000)
     assert f"{job} is pending on slurm/alpine/gpu" in why.text_content()

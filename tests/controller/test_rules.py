@@ -55,6 +55,48 @@ def test_a_job_without_attempts_gets_its_first():
     assert decision.place == "first attempt" and decision.state is None and not decision.cancel
 
 
+def pipeline_task(stage: int, state: ManagedState = ManagedState.PENDING, job_id: str = "j1") -> ManagedJobRow:
+    return managed(job_id=job_id, state=state, pipeline_id="j0", pipeline_name="pipe", pipeline_stage=stage)
+
+
+@pytest.mark.parametrize("state", [ManagedState.PENDING, ManagedState.STARTING, ManagedState.RUNNING,
+                                   ManagedState.RECOVERING, ManagedState.CANCELLING])
+def test_a_pipeline_task_waits_while_the_task_before_it_has_not_ended(state):
+    context = Context(NOW, frozenset(), ControllerSettings(), CONTEXT.where, {"j1": pipeline_task(0, state, "j0")})
+    decision = decide(pipeline_task(1), [], context)
+    assert decision.place is None and not decision.cancel
+    assert (decision.state, decision.reason) == (ManagedState.PENDING,
+                                                 "waiting for the pipeline's task 0 (j0) to succeed")
+
+
+def test_a_pipeline_task_starts_once_the_task_before_it_succeeded():
+    context = Context(NOW, frozenset(), ControllerSettings(), CONTEXT.where,
+                      {"j1": pipeline_task(0, ManagedState.SUCCEEDED, "j0")})
+    decision = decide(pipeline_task(1), [], context)
+    assert decision.place == "first attempt, after task 0 (j0) succeeded"
+    assert (decision.state, decision.reason) == (ManagedState.PENDING, "the pipeline's task 0 (j0) succeeded")
+
+
+@pytest.mark.parametrize("state", [ManagedState.FAILED, ManagedState.FAILED_SETUP, ManagedState.CANCELLED])
+def test_a_pipeline_task_is_skipped_when_the_task_before_it_did_not_succeed(state):
+    context = Context(NOW, frozenset(), ControllerSettings(), CONTEXT.where, {"j1": pipeline_task(0, state, "j0")})
+    decision = decide(pipeline_task(1), [], context)
+    assert decision.place is None
+    assert (decision.state, decision.reason) == (ManagedState.CANCELLED,
+                                                 f"skipped: the pipeline's task 0 (j0) ended {state}")
+
+
+def test_a_pipeline_task_whose_predecessor_cannot_be_read_never_runs():
+    decision = decide(pipeline_task(1), [], CONTEXT)
+    assert decision.place is None and decision.state == ManagedState.CANCELLED
+
+
+def test_a_pipelines_first_task_and_a_task_with_attempts_go_as_any_job():
+    assert decide(pipeline_task(0), [], CONTEXT).place == "first attempt"
+    running = decide(pipeline_task(1), [attempt(1, JobState.RUNNING)], CONTEXT)  # no predecessor asked for
+    assert running.state == ManagedState.RUNNING and running.place is None
+
+
 def test_a_cancel_request_cancels_every_live_attempt_and_nothing_ended():
     live, ended = attempt(2, JobState.RUNNING), attempt(1, JobState.FAILED)
     decision = decide(managed(cancel_requested=True), [ended, live], CONTEXT)

@@ -133,13 +133,35 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, pro
     the current attempt's last `tail` lines only. With `follow`, the current attempt as it comes, then
     each attempt the controller starts after it (a recovery, a move), until the job ends; then how it
     ended, as the exit status (0 without `follow`). While nothing runs (an attempt pending in Slurm,
-    a recovery), a status line says why. Ctrl-C stops following, not the job."""
+    a recovery), a status line says why. Ctrl-C stops following, not the job. A pipeline's task, once
+    it has succeeded, is followed by the tasks after it, each under its own header."""
+    status, found = _follow_one(client, job_id, follow=follow, tail=tail, progress=progress)
+    tasks = list(found.get("pipeline_tasks") or []) if found else []
+    while found and tasks and found["job_id"] in tasks and follow:
+        name, later = found["pipeline"]["name"], tasks[tasks.index(found["job_id"]) + 1:]
+        if status == 130:
+            click.echo(f"corral: pipeline {name}'s later tasks go on as well; `corral jobs cancel {name}` cancels "
+                       "them all.", err=True)
+        elif status != 0 and later:
+            click.echo(f"corral: pipeline {name} stopped at task {found['pipeline']['task']}: the tasks after it "
+                       "are skipped", err=True)
+        if status != 0 or not later:
+            break
+        click.echo(f"=== pipeline {name}, task {found['pipeline']['task'] + 1}: {later[0]} ===", err=True)
+        status, found = _follow_one(client, later[0], follow=True, tail=0, progress=progress)
+    return status
+
+
+def _follow_one(client: Any, job_id: str, *, follow: bool, tail: int, progress: Any
+                ) -> tuple[int, dict[str, Any] | None]:
+    """`follow_managed` for one managed job: its exit status, and the job as last read."""
     from corral.errors import CorralError
     from corral.sdk.types import MANAGED_ENDED_STATES  # here, not at the top: `corral --help` loads no SDK
 
     progress = progress or LazyProgress()
     printed: set[int] = set()
     shown = None
+    found: dict[str, Any] | None = None
     try:
         while True:
             found = client.managed_job(job_id)
@@ -161,12 +183,12 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, pro
                     click.echo(f"corral: could not read attempt {attempt['number']}'s log: {exc}", err=True)
                 printed.add(attempt["number"])
             if not follow:
-                return 0
+                return 0, found
             if new and not pending:
                 continue  # the job as it is now that those attempts' output has ended
             if ended:
                 progress.clear()
-                return _managed_end(found)
+                return _managed_end(found), found
             # Once an attempt's output has ended, its job shows that attempt's state until the next tick.
             if pending or not printed or found["state"] in BETWEEN_ATTEMPTS:
                 shown = _show_waiting(progress, _waiting_line(found, pending), shown)
@@ -175,7 +197,7 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, pro
         progress.clear()
         click.echo(f"\ncorral: {job_id} keeps running; Ctrl-C only stopped following it. `corral jobs logs "
                    f"{job_id}` follows it again, `corral jobs cancel {job_id}` stops it.", err=True)
-        return 130
+        return 130, found
 
 
 def _waiting_line(found: dict[str, Any], pending: bool) -> str:

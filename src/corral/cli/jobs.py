@@ -56,12 +56,24 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
     if len(paths) > 1:
         raise TaskError("a managed job runs one task file; launch several with one `corral jobs launch` each")
     client = Client()
+    pipeline: list[str] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("event") == "pipeline":
+            pipeline.append(str(event["name"]))
+        warnings_only(event)
+
     ids = client.managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
                                 gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
                                 envs=list(envs), secrets=list(secret_values), workdir=workdir, image_id=image_id,
-                                on_event=warnings_only)
+                                on_event=on_event)
     if as_json:
-        print_json({"job_id": ids[0], "job_ids": ids})
+        print_json({"job_id": ids[0], "job_ids": ids, **({"pipeline": pipeline[0]} if pipeline else {})})
+    elif pipeline and not detach:
+        click.echo(f"corral: managed pipeline {pipeline[0]} recorded: {len(ids)} tasks ({', '.join(ids)}), run "
+                   "one after another; following it (Ctrl-C stops following, not the pipeline)", err=True)
+        click.echo(f"=== pipeline {pipeline[0]}, task 0: {ids[0]} ===", err=True)
+        sys.exit(follow_managed(client, ids[0], follow=True))
     elif detach or len(ids) > 1:
         click.echo("\n".join(ids))
     else:

@@ -16,12 +16,25 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
         return
     table = new_table(("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "STARTS", "REASON"))
     now = time.time()
-    for job in jobs:
+    for job in pipelines_in_order(jobs):
         state = str(job["state"])
         expected = job.get("expected_start")
         starts = f"in {minutes(expected - now)}" if isinstance(expected, (int, float)) and expected > now else "-"
-        table.add_row(str(job["job_id"]), str(job["name"]), state_cell(state),
+        place = job.get("pipeline")
+        name = f"{place['name']}/{place['task']}: {job['name']}" if isinstance(place, Mapping) else str(job["name"])
+        table.add_row(str(job["job_id"]), name, state_cell(state),
                       f"{job['cluster']}/{job['partition']}" if job.get("cluster") else "-",
                       str(job.get("slurm_job_id") or "-"), str(job["attempts"]), starts,
                       str(job.get("reason") or "")[:90])
     console.print(table)
+
+
+def pipelines_in_order(jobs: list[Mapping[str, object]]) -> list[Mapping[str, object]]:
+    """The jobs as given (newest first), but a pipeline's tasks together, in the order they run, where
+    the first of them shown is."""
+    groups: dict[object, list[Mapping[str, object]]] = {}
+    for job in jobs:
+        place = job.get("pipeline")
+        groups.setdefault(place["id"] if isinstance(place, Mapping) else job["job_id"], []).append(job)
+    return [job for group in groups.values()
+            for job in sorted(group, key=lambda j: j["pipeline"]["task"] if j.get("pipeline") else 0)]

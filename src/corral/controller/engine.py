@@ -183,8 +183,10 @@ class Controller:
         to_cancel: list[AttemptRow] = []
         to_release: list[AttemptRow] = []
         reasons: dict[str, str] = {}  # why each attempt is cancelled, as the rules marked it
-        context = Context(now, frozenset(unreachable), self.settings, self._where)
-        for m in managed:
+        context = Context(now, frozenset(unreachable), self.settings, self._where,
+                          self._tasks_before(managed, attempts))
+        # A pipeline's tasks in the order they run: a task whose predecessor ends this tick starts on it.
+        for m in sorted(managed, key=lambda m: m.pipeline_stage or 0):
             mine = attempts.get(m.job_id, [])
             decision = await self._decide(m, mine, context)
             for token, fields in decision.mark.items():
@@ -221,6 +223,17 @@ class Controller:
         report.submitted += await self._place(placing, attempts, outcomes, unreachable, now)
         report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
         return sent
+
+    def _tasks_before(self, managed: list[ManagedJobRow], attempts: dict[str, list[AttemptRow]]
+                      ) -> dict[str, ManagedJobRow]:
+        """For each pipeline task waiting for the one before it (no attempt yet), that task's row: one
+        store read for all of them, none when no pipeline waits."""
+        waiting = [m for m in managed if m.pipeline_stage and not attempts.get(m.job_id)]
+        tasks = self.store.pipeline_tasks(str(m.pipeline_id) for m in waiting)
+        live = {m.job_id: m for m in managed}  # the rows this tick's decisions change as they go
+        stages = {(p, t.pipeline_stage): live.get(t.job_id, t) for p, rows in tasks.items() for t in rows}
+        return {m.job_id: stages[(m.pipeline_id, m.pipeline_stage - 1)] for m in waiting
+                if (m.pipeline_id, m.pipeline_stage - 1) in stages}
 
     async def _decide(self, m: ManagedJobRow, attempts: list[AttemptRow], context: Context) -> Decision:
         """The rules' decision for one job, with the facts they ask for fetched (each at most once)."""

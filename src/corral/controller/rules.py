@@ -13,7 +13,8 @@ The rules, in the order they apply:
 - two attempts running at once (a re-route race): keep the one that started first, cancel the other
   (a newer attempt cancelled so never stands for the job: the kept one's fate is the job's);
 - an older attempt succeeded after all (its kill was lost): SUCCEEDED, newer ones cancelled;
-- no attempt yet: a first attempt;
+- no attempt yet: a first attempt; for a pipeline's later task, only once the task before it has
+  succeeded (it waits PENDING until then, and is CANCELLED, skipped, when that task ended otherwise);
 - its cluster unreachable beyond the grace period: the attempt is marked CANCELLING (cancelled once
   the cluster answers again) and the job recovers elsewhere, unless `job_recovery: none`;
 - a held move waits until the attempt it replaces is known ended, and the task-side cancel fence has
@@ -38,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from corral.config import env_number
@@ -93,6 +94,8 @@ class Context:
     unreachable: frozenset[str]  # clusters unreachable beyond the grace period
     settings: ControllerSettings
     where: Callable[[str, str], str]  # (cluster, partition) -> the place's name as people read it
+    # A pipeline's later task that has no attempt yet -> the task before it (its row as read this tick).
+    before: Mapping[str, ManagedJobRow] = field(default_factory=dict)
 
 
 class Need(enum.Enum):
@@ -177,6 +180,8 @@ def _decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, fact
         return _with_state(decision, ManagedState.SUCCEEDED, f"attempt {succeeded.number} succeeded (it ran although "
                                                              "it had been moved; later attempts cancelled)")
     if latest is None:
+        if m.pipeline_stage:
+            return _after_the_task_before(decision, m, context.before.get(m.job_id))
         decision.place = "first attempt"
         return decision
     state = latest.state
@@ -273,6 +278,20 @@ def _cancelling(attempts: list[AttemptRow], reason: str) -> dict[str, dict[str, 
     Those already CANCELLING keep their reason (a move, an outage)."""
     return {a.token: {"state": JobState.CANCELLING, "reason": reason} for a in attempts
             if a.state != JobState.CANCELLING}
+
+
+def _after_the_task_before(decision: Decision, m: ManagedJobRow, before: ManagedJobRow | None) -> Decision:
+    """A pipeline's later task starts once the task before it has succeeded, and is skipped (CANCELLED)
+    when that one ended otherwise: as a SkyPilot pipeline's tasks run one after another."""
+    if before is None:  # fail closed: a task whose predecessor cannot be read never runs out of order
+        return _with_state(decision, ManagedState.CANCELLED, "skipped: the pipeline's task before it is gone")
+    which = f"task {before.pipeline_stage} ({before.job_id})"
+    if before.state == ManagedState.SUCCEEDED:
+        decision.place = f"first attempt, after {which} succeeded"
+        return _with_state(decision, ManagedState.PENDING, f"the pipeline's {which} succeeded")
+    if before.state in MANAGED_TERMINAL_STATES:
+        return _with_state(decision, ManagedState.CANCELLED, f"skipped: the pipeline's {which} ended {before.state}")
+    return _with_state(decision, ManagedState.PENDING, f"waiting for the pipeline's {which} to succeed")
 
 
 def _with_state(decision: Decision, state: ManagedState, reason: str) -> Decision:

@@ -21,8 +21,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field, field_validator
 
 from corral import buckets, managed, uploads
+from corral.managed import MAX_PIPELINE_TASKS
 from corral.client import Client
-from corral.controller.auth import Me, owner_of_all
+from corral.controller.auth import Me, Principal, owner_of_all
 from corral.controller.background import run_on
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
 from corral.errors import CorralError, TaskError
@@ -108,8 +109,17 @@ class LaunchRequest(RequestBody):
     dryrun: bool = False
 
 
+class PipelineInput(RequestBody):
+    """A managed pipeline: tasks that run one after another, each once the one before it succeeded."""
+
+    name: Text | None = Field(None, description="The pipeline's name (the file's first document's `name`)")
+    tasks: list[TaskInput] = Field(min_length=1, max_length=MAX_PIPELINE_TASKS)
+
+
 class ManagedLaunchRequest(RequestBody):
-    task: TaskInput
+    task: TaskInput | None = Field(None, description="The task (give this or `pipeline`)")
+    pipeline: PipelineInput | None = Field(None, description="A pipeline of tasks instead (`num_jobs` 1); "
+                                                             "`overrides` apply to each task, `name` to the pipeline")
     overrides: Overrides = Field(default_factory=Overrides)
     num_jobs: int = Field(1, ge=1, le=MAX_SWEEP_JOBS)
 
@@ -324,13 +334,34 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
 
     @router.post("/managed")
     async def managed_launch(me: Me, request: ManagedLaunchRequest) -> dict[str, object]:
-        """Record managed jobs; the controller places and watches them (woken now)."""
+        """Record managed jobs, or a pipeline's tasks; the controller places and watches them (woken now)."""
+        if (request.task is None) == (request.pipeline is None):
+            raise TaskError("give a task or a pipeline, not both and not neither")
+        if request.pipeline is not None:
+            return await _record_pipeline(me, request.pipeline, request.overrides, request.num_jobs)
         task, source = build_task(request.task, request.overrides, me.owner, store)
         task = await buckets.fetched(task, me.owner)  # recoveries re-send the server's copy
         Launcher.check_local_files(task)
         ids = managed.record(store, task, source, request.num_jobs, owner=me.owner)
         wake()
         return {"job_id": ids[0], "job_ids": ids, "warnings": [f"{source}: {w}" for w in ignored_fields(task)]}
+
+    async def _record_pipeline(me: Principal, pipeline: PipelineInput, overrides: Overrides,
+                               num_jobs: int) -> dict[str, object]:
+        if num_jobs != 1:
+            raise TaskError("--num-jobs: a pipeline runs once; launch it again for another run")
+        each = overrides.model_copy(update={"name": None})  # the name is the pipeline's
+        built = [build_task(given, each, me.owner, store) for given in pipeline.tasks]
+        ready = []
+        for task, source in built:
+            task = await buckets.fetched(task, me.owner)
+            Launcher.check_local_files(task)
+            ready.append((task, source))
+        name = overrides.name or pipeline.name or ready[0][0].name or "pipeline"
+        ids = managed.record_pipeline(store, name, ready, owner=me.owner)
+        wake()
+        return {"job_id": ids[0], "job_ids": ids, "pipeline": name,
+                "warnings": [f"{source}: {w}" for task, source in ready for w in ignored_fields(task)]}
 
     @router.post("/managed/cancel")
     async def managed_cancel(me: Me, request: ManagedCancelRequest) -> dict[str, object]:

@@ -251,14 +251,19 @@ class Client:
                        image_id: str | None = None,
                        on_event: Callable[[dict[str, Any]], None] | None = None) -> list[str]:
         """Record managed jobs (recovered from failures, re-routed while pending); returns their ids.
-        `on_event` sees a `warning` event for each field of the task that has no meaning on Slurm."""
-        body = {"task": self._task_or_command(task, command, base, workdir), "num_jobs": num_jobs,
+        A task file (or YAML text) of several documents is a pipeline, as in SkyPilot: one managed job
+        per task, each started once the one before it has succeeded; the flags apply to every task, and
+        `name` names the pipeline. `on_event` sees a `warning` event for each field of a task that has
+        no meaning on Slurm, and for a pipeline a `pipeline` event with its `name` and `job_ids`."""
+        body = {**self._managed_task(task, command, base, workdir), "num_jobs": num_jobs,
                 "overrides": _overrides(name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                                         memory=memory, envs=envs, secrets=secrets, workdir=workdir,
                                         image_id=image_id)}
         answer = self._json("POST", "/managed", body=body)
         for message in answer.get("warnings", []) if on_event else []:
             on_event({"event": "warning", "message": message})
+        if on_event and answer.get("pipeline"):
+            on_event({"event": "pipeline", "name": answer["pipeline"], "job_ids": list(answer["job_ids"])})
         return list(answer["job_ids"])
 
     def managed_jobs(self, *, limit: int = 20, page: int = 1, all: bool = False, since: float | None = None
@@ -419,6 +424,26 @@ class Client:
             raise TaskError("give either a task or a command, not both")
         return {"source": "command line", "run": command, **self._workdir_files(workdir, base)}
 
+    def _managed_task(self, task: TaskLike, command: str | None, base: Path | None,
+                      workdir: str | None) -> dict[str, Any]:
+        """The API's `task` for a managed job, or its `pipeline` for a file (or YAML text) of several
+        documents: each task with its own files."""
+        from corral import taskfile
+
+        read = _task_text(task) if command is None and task is not None else None
+        if read is None:
+            return {"task": self._task_or_command(task, command, base, workdir)}
+        text, source = read
+        here = base or Path.cwd()
+        found = taskfile.pipeline_tasks(text, source)
+        if found is None:
+            return {"task": self._text_input(text, source, taskfile.parse_yaml(text, source), here, workdir)}
+        name, documents = found
+        return {"pipeline": {"name": name, "tasks": [
+            self._text_input(text, f"{source}, task {i}" + (f" ({data['name']})" if isinstance(data, dict)
+                                                            and data.get("name") else ""), data, here, workdir)
+            for i, (text, data) in enumerate(documents)]}}
+
     def _workdir_files(self, workdir: str | None, base: Path | None) -> dict[str, Any]:
         """`--workdir` without a task file: its files, sent as a task's workdir is."""
         if workdir is None:
@@ -435,23 +460,16 @@ class Client:
         here = base or Path.cwd()
         if task is None:
             return {"source": "command line", **self._workdir_files(workdir, base)}
-        if isinstance(task, Path) or (isinstance(task, str) and "\n" not in task and task.endswith((".yaml", ".yml"))):
-            source = str(task)
-            text = taskfile.read_task_text(Path(task))
-            from corral.sbatch_script import is_batch_script
+        read = _task_text(task)
+        if read is None:  # `corral launch script.sh`: run as sbatch would
+            return self._script_input(Path(task), [], [], base, workdir)
+        text, source = read
+        return self._text_input(text, source, taskfile.parse_yaml(text, source), here, workdir)
 
-            if is_batch_script(text):  # `corral launch script.sh`: run as sbatch would
-                return self._script_input(Path(task), [], [], base, workdir)
-        elif isinstance(task, str):
-            source, text = "task", task
-        else:
-            import json as _json
-
-            data = task.model_dump(exclude_none=True) if hasattr(task, "model_dump") else task
-            source, text = "task", _json.dumps(data)  # JSON is YAML
+    def _text_input(self, text: str, source: str, data: Any, here: Path, workdir: str | None) -> dict[str, Any]:
+        """The API's task for YAML `text` (parsed: `data`), with the uploads of its local files."""
         from corral.sdk import files
 
-        data = taskfile.parse_yaml(text, source)
         if workdir is not None and isinstance(data, dict):
             data = {**data, "workdir": workdir}
         return {"source": source, "yaml": text, "files": self.send_files(files.task_files(data, here))}
@@ -548,6 +566,24 @@ class Client:
                 if not chunk:
                     return
                 yield chunk
+
+
+def _task_text(task: TaskLike) -> tuple[str, str] | None:
+    """A task's YAML text and what to call it in errors; None for a path to a job script (run as sbatch
+    would). `task`: a path, YAML text, a dict or an object with model_dump() (not None)."""
+    from corral import taskfile
+
+    if isinstance(task, Path) or (isinstance(task, str) and "\n" not in task and task.endswith((".yaml", ".yml"))):
+        text = taskfile.read_task_text(Path(task))
+        from corral.sbatch_script import is_batch_script
+
+        return None if is_batch_script(text) else (text, str(task))
+    if isinstance(task, str):
+        return task, "task"
+    import json
+
+    data = task.model_dump(exclude_none=True) if hasattr(task, "model_dump") else task
+    return json.dumps(data), "task"  # JSON is YAML
 
 
 def _opener(point: _endpoint.Endpoint) -> urllib.request.OpenerDirector:

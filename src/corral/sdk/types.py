@@ -241,8 +241,19 @@ class Launched:
 
 
 @dataclass(frozen=True)
+class PipelinePlace:
+    """Where a managed job stands in a pipeline: the pipeline's id (its first task's job id), its name,
+    and the task's place (0, 1, …); the task starts once the one before it has succeeded."""
+
+    id: str
+    name: str
+    task: int
+
+
+@dataclass(frozen=True)
 class ManagedJob:
-    """A managed job: its state (the controller's), latest attempt's place and its history counters."""
+    """A managed job: its state (the controller's), latest attempt's place and its history counters;
+    `pipeline` when it is one task of a pipeline."""
 
     job_id: str
     name: str
@@ -255,12 +266,15 @@ class ManagedJob:
     recoveries: int
     moves: int
     raw: dict[str, Any] = field(repr=False, compare=False)
+    pipeline: PipelinePlace | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ManagedJob:
+        place = data.get("pipeline")
         return cls(data["job_id"], data["name"], status_of(ManagedJobStatus, data["state"]), data.get("reason"),
                    data.get("cluster"), data.get("partition"), data.get("slurm_job_id"),
-                   int(data.get("attempts") or 0), int(data.get("recoveries") or 0), int(data.get("moves") or 0), data)
+                   int(data.get("attempts") or 0), int(data.get("recoveries") or 0), int(data.get("moves") or 0), data,
+                   PipelinePlace(place["id"], place["name"], int(place["task"])) if place else None)
 
     @property
     def ended(self) -> bool:

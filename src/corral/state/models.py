@@ -112,6 +112,12 @@ class ManagedJobRow(Base):
     last_move_at: Mapped[float] = mapped_column(Float, default=0.0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     updated_at: Mapped[float] = mapped_column(Float, default=0.0)
+    # A managed pipeline's task (`corral jobs launch` of a file of several tasks): the first task's job
+    # id, the pipeline's name, and this task's place in it (0, 1, …): it starts once the one before has
+    # succeeded. NULL for a job that is not part of a pipeline.
+    pipeline_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    pipeline_name: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    pipeline_stage: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class JobEventRow(Base):

@@ -449,17 +449,21 @@ class Store:
             return plain_rows(s, AttemptRow, query)
 
     # ---- managed jobs ----
-    def add_managed_jobs(self, jobs: list[dict[str, object]]) -> None:
+    def add_managed_jobs(self, jobs: list[dict[str, object]], pipeline_name: str | None = None) -> None:
         """Record managed jobs (each a `jobs` row's columns) with their managed rows and first events, in
         one transaction: a crash records all of them or none. Through Core, not ORM objects: a sweep of
-        10,000 builds no 30,000 instances the server's heap would keep the shape of."""
+        10,000 builds no 30,000 instances the server's heap would keep the shape of. With
+        `pipeline_name`, the jobs are that pipeline's tasks, in the order they run."""
         now = time.time()
+        first = str(jobs[0]["id"]) if jobs and pipeline_name is not None else None
         with self.session() as s, s.begin():
             _execute_in_batches(s, insert(JobRow), jobs)
             _execute_in_batches(s, insert(ManagedJobRow), [
                 {"job_id": j["id"], "state": ManagedState.PENDING.value, "reason": None, "restarts_on_errors": 0,
-                 "recoveries": 0, "moves": 0, "last_move_at": 0.0, "cancel_requested": False, "updated_at": now}
-                for j in jobs])
+                 "recoveries": 0, "moves": 0, "last_move_at": 0.0, "cancel_requested": False, "updated_at": now,
+                 "pipeline_id": first, "pipeline_name": pipeline_name,
+                 "pipeline_stage": stage if first is not None else None}
+                for stage, j in enumerate(jobs)])
             _execute_in_batches(s, insert(JobEventRow), [{"job_id": j["id"], "at": now,
                                                           "state": ManagedState.PENDING.value,
                                                           "reason": "submitted"} for j in jobs])
@@ -473,6 +477,32 @@ class Store:
             if live_only:
                 query = query.where(ManagedJobRow.state.not_in(MANAGED_TERMINAL))
             return plain_rows(s, ManagedJobRow, query)
+
+    def pipeline_tasks(self, pipeline_ids: Iterable[str]) -> dict[str, list[ManagedJobRow]]:
+        """Every task of these pipelines, in the order they run, in one query."""
+        ids = list(set(pipeline_ids))
+        if not ids:
+            return {}
+        with self.session() as s:
+            rows = plain_rows(s, ManagedJobRow, columns_of(ManagedJobRow).where(ManagedJobRow.pipeline_id.in_(ids))
+                              .order_by(ManagedJobRow.pipeline_stage))
+        out: dict[str, list[ManagedJobRow]] = {}
+        for row in rows:
+            out.setdefault(str(row.pipeline_id), []).append(row)
+        return out
+
+    def pipeline_named(self, name: str, scope: str | None = None) -> tuple[list[str], int]:
+        """The job ids of the one pipeline called `name` (in the order its tasks run), and how many
+        pipelines are called so (0, 1, or 2 for several: then no ids)."""
+        with self.session() as s:
+            query = select(ManagedJobRow.pipeline_id).where(ManagedJobRow.pipeline_name == name)
+            if scope is not None:
+                query = query.join(JobRow, JobRow.id == ManagedJobRow.job_id).where(JobRow.owner == scope)
+            found = list(s.scalars(query.distinct().limit(2)))
+            if len(found) != 1:
+                return [], len(found)
+            return list(s.scalars(select(ManagedJobRow.job_id).where(ManagedJobRow.pipeline_id == found[0])
+                                  .order_by(ManagedJobRow.pipeline_stage))), 1
 
     def set_managed(self, job_id: str, state: str | None = None, reason: str | None = None,
                     **fields: object) -> None:

@@ -426,6 +426,11 @@ function managedCancelButton(job, status, redraw) {
   }, "danger");
 }
 
+// A pipeline's task is named with its pipeline and its place in it, as `corral jobs queue` names it.
+function managedName(job) {
+  return job.pipeline ? `${job.pipeline.name}/${job.pipeline.task}: ${job.name}` : job.name;
+}
+
 async function drawManaged() {
   const { jobs } = await api("GET", "/managed?limit=100");
   const admin = me && me.role === "admin";
@@ -435,7 +440,7 @@ async function drawManaged() {
     const tr = el("tr");
     tr.dataset.job = job.job_id;
     linkCell(tr, job.job_id, `#/managed/${q(job.job_id)}`);
-    cell(tr, job.name);
+    cell(tr, managedName(job), "name");
     if (admin) cell(tr, job.owner || "(server)");
     cell(tr, job.state, `state state-${job.state}`);
     cell(tr, where(job));
@@ -457,7 +462,7 @@ let whyAsked = 0;
 
 async function drawManagedJob(id, first) {
   const job = await api("GET", `/managed/${q(id)}`);
-  $("mjob-title").textContent = `Managed job ${job.job_id}: ${job.name}`;
+  $("mjob-title").textContent = `Managed job ${job.job_id}: ${managedName(job)}`;
   facts($("mjob-facts"), [["State", el("span", job.state, `state state-${job.state}`)], ["Reason", job.reason],
                           ["Infra", where(job)], ["Slurm ID", job.slurm_job_id],
                           ["Predicted start", relative(job.expected_start)],

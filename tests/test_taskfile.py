@@ -1,0 +1,72 @@
+"""Reading task files (corral/taskfile.py): a pipeline's documents, as SkyPilot reads a pipeline file."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.errors import TaskError
+from corral.taskfile import parse_yaml, parse_yaml_documents, pipeline_tasks
+
+PIPELINE = """\
+name: pipe   # the pipeline
+---
+name: train
+resources:
+  accelerators: A100:1
+run: |
+  python train.py
+---
+  # an indented task, with a comment
+  name: eval
+  run: python eval.py
+"""
+
+
+def test_a_pipeline_file_gives_its_name_and_each_tasks_own_text():
+    name, tasks = pipeline_tasks(PIPELINE, "p.yaml")
+    assert name == "pipe"
+    assert [value["name"] for _, value in tasks] == ["train", "eval"]
+    for text, value in tasks:
+        assert parse_yaml(text, "task") == value  # each text alone reads as the task it stands for
+    assert tasks[0][0].startswith("name: train\n") and "---" not in tasks[0][0]
+
+
+def test_without_a_header_every_document_is_a_task():
+    name, tasks = pipeline_tasks("run: a\n---\nname: b\nrun: b\n", "p.yaml")
+    assert name is None and [value["run"] for _, value in tasks] == ["a", "b"]
+
+
+@pytest.mark.parametrize("text", ["run: a\n", "---\nrun: a\n", "run: a\n---\n", "run: a\n---\n---\n", ""])
+def test_a_file_of_one_task_is_no_pipeline(text):
+    assert pipeline_tasks(text, "t.yaml") is None
+    assert parse_yaml(text, "t.yaml") == ({"run": "a"} if text else None)
+
+
+def test_a_single_task_launch_of_a_pipeline_says_where_it_runs():
+    with pytest.raises(TaskError) as err:
+        parse_yaml(PIPELINE, "p.yaml")
+    assert str(err.value) == ("p.yaml: holds 3 YAML documents, a pipeline of tasks run one after another: launch it "
+                              "as a managed job, `corral jobs launch p.yaml`")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("name: p\nexecution: parallel\n---\nrun: a\n---\nrun: b\n",
+     "p.yaml: execution: 'parallel': Corral runs a pipeline's tasks one after another"),
+    ("name: [1]\n---\nrun: a\n", "p.yaml: the pipeline's name must be a string, not list"),
+    ("name: p\n---\nname: q\n", None),  # only the first document can be the header: `name: q` is a task
+    ("run: a\n---\nrun: [b\n", "p.yaml:4:1: invalid YAML"),
+])
+def test_pipeline_files_that_cannot_run_say_why_and_where(text, fragment):
+    if fragment is None:
+        assert pipeline_tasks(text, "p.yaml") is not None
+        return
+    with pytest.raises(TaskError) as err:
+        pipeline_tasks(text, "p.yaml")
+    assert str(err.value).startswith(fragment), err.value
+
+
+def test_the_size_bound_counts_every_document():
+    one = "a: [" + ", ".join(["1"] * 4000) + "]\n"
+    parse_yaml_documents(one, "p.yaml")  # 4,000 values: within the bound
+    with pytest.raises(TaskError, match="YAML too large"):
+        parse_yaml_documents("---\n".join([one] * 6), "p.yaml")
