@@ -14,7 +14,7 @@ from corral.errors import TaskError
 from corral.infra.base import JobState
 from corral.launch import check_num_jobs
 from corral.state import Store
-from corral.state.models import AttemptRow, JobRow, ManagedJobRow, ManagedState
+from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, JobRow, ManagedJobRow, ManagedState
 from corral.state.sealed import seal
 from corral.task import Task, job_environment, redacted_json, resolved_secrets
 
@@ -31,6 +31,19 @@ class ManagedView:
     def latest(self) -> AttemptRow | None:
         return self.attempts[-1] if self.attempts else None
 
+    @property
+    def ended_at(self) -> float | None:
+        """When the job ended (its last attempt's end; for one that never ran, its last change)."""
+        if self.managed.state not in MANAGED_TERMINAL_STATES:
+            return None
+        return max((a.ended_at for a in self.attempts if a.ended_at), default=None) or self.managed.updated_at
+
+    def run_seconds(self, now: float) -> float | None:
+        """How long its attempts have run, all of them together (a live one until `now`); None before
+        one has started."""
+        started = [a for a in self.attempts if a.started_at]
+        return sum(max(0.0, (a.ended_at or now) - a.started_at) for a in started) if started else None
+
     def to_json(self) -> dict[str, object]:
         latest = self.latest
         return {
@@ -40,7 +53,7 @@ class ManagedView:
             "slurm_job_id": latest.handle if latest else None, "attempts": len(self.attempts),
             "attempt_state": latest.state if latest else None, "restarts_on_errors": self.managed.restarts_on_errors,
             "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,
-            "created_at": self.job.created_at,
+            "created_at": self.job.created_at, "ended_at": self.ended_at, "run_seconds": self.run_seconds(time.time()),
             "expected_start": latest.expected_start if latest and latest.state == JobState.PENDING else None,
             "pipeline": ({"id": self.managed.pipeline_id, "name": self.managed.pipeline_name,
                           "task": self.managed.pipeline_stage} if self.managed.pipeline_id else None),

@@ -18,6 +18,11 @@ def clock(epoch: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(epoch)) if epoch else "unknown"
 
 
+def when(epoch: float | None) -> str:
+    """A moment as a table shows it: 2026-12-05 20:37:55 (local time); "-" for None."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch is not None else "-"
+
+
 def expected_start(epoch: object) -> str:
     """"Slurm expects it to start 14:05:09" for a moment still ahead; "" otherwise."""
     return (f"Slurm expects it to start {clock(epoch)}"

@@ -465,6 +465,7 @@ def test_a_pipeline_runs_its_tasks_one_after_another_and_stops_at_the_first_fail
     assert [(j["name"], j["state"], j["attempts"]) for j in tasks] == [
         ("train", "SUCCEEDED", 1), ("eval", "SUCCEEDED", 1), ("report", "SUCCEEDED", 1)]
     assert {j["pipeline"]["id"] for j in tasks} == {tasks[0]["job_id"]}
+    assert all(j["run_seconds"] is not None and j["ended_at"] >= j["created_at"] for j in tasks)
     assert f"=== pipeline {name}, task 1: {tasks[1]['job_id']} ===" in attached.stderr
     waited = [e["reason"] for e in events(corral, env, tasks[1]["job_id"])]
     assert f"waiting for the pipeline's task 0 ({tasks[0]['job_id']}) to succeed" in waited
@@ -484,7 +485,8 @@ def test_a_pipeline_runs_its_tasks_one_after_another_and_stops_at_the_first_fail
     assert f"pipeline {name}-f stopped at task 1: the tasks after it are skipped" in failed.stderr
     [report] = [j for j in jobs(corral, env).values()
                 if (j.get("pipeline") or {}).get("name") == name + "-f" and j["name"] == "report"]
-    assert (report["state"], report["attempts"]) == ("CANCELLED", 0)
+    assert (report["state"], report["attempts"], report["run_seconds"]) == ("CANCELLED", 0, None)
+    assert report["ended_at"] >= report["created_at"]  # it ended when it was skipped
     assert report["reason"].startswith("skipped: the pipeline's task 1 (") and report["reason"].endswith("ended FAILED")
 
     single = corral("launch", "pipe.yaml", env=env, cwd=tmp_path)  # not a managed job: says where it runs

@@ -62,7 +62,7 @@ def test_a_sweep_row_spans_its_first_start_to_its_last_end():
     jobs = [Job.from_json({"job_id": f"c-00{i}", "name": "lr", "state": "SUCCEEDED", "cluster": "alpine",
                            "partition": "gpu", "sweep_id": "c-000", "submitted_at": 0.0, "slurm_job_id": f"4711_{i}"})
             for i in range(3)]
-    started, ended = render._when(60.0), render._when(3600.0)
+    started, ended = render.when(60.0), render.when(3600.0)
     page = QueuePage(jobs, 0, {"c-000": {"SUCCEEDED": 3}}, [], {"c-000": [60.0, 3600.0]})
     out, _ = printed(render.render_queue, page)
     assert out.splitlines()[1].rstrip().endswith(f"{started}  {ended}")
@@ -88,3 +88,23 @@ def test_corral_queue_lists_a_job_whose_name_looks_like_markup(refusing_clusters
     assert code == 0, err
     jobs = [line.split() for line in out.splitlines()[1:] if "(sweep)" not in line]
     assert [words[1:3] for words in jobs] == [["[/x]", ":fire:"]] * 3
+
+
+def test_the_managed_table_keeps_a_pipelines_tasks_together_in_order_with_when_and_how_long():
+    """Newest first, but a pipeline's tasks in the order they run (as `sky jobs queue` nests them), each
+    named with its pipeline; SUBMITTED and DURATION (how long its attempts ran) as `sky jobs queue`."""
+    def task(job_id, number, state, ran=None):
+        return {"job_id": job_id, "name": f"t{number}", "state": state, "attempts": 1 if ran is not None else 0,
+                "cluster": None, "created_at": 1_800_000_000.0, "run_seconds": ran,
+                "pipeline": {"id": "c-p0", "name": "pipe", "task": number}}
+
+    single = {"job_id": "c-s", "name": "single", "state": "RUNNING", "attempts": 1, "cluster": "alpine",
+              "partition": "gpu", "created_at": 1_800_000_100.0, "run_seconds": 3725.0}
+    out, _ = printed(render_managed, [single, task("c-p2", 2, "PENDING"), task("c-p0", 0, "SUCCEEDED", 12.0),
+                                      task("c-p1", 1, "RUNNING", 61.0)])
+    lines = out.splitlines()
+    assert lines[0].split()[:8] == ["ID", "NAME", "STATE", "INFRA", "SLURM", "ID", "SUBMITTED", "DURATION"]
+    assert [line.split()[0] for line in lines[1:]] == ["c-s", "c-p0", "c-p1", "c-p2"]
+    assert "pipe/1: t1" in lines[3] and " 1m " in lines[3] and " 12s " in lines[2]
+    assert " 1h02m " in lines[1]
+    assert lines[4].split()[:4] == ["c-p2", "pipe/2:", "t2", "PENDING"] and " - " in lines[4]

@@ -8,13 +8,15 @@ from collections.abc import Mapping
 
 from corral.cli.consoles import console, minutes, state_cell
 from corral.cli.consoles import table as new_table
+from corral.timefmt import duration, when
 
 
 def render_managed(jobs: list[Mapping[str, object]]) -> None:
     if not jobs:
         console.print("No managed jobs.")
         return
-    table = new_table(("ID", "NAME", "STATE", "INFRA", "SLURM ID", "ATTEMPTS", "STARTS", "REASON"))
+    table = new_table(("ID", "NAME", "STATE", "INFRA", "SLURM ID", "SUBMITTED", "DURATION", "ATTEMPTS", "STARTS",
+                       "REASON"))
     now = time.time()
     for job in pipelines_in_order(jobs):
         state = str(job["state"])
@@ -24,7 +26,8 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
         name = f"{place['name']}/{place['task']}: {job['name']}" if isinstance(place, Mapping) else str(job["name"])
         table.add_row(str(job["job_id"]), name, state_cell(state),
                       f"{job['cluster']}/{job['partition']}" if job.get("cluster") else "-",
-                      str(job.get("slurm_job_id") or "-"), str(job["attempts"]), starts,
+                      str(job.get("slurm_job_id") or "-"), when(_number(job.get("created_at"))),
+                      duration(ran) if (ran := _number(job.get("run_seconds"))) is not None else "-", str(job["attempts"]), starts,
                       str(job.get("reason") or "")[:90])
     console.print(table)
 
@@ -38,3 +41,7 @@ def pipelines_in_order(jobs: list[Mapping[str, object]]) -> list[Mapping[str, ob
         groups.setdefault(place["id"] if isinstance(place, Mapping) else job["job_id"], []).append(job)
     return [job for group in groups.values()
             for job in sorted(group, key=lambda j: j["pipeline"]["task"] if j.get("pipeline") else 0)]
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None

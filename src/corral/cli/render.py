@@ -10,7 +10,7 @@ from rich.text import Text
 from corral.cli.common import warn
 from corral.cli.consoles import console, err_console, literal, state_cell, styled
 from corral.cli.consoles import table as new_table
-from corral.timefmt import duration, expected_start, start_text
+from corral.timefmt import duration, expected_start, start_text, when
 
 if TYPE_CHECKING:  # type hints only: a table must not cost the import of the engine, SQLAlchemy or pydantic
     from collections.abc import Iterable
@@ -63,12 +63,6 @@ def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> Non
 
 
 # ---- launch, queue --------------------------------------------------------------------------------
-
-def _when(epoch: float | None) -> str:
-    if epoch is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
-
 
 def _start(row: dict[str, Any]) -> str:
     return start_text(can_start_now=bool(row.get("can_start_now")), predicted_start=row.get("predicted_start"),
@@ -184,7 +178,7 @@ _QUEUE_COLUMNS = ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITT
 def _job_row(j: Job) -> tuple[str | Text, ...]:
     where = _where(j) if j.cluster else "-"  # "-": it never reached a cluster
     return (j.job_id, j.name, where, j.slurm_job_id or "-", state_cell(j.state),
-            j.reason or "", _when(j.submitted_at), _when(j.started_at), _when(j.ended_at))
+            j.reason or "", when(j.submitted_at), when(j.started_at), when(j.ended_at))
 
 
 def _sweep_row(jobs: list[Job], counts: dict[str, int], times: list[float | None]) -> tuple[str | Text, ...]:
@@ -200,8 +194,8 @@ def _sweep_row(jobs: list[Job], counts: dict[str, int], times: list[float | None
     array = arrays.pop() if len(arrays) == 1 and len(jobs) == total else None
     return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",
             places[0] if len(places) == 1 else f"{len(places)} places", array or "-", states, "",
-            _when(min((j.submitted_at or 0) for j in jobs) or None), _when(times[0] if times else None),
-            _when(times[1] if len(times) > 1 else None))
+            when(min((j.submitted_at or 0) for j in jobs) or None), when(times[0] if times else None),
+            when(times[1] if len(times) > 1 else None))
 
 
 def queue_rows(page: QueuePage, expand: bool) -> list[tuple[str | Text, ...]]:
