@@ -175,6 +175,15 @@ def queued_reason(status: AllocationStatus) -> str:
     return f"waiting for its allocation {status.row.name} to be ready ({status.state}{why})"
 
 
+def not_ready_error(name: str, status: AllocationStatus | None) -> UnavailableError:
+    """Why an exec cannot run in allocation `name` now, from its `status` (None: not asked)."""
+    if status is None:
+        return UnavailableError(f"allocation {name!r} is not ready; see `corral status {name}`. `corral exec -d "
+                                f"{name} …` queues a job to start once it is")
+    return UnavailableError(f"allocation {name!r} is {status.state}" + (f" ({status.reason})" if status.reason else "")
+                            + f"; see `corral status {name}`")
+
+
 def queued_attempt(status: AllocationStatus) -> dict[str, object]:
     """An exec attempt's fields while it is queued until its allocation (as it is: `status`) is
     ready: PENDING and never sent (what `Store.queued_execs` looks for), with why and Slurm's estimate."""
@@ -582,18 +591,18 @@ class DevAllocations:
             raise
         finally:
             FOLLOWED.discard(job_id)
-        if status == EXIT_NOT_READY and on_queued is not None:  # nothing ran: the script checks first
-            [now] = await self.status([row])
-            if now.state in WAITING_PHASES and self.store.move_attempt(token, JobState.RUNNING, **queued_attempt(now)):
+        if status == EXIT_NOT_READY:  # nothing ran: the script checks first
+            now = (await self.status([row]))[0] if on_queued is not None else None
+            if now and now.state in WAITING_PHASES and self.store.move_attempt(token, JobState.RUNNING,
+                                                                                **queued_attempt(now)):
                 on_queued(now)
                 return None
+            self.store.end_attempt(token, state=JobState.FAILED, exit_code=status, ended_at=time.time(),
+                                   reason=f"allocation {now.state}" if now else "allocation not ready")
+            raise not_ready_error(row.name, now)
         state = JobState.SUCCEEDED if status == 0 else JobState.FAILED
-        reason = ("allocation not ready" if status == EXIT_NOT_READY
-                  else "setup failed; the run did not start" if status != 0 and setup and setup_failed else None)
+        reason = "setup failed; the run did not start" if status != 0 and setup and setup_failed else None
         self.store.end_attempt(token, state=state, exit_code=status, reason=reason, ended_at=time.time())
-        if status == EXIT_NOT_READY:
-            raise UnavailableError(f"allocation {row.name!r} is not ready; see `corral status {row.name}`. "
-                                   f"`corral exec -d {row.name} …` queues a job to start once it is")
         return status
 
     async def sync_files(self, name: str, task: Task) -> None:

@@ -449,8 +449,12 @@ def test_node_death_and_walltime_end_are_shown(corral, testbed, clean):
         timed_out = wait_for("the walltime to end", lambda: (s := status(corral, "short"))["state"] != "READY" and s,
                              timeout=120, interval=2)
         assert (timed_out["state"], timed_out["reason"]) == ("ENDED", "walltime ended")
-        exec_after = corral("exec", "short", "--", "true")
-        assert exec_after.exit_code == 69 and "allocation 'short' is not ready" in exec_after.stderr
+        exec_after = corral("exec", "short", "--", "true")  # says why, as `exec -d` does, not "not ready"
+        assert exec_after.exit_code == 69
+        assert exec_after.stderr.strip() == ("corral: error: allocation 'short' is ENDED (walltime ended); see "
+                                             "`corral status short`")
+        [tried] = corral("queue", "short", "--json").json()
+        assert (tried["state"], tried["reason"]) == ("FAILED", "allocation ENDED")
     finally:
         testbed.start_node("a4")
         testbed.resume("a4")

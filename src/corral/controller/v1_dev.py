@@ -34,8 +34,8 @@ from corral.controller.v1_launch import (
     launch_events,
     put_warnings,
 )
-from corral.dev import WAITING_PHASES, AllocationStatus, DevAllocations, check_name
-from corral.errors import CorralError, UnavailableError
+from corral.dev import WAITING_PHASES, AllocationStatus, DevAllocations, check_name, not_ready_error
+from corral.errors import CorralError
 from corral.infra.base import AllocationPhase
 from corral.launch import Launcher
 from corral.state import Store
@@ -103,8 +103,7 @@ async def detached_exec(allocations: DevAllocations, name: str, task: Task, sour
         wake()
         return {"job_id": job_id, "queued": status_json(status)}
     if status.state != AllocationPhase.READY:
-        raise UnavailableError(f"allocation {name!r} is {status.state}"
-                               + (f" ({status.reason})" if status.reason else "") + f"; see `corral status {name}`")
+        raise not_ready_error(name, status)
     started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     running = run_on(allocations.exec(name, task, source, lambda chunk: None, started.set_result, setup=setup))
     running.add_done_callback(lambda done: done.cancelled() or done.exception())  # its end is in the store
