@@ -86,3 +86,36 @@ def test_any_bytes(tmp_path, raw):
     path = tmp_path / "task.yaml"
     path.write_bytes(raw)
     plans_or_refuses(path)
+
+
+def reads_as_a_pipeline_or_refuses(text: str) -> None:
+    """A pipeline file (several documents) gives its tasks, each of which plans or is refused with one
+    line, as the server would read it; anything else is refused with one line, never a traceback."""
+    from corral.task import parse_task
+    from corral.taskfile import parse_yaml, pipeline_tasks
+
+    try:
+        found = pipeline_tasks(text, "p.yaml")
+    except TaskError as exc:
+        assert str(exc) and "\n" not in str(exc), repr(str(exc))
+        return
+    for document_text, value in found[1] if found else []:
+        # each task's text reads alone as it did in the file (repr: a NaN is equal to no NaN)
+        assert repr(parse_yaml(document_text, "task")) == repr(value)
+        try:
+            parse_task(value, "p.yaml, task")
+        except TaskError as exc:
+            assert str(exc) and "\n" not in str(exc), repr(str(exc))
+
+
+@settings(max_examples=200, deadline=None)
+@given(documents=st.lists(st.one_of(tasks, st.just({"name": "pipe"}), st.just({"execution": "parallel"})),
+                          min_size=1, max_size=4))
+def test_structured_pipeline_files(documents):
+    reads_as_a_pipeline_or_refuses("---\n".join(yaml.safe_dump(d, allow_unicode=True) for d in documents))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.lists(yaml_text, min_size=1, max_size=3))
+def test_any_text_as_a_pipeline(text):
+    reads_as_a_pipeline_or_refuses("\n---\n".join(text))

@@ -70,3 +70,13 @@ def test_the_size_bound_counts_every_document():
     parse_yaml_documents(one, "p.yaml")  # 4,000 values: within the bound
     with pytest.raises(TaskError, match="YAML too large"):
         parse_yaml_documents("---\n".join([one] * 6), "p.yaml")
+
+
+@pytest.mark.parametrize("text", [
+    "\ufeffname: p\n---\nrun: a\n---\nrun: b\n",  # a byte order mark: YAML's marks count from after it
+    "--- {run: a}\n--- {run: b}\n",  # a task on its `---` line
+    "run: a\n---\n\ufeffrun: b\n",  # a stray mark inside: that task is written anew
+])
+def test_each_tasks_text_reads_alone_as_the_task_it_was_in_the_file(text):
+    _, tasks = pipeline_tasks(text, "p.yaml")
+    assert [parse_yaml(own, "task") for own, _ in tasks] == [{"run": "a"}, {"run": "b"}]

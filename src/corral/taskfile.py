@@ -105,6 +105,7 @@ def pipeline_tasks(text: str, source: str) -> tuple[str | None, list[tuple[str, 
     """A pipeline file's name and its tasks, each as its own YAML text and value; None for a file of one
     document. As SkyPilot reads a pipeline: a first document with no more than `name` (and `execution:
     serial`) names it; every other document is a task, run in the order written."""
+    text = text.removeprefix("\ufeff")  # YAML reads past a byte order mark: its marks count from after it
     found = [(node, value) for node, value in _documents(text, source) if value is not None]
     if len(found) < 2:
         return None
@@ -112,7 +113,7 @@ def pipeline_tasks(text: str, source: str) -> tuple[str | None, list[tuple[str, 
     first = found[0][1]
     if isinstance(first, dict) and first and set(first) <= PIPELINE_HEADER_KEYS:
         header, found = first, found[1:]
-    documents = [(_text_of(text, node), value) for node, value in found]
+    documents = [(_text_of(text, node, value), value) for node, value in found]
     execution = header.get("execution", "serial")
     if execution != "serial":
         raise TaskError(f"{source}: execution: {execution!r}: Corral runs a pipeline's tasks one after another "
@@ -125,10 +126,21 @@ def pipeline_tasks(text: str, source: str) -> tuple[str | None, list[tuple[str, 
     return name, documents
 
 
-def _text_of(text: str, node: Any) -> str:
-    """One document's text, from the start of its first line (its indentation kept) to its end."""
-    start = text.rfind("\n", 0, node.start_mark.index) + 1
-    return text[start:node.end_mark.index]
+def _text_of(text: str, node: Any, value: Any) -> str:
+    """One document's own text, as written: from the start of its first line (its indentation kept), or
+    from where it starts when something else is before it on that line (`--- value`), to its end. Where
+    that text alone would not read as `value` (a stray byte order mark in it), the value written anew."""
+    import yaml
+
+    start = node.start_mark.index
+    line = text.rfind("\n", 0, start) + 1
+    own = text[line if not text[line:start].strip() else start:node.end_mark.index]
+    try:
+        if yaml.load(own, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) == value:
+            return own
+    except yaml.YAMLError:
+        pass
+    return yaml.safe_dump(value, allow_unicode=True)
 
 
 def _check_yaml_size(roots: list[Any], source: str) -> None:
