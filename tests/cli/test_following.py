@@ -181,3 +181,61 @@ def test_ctrl_c_while_sbatch_waits_names_the_jobs_still_running(capfd):
     assert "corral: c-1 and 4 more keep running; Ctrl-C only stopped waiting. `corral cancel c-1 c-2 c-3 …` stops " \
            "them." in err
     assert client.waited == ["c-0", "c-1"]
+
+
+class ScriptedPipeline:
+    """A pipeline's tasks, each answering `managed_job` with its own list of snapshots."""
+
+    def __init__(self, tasks: dict[str, list[dict]], interrupt_on: str | None = None):
+        self.tasks = {job: ScriptedManaged(snapshots) for job, snapshots in tasks.items()}
+        self.order = list(tasks)
+        self.interrupt_on = interrupt_on
+        self.asked: list[str] = []
+
+    def managed_job(self, job: str) -> dict:
+        self.asked.append(job)
+        if job == self.interrupt_on:
+            raise KeyboardInterrupt
+        answer = self.tasks[job].managed_job(job)
+        return {**answer, "job_id": job, "pipeline": {"id": self.order[0], "name": "pipe",
+                                                      "task": self.order.index(job)}, "pipeline_tasks": self.order}
+
+    def managed_logs(self, job: str, number: int, follow: bool = False, *, tail: int = 0):
+        yield f"{job} out\n".encode()
+
+
+def test_a_pipeline_is_followed_task_after_task_from_the_task_given(capfd):
+    client = ScriptedPipeline({
+        "c-0": [{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}],
+        "c-1": [{"state": "PENDING", "reason": "waiting for the pipeline's task 0 (c-0) to succeed", "attempt_list": []},
+                {"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}],
+        "c-2": [{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}],
+    })
+    assert following.follow_managed(client, "c-1", follow=True) == 0
+    out, err = capfd.readouterr()
+    assert out == "c-1 out\nc-2 out\n"  # from the task given on: `jobs logs` of a later task
+    assert "=== pipeline pipe, task 2: c-2 ===" in err and "task 1: c-1 ===" not in err
+    assert following.follow_managed(client, "c-2", follow=False) == 0  # without follow: that task alone
+    assert capfd.readouterr().out == "c-2 out\n"
+
+
+def test_a_pipeline_followed_stops_at_a_failed_task_and_says_the_rest_are_skipped(capfd):
+    client = ScriptedPipeline({
+        "c-0": [{"state": "FAILED", "attempt_list": [attempt(1, "FAILED", 4)]}],
+        "c-1": [{"state": "CANCELLED", "reason": "skipped", "attempt_list": []}],
+    })
+    assert following.follow_managed(client, "c-0", follow=True) == 4
+    _, err = capfd.readouterr()
+    assert "corral: pipeline pipe stopped at task 0: the tasks after it are skipped" in err
+    assert client.asked.count("c-1") == 0
+
+
+def test_ctrl_c_while_following_a_pipeline_says_its_other_tasks_go_on(capfd):
+    client = ScriptedPipeline({
+        "c-0": [{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}],
+        "c-1": [{"state": "PENDING", "attempt_list": []}],
+    }, interrupt_on="c-1")
+    assert following.follow_managed(client, "c-0", follow=True) == 130
+    _, err = capfd.readouterr()
+    assert "c-1 keeps running; Ctrl-C only stopped following it" in err
+    assert "pipeline pipe's later tasks go on as well; `corral jobs cancel pipe` cancels them all." in err

@@ -136,19 +136,19 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, pro
     a recovery), a status line says why. Ctrl-C stops following, not the job. A pipeline's task, once
     it has succeeded, is followed by the tasks after it, each under its own header."""
     status, found = _follow_one(client, job_id, follow=follow, tail=tail, progress=progress)
-    tasks = list(found.get("pipeline_tasks") or []) if found else []
-    while found and tasks and found["job_id"] in tasks and follow:
-        name, later = found["pipeline"]["name"], tasks[tasks.index(found["job_id"]) + 1:]
-        if status == 130:
-            click.echo(f"corral: pipeline {name}'s later tasks go on as well; `corral jobs cancel {name}` cancels "
-                       "them all.", err=True)
-        elif status != 0 and later:
-            click.echo(f"corral: pipeline {name} stopped at task {found['pipeline']['task']}: the tasks after it "
-                       "are skipped", err=True)
-        if status != 0 or not later:
-            break
-        click.echo(f"=== pipeline {name}, task {found['pipeline']['task'] + 1}: {later[0]} ===", err=True)
-        status, found = _follow_one(client, later[0], follow=True, tail=0, progress=progress)
+    tasks = list(found.get("pipeline_tasks") or []) if found and follow else []
+    if not found or found["job_id"] not in tasks:
+        return status
+    name, number = found["pipeline"]["name"], tasks.index(found["job_id"])
+    while status == 0 and number + 1 < len(tasks):
+        number += 1
+        click.echo(f"=== pipeline {name}, task {number}: {tasks[number]} ===", err=True)
+        status, _ = _follow_one(client, tasks[number], follow=True, tail=0, progress=progress)
+    if status == 130 and number + 1 < len(tasks):
+        click.echo(f"corral: pipeline {name}'s later tasks go on as well; `corral jobs cancel {name}` cancels them "
+                   "all.", err=True)
+    elif status != 0 and number + 1 < len(tasks):
+        click.echo(f"corral: pipeline {name} stopped at task {number}: the tasks after it are skipped", err=True)
     return status
 
 
