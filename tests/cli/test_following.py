@@ -234,6 +234,7 @@ def test_ctrl_c_while_following_a_pipeline_says_its_other_tasks_go_on(capfd):
     client = ScriptedPipeline({
         "c-0": [{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}],
         "c-1": [{"state": "PENDING", "attempt_list": []}],
+        "c-2": [{"state": "PENDING", "attempt_list": []}],
     }, interrupt_on="c-1")
     assert following.follow_managed(client, "c-0", follow=True) == 130
     _, err = capfd.readouterr()
