@@ -35,7 +35,7 @@ def jobs() -> None:
 @click.argument("args", nargs=-1)
 @task_options
 @click.option("--num-jobs", type=int, default=1, show_default=True, help="Launch N managed copies (a sweep, at most 10,000).")
-@click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids}.")
+@click.option("--json", "as_json", is_flag=True, help="Print {job_id, job_ids} (and the pipeline's name).")
 @click.option("-d", "--detach", "--detach-run", "--async", "detach", is_flag=True,
               help="Return once the job is recorded, with its id (always so with --json or --num-jobs).")
 @reports_errors
@@ -45,7 +45,9 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
                 secret_values: tuple[str, ...], num_jobs: int, as_json: bool, detach: bool) -> None:
     """Record a managed job, which the server's controller places, watches and recovers; then follow
     its output through its attempts until it ends, and exit with its exit code, as `sky jobs launch`
-    does. Ctrl-C stops following, not the job; -d returns its id at once."""
+    does. Ctrl-C stops following, not the job; -d returns its id at once. A task file of several YAML
+    documents is a pipeline: its tasks run one after another, each once the one before it succeeded
+    (the flags apply to each; -n names the pipeline)."""
     from corral.errors import TaskError
     from corral.sdk import Client
     from corral.taskfile import check_num_jobs
