@@ -222,6 +222,12 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     page.wait_for_selector(f'#managed tr[data-job="{job}"]', timeout=30_000)
     # a pipeline's task says which pipeline it belongs to, and its place in it
     assert page.locator(f'#managed tr[data-job="{second}"] td.name').text_content() == "pipe/1: second"
+    page.goto(dashboard_server + f"/#/managed/{second}")  # its page links the pipeline's other tasks
+    pipeline_facts = page.wait_for_selector("#mjob-facts .pipeline", timeout=10_000)
+    assert pipeline_facts.text_content() == "pipe: task 0 → task 1"
+    first = pipeline.stdout.split()[0]
+    assert page.locator("#mjob-facts .pipeline a").get_attribute("href") == f"#/managed/{first}"
+    page.goto(dashboard_server + "/#/managed")
     assert corral("jobs", "cancel", "pipe", env=alice_env).exit_code == 0
     page.get_by_role("link", name=job).click()
     why = page.wait_for_selector("#mjob-why[data-loaded=true]", timeout=60_000)

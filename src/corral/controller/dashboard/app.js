@@ -431,6 +431,23 @@ function managedName(job) {
   return job.pipeline ? `${job.pipeline.name}/${job.pipeline.task}: ${job.name}` : job.name;
 }
 
+// A pipeline's task: its pipeline's tasks in the order they run, each a link but this one.
+function pipelineLinks(job) {
+  if (!job.pipeline || !job.pipeline_tasks) return null;
+  const list = el("span", `${job.pipeline.name}: `, "pipeline");
+  job.pipeline_tasks.forEach((id, number) => {
+    if (number) list.append(" → ");
+    if (id === job.job_id) {
+      list.appendChild(el("strong", `task ${number}`));
+    } else {
+      const a = el("a", `task ${number}`);
+      a.href = `#/managed/${q(id)}`;
+      list.appendChild(a);
+    }
+  });
+  return list;
+}
+
 async function drawManaged() {
   const { jobs } = await api("GET", "/managed?limit=100");
   const admin = me && me.role === "admin";
@@ -464,6 +481,7 @@ async function drawManagedJob(id, first) {
   const job = await api("GET", `/managed/${q(id)}`);
   $("mjob-title").textContent = `Managed job ${job.job_id}: ${managedName(job)}`;
   facts($("mjob-facts"), [["State", el("span", job.state, `state state-${job.state}`)], ["Reason", job.reason],
+                          ["Pipeline", pipelineLinks(job)],
                           ["Infra", where(job)], ["Slurm ID", job.slurm_job_id],
                           ["Predicted start", relative(job.expected_start)],
                           ["Recoveries", job.recoveries], ["Moves", job.moves],
