@@ -16,7 +16,7 @@ from corral.launch import check_num_jobs
 from corral.state import Store
 from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, JobRow, ManagedJobRow, ManagedState
 from corral.state.sealed import seal
-from corral.task import Task, job_environment, redacted_json, resolved_secrets
+from corral.task import MAX_NAME_LENGTH, Task, check_line, job_environment, redacted_json, resolved_secrets
 
 MAX_PIPELINE_TASKS = 100
 
@@ -80,6 +80,10 @@ def record_pipeline(store: Store, name: str, tasks: list[tuple[Task, str]], owne
     pipeline."""
     if not 1 <= len(tasks) <= MAX_PIPELINE_TASKS:
         raise TaskError(f"a pipeline has 1 to {MAX_PIPELINE_TASKS} tasks, not {len(tasks)}")
+    try:
+        check_line(name, "the pipeline's name", max_length=MAX_NAME_LENGTH)
+    except ValueError as exc:
+        raise TaskError(str(exc)) from None
     rows = [_job_row(task, source, owner) for task, source in tasks]  # every task checked before any is recorded
     ids = store.new_job_ids(len(tasks))
     store.add_managed_jobs([{**row, "id": job_id, "job_rank": 0, "num_jobs": 1, "sweep_id": None}
