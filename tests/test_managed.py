@@ -39,3 +39,18 @@ def test_a_task_that_cannot_be_recorded_records_none_of_the_pipeline(store):
     with pytest.raises(TaskError, match="envs.TOKEN"):  # a null env must come from --env
         managed.record_pipeline(store, "pipe", [task({"run": "x"}), task({"run": "y", "envs": {"TOKEN": None}})])
     assert managed.views(store) == []
+
+
+def test_a_pipelines_name_means_the_callers_own_pipeline(store):
+    """On a team server two users may each call a pipeline `pipe`: each one's name is theirs; an admin
+    (no scope) is told the name is ambiguous rather than given either."""
+    from corral.state.store import JobNotFoundError
+
+    alice = managed.record_pipeline(store, "pipe", [task({"run": "a"}), task({"run": "b"})], owner="alice")
+    bob = managed.record_pipeline(store, "pipe", [task({"run": "c"})], owner="bob")
+    assert [v.job.id for v in managed.resolve_all(store, "pipe", scope="alice")] == alice
+    assert managed.resolve(store, "pipe", scope="bob").job.id == bob[0]
+    with pytest.raises(JobNotFoundError, match="'pipe' names several pipelines"):
+        managed.resolve_all(store, "pipe", scope=None)
+    with pytest.raises(JobNotFoundError, match="no managed job 'pipe'"):
+        managed.resolve(store, "pipe", scope="carol")
