@@ -433,20 +433,20 @@ resources:
   infra: slurm/cirrus/debug
 run: |
   echo train
-  echo model-ok > ~/{name}.out
+  echo model-ok > ~/$CORRAL_PIPELINE_ID.out
 ---
 name: eval
 workdir: eval-code
 resources:
   infra: slurm/cirrus/debug
 run: |
-  echo "eval reads $(cat ~/{name}.out) with $(cat check.sh)"
+  echo "eval reads $(cat ~/$CORRAL_PIPELINE_ID.out) with $(cat check.sh)"
   {eval_end}
 ---
 name: report
 resources:
   infra: slurm/cirrus/debug
-run: echo report
+run: echo "report, task $CORRAL_PIPELINE_TASK of $CORRAL_PIPELINE_NAME"
 """
 
 
@@ -459,7 +459,8 @@ def test_a_pipeline_runs_its_tasks_one_after_another_and_stops_at_the_first_fail
     (tmp_path / "pipe.yaml").write_text(PIPELINE.format(name=name, eval_end="true"))
     attached = corral("jobs", "launch", "pipe.yaml", env=env, cwd=tmp_path)
     assert attached.exit_code == 0, attached.stderr
-    assert attached.stdout == "train\neval reads model-ok with the eval workdir\nreport\n"
+    # the tasks share their pipeline's id (one run's: a folder of their own), and know their place in it
+    assert attached.stdout == f"train\neval reads model-ok with the eval workdir\nreport, task 2 of {name}\n"
     tasks = [j for j in jobs(corral, env).values() if (j.get("pipeline") or {}).get("name") == name]
     tasks.sort(key=lambda j: j["pipeline"]["task"])
     assert [(j["name"], j["state"], j["attempts"]) for j in tasks] == [

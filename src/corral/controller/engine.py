@@ -220,7 +220,8 @@ class Controller:
         moving = [(m, rows[job], latest) for m, job, latest in pending]
         outcomes = await self.launcher.probe_for([_task(job) for job, _ in placing] +
                                                  [_task(job) for _, job, _ in moving], slow)
-        report.submitted += await self._place(placing, attempts, outcomes, unreachable, now)
+        report.submitted += await self._place(placing, attempts, outcomes, unreachable, now,
+                                              {m.job_id: m for m in managed})
         report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
         return sent
 
@@ -266,7 +267,7 @@ class Controller:
 
     # ---- placing new attempts -------------------------------------------------------------------
     async def _place(self, to_place: list[tuple[JobRow, str]], attempts: dict[str, list[AttemptRow]],
-                     outcomes: list, unreachable: set[str], now: float) -> int:
+                     outcomes: list, unreachable: set[str], now: float, rows: dict[str, ManagedJobRow]) -> int:
         """Decide where every batch goes, one after the other on this tick's probe, each seeing what the
         ones before took of each place's free capacity; then submit them all at once (the transport
         and the budget bound the sessions per cluster)."""
@@ -291,18 +292,19 @@ class Controller:
                 key = (candidate.cluster, candidate.partition)
                 taken[key] = taken.get(key, 0) + count
             decided.append((number, jobs, task, feasible))
-        submitted = await asyncio.gather(*(self._submit_batch(number, jobs, task, feasible, attempts)
+        submitted = await asyncio.gather(*(self._submit_batch(number, jobs, task, feasible, attempts, rows)
                                            for number, jobs, task, feasible in decided))
         return sum(submitted)
 
     async def _submit_batch(self, number: int, jobs: list[JobRow], task: Task, feasible: list[Candidate],
-                            attempts: dict[str, list[AttemptRow]]) -> int:
+                            attempts: dict[str, list[AttemptRow]], rows: dict[str, ManagedJobRow]) -> int:
         for job in jobs:
             previous = attempts.get(job.id, [])
             await self._carry_checkpoint(job, task, previous[-1] if previous else None, feasible[0].cluster)
         try:
             shares = await self.launcher.submit_jobs(task, recorded_environment(jobs[0], task, "managed job"),
-                                                     feasible, jobs, _attempt_options(task, number))
+                                                     feasible, jobs,
+                                                     _attempt_options(task, number, rows.get(jobs[0].id)))
         except CorralError as exc:
             self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
             return 0
@@ -404,7 +406,7 @@ class Controller:
         # Held where the infra can hold it: it keeps its place in the queue, and starts only once the
         # old attempt is known not to run (a kill lost while Slurm launched it must not make two runs).
         held = isinstance(self.client.infra(target.cluster, job.owner), ReleasesHeld)
-        options = dataclasses.replace(_attempt_options(task, number), held=held)
+        options = dataclasses.replace(_attempt_options(task, number, m), held=held)
         try:
             await self.launcher.submit_jobs(task, recorded_environment(job, task, "managed job"), [target], [job], options)
         except CorralError as exc:
@@ -544,11 +546,16 @@ def _checkpoint_dir(job: JobRow, task: Task) -> str:
     return f"{CHECKPOINTS_DIR}/{job.id}"
 
 
-def _attempt_options(task: Task, number: int) -> AttemptOptions:
-    """Managed attempts: CORRAL_ATTEMPT, CORRAL_CHECKPOINT_DIR, and no requeue by the infra (Corral recovers)."""
+def _attempt_options(task: Task, number: int, m: ManagedJobRow | None = None) -> AttemptOptions:
+    """Managed attempts: CORRAL_ATTEMPT, CORRAL_CHECKPOINT_DIR, and no requeue by the infra (Corral recovers);
+    a pipeline's task (`m`) also learns its pipeline: CORRAL_PIPELINE_ID (the same for all its tasks, one
+    run's), CORRAL_PIPELINE_NAME and CORRAL_PIPELINE_TASK (its place, 0, 1, …)."""
     path = task.checkpoint.path if task.checkpoint and task.checkpoint.path else DEFAULT_CHECKPOINT_DIR
-    return AttemptOptions(first_number=number, extra_env={"CORRAL_ATTEMPT": str(number)}, requeue=False,
-                          checkpoint_dir=path)
+    env = {"CORRAL_ATTEMPT": str(number)}
+    if m is not None and m.pipeline_id:
+        env |= {"CORRAL_PIPELINE_ID": m.pipeline_id, "CORRAL_PIPELINE_NAME": m.pipeline_name or "",
+                "CORRAL_PIPELINE_TASK": str(m.pipeline_stage or 0)}
+    return AttemptOptions(first_number=number, extra_env=env, requeue=False, checkpoint_dir=path)
 
 
 def _batches(to_place: list[tuple[JobRow, str]],
