@@ -1,8 +1,10 @@
 """Reading a task file, in bounded time and memory, without validating it: the thin CLI reads the file
 here (to find the local files it must send) and the server validates the same text (`corral.task`).
 
-Bounds: at most MAX_TASK_FILE_BYTES of UTF-8, and one YAML document of at most MAX_YAML_NODES nodes
-(aliases counted at each use) nested at most MAX_YAML_DEPTH deep. Costs one PyYAML import (~10 ms).
+Bounds: at most MAX_TASK_FILE_BYTES of UTF-8, and YAML of at most MAX_YAML_NODES nodes in all its
+documents (aliases counted at each use) nested at most MAX_YAML_DEPTH deep. A file of several documents
+is a pipeline (`pipeline_tasks`): each task's own text is cut from the file for the server to read.
+Costs one PyYAML import (~10 ms).
 """
 
 from __future__ import annotations

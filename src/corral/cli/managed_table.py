@@ -24,10 +24,11 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
         starts = f"in {minutes(expected - now)}" if isinstance(expected, (int, float)) and expected > now else "-"
         place = job.get("pipeline")
         name = f"{place['name']}/{place['task']}: {job['name']}" if isinstance(place, Mapping) else str(job["name"])
+        ran = _number(job.get("run_seconds"))
         table.add_row(str(job["job_id"]), name, state_cell(state),
                       f"{job['cluster']}/{job['partition']}" if job.get("cluster") else "-",
                       str(job.get("slurm_job_id") or "-"), when(_number(job.get("created_at"))),
-                      duration(ran) if (ran := _number(job.get("run_seconds"))) is not None else "-", str(job["attempts"]), starts,
+                      duration(ran) if ran is not None else "-", str(job["attempts"]), starts,
                       str(job.get("reason") or "")[:90])
     console.print(table)
 
