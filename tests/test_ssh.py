@@ -313,7 +313,9 @@ def test_server_stop_closes_its_masters_and_lets_a_running_session_end(corral, c
     wait_for("the session to run on the login node", lambda: runs_somewhere("sleep", "2.017"), timeout=10,
              interval=0.02)
     assert corral("server", "stop").exit_code == 0
-    assert not [s for s in sockets.iterdir() if s.is_socket()]  # no new session goes through them
+    left = [s for s in sockets.iterdir() if s.is_socket()]
+    assert not left, [(s.name, subprocess.run(["ssh", "-o", f"ControlPath={s}", "-O", "check", "x"],  # no new
+                                              capture_output=True, text=True).stderr) for s in left]  # session
     assert session.communicate(timeout=20)[0] == "finished\n"
 
     def masters() -> str:
@@ -362,3 +364,18 @@ def test_a_remote_command_or_forced_tty_for_interactive_logins_does_not_replace_
 
     assert request_tty() == ["requesttty false"]
     assert request_tty("-t") == ["requesttty true"]  # an interactive `corral ssh`: its -t still wins
+
+
+def test_stopping_masters_removes_a_socket_whose_master_is_gone(tmp_path):
+    """A control socket left by a master that died refuses connections: `server stop` removes it, so
+    that no later command finds it (a live master's socket goes when it stops: the test above)."""
+    import socket
+
+    from corral.ssh import stop_masters
+
+    dead = tmp_path / "dead"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(dead))  # bound, then closed: the file stays, and nothing listens on it
+    assert dead.is_socket()
+    assert stop_masters(tmp_path) == 0  # no master answered
+    assert not dead.exists()

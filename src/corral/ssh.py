@@ -240,11 +240,39 @@ def stop_masters(sockets: Path, command: str = "stop") -> int:
     """`ssh -O stop` (or `exit`) every ControlMaster whose socket is in `sockets` (Corral's own,
     control_dir: never a user's); returns how many answered. `stop`: a master takes no new session and
     ends with its last one (an idle one at once; a `corral ssh` session or a follow goes on to its end).
-    `exit`: at once, sessions and all. All are asked at the same time; each has 5 s."""
-    try:
-        found = [sock for sock in sockets.iterdir() if sock.is_socket()]
-    except OSError:
-        return 0
+    `exit`: at once, sessions and all. All are asked at the same time; each has 5 s. A socket still
+    there afterwards (a master slow to answer on a loaded host, or one that an ssh started while the
+    others stopped: ControlMaster=auto makes a session its own master when it finds no socket) is asked
+    once more. A socket no master listens on any more (its master died) is removed."""
+    answered = 0
+    for _ in range(2):
+        try:
+            found = [sock for sock in sockets.iterdir() if sock.is_socket()]
+        except OSError:
+            return answered
+        if not found:
+            return answered
+        answered += _ask_masters(found, command)
+    for sock in found:
+        _remove_if_stale(sock)
+    return answered
+
+
+def _remove_if_stale(path: Path) -> None:
+    """Remove a control socket that refuses connections: its master is gone (a live one accepts)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass  # gone already, or busy: left as it is
+
+
+def _ask_masters(found: list[Path], command: str) -> int:
     ssh = shutil.which("ssh") or "ssh"
     try:
         asked = [subprocess.Popen([ssh, "-o", f"ControlPath={sock}", "-O", command, "x"], stdin=subprocess.DEVNULL,
