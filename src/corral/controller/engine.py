@@ -183,8 +183,9 @@ class Controller:
         to_cancel: list[AttemptRow] = []
         to_release: list[AttemptRow] = []
         reasons: dict[str, str] = {}  # why each attempt is cancelled, as the rules marked it
+        live = {m.job_id: m for m in managed}  # the rows this tick's decisions change as they go
         context = Context(now, frozenset(unreachable), self.settings, self._where,
-                          self._tasks_before(managed, attempts))
+                          self._tasks_before(live, attempts))
         # A pipeline's tasks in the order they run: a task whose predecessor ends this tick starts on it.
         for m in sorted(managed, key=lambda m: m.pipeline_stage or 0):
             mine = attempts.get(m.job_id, [])
@@ -220,18 +221,16 @@ class Controller:
         moving = [(m, rows[job], latest) for m, job, latest in pending]
         outcomes = await self.launcher.probe_for([_task(job) for job, _ in placing] +
                                                  [_task(job) for _, job, _ in moving], slow)
-        report.submitted += await self._place(placing, attempts, outcomes, unreachable, now,
-                                              {m.job_id: m for m in managed})
+        report.submitted += await self._place(placing, attempts, outcomes, unreachable, now, live)
         report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
         return sent
 
-    def _tasks_before(self, managed: list[ManagedJobRow], attempts: dict[str, list[AttemptRow]]
+    def _tasks_before(self, live: dict[str, ManagedJobRow], attempts: dict[str, list[AttemptRow]]
                       ) -> dict[str, ManagedJobRow]:
-        """For each pipeline task waiting for the one before it (no attempt yet), that task's row: one
-        store read for all of them, none when no pipeline waits."""
-        waiting = [m for m in managed if m.pipeline_stage and not attempts.get(m.job_id)]
+        """For each pipeline task waiting for the one before it (no attempt yet), that task's row (`live`'s
+        own when this replica drives it): one store read for all of them, none when no pipeline waits."""
+        waiting = [m for m in live.values() if m.pipeline_stage and not attempts.get(m.job_id)]
         tasks = self.store.pipeline_tasks(str(m.pipeline_id) for m in waiting)
-        live = {m.job_id: m for m in managed}  # the rows this tick's decisions change as they go
         stages = {(p, t.pipeline_stage): live.get(t.job_id, t) for p, rows in tasks.items() for t in rows}
         return {m.job_id: stages[(m.pipeline_id, m.pipeline_stage - 1)] for m in waiting
                 if (m.pipeline_id, m.pipeline_stage - 1) in stages}

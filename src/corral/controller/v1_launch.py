@@ -219,10 +219,15 @@ def script_rows(task: Task, previews: dict[tuple[str, str], tuple[str, str]]) ->
             for key, (text, command) in previews.items()}
 
 
+def warning_lines(task: Task, source: str, *, dev: bool = False) -> list[str]:
+    """One line for each SkyPilot field of the task that has no meaning on Slurm, named by its source."""
+    return [f"{source}: {line}" for line in ignored_fields(task, dev=dev)]
+
+
 def put_warnings(put: Put, task: Task, source: str, *, dev: bool = False) -> None:
     """A `warning` event for each SkyPilot field of the task that has no meaning on Slurm."""
-    for line in ignored_fields(task, dev=dev):
-        put({"event": "warning", "message": f"{source}: {line}"})
+    for message in warning_lines(task, source, dev=dev):
+        put({"event": "warning", "message": message})
 
 
 Put = Callable[[dict[str, Any]], None]
@@ -340,28 +345,30 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
         if request.pipeline is not None:
             return await _record_pipeline(me, request.pipeline, request.overrides, request.num_jobs)
         task, source = build_task(request.task, request.overrides, me.owner, store)
-        task = await buckets.fetched(task, me.owner)  # recoveries re-send the server's copy
-        Launcher.check_local_files(task)
+        task = await _recorded_copy(task, me.owner)
         ids = managed.record(store, task, source, request.num_jobs, owner=me.owner)
         wake()
-        return {"job_id": ids[0], "job_ids": ids, "warnings": [f"{source}: {w}" for w in ignored_fields(task)]}
+        return {"job_id": ids[0], "job_ids": ids, "warnings": warning_lines(task, source)}
+
+    async def _recorded_copy(task: Task, owner: str) -> Task:
+        """A managed task as it is recorded: its object storage fetched to the server (recoveries re-send
+        the server's copy), and its local files checked."""
+        task = await buckets.fetched(task, owner)
+        Launcher.check_local_files(task)
+        return task
 
     async def _record_pipeline(me: Principal, pipeline: PipelineInput, overrides: Overrides,
                                num_jobs: int) -> dict[str, object]:
         if num_jobs != 1:
             raise TaskError("--num-jobs: a pipeline runs once; launch it again for another run")
         each = overrides.model_copy(update={"name": None})  # the name is the pipeline's
-        built = [build_task(given, each, me.owner, store) for given in pipeline.tasks]
-        ready = []
-        for task, source in built:
-            task = await buckets.fetched(task, me.owner)
-            Launcher.check_local_files(task)
-            ready.append((task, source))
+        built = [build_task(given, each, me.owner, store) for given in pipeline.tasks]  # all checked first
+        ready = [(await _recorded_copy(task, me.owner), source) for task, source in built]
         name = overrides.name or pipeline.name or ready[0][0].name or "pipeline"
         ids = managed.record_pipeline(store, name, ready, owner=me.owner)
         wake()
         return {"job_id": ids[0], "job_ids": ids, "pipeline": name,
-                "warnings": [f"{source}: {w}" for task, source in ready for w in ignored_fields(task)]}
+                "warnings": [line for task, source in ready for line in warning_lines(task, source)]}
 
     @router.post("/managed/cancel")
     async def managed_cancel(me: Me, request: ManagedCancelRequest) -> dict[str, object]:
