@@ -430,9 +430,11 @@ class Client:
         documents: each task with its own files."""
         from corral import taskfile
 
-        read = _task_text(task) if command is None and task is not None else None
-        if read is None:
+        if command is not None or task is None:
             return {"task": self._task_or_command(task, command, base, workdir)}
+        read = _task_text(task)
+        if read is None:  # `corral jobs launch train.sh`: a job script, run as sbatch would
+            return {"task": self._script_input(Path(task), [], [], base, workdir)}
         text, source = read
         here = base or Path.cwd()
         found = taskfile.pipeline_tasks(text, source)
