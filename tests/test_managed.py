@@ -28,6 +28,31 @@ def test_a_pipeline_is_recorded_in_order_under_its_first_tasks_id(store):
     assert {v.managed.pipeline_name for v in views} == {"pipe"}
 
 
+def test_a_job_group_records_which_tasks_are_auxiliary_and_their_delays(store):
+    ids = managed.record_pipeline(store, "grp", [task({"name": "train", "run": "x"}), task({"name": "data", "run": "y"}),
+                                                 task({"name": "buffer", "run": "z"})],
+                                  parallel=True, primary_tasks=["train"],
+                                  termination_delay={"default": "30s", "buffer": "2m"})
+    views = managed.views(store, ids)
+    assert [(v.managed.pipeline_parallel, v.managed.termination_delay) for v in views] == [
+        (True, None), (True, 30.0), (True, 120.0)]
+    assert views[1].to_json()["pipeline"] == {"id": ids[0], "name": "grp", "task": 1, "execution": "parallel",
+                                              "auxiliary": True}
+
+
+@pytest.mark.parametrize("tasks, options, message", [
+    ([{"name": "a", "run": "x"}, {"run": "y"}], {"parallel": True}, "task 1 has no `name`"),
+    ([{"name": "a", "run": "x"}, {"name": "a", "run": "y"}], {"parallel": True}, "two tasks are named 'a'"),
+    ([{"name": "a", "run": "x"}], {"primary_tasks": ["a"]}, "belong to a job group"),
+    ([{"name": "a", "run": "x"}, {"name": "b", "run": "y"}],
+     {"parallel": True, "primary_tasks": ["a"], "termination_delay": "soon"}, "'soon' is not a delay"),
+])
+def test_a_job_group_that_cannot_run_as_written_records_nothing(store, tasks, options, message):
+    with pytest.raises(TaskError, match=message):
+        managed.record_pipeline(store, "grp", [task(t) for t in tasks], **options)
+    assert managed.views(store) == []
+
+
 @pytest.mark.parametrize("name", ["", "two\nlines", "x" * 201, "tab\there"])
 def test_a_pipelines_name_is_one_line_of_text(store, name):
     with pytest.raises(TaskError, match="the pipeline's name .* must be one non-empty line"):

@@ -640,3 +640,61 @@ def test_a_pipelines_tasks_run_one_after_another_and_a_failure_skips_the_rest(st
     assert reads == []  # nothing is live any more: no pipeline read
     assert [v.job.id for v in managed.resolve_all(store, "pipe")] == ids
     assert managed.resolve(store, "pipe").job.id == ids[0]
+
+
+def test_a_job_group_runs_side_by_side_on_one_cluster_and_its_auxiliary_task_stops_after_the_primary(store):
+    """A job group's tasks are placed on the same tick, on the one cluster that can run all of them
+    (the trainer alone would start sooner on alpine); once the primary task ends, the auxiliary one is
+    cancelled there; and the group's rows are read in one store query per tick."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    tasks = [(parse_task({"name": name, "resources": {"accelerators": gpus}, "run": "true"}, "t"), "t")
+             for name, gpus in (("trainer", "H100:1"), ("server", "L40S:1"))]
+    alone = asyncio.run(Launcher(client, store).plan(tasks[0][0], predict="never")).feasible()[0]
+    assert alone.cluster == "alpine"
+    ids = managed.record_pipeline(store, "grp", tasks, parallel=True, primary_tasks=["trainer"])
+    controller = Controller(client, store, "test", ControllerSettings())
+    reads = []
+    original = store.pipeline_tasks
+
+    def counted(pipeline_ids):
+        reads.append(sorted(set(pipeline_ids := list(pipeline_ids))))
+        return original(pipeline_ids)
+
+    store.pipeline_tasks = counted
+    assert asyncio.run(controller.tick()).submitted == 2
+    placed = {job: store.attempts_of([job])[job][-1] for job in ids}
+    assert {a.cluster for a in placed.values()} == {"borealis"}
+    assert reads == [[ids[0]]]  # the auxiliary task's primaries: one query
+    env = {r.extra_env["CORRAL_JOBGROUP_TASK"]: r.extra_env for r in client.infras["borealis"].requests}
+    assert env["server"]["SKYPILOT_JOBGROUP_NAME"] == "grp" and env["trainer"]["CORRAL_PIPELINE_ID"] == ids[0]
+    for job in ids:
+        client.infras["borealis"].finish(placed[job].handle, JobState.RUNNING)
+    asyncio.run(controller.tick())
+    assert [v.managed.state for v in managed.views(store, ids)] == ["RUNNING", "RUNNING"]
+    client.infras["borealis"].finish(placed[ids[0]].handle, JobState.SUCCEEDED, ended_at=2000.0)
+    asyncio.run(controller.tick())  # the trainer ends, and the server is stopped on the same tick
+    [trainer, server] = managed.views(store, ids)
+    assert trainer.managed.state == "SUCCEEDED"
+    assert server.managed.state == "CANCELLED"
+    assert server.managed.reason == f"stopped: the job group's primary tasks have ended ({ids[0]} SUCCEEDED)"
+    assert placed[ids[1]].handle in client.infras["borealis"].cancelled
+    reads.clear()
+    asyncio.run(controller.tick())
+    assert reads == []  # nothing is live: no group read
+
+
+def test_a_job_group_no_cluster_can_run_whole_waits_and_says_why(store):
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    tasks = [(parse_task({"name": name, "resources": {"accelerators": gpus}, "run": "true"}, "t"), "t")
+             for name, gpus in (("a", "B300:1"), ("b", "L40S:1"))]  # only cirrus has B300, only borealis L40S
+    ids = managed.record_pipeline(store, "grp", tasks, parallel=True)
+    assert asyncio.run(Controller(client, store, "test", ControllerSettings()).tick()).submitted == 0
+    for view in managed.views(store, ids):
+        assert view.managed.state == "PENDING" and not view.attempts
+        assert view.managed.reason.startswith("no cluster can run every task of its job group now: a: ")

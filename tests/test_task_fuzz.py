@@ -109,7 +109,9 @@ def reads_as_a_pipeline_or_refuses(text: str) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(documents=st.lists(st.one_of(tasks, st.just({"name": "pipe"}), st.just({"execution": "parallel"})),
+@given(documents=st.lists(st.one_of(tasks, st.just({"name": "pipe"}), st.just({"execution": "parallel"}),
+                                    st.just({"execution": "parallel", "primary_tasks": ["a"], "termination_delay": "5s"}),
+                                    st.just({"primary_tasks": ["a"]})),
                           min_size=1, max_size=4))
 def test_structured_pipeline_files(documents):
     reads_as_a_pipeline_or_refuses("---\n".join(yaml.safe_dump(d, allow_unicode=True) for d in documents))

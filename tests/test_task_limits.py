@@ -164,7 +164,7 @@ def test_an_any_of_bomb_is_refused(tmp_path):
     (b"run: \xff\xfe echo\n", "not UTF-8 text (byte 5)"),
     (b"run: [unclosed\n", "invalid YAML"),
     (b"- just\n- a list\n", "must be a mapping"),
-    (b"a: 1\n---\nb: 2\n", "holds 2 YAML documents, a pipeline of tasks run one after another"),
+    (b"a: 1\n---\nb: 2\n", "holds 2 YAML documents, a pipeline (or a job group) of tasks"),
 ])
 def test_unreadable_task_files_get_one_line(tmp_path, content, fragment):
     with pytest.raises(TaskError) as err:

@@ -1,4 +1,5 @@
-"""Reading task files (corral/taskfile.py): a pipeline's documents, as SkyPilot reads a pipeline file."""
+"""Reading task files (corral/taskfile.py): a pipeline's (or a job group's) documents, as SkyPilot reads
+such a file."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ run: |
 
 
 def test_a_pipeline_file_gives_its_name_and_each_tasks_own_text():
-    name, tasks = pipeline_tasks(PIPELINE, "p.yaml")
-    assert name == "pipe"
+    header, tasks = pipeline_tasks(PIPELINE, "p.yaml")
+    assert header == {"name": "pipe"}
     assert [value["name"] for _, value in tasks] == ["train", "eval"]
     for text, value in tasks:
         assert parse_yaml(text, "task") == value  # each text alone reads as the task it stands for
@@ -32,8 +33,8 @@ def test_a_pipeline_file_gives_its_name_and_each_tasks_own_text():
 
 
 def test_without_a_header_every_document_is_a_task():
-    name, tasks = pipeline_tasks("run: a\n---\nname: b\nrun: b\n", "p.yaml")
-    assert name is None and [value["run"] for _, value in tasks] == ["a", "b"]
+    header, tasks = pipeline_tasks("run: a\n---\nname: b\nrun: b\n", "p.yaml")
+    assert header == {} and [value["run"] for _, value in tasks] == ["a", "b"]
 
 
 @pytest.mark.parametrize("text", ["run: a\n", "---\nrun: a\n", "run: a\n---\n", "run: a\n---\n---\n", ""])
@@ -45,13 +46,23 @@ def test_a_file_of_one_task_is_no_pipeline(text):
 def test_a_single_task_launch_of_a_pipeline_says_where_it_runs():
     with pytest.raises(TaskError) as err:
         parse_yaml(PIPELINE, "p.yaml")
-    assert str(err.value) == ("p.yaml: holds 3 YAML documents, a pipeline of tasks run one after another: launch it "
-                              "as a managed job, `corral jobs launch p.yaml`")
+    assert str(err.value) == ("p.yaml: holds 3 YAML documents, a pipeline (or a job group) of tasks: launch it as a "
+                              "managed job, `corral jobs launch p.yaml`")
+
+
+def test_a_job_group_header_is_read_whole():
+    header, tasks = pipeline_tasks("name: g\nexecution: parallel\nprimary_tasks: [a]\ntermination_delay: 30s\n"
+                                   "---\nname: a\nrun: a\n---\nname: b\nrun: b\n", "g.yaml")
+    assert header == {"name": "g", "execution": "parallel", "primary_tasks": ["a"], "termination_delay": "30s"}
+    assert [value["name"] for _, value in tasks] == ["a", "b"]
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("name: p\nexecution: parallel\n---\nrun: a\n---\nrun: b\n",
-     "p.yaml: execution: 'parallel': Corral runs a pipeline's tasks one after another"),
+    ("name: p\nexecution: gang\n---\nrun: a\n---\nrun: b\n",
+     "p.yaml: execution: 'gang': give `serial` (a pipeline, its tasks run one after another) or `parallel`"),
+    ("name: p\nprimary_tasks: [a]\n---\nname: a\nrun: a\n---\nrun: b\n",
+     "p.yaml: primary_tasks: only a job group has it (`execution: parallel` in the header)"),
+    ("name: [1]\nexecution: parallel\n---\nrun: a\n", "p.yaml: the job group's name must be a string, not list"),
     ("name: [1]\n---\nrun: a\n", "p.yaml: the pipeline's name must be a string, not list"),
     ("name: p\n---\nname: q\n", None),  # only the first document can be the header: `name: q` is a task
     ("run: a\n---\nrun: [b\n", "p.yaml:4:1: invalid YAML"),

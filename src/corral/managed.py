@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from corral.errors import TaskError
 from corral.infra.base import JobState
+from corral.jobgroup import auxiliary_delays
 from corral.launch import check_num_jobs
 from corral.state import Store
 from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, JobRow, ManagedJobRow, ManagedState
@@ -56,7 +58,10 @@ class ManagedView:
             "created_at": self.job.created_at, "ended_at": self.ended_at, "run_seconds": self.run_seconds(time.time()),
             "expected_start": latest.expected_start if latest and latest.state == JobState.PENDING else None,
             "pipeline": ({"id": self.managed.pipeline_id, "name": self.managed.pipeline_name,
-                          "task": self.managed.pipeline_stage} if self.managed.pipeline_id else None),
+                          "task": self.managed.pipeline_stage,
+                          "execution": "parallel" if self.managed.pipeline_parallel else "serial",
+                          "auxiliary": self.managed.termination_delay is not None}
+                         if self.managed.pipeline_id else None),
         }
 
 
@@ -74,20 +79,28 @@ def record(store: Store, task: Task, source: str, num_jobs: int = 1, owner: str 
     return ids
 
 
-def record_pipeline(store: Store, name: str, tasks: list[tuple[Task, str]], owner: str = "") -> list[str]:
+def record_pipeline(store: Store, name: str, tasks: list[tuple[Task, str]], owner: str = "", *,
+                    parallel: bool = False, primary_tasks: list[str] | None = None,
+                    termination_delay: Any = None) -> list[str]:
     """A managed pipeline: one managed job per task, in the order they run; each starts once the one
-    before it has succeeded (controller/rules.py). Returns their ids, the first one standing for the
-    pipeline."""
+    before it has succeeded (controller/rules.py). With `parallel`, a job group: its tasks run side by
+    side on one cluster, and those not in `primary_tasks` are stopped `termination_delay` after the
+    primary ones have ended (jobgroup.py). Returns their ids, the first one standing for the whole."""
+    kind = "job group" if parallel else "pipeline"
     if not 1 <= len(tasks) <= MAX_PIPELINE_TASKS:
-        raise TaskError(f"a pipeline has 1 to {MAX_PIPELINE_TASKS} tasks, not {len(tasks)}")
+        raise TaskError(f"a {kind} has 1 to {MAX_PIPELINE_TASKS} tasks, not {len(tasks)}")
     try:
-        check_line(name, "the pipeline's name", max_length=MAX_NAME_LENGTH)
+        check_line(name, f"the {kind}'s name", max_length=MAX_NAME_LENGTH)
     except ValueError as exc:
         raise TaskError(str(exc)) from None
+    delays = (auxiliary_delays([task.name for task, _ in tasks], primary_tasks, termination_delay, f"job group {name!r}")
+              if parallel else None)
+    if not parallel and (primary_tasks is not None or termination_delay is not None):
+        raise TaskError("primary_tasks and termination_delay belong to a job group (`execution: parallel`)")
     rows = [_job_row(task, source, owner) for task, source in tasks]  # every task checked before any is recorded
     ids = store.new_job_ids(len(tasks))
     store.add_managed_jobs([{**row, "id": job_id, "job_rank": 0, "num_jobs": 1, "sweep_id": None}
-                            for row, job_id in zip(rows, ids)], pipeline_name=name)
+                            for row, job_id in zip(rows, ids)], pipeline_name=name, parallel=parallel, delays=delays)
     return ids
 
 

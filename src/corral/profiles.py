@@ -46,7 +46,8 @@ from corral.task import (
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
 # Variables Corral itself sets in every job: a profile's path may not take their names.
 CORRAL_SETS = frozenset({"CORRAL_ATTEMPT", "CORRAL_CHECKPOINT_DIR", "CORRAL_CLUSTER", "CORRAL_JOB_RANK",
-                         "CORRAL_NODE_IPS", "CORRAL_NODE_RANK", "CORRAL_NUM_GPUS_PER_NODE", "CORRAL_NUM_JOBS",
+                         "CORRAL_JOBGROUP_HOSTS", "CORRAL_JOBGROUP_NAME",
+                         "CORRAL_JOBGROUP_TASK", "CORRAL_NODE_IPS", "CORRAL_NODE_RANK", "CORRAL_NUM_GPUS_PER_NODE", "CORRAL_NUM_JOBS",
                          "CORRAL_NUM_NODES", "CORRAL_PIPELINE_ID", "CORRAL_PIPELINE_NAME", "CORRAL_PIPELINE_TASK",
                          "CORRAL_RUN_DIR", "CORRAL_TASK_ID"})
 SCHEDULER_FIELDS = ("account", "qos", "constraint", "reservation", "time")

@@ -3,7 +3,8 @@ here (to find the local files it must send) and the server validates the same te
 
 Bounds: at most MAX_TASK_FILE_BYTES of UTF-8, and YAML of at most MAX_YAML_NODES nodes in all its
 documents (aliases counted at each use) nested at most MAX_YAML_DEPTH deep. A file of several documents
-is a pipeline (`pipeline_tasks`): each task's own text is cut from the file for the server to read.
+is a pipeline or a job group (`pipeline_tasks`): each task's own text is cut from the file for the server
+to read.
 Costs one PyYAML import (~10 ms).
 """
 
@@ -65,11 +66,11 @@ def read_task_stream(stream: BinaryIO, source: str, kind: str = "task file") -> 
 
 def parse_yaml(text: str, source: str) -> Any:
     """One YAML document, refused when it would expand beyond MAX_YAML_NODES or MAX_YAML_DEPTH. A file of
-    several documents (a pipeline) is refused with where it runs: `corral jobs launch`."""
+    several documents (a pipeline, a job group) is refused with where it runs: `corral jobs launch`."""
     documents = [d for d in parse_yaml_documents(text, source) if d is not None]  # a stray `---` is no task
     if len(documents) > 1:
-        raise TaskError(f"{source}: holds {len(documents)} YAML documents, a pipeline of tasks run one after "
-                        f"another: launch it as a managed job, `corral jobs launch {source}`")
+        raise TaskError(f"{source}: holds {len(documents)} YAML documents, a pipeline (or a job group) of tasks: "
+                        f"launch it as a managed job, `corral jobs launch {source}`")
     return documents[0] if documents else None
 
 
@@ -100,13 +101,17 @@ def _documents(text: str, source: str) -> list[tuple[Any, Any]]:
         raise TaskError(f"{source}: YAML nested deeper than {MAX_YAML_DEPTH} levels") from None
 
 
-PIPELINE_HEADER_KEYS = frozenset({"name", "execution"})
+PIPELINE_HEADER_KEYS = frozenset({"name", "execution", "primary_tasks", "termination_delay"})
+GROUP_ONLY_KEYS = ("primary_tasks", "termination_delay")
 
 
-def pipeline_tasks(text: str, source: str) -> tuple[str | None, list[tuple[str, Any]]] | None:
-    """A pipeline file's name and its tasks, each as its own YAML text and value; None for a file of one
-    document. As SkyPilot reads a pipeline: a first document with no more than `name` (and `execution:
-    serial`) names it; every other document is a task, run in the order written."""
+def pipeline_tasks(text: str, source: str) -> tuple[dict[str, Any], list[tuple[str, Any]]] | None:
+    """A file of several tasks: its header and its tasks, each as its own YAML text and value; None for
+    a file of one document. As SkyPilot reads it: a first document of no more than `name`, `execution`
+    and a job group's `primary_tasks` and `termination_delay` is the header; every other document is a
+    task. `execution: serial` (the default) is a pipeline, its tasks run one after another in the order
+    written; `execution: parallel` is a job group, its tasks run side by side. The header's values are
+    checked where the file is recorded (the server), but for what decides how to read the file."""
     text = text.removeprefix("\ufeff")  # YAML reads past a byte order mark: its marks count from after it
     found = [(node, value) for node, value in _documents(text, source) if value is not None]
     if len(found) < 2:
@@ -117,15 +122,20 @@ def pipeline_tasks(text: str, source: str) -> tuple[str | None, list[tuple[str, 
         header, found = first, found[1:]
     documents = [(_text_of(text, node, value), value) for node, value in found]
     execution = header.get("execution", "serial")
-    if execution != "serial":
-        raise TaskError(f"{source}: execution: {execution!r}: Corral runs a pipeline's tasks one after another "
-                        "(`serial`); to run tasks side by side, launch each as its own managed job")
+    if execution not in ("serial", "parallel"):
+        raise TaskError(f"{source}: execution: {execution!r}: give `serial` (a pipeline, its tasks run one after "
+                        "another) or `parallel` (a job group, its tasks run side by side)")
+    if execution == "serial" and (given := [k for k in GROUP_ONLY_KEYS if k in header]):
+        raise TaskError(f"{source}: {given[0]}: only a job group has it (`execution: parallel` in the header); "
+                        "a pipeline's tasks each end by themselves")
     name = header.get("name")
     if name is not None and not isinstance(name, str):
-        raise TaskError(f"{source}: the pipeline's name must be a string, not {type(name).__name__}")
+        raise TaskError(f"{source}: the {'job group' if execution == 'parallel' else 'pipeline'}'s name must be "
+                        f"a string, not {type(name).__name__}")
     if not documents:
-        raise TaskError(f"{source}: a pipeline with no task: give each task after a `---` line")
-    return name, documents
+        raise TaskError(f"{source}: a {'job group' if execution == 'parallel' else 'pipeline'} with no task: give "
+                        "each task after a `---` line")
+    return header, documents
 
 
 def _text_of(text: str, node: Any, value: Any) -> str:

@@ -115,7 +115,8 @@ class OneJob:
                                                        ("LOST", None, 1)])
 def test_a_followed_job_exits_as_it_ended(capfd, state, code, status):
     assert following.report_end(OneJob(["RUNNING", state], code), "c-2") == status
-    assert capfd.readouterr().err == f"corral: c-2 {state} on slurm/alpine/cpu (exit code {code})\n"
+    said = "no exit code" if code is None else f"exit code {code}"  # never "exit code None"
+    assert capfd.readouterr().err == f"corral: c-2 {state} on slurm/alpine/cpu ({said})\n"
 
 
 def test_a_follow_cut_off_by_the_cluster_is_69_at_once_unless_the_job_had_ended(capfd):
@@ -130,7 +131,7 @@ def test_a_follow_cut_off_by_the_cluster_is_69_at_once_unless_the_job_had_ended(
 @pytest.mark.parametrize(("state", "code", "status", "line"), [
     ("SUCCEEDED", 0, 0, "c-2 SUCCEEDED on slurm/alpine/cpu (exit code 0)"),
     ("FAILED", 7, 7, "c-2 FAILED on slurm/alpine/cpu (exit code 7)"),
-    ("CANCELLED", None, 1, "c-2 CANCELLED on slurm/alpine/cpu (exit code None)"),
+    ("CANCELLED", None, 1, "c-2 CANCELLED on slurm/alpine/cpu (no exit code)"),
     ("RUNNING", None, 75, "c-2 RUNNING on slurm/alpine/cpu"),
     ("SUBMITTING", None, 75, "c-2 SUBMITTING on slurm/alpine/cpu")])
 def test_status_only_prints_the_state_and_exits_75_until_the_job_has_ended(capfd, state, code, status, line):

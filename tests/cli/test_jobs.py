@@ -493,8 +493,68 @@ def test_a_pipeline_runs_its_tasks_one_after_another_and_stops_at_the_first_fail
 
     single = corral("launch", "pipe.yaml", env=env, cwd=tmp_path)  # not a managed job: says where it runs
     assert single.exit_code == 65
-    assert "holds 4 YAML documents, a pipeline of tasks run one after another: launch it as a managed job, " \
+    assert "holds 4 YAML documents, a pipeline (or a job group) of tasks: launch it as a managed job, " \
            "`corral jobs launch pipe.yaml`" in single.stderr
+
+
+JOB_GROUP = """\
+name: {name}
+execution: parallel
+primary_tasks: [trainer]
+termination_delay: 2s
+---
+name: data-server
+run: |
+  echo "data-server up in $SKYPILOT_JOBGROUP_NAME as $CORRAL_JOBGROUP_TASK"
+  trap 'echo "data-server stopping"; exit 0' TERM
+  while true; do sleep 1; done
+---
+name: trainer
+run: |
+  for i in $(seq 60); do [ -s "$CORRAL_JOBGROUP_HOSTS/data-server-0" ] && break; sleep 1; done
+  echo "trainer reaches data-server on $(cat "$CORRAL_JOBGROUP_HOSTS/data-server-0")"
+  {trainer_end}
+"""
+
+
+def test_a_job_group_runs_its_tasks_side_by_side_and_stops_the_auxiliary_one_after_the_primary(corral, env,
+                                                                                              tmp_path):
+    """SkyPilot's job group file, unchanged: its tasks run at once on one cluster, the trainer finds the
+    data server's node through CORRAL_JOBGROUP_HOSTS, and the data server (auxiliary) gets TERM once
+    the trainer has ended and termination_delay has passed; the trainer's exit code is the group's."""
+    from corral.sdk import Client
+    from corral.sdk.types import PipelinePlace
+
+    name = f"grp-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "group.yaml").write_text(JOB_GROUP.format(name=name, trainer_end="true"))
+    attached = corral("jobs", "launch", "group.yaml", env=env, cwd=tmp_path)
+    assert attached.exit_code == 0, attached.stderr
+    lines = attached.stdout.splitlines()
+    assert lines[0].startswith("trainer reaches data-server on ") and len(lines[0]) > len("trainer reaches data-server on ")
+    # (the log holds Slurm's own words on the cancel too: the task's output lines are these)
+    assert [line for line in lines[1:] if line.startswith("data-server")] == [
+        f"data-server up in {name} as data-server", "data-server stopping"]
+    tasks = sorted((j for j in jobs(corral, env).values() if (j.get("pipeline") or {}).get("name") == name),
+                   key=lambda j: j["pipeline"]["task"])
+    server, trainer = tasks
+    assert (server["state"], trainer["state"]) == ("CANCELLED", "SUCCEEDED")
+    assert server["reason"] == f"stopped: the job group's primary tasks have ended ({trainer['job_id']} SUCCEEDED), 2s ago"
+    assert server["cluster"] == trainer["cluster"]  # one cluster, where they reach each other
+    shown = {j.job_id: j for j in Client().managed_jobs(all=True)[0]}
+    assert shown[server["job_id"]].pipeline == PipelinePlace(server["job_id"], name, 0, parallel=True, auxiliary=True)
+    assert shown[trainer["job_id"]].pipeline == PipelinePlace(server["job_id"], name, 1, parallel=True)
+    attempts = {j["name"]: Client().managed_job(j["job_id"])["attempt_list"][0] for j in tasks}
+    assert attempts["data-server"]["started_at"] <= attempts["trainer"]["ended_at"]  # side by side
+    # stopped no sooner than its delay after the trainer ended (Slurm's times are whole seconds)
+    assert attempts["data-server"]["ended_at"] >= attempts["trainer"]["ended_at"] + 2 - 1
+    assert f"=== job group {name}, task 0 (auxiliary): {server['job_id']} ===" in attached.stderr
+
+    (tmp_path / "group.yaml").write_text(JOB_GROUP.format(name=name + "-f", trainer_end="exit 4"))
+    failed = corral("jobs", "launch", "group.yaml", env=env, cwd=tmp_path)
+    assert failed.exit_code == 4, failed.stderr  # the primary task's, not the stopped server's
+    assert "data-server stopping" in failed.stdout.splitlines()
+    followed = corral("jobs", "logs", name + "-f", env=env)  # the group's name: every task's output
+    assert followed.exit_code == 4 and "data-server stopping" in followed.stdout, followed.stderr
 
 
 def test_a_pipeline_is_cancelled_by_its_name(corral, env, tmp_path):

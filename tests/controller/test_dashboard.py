@@ -227,8 +227,17 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     assert pipeline_facts.text_content() == "pipe: task 0 → task 1"
     first = pipeline.stdout.split()[0]
     assert page.locator("#mjob-facts .pipeline a").get_attribute("href") == f"#/managed/{first}"
+    (tmp_path / "group.yaml").write_text("name: grp\nexecution: parallel\nprimary_tasks: [a]\n---\nname: a\n"
+                                         "run: sleep 600\n---\nname: b\nrun: sleep 600\n")
+    group = corral("jobs", "launch", "-d", str(tmp_path / "group.yaml"), env=alice_env)
+    assert group.exit_code == 0, group.stderr
+    page.goto(dashboard_server + f"/#/managed/{group.stdout.split()[0]}")  # a job group's tasks run side by side
+    group_facts = page.locator("#mjob-facts .pipeline", has_text="grp")  # once the page shows this job
+    group_facts.wait_for(timeout=10_000)
+    assert group_facts.text_content() == "grp (job group): task 0 · task 1 (auxiliary)"
     page.goto(dashboard_server + "/#/managed")
     assert corral("jobs", "cancel", "pipe", env=alice_env).exit_code == 0
+    assert corral("jobs", "cancel", "grp", env=alice_env).exit_code == 0
     page.get_by_role("link", name=job).click()
     why = page.wait_for_selector("#mjob-why[data-loaded=true]", timeout=60_000)
     assert f"{job} is pending on slurm/alpine/gpu" in why.text_content()

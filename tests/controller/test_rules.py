@@ -15,6 +15,7 @@ from corral.controller.rules import (
     Need,
     after_taken,
     decide,
+    group_cluster,
     move_by_prediction,
     move_to_start_now,
     starts_where_it_is,
@@ -95,6 +96,69 @@ def test_a_pipelines_first_task_and_a_task_with_attempts_go_as_any_job():
     assert decide(pipeline_task(0), [], CONTEXT).place == "first attempt"
     running = decide(pipeline_task(1), [attempt(1, JobState.RUNNING)], CONTEXT)  # no predecessor asked for
     assert running.state == ManagedState.RUNNING and running.place is None
+
+
+def group_task(stage: int, state: ManagedState = ManagedState.PENDING, job_id: str = "j1",
+               delay: float | None = None, updated_at: float = NOW) -> ManagedJobRow:
+    return managed(job_id=job_id, state=state, pipeline_id="j0", pipeline_name="grp", pipeline_stage=stage,
+                   pipeline_parallel=True, termination_delay=delay, updated_at=updated_at)
+
+
+def with_primaries(*rows: ManagedJobRow) -> Context:
+    return Context(NOW, frozenset(), ControllerSettings(), CONTEXT.where, primaries={"j1": rows})
+
+
+def test_a_job_groups_later_task_starts_at_once_without_waiting_for_the_one_before():
+    decision = decide(group_task(2), [], CONTEXT)
+    assert decision.place == "first attempt" and decision.state is None
+
+
+def test_a_job_groups_pending_task_is_never_moved_away_from_its_group():
+    pending = attempt(1, JobState.PENDING, submitted_at=NOW - 3600)
+    assert decide(group_task(1), [pending], CONTEXT).may_move is None
+    assert decide(managed(), [pending], CONTEXT).may_move is pending  # the same job alone may move
+
+
+@pytest.mark.parametrize("state", [ManagedState.PENDING, ManagedState.RUNNING, ManagedState.RECOVERING])
+def test_an_auxiliary_task_runs_on_while_a_primary_task_is_live(state):
+    context = with_primaries(group_task(0, ManagedState.SUCCEEDED, "j0"), group_task(2, state, "j2"))
+    decision = decide(group_task(1, delay=0.0), [attempt(1, JobState.RUNNING)], context)
+    assert decision.state == ManagedState.RUNNING and not decision.cancel
+
+
+def test_an_auxiliary_task_is_stopped_its_delay_after_the_last_primary_task_ended():
+    running = attempt(1, JobState.RUNNING)
+    ended = with_primaries(group_task(0, ManagedState.SUCCEEDED, "j0", updated_at=NOW - 50),
+                           group_task(2, ManagedState.FAILED, "j2", updated_at=NOW - 20))
+    waiting = decide(group_task(1, ManagedState.RUNNING, delay=30.0), [running], ended)
+    assert waiting.state == ManagedState.RUNNING and not waiting.cancel  # 20 s since the last one: not yet
+    stopped = decide(group_task(1, ManagedState.RUNNING, delay=20.0), [running], ended)
+    assert stopped.state == ManagedState.CANCELLED and stopped.cancel == [running]
+    assert stopped.mark[running.token]["state"] == JobState.CANCELLING
+    assert stopped.reason == "stopped: the job group's primary tasks have ended (j0 SUCCEEDED, j2 FAILED), 20s ago"
+
+
+def test_an_auxiliary_task_that_never_started_is_not_started_once_the_primary_tasks_ended():
+    ended = with_primaries(group_task(0, ManagedState.SUCCEEDED, "j0"))
+    decision = decide(group_task(1, delay=600.0), [], ended)
+    assert decision.place is None and decision.state == ManagedState.CANCELLED
+    assert decision.reason.endswith("; it never started")
+
+
+def test_an_auxiliary_task_whose_primaries_were_not_read_goes_on_as_any_job():
+    decision = decide(group_task(1, delay=0.0), [attempt(1, JobState.RUNNING)], CONTEXT)
+    assert decision.state == ManagedState.RUNNING
+
+
+def test_a_job_group_runs_where_every_task_can_run_and_its_last_task_starts_soonest():
+    def at(*clusters: str) -> list[Candidate]:
+        return [place(c) for c in clusters]
+
+    assert group_cluster([at("alpine", "borealis"), at("borealis", "cirrus")]) == "borealis"
+    # alpine is first for one task but third for the other; cirrus is second for both
+    assert group_cluster([at("alpine", "cirrus", "borealis"), at("borealis", "cirrus", "alpine")]) == "cirrus"
+    assert group_cluster([at("alpine"), at("cirrus")]) is None
+    assert group_cluster([]) is None
 
 
 def test_a_cancel_request_cancels_every_live_attempt_and_nothing_ended():

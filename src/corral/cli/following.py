@@ -32,7 +32,7 @@ def status_only(job: Any) -> int:
 
     exit_code = _exit_code(job)
     where = f" on {place(job)}" if job.cluster else ""
-    code = f" (exit code {exit_code})" if job.ended else ""
+    code = f" ({exit_code_text(exit_code)})" if job.ended else ""
     click.echo(f"{job.job_id} {job.state}{where}{code}")
     return exit_status(job.state, exit_code) if job.ended else EXIT_TEMPFAIL
 
@@ -124,7 +124,7 @@ def report_end(client: Any, job_id: str, *, broken: bool = False) -> int:
         job = client.wait(job_id, poll=POLL_SECONDS, timeout=SETTLE_SECONDS)
     except CorralError:  # still settling in Slurm: report what is known
         job = client.job(job_id)
-    click.echo(f"corral: {job.job_id} {job.state} on {place(job)} (exit code {job.exit_code})", err=True)
+    click.echo(f"corral: {job.job_id} {job.state} on {place(job)} ({exit_code_text(job.exit_code)})", err=True)
     return exit_status(job.state, job.exit_code)
 
 
@@ -139,6 +139,8 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, pro
     tasks = list(found.get("pipeline_tasks") or []) if found and follow else []
     if not found or found["job_id"] not in tasks:
         return status
+    if found["pipeline"].get("execution") == "parallel":
+        return _follow_group(client, found, status, progress)
     name, number = found["pipeline"]["name"], tasks.index(found["job_id"])
     while status == 0 and number + 1 < len(tasks):
         number += 1
@@ -150,6 +152,34 @@ def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, pro
     elif status != 0 and number + 1 < len(tasks):
         click.echo(f"corral: pipeline {name} stopped at task {number}: the tasks after it are skipped", err=True)
     return status
+
+
+def _follow_group(client: Any, found: dict[str, Any], status: int, progress: Any) -> int:
+    """After one task of a job group, the others, each to its end under its own header: the primary
+    tasks first, then the auxiliary ones (stopped once the primary ones have ended). The exit status is
+    the first failed primary task's, else 0; an auxiliary task stopped by its group counts for nothing."""
+    tasks, auxiliary = list(found["pipeline_tasks"]), set(found.get("pipeline_auxiliary") or [])
+    name, statuses = found["pipeline"]["name"], {found["job_id"]: status}
+    for task in sorted((t for t in tasks if t != found["job_id"]), key=lambda t: t in auxiliary):
+        if status == 130:
+            click.echo(f"corral: job group {name}'s tasks go on; `corral jobs cancel {name}` cancels them all.",
+                       err=True)
+            return 130
+        click.echo(f"=== job group {name}, task {tasks.index(task)}{' (auxiliary)' if task in auxiliary else ''}: "
+                   f"{task} ===", err=True)
+        status, _ = _follow_one(client, task, follow=True, tail=0, progress=progress)
+        statuses[task] = status
+    if status == 130:
+        return 130
+    return next((statuses[t] for t in tasks if t not in auxiliary and statuses.get(t)), 0)
+
+
+def first_primary(client: Any, job_id: str) -> str:
+    """The job group's first primary task, where following a group launched starts (its first task may
+    be an auxiliary one, which runs until the primary ones end)."""
+    found = client.managed_job(job_id)
+    auxiliary = set(found.get("pipeline_auxiliary") or [])
+    return next((t for t in found.get("pipeline_tasks") or [] if t not in auxiliary), job_id)
 
 
 def _follow_one(client: Any, job_id: str, *, follow: bool, tail: int, progress: Any
@@ -230,8 +260,14 @@ def _managed_end(found: dict[str, Any]) -> int:
     where = f" on slurm/{last['cluster']}/{last['partition']}" if last.get("cluster") else ""
     count = f", {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
     reason = f": {found['reason']}" if found.get("reason") else ""
-    click.echo(f"corral: {found['job_id']} {found['state']}{where} (exit code {exit_code}{count}){reason}", err=True)
+    click.echo(f"corral: {found['job_id']} {found['state']}{where} ({exit_code_text(exit_code)}{count}){reason}",
+               err=True)
     return exit_status(found["state"], exit_code)
+
+
+def exit_code_text(code: int | None) -> str:
+    """"exit code 3", or "no exit code" for a job that never ran or was cancelled before it reported one."""
+    return "no exit code" if code is None else f"exit code {code}"
 
 
 def place(job: Any) -> str:

@@ -22,7 +22,7 @@ from corral.cli.common import (
     task_options,
     warnings_only,
 )
-from corral.cli.following import follow_managed, status_only
+from corral.cli.following import first_primary, follow_managed, status_only
 from corral.timefmt import clock
 
 
@@ -47,7 +47,8 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
     its output through its attempts until it ends, and exit with its exit code, as `sky jobs launch`
     does. Ctrl-C stops following, not the job; -d returns its id at once. A task file of several YAML
     documents is a pipeline: its tasks run one after another, each once the one before it succeeded
-    (the flags apply to each; -n names the pipeline)."""
+    (the flags apply to each; -n names the pipeline); with `execution: parallel` in its header, a job
+    group: its tasks run side by side on one cluster."""
     from corral.errors import TaskError
     from corral.sdk import Client
     from corral.taskfile import check_num_jobs
@@ -59,10 +60,12 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
         raise TaskError("a managed job runs one task file; launch several with one `corral jobs launch` each")
     client = Client()
     pipeline: list[str] = []
+    parallel: list[bool] = []
 
     def on_event(event: dict[str, Any]) -> None:
         if event.get("event") == "pipeline":
             pipeline.append(str(event["name"]))
+            parallel.append(event.get("execution") == "parallel")
         warnings_only(event)
 
     ids = client.managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
@@ -71,6 +74,12 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
                                 on_event=on_event)
     if as_json:
         print_json({"job_id": ids[0], "job_ids": ids, **({"pipeline": pipeline[0]} if pipeline else {})})
+    elif pipeline and parallel[0] and not detach:
+        click.echo(f"corral: job group {pipeline[0]} recorded: {len(ids)} tasks ({', '.join(ids)}), run side by "
+                   "side on one cluster; following each in turn (Ctrl-C stops following, not the group)", err=True)
+        first = first_primary(client, ids[0])
+        click.echo(f"=== job group {pipeline[0]}, task {ids.index(first)}: {first} ===", err=True)
+        sys.exit(follow_managed(client, first, follow=True))
     elif pipeline and not detach:
         click.echo(f"corral: managed pipeline {pipeline[0]} recorded: {len(ids)} tasks ({', '.join(ids)}), run "
                    "one after another; following it (Ctrl-C stops following, not the pipeline)", err=True)

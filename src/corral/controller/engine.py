@@ -147,7 +147,7 @@ class Controller:
             # secrets) only for the few this tick places, moves or judges: memory stays flat with 10,000.
             attempts = self.store.attempts_of_live_managed()
             configured = self.client.registry.names()
-            managed = [m for m in managed if self._drives(m.job_id, attempts, configured, held, chores)]
+            managed = [m for m in managed if self._drives(m, attempts, configured, held, chores)]
             report.jobs = len(managed)
             if managed:
                 # A cluster whose status query has not answered is left out of this tick's placement (a
@@ -166,11 +166,14 @@ class Controller:
 
     # ---- one tick over all managed jobs ---------------------------------------------------------
     @staticmethod
-    def _drives(job_id: str, attempts: dict[str, list[AttemptRow]], configured: list[str], held: set[str],
+    def _drives(m: ManagedJobRow, attempts: dict[str, list[AttemptRow]], configured: list[str], held: set[str],
                 chores: bool) -> bool:
-        """Is this replica the one that drives the job: does it hold the job's home cluster (shards.py)?"""
-        mine = attempts.get(job_id)
-        home = home_cluster(job_id, mine[-1].cluster if mine else None, configured)
+        """Is this replica the one that drives the job: does it hold the job's home cluster (shards.py)?
+        A job group's tasks share a home until placed (by the group's id), so that one replica places
+        them together."""
+        mine = attempts.get(m.job_id)
+        key = m.pipeline_id if m.pipeline_parallel and m.pipeline_id and not mine else m.job_id
+        home = home_cluster(key, mine[-1].cluster if mine else None, configured)
         return home in held if home is not None else chores
 
     async def _drive(self, managed: list[ManagedJobRow], attempts: dict[str, list[AttemptRow]], held: set[str],
@@ -185,9 +188,10 @@ class Controller:
         reasons: dict[str, str] = {}  # why each attempt is cancelled, as the rules marked it
         live = {m.job_id: m for m in managed}  # the rows this tick's decisions change as they go
         context = Context(now, frozenset(unreachable), self.settings, self._where,
-                          self._tasks_before(live, attempts))
-        # A pipeline's tasks in the order they run: a task whose predecessor ends this tick starts on it.
-        for m in sorted(managed, key=lambda m: m.pipeline_stage or 0):
+                          *self._pipeline_rows(live, attempts))
+        # A pipeline's tasks in the order they run: a task whose predecessor ends this tick starts on it;
+        # a job group's auxiliary tasks after its primary ones, so they see a primary that ends this tick.
+        for m in sorted(managed, key=lambda m: (m.termination_delay is not None, m.pipeline_stage or 0)):
             mine = attempts.get(m.job_id, [])
             decision = await self._decide(m, mine, context)
             for token, fields in decision.mark.items():
@@ -225,15 +229,21 @@ class Controller:
         report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
         return sent
 
-    def _tasks_before(self, live: dict[str, ManagedJobRow], attempts: dict[str, list[AttemptRow]]
-                      ) -> dict[str, ManagedJobRow]:
-        """For each pipeline task waiting for the one before it (no attempt yet), that task's row (`live`'s
-        own when this replica drives it): one store read for all of them, none when no pipeline waits."""
-        waiting = [m for m in live.values() if m.pipeline_stage and not attempts.get(m.job_id)]
-        tasks = self.store.pipeline_tasks(str(m.pipeline_id) for m in waiting)
+    def _pipeline_rows(self, live: dict[str, ManagedJobRow], attempts: dict[str, list[AttemptRow]]
+                       ) -> tuple[dict[str, ManagedJobRow], dict[str, tuple[ManagedJobRow, ...]]]:
+        """For each pipeline task waiting for the one before it (no attempt yet), that task's row; for
+        each live auxiliary task of a job group, its group's primary tasks' rows (`live`'s own where this
+        replica drives them): one store read for all of them, none when no such task is live."""
+        waiting = [m for m in live.values()
+                   if m.pipeline_stage and not m.pipeline_parallel and not attempts.get(m.job_id)]
+        auxiliary = [m for m in live.values() if m.termination_delay is not None]
+        tasks = self.store.pipeline_tasks(str(m.pipeline_id) for m in waiting + auxiliary)
         stages = {(p, t.pipeline_stage): live.get(t.job_id, t) for p, rows in tasks.items() for t in rows}
-        return {m.job_id: stages[(m.pipeline_id, m.pipeline_stage - 1)] for m in waiting
-                if (m.pipeline_id, m.pipeline_stage - 1) in stages}
+        before = {m.job_id: stages[(m.pipeline_id, m.pipeline_stage - 1)] for m in waiting
+                  if (m.pipeline_id, m.pipeline_stage - 1) in stages}
+        primaries = {m.job_id: tuple(live.get(t.job_id, t) for t in tasks.get(str(m.pipeline_id), [])
+                                     if t.termination_delay is None) for m in auxiliary}
+        return before, primaries
 
     async def _decide(self, m: ManagedJobRow, attempts: list[AttemptRow], context: Context) -> Decision:
         """The rules' decision for one job, with the facts they ask for fetched (each at most once)."""
@@ -256,7 +266,7 @@ class Controller:
         if (state, reason) == (m.state, m.reason) and all(getattr(m, k) == v for k, v in fields.items()):
             return
         self._changes.append((m.job_id, state, reason, fields))
-        m.state, m.reason = state, reason
+        m.state, m.reason, m.updated_at = state, reason, time.time()
         for key, value in fields.items():
             setattr(m, key, value)
 
@@ -273,18 +283,30 @@ class Controller:
         avoid = unreachable | self._unhealthy(now)
         taken: dict[tuple[str, str], int] = {}  # copies placed on each place this tick
         decided: list[tuple[int, list[JobRow], Task, list[Candidate]]] = []
+        planned: list[tuple[int, list[JobRow], Task, Plan, list[Candidate]]] = []
         for number, jobs in _batches(to_place, attempts):
             if self.shards.lapsing():  # the rest wait for the next tick, under renewed leases
                 break
             task = _task(jobs[0])
             plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes, owner=jobs[0].owner)
-            feasible = [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()
+            planned.append((number, jobs, task, plan,
+                            [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()))
+        groups = _group_clusters(planned, attempts, rows)
+        for number, jobs, task, plan, feasible in planned:
+            group = rows[jobs[0].id].pipeline_id if jobs[0].id in rows and rows[jobs[0].id].pipeline_parallel else None
+            if group is not None:  # a job group's tasks run on one cluster, where they can reach each other
+                feasible = [c for c in feasible if c.cluster == groups.get(group)]
             before = attempts.get(jobs[0].id, [])
             recovery = task.resources.job_recovery
             feasible = rules.recovery_order(rules.after_taken(feasible, taken), recovery.strategy if recovery else None,
                                       before[-1].cluster if before else None)
             if not feasible:
                 why = "no cluster can run it now: " + _reasons(plan)
+                if group is not None:
+                    why = (f"its job group runs on {groups[group]}, which cannot run it now: " + _reasons(plan)
+                           if groups.get(group) else "no cluster can run every task of its job group now: "
+                           + "; ".join(f"{jobs[0].name}: {_reasons(plan)}" for _, jobs, _, plan, _ in planned
+                                       if jobs[0].id in rows and rows[jobs[0].id].pipeline_id == group))
                 self.store.set_managed_many([(job.id, ManagedState.PENDING, why, {}) for job in jobs])
                 continue
             for candidate, _first, count in split_sweep(feasible, len(jobs)):
@@ -548,13 +570,33 @@ def _checkpoint_dir(job: JobRow, task: Task) -> str:
 def _attempt_options(task: Task, number: int, m: ManagedJobRow | None = None) -> AttemptOptions:
     """Managed attempts: CORRAL_ATTEMPT, CORRAL_CHECKPOINT_DIR, and no requeue by the infra (Corral recovers);
     a pipeline's task (`m`) also learns its pipeline: CORRAL_PIPELINE_ID (the same for all its tasks, one
-    run's), CORRAL_PIPELINE_NAME and CORRAL_PIPELINE_TASK (its place, 0, 1, …)."""
+    run's), CORRAL_PIPELINE_NAME and CORRAL_PIPELINE_TASK (its place, 0, 1, …); a job group's task, the
+    group's name (CORRAL_JOBGROUP_NAME, and SkyPilot's SKYPILOT_JOBGROUP_NAME) and its own task name
+    (CORRAL_JOBGROUP_TASK), by which the job's script publishes its nodes to the others."""
     path = task.checkpoint.path if task.checkpoint and task.checkpoint.path else DEFAULT_CHECKPOINT_DIR
     env = {"CORRAL_ATTEMPT": str(number)}
     if m is not None and m.pipeline_id:
         env |= {"CORRAL_PIPELINE_ID": m.pipeline_id, "CORRAL_PIPELINE_NAME": m.pipeline_name or "",
                 "CORRAL_PIPELINE_TASK": str(m.pipeline_stage or 0)}
+    if m is not None and m.pipeline_parallel:
+        env |= {"CORRAL_JOBGROUP_NAME": m.pipeline_name or "", "SKYPILOT_JOBGROUP_NAME": m.pipeline_name or "",
+                "CORRAL_JOBGROUP_TASK": task.name or f"task-{m.pipeline_stage or 0}"}
     return AttemptOptions(first_number=number, extra_env=env, requeue=False, checkpoint_dir=path)
+
+
+def _group_clusters(planned: list[tuple[int, list[JobRow], Task, Plan, list[Candidate]]],
+                    attempts: dict[str, list[AttemptRow]], rows: dict[str, ManagedJobRow]) -> dict[str, str | None]:
+    """Each job group placed this tick -> its cluster: where its tasks already run (a recovery stays
+    there), else the one cluster that can run every task of it soonest (rules.group_cluster); None
+    when no cluster can run them all."""
+    placed = {rows[job].pipeline_id: mine[-1].cluster for job, mine in attempts.items()
+              if mine and job in rows and rows[job].pipeline_parallel}
+    feasible: dict[str, list[list[Candidate]]] = {}
+    for _number, jobs, _task, _plan, candidates in planned:
+        m = rows.get(jobs[0].id)
+        if m is not None and m.pipeline_parallel and m.pipeline_id:
+            feasible.setdefault(m.pipeline_id, []).append(candidates)
+    return {group: placed.get(group) or rules.group_cluster(each) for group, each in feasible.items()}
 
 
 def _batches(to_place: list[tuple[JobRow, str]],

@@ -13,13 +13,17 @@ The rules, in the order they apply:
 - two attempts running at once (a re-route race): keep the one that started first, cancel the other
   (a newer attempt cancelled so never stands for the job: the kept one's fate is the job's);
 - an older attempt succeeded after all (its kill was lost): SUCCEEDED, newer ones cancelled;
+- a job group's auxiliary task, once every primary task of its group has ended and its termination
+  delay has passed: CANCELLED, its attempts cancelled;
 - no attempt yet: a first attempt; for a pipeline's later task, only once the task before it has
   succeeded (it waits PENDING until then, and is CANCELLED, skipped, when that task ended otherwise);
+  a job group's tasks start side by side;
 - its cluster unreachable beyond the grace period: the attempt is marked CANCELLING (cancelled once
   the cluster answers again) and the job recovers elsewhere, unless `job_recovery: none`;
 - a held move waits until the attempt it replaces is known ended, and the task-side cancel fence has
   had its time; then it is released;
-- pending long enough: a candidate for a move (the engine's re-routing decides where, if anywhere);
+- pending long enough: a candidate for a move (the engine's re-routing decides where, if anywhere),
+  but for a job group's task, which stays on its group's cluster;
 - the infrastructure failed it (node failure, preemption, a job the backend lost, a submission no
   cluster took): a new attempt, unless its last `max_launch_failures` attempts all ended at once;
 - the task itself failed: FAILED_SETUP if `setup` failed, else a restart if `recover_on_exit_codes`
@@ -96,6 +100,8 @@ class Context:
     where: Callable[[str, str], str]  # (cluster, partition) -> the place's name as people read it
     # A pipeline's later task that has no attempt yet -> the task before it (its row as read this tick).
     before: Mapping[str, ManagedJobRow] = field(default_factory=dict)
+    # A job group's auxiliary task -> the group's primary tasks (their rows as read this tick).
+    primaries: Mapping[str, tuple[ManagedJobRow, ...]] = field(default_factory=dict)
 
 
 class Need(enum.Enum):
@@ -158,6 +164,8 @@ def _decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, fact
     if m.cancel_requested:
         return Decision(ManagedState.CANCELLED, "cancelled by user", cancel=live,
                         mark=_cancelling(live, "cancelled by user"))
+    if m.termination_delay is not None and (stop := _auxiliary_stop(m, context, started=bool(attempts))):
+        return Decision(ManagedState.CANCELLED, stop, cancel=live, mark=_cancelling(live, stop))
     decision = Decision()
     running = sorted((a for a in live if a.state in (JobState.RUNNING, JobState.STARTING)),
                      key=lambda a: (a.started_at or now, a.number))
@@ -180,7 +188,7 @@ def _decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, fact
         return _with_state(decision, ManagedState.SUCCEEDED, f"attempt {succeeded.number} succeeded (it ran although "
                                                              "it had been moved; later attempts cancelled)")
     if latest is None:
-        if m.pipeline_stage:
+        if m.pipeline_stage and not m.pipeline_parallel:
             return _after_the_task_before(decision, m, context.before.get(m.job_id))
         decision.place = "first attempt"
         return decision
@@ -205,7 +213,8 @@ def _decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, fact
         decision.release = latest
         return decision
     if state == JobState.PENDING:
-        if now - (latest.submitted_at or now) >= context.settings.reroute_after:
+        # A job group's task stays on its group's cluster, where the other tasks can reach it.
+        if now - (latest.submitted_at or now) >= context.settings.reroute_after and not m.pipeline_parallel:
             decision.may_move = latest
         return _with_state(decision, ManagedState.PENDING if m.recoveries == 0 else ManagedState.RECOVERING,
                            latest.reason or "pending")
@@ -292,6 +301,22 @@ def _after_the_task_before(decision: Decision, m: ManagedJobRow, before: Managed
     if before.state in MANAGED_TERMINAL_STATES:
         return _with_state(decision, ManagedState.CANCELLED, f"skipped: the pipeline's {which} ended {before.state}")
     return _with_state(decision, ManagedState.PENDING, f"waiting for the pipeline's {which} to succeed")
+
+
+def _auxiliary_stop(m: ManagedJobRow, context: Context, started: bool) -> str | None:
+    """Why a job group's auxiliary task is stopped now: every primary task of its group has ended, and
+    its termination delay has passed since the last one did (at once when it never started). None
+    while a primary task is live, or its primaries were not read (they are, every tick it is live)."""
+    primaries = context.primaries.get(m.job_id)
+    if not primaries or any(p.state not in MANAGED_TERMINAL_STATES for p in primaries):
+        return None
+    delay = m.termination_delay or 0.0
+    ended = min(max(p.updated_at for p in primaries), context.now)  # one that ended this tick: now
+    if started and context.now < ended + delay:
+        return None
+    ended = ", ".join(f"{p.job_id} {p.state}" for p in primaries)
+    return (f"stopped: the job group's primary tasks have ended ({ended})"
+            + (f", {delay:g}s ago" if delay and started else "" if started else "; it never started"))
 
 
 def _with_state(decision: Decision, state: ManagedState, reason: str) -> Decision:
@@ -382,6 +407,22 @@ def after_taken(feasible: list[Candidate], taken: dict[tuple[str, str], int]) ->
                                             startable_now=candidate.startable_now and left > 0)
         adjusted.append(candidate)
     return sorted(adjusted, key=lambda c: not c.startable_now)
+
+
+def group_cluster(feasible: list[list[Candidate]]) -> str | None:
+    """The cluster a job group runs on: of those that can run every one of its tasks (each task's
+    feasible places in order of preference), the one whose worst rank over the tasks is best (then the
+    best sum of ranks): the group starts when its last task does. None when no cluster can run all."""
+    ranks: list[dict[str, int]] = []
+    for candidates in feasible:
+        first: dict[str, int] = {}
+        for rank, candidate in enumerate(candidates):
+            first.setdefault(candidate.cluster, rank)
+        ranks.append(first)
+    common = set.intersection(*(set(r) for r in ranks)) if ranks else set()
+    if not common:
+        return None
+    return min(common, key=lambda c: (max(r[c] for r in ranks), sum(r[c] for r in ranks), c))
 
 
 def recovery_order(feasible: list[Candidate], strategy: RecoveryStrategy | None,

@@ -14,7 +14,7 @@ import asyncio
 import json
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
@@ -109,11 +109,21 @@ class LaunchRequest(RequestBody):
     dryrun: bool = False
 
 
+Delay = Annotated[str, Field(max_length=32)] | Annotated[float, Field(ge=0)]
+
+
 class PipelineInput(RequestBody):
-    """A managed pipeline: tasks that run one after another, each once the one before it succeeded."""
+    """A managed pipeline: tasks that run one after another, each once the one before it succeeded; or,
+    with `execution: parallel`, a job group: tasks that run side by side on one cluster."""
 
     name: Text | None = Field(None, description="The pipeline's name (the file's first document's `name`)")
     tasks: list[TaskInput] = Field(min_length=1, max_length=MAX_PIPELINE_TASKS)
+    execution: Literal["serial", "parallel"] = Field("serial", description="`parallel`: a job group")
+    primary_tasks: list[Annotated[str, Field(max_length=256)]] | None = Field(
+        None, max_length=MAX_PIPELINE_TASKS, description="A job group's tasks that drive it (all when absent)")
+    termination_delay: Delay | dict[Annotated[str, Field(max_length=256)], Delay] | None = Field(
+        None, description="How long a job group's other tasks run on once its primary tasks have ended: one "
+                          "duration (30s, 5m, 1h, or seconds), or one per task name with a `default`")
 
 
 class ManagedLaunchRequest(RequestBody):
@@ -364,10 +374,13 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
         each = overrides.model_copy(update={"name": None})  # the name is the pipeline's
         built = [build_task(given, each, me.owner, store) for given in pipeline.tasks]  # all checked first
         ready = [(await _recorded_copy(task, me.owner), source) for task, source in built]
-        name = overrides.name or pipeline.name or ready[0][0].name or "pipeline"
-        ids = managed.record_pipeline(store, name, ready, owner=me.owner)
+        parallel = pipeline.execution == "parallel"
+        name = overrides.name or pipeline.name or ready[0][0].name or ("group" if parallel else "pipeline")
+        ids = managed.record_pipeline(store, name, ready, owner=me.owner, parallel=parallel,
+                                      primary_tasks=pipeline.primary_tasks,
+                                      termination_delay=pipeline.termination_delay)
         wake()
-        return {"job_id": ids[0], "job_ids": ids, "pipeline": name,
+        return {"job_id": ids[0], "job_ids": ids, "pipeline": name, "execution": pipeline.execution,
                 "warnings": [line for task, source in ready for line in warning_lines(task, source)]}
 
     @router.post("/managed/cancel")

@@ -252,9 +252,11 @@ class Client:
                        on_event: Callable[[dict[str, Any]], None] | None = None) -> list[str]:
         """Record managed jobs (recovered from failures, re-routed while pending); returns their ids.
         A task file (or YAML text) of several documents is a pipeline, as in SkyPilot: one managed job
-        per task, each started once the one before it has succeeded; the flags apply to every task, and
-        `name` names the pipeline. `on_event` sees a `warning` event for each field of a task that has
-        no meaning on Slurm, and for a pipeline a `pipeline` event with its `name` and `job_ids`."""
+        per task, each started once the one before it has succeeded (with `execution: parallel` in its
+        header, a job group: its tasks run side by side on one cluster); the flags apply to every task,
+        and `name` names the pipeline. `on_event` sees a `warning` event for each field of a task that
+        has no meaning on Slurm, and for a pipeline a `pipeline` event with its `name`, `job_ids` and
+        `execution`."""
         body = {**self._managed_task(task, command, base, workdir), "num_jobs": num_jobs,
                 "overrides": _overrides(name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                                         memory=memory, envs=envs, secrets=secrets, workdir=workdir,
@@ -263,7 +265,8 @@ class Client:
         for message in answer.get("warnings", []) if on_event else []:
             on_event({"event": "warning", "message": message})
         if on_event and answer.get("pipeline"):
-            on_event({"event": "pipeline", "name": answer["pipeline"], "job_ids": list(answer["job_ids"])})
+            on_event({"event": "pipeline", "name": answer["pipeline"], "job_ids": list(answer["job_ids"]),
+                      "execution": answer.get("execution", "serial")})
         return list(answer["job_ids"])
 
     def managed_jobs(self, *, limit: int = 20, page: int = 1, all: bool = False, since: float | None = None
@@ -440,8 +443,8 @@ class Client:
         found = taskfile.pipeline_tasks(text, source)
         if found is None:
             return {"task": self._text_input(text, source, taskfile.parse_yaml(text, source), here, workdir)}
-        name, documents = found
-        return {"pipeline": {"name": name, "tasks": [
+        header, documents = found
+        return {"pipeline": {**header, "tasks": [
             self._text_input(text, f"{source}, task {i}" + (f" ({data['name']})" if isinstance(data, dict)
                                                             and data.get("name") else ""), data, here, workdir)
             for i, (text, data) in enumerate(documents)]}}

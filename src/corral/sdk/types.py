@@ -243,11 +243,15 @@ class Launched:
 @dataclass(frozen=True)
 class PipelinePlace:
     """Where a managed job stands in a pipeline: the pipeline's id (its first task's job id), its name,
-    and the task's place (0, 1, …); the task starts once the one before it has succeeded."""
+    and the task's place (0, 1, …); the task starts once the one before it has succeeded. In a job
+    group (`parallel`), the tasks run side by side, and an `auxiliary` one is stopped once the
+    group's primary tasks have ended."""
 
     id: str
     name: str
     task: int
+    parallel: bool = False
+    auxiliary: bool = False
 
 
 @dataclass(frozen=True)
@@ -274,7 +278,9 @@ class ManagedJob:
         return cls(data["job_id"], data["name"], status_of(ManagedJobStatus, data["state"]), data.get("reason"),
                    data.get("cluster"), data.get("partition"), data.get("slurm_job_id"),
                    int(data.get("attempts") or 0), int(data.get("recoveries") or 0), int(data.get("moves") or 0), data,
-                   PipelinePlace(place["id"], place["name"], int(place["task"])) if place else None)
+                   PipelinePlace(place["id"], place["name"], int(place["task"]),
+                                 place.get("execution") == "parallel", bool(place.get("auxiliary")))
+                   if place else None)
 
     @property
     def ended(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 
-from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text, text
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text, false, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -118,6 +118,11 @@ class ManagedJobRow(Base):
     pipeline_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     pipeline_name: Mapped[str | None] = mapped_column(String(256), nullable=True)
     pipeline_stage: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # A job group's task (`execution: parallel`): its tasks run side by side on one cluster, none waits
+    # for another. An auxiliary task has a termination delay: it is stopped that many seconds after the
+    # group's primary tasks (those with none) have all ended.
+    pipeline_parallel: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    termination_delay: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class JobEventRow(Base):

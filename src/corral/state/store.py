@@ -449,20 +449,24 @@ class Store:
             return plain_rows(s, AttemptRow, query)
 
     # ---- managed jobs ----
-    def add_managed_jobs(self, jobs: list[dict[str, object]], pipeline_name: str | None = None) -> None:
+    def add_managed_jobs(self, jobs: list[dict[str, object]], pipeline_name: str | None = None,
+                         parallel: bool = False, delays: list[float | None] | None = None) -> None:
         """Record managed jobs (each a `jobs` row's columns) with their managed rows and first events, in
         one transaction: a crash records all of them or none. Through Core, not ORM objects: a sweep of
         10,000 builds no 30,000 instances the server's heap would keep the shape of. With
-        `pipeline_name`, the jobs are that pipeline's tasks, in the order they run."""
+        `pipeline_name`, the jobs are that pipeline's tasks, in the order they run; with `parallel`, a
+        job group's, with each task's termination delay (None for a primary task)."""
         now = time.time()
         first = str(jobs[0]["id"]) if jobs and pipeline_name is not None else None
+        delays = delays or [None] * len(jobs)
         with self.session() as s, s.begin():
             _execute_in_batches(s, insert(JobRow), jobs)
             _execute_in_batches(s, insert(ManagedJobRow), [
                 {"job_id": j["id"], "state": ManagedState.PENDING.value, "reason": None, "restarts_on_errors": 0,
                  "recoveries": 0, "moves": 0, "last_move_at": 0.0, "cancel_requested": False, "updated_at": now,
                  "pipeline_id": first, "pipeline_name": pipeline_name,
-                 "pipeline_stage": stage if first is not None else None}
+                 "pipeline_stage": stage if first is not None else None, "pipeline_parallel": parallel,
+                 "termination_delay": delays[stage]}
                 for stage, j in enumerate(jobs)])
             _execute_in_batches(s, insert(JobEventRow), [{"job_id": j["id"], "at": now,
                                                           "state": ManagedState.PENDING.value,

@@ -431,16 +431,20 @@ function managedName(job) {
   return job.pipeline ? `${job.pipeline.name}/${job.pipeline.task}: ${job.name}` : job.name;
 }
 
-// A pipeline's task: its pipeline's tasks in the order they run, each a link but this one.
+// A pipeline's task: its pipeline's tasks in the order they run, each a link but this one; a job
+// group's tasks run side by side (its auxiliary ones marked so).
 function pipelineLinks(job) {
   if (!job.pipeline || !job.pipeline_tasks) return null;
-  const list = el("span", `${job.pipeline.name}: `, "pipeline");
+  const group = job.pipeline.execution === "parallel";
+  const auxiliary = new Set(job.pipeline_auxiliary || []);
+  const list = el("span", `${job.pipeline.name}${group ? " (job group)" : ""}: `, "pipeline");
   job.pipeline_tasks.forEach((id, number) => {
-    if (number) list.append(" → ");
+    if (number) list.append(group ? " · " : " → ");
+    const label = `task ${number}${auxiliary.has(id) ? " (auxiliary)" : ""}`;
     if (id === job.job_id) {
-      list.appendChild(el("strong", `task ${number}`));
+      list.appendChild(el("strong", label));
     } else {
-      const a = el("a", `task ${number}`);
+      const a = el("a", label);
       a.href = `#/managed/${q(id)}`;
       list.appendChild(a);
     }

@@ -343,6 +343,13 @@ setup="${1-$CORRAL_RUN_DIR/setup.sh}"
 run="${2-$CORRAL_RUN_DIR/run.sh}"
 envfile="${3-$CORRAL_RUN_DIR/env.sh}"
 export CORRAL_NODE_RANK="$SLURM_NODEID" SKYPILOT_NODE_RANK="$SLURM_NODEID"
+# A job group's task names this node for the group's other tasks, which run on this cluster too: one
+# file per node, TASK-RANK, holding its host name (each attempt writes its own afresh).
+if [ -n "${CORRAL_JOBGROUP_TASK-}" ] && [ -n "${CORRAL_PIPELINE_ID-}" ]; then
+  export CORRAL_JOBGROUP_HOSTS="$HOME/.corral/groups/$CORRAL_PIPELINE_ID"
+  host_file="$CORRAL_JOBGROUP_HOSTS/$CORRAL_JOBGROUP_TASK-$SLURM_NODEID"
+  mkdir -p "$CORRAL_JOBGROUP_HOSTS" && hostname > "$host_file.$$" && mv -f "$host_file.$$" "$host_file"
+fi
 cd "$CORRAL_RUN_DIR/workdir"
 # The cancel fence. Corral leaves this marker before its scancel; a kill that Slurm delivers while it
 # is still launching the step can miss the task, and Slurm then reports the job cancelled while the
