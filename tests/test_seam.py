@@ -674,6 +674,13 @@ def test_a_job_group_runs_side_by_side_on_one_cluster_and_its_auxiliary_task_sto
         client.infras["borealis"].finish(placed[job].handle, JobState.RUNNING)
     asyncio.run(controller.tick())
     assert [v.managed.state for v in managed.views(store, ids)] == ["RUNNING", "RUNNING"]
+    # the trainer's node fails: it is recovered on its group's cluster, not on alpine, where it alone would go
+    client.infras["borealis"].finish(placed[ids[0]].handle, JobState.FAILED, FailureClass.INFRA)
+    asyncio.run(controller.tick())
+    recovered = store.attempts_of([ids[0]])[ids[0]]
+    assert [(a.number, a.cluster) for a in recovered] == [(1, "borealis"), (2, "borealis")]
+    placed[ids[0]] = recovered[-1]
+    client.infras["borealis"].finish(placed[ids[0]].handle, JobState.RUNNING)
     client.infras["borealis"].finish(placed[ids[0]].handle, JobState.SUCCEEDED, ended_at=2000.0)
     asyncio.run(controller.tick())  # the trainer ends, and the server is stopped on the same tick
     [trainer, server] = managed.views(store, ids)

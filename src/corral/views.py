@@ -103,7 +103,10 @@ def explain_pending(view: ManagedView, plan: Plan, settings: ControllerSettings)
     if best is None:
         return lines + ["  no other cluster can run it"]
     lines.append(f"  best alternative: {best.infra}, start {candidate_start(best)}")
-    if here is not None and here.startable_now:
+    if view.managed.pipeline_parallel:
+        why = (f"it is a task of job group {view.managed.pipeline_name}, which runs on one cluster: its tasks "
+               "stay where the others can reach them")
+    elif here is not None and here.startable_now:
         why = "its own cluster can start it now"
     elif best.startable_now:
         why = (f"it will move on the controller's next tick (pending ≥ {settings.reroute_after:g}s, "
