@@ -293,7 +293,7 @@ class Controller:
                             [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()))
         groups = _group_clusters(planned, attempts, rows)
         for number, jobs, task, plan, feasible in planned:
-            group = rows[jobs[0].id].pipeline_id if jobs[0].id in rows and rows[jobs[0].id].pipeline_parallel else None
+            group = _group_of(rows, jobs[0].id)
             if group is not None:  # a job group's tasks run on one cluster, where they can reach each other
                 feasible = [c for c in feasible if c.cluster == groups.get(group)]
             before = attempts.get(jobs[0].id, [])
@@ -302,11 +302,12 @@ class Controller:
                                       before[-1].cluster if before else None)
             if not feasible:
                 why = "no cluster can run it now: " + _reasons(plan)
-                if group is not None:
-                    why = (f"its job group runs on {groups[group]}, which cannot run it now: " + _reasons(plan)
-                           if groups.get(group) else "no cluster can run every task of its job group now: "
-                           + "; ".join(f"{jobs[0].name}: {_reasons(plan)}" for _, jobs, _, plan, _ in planned
-                                       if jobs[0].id in rows and rows[jobs[0].id].pipeline_id == group))
+                if group is not None and groups.get(group):
+                    why = f"its job group runs on {groups[group]}, which cannot run it now: " + _reasons(plan)
+                elif group is not None:
+                    why = "no cluster can run every task of its job group now: " + "; ".join(
+                        f"{other[0].name}: {_reasons(its_plan)}" for _, other, _, its_plan, _ in planned
+                        if _group_of(rows, other[0].id) == group)
                 self.store.set_managed_many([(job.id, ManagedState.PENDING, why, {}) for job in jobs])
                 continue
             for candidate, _first, count in split_sweep(feasible, len(jobs)):
@@ -589,14 +590,18 @@ def _group_clusters(planned: list[tuple[int, list[JobRow], Task, Plan, list[Cand
     """Each job group placed this tick -> its cluster: where its tasks already run (a recovery stays
     there), else the one cluster that can run every task of it soonest (rules.group_cluster); None
     when no cluster can run them all."""
-    placed = {rows[job].pipeline_id: mine[-1].cluster for job, mine in attempts.items()
-              if mine and job in rows and rows[job].pipeline_parallel}
+    placed = {group: mine[-1].cluster for job, mine in attempts.items() if mine and (group := _group_of(rows, job))}
     feasible: dict[str, list[list[Candidate]]] = {}
     for _number, jobs, _task, _plan, candidates in planned:
-        m = rows.get(jobs[0].id)
-        if m is not None and m.pipeline_parallel and m.pipeline_id:
-            feasible.setdefault(m.pipeline_id, []).append(candidates)
+        if (group := _group_of(rows, jobs[0].id)) is not None:
+            feasible.setdefault(group, []).append(candidates)
     return {group: placed.get(group) or rules.group_cluster(each) for group, each in feasible.items()}
+
+
+def _group_of(rows: dict[str, ManagedJobRow], job_id: str) -> str | None:
+    """The id of the job group a managed job (driven this tick) is a task of; None for any other job."""
+    m = rows.get(job_id)
+    return m.pipeline_id if m is not None and m.pipeline_parallel else None
 
 
 def _batches(to_place: list[tuple[JobRow, str]],
