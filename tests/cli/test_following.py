@@ -187,19 +187,22 @@ def test_ctrl_c_while_sbatch_waits_names_the_jobs_still_running(capfd):
 class ScriptedPipeline:
     """A pipeline's tasks, each answering `managed_job` with its own list of snapshots."""
 
-    def __init__(self, tasks: dict[str, list[dict]], interrupt_on: str | None = None):
+    def __init__(self, tasks: dict[str, list[dict]], interrupt_on: str | None = None, auxiliary: tuple[str, ...] = (),
+                 parallel: bool = False):
         self.tasks = {job: ScriptedManaged(snapshots) for job, snapshots in tasks.items()}
         self.order = list(tasks)
         self.interrupt_on = interrupt_on
         self.asked: list[str] = []
+        self.auxiliary, self.execution = list(auxiliary), "parallel" if parallel else "serial"
 
     def managed_job(self, job: str) -> dict:
         self.asked.append(job)
         if job == self.interrupt_on:
             raise KeyboardInterrupt
         answer = self.tasks[job].managed_job(job)
-        return {**answer, "job_id": job, "pipeline": {"id": self.order[0], "name": "pipe",
-                                                      "task": self.order.index(job)}, "pipeline_tasks": self.order}
+        return {**answer, "job_id": job, "pipeline": {"id": self.order[0], "name": "pipe", "task": self.order.index(job),
+                                                      "execution": self.execution},
+                "pipeline_tasks": self.order, "pipeline_auxiliary": self.auxiliary}
 
     def managed_logs(self, job: str, number: int, follow: bool = False, *, tail: int = 0):
         yield f"{job} out\n".encode()
@@ -241,3 +244,28 @@ def test_ctrl_c_while_following_a_pipeline_says_its_other_tasks_go_on(capfd):
     _, err = capfd.readouterr()
     assert "c-1 keeps running; Ctrl-C only stopped following it" in err
     assert "pipeline pipe's later tasks go on as well; `corral jobs cancel pipe` cancels them all." in err
+
+
+def test_a_job_group_is_followed_primary_tasks_first_and_exits_as_they_did(capfd):
+    """Its tasks run side by side: each is followed to its end in turn, the primary ones first; the
+    exit status is the first failed primary task's, and the auxiliary one its group stopped counts for
+    nothing."""
+    client = ScriptedPipeline({
+        "c-0": [{"state": "CANCELLED", "reason": "stopped", "attempt_list": [attempt(1, "CANCELLED", None)]}],
+        "c-1": [{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}],
+        "c-2": [{"state": "FAILED", "attempt_list": [attempt(1, "FAILED", 5)]}],
+    }, auxiliary=("c-0",), parallel=True)
+    assert following.first_primary(client, "c-0") == "c-1"
+    assert following.follow_managed(client, "c-1", follow=True) == 5
+    out, err = capfd.readouterr()
+    assert out == "c-1 out\nc-2 out\nc-0 out\n"
+    assert "=== job group pipe, task 2: c-2 ===" in err and "=== job group pipe, task 0 (auxiliary): c-0 ===" in err
+    client.tasks["c-2"] = ScriptedManaged([{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}])
+    assert following.follow_managed(client, "c-1", follow=True) == 0  # the stopped server is no failure
+
+
+def test_ctrl_c_while_following_a_job_group_says_its_tasks_go_on(capfd):
+    client = ScriptedPipeline({"c-0": [{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}],
+                               "c-1": [{"state": "RUNNING", "attempt_list": []}]}, interrupt_on="c-1", parallel=True)
+    assert following.follow_managed(client, "c-0", follow=True) == 130
+    assert "job group pipe's tasks go on; `corral jobs cancel pipe` cancels them all." in capfd.readouterr().err

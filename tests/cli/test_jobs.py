@@ -538,7 +538,8 @@ def test_a_job_group_runs_its_tasks_side_by_side_and_stops_the_auxiliary_one_aft
                    key=lambda j: j["pipeline"]["task"])
     server, trainer = tasks
     assert (server["state"], trainer["state"]) == ("CANCELLED", "SUCCEEDED")
-    assert server["reason"] == f"stopped: the job group's primary tasks have ended ({trainer['job_id']} SUCCEEDED), 2s ago"
+    assert server["reason"] == (f"stopped: the job group's primary tasks have ended ({trainer['job_id']} SUCCEEDED), "
+                                "and its termination_delay of 2s has passed")
     assert server["cluster"] == trainer["cluster"]  # one cluster, where they reach each other
     shown = {j.job_id: j for j in Client().managed_jobs(all=True)[0]}
     assert shown[server["job_id"]].pipeline == PipelinePlace(server["job_id"], name, 0, parallel=True, auxiliary=True)

@@ -162,14 +162,13 @@ def _follow_group(client: Any, found: dict[str, Any], status: int, progress: Any
     name, statuses = found["pipeline"]["name"], {found["job_id"]: status}
     for task in sorted((t for t in tasks if t != found["job_id"]), key=lambda t: t in auxiliary):
         if status == 130:
-            click.echo(f"corral: job group {name}'s tasks go on; `corral jobs cancel {name}` cancels them all.",
-                       err=True)
-            return 130
+            break
         click.echo(f"=== job group {name}, task {tasks.index(task)}{' (auxiliary)' if task in auxiliary else ''}: "
                    f"{task} ===", err=True)
         status, _ = _follow_one(client, task, follow=True, tail=0, progress=progress)
         statuses[task] = status
     if status == 130:
+        click.echo(f"corral: job group {name}'s tasks go on; `corral jobs cancel {name}` cancels them all.", err=True)
         return 130
     return next((statuses[t] for t in tasks if t not in auxiliary and statuses.get(t)), 0)
 

@@ -311,12 +311,14 @@ def _auxiliary_stop(m: ManagedJobRow, context: Context, started: bool) -> str | 
     if not primaries or any(p.state not in MANAGED_TERMINAL_STATES for p in primaries):
         return None
     delay = m.termination_delay or 0.0
-    ended = min(max(p.updated_at for p in primaries), context.now)  # one that ended this tick: now
-    if started and context.now < ended + delay:
+    last_end = min(max(p.updated_at for p in primaries), context.now)  # one that ended this tick: now
+    if started and context.now < last_end + delay:
         return None
-    ended = ", ".join(f"{p.job_id} {p.state}" for p in primaries)
-    return (f"stopped: the job group's primary tasks have ended ({ended})"
-            + (f", {delay:g}s ago" if delay and started else "" if started else "; it never started"))
+    which = ", ".join(f"{p.job_id} {p.state}" for p in primaries)
+    if not started:
+        return f"not started: the job group's primary tasks have ended ({which})"
+    return (f"stopped: the job group's primary tasks have ended ({which})"
+            + (f", and its termination_delay of {delay:g}s has passed" if delay else ""))
 
 
 def _with_state(decision: Decision, state: ManagedState, reason: str) -> Decision:
