@@ -269,3 +269,25 @@ def test_ctrl_c_while_following_a_job_group_says_its_tasks_go_on(capfd):
                                "c-1": [{"state": "RUNNING", "attempt_list": []}]}, interrupt_on="c-1", parallel=True)
     assert following.follow_managed(client, "c-0", follow=True) == 130
     assert "job group pipe's tasks go on; `corral jobs cancel pipe` cancels them all." in capfd.readouterr().err
+
+
+def test_jobs_logs_task_names_one_task_of_a_pipeline_by_place_or_name():
+    import click
+
+    from corral.cli.jobs import pipeline_task
+
+    found = {"job_id": "c-0", "pipeline_tasks": ["c-0", "c-1", "c-2"],
+             "pipeline_task_names": ["train", "eval", "eval"]}
+    assert pipeline_task(found, "1") == "c-1" and pipeline_task(found, "train") == "c-0"
+    for unclear in ("eval", "3", "report"):  # two tasks named so; no such place; no such name
+        with pytest.raises(click.UsageError, match=r"give one task's place or name: 0 \(train\), 1 \(eval\), 2 \(eval\)"):
+            pipeline_task(found, unclear)
+    with pytest.raises(click.UsageError, match="c-9 is one managed job, not a pipeline or job group"):
+        pipeline_task({"job_id": "c-9", "pipeline_tasks": []}, "0")
+
+
+def test_one_task_asked_for_is_followed_alone():
+    client = ScriptedPipeline({"c-0": [{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}],
+                               "c-1": [{"state": "SUCCEEDED", "attempt_list": [attempt(1, "SUCCEEDED", 0)]}]})
+    assert following.follow_managed(client, "c-0", follow=True, whole=False) == 0
+    assert "c-1" not in client.asked

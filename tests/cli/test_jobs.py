@@ -556,6 +556,9 @@ def test_a_job_group_runs_its_tasks_side_by_side_and_stops_the_auxiliary_one_aft
     assert "data-server stopping" in failed.stdout.splitlines()
     followed = corral("jobs", "logs", name + "-f", env=env)  # the group's name: every task's output
     assert followed.exit_code == 4 and "data-server stopping" in followed.stdout, followed.stderr
+    alone = corral("jobs", "logs", name + "-f", "trainer", env=env)  # one task by its name, as sky jobs logs JOB TASK
+    assert alone.exit_code == 4 and alone.stdout.startswith("trainer reaches data-server on "), alone.stderr
+    assert "data-server" not in alone.stdout.replace("reaches data-server on", "")
 
 
 def test_a_pipeline_is_cancelled_by_its_name(corral, env, tmp_path):

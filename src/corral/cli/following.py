@@ -128,15 +128,17 @@ def report_end(client: Any, job_id: str, *, broken: bool = False) -> int:
     return exit_status(job.state, job.exit_code)
 
 
-def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, progress: Any = None) -> int:
+def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, progress: Any = None,
+                   whole: bool = True) -> int:
     """A managed job's output, each attempt that reached a cluster under its own header. With `tail`,
     the current attempt's last `tail` lines only. With `follow`, the current attempt as it comes, then
     each attempt the controller starts after it (a recovery, a move), until the job ends; then how it
     ended, as the exit status (0 without `follow`). While nothing runs (an attempt pending in Slurm,
     a recovery), a status line says why. Ctrl-C stops following, not the job. A pipeline's task, once
-    it has succeeded, is followed by the tasks after it, each under its own header."""
+    it has succeeded, is followed by the tasks after it, each under its own header (a job group's, by
+    its other tasks); not with `whole` False (one task asked for)."""
     status, found = _follow_one(client, job_id, follow=follow, tail=tail, progress=progress)
-    tasks = list(found.get("pipeline_tasks") or []) if found and follow else []
+    tasks = list(found.get("pipeline_tasks") or []) if found and follow and whole else []
     if not found or found["job_id"] not in tasks:
         return status
     if found["pipeline"].get("execution") == "parallel":

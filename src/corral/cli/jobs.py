@@ -120,16 +120,21 @@ def jobs_queue(as_json: bool, show_all: bool, limit: int, page: int, since: floa
 @jobs.command(name="logs")
 @log_options("Follow the job until it ends, attempt after attempt, as `sky jobs logs` does.",
              "Only the current attempt, starting with its last N lines (0: every attempt, all of it).")
+@click.argument("task", required=False)
 @reports_errors
-def jobs_logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool) -> None:
+def jobs_logs(job: str | None, task: str | None, follow: bool, tail: int, status: bool, sync_down: bool) -> None:
     """A managed job's output across its attempts, following it through recoveries until it ends; then
-    how it ended, and exit with its exit code. Without JOB: your newest managed job."""
+    how it ended, and exit with its exit code. Without JOB: your newest managed job. A pipeline's or
+    job group's tasks one after another, or only TASK of them (its place, 0, 1, …, or its name), as
+    `sky jobs logs JOB TASK`."""
     from corral.sdk import Client
 
     client = Client()
     if job is None:
         job = newest_id(client.managed_jobs(limit=1)[0],
                         "no managed jobs yet: name one, or launch one with `corral jobs launch`")
+    if task is not None:
+        job = pipeline_task(client.managed_job(job), task)
     if status:
         from corral.sdk.types import ManagedJob
 
@@ -139,10 +144,20 @@ def jobs_logs(job: str | None, follow: bool, tail: int, status: bool, sync_down:
 
         sync_down_managed(client, job)
         return
-    sys.exit(follow_managed(client, job, follow=follow, tail=tail))
+    sys.exit(follow_managed(client, job, follow=follow, tail=tail, whole=task is None))
 
 
-@jobs.command(name="cancel")
+def pipeline_task(found: dict[str, Any], task: str) -> str:
+    """The id of the task TASK names (its place or its name) in the pipeline or job group of `found`."""
+    ids, names = list(found.get("pipeline_tasks") or []), list(found.get("pipeline_task_names") or [])
+    if not ids:
+        raise click.UsageError(f"{found['job_id']} is one managed job, not a pipeline or job group: give no TASK")
+    if task.isdigit() and int(task) < len(ids):
+        return ids[int(task)]
+    if names.count(task) == 1:
+        return ids[names.index(task)]
+    listed = ", ".join(f"{i} ({n})" for i, n in enumerate(names))
+    raise click.UsageError(f"TASK {task!r}: give one task's place or name: {listed}")
 @cancel_command("managed jobs")
 @reports_errors
 def jobs_cancel(refs: list[str], cancel_all: bool, all_users: bool) -> list[Any]:

@@ -283,8 +283,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     @router.get("/managed/{job}")
     async def managed_job(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
         """One managed job, its attempts and its events; for a pipeline's task, the pipeline's tasks' ids in
-        the order they run (`pipeline_tasks`), and for a job group's, which of them are auxiliary
-        (`pipeline_auxiliary`). A pipeline's name stands for its first task."""
+        the order they run (`pipeline_tasks`) with their names (`pipeline_task_names`), and for a job
+        group's, which of them are auxiliary (`pipeline_auxiliary`). A pipeline's name stands for its
+        first task."""
         view = managed.resolve(store, job, me.scope)
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
         attempts = [{"number": a.number, "cluster": a.cluster, "partition": a.partition,
@@ -293,8 +294,10 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                      "exit_code": a.exit_code, "failure": a.failure} for a in view.attempts]
         tasks = store.pipeline_tasks([view.managed.pipeline_id]) if view.managed.pipeline_id else {}
         rows = tasks.get(str(view.managed.pipeline_id), [])
+        names = store.job_names([t.job_id for t in rows]) if rows else {}
         return {**view.to_json(), "events": events, "attempt_list": attempts,
                 "pipeline_tasks": [t.job_id for t in rows],
+                "pipeline_task_names": [names.get(t.job_id) for t in rows],
                 "pipeline_auxiliary": [t.job_id for t in rows if t.termination_delay is not None]}
 
     return router

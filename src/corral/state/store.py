@@ -554,6 +554,11 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)))
 
+    def job_names(self, job_ids: list[str]) -> dict[str, str]:
+        """Jobs' names by id, in one query (no task text read)."""
+        with self.session() as s:
+            return dict(s.execute(select(JobRow.id, JobRow.name).where(JobRow.id.in_(job_ids))).tuples().all())
+
     def jobs(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
         """Jobs by id, as plain copies (state/plain.py): a tick reads every job it places or may move.
         A sweep's jobs share one copy of their task's text."""
