@@ -174,3 +174,32 @@ def test_a_number_setting_unset_or_empty_is_its_default(monkeypatch: pytest.Monk
     assert env_number("CORRAL_SOMETHING", 2.5) == 0.5
     with pytest.raises(ConfigError, match=r"is not a number of seconds, at least 1 \(2\.5 by default\)"):
         env_number("CORRAL_SOMETHING", 2.5, minimum=1)
+
+
+def test_allowed_clusters_leaves_the_files_other_hosts_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SkyPilot's `slurm: allowed_clusters`: a bastion that ProxyJump names is a Host of the file but no
+    cluster, and a pool's machine stays the pool's."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("slurm:\n  allowed_clusters: [borealis, alpine]\npools:\n  lab: {hosts: [gpu1]}\n")
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    path = write(tmp_path, "Host alpine\n  ProxyJump bastion\nHost bastion\n  HostName b.example.org\nHost borealis\n"
+                           "Host gpu1\n")
+    registry = load_registry(path)
+    assert registry.names() == ["alpine", "borealis", "lab"]  # file order, as without the setting
+    assert "bastion" not in registry.hosts()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("slurm: [alpine]\n", "setting 'slurm' takes allowed_clusters only"),
+    ("slurm: {clusters: [alpine]}\n", "setting 'slurm' takes allowed_clusters only"),
+    ("slurm: {allowed_clusters: []}\n", "slurm.allowed_clusters: expected a list of the cluster file's Host names"),
+    ("slurm: {allowed_clusters: ['a b']}\n", "slurm.allowed_clusters: expected a list"),
+    ("slurm: {allowed_clusters: [alpine, alpine]}\n", "listed twice"),
+    ("slurm: {allowed_clusters: [cirrus]}\n", r"'cirrus' is no Host of .* \(its hosts: alpine\)"),
+])
+def test_bad_slurm_settings_say_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
+                                              message: str) -> None:
+    path = kube_settings(tmp_path, monkeypatch, text)
+    with pytest.raises(ConfigError, match=message):
+        load_registry(path)

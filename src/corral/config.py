@@ -3,8 +3,9 @@ and where Corral keeps its files.
 
 The file is OpenSSH client syntax and is handed to `ssh -F` as is, so every ssh option works
 (ProxyJump, IdentityFile, Port, User, ...). Corral itself only reads which Host names it defines: each
-concrete Host name is a Slurm cluster's login node, unless a pool names it; patterns (`*`, `?`, `!`)
-only carry options for the others. A pool (`pools: {lab: {hosts: [gpu1, gpu2]}}`) is a set of plain
+concrete Host name is a Slurm cluster's login node, unless a pool names it or `slurm: {allowed_clusters:
+[…]}` of config.yaml leaves it out (a bastion); patterns (`*`, `?`, `!`) only carry options for the
+others. A pool (`pools: {lab: {hosts: [gpu1, gpu2]}}`) is a set of plain
 machines reached the same way (`ssh -F` the cluster file): its hosts are Host entries there or plain
 host names. Kubernetes contexts (`kubernetes: {allowed_contexts: [ctx]}`) of the user's kubeconfig are
 places too. The places work can go are the clusters, the pools and the contexts (`names()`); each has an
@@ -295,6 +296,7 @@ def load_registry(path: Path | None = None) -> ClusterRegistry:
         if any(e.name == pool.name for e in entries):
             raise ConfigError(f"pools.{pool.name}: a cluster or machine of {path} has that name; name the pool "
                               "differently", settings_path())
+    entries = _allowed(entries, settings, path)
     kube = _kube_contexts(settings.get("kubernetes") or {})
     for context in kube:
         if any(e.name == context.name for e in entries) or any(p.name == context.name for p in pools):
@@ -303,6 +305,21 @@ def load_registry(path: Path | None = None) -> ClusterRegistry:
     if not entries:
         raise ConfigError("no clusters defined: add a `Host <cluster>` entry per login node", path)
     return ClusterRegistry(path=path, entries=tuple(entries), pools=tuple(pools), kube=tuple(kube))
+
+
+def _allowed(entries: list[ClusterEntry], settings: dict[str, object], path: Path) -> list[ClusterEntry]:
+    """The file's hosts but the clusters `slurm.allowed_clusters` leaves out (when set): ssh still
+    reaches them (a bastion named by ProxyJump), but no work goes there and no command asks them. A
+    pool's machines are the pool's either way."""
+    slurm = settings.get("slurm")
+    if not isinstance(slurm, dict):
+        return entries
+    allowed = list(slurm["allowed_clusters"])
+    hosts = [e.name for e in entries]
+    if unknown := [name for name in allowed if name not in hosts]:
+        raise ConfigError(f"slurm.allowed_clusters: {unknown[0]!r} is no Host of {path} (its hosts: "
+                          f"{', '.join(hosts) or 'none'})", settings_path())
+    return [e for e in entries if e.kind != SLURM or e.name in allowed]
 
 
 def _kube_contexts(raw: object) -> list[KubeEntry]:
@@ -322,7 +339,8 @@ def _pools(raw: object) -> list[PoolEntry]:
             for name, spec in raw.items()]
 
 
-USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes", "infra_order", "rpc_budget")
+USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes", "slurm", "infra_order",
+                      "rpc_budget")
 INFRA_ORDER_KINDS = ("slurm", "ssh", "k8s")
 
 
@@ -358,6 +376,8 @@ def load_user_settings() -> dict[str, object]:
             _check_pool_settings(value, path)
         if key == "kubernetes":
             _check_kube_settings(value, path)
+        if key == "slurm":
+            _check_slurm_settings(value, path)
         if key == "rpc_budget":
             check_rpc_budget(value, "rpc_budget", path)
         if key == "infra_order" and (not isinstance(value, list) or not value
@@ -385,6 +405,21 @@ def infra_order() -> tuple[str, ...]:
 
 
 _KUBE_KEYS = ("allowed_contexts", "namespace", "kubeconfig")
+
+
+def _check_slurm_settings(value: object, path: Path) -> None:
+    """`slurm: {allowed_clusters: [a, b]}`: the Host entries that are Slurm clusters (SkyPilot's
+    setting of that name); the file's other hosts (a bastion for ProxyJump) are no cluster."""
+    example = "`slurm: {allowed_clusters: [alpine, borealis]}`"
+    if not isinstance(value, dict) or set(value) - {"allowed_clusters"}:
+        raise ConfigError(f"setting 'slurm' takes allowed_clusters only, e.g. {example}", path)
+    clusters = value.get("allowed_clusters")
+    if (not isinstance(clusters, list) or not clusters
+            or not all(isinstance(c, str) and _CLUSTER_NAME.match(c) for c in clusters)):
+        raise ConfigError(f"slurm.allowed_clusters: expected a list of the cluster file's Host names, e.g. {example}",
+                          path)
+    if len(set(clusters)) != len(clusters):
+        raise ConfigError("slurm.allowed_clusters: a cluster is listed twice", path)
 # A namespace is a DNS label (RFC 1123).
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?\Z", re.ASCII)
 
