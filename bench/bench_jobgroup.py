@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_pipeline import _first_attempt  # noqa: E402
-from bench.common import bench_testbed, cancel_all, corral_argv, print_table  # noqa: E402
+from bench.common import bench_testbed, cancel_all, corral_argv, print_table, wait_managed_ended  # noqa: E402
 
 GROUP = """\
 name: bench-group
@@ -77,13 +77,7 @@ def main() -> None:
             launched = subprocess.run(corral_argv("jobs", "launch", "-d", "--json", str(group)), env=bench.env,
                                       check=True, capture_output=True, text=True)
             ids = json.loads(launched.stdout)["job_ids"]
-            while True:
-                shown = json.loads(subprocess.run(corral_argv("jobs", "queue", "-a", "--json"), env=bench.env,
-                                                  check=True, capture_output=True, text=True).stdout)
-                states = {j["job_id"]: j["state"] for j in shown}
-                if all(states.get(i) in ("SUCCEEDED", "FAILED", "CANCELLED") for i in ids):
-                    break
-                time.sleep(0.1)
+            states = wait_managed_ended(bench.env, ids)
             elapsed = time.perf_counter() - started
             if [states[i] for i in ids] != ["CANCELLED", "SUCCEEDED"]:
                 raise SystemExit(f"the group did not end as expected: {states}")

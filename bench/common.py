@@ -37,6 +37,21 @@ def corral_argv(*args: str) -> list[str]:
     return [exe if os.path.exists(exe) else "corral", *args]
 
 
+def wait_managed_ended(env: dict[str, str], ids: list[str]) -> dict[str, str]:
+    """Poll `corral jobs queue` (the server `env` names) until every managed job of `ids` has ended; their
+    states then, by id."""
+    import json
+
+    ended = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
+    while True:
+        shown = json.loads(subprocess.run(corral_argv("jobs", "queue", "-a", "--json"), env=env, check=True,
+                                          capture_output=True, text=True).stdout)
+        states = {j["job_id"]: j["state"] for j in shown}
+        if all(states.get(i) in ended for i in ids):
+            return {i: states[i] for i in ids}
+        time.sleep(0.1)
+
+
 def print_table(title: str, rows: list[tuple[str, float, float | None, str]]) -> None:
     """rows: (what, seconds, baseline seconds or None, goal)."""
     print(f"\n{title}")

@@ -590,6 +590,19 @@ def test_a_tick_leaves_a_cluster_whose_status_query_has_not_answered_out_of_its_
     asyncio.run(scenario())
 
 
+def counted_pipeline_reads(store: Store) -> list[list[str]]:
+    """The pipeline ids of each store read of pipeline rows, as the store is asked from now on."""
+    reads: list[list[str]] = []
+    original = store.pipeline_tasks
+
+    def counted(pipeline_ids):
+        reads.append(sorted(set(pipeline_ids := list(pipeline_ids))))
+        return original(pipeline_ids)
+
+    store.pipeline_tasks = counted
+    return reads
+
+
 def test_a_pipelines_tasks_run_one_after_another_and_a_failure_skips_the_rest(store):
     """A task starts on the tick its predecessor succeeds (decided in the order they run), never before;
     a task that fails skips every task after it; and the predecessors are read in one store query."""
@@ -601,14 +614,7 @@ def test_a_pipelines_tasks_run_one_after_another_and_a_failure_skips_the_rest(st
              for name in ("prep", "train", "eval")]
     ids = managed.record_pipeline(store, "pipe", tasks)
     controller = Controller(client, store, "test", ControllerSettings())
-    reads = []
-    original = store.pipeline_tasks
-
-    def counted(pipeline_ids):
-        reads.append(sorted(set(pipeline_ids := list(pipeline_ids))))
-        return original(pipeline_ids)
-
-    store.pipeline_tasks = counted
+    reads = counted_pipeline_reads(store)
 
     def state(job_id):
         [view] = managed.views(store, [job_id])
@@ -656,14 +662,7 @@ def test_a_job_group_runs_side_by_side_on_one_cluster_and_its_auxiliary_task_sto
     assert alone.cluster == "alpine"
     ids = managed.record_pipeline(store, "grp", tasks, parallel=True, primary_tasks=["trainer"])
     controller = Controller(client, store, "test", ControllerSettings())
-    reads = []
-    original = store.pipeline_tasks
-
-    def counted(pipeline_ids):
-        reads.append(sorted(set(pipeline_ids := list(pipeline_ids))))
-        return original(pipeline_ids)
-
-    store.pipeline_tasks = counted
+    reads = counted_pipeline_reads(store)
     assert asyncio.run(controller.tick()).submitted == 2
     placed = {job: store.attempts_of([job])[job][-1] for job in ids}
     assert {a.cluster for a in placed.values()} == {"borealis"}
