@@ -158,6 +158,9 @@ def pipeline_task(found: dict[str, Any], task: str) -> str:
         return ids[names.index(task)]
     listed = ", ".join(f"{i} ({n})" for i, n in enumerate(names))
     raise click.UsageError(f"TASK {task!r}: give one task's place or name: {listed}")
+
+
+@jobs.command(name="cancel")
 @cancel_command("managed jobs")
 @reports_errors
 def jobs_cancel(refs: list[str], cancel_all: bool, all_users: bool) -> list[Any]:
