@@ -32,6 +32,20 @@ def test_table_and_named_clusters(corral):
     assert "b300*, debug, maint" in result.stdout
 
 
+def test_allowed_clusters_leaves_the_other_hosts_out(corral, corral_env):
+    """SkyPilot's `slurm: allowed_clusters`: the other Host entries (a bastion) are asked nothing."""
+    from pathlib import Path
+
+    home = Path(corral_env["CORRAL_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text("slurm:\n  allowed_clusters: [cirrus, borealis]\n")
+    result = corral("check", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert list(by_cluster(result.json())) == ["borealis", "cirrus"]  # the cluster file's order
+    unknown = corral("check", "alpine")
+    assert unknown.exit_code != 0 and "alpine" in unknown.stderr
+
+
 def test_unknown_cluster_lists_known_ones(corral):
     result = corral("check", "nowhere")
     assert result.exit_code == 66
