@@ -63,6 +63,9 @@ def test_a_job_group_header_is_read_whole():
     ("name: p\nprimary_tasks: [a]\n---\nname: a\nrun: a\n---\nrun: b\n",
      "p.yaml: primary_tasks: only a job group has it (`execution: parallel` in the header)"),
     ("name: [1]\nexecution: parallel\n---\nrun: a\n", "p.yaml: the job group's name must be a string, not list"),
+    ("execution: parallel\nprimary_tasks: trainer\n---\nrun: a\n", "p.yaml: primary_tasks: expected a list of the"),
+    ("execution: parallel\ntermination_delay: [1]\n---\nrun: a\n", "p.yaml: termination_delay: expected a duration"),
+    ("execution: parallel\ntermination_delay: {a: [1]}\n---\nrun: a\n", "p.yaml: termination_delay: expected a"),
     ("name: [1]\n---\nrun: a\n", "p.yaml: the pipeline's name must be a string, not list"),
     ("name: p\n---\nname: q\n", None),  # only the first document can be the header: `name: q` is a task
     ("run: a\n---\nrun: [b\n", "p.yaml:4:1: invalid YAML"),

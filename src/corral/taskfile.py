@@ -128,6 +128,14 @@ def pipeline_tasks(text: str, source: str) -> tuple[dict[str, Any], list[tuple[s
     if execution == "serial" and (given := [k for k in GROUP_ONLY_KEYS if k in header]):
         raise TaskError(f"{source}: {given[0]}: only a job group has it (`execution: parallel` in the header); "
                         "a pipeline's tasks each end by themselves")
+    primary = header.get("primary_tasks")
+    if primary is not None and (not isinstance(primary, list) or not all(isinstance(p, str) for p in primary)):
+        raise TaskError(f"{source}: primary_tasks: expected a list of the group's task names, e.g. `[trainer]`")
+    delay = header.get("termination_delay")
+    if delay is not None and not (_is_duration(delay) or isinstance(delay, dict) and all(
+            isinstance(key, str) and _is_duration(value) for key, value in delay.items())):
+        raise TaskError(f"{source}: termination_delay: expected a duration (30s, 5m, 1h, or seconds), or one per task "
+                        "name, e.g. `{default: 30s, replay-buffer: 1m}`")
     name = header.get("name")
     if name is not None and not isinstance(name, str):
         raise TaskError(f"{source}: the {'job group' if execution == 'parallel' else 'pipeline'}'s name must be "
@@ -136,6 +144,11 @@ def pipeline_tasks(text: str, source: str) -> tuple[dict[str, Any], list[tuple[s
         raise TaskError(f"{source}: a {'job group' if execution == 'parallel' else 'pipeline'} with no task: give "
                         "each task after a `---` line")
     return header, documents
+
+
+def _is_duration(value: object) -> bool:
+    """Text or a number, as a duration is written (jobgroup.parse_delay reads it)."""
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
 def _text_of(text: str, node: Any, value: Any) -> str:

@@ -530,7 +530,8 @@ def test_a_job_group_runs_its_tasks_side_by_side_and_stops_the_auxiliary_one_aft
     attached = corral("jobs", "launch", "group.yaml", env=env, cwd=tmp_path)
     assert attached.exit_code == 0, attached.stderr
     lines = attached.stdout.splitlines()
-    assert lines[0].startswith("trainer reaches data-server on ") and len(lines[0]) > len("trainer reaches data-server on ")
+    found = "trainer reaches data-server on "
+    assert lines[0].startswith(found) and len(lines[0]) > len(found)  # a host name after it
     # (the log holds Slurm's own words on the cancel too: the task's output lines are these)
     assert [line for line in lines[1:] if line.startswith("data-server")] == [
         f"data-server up in {name} as data-server", "data-server stopping"]
