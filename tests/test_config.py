@@ -194,7 +194,7 @@ def test_allowed_clusters_leaves_the_files_other_hosts_out(tmp_path: Path, monke
     ("slurm: [alpine]\n", "setting 'slurm' takes allowed_clusters only"),
     ("slurm: {clusters: [alpine]}\n", "setting 'slurm' takes allowed_clusters only"),
     ("slurm: {allowed_clusters: []}\n", "slurm.allowed_clusters: expected a list of the cluster file's Host names"),
-    ("slurm: {allowed_clusters: ['a b']}\n", "slurm.allowed_clusters: expected a list"),
+    ("slurm: {allowed_clusters: ['a b']}\n", "slurm.allowed_clusters: 'a b' cannot be a place's name"),
     ("slurm: {allowed_clusters: [alpine, alpine]}\n", "listed twice"),
     ("slurm: {allowed_clusters: [cirrus]}\n", r"'cirrus' is no Host of .* \(its hosts: alpine\)"),
 ])

@@ -413,13 +413,23 @@ def _check_slurm_settings(value: object, path: Path) -> None:
     example = "`slurm: {allowed_clusters: [alpine, borealis]}`"
     if not isinstance(value, dict) or set(value) - {"allowed_clusters"}:
         raise ConfigError(f"setting 'slurm' takes allowed_clusters only, e.g. {example}", path)
-    clusters = value.get("allowed_clusters")
-    if (not isinstance(clusters, list) or not clusters
-            or not all(isinstance(c, str) and _CLUSTER_NAME.match(c) for c in clusters)):
-        raise ConfigError(f"slurm.allowed_clusters: expected a list of the cluster file's Host names, e.g. {example}",
-                          path)
-    if len(set(clusters)) != len(clusters):
-        raise ConfigError("slurm.allowed_clusters: a cluster is listed twice", path)
+    _check_place_names(value.get("allowed_clusters"), "slurm.allowed_clusters", "the cluster file's Host names",
+                       example, "rename the Host in the cluster file", path)
+
+
+def _check_place_names(names: object, setting: str, what: str, example: str, rename: str, path: Path) -> None:
+    """A setting that lists places by name (`allowed_clusters`, `allowed_contexts`): a list, not empty,
+    of names a place can have, each once."""
+    if not isinstance(names, list) or not names:
+        raise ConfigError(f"{setting}: expected a list of {what}, e.g. {example}", path)
+    for name in names:
+        if not isinstance(name, str) or not _CLUSTER_NAME.match(name):
+            raise ConfigError(f"{setting}: {name!r} cannot be a place's name (letters, digits, '_', '.', '-', '@', "
+                              f"'+'); {rename}", path)
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise ConfigError(f"{setting}: {', '.join(twice)} listed twice", path)
+
+
 # A namespace is a DNS label (RFC 1123).
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?\Z", re.ASCII)
 
@@ -431,15 +441,8 @@ def _check_kube_settings(value: object, path: Path) -> None:
     for key in value:
         if key not in _KUBE_KEYS:
             raise ConfigError(f"kubernetes: unknown setting {key!r}; known: {', '.join(_KUBE_KEYS)}", path)
-    contexts = value.get("allowed_contexts")
-    if not isinstance(contexts, list) or not contexts:
-        raise ConfigError(f"kubernetes.allowed_contexts: expected a list of kubeconfig contexts, e.g. {example}", path)
-    for context in contexts:
-        if not isinstance(context, str) or not _CLUSTER_NAME.match(context):
-            raise ConfigError(f"kubernetes.allowed_contexts: {context!r} cannot be a place's name (letters, digits, "
-                              "'_', '.', '-', '@', '+'); rename the context in the kubeconfig", path)
-    if len(set(contexts)) != len(contexts):
-        raise ConfigError("kubernetes.allowed_contexts: a context is listed twice", path)
+    _check_place_names(value.get("allowed_contexts"), "kubernetes.allowed_contexts", "kubeconfig contexts", example,
+                       "rename the context in the kubeconfig", path)
     namespace = value.get("namespace")
     if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.match(namespace)):
         raise ConfigError(f"kubernetes.namespace: {namespace!r} is not a namespace name (lowercase letters, digits "
