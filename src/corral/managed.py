@@ -60,7 +60,7 @@ class ManagedView:
             "pipeline": ({"id": self.managed.pipeline_id, "name": self.managed.pipeline_name,
                           "task": self.managed.pipeline_stage,
                           "execution": "parallel" if self.managed.pipeline_parallel else "serial",
-                          "auxiliary": self.managed.termination_delay is not None}
+                          "auxiliary": self.managed.auxiliary}
                          if self.managed.pipeline_id else None),
         }
 

@@ -86,6 +86,21 @@ def test_managed_changes_in_one_transaction_keep_their_order_and_events(store):
     assert store.managed(["c-2"])[0].state == "PENDING"  # all or nothing
 
 
+def test_a_job_groups_tasks_read_back_in_order_with_their_names_and_which_are_auxiliary(store):
+    """pipeline_members is one query for a task's page; the plain copies a tick reads answer the
+    row's own properties (auxiliary, group_id) as the ORM rows do."""
+    columns = [c.key for c in JobRow.__table__.columns]
+    store.add_managed_jobs([{key: getattr(row, key) for key in columns}
+                            for row in (job("c-0", "server"), job("c-1", "trainer", rank=1))],
+                           pipeline_name="grp", parallel=True, delays=[30.0, None])
+    store.add_managed_jobs([{key: getattr(job("c-2"), key) for key in columns}])
+    assert store.pipeline_members("c-0") == [("c-0", "server", True), ("c-1", "trainer", False)]
+    tasks = store.pipeline_tasks(["c-0"])["c-0"]
+    assert [(t.job_id, t.auxiliary, t.group_id) for t in tasks] == [("c-0", True, "c-0"), ("c-1", False, "c-0")]
+    [alone] = store.managed(["c-2"])
+    assert (alone.auxiliary, alone.group_id) == (False, None)
+
+
 def test_attempt_updates_for_unknown_tokens_are_ignored(store):
     store.add_jobs([job("c-1")], [attempt("t1", "c-1")])
     store.update_attempts({"t1": {"state": "RUNNING"}, "gone": {"state": "RUNNING"}})

@@ -172,7 +172,7 @@ class Controller:
         A job group's tasks share a home until placed (by the group's id), so that one replica places
         them together."""
         mine = attempts.get(m.job_id)
-        key = m.pipeline_id if m.pipeline_parallel and m.pipeline_id and not mine else m.job_id
+        key = m.group_id if m.group_id and not mine else m.job_id
         home = home_cluster(key, mine[-1].cluster if mine else None, configured)
         return home in held if home is not None else chores
 
@@ -191,7 +191,7 @@ class Controller:
                           *self._pipeline_rows(live, attempts))
         # A pipeline's tasks in the order they run: a task whose predecessor ends this tick starts on it;
         # a job group's auxiliary tasks after its primary ones, so they see a primary that ends this tick.
-        for m in sorted(managed, key=lambda m: (m.termination_delay is not None, m.pipeline_stage or 0)):
+        for m in sorted(managed, key=lambda m: (m.auxiliary, m.pipeline_stage or 0)):
             mine = attempts.get(m.job_id, [])
             decision = await self._decide(m, mine, context)
             for token, fields in decision.mark.items():
@@ -236,13 +236,13 @@ class Controller:
         replica drives them): one store read for all of them, none when no such task is live."""
         waiting = [m for m in live.values()
                    if m.pipeline_stage and not m.pipeline_parallel and not attempts.get(m.job_id)]
-        auxiliary = [m for m in live.values() if m.termination_delay is not None]
+        auxiliary = [m for m in live.values() if m.auxiliary]
         tasks = self.store.pipeline_tasks(str(m.pipeline_id) for m in waiting + auxiliary)
         stages = {(p, t.pipeline_stage): live.get(t.job_id, t) for p, rows in tasks.items() for t in rows}
         before = {m.job_id: stages[(m.pipeline_id, m.pipeline_stage - 1)] for m in waiting
                   if (m.pipeline_id, m.pipeline_stage - 1) in stages}
         primaries = {m.job_id: tuple(live.get(t.job_id, t) for t in tasks.get(str(m.pipeline_id), [])
-                                     if t.termination_delay is None) for m in auxiliary}
+                                     if not t.auxiliary) for m in auxiliary}
         return before, primaries
 
     async def _decide(self, m: ManagedJobRow, attempts: list[AttemptRow], context: Context) -> Decision:
@@ -601,7 +601,7 @@ def _group_clusters(planned: list[tuple[int, list[JobRow], Task, Plan, list[Cand
 def _group_of(rows: dict[str, ManagedJobRow], job_id: str) -> str | None:
     """The id of the job group a managed job (driven this tick) is a task of; None for any other job."""
     m = rows.get(job_id)
-    return m.pipeline_id if m is not None and m.pipeline_parallel else None
+    return m.group_id if m is not None else None
 
 
 def _batches(to_place: list[tuple[JobRow, str]],

@@ -164,7 +164,7 @@ def _decide(m: ManagedJobRow, attempts: list[AttemptRow], context: Context, fact
     if m.cancel_requested:
         return Decision(ManagedState.CANCELLED, "cancelled by user", cancel=live,
                         mark=_cancelling(live, "cancelled by user"))
-    if m.termination_delay is not None and (stop := _auxiliary_stop(m, context, started=bool(attempts))):
+    if m.auxiliary and (stop := _auxiliary_stop(m, context, started=bool(attempts))):
         return Decision(ManagedState.CANCELLED, stop, cancel=live, mark=_cancelling(live, stop))
     decision = Decision()
     running = sorted((a for a in live if a.state in (JobState.RUNNING, JobState.STARTING)),

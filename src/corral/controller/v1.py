@@ -292,13 +292,11 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                      "slurm_job_id": a.handle, "state": a.state, "reason": a.reason,
                      "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
                      "exit_code": a.exit_code, "failure": a.failure} for a in view.attempts]
-        tasks = store.pipeline_tasks([view.managed.pipeline_id]) if view.managed.pipeline_id else {}
-        rows = tasks.get(str(view.managed.pipeline_id), [])
-        names = store.job_names([t.job_id for t in rows]) if rows else {}
+        members = store.pipeline_members(view.managed.pipeline_id) if view.managed.pipeline_id else []
         return {**view.to_json(), "events": events, "attempt_list": attempts,
-                "pipeline_tasks": [t.job_id for t in rows],
-                "pipeline_task_names": [names.get(t.job_id) for t in rows],
-                "pipeline_auxiliary": [t.job_id for t in rows if t.termination_delay is not None]}
+                "pipeline_tasks": [job_id for job_id, _name, _auxiliary in members],
+                "pipeline_task_names": [name for _job_id, name, _auxiliary in members],
+                "pipeline_auxiliary": [job_id for job_id, _name, auxiliary in members if auxiliary]}
 
     return router
 

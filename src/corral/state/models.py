@@ -124,6 +124,16 @@ class ManagedJobRow(Base):
     pipeline_parallel: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     termination_delay: Mapped[float | None] = mapped_column(Float, nullable=True)
 
+    @property
+    def auxiliary(self) -> bool:
+        """Is this a job group's auxiliary task (one its group stops after the primary tasks end)?"""
+        return self.termination_delay is not None
+
+    @property
+    def group_id(self) -> str | None:
+        """The id of the job group this is a task of; None for any other managed job."""
+        return self.pipeline_id if self.pipeline_parallel else None
+
 
 class JobEventRow(Base):
     __tablename__ = "job_events"

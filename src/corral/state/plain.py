@@ -16,9 +16,11 @@ from sqlalchemy.orm import Session
 
 @functools.cache
 def plain_class(model: type) -> type:
-    """A slotted class with the model's columns as attributes, in table order; compared by identity."""
+    """A slotted class with the model's columns as attributes, in table order, and the model's own
+    properties (computed from columns); compared by identity."""
     columns = [column.key for column in model.__table__.columns]  # type: ignore[attr-defined]
-    return dataclasses.make_dataclass(f"Plain{model.__name__}", columns, slots=True, eq=False)
+    properties = {name: value for name, value in vars(model).items() if isinstance(value, property)}
+    return dataclasses.make_dataclass(f"Plain{model.__name__}", columns, slots=True, eq=False, namespace=properties)
 
 
 def columns_of(model: type) -> Select[Any]:

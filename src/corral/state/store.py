@@ -554,10 +554,14 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)))
 
-    def job_names(self, job_ids: list[str]) -> dict[str, str]:
-        """Jobs' names by id, in one query (no task text read)."""
+    def pipeline_members(self, pipeline_id: str) -> list[tuple[str, str | None, bool]]:
+        """One pipeline's tasks in the order they run: (job id, name, is a job group's auxiliary task),
+        in one query (no task text read)."""
         with self.session() as s:
-            return dict(s.execute(select(JobRow.id, JobRow.name).where(JobRow.id.in_(job_ids))).tuples().all())
+            return list(s.execute(
+                select(ManagedJobRow.job_id, JobRow.name, ManagedJobRow.termination_delay.is_not(None))
+                .join(JobRow, JobRow.id == ManagedJobRow.job_id)
+                .where(ManagedJobRow.pipeline_id == pipeline_id).order_by(ManagedJobRow.pipeline_stage)).tuples().all())
 
     def jobs(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
         """Jobs by id, as plain copies (state/plain.py): a tick reads every job it places or may move.
