@@ -64,9 +64,14 @@ def auxiliary_delays(names: list[str | None], primary_tasks: list[str] | None, t
         if unknown := [p for p in primary_tasks if p not in seen]:
             raise TaskError(f"{source}: primary_tasks names {unknown[0]!r}, which is no task of the group "
                             f"(its tasks: {', '.join(n for n in names if n)})")
-    primary = set(primary_tasks) if primary_tasks is not None else seen
     delays = _delays(termination_delay, seen, source)
-    return [None if name in primary else delays.get(str(name), delays.get("default", 0.0)) for name in names]
+    return [None if is_primary(name, primary_tasks) else delays.get(str(name), delays.get("default", 0.0))
+            for name in names]
+
+
+def is_primary(name: str | None, primary_tasks: list[str] | None) -> bool:
+    """Is the task so named one of its group's primary tasks (every task is when none are named)?"""
+    return primary_tasks is None or name in primary_tasks
 
 
 def _delays(value: Any, names: set[str], source: str) -> dict[str, float]:

@@ -549,7 +549,9 @@ def test_a_job_group_runs_its_tasks_side_by_side_and_stops_the_auxiliary_one_aft
     assert attempts["data-server"]["started_at"] <= attempts["trainer"]["ended_at"]  # side by side
     # stopped no sooner than its delay after the trainer ended (Slurm's times are whole seconds)
     assert attempts["data-server"]["ended_at"] >= attempts["trainer"]["ended_at"] + 2 - 1
-    assert f"=== job group {name}, task 0 (auxiliary): {server['job_id']} ===" in attached.stderr
+    # followed from its primary task (the launch answer names the auxiliary one), then the auxiliary one
+    assert attached.stderr.index(f"=== job group {name}, task 1: {trainer['job_id']} ===") \
+        < attached.stderr.index(f"=== job group {name}, task 0 (auxiliary): {server['job_id']} ===")
 
     (tmp_path / "group.yaml").write_text(JOB_GROUP.format(name=name + "-f", trainer_end="exit 4"))
     failed = corral("jobs", "launch", "group.yaml", env=env, cwd=tmp_path)

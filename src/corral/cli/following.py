@@ -175,14 +175,6 @@ def _follow_group(client: Any, found: dict[str, Any], status: int, progress: Any
     return next((statuses[t] for t in tasks if t not in auxiliary and statuses.get(t)), 0)
 
 
-def first_primary(client: Any, job_id: str) -> str:
-    """The job group's first primary task, where following a group launched starts (its first task may
-    be an auxiliary one, which runs until the primary ones end)."""
-    found = client.managed_job(job_id)
-    auxiliary = set(found.get("pipeline_auxiliary") or [])
-    return next((t for t in found.get("pipeline_tasks") or [] if t not in auxiliary), job_id)
-
-
 def _follow_one(client: Any, job_id: str, *, follow: bool, tail: int, progress: Any
                 ) -> tuple[int, dict[str, Any] | None]:
     """`follow_managed` for one managed job: its exit status, and the job as last read."""

@@ -22,7 +22,7 @@ from corral.cli.common import (
     task_options,
     warnings_only,
 )
-from corral.cli.following import first_primary, follow_managed, status_only
+from corral.cli.following import follow_managed, status_only
 from corral.timefmt import clock
 
 
@@ -59,31 +59,31 @@ def jobs_launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra
     if len(paths) > 1:
         raise TaskError("a managed job runs one task file; launch several with one `corral jobs launch` each")
     client = Client()
-    pipeline: list[str] = []
-    parallel: list[bool] = []
+    pipelines: list[dict[str, Any]] = []  # the server's `pipeline` event, for a file of several tasks
 
     def on_event(event: dict[str, Any]) -> None:
         if event.get("event") == "pipeline":
-            pipeline.append(str(event["name"]))
-            parallel.append(event.get("execution") == "parallel")
+            pipelines.append(event)
         warnings_only(event)
 
     ids = client.managed_launch(Path(paths[0]) if paths else None, command=command, num_jobs=num_jobs, name=name,
                                 gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
                                 envs=list(envs), secrets=list(secret_values), workdir=workdir, image_id=image_id,
                                 on_event=on_event)
+    pipeline = pipelines[0] if pipelines else None
     if as_json:
-        print_json({"job_id": ids[0], "job_ids": ids, **({"pipeline": pipeline[0]} if pipeline else {})})
-    elif pipeline and parallel[0] and not detach:
-        click.echo(f"corral: job group {pipeline[0]} recorded: {len(ids)} tasks ({', '.join(ids)}), run side by "
-                   "side on one cluster; following each in turn (Ctrl-C stops following, not the group)", err=True)
-        first = first_primary(client, ids[0])
-        click.echo(f"=== job group {pipeline[0]}, task {ids.index(first)}: {first} ===", err=True)
+        print_json({"job_id": ids[0], "job_ids": ids, **({"pipeline": pipeline["name"]} if pipeline else {})})
+    elif pipeline and pipeline.get("execution") == "parallel" and not detach:
+        click.echo(f"corral: job group {pipeline['name']} recorded: {len(ids)} tasks ({', '.join(ids)}), run side "
+                   "by side on one cluster; following each in turn (Ctrl-C stops following, not the group)", err=True)
+        # Its first primary task: an auxiliary one runs until the primary ones end.
+        first = next((i for i in ids if i not in pipeline.get("auxiliary", [])), ids[0])
+        click.echo(f"=== job group {pipeline['name']}, task {ids.index(first)}: {first} ===", err=True)
         sys.exit(follow_managed(client, first, follow=True))
     elif pipeline and not detach:
-        click.echo(f"corral: managed pipeline {pipeline[0]} recorded: {len(ids)} tasks ({', '.join(ids)}), run "
-                   "one after another; following it (Ctrl-C stops following, not the pipeline)", err=True)
-        click.echo(f"=== pipeline {pipeline[0]}, task 0: {ids[0]} ===", err=True)
+        click.echo(f"corral: managed pipeline {pipeline['name']} recorded: {len(ids)} tasks ({', '.join(ids)}), "
+                   "run one after another; following it (Ctrl-C stops following, not the pipeline)", err=True)
+        click.echo(f"=== pipeline {pipeline['name']}, task 0: {ids[0]} ===", err=True)
         sys.exit(follow_managed(client, ids[0], follow=True))
     elif detach or len(ids) > 1:
         click.echo("\n".join(ids))

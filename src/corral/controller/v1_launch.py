@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field, field_validator
 
-from corral import buckets, managed, uploads
+from corral import buckets, jobgroup, managed, uploads
 from corral.managed import MAX_PIPELINE_TASKS
 from corral.client import Client
 from corral.controller.auth import Me, Principal, owner_of_all
@@ -380,7 +380,10 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
                                       primary_tasks=pipeline.primary_tasks,
                                       termination_delay=pipeline.termination_delay)
         wake()
+        auxiliary = [job_id for job_id, (task, _) in zip(ids, ready)
+                     if parallel and not jobgroup.is_primary(task.name, pipeline.primary_tasks)]
         return {"job_id": ids[0], "job_ids": ids, "pipeline": name, "execution": pipeline.execution,
+                "auxiliary": auxiliary,
                 "warnings": [line for task, source in ready for line in warning_lines(task, source)]}
 
     @router.post("/managed/cancel")

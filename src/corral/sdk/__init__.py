@@ -255,8 +255,8 @@ class Client:
         per task, each started once the one before it has succeeded (with `execution: parallel` in its
         header, a job group: its tasks run side by side on one cluster); the flags apply to every task,
         and `name` names the pipeline. `on_event` sees a `warning` event for each field of a task that
-        has no meaning on Slurm, and for a pipeline a `pipeline` event with its `name`, `job_ids` and
-        `execution`."""
+        has no meaning on Slurm, and for a pipeline a `pipeline` event with its `name`, `job_ids`,
+        `execution` and (a job group's) `auxiliary` task ids."""
         body = {**self._managed_task(task, command, base, workdir), "num_jobs": num_jobs,
                 "overrides": _overrides(name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                                         memory=memory, envs=envs, secrets=secrets, workdir=workdir,
@@ -266,7 +266,7 @@ class Client:
             on_event({"event": "warning", "message": message})
         if on_event and answer.get("pipeline"):
             on_event({"event": "pipeline", "name": answer["pipeline"], "job_ids": list(answer["job_ids"]),
-                      "execution": answer.get("execution", "serial")})
+                      "execution": answer.get("execution", "serial"), "auxiliary": answer.get("auxiliary", [])})
         return list(answer["job_ids"])
 
     def managed_jobs(self, *, limit: int = 20, page: int = 1, all: bool = False, since: float | None = None
