@@ -101,6 +101,38 @@ def test_a_job_groups_tasks_read_back_in_order_with_their_names_and_which_are_au
     assert (alone.auxiliary, alone.group_id) == (False, None)
 
 
+def test_ended_run_dirs_are_those_whose_every_attempt_ended_long_enough_ago(store):
+    """run_files.py's query: an array's copies share a run directory (it waits for the last one), a
+    live dev allocation's is left out, an attempt with no run directory (never submitted) too, and a
+    directory once marked is not found again."""
+    from corral.state.models import AllocationRow, RunDirState
+
+    def ended(token, job_id, run_dir, at, state="SUCCEEDED", cluster="alpine"):
+        row = attempt(token, job_id, state=state)
+        row.run_dir, row.ended_at, row.cluster = run_dir, at, cluster
+        return row
+
+    store.add_jobs([job("c-1"), job("c-2", rank=1), job("c-3", rank=2), job("c-4", rank=3), job("c-5", rank=4),
+                    job("c-6", rank=5)], [
+        ended("a1", "c-1", "r/done", 100.0),
+        ended("a2.0", "c-2", "r/array", 100.0), ended("a2.1", "c-3", "r/array", None, state="RUNNING"),
+        ended("a4", "c-4", "", 100.0, state="SUBMIT_FAILED"),
+        ended("a5", "c-5", "r/alloc", 100.0, state="FAILED"),
+        ended("a6", "c-6", "r/recent", 900.0, cluster="borealis")])
+    store.put_allocation(AllocationRow(name="dev", token="t", cluster="alpine", partition="gpu", num_nodes=1,
+                                       resources="{}", run_dir="r/alloc", created_at=1.0))
+    assert store.ended_run_dirs(500.0, 100, clusters=["alpine", "borealis"]) == {("alpine", ""): ["r/done"]}
+    assert store.ended_run_dirs(1000.0, 100, clusters=["alpine"]) == {("alpine", ""): ["r/done"]}
+    assert store.ended_run_dirs(1000.0, 100, clusters=["borealis"]) == {("borealis", ""): ["r/recent"]}
+    store.update_attempt("a2.1", state="SUCCEEDED", ended_at=200.0)
+    store.mark_run_dirs("alpine", ["r/done"], RunDirState.ENV_REMOVED)
+    assert store.ended_run_dirs(500.0, 100, clusters=["alpine"]) == {("alpine", ""): ["r/array"]}
+    assert store.ended_run_dirs(500.0, 1, clusters=["alpine", "borealis"]) == {("alpine", ""): ["r/array"]}
+    assert store.ended_run_dirs(1000.0, 100, clusters=["alpine", "borealis"], skip=[("alpine", "")]) == {
+        ("borealis", ""): ["r/recent"]}  # a user the pass could not act as on a cluster
+    assert store.views(["c-1"])[0].attempt.run_dir_state == "env-removed"
+
+
 def test_attempt_updates_for_unknown_tokens_are_ignored(store):
     store.add_jobs([job("c-1")], [attempt("t1", "c-1")])
     store.update_attempts({"t1": {"state": "RUNNING"}, "gone": {"state": "RUNNING"}})

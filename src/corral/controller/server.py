@@ -305,10 +305,11 @@ def _check_settings() -> None:
     from corral.controller.protocol import body_window_seconds, head_seconds
     from corral.limits import send_limit
     from corral.login_env import login_env_seconds
+    from corral.run_files import grace_seconds, interval_seconds
     from corral.uploads import keep_days_setting
 
     for read in (head_seconds, body_window_seconds, send_limit, login_env_seconds, keep_days_setting,
-                 default_timeout):
+                 default_timeout, grace_seconds, interval_seconds):
         read()
 
 
@@ -325,6 +326,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     from corral.controller.engine import LEASE, Controller, ControllerSettings
     from corral.controller.protocol import MAX_REQUEST_HEAD, RefusingH11Protocol
     from corral.sdk.endpoint import settings as endpoint_settings
+    from corral import run_files
     from corral.state import open_store
     from corral.usage import UsageSampler
 
@@ -390,6 +392,8 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     # lease never lapses between its holder's ticks, and another replica takes it soon after it does.
     longest = min(max(MAX_INTERVAL, base), controller.settings.lease_seconds / 3)
     pruned_at = -math.inf
+    files_every = run_files.interval_seconds()
+    files_at = time.monotonic() - files_every + min(run_files.FIRST_PASS, files_every)  # the first pass's due
     disagreement: str | None = None
     failing: list[str] = []  # the clusters the last tick could not refresh
     try:
@@ -407,6 +411,9 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
                 status.ticks += 1
                 if report.chores and sampler.due(time.monotonic()):  # one replica samples: the chores' holder
                     await sampler.sample(Client(), store)
+                if report.chores and time.monotonic() - files_at > files_every:
+                    files_at = time.monotonic()
+                    await _remove_run_files(controller.client, store)
                 status.last_tick = TickFigures(at=time.time(), seconds=round(time.monotonic() - started, 4),
                                                drove=report.drove, jobs=report.jobs, submitted=report.submitted,
                                                moved=report.moved, cancelled=report.cancelled,
@@ -452,6 +459,21 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
 FIRST_TICK_WAIT = 1.0  # seconds a server started for a command waits for that command's request to end
 PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads and of long-gone replicas' heartbeats
 LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the tick that may take it
+
+
+async def _remove_run_files(client: Any, store: Any) -> None:
+    """The ended attempts' env.sh on the clusters (run_files.py); said in the log when anything goes."""
+    from corral import run_files
+
+    try:
+        report = await run_files.remove_env_files(client, store, time.time(), grace=run_files.grace_seconds())
+    except Exception as exc:  # noqa: BLE001 - housekeeping: never a reason to stop driving jobs
+        print(f"removing ended jobs' env.sh failed: {exc!r}", flush=True)
+        return
+    for cluster, count in sorted(report.removed.items()):
+        print(f"removed env.sh of {count} ended jobs' run directories on {cluster}", flush=True)
+    for cluster, error in sorted(report.errors.items()):
+        print(f"could not remove ended jobs' env.sh on {cluster} (next pass tries again): {error}", flush=True)
 
 
 def _prune_uploads(store: Any) -> None:

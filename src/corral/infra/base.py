@@ -460,6 +460,15 @@ class ReleasesHeld(ABC):
         """Let these held jobs start."""
 
 
+class RemovesRunFiles(ABC):
+    """The infra can remove what an ended attempt no longer needs from its run directory (run_files.py)."""
+
+    @abstractmethod
+    async def remove_env_files(self, run_dirs: list[str]) -> None:
+        """Remove each run directory's env.sh (the job's env values, secrets included), in one round
+        trip; a directory that is gone already is no error. Its log and the rest stay."""
+
+
 class ReportsSetupFailure(ABC):
     """The infra can tell whether a failed attempt failed in the task's `setup` (not worth retrying)."""
 

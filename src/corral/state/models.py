@@ -54,6 +54,14 @@ class AttemptRow(Base):
     failure: Mapped[str | None] = mapped_column(String(16), nullable=True)  # infra.base.FailureClass, once it failed
     submitter: Mapped[str | None] = mapped_column(String(160), nullable=True)  # liveness.process_tag()
     held: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # a move's attempt, until released
+    # What Corral has removed of the run directory once the attempt ended (RunDirState); NULL: nothing.
+    run_dir_state: Mapped[str | None] = mapped_column(String(16), nullable=True, index=True)
+
+
+class RunDirState(enum.StrEnum):
+    """What Corral has removed of an ended attempt's run directory on its cluster (run_files.py)."""
+
+    ENV_REMOVED = "env-removed"  # its env.sh, which holds the job's env values, secrets included
 
 
 class AllocationRow(Base):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, create_engine, delete, event, exists, func, insert, select, update
+from sqlalchemy import bindparam, case, create_engine, delete, event, exists, func, insert, select, tuple_, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -582,6 +582,36 @@ class Store:
         with self.session() as s:
             return {job_id: owner for chunk in _chunks(wanted, 5000)
                     for job_id, owner in s.execute(select(JobRow.id, JobRow.owner).where(JobRow.id.in_(chunk)))}
+
+    def ended_run_dirs(self, ended_before: float, limit: int, clusters: list[str],
+                       skip: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], list[str]]:
+        """(cluster, owner) -> run directories on `clusters` Corral has cleaned nothing of, whose every
+        attempt (an array's copies share one) is in a terminal state and ended before `ended_before`;
+        no live dev allocation's (its execs' attempts share it), none of the (cluster, owner) pairs in
+        `skip`. At most `limit`, in one query."""
+        terminal = func.sum(case((AttemptRow.state.in_(TERMINAL_STATES), 1), else_=0))
+        query = (select(AttemptRow.cluster, JobRow.owner, AttemptRow.run_dir)
+                 .join(JobRow, JobRow.id == AttemptRow.job_id)
+                 .where(AttemptRow.run_dir_state.is_(None), AttemptRow.run_dir != "",
+                        AttemptRow.cluster.in_(clusters), AttemptRow.run_dir.not_in(select(AllocationRow.run_dir)))
+                 .group_by(AttemptRow.cluster, JobRow.owner, AttemptRow.run_dir)
+                 .having(terminal == func.count(), func.count(AttemptRow.ended_at) == func.count(),
+                         func.max(AttemptRow.ended_at) < ended_before)
+                 .limit(limit))
+        if skipped := list(skip):
+            query = query.where(tuple_(AttemptRow.cluster, JobRow.owner).not_in(skipped))
+        out: dict[tuple[str, str], list[str]] = {}
+        with self.session() as s:
+            for cluster, owner, run_dir in s.execute(query):
+                out.setdefault((cluster, owner), []).append(run_dir)
+        return out
+
+    def mark_run_dirs(self, cluster: str, run_dirs: list[str], state: str) -> None:
+        """Say what Corral removed of these run directories (models.RunDirState), for all their attempts."""
+        with self.session() as s, s.begin():
+            for chunk in _chunks(run_dirs, 5000):
+                s.execute(update(AttemptRow).where(AttemptRow.cluster == cluster, AttemptRow.run_dir.in_(chunk))
+                          .values(run_dir_state=state))
 
     def attempts_in_state(self, state: JobState) -> list[AttemptRow]:
         """Every attempt in `state`, through the index on state; plain copies (state/plain.py)."""

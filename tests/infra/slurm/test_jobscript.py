@@ -110,6 +110,18 @@ def test_cancel_leaves_each_job_its_marker_before_scancel():
     assert cancel_script(["41"]).startswith("scancel 41 ")  # without run dirs: scancel alone
 
 
+@pytest.mark.parametrize("bad", ["", ".corral/runs", ".corral/runs/../x", ".corral/runs/0123456789ab/..",
+                                 "/etc/0123456789ab", ".corral/runs/0123456789AB", ".corral/runs/0123456789ab\n"])
+def test_only_corrals_own_run_directories_reach_the_removal_of_env_files(bad):
+    from corral.infra.slurm.jobs import remove_env_script
+
+    assert remove_env_script([".corral/runs/0123456789ab", ".corral/runs/abcdef012345"]) == (
+        'cd "$HOME" && rm -f -- .corral/runs/0123456789ab/env.sh .corral/runs/abcdef012345/env.sh\n')
+    assert remove_env_script([]) == "exit 0\n"
+    with pytest.raises(ValueError, match="not a Corral run directory"):
+        remove_env_script([".corral/runs/0123456789ab", bad])
+
+
 def test_an_image_with_pyxis_runs_the_step_in_it():
     pyxis = spec(container_image="nvcr.io/nvidia/pytorch:24.01-py3", container_runtime="pyxis")
     check_golden("container-pyxis.sbatch", render_sbatch(pyxis))

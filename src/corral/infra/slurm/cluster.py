@@ -31,6 +31,7 @@ from corral.infra.base import (
     OutputSink,
     PredictsStart,
     ReleasesHeld,
+    RemovesRunFiles,
     ReportsSetupFailure,
     RunsArrays,
     RunsJobScripts,
@@ -46,6 +47,7 @@ from corral.infra.slurm.jobs import (
     parse_submit,
     parse_test_only,
     release_script,
+    remove_env_script,
     status_lines_for,
     status_script,
     stopped_at_ping,
@@ -67,7 +69,7 @@ FULL_STATUS_EVERY = 60.0
 
 
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
-                 FollowsSetup, ReleasesHeld, RunsJobScripts):
+                 FollowsSetup, ReleasesHeld, RemovesRunFiles, RunsJobScripts):
     kind: ClassVar[str] = "slurm"
     probe_commands: ClassVar[int] = 1 + len(QUERIES)  # scontrol ping, and the queries (sinfo, squeue, …)
     status_commands: ClassVar[int] = 2  # squeue, and sacct for what it forgot
@@ -176,6 +178,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
         if handles:
             await self._run(cancel_script(handles, run_dirs), timeout=JOB_TIMEOUT)
+
+    async def remove_env_files(self, run_dirs: list[str]) -> None:
+        if run_dirs:
+            await self._run(remove_env_script(run_dirs), timeout=JOB_TIMEOUT, cost=0)  # no Slurm command
 
     async def release_held(self, handles: list[str]) -> None:
         if handles:

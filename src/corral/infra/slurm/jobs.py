@@ -23,6 +23,7 @@ from corral.infra.slurm import userscript
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
     JOB_NAME_PREFIX,
+    RUNS_DIR,
     STEP_COMMENT_PREFIX,
     sbatch_options,
     spec_for,
@@ -387,6 +388,20 @@ def cancel_script(job_ids: list[str], run_dirs: list[str] | None = None) -> str:
         lines.append(f'[ -d "$HOME"/{shlex.quote(run_dir)} ] && : > "$HOME"/{shlex.quote(run_dir)}/{marker}')
     lines.append(f"scancel {' '.join(job_ids)} 2>&1 | grep -v 'already completed' ; exit 0")
     return "\n".join(lines) + "\n"
+
+
+# A job's run directory as the store keeps it: `.corral/runs/` and the attempt's hex token (base.new_token).
+_RUN_DIR = re.compile(rf"^{re.escape(RUNS_DIR)}/[0-9a-f]{{12}}\Z")
+
+
+def remove_env_script(run_dirs: list[str]) -> str:
+    """Remove each run directory's env.sh; only run directories of Corral's own shape reach the
+    command line (anything else is refused, not removed), and `rm -f` of a gone one is no error."""
+    for run_dir in run_dirs:
+        if not _RUN_DIR.match(run_dir):
+            raise ValueError(f"not a Corral run directory: {run_dir!r}")
+    files = " ".join(shlex.quote(f"{run_dir}/env.sh") for run_dir in run_dirs)
+    return f'cd "$HOME" && rm -f -- {files}\n' if run_dirs else "exit 0\n"
 
 
 def release_script(job_ids: list[str]) -> str:

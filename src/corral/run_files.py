@@ -1,0 +1,88 @@
+"""Removing from the clusters what ended jobs no longer need: each ended attempt's `env.sh`, which
+holds the job's env values, secrets included, in clear (mode 600) in the user's home on the cluster.
+Slurm itself keeps a job's script and environment only until it purges the job's record; Corral's
+copy stayed for good until this pass.
+
+It runs on the server (the chores' holder, one replica), every INTERVAL seconds, over attempts that
+ended at least GRACE seconds ago: past Slurm's default MinJobAge (300 s), after which no `scontrol
+requeue` can run the job's script again. A run directory shared by an array's copies waits for the
+last of them; a live dev allocation's is left alone (`corral down` removes it whole). The job's log
+and the rest of its run directory stay: `corral logs` still shows it.
+
+Cost: one store query per batch, and one round trip (no Slurm command) per cluster and user per batch
+of BATCH directories, within the cluster's session limit; nothing at all when no attempt has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.config import env_number
+from corral.errors import CorralError
+from corral.infra.base import RemovesRunFiles
+from corral.state.models import RunDirState
+
+GRACE = 600.0  # seconds after an attempt ended before its env.sh goes (CORRAL_RUN_FILES_GRACE)
+INTERVAL = 600.0  # seconds between passes (CORRAL_RUN_FILES_INTERVAL)
+FIRST_PASS = 60.0  # seconds after the server starts (or INTERVAL, if shorter)
+BATCH = 1000  # run directories per store query and per round trip
+MAX_BATCHES = 20  # per pass: a store upgraded with a long history is cleaned over several passes
+
+
+def grace_seconds() -> float:
+    return env_number("CORRAL_RUN_FILES_GRACE", GRACE, note="; a site whose MinJobAge is longer wants more")
+
+
+def interval_seconds() -> float:
+    return env_number("CORRAL_RUN_FILES_INTERVAL", INTERVAL, minimum=1.0)
+
+
+@dataclass
+class RemovalReport:
+    removed: dict[str, int] = field(default_factory=dict)  # cluster -> run directories cleaned
+    errors: dict[str, str] = field(default_factory=dict)  # cluster -> why it was not (tried again next pass)
+
+
+async def remove_env_files(client: Any, store: Any, now: float, *, grace: float = GRACE,
+                           batch: int = BATCH, max_batches: int = MAX_BATCHES) -> RemovalReport:
+    """One pass: the env.sh of every run directory whose attempts all ended `grace` seconds before
+    `now`, on every cluster whose infra can remove it, each as its owner's account."""
+    report = RemovalReport()
+    able = [c for c in client.registry.names() if _removes(client, c)]
+    failed: set[tuple[str, str]] = set()  # (cluster, owner): left for the next pass, not asked again in this one
+    for _ in range(max_batches):
+        found = store.ended_run_dirs(now - grace, batch, clusters=able, skip=failed)
+        if not found:
+            break
+        outcomes = await asyncio.gather(*(_remove(client, cluster, owner, dirs)
+                                          for (cluster, owner), dirs in found.items()))
+        for ((cluster, owner), dirs), error in zip(found.items(), outcomes):
+            if error is None:
+                store.mark_run_dirs(cluster, dirs, RunDirState.ENV_REMOVED)
+                report.removed[cluster] = report.removed.get(cluster, 0) + len(dirs)
+            else:
+                report.errors[cluster] = error
+                failed.add((cluster, owner))
+        if sum(len(dirs) for dirs in found.values()) < batch:
+            break
+    return report
+
+
+def _removes(client: Any, cluster: str) -> bool:
+    try:
+        return isinstance(client.infra(cluster), RemovesRunFiles)
+    except CorralError:
+        return False
+
+
+async def _remove(client: Any, cluster: str, owner: str, run_dirs: list[str]) -> str | None:
+    """Remove on one cluster as one user; None, or why not."""
+    try:
+        infra = client.infra(cluster, owner)
+        assert isinstance(infra, RemovesRunFiles)
+        await infra.remove_env_files(run_dirs)
+    except (CorralError, ValueError) as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,121 @@
+"""Removing ended jobs' env.sh from the clusters (run_files.py), on the real testbed over real SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tests.conftest import wait_for
+
+SECRET = "s3cret-value"
+
+
+def remote(script: str, cluster: str = "alpine") -> str:
+    from corral.client import Client
+
+    return asyncio.run(Client().transport.run(cluster, script, timeout=30, check=False)).stdout
+
+
+def launched(corral, *args: str) -> tuple[str, str]:
+    """Launch a short job with a secret on alpine; its id and run directory, once it has ended."""
+    from corral.sdk import Client
+
+    result = corral("launch", "-d", "--json", "--infra", "slurm/alpine", "--secret", f"TOKEN={SECRET}", *args,
+                    "--", "echo ran")
+    assert result.exit_code == 0, result.stderr
+    job_id = result.json()["job_id"]
+    job = Client().wait(job_id, poll=0.5, timeout=90)
+    assert job.state == "SUCCEEDED", job
+    from corral.state import open_store
+
+    run_dir = open_store().views([job_id])[0].attempt.run_dir
+    return job_id, run_dir
+
+
+def test_an_ended_jobs_env_file_goes_in_one_round_trip_and_its_log_stays(corral, corral_env):
+    """The env.sh holding the secret is there once the job ended, and gone after one pass (one round
+    trip to the one cluster with such a job); the log stays, and a second pass finds nothing to do and
+    sends nothing."""
+    from corral import run_files
+    from corral.client import Client
+    from corral.state import open_store
+
+    job_id, run_dir = launched(corral)
+    assert SECRET in remote(f'cat "$HOME"/{run_dir}/env.sh')
+    store, client = open_store(), Client()
+    early = asyncio.run(run_files.remove_env_files(client, store, time.time()))
+    assert early.removed == {} and early.errors == {}
+    before = dict(client.transport.round_trips)
+    report = asyncio.run(run_files.remove_env_files(client, store, time.time(), grace=0))
+    assert report.removed.get("alpine", 0) >= 1 and report.errors == {}
+    trips = {c: n - before.get(c, 0) for c, n in client.transport.round_trips.items() if n - before.get(c, 0)}
+    assert trips == {cluster: 1 for cluster in report.removed}  # one per cluster, whatever the count
+    left = remote(f'ls "$HOME"/{run_dir}').split()
+    assert "env.sh" not in left and {"log.txt", "job.sbatch"} <= set(left)
+    assert store.views([job_id])[0].attempt.run_dir_state == "env-removed"  # (before GRACE: not found)
+    assert "ran" in corral("logs", "--no-follow", job_id).stdout
+    before = dict(client.transport.round_trips)
+    again = asyncio.run(run_files.remove_env_files(client, store, time.time(), grace=0))
+    assert again.removed == {} and dict(client.transport.round_trips) == before
+
+
+def test_the_server_removes_them_by_itself(corral, corral_env):
+    """Wired into the server's loop (its chores): with a 1 s interval and no grace, an ended job's
+    env.sh goes without anyone asking, and the server's log says so."""
+    from pathlib import Path
+
+    corral_env.update(CORRAL_RUN_FILES_INTERVAL="1", CORRAL_RUN_FILES_GRACE="0")
+    job_id, run_dir = launched(corral)
+    wait_for("the server to remove env.sh", lambda: "gone" in remote(
+        f'[ -e "$HOME"/{run_dir}/env.sh ] || echo gone; [ -e "$HOME"/{run_dir}/log.txt ] || echo log-lost'),
+        timeout=60, interval=0.5)
+    assert "log-lost" not in remote(f'[ -e "$HOME"/{run_dir}/log.txt ] || echo log-lost')
+    log = (Path(corral_env["CORRAL_HOME"]) / "controller.log").read_text()
+    assert "removed env.sh of" in log and "on alpine" in log
+
+
+def test_a_user_the_pass_cannot_act_as_holds_up_no_one_else_and_is_tried_next_pass(tmp_path):
+    """In batches of `batch` directories; alice's failure is reported and left for the next pass,
+    while bob's directories all go in this one."""
+    from corral import run_files
+    from corral.errors import CorralError
+    from corral.infra.base import RemovesRunFiles
+    from corral.state import Store
+    from corral.state.models import AttemptRow, JobRow
+
+    class Removing(RemovesRunFiles):
+        """Removes env files (the pass's only call), or fails as a user it cannot act as."""
+
+        def __init__(self, fails: bool):
+            self.fails = fails
+
+        async def remove_env_files(self, run_dirs: list[str]) -> None:
+            if self.fails:
+                raise CorralError("no account for alice on alpine")
+            calls.append(sorted(run_dirs))
+
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    jobs, attempts = [], []
+    for number, owner in enumerate(["alice", "bob", "bob", "bob"]):
+        token = f"{number:012x}"
+        jobs.append(JobRow(id=f"c-{number}", name="t", task_json="{}", created_at=1.0, owner=owner))
+        attempts.append(AttemptRow(token=token, job_id=f"c-{number}", cluster="alpine", partition="gpu",
+                                   state="SUCCEEDED", ended_at=10.0, run_dir=f".corral/runs/{token}", log_path="x"))
+    store.add_jobs(jobs, attempts)
+    calls: list = []
+
+    class Stub:
+        class registry:  # noqa: N801 - what the pass reads of a client's registry
+            @staticmethod
+            def names() -> list[str]:
+                return ["alpine"]
+
+        def infra(self, cluster: str, owner: str = "") -> Removing:
+            return Removing(fails=owner == "alice")
+
+    report = asyncio.run(run_files.remove_env_files(Stub(), store, 1000.0, batch=2))
+    assert report.removed == {"alpine": 3} and "no account for alice" in report.errors["alpine"]
+    assert sorted(d for call in calls for d in call) == [f".corral/runs/{n:012x}" for n in (1, 2, 3)]
+    assert all(len(call) <= 2 for call in calls)
+    again = asyncio.run(run_files.remove_env_files(Stub(), store, 1000.0, batch=2))
+    assert again.removed == {} and list(again.errors) == ["alpine"]  # alice's, tried again
