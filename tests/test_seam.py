@@ -692,6 +692,36 @@ def test_a_job_group_runs_side_by_side_on_one_cluster_and_its_auxiliary_task_sto
     assert reads == []  # nothing is live: no group read
 
 
+def test_a_job_group_whose_cluster_is_lost_moves_whole_to_one_that_can_run_it(store):
+    """Its cluster unreachable beyond the grace: every task is recovered, together, on one other
+    cluster (they had waited for the lost one for good); the old attempts are cancelled once it
+    answers again."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    tasks = [(parse_task({"name": name, "resources": {"accelerators": "H100:1"}, "run": "true"}, "t"), "t")
+             for name in ("trainer", "server")]
+    ids = managed.record_pipeline(store, "grp", tasks, parallel=True, primary_tasks=["trainer"])
+    controller = Controller(client, store, "test", ControllerSettings(grace_seconds=0))
+    asyncio.run(controller.tick())
+    first = {job: store.attempts_of([job])[job][-1] for job in ids}
+    assert {a.cluster for a in first.values()} == {"alpine"}
+    for job in ids:
+        client.infras["alpine"].finish(first[job].handle, JobState.RUNNING)
+    asyncio.run(controller.tick())
+    client.infras["alpine"].unreachable = True
+    asyncio.run(controller.tick())  # seen unreachable (the grace starts)
+    asyncio.run(controller.tick())  # beyond it: both recovered, on the one other cluster with H100s
+    moved = {job: store.attempts_of([job])[job] for job in ids}
+    assert [[(a.number, a.cluster, a.state) for a in moved[job]] for job in ids] == [
+        [(1, "alpine", "CANCELLING"), (2, "borealis", "PENDING")]] * 2
+    assert [v.managed.state for v in managed.views(store, ids)] == ["RECOVERING", "RECOVERING"]
+    client.infras["alpine"].unreachable = False
+    asyncio.run(controller.tick())
+    assert {first[job].handle for job in ids} <= set(client.infras["alpine"].cancelled)
+
+
 def test_a_job_group_no_cluster_can_run_whole_waits_and_says_why(store):
     from corral import managed
     from corral.controller.engine import Controller, ControllerSettings

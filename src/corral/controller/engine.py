@@ -291,7 +291,7 @@ class Controller:
             plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes, owner=jobs[0].owner)
             planned.append((number, jobs, task, plan,
                             [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()))
-        groups = _group_clusters(planned, attempts, rows)
+        groups = _group_clusters(planned, attempts, rows, unreachable)
         for number, jobs, task, plan, feasible in planned:
             group = _group_of(rows, jobs[0].id)
             if group is not None:  # a job group's tasks run on one cluster, where they can reach each other
@@ -586,11 +586,15 @@ def _attempt_options(task: Task, number: int, m: ManagedJobRow | None = None) ->
 
 
 def _group_clusters(planned: list[tuple[int, list[JobRow], Task, Plan, list[Candidate]]],
-                    attempts: dict[str, list[AttemptRow]], rows: dict[str, ManagedJobRow]) -> dict[str, str | None]:
-    """Each job group placed this tick -> its cluster: where its tasks already run (a recovery stays
-    there), else the one cluster that can run every task of it soonest (rules.group_cluster); None
+                    attempts: dict[str, list[AttemptRow]], rows: dict[str, ManagedJobRow],
+                    unreachable: set[str]) -> dict[str, str | None]:
+    """Each job group placed this tick -> its cluster: where its other tasks still run (a task
+    recovered after a node failure goes back to them), else the one cluster that can run every task
+    of it soonest (rules.group_cluster), so that a group whose cluster was lost moves whole; None
     when no cluster can run them all."""
-    placed = {group: mine[-1].cluster for job, mine in attempts.items() if mine and (group := _group_of(rows, job))}
+    placed = {group: mine[-1].cluster for job, mine in attempts.items()
+              if mine and mine[-1].state in rules.LIVE_ON_A_CLUSTER and mine[-1].cluster not in unreachable
+              and (group := _group_of(rows, job))}
     feasible: dict[str, list[list[Candidate]]] = {}
     for _number, jobs, _task, _plan, candidates in planned:
         if (group := _group_of(rows, jobs[0].id)) is not None:
