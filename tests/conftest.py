@@ -79,6 +79,26 @@ def kube(testbed) -> Iterator[object]:
     fake.down()
 
 
+# The testbed's SSH machines as one pool (`ssh/lab`), lab4 with an A10G of its own.
+POOL = {"pools": {"lab": {"hosts": ["lab1", "lab2", "lab3", "lab4"], "gpus": {"lab4": "A10G:1"}}}}
+
+
+@pytest.fixture
+def pool_env(corral_env, testbed, machines, tmp_path):
+    """The testbed's cluster file with the machines' Host entries added, and the pool in config.yaml."""
+    config = tmp_path / "cluster-file"
+    config.write_text(testbed.cluster_config.read_text() + "\n" + machines.ssh_config.read_text())
+    home = tmp_path / "corral-home"
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(json.dumps(POOL))
+    env = {**corral_env, "CORRAL_SLURM_CONFIG": str(config)}
+    yield env
+    subprocess.run(["corral", "cancel", "--all"], env=env, capture_output=True)
+    for machine in machines.machines:
+        subprocess.run(["ssh", "-F", str(machines.ssh_config), machine.name, "pkill -u corral-test -f corral/runs/"],
+                       capture_output=True)
+
+
 @pytest.fixture
 def controller_stopped(testbed) -> Iterator[str]:
     """cirrus' slurmctld stopped for the test (its login node still answers)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from tests.conftest import wait_for
 
@@ -16,12 +17,13 @@ def remote(script: str, cluster: str = "alpine") -> str:
     return asyncio.run(Client().transport.run(cluster, script, timeout=30, check=False)).stdout
 
 
-def launched(corral, *args: str) -> tuple[str, str]:
-    """Launch a short job with a secret on alpine; its id and run directory, once it has ended."""
+def launched(corral, *args: str, env: dict[str, str] | None = None) -> tuple[str, str]:
+    """Launch a short job with a secret (on alpine unless `args` say where); its id and run
+    directory, once it has ended."""
     from corral.sdk import Client
 
-    result = corral("launch", "-d", "--json", "--infra", "slurm/alpine", "--secret", f"TOKEN={SECRET}", *args,
-                    "--", "echo ran")
+    result = corral("launch", "-d", "--json", "--secret", f"TOKEN={SECRET}", *(args or ("--infra", "slurm/alpine")),
+                    "--", "echo ran", env=env)
     assert result.exit_code == 0, result.stderr
     job_id = result.json()["job_id"]
     job = Client().wait(job_id, poll=0.5, timeout=90)
@@ -62,8 +64,6 @@ def test_an_ended_jobs_env_file_goes_in_one_round_trip_and_its_log_stays(corral,
 def test_the_server_removes_them_by_itself(corral, corral_env):
     """Wired into the server's loop (its chores): with a 1 s interval and no grace, an ended job's
     env.sh goes without anyone asking, and the server's log says so."""
-    from pathlib import Path
-
     corral_env.update(CORRAL_RUN_FILES_INTERVAL="1", CORRAL_RUN_FILES_GRACE="0")
     job_id, run_dir = launched(corral)
     wait_for("the server to remove env.sh", lambda: "gone" in remote(
@@ -89,10 +89,10 @@ def test_a_user_the_pass_cannot_act_as_holds_up_no_one_else_and_is_tried_next_pa
         def __init__(self, fails: bool):
             self.fails = fails
 
-        async def remove_env_files(self, run_dirs: list[str]) -> None:
+        async def remove_env_files(self, ended) -> None:
             if self.fails:
                 raise CorralError("no account for alice on alpine")
-            calls.append(sorted(run_dirs))
+            calls.append(sorted(e.run_dir for e in ended))
 
     store = Store(f"sqlite:///{tmp_path / 'state.db'}")
     jobs, attempts = [], []
@@ -119,3 +119,27 @@ def test_a_user_the_pass_cannot_act_as_holds_up_no_one_else_and_is_tried_next_pa
     assert all(len(call) <= 2 for call in calls)
     again = asyncio.run(run_files.remove_env_files(Stub(), store, 1000.0, batch=2))
     assert again.removed == {} and list(again.errors) == ["alpine"]  # alice's, tried again
+
+
+def test_on_an_ssh_pool_each_ranks_env_file_goes_from_its_machine(corral, pool_env, monkeypatch):
+    """A two-node task on the testbed's machines: each rank's env.sh, in its own run directory on its
+    own machine, goes in one round trip per machine; the logs stay."""
+    from corral import run_files
+    from corral.client import Client
+    from corral.state import open_store
+
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", pool_env["CORRAL_SLURM_CONFIG"])
+    job_id, _ = launched(corral, "--gpus", "A100:4", "--num-nodes", "2", env=pool_env)
+    store = open_store()
+    attempt = store.views([job_id])[0].attempt
+    hosts, token = attempt.handle.split("/")
+    ranks = [Path(f"/home/corral-test/.corral/runs/{token}.{rank}") for rank in (0, 1)]  # the machines share it
+    assert attempt.cluster == "lab" and all(SECRET in (rank / "env.sh").read_text() for rank in ranks)
+    client = Client()
+    before = dict(client.transport.round_trips)
+    report = asyncio.run(run_files.remove_env_files(client, store, time.time(), grace=0))
+    assert report.removed.get("lab") == 1 and report.errors == {}
+    trips = {c: n - before.get(c, 0) for c, n in client.transport.round_trips.items() if n - before.get(c, 0)}
+    assert {host: trips.get(host) for host in hosts.split(",")} == {host: 1 for host in hosts.split(",")}
+    assert not any((rank / "env.sh").exists() for rank in ranks)
+    assert all((rank / "log.txt").exists() for rank in ranks)

@@ -21,7 +21,7 @@ from typing import Any
 
 from corral.config import env_number
 from corral.errors import CorralError
-from corral.infra.base import RemovesRunFiles
+from corral.infra.base import EndedRun, RemovesRunFiles
 from corral.state.models import RunDirState
 
 GRACE = 600.0  # seconds after an attempt ended before its env.sh goes (CORRAL_RUN_FILES_GRACE)
@@ -60,7 +60,7 @@ async def remove_env_files(client: Any, store: Any, now: float, *, grace: float 
                                           for (cluster, owner), dirs in found.items()))
         for ((cluster, owner), dirs), error in zip(found.items(), outcomes):
             if error is None:
-                store.mark_run_dirs(cluster, dirs, RunDirState.ENV_REMOVED)
+                store.mark_run_dirs(cluster, [e.run_dir for e in dirs], RunDirState.ENV_REMOVED)
                 report.removed[cluster] = report.removed.get(cluster, 0) + len(dirs)
             else:
                 report.errors[cluster] = error
@@ -77,12 +77,12 @@ def _removes(client: Any, cluster: str) -> bool:
         return False
 
 
-async def _remove(client: Any, cluster: str, owner: str, run_dirs: list[str]) -> str | None:
+async def _remove(client: Any, cluster: str, owner: str, ended: list[EndedRun]) -> str | None:
     """Remove on one cluster as one user; None, or why not."""
     try:
         infra = client.infra(cluster, owner)
         assert isinstance(infra, RemovesRunFiles)
-        await infra.remove_env_files(run_dirs)
+        await infra.remove_env_files(ended)
     except (CorralError, ValueError) as exc:
         return str(exc)
     return None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_pools import POOL
+from tests.conftest import POOL
 from tests.conftest import wait_for
 from tests.helpers import counting_ssh, launch_managed
 

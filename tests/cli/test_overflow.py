@@ -10,7 +10,7 @@ import subprocess
 from collections import Counter
 
 from tests.cli.test_kube import kube_settings
-from tests.cli.test_pools import POOL
+from tests.conftest import POOL
 from tests.conftest import wait_for
 from tests.helpers import fill_every_node, job_state, launch_managed, ssh_login
 

@@ -6,34 +6,13 @@ away fails its task as the infrastructure's doing, and a managed job is recovere
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import wait_for
 from tests.helpers import cancel_a_running_exec, counting_ssh, launch_managed
-
-POOL = {"pools": {"lab": {"hosts": ["lab1", "lab2", "lab3", "lab4"], "gpus": {"lab4": "A10G:1"}}}}
-
-
-@pytest.fixture
-def pool_env(corral_env, testbed, machines, tmp_path):
-    """The testbed's cluster file with the machines' Host entries added, and the pool in config.yaml."""
-    config = tmp_path / "cluster-file"
-    config.write_text(testbed.cluster_config.read_text() + "\n" + machines.ssh_config.read_text())
-    home = tmp_path / "corral-home"
-    home.mkdir(exist_ok=True)
-    (home / "config.yaml").write_text(json.dumps(POOL))
-    env = {**corral_env, "CORRAL_SLURM_CONFIG": str(config)}
-    yield env
-    subprocess.run(["corral", "cancel", "--all"], env=env, capture_output=True)
-    for machine in machines.machines:
-        subprocess.run(["ssh", "-F", str(machines.ssh_config), machine.name, "pkill -u corral-test -f corral/runs/"],
-                       capture_output=True)
-
 
 def test_the_pool_is_in_the_one_view_at_one_round_trip_per_machine(corral, pool_env, tmp_path):
     env, calls = counting_ssh(tmp_path, pool_env)

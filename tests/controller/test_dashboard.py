@@ -278,7 +278,7 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
 def test_the_infra_page_shows_every_kind_side_by_side(browser, corral, corral_env, kube, machines, testbed, tmp_path):
     """The three Slurm clusters, the SSH pool and the Kubernetes context (the fake API server) on one page."""
     from tests.cli.test_kube import kube_settings
-    from tests.cli.test_pools import POOL
+    from tests.conftest import POOL
 
     config = tmp_path / "cluster-file"
     config.write_text(testbed.cluster_config.read_text() + "\n" + machines.ssh_config.read_text())

@@ -104,12 +104,17 @@ def test_a_job_groups_tasks_read_back_in_order_with_their_names_and_which_are_au
 def test_ended_run_dirs_are_those_whose_every_attempt_ended_long_enough_ago(store):
     """run_files.py's query: an array's copies share a run directory (it waits for the last one), a
     live dev allocation's is left out, an attempt with no run directory (never submitted) too, and a
-    directory once marked is not found again."""
+    directory once marked is not found again. Each comes with one of its attempts' handles (a pool's
+    names its machines)."""
     from corral.state.models import AllocationRow, RunDirState
+
+    def found(*args, **kwargs) -> dict:
+        return {key: [(e.run_dir, e.handle) for e in ended]
+                for key, ended in store.ended_run_dirs(*args, **kwargs).items()}
 
     def ended(token, job_id, run_dir, at, state="SUCCEEDED", cluster="alpine"):
         row = attempt(token, job_id, state=state)
-        row.run_dir, row.ended_at, row.cluster = run_dir, at, cluster
+        row.run_dir, row.ended_at, row.cluster, row.handle = run_dir, at, cluster, f"h-{token}"
         return row
 
     store.add_jobs([job("c-1"), job("c-2", rank=1), job("c-3", rank=2), job("c-4", rank=3), job("c-5", rank=4),
@@ -121,15 +126,15 @@ def test_ended_run_dirs_are_those_whose_every_attempt_ended_long_enough_ago(stor
         ended("a6", "c-6", "r/recent", 900.0, cluster="borealis")])
     store.put_allocation(AllocationRow(name="dev", token="t", cluster="alpine", partition="gpu", num_nodes=1,
                                        resources="{}", run_dir="r/alloc", created_at=1.0))
-    assert store.ended_run_dirs(500.0, 100, clusters=["alpine", "borealis"]) == {("alpine", ""): ["r/done"]}
-    assert store.ended_run_dirs(1000.0, 100, clusters=["alpine"]) == {("alpine", ""): ["r/done"]}
-    assert store.ended_run_dirs(1000.0, 100, clusters=["borealis"]) == {("borealis", ""): ["r/recent"]}
+    assert found(500.0, 100, clusters=["alpine", "borealis"]) == {("alpine", ""): [("r/done", "h-a1")]}
+    assert found(1000.0, 100, clusters=["alpine"]) == {("alpine", ""): [("r/done", "h-a1")]}
+    assert found(1000.0, 100, clusters=["borealis"]) == {("borealis", ""): [("r/recent", "h-a6")]}
     store.update_attempt("a2.1", state="SUCCEEDED", ended_at=200.0)
     store.mark_run_dirs("alpine", ["r/done"], RunDirState.ENV_REMOVED)
-    assert store.ended_run_dirs(500.0, 100, clusters=["alpine"]) == {("alpine", ""): ["r/array"]}
-    assert store.ended_run_dirs(500.0, 1, clusters=["alpine", "borealis"]) == {("alpine", ""): ["r/array"]}
-    assert store.ended_run_dirs(1000.0, 100, clusters=["alpine", "borealis"], skip=[("alpine", "")]) == {
-        ("borealis", ""): ["r/recent"]}  # a user the pass could not act as on a cluster
+    assert found(500.0, 100, clusters=["alpine"]) == {("alpine", ""): [("r/array", "h-a2.1")]}
+    assert found(500.0, 1, clusters=["alpine", "borealis"]) == {("alpine", ""): [("r/array", "h-a2.1")]}
+    assert found(1000.0, 100, clusters=["alpine", "borealis"], skip=[("alpine", "")]) == {
+        ("borealis", ""): [("r/recent", "h-a6")]}  # a user the pass could not act as on a cluster
     assert store.views(["c-1"])[0].attempt.run_dir_state == "env-removed"
 
 

@@ -460,13 +460,22 @@ class ReleasesHeld(ABC):
         """Let these held jobs start."""
 
 
+@dataclass(frozen=True)
+class EndedRun:
+    """An ended attempt's files: its run directory, and its handle (None if never accepted), which
+    names where they are on an infra of several machines."""
+
+    run_dir: str
+    handle: str | None
+
+
 class RemovesRunFiles(ABC):
     """The infra can remove what an ended attempt no longer needs from its run directory (run_files.py)."""
 
     @abstractmethod
-    async def remove_env_files(self, run_dirs: list[str]) -> None:
-        """Remove each run directory's env.sh (the job's env values, secrets included), in one round
-        trip; a directory that is gone already is no error. Its log and the rest stay."""
+    async def remove_env_files(self, ended: list[EndedRun]) -> None:
+        """Remove each one's env.sh (the job's env values, secrets included), in one round trip per
+        machine; one that is gone already is no error. Its log and the rest stay."""
 
 
 class ReportsSetupFailure(ABC):

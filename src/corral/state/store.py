@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from corral.config import private_file, private_home
 from corral.errors import ConfigError, NotFoundError, UnavailableError
-from corral.infra.base import TERMINAL_JOB_STATES, JobState
+from corral.infra.base import TERMINAL_JOB_STATES, EndedRun, JobState
 from corral.state import migrations
 from corral.state.plain import columns_of, plain_rows
 from corral.state.models import (
@@ -584,13 +584,13 @@ class Store:
                     for job_id, owner in s.execute(select(JobRow.id, JobRow.owner).where(JobRow.id.in_(chunk)))}
 
     def ended_run_dirs(self, ended_before: float, limit: int, clusters: list[str],
-                       skip: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], list[str]]:
+                       skip: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], list[EndedRun]]:
         """(cluster, owner) -> run directories on `clusters` Corral has cleaned nothing of, whose every
-        attempt (an array's copies share one) is in a terminal state and ended before `ended_before`;
-        no live dev allocation's (its execs' attempts share it), none of the (cluster, owner) pairs in
-        `skip`. At most `limit`, in one query."""
+        attempt (an array's copies share one) is in a terminal state and ended before `ended_before`,
+        each with one of its attempts' handles; no live dev allocation's (its execs' attempts share
+        it), none of the (cluster, owner) pairs in `skip`. At most `limit`, in one query."""
         terminal = func.sum(case((AttemptRow.state.in_(TERMINAL_STATES), 1), else_=0))
-        query = (select(AttemptRow.cluster, JobRow.owner, AttemptRow.run_dir)
+        query = (select(AttemptRow.cluster, JobRow.owner, AttemptRow.run_dir, func.max(AttemptRow.handle))
                  .join(JobRow, JobRow.id == AttemptRow.job_id)
                  .where(AttemptRow.run_dir_state.is_(None), AttemptRow.run_dir != "",
                         AttemptRow.cluster.in_(clusters), AttemptRow.run_dir.not_in(select(AllocationRow.run_dir)))
@@ -600,10 +600,10 @@ class Store:
                  .limit(limit))
         if skipped := list(skip):
             query = query.where(tuple_(AttemptRow.cluster, JobRow.owner).not_in(skipped))
-        out: dict[tuple[str, str], list[str]] = {}
+        out: dict[tuple[str, str], list[EndedRun]] = {}
         with self.session() as s:
-            for cluster, owner, run_dir in s.execute(query):
-                out.setdefault((cluster, owner), []).append(run_dir)
+            for cluster, owner, run_dir, handle in s.execute(query):
+                out.setdefault((cluster, owner), []).append(EndedRun(run_dir, handle))
         return out
 
     def mark_run_dirs(self, cluster: str, run_dirs: list[str], state: str) -> None:

@@ -23,6 +23,7 @@ from corral.infra.base import (
     AttemptFiles,
     ClusterSnapshot,
     CopiesCheckpoints,
+    EndedRun,
     FollowsSetup,
     HoldsAllocations,
     Infra,
@@ -179,9 +180,9 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         if handles:
             await self._run(cancel_script(handles, run_dirs), timeout=JOB_TIMEOUT)
 
-    async def remove_env_files(self, run_dirs: list[str]) -> None:
-        if run_dirs:
-            await self._run(remove_env_script(run_dirs), timeout=JOB_TIMEOUT, cost=0)  # no Slurm command
+    async def remove_env_files(self, ended: list[EndedRun]) -> None:
+        if ended:  # one shared filesystem: the run directory names them all; no Slurm command
+            await self._run(remove_env_script([e.run_dir for e in ended]), timeout=JOB_TIMEOUT, cost=0)
 
     async def release_held(self, handles: list[str]) -> None:
         if handles:

@@ -41,6 +41,7 @@ from corral.infra.base import (
     AttemptFiles,
     ClusterSnapshot,
     CopiesCheckpoints,
+    EndedRun,
     FailureClass,
     GpuPool,
     HoldsAllocations,
@@ -51,6 +52,7 @@ from corral.infra.base import (
     Node,
     OutputSink,
     Partition,
+    RemovesRunFiles,
     ReportsSetupFailure,
     SessionKeys,
     SshRoute,
@@ -73,7 +75,7 @@ def configured_gpus(spec: str) -> tuple[Gpu, ...]:
     return tuple(Gpu(i, name, None, None) for i in range(int(count)))
 
 
-class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoints):
+class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoints, RemovesRunFiles):
     kind: ClassVar[str] = "ssh"
     execs_on_fewer_nodes: ClassVar[bool] = False  # each machine's variables (vars.sh) name them all
 
@@ -272,6 +274,18 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
             if hosts and token and all(h in self.pool.hosts for h in hosts):
                 ranks += [(h, runner.check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
         await self._cancel_ranks(ranks)
+
+    async def remove_env_files(self, ended: list[EndedRun]) -> None:
+        """On each machine the handles name, every rank's env.sh there: one round trip per machine.
+        A handle naming a machine the pool no longer has is passed over (nothing can reach it)."""
+        by_host: dict[str, list[str]] = {}
+        for run in ended:
+            hosts, token = _hosts_and_token(run.handle or "")
+            if hosts and token and all(h in self.pool.hosts for h in hosts):
+                for rank, host in enumerate(hosts):
+                    by_host.setdefault(host, []).append(runner.check_token(_rank_token(token, rank, len(hosts))))
+        await asyncio.gather(*(self.transport.run(h, runner.remove_env_script(t), timeout=JOB_TIMEOUT)
+                               for h, t in by_host.items()))
 
     async def _cancel_ranks(self, ranks: list[tuple[str, str]]) -> None:
         by_host: dict[str, list[str]] = {}

@@ -219,6 +219,12 @@ exit 0
 """
 
 
+def remove_env_script(tokens: Sequence[str]) -> str:
+    """Remove each rank's env.sh (the task's env values, secrets included) once its task has ended."""
+    files = " ".join(shlex.quote(f"{run_dir(token)}/env.sh") for token in tokens)
+    return f'cd "$HOME" && rm -f -- {files}\n' if tokens else "exit 0\n"
+
+
 def follow_script(token: str, follow: bool, tail: int = 0) -> str:
     """Print the task's log (with `tail` > 0, its last `tail` lines); with `follow`, until it has ended."""
     directory = run_dir_word(token)
