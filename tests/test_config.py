@@ -190,6 +190,17 @@ def test_allowed_clusters_leaves_the_files_other_hosts_out(tmp_path: Path, monke
     assert "bastion" not in registry.hosts()
 
 
+@pytest.mark.parametrize("text", ["run_dirs: 7\n", "run_dirs: {keep_days: -1}\n", "run_dirs: {keep_days: yes}\n",
+                                  "run_dirs: {keep_days: 7, other: 1}\n", "run_dirs: {}\n"])
+def test_a_bad_run_dirs_setting_says_what_to_write(corral_home, text):
+    from corral.config import load_user_settings
+
+    corral_home.mkdir(parents=True, exist_ok=True)
+    (corral_home / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"setting 'run_dirs': expected `\{keep_days: N\}`, N days from 0 to 36500"):
+        load_user_settings()
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("slurm: [alpine]\n", "setting 'slurm' takes allowed_clusters only"),
     ("slurm: {clusters: [alpine]}\n", "setting 'slurm' takes allowed_clusters only"),

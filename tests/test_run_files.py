@@ -94,6 +94,9 @@ def test_a_user_the_pass_cannot_act_as_holds_up_no_one_else_and_is_tried_next_pa
                 raise CorralError("no account for alice on alpine")
             calls.append(sorted(e.run_dir for e in ended))
 
+        async def remove_run_dirs(self, ended) -> None:
+            raise AssertionError("only env files are asked for")
+
     store = Store(f"sqlite:///{tmp_path / 'state.db'}")
     jobs, attempts = [], []
     for number, owner in enumerate(["alice", "bob", "bob", "bob"]):
@@ -143,3 +146,23 @@ def test_on_an_ssh_pool_each_ranks_env_file_goes_from_its_machine(corral, pool_e
     assert {host: trips.get(host) for host in hosts.split(",")} == {host: 1 for host in hosts.split(",")}
     assert not any((rank / "env.sh").exists() for rank in ranks)
     assert all((rank / "log.txt").exists() for rank in ranks)
+    whole = asyncio.run(run_files.remove_run_dirs(client, store, time.time(), keep_days=0))
+    assert whole.removed.get("lab") == 1 and not any(rank.exists() for rank in ranks)
+
+
+def test_with_keep_days_the_server_removes_old_run_directories_whole_and_logs_say_so(corral, corral_env):
+    """`run_dirs: {keep_days: 0}` in the server's config.yaml: an ended job's run directory goes
+    whole, and `corral logs` says why there is no log rather than printing nothing."""
+    from pathlib import Path
+
+    home = Path(corral_env["CORRAL_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text("run_dirs: {keep_days: 0}\n")
+    corral_env.update(CORRAL_RUN_FILES_INTERVAL="1", CORRAL_RUN_FILES_GRACE="0")
+    job_id, run_dir = launched(corral)
+    wait_for("the server to remove the run directory", lambda: "gone" in remote(
+        f'[ -e "$HOME"/{run_dir} ] || echo gone'), timeout=60, interval=0.5)
+    shown = corral("logs", "--no-follow", job_id)
+    assert shown.exit_code == 66, shown.stderr
+    assert f"{job_id} ended, 0 days ago; its run directory on alpine, log included, was removed since" in shown.stderr
+    assert "removed whole 1 ended jobs' run directories on alpine" in (home / "controller.log").read_text()

@@ -340,7 +340,7 @@ def _pools(raw: object) -> list[PoolEntry]:
 
 
 USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes", "slurm", "infra_order",
-                      "rpc_budget")
+                      "rpc_budget", "run_dirs")
 INFRA_ORDER_KINDS = ("slurm", "ssh", "k8s")
 
 
@@ -380,6 +380,11 @@ def load_user_settings() -> dict[str, object]:
             _check_slurm_settings(value, path)
         if key == "rpc_budget":
             check_rpc_budget(value, "rpc_budget", path)
+        if key == "run_dirs" and (not isinstance(value, dict) or set(value) != {"keep_days"}
+                                  or not isinstance(value["keep_days"], int | float) or isinstance(value["keep_days"], bool)
+                                  or not 0 <= value["keep_days"] <= 36500):
+            raise ConfigError("setting 'run_dirs': expected `{keep_days: N}`, N days from 0 to 36500 that a job's run "
+                              "directory (its log and workdir copy) stays on the cluster after it ended", path)
         if key == "infra_order" and (not isinstance(value, list) or not value
                                      or any(v not in INFRA_ORDER_KINDS for v in value) or len(set(value)) != len(value)):
             raise ConfigError("setting 'infra_order' must list kinds of place, each once, most preferred first, e.g. "

@@ -1,7 +1,9 @@
 """Removing from the clusters what ended jobs no longer need: each ended attempt's `env.sh`, which
 holds the job's env values, secrets included, in clear (mode 600) in the user's home on the cluster.
 Slurm itself keeps a job's script and environment only until it purges the job's record; Corral's
-copy stayed for good until this pass.
+copy stayed for good until this pass. With `run_dirs: {keep_days: N}` in config.yaml, also the whole
+run directory N days after its attempts ended (its log, and its copy of the workdir, whose folders
+count against a home's inode quota): off by default, since a task may write its results there.
 
 It runs on the server (the chores' holder, one replica), every INTERVAL seconds, over attempts that
 ended at least GRACE seconds ago: past Slurm's default MinJobAge (300 s), after which no `scontrol
@@ -19,7 +21,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.config import env_number
+from corral.config import env_number, load_user_settings
 from corral.errors import CorralError
 from corral.infra.base import EndedRun, RemovesRunFiles
 from corral.state.models import RunDirState
@@ -39,6 +41,13 @@ def interval_seconds() -> float:
     return env_number("CORRAL_RUN_FILES_INTERVAL", INTERVAL, minimum=1.0)
 
 
+def keep_days() -> float | None:
+    """`run_dirs: {keep_days: N}` in the server's config.yaml: how long a run directory stays, whole,
+    after its attempts ended; None (the default): for good."""
+    value = load_user_settings().get("run_dirs")
+    return float(value["keep_days"]) if isinstance(value, dict) else None
+
+
 @dataclass
 class RemovalReport:
     removed: dict[str, int] = field(default_factory=dict)  # cluster -> run directories cleaned
@@ -49,18 +58,29 @@ async def remove_env_files(client: Any, store: Any, now: float, *, grace: float 
                            batch: int = BATCH, max_batches: int = MAX_BATCHES) -> RemovalReport:
     """One pass: the env.sh of every run directory whose attempts all ended `grace` seconds before
     `now`, on every cluster whose infra can remove it, each as its owner's account."""
+    return await _pass(client, store, now - grace, RunDirState.ENV_REMOVED, batch, max_batches)
+
+
+async def remove_run_dirs(client: Any, store: Any, now: float, keep_days: float, *, batch: int = BATCH,
+                          max_batches: int = MAX_BATCHES) -> RemovalReport:
+    """One pass: every run directory, whole, whose attempts all ended `keep_days` days before `now`."""
+    return await _pass(client, store, now - keep_days * 86400, RunDirState.REMOVED, batch, max_batches)
+
+
+async def _pass(client: Any, store: Any, ended_before: float, removing: RunDirState, batch: int,
+                max_batches: int) -> RemovalReport:
     report = RemovalReport()
     able = [c for c in client.registry.names() if _removes(client, c)]
     failed: set[tuple[str, str]] = set()  # (cluster, owner): left for the next pass, not asked again in this one
     for _ in range(max_batches):
-        found = store.ended_run_dirs(now - grace, batch, clusters=able, skip=failed)
+        found = store.ended_run_dirs(ended_before, batch, clusters=able, skip=failed, removing=removing)
         if not found:
             break
-        outcomes = await asyncio.gather(*(_remove(client, cluster, owner, dirs)
+        outcomes = await asyncio.gather(*(_remove(client, cluster, owner, dirs, removing)
                                           for (cluster, owner), dirs in found.items()))
         for ((cluster, owner), dirs), error in zip(found.items(), outcomes):
             if error is None:
-                store.mark_run_dirs(cluster, [e.run_dir for e in dirs], RunDirState.ENV_REMOVED)
+                store.mark_run_dirs(cluster, [e.run_dir for e in dirs], removing)
                 report.removed[cluster] = report.removed.get(cluster, 0) + len(dirs)
             else:
                 report.errors[cluster] = error
@@ -77,12 +97,16 @@ def _removes(client: Any, cluster: str) -> bool:
         return False
 
 
-async def _remove(client: Any, cluster: str, owner: str, ended: list[EndedRun]) -> str | None:
+async def _remove(client: Any, cluster: str, owner: str, ended: list[EndedRun], removing: RunDirState
+                  ) -> str | None:
     """Remove on one cluster as one user; None, or why not."""
     try:
         infra = client.infra(cluster, owner)
         assert isinstance(infra, RemovesRunFiles)
-        await infra.remove_env_files(ended)
+        if removing is RunDirState.REMOVED:
+            await infra.remove_run_dirs(ended)
+        else:
+            await infra.remove_env_files(ended)
     except (CorralError, ValueError) as exc:
         return str(exc)
     return None

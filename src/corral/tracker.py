@@ -40,7 +40,7 @@ from typing import Any
 
 from corral import budget
 from corral.client import Client
-from corral.errors import ClusterError, CorralError, asked_again
+from corral.errors import ClusterError, CorralError, NotFoundError, asked_again
 from corral.infra.base import (
     LIVE_STATES,
     FailureClass,
@@ -53,7 +53,7 @@ from corral.infra.base import (
 from corral.infra.shell import EXEC_OUTPUT
 from corral.liveness import tag_alive
 from corral.state import Store
-from corral.state.models import AttemptRow
+from corral.state.models import AttemptRow, RunDirState
 from corral.state.store import TERMINAL_STATES, JobView
 
 SUBMIT_GRACE_SECONDS = 120  # an attempt still SUBMITTING after this, and unknown to Slurm, never got there
@@ -351,6 +351,7 @@ class Tracker:
         """Refuse, before any output is streamed, a job whose logs cannot be read."""
         if not view.attempt.handle:
             raise CorralError(f"{view.job.id} has not reached its cluster yet ({view.attempt.state}); no logs")
+        check_log_kept(view.job.id, view.attempt)
         if view.job.allocation is not None:
             name = view.job.allocation
             held = self.store.allocation(name, view.job.owner)
@@ -371,6 +372,14 @@ class Tracker:
                                                   on_output, tail)
             return
         await infra.logs(attempt.handle, attempt.log_path, follow, on_output, tail)
+
+
+def check_log_kept(job_id: str, attempt: AttemptRow) -> None:
+    """Refuse an attempt whose log went with its run directory (run_files.py), saying so."""
+    if attempt.run_dir_state == RunDirState.REMOVED and attempt.log_path.startswith(attempt.run_dir + "/"):
+        ended = f", {(time.time() - attempt.ended_at) / 86400:.0f} days ago" if attempt.ended_at else ""
+        raise NotFoundError(f"{job_id} ended{ended}; its run directory on {attempt.cluster}, log included, was "
+                            "removed since, as `run_dirs: {keep_days: N}` in the server's config.yaml says")
 
 
 def about(cluster: str, exc: CorralError) -> str:

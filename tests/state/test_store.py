@@ -109,7 +109,7 @@ def test_ended_run_dirs_are_those_whose_every_attempt_ended_long_enough_ago(stor
     from corral.state.models import AllocationRow, RunDirState
 
     def found(*args, **kwargs) -> dict:
-        return {key: [(e.run_dir, e.handle) for e in ended]
+        return {key: sorted((e.run_dir, e.handle) for e in ended)
                 for key, ended in store.ended_run_dirs(*args, **kwargs).items()}
 
     def ended(token, job_id, run_dir, at, state="SUCCEEDED", cluster="alpine"):
@@ -136,6 +136,12 @@ def test_ended_run_dirs_are_those_whose_every_attempt_ended_long_enough_ago(stor
     assert found(1000.0, 100, clusters=["alpine", "borealis"], skip=[("alpine", "")]) == {
         ("borealis", ""): [("r/recent", "h-a6")]}  # a user the pass could not act as on a cluster
     assert store.views(["c-1"])[0].attempt.run_dir_state == "env-removed"
+    # the whole directory: those whose env.sh went, and those Corral removed nothing of, until removed
+    assert found(500.0, 100, clusters=["alpine"], removing=RunDirState.REMOVED) == {
+        ("alpine", ""): [("r/array", "h-a2.1"), ("r/done", "h-a1")]}
+    store.mark_run_dirs("alpine", ["r/done"], RunDirState.REMOVED)
+    assert found(500.0, 100, clusters=["alpine"], removing=RunDirState.REMOVED) == {
+        ("alpine", ""): [("r/array", "h-a2.1")]}
 
 
 def test_attempt_updates_for_unknown_tokens_are_ignored(store):

@@ -305,11 +305,11 @@ def _check_settings() -> None:
     from corral.controller.protocol import body_window_seconds, head_seconds
     from corral.limits import send_limit
     from corral.login_env import login_env_seconds
-    from corral.run_files import grace_seconds, interval_seconds
+    from corral.run_files import grace_seconds, interval_seconds, keep_days
     from corral.uploads import keep_days_setting
 
     for read in (head_seconds, body_window_seconds, send_limit, login_env_seconds, keep_days_setting,
-                 default_timeout, grace_seconds, interval_seconds):
+                 default_timeout, grace_seconds, interval_seconds, keep_days):
         read()
 
 
@@ -462,18 +462,33 @@ LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the t
 
 
 async def _remove_run_files(client: Any, store: Any) -> None:
-    """The ended attempts' env.sh on the clusters (run_files.py); said in the log when anything goes."""
+    """The ended attempts' env.sh on the clusters, and with `run_dirs: {keep_days: N}` their old run
+    directories (run_files.py); said in the log when anything goes."""
     from corral import run_files
 
-    try:
-        report = await run_files.remove_env_files(client, store, time.time(), grace=run_files.grace_seconds())
-    except Exception as exc:  # noqa: BLE001 - housekeeping: never a reason to stop driving jobs
-        print(f"removing ended jobs' env.sh failed: {exc!r}", flush=True)
-        return
-    for cluster, count in sorted(report.removed.items()):
-        print(f"removed env.sh of {count} ended jobs' run directories on {cluster}", flush=True)
-    for cluster, error in sorted(report.errors.items()):
-        print(f"could not remove ended jobs' env.sh on {cluster} (next pass tries again): {error}", flush=True)
+    now = time.time()
+    for what, remove in (("env.sh of", lambda: run_files.remove_env_files(client, store, now,
+                                                                          grace=run_files.grace_seconds())),
+                         ("whole", lambda: _old_run_dirs(client, store, now))):
+        try:
+            report = await remove()
+        except Exception as exc:  # noqa: BLE001 - housekeeping: never a reason to stop driving jobs
+            print(f"removing {what} ended jobs' run directories failed: {exc!r}", flush=True)
+            continue
+        for cluster, count in sorted(report.removed.items()):
+            print(f"removed {what} {count} ended jobs' run directories on {cluster}", flush=True)
+        for cluster, error in sorted(report.errors.items()):
+            print(f"could not remove {what} ended jobs' run directories on {cluster} (next pass tries again): "
+                  f"{error}", flush=True)
+
+
+async def _old_run_dirs(client: Any, store: Any, now: float) -> Any:
+    from corral import run_files
+
+    days = run_files.keep_days()
+    if days is None:
+        return run_files.RemovalReport()
+    return await run_files.remove_run_dirs(client, store, now, days)
 
 
 def _prune_uploads(store: Any) -> None:

@@ -39,6 +39,7 @@ from corral.state.store import MANAGED_TERMINAL
 from corral.task import Task, apply_overrides, parse_task
 from corral.task_compat import ignored_fields
 from corral.taskfile import MAX_SWEEP_JOBS, MAX_TASK_FILE_BYTES, parse_yaml
+from corral.tracker import check_log_kept
 from corral.views import explain_pending, plan_json, submitted_json
 
 Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -407,6 +408,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
         attempt = next((a for a in view.attempts if a.number == number and a.handle), None)
         if attempt is None:
             raise CorralError(f"{view.job.id} has no attempt {number} on a cluster; see `corral jobs events`")
+        check_log_kept(view.job.id, attempt)
         infra = Client().infra(attempt.cluster, view.job.owner)
         return stream_output(lambda sink: infra.logs(attempt.handle or "", attempt.log_path, follow, sink, tail))
 

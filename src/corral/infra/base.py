@@ -477,6 +477,10 @@ class RemovesRunFiles(ABC):
         """Remove each one's env.sh (the job's env values, secrets included), in one round trip per
         machine; one that is gone already is no error. Its log and the rest stay."""
 
+    @abstractmethod
+    async def remove_run_dirs(self, ended: list[EndedRun]) -> None:
+        """Remove each one's whole run directory (log and workdir copy included), as remove_env_files."""
+
 
 class ReportsSetupFailure(ABC):
     """The infra can tell whether a failed attempt failed in the task's `setup` (not worth retrying)."""

@@ -122,6 +122,12 @@ def checkpoint_lines(path: str, task_id: str) -> list[str]:
     return [f"export CORRAL_CHECKPOINT_DIR={where}", 'mkdir -p "$CORRAL_CHECKPOINT_DIR"']
 
 
+def remove_script(paths: list[str], flags: str) -> str:
+    """`rm FLAGS` of paths under the home, each shlex-quoted (the caller checks their shape first);
+    with nothing to remove, nothing is run."""
+    return f'cd "$HOME" && rm {flags} -- {" ".join(map(shlex.quote, paths))}\n' if paths else "exit 0\n"
+
+
 def write_file(target: str, content: str) -> str:
     """Bash writing `content` exactly to `target` (a bash word): bash's own printf with the content
     shell-quoted, so no process is started for it (a `cat` heredoc per file cost ~1.5 ms each on the

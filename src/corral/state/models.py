@@ -62,6 +62,7 @@ class RunDirState(enum.StrEnum):
     """What Corral has removed of an ended attempt's run directory on its cluster (run_files.py)."""
 
     ENV_REMOVED = "env-removed"  # its env.sh, which holds the job's env values, secrets included
+    REMOVED = "removed"  # the whole directory, log included (`run_dirs: {keep_days: N}` in config.yaml)
 
 
 class AllocationRow(Base):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, case, create_engine, delete, event, exists, func, insert, select, tuple_, update
+from sqlalchemy import bindparam, case, create_engine, delete, event, exists, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -33,6 +33,7 @@ from corral.state.models import (
     LeaseRow,
     ManagedJobRow,
     ManagedState,
+    RunDirState,
     UserRow,
     WebSessionRow,
 )
@@ -584,15 +585,19 @@ class Store:
                     for job_id, owner in s.execute(select(JobRow.id, JobRow.owner).where(JobRow.id.in_(chunk)))}
 
     def ended_run_dirs(self, ended_before: float, limit: int, clusters: list[str],
-                       skip: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], list[EndedRun]]:
-        """(cluster, owner) -> run directories on `clusters` Corral has cleaned nothing of, whose every
-        attempt (an array's copies share one) is in a terminal state and ended before `ended_before`,
-        each with one of its attempts' handles; no live dev allocation's (its execs' attempts share
-        it), none of the (cluster, owner) pairs in `skip`. At most `limit`, in one query."""
+                       skip: Iterable[tuple[str, str]] = (), removing: str = RunDirState.ENV_REMOVED
+                       ) -> dict[tuple[str, str], list[EndedRun]]:
+        """(cluster, owner) -> run directories on `clusters` of which Corral has yet to remove what
+        `removing` says (RunDirState: env.sh, or the whole directory), whose every attempt (an array's
+        copies share one) is in a terminal state and ended before `ended_before`, each with one of
+        its attempts' handles; no live dev allocation's (its execs' attempts share it), none of the
+        (cluster, owner) pairs in `skip`. At most `limit`, in one query."""
+        before = [state.value for state in RunDirState][:list(RunDirState).index(RunDirState(removing))]
         terminal = func.sum(case((AttemptRow.state.in_(TERMINAL_STATES), 1), else_=0))
         query = (select(AttemptRow.cluster, JobRow.owner, AttemptRow.run_dir, func.max(AttemptRow.handle))
                  .join(JobRow, JobRow.id == AttemptRow.job_id)
-                 .where(AttemptRow.run_dir_state.is_(None), AttemptRow.run_dir != "",
+                 .where(or_(AttemptRow.run_dir_state.is_(None), AttemptRow.run_dir_state.in_(before)),
+                        AttemptRow.run_dir != "",
                         AttemptRow.cluster.in_(clusters), AttemptRow.run_dir.not_in(select(AllocationRow.run_dir)))
                  .group_by(AttemptRow.cluster, JobRow.owner, AttemptRow.run_dir)
                  .having(terminal == func.count(), func.count(AttemptRow.ended_at) == func.count(),

@@ -49,6 +49,7 @@ from corral.infra.slurm.jobs import (
     parse_test_only,
     release_script,
     remove_env_script,
+    remove_run_dirs_script,
     status_lines_for,
     status_script,
     stopped_at_ping,
@@ -183,6 +184,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def remove_env_files(self, ended: list[EndedRun]) -> None:
         if ended:  # one shared filesystem: the run directory names them all; no Slurm command
             await self._run(remove_env_script([e.run_dir for e in ended]), timeout=JOB_TIMEOUT, cost=0)
+
+    async def remove_run_dirs(self, ended: list[EndedRun]) -> None:
+        if ended:
+            await self._run(remove_run_dirs_script([e.run_dir for e in ended]), timeout=JOB_TIMEOUT, cost=0)
 
     async def release_held(self, handles: list[str]) -> None:
         if handles:

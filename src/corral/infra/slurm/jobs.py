@@ -18,7 +18,7 @@ from corral.infra.base import (
     JobStatus,
     SubmitResult,
 )
-from corral.infra.shell import tail_lines
+from corral.infra.shell import remove_script, tail_lines
 from corral.infra.slurm import userscript
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
@@ -397,11 +397,19 @@ _RUN_DIR = re.compile(rf"^{re.escape(RUNS_DIR)}/[0-9a-f]{{12}}\Z")
 def remove_env_script(run_dirs: list[str]) -> str:
     """Remove each run directory's env.sh; only run directories of Corral's own shape reach the
     command line (anything else is refused, not removed), and `rm -f` of a gone one is no error."""
-    for run_dir in run_dirs:
-        if not _RUN_DIR.match(run_dir):
-            raise ValueError(f"not a Corral run directory: {run_dir!r}")
-    files = " ".join(shlex.quote(f"{run_dir}/env.sh") for run_dir in run_dirs)
-    return f'cd "$HOME" && rm -f -- {files}\n' if run_dirs else "exit 0\n"
+    return remove_script([f"{_checked_run_dir(run_dir)}/env.sh" for run_dir in run_dirs], "-f")
+
+
+def remove_run_dirs_script(run_dirs: list[str]) -> str:
+    """Remove each run directory whole, checked as in remove_env_script."""
+    return remove_script([_checked_run_dir(run_dir) for run_dir in run_dirs], "-rf")
+
+
+def _checked_run_dir(run_dir: str) -> str:
+    if not _RUN_DIR.match(run_dir):
+        raise ValueError(f"not a Corral run directory: {run_dir!r}")
+    return run_dir
+
 
 
 def release_script(job_ids: list[str]) -> str:

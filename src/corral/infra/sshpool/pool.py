@@ -276,16 +276,21 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         await self._cancel_ranks(ranks)
 
     async def remove_env_files(self, ended: list[EndedRun]) -> None:
-        """On each machine the handles name, every rank's env.sh there: one round trip per machine.
-        A handle naming a machine the pool no longer has is passed over (nothing can reach it)."""
+        await self._on_ranks(ended, runner.remove_env_script)
+
+    async def remove_run_dirs(self, ended: list[EndedRun]) -> None:
+        await self._on_ranks(ended, runner.remove_run_dirs_script)
+
+    async def _on_ranks(self, ended: list[EndedRun], script: Callable[[list[str]], str]) -> None:
+        """On each machine the handles name, the script for every rank there: one round trip per
+        machine. A handle naming a machine the pool no longer has is passed over (nothing can reach it)."""
         by_host: dict[str, list[str]] = {}
         for run in ended:
             hosts, token = _hosts_and_token(run.handle or "")
             if hosts and token and all(h in self.pool.hosts for h in hosts):
                 for rank, host in enumerate(hosts):
                     by_host.setdefault(host, []).append(runner.check_token(_rank_token(token, rank, len(hosts))))
-        await asyncio.gather(*(self.transport.run(h, runner.remove_env_script(t), timeout=JOB_TIMEOUT)
-                               for h, t in by_host.items()))
+        await asyncio.gather(*(self.transport.run(h, script(t), timeout=JOB_TIMEOUT) for h, t in by_host.items()))
 
     async def _cancel_ranks(self, ranks: list[tuple[str, str]]) -> None:
         by_host: dict[str, list[str]] = {}

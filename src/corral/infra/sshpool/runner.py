@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 
 from corral.infra.base import JobRequest
-from corral.infra.shell import IDLE_LIMIT_FILE, checkpoint_lines, tail_lines, write_file
+from corral.infra.shell import IDLE_LIMIT_FILE, checkpoint_lines, remove_script, tail_lines, write_file
 from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
 
 RUNS_DIR = ".corral/runs"
@@ -221,8 +221,12 @@ exit 0
 
 def remove_env_script(tokens: Sequence[str]) -> str:
     """Remove each rank's env.sh (the task's env values, secrets included) once its task has ended."""
-    files = " ".join(shlex.quote(f"{run_dir(token)}/env.sh") for token in tokens)
-    return f'cd "$HOME" && rm -f -- {files}\n' if tokens else "exit 0\n"
+    return remove_script([f"{run_dir(token)}/env.sh" for token in tokens], "-f")
+
+
+def remove_run_dirs_script(tokens: Sequence[str]) -> str:
+    """Remove each rank's whole run directory (`run_dirs: {keep_days: N}`)."""
+    return remove_script([run_dir(token) for token in tokens], "-rf")
 
 
 def follow_script(token: str, follow: bool, tail: int = 0) -> str:
