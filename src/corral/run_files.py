@@ -11,8 +11,9 @@ requeue` can run the job's script again. A run directory shared by an array's co
 last of them; a live dev allocation's is left alone (`corral down` removes it whole). The job's log
 and the rest of its run directory stay: `corral logs` still shows it.
 
-Cost: one store query per batch, and one round trip (no Slurm command) per cluster and user per batch
-of BATCH directories, within the cluster's session limit; nothing at all when no attempt has ended.
+Cost: one store query per cluster per batch, and one round trip (no Slurm command) per cluster and
+user per batch of BATCH directories, every cluster's at once, within each cluster's session limit; no
+round trip at all when no attempt has ended.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from corral.state.models import RunDirState
 GRACE = 600.0  # seconds after an attempt ended before its env.sh goes (CORRAL_RUN_FILES_GRACE)
 INTERVAL = 600.0  # seconds between passes (CORRAL_RUN_FILES_INTERVAL)
 FIRST_PASS = 60.0  # seconds after the server starts (or INTERVAL, if shorter)
-BATCH = 1000  # run directories per store query and per round trip
+BATCH = 1000  # run directories per cluster per store query, and so at most per round trip
 MAX_BATCHES = 20  # per pass: a store upgraded with a long history is cleaned over several passes
 
 
@@ -70,12 +71,12 @@ async def remove_run_dirs(client: Any, store: Any, now: float, keep_days: float,
 async def _pass(client: Any, store: Any, ended_before: float, removing: RunDirState, batch: int,
                 max_batches: int) -> RemovalReport:
     report = RemovalReport()
-    able = [c for c in client.registry.names() if _removes(client, c)]
+    pending = [c for c in client.registry.names() if _removes(client, c)]
     failed: set[tuple[str, str]] = set()  # (cluster, owner): left for the next pass, not asked again in this one
     for _ in range(max_batches):
-        found = store.ended_run_dirs(ended_before, batch, clusters=able, skip=failed, removing=removing)
-        if not found:
-            break
+        # A batch per cluster (one query each), all clusters' removals at once.
+        found = {key: dirs for cluster in pending for key, dirs in store.ended_run_dirs(
+            ended_before, batch, clusters=[cluster], skip=failed, removing=removing).items()}
         outcomes = await asyncio.gather(*(_remove(client, cluster, owner, dirs, removing)
                                           for (cluster, owner), dirs in found.items()))
         for ((cluster, owner), dirs), error in zip(found.items(), outcomes):
@@ -85,7 +86,9 @@ async def _pass(client: Any, store: Any, ended_before: float, removing: RunDirSt
             else:
                 report.errors[cluster] = error
                 failed.add((cluster, owner))
-        if sum(len(dirs) for dirs in found.values()) < batch:
+        # A cluster whose batch was full may have more.
+        pending = [c for c in pending if sum(len(d) for (cluster, _), d in found.items() if cluster == c) >= batch]
+        if not pending:
             break
     return report
 
