@@ -45,7 +45,7 @@ def test_an_ended_jobs_env_file_goes_in_one_round_trip_and_its_log_stays(corral,
     job_id, run_dir = launched(corral)
     assert SECRET in remote(f'cat "$HOME"/{run_dir}/env.sh')
     store, client = open_store(), Client()
-    early = asyncio.run(run_files.remove_env_files(client, store, time.time()))
+    early = asyncio.run(run_files.remove_env_files(client, store, time.time()))  # ended within GRACE: kept
     assert early.removed == {} and early.errors == {}
     before = dict(client.transport.round_trips)
     report = asyncio.run(run_files.remove_env_files(client, store, time.time(), grace=0))
@@ -54,7 +54,7 @@ def test_an_ended_jobs_env_file_goes_in_one_round_trip_and_its_log_stays(corral,
     assert trips == {cluster: 1 for cluster in report.removed}  # one per cluster, whatever the count
     left = remote(f'ls "$HOME"/{run_dir}').split()
     assert "env.sh" not in left and {"log.txt", "job.sbatch"} <= set(left)
-    assert store.views([job_id])[0].attempt.run_dir_state == "env-removed"  # (before GRACE: not found)
+    assert store.views([job_id])[0].attempt.run_dir_state == "env-removed"
     assert "ran" in corral("logs", "--no-follow", job_id).stdout
     before = dict(client.transport.round_trips)
     again = asyncio.run(run_files.remove_env_files(client, store, time.time(), grace=0))
@@ -66,12 +66,11 @@ def test_the_server_removes_them_by_itself(corral, corral_env):
     env.sh goes without anyone asking, and the server's log says so."""
     corral_env.update(CORRAL_RUN_FILES_INTERVAL="1", CORRAL_RUN_FILES_GRACE="0")
     job_id, run_dir = launched(corral)
-    wait_for("the server to remove env.sh", lambda: "gone" in remote(
-        f'[ -e "$HOME"/{run_dir}/env.sh ] || echo gone; [ -e "$HOME"/{run_dir}/log.txt ] || echo log-lost'),
-        timeout=60, interval=0.5)
-    assert "log-lost" not in remote(f'[ -e "$HOME"/{run_dir}/log.txt ] || echo log-lost')
-    log = (Path(corral_env["CORRAL_HOME"]) / "controller.log").read_text()
-    assert "removed env.sh of" in log and "on alpine" in log
+    log = Path(corral_env["CORRAL_HOME"]) / "controller.log"
+    said = "removed env.sh from 1 ended jobs' run directories on alpine"
+    wait_for("the server to say it removed env.sh", lambda: said in log.read_text(), timeout=60, interval=0.5)
+    assert remote(f'[ -e "$HOME"/{run_dir}/env.sh ] || echo gone; [ -e "$HOME"/{run_dir}/log.txt ] && echo log-kept'
+                  ).split() == ["gone", "log-kept"]
 
 
 def test_a_user_the_pass_cannot_act_as_holds_up_no_one_else_and_is_tried_next_pass(tmp_path):
@@ -146,7 +145,7 @@ def test_on_an_ssh_pool_each_ranks_env_file_goes_from_its_machine(corral, pool_e
     assert {host: trips.get(host) for host in hosts.split(",")} == {host: 1 for host in hosts.split(",")}
     assert not any((rank / "env.sh").exists() for rank in ranks)
     assert all((rank / "log.txt").exists() for rank in ranks)
-    whole = asyncio.run(run_files.remove_run_dirs(client, store, time.time(), keep_days=0))
+    whole = asyncio.run(run_files.remove_run_dirs(client, store, time.time(), keep_days=0, grace=0))
     assert whole.removed.get("lab") == 1 and not any(rank.exists() for rank in ranks)
 
 
@@ -160,9 +159,10 @@ def test_with_keep_days_the_server_removes_old_run_directories_whole_and_logs_sa
     (home / "config.yaml").write_text("run_dirs: {keep_days: 0}\n")
     corral_env.update(CORRAL_RUN_FILES_INTERVAL="1", CORRAL_RUN_FILES_GRACE="0")
     job_id, run_dir = launched(corral)
-    wait_for("the server to remove the run directory", lambda: "gone" in remote(
-        f'[ -e "$HOME"/{run_dir} ] || echo gone'), timeout=60, interval=0.5)
+    said = "removed the whole of 1 ended jobs' run directories on alpine"
+    wait_for("the server to say it removed the run directory", lambda: said in (home / "controller.log").read_text(),
+             timeout=60, interval=0.5)
+    assert remote(f'[ -e "$HOME"/{run_dir} ] || echo gone').split() == ["gone"]
     shown = corral("logs", "--no-follow", job_id)
     assert shown.exit_code == 66, shown.stderr
     assert f"{job_id} ended, 0 days ago; its run directory on alpine, log included, was removed since" in shown.stderr
-    assert "removed whole 1 ended jobs' run directories on alpine" in (home / "controller.log").read_text()

@@ -62,10 +62,11 @@ async def remove_env_files(client: Any, store: Any, now: float, *, grace: float 
     return await _pass(client, store, now - grace, RunDirState.ENV_REMOVED, batch, max_batches)
 
 
-async def remove_run_dirs(client: Any, store: Any, now: float, keep_days: float, *, batch: int = BATCH,
-                          max_batches: int = MAX_BATCHES) -> RemovalReport:
-    """One pass: every run directory, whole, whose attempts all ended `keep_days` days before `now`."""
-    return await _pass(client, store, now - keep_days * 86400, RunDirState.REMOVED, batch, max_batches)
+async def remove_run_dirs(client: Any, store: Any, now: float, keep_days: float, *, grace: float = GRACE,
+                          batch: int = BATCH, max_batches: int = MAX_BATCHES) -> RemovalReport:
+    """One pass: every run directory, whole, whose attempts all ended `keep_days` days before `now`
+    (and `grace` seconds at least, whatever `keep_days` says)."""
+    return await _pass(client, store, now - max(keep_days * 86400, grace), RunDirState.REMOVED, batch, max_batches)
 
 
 async def _pass(client: Any, store: Any, ended_before: float, removing: RunDirState, batch: int,

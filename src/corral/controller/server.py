@@ -325,8 +325,8 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     from corral.controller.api import ControllerStatus, TickFigures, create_app
     from corral.controller.engine import LEASE, Controller, ControllerSettings
     from corral.controller.protocol import MAX_REQUEST_HEAD, RefusingH11Protocol
-    from corral.sdk.endpoint import settings as endpoint_settings
     from corral import run_files
+    from corral.sdk.endpoint import settings as endpoint_settings
     from corral.state import open_store
     from corral.usage import UsageSampler
 
@@ -466,12 +466,18 @@ async def _remove_run_files(client: Any, store: Any) -> None:
     directories (run_files.py); said in the log when anything goes."""
     from corral import run_files
 
-    now = time.time()
-    for what, remove in (("env.sh of", lambda: run_files.remove_env_files(client, store, now,
-                                                                          grace=run_files.grace_seconds())),
-                         ("whole", lambda: _old_run_dirs(client, store, now))):
+    now, grace = time.time(), run_files.grace_seconds()  # checked at the start
+    try:
+        days = run_files.keep_days()
+    except CorralError as exc:  # config.yaml changed since the start: the env files go all the same
+        print(f"not removing old run directories: {exc}", flush=True)
+        days = None
+    passes = [("env.sh from", lambda: run_files.remove_env_files(client, store, now, grace=grace))]
+    if days is not None:
+        passes.append(("the whole of", lambda: run_files.remove_run_dirs(client, store, now, days, grace=grace)))
+    for what, removal in passes:
         try:
-            report = await remove()
+            report = await removal()
         except Exception as exc:  # noqa: BLE001 - housekeeping: never a reason to stop driving jobs
             print(f"removing {what} ended jobs' run directories failed: {exc!r}", flush=True)
             continue
@@ -480,15 +486,6 @@ async def _remove_run_files(client: Any, store: Any) -> None:
         for cluster, error in sorted(report.errors.items()):
             print(f"could not remove {what} ended jobs' run directories on {cluster} (next pass tries again): "
                   f"{error}", flush=True)
-
-
-async def _old_run_dirs(client: Any, store: Any, now: float) -> Any:
-    from corral import run_files
-
-    days = run_files.keep_days()
-    if days is None:
-        return run_files.RemovalReport()
-    return await run_files.remove_run_dirs(client, store, now, days)
 
 
 def _prune_uploads(store: Any) -> None:

@@ -592,12 +592,10 @@ class Store:
         copies share one) is in a terminal state and ended before `ended_before`, each with one of
         its attempts' handles; no live dev allocation's (its execs' attempts share it), none of the
         (cluster, owner) pairs in `skip`. At most `limit`, in one query."""
-        before = [state.value for state in RunDirState][:list(RunDirState).index(RunDirState(removing))]
         terminal = func.sum(case((AttemptRow.state.in_(TERMINAL_STATES), 1), else_=0))
         query = (select(AttemptRow.cluster, JobRow.owner, AttemptRow.run_dir, func.max(AttemptRow.handle))
                  .join(JobRow, JobRow.id == AttemptRow.job_id)
-                 .where(or_(AttemptRow.run_dir_state.is_(None), AttemptRow.run_dir_state.in_(before)),
-                        AttemptRow.run_dir != "",
+                 .where(_yet_to_remove(removing), AttemptRow.run_dir != "",
                         AttemptRow.cluster.in_(clusters), AttemptRow.run_dir.not_in(select(AllocationRow.run_dir)))
                  .group_by(AttemptRow.cluster, JobRow.owner, AttemptRow.run_dir)
                  .having(terminal == func.count(), func.count(AttemptRow.ended_at) == func.count(),
@@ -612,11 +610,12 @@ class Store:
         return out
 
     def mark_run_dirs(self, cluster: str, run_dirs: list[str], state: str) -> None:
-        """Say what Corral removed of these run directories (models.RunDirState), for all their attempts."""
+        """Say what Corral removed of these run directories (models.RunDirState), for all their attempts
+        (found through the index on run_dir_state: those it had yet to remove so much of)."""
         with self.session() as s, s.begin():
             for chunk in _chunks(run_dirs, 5000):
-                s.execute(update(AttemptRow).where(AttemptRow.cluster == cluster, AttemptRow.run_dir.in_(chunk))
-                          .values(run_dir_state=state))
+                s.execute(update(AttemptRow).where(_yet_to_remove(state), AttemptRow.cluster == cluster,
+                                                   AttemptRow.run_dir.in_(chunk)).values(run_dir_state=state))
 
     def attempts_in_state(self, state: JobState) -> list[AttemptRow]:
         """Every attempt in `state`, through the index on state; plain copies (state/plain.py)."""
@@ -1081,6 +1080,14 @@ def _update_in_batches(s: Session, model: type, rows: list[dict[str, object]]) -
         statement = table.update().where(key == bindparam("_key"))
         for batch in _chunks(group, WRITE_BATCH):
             s.execute(statement, batch)
+
+
+def _yet_to_remove(removing: str) -> Any:
+    """Attempts whose run directory Corral has yet to remove `removing` of (each RunDirState removes
+    more than the one before it): NULL, or an earlier state."""
+    order = list(RunDirState)
+    earlier = [state.value for state in order[:order.index(RunDirState(removing))]]
+    return or_(AttemptRow.run_dir_state.is_(None), AttemptRow.run_dir_state.in_(earlier))
 
 
 def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
