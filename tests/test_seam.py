@@ -678,6 +678,8 @@ def test_a_job_group_runs_side_by_side_on_one_cluster_and_its_auxiliary_task_sto
     asyncio.run(controller.tick())
     recovered = store.attempts_of([ids[0]])[ids[0]]
     assert [(a.number, a.cluster) for a in recovered] == [(1, "borealis"), (2, "borealis")]
+    rounds = [r.extra_env["CORRAL_JOBGROUP_ROUND"] for r in client.infras["borealis"].requests]
+    assert len(rounds) == 3 and len(set(rounds)) == 1  # the recovered trainer joins its group's round
     placed[ids[0]] = recovered[-1]
     client.infras["borealis"].finish(placed[ids[0]].handle, JobState.RUNNING)
     client.infras["borealis"].finish(placed[ids[0]].handle, JobState.SUCCEEDED, ended_at=2000.0)
@@ -716,6 +718,11 @@ def test_a_job_group_whose_cluster_is_lost_moves_whole_to_one_that_can_run_it(st
     moved = {job: store.attempts_of([job])[job] for job in ids}
     assert [[(a.number, a.cluster, a.state) for a in moved[job]] for job in ids] == [
         [(1, "alpine", "CANCELLING"), (2, "borealis", "PENDING")]] * 2
+    # a new round: their host files go to a folder of their own, not the lost cluster's (homes may be shared)
+    before, after = ({r.extra_env["CORRAL_JOBGROUP_ROUND"] for r in client.infras[c].requests}
+                     for c in ("alpine", "borealis"))
+    assert len(before) == len(after) == 1 and before != after
+    assert {m.group_round for m in store.managed(ids)} == after
     assert [v.managed.state for v in managed.views(store, ids)] == ["RECOVERING", "RECOVERING"]
     client.infras["alpine"].unreachable = False
     asyncio.run(controller.tick())

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -542,6 +543,10 @@ def test_a_job_group_runs_its_tasks_side_by_side_and_stops_the_auxiliary_one_aft
     assert server["reason"] == (f"stopped: the job group's primary tasks have ended ({trainer['job_id']} SUCCEEDED), "
                                 "and its termination_delay of 2s has passed")
     assert server["cluster"] == trainer["cluster"]  # one cluster, where they reach each other
+    # their host files, in the folder of the group's round (the testbed's clusters share this home)
+    [round_folder] = Path(f"/home/corral-test/.corral/groups/{server['job_id']}").iterdir()
+    assert re.fullmatch("[0-9a-f]{12}", round_folder.name)
+    assert sorted(p.name for p in round_folder.iterdir()) == ["data-server-0", "trainer-0"]
     shown = {j.job_id: j for j in Client().managed_jobs(all=True)[0]}
     assert shown[server["job_id"]].pipeline == PipelinePlace(server["job_id"], name, 0, parallel=True, auxiliary=True)
     assert shown[trainer["job_id"]].pipeline == PipelinePlace(server["job_id"], name, 1, parallel=True)

@@ -50,6 +50,7 @@ from corral.infra.base import (
     JobState,
     ReleasesHeld,
     ReportsSetupFailure,
+    new_token,
 )
 from corral.launch import (
     AttemptOptions,
@@ -291,19 +292,20 @@ class Controller:
             plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes, owner=jobs[0].owner)
             planned.append((number, jobs, task, plan,
                             [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()))
-        groups = _group_clusters(planned, attempts, rows, unreachable)
+        groups = _group_places(planned, attempts, rows, unreachable)
+        self._note_rounds(groups, planned, rows)
         for number, jobs, task, plan, feasible in planned:
             group = _group_of(rows, jobs[0].id)
             if group is not None:  # a job group's tasks run on one cluster, where they can reach each other
-                feasible = [c for c in feasible if c.cluster == groups.get(group)]
+                feasible = [c for c in feasible if c.cluster == groups[group].cluster]
             before = attempts.get(jobs[0].id, [])
             recovery = task.resources.job_recovery
             feasible = rules.recovery_order(rules.after_taken(feasible, taken), recovery.strategy if recovery else None,
                                       before[-1].cluster if before else None)
             if not feasible:
                 why = "no cluster can run it now: " + _reasons(plan)
-                if group is not None and groups.get(group):
-                    why = f"its job group runs on {groups[group]}, which cannot run it now: " + _reasons(plan)
+                if group is not None and groups[group].cluster:
+                    why = f"its job group runs on {groups[group].cluster}, which cannot run it now: " + _reasons(plan)
                 elif group is not None:
                     why = "no cluster can run every task of its job group now: " + "; ".join(
                         f"{other[0].name}: {_reasons(its_plan)}" for _, other, _, its_plan, _ in planned
@@ -317,6 +319,20 @@ class Controller:
         submitted = await asyncio.gather(*(self._submit_batch(number, jobs, task, feasible, attempts, rows)
                                            for number, jobs, task, feasible in decided))
         return sum(submitted)
+
+    def _note_rounds(self, groups: dict[str, GroupPlace],
+                     planned: list[tuple[int, list[JobRow], Task, Plan, list[Candidate]]],
+                     rows: dict[str, ManagedJobRow]) -> None:
+        """Record each job group task's round before it is submitted (a recovery beside it joins the
+        round its row names), and on this tick's copies, which its attempt's environment reads."""
+        changes = []
+        for _number, jobs, _task, _plan, _candidates in planned:
+            m = rows.get(jobs[0].id)
+            place = groups.get(m.group_id) if m is not None and m.group_id else None
+            if m is not None and place is not None and place.cluster and place.round != m.group_round:
+                m.group_round = place.round
+                changes.append((m.job_id, None, None, {"group_round": place.round}))
+        self.store.set_managed_many(changes)
 
     async def _submit_batch(self, number: int, jobs: list[JobRow], task: Task, feasible: list[Candidate],
                             attempts: dict[str, list[AttemptRow]], rows: dict[str, ManagedJobRow]) -> int:
@@ -581,25 +597,37 @@ def _attempt_options(task: Task, number: int, m: ManagedJobRow | None = None) ->
                 "CORRAL_PIPELINE_TASK": str(m.pipeline_stage or 0)}
     if m is not None and m.pipeline_parallel:
         env |= {"CORRAL_JOBGROUP_NAME": m.pipeline_name or "", "SKYPILOT_JOBGROUP_NAME": m.pipeline_name or "",
-                "CORRAL_JOBGROUP_TASK": task.name or f"task-{m.pipeline_stage or 0}"}
+                "CORRAL_JOBGROUP_TASK": task.name or f"task-{m.pipeline_stage or 0}",
+                **({"CORRAL_JOBGROUP_ROUND": m.group_round} if m.group_round else {})}
     return AttemptOptions(first_number=number, extra_env=env, requeue=False, checkpoint_dir=path)
 
 
-def _group_clusters(planned: list[tuple[int, list[JobRow], Task, Plan, list[Candidate]]],
-                    attempts: dict[str, list[AttemptRow]], rows: dict[str, ManagedJobRow],
-                    unreachable: set[str]) -> dict[str, str | None]:
-    """Each job group placed this tick -> its cluster: where its other tasks still run (a task
-    recovered after a node failure goes back to them), else the one cluster that can run every task
-    of it soonest (rules.group_cluster), so that a group whose cluster was lost moves whole; None
-    when no cluster can run them all."""
-    placed = {group: mine[-1].cluster for job, mine in attempts.items()
-              if mine and mine[-1].state in rules.LIVE_ON_A_CLUSTER and mine[-1].cluster not in unreachable
-              and (group := _group_of(rows, job))}
+@dataclass(frozen=True)
+class GroupPlace:
+    """Where a job group's tasks placed this tick go, and the round they run in (models.group_round)."""
+
+    cluster: str | None  # None: no cluster can run every task of it now
+    round: str | None  # None only for tasks joining a round from before rounds were kept
+
+
+def _group_places(planned: list[tuple[int, list[JobRow], Task, Plan, list[Candidate]]],
+                  attempts: dict[str, list[AttemptRow]], rows: dict[str, ManagedJobRow],
+                  unreachable: set[str]) -> dict[str, GroupPlace]:
+    """Each job group placed this tick -> its place: where its other tasks still run, in their round
+    (a task recovered after a node failure goes back to them), else the one cluster that can run
+    every task of it soonest (rules.group_cluster) in a new round, so that a group whose cluster was
+    lost moves whole and its tasks never read an earlier round's host files."""
+    standing = {group: rows[job] for job, mine in attempts.items()
+                if mine and mine[-1].state in rules.LIVE_ON_A_CLUSTER and mine[-1].cluster not in unreachable
+                and (group := _group_of(rows, job))}
+    clusters = {group: attempts[m.job_id][-1].cluster for group, m in standing.items()}
     feasible: dict[str, list[list[Candidate]]] = {}
     for _number, jobs, _task, _plan, candidates in planned:
         if (group := _group_of(rows, jobs[0].id)) is not None:
             feasible.setdefault(group, []).append(candidates)
-    return {group: placed.get(group) or rules.group_cluster(each) for group, each in feasible.items()}
+    return {group: (GroupPlace(clusters[group], standing[group].group_round) if group in standing
+                    else GroupPlace(rules.group_cluster(each), new_token()))
+            for group, each in feasible.items()}
 
 
 def _group_of(rows: dict[str, ManagedJobRow], job_id: str) -> str | None:

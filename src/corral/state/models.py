@@ -132,6 +132,9 @@ class ManagedJobRow(Base):
     # group's primary tasks (those with none) have all ended.
     pipeline_parallel: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     termination_delay: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The round of a job group's placement this task runs in: the tasks placed together on one cluster
+    # share it, and name their CORRAL_JOBGROUP_HOSTS folder by it (a group that moves starts afresh).
+    group_round: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     @property
     def auxiliary(self) -> bool:

@@ -344,9 +344,10 @@ run="${2-$CORRAL_RUN_DIR/run.sh}"
 envfile="${3-$CORRAL_RUN_DIR/env.sh}"
 export CORRAL_NODE_RANK="$SLURM_NODEID" SKYPILOT_NODE_RANK="$SLURM_NODEID"
 # A job group's task names this node for the group's other tasks, which run on this cluster too: one
-# file per node, TASK-RANK, holding its host name (each attempt writes its own afresh).
+# file per node, TASK-RANK, holding its host name (each attempt writes its own afresh), in the folder
+# of the group's round (the tasks placed together; a group that moves whole starts a new one).
 if [ -n "${CORRAL_JOBGROUP_TASK-}" ] && [ -n "${CORRAL_PIPELINE_ID-}" ]; then
-  export CORRAL_JOBGROUP_HOSTS="$HOME/.corral/groups/$CORRAL_PIPELINE_ID"
+  export CORRAL_JOBGROUP_HOSTS="$HOME/.corral/groups/$CORRAL_PIPELINE_ID${CORRAL_JOBGROUP_ROUND:+/$CORRAL_JOBGROUP_ROUND}"
   host_file="$CORRAL_JOBGROUP_HOSTS/$CORRAL_JOBGROUP_TASK-$SLURM_NODEID"
   mkdir -p "$CORRAL_JOBGROUP_HOSTS" && hostname > "$host_file.$$" && mv -f "$host_file.$$" "$host_file"
 fi
