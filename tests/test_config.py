@@ -214,3 +214,34 @@ def test_bad_slurm_settings_say_what_is_wrong(tmp_path: Path, monkeypatch: pytes
     path = kube_settings(tmp_path, monkeypatch, text)
     with pytest.raises(ConfigError, match=message):
         load_registry(path)
+
+
+SETTING_WORDS = ["allowed_contexts", "allowed_clusters", "namespace", "hosts", "gpus", "alpine", "keep_days",
+                 "commands_per_minute", "account", "submit_as", "modules", "x"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(sorted(__import__("corral.config", fromlist=["x"]).USER_SETTINGS_KEYS)),
+       value=st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 10**7), st.floats(allow_nan=True),
+                                    st.text(max_size=20), st.sampled_from(SETTING_WORDS)),
+                          lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                  st.dictionaries(st.sampled_from(SETTING_WORDS), inner, max_size=3)),
+                          max_leaves=8))
+def test_any_setting_of_config_yaml_loads_or_says_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 key: str, value: object) -> None:
+    """Every setting config.yaml knows, with any value: the registry and every reader of a setting
+    either work or raise ConfigError naming the setting; never another exception (a traceback)."""
+    import yaml
+
+    from corral import run_files
+    from corral.config import infra_order
+    from corral.profiles import Profiles
+
+    path = kube_settings(tmp_path, monkeypatch, yaml.safe_dump({key: value}))
+    try:
+        registry = load_registry(path)
+        infra_order()
+        run_files.keep_days()
+        Profiles.load(registry.names())
+    except ConfigError as exc:
+        assert key in str(exc), str(exc)
