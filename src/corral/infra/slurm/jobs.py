@@ -411,7 +411,6 @@ def _checked_run_dir(run_dir: str) -> str:
     return run_dir
 
 
-
 def release_script(job_ids: list[str]) -> str:
     """`scontrol release` for held jobs (ids checked: they reach the command line)."""
     for job_id in job_ids:

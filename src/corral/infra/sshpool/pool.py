@@ -225,11 +225,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         by_host: dict[str, list[str]] = {}
         tasks: list[tuple[str, list[tuple[str, str]]]] = []  # (handle, (host, rank token) per rank)
         for handle in handles:
-            hosts, token = _hosts_and_token(handle)
-            if not hosts or any(h not in self.pool.hosts for h in hosts) or not token:
-                continue
-            ranks = [(h, runner.check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
-            tasks.append((handle, ranks))
+            if ranks := self._ranks(handle):
+                tasks.append((handle, ranks))
             for host, rank_token in ranks:
                 by_host.setdefault(host, []).append(rank_token)
         answers = await asyncio.gather(*(self.transport.run(h, runner.status_script(t), timeout=JOB_TIMEOUT)
@@ -268,36 +265,33 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         return out
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
-        ranks = []
-        for handle in handles:
-            hosts, token = _hosts_and_token(handle)
-            if hosts and token and all(h in self.pool.hosts for h in hosts):
-                ranks += [(h, runner.check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
-        await self._cancel_ranks(ranks)
+        await self._cancel_ranks([rank for handle in handles for rank in self._ranks(handle)])
 
     async def remove_env_files(self, ended: list[EndedRun]) -> None:
-        await self._on_ranks(ended, runner.remove_env_script)
+        await self._per_machine([rank for run in ended for rank in self._ranks(run.handle or "")],
+                                runner.remove_env_script)
 
     async def remove_run_dirs(self, ended: list[EndedRun]) -> None:
-        await self._on_ranks(ended, runner.remove_run_dirs_script)
+        await self._per_machine([rank for run in ended for rank in self._ranks(run.handle or "")],
+                                runner.remove_run_dirs_script)
 
-    async def _on_ranks(self, ended: list[EndedRun], script: Callable[[list[str]], str]) -> None:
-        """On each machine the handles name, the script for every rank there: one round trip per
-        machine. A handle naming a machine the pool no longer has is passed over (nothing can reach it)."""
-        by_host: dict[str, list[str]] = {}
-        for run in ended:
-            hosts, token = _hosts_and_token(run.handle or "")
-            if hosts and token and all(h in self.pool.hosts for h in hosts):
-                for rank, host in enumerate(hosts):
-                    by_host.setdefault(host, []).append(runner.check_token(_rank_token(token, rank, len(hosts))))
-        await asyncio.gather(*(self.transport.run(h, script(t), timeout=JOB_TIMEOUT) for h, t in by_host.items()))
+    def _ranks(self, handle: str) -> list[tuple[str, str]]:
+        """A task's ranks as (machine, rank token), rank 0 first; none for a handle that names a machine
+        the pool no longer has (nothing can reach it there)."""
+        hosts, token = _hosts_and_token(handle)
+        if not hosts or not token or any(h not in self.pool.hosts for h in hosts):
+            return []
+        return [(h, runner.check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
 
     async def _cancel_ranks(self, ranks: list[tuple[str, str]]) -> None:
+        await self._per_machine(ranks, runner.cancel_script)
+
+    async def _per_machine(self, ranks: list[tuple[str, str]], script: Callable[[list[str]], str]) -> None:
+        """The script for every rank on each machine: one round trip per machine, all at once."""
         by_host: dict[str, list[str]] = {}
         for host, token in ranks:
             by_host.setdefault(host, []).append(token)
-        await asyncio.gather(*(self.transport.run(h, runner.cancel_script(t), timeout=JOB_TIMEOUT)
-                               for h, t in by_host.items()))
+        await asyncio.gather(*(self.transport.run(h, script(t), timeout=JOB_TIMEOUT) for h, t in by_host.items()))
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
         """Rank 0's output (the head's, as SkyPilot shows a multi-node task's)."""
