@@ -380,9 +380,7 @@ def load_user_settings() -> dict[str, object]:
             _check_slurm_settings(value, path)
         if key == "rpc_budget":
             check_rpc_budget(value, "rpc_budget", path)
-        if key == "run_dirs" and (not isinstance(value, dict) or set(value) != {"keep_days"}
-                                  or not isinstance(value["keep_days"], int | float) or isinstance(value["keep_days"], bool)
-                                  or not 0 <= value["keep_days"] <= 36500):
+        if key == "run_dirs" and not _one_number(value, "keep_days", 0, 36500, integer=False):
             raise ConfigError("setting 'run_dirs': expected `{keep_days: N}`, N days from 0 to 36500 that a job's run "
                               "directory (its log and workdir copy) stays on the cluster after it ended", path)
         if key == "infra_order" and (not isinstance(value, list) or not value
@@ -394,11 +392,19 @@ def load_user_settings() -> dict[str, object]:
 
 def check_rpc_budget(value: object, where: str, path: Path | None = None) -> None:
     """`rpc_budget: {commands_per_minute: N}`: the most Slurm commands a minute Corral sends a cluster."""
-    if (not isinstance(value, dict) or set(value) != {"commands_per_minute"}
-            or not isinstance(value["commands_per_minute"], int) or isinstance(value["commands_per_minute"], bool)
-            or not 1 <= value["commands_per_minute"] <= 1_000_000):
+    if not _one_number(value, "commands_per_minute", 1, 1_000_000, integer=True):
         raise ConfigError(f"{where}: expected `{{commands_per_minute: N}}`, N from 1 to 1000000 (the most Slurm "
                           "commands a minute Corral sends a cluster's controller)", path)
+
+
+def _one_number(value: object, key: str, low: float, high: float, *, integer: bool) -> bool:
+    """Is `value` the mapping `{key: N}`, N a number (an integer, if so asked; never a boolean) from
+    `low` to `high`?"""
+    if not isinstance(value, dict) or set(value) != {key}:
+        return False
+    number = value[key]
+    return (isinstance(number, int if integer else int | float) and not isinstance(number, bool)
+            and low <= number <= high)
 
 
 def infra_order() -> tuple[str, ...]:
