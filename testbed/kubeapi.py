@@ -11,12 +11,14 @@ events), and plays the parts behind them in one process:
   ends the others);
 - a kubelet that runs each pod's command as a local process (the image is NOT pulled or used: the
   command runs with this host's bash), as user corral-test, in its own mount and UTS namespaces: a
-  private tmpfs `/tmp`, `HOME=/tmp/home`, the pod's hostname, its configMap, emptyDir and hostPath volumes
+  private tmpfs `/tmp`, `HOME=/tmp/home`, the pod's hostname, its configMap, secret, emptyDir and hostPath volumes
   bind-mounted at their mountPaths (created on the host if missing; not under /tmp), its GPUs as
   `NVIDIA_VISIBLE_DEVICES` (what the device plugin would hand over). Logs are its output.
 
 No DNS, no networking between pods, no TTL controller, no admission beyond a few checks;
-merge patches only; the garbage collector removes what a deleted object owned.
+merge patches only; the garbage collector removes what a deleted object owned. A Secret's `stringData`
+is stored base64-encoded under `data`, as the API does; a DELETE without a name deletes the collection
+its `labelSelector` selects (equality and set-based terms: `key in (a,b)`, `key notin (a)`).
 Nodes come from `--nodes` (JSON). `POST /fake/nodes/<name>/lose` takes a node away as a crashed one
 goes: its pods fail with a `DisruptionTarget` condition (`.../restore` brings it back). `GET /fake/requests` lists every request
 served (tests count round trips with it). Lists and watches (`?watch=true` from a resourceVersion,
@@ -165,6 +167,9 @@ class Cluster:
             obj["metadata"].update({"namespace": namespace, "uid": str(uuid.uuid4()), "creationTimestamp": now_text()})
             if kind == "Job":
                 obj["status"] = {}
+            if kind == "Secret":  # the API keeps only `data`
+                obj["data"] = {**(obj.get("data") or {}), **{k: base64.b64encode(str(v).encode()).decode()
+                                                             for k, v in (obj.pop("stringData", None) or {}).items()}}
             self._stamp(obj)
             self.objects[(kind, namespace, name)] = obj
             return copy.deepcopy(obj)
@@ -229,6 +234,15 @@ class Cluster:
                         pod["metadata"]["deletionTimestamp"] = now_text()
                         self._stamp(pod)
             return {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name}}
+
+    def delete_collection(self, kind: str, namespace: str, labels: str) -> dict[str, Any]:
+        """Every object of `kind` in `namespace` that `labels` selects, deleted as `delete` does each."""
+        with self.lock:
+            chosen = [o for (k, ns, _), o in sorted(self.objects.items())
+                      if k == kind and ns == namespace and _labels_match(o, labels)]
+            for obj in chosen:
+                self.delete(kind, namespace, obj["metadata"]["name"])
+            return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": {}, "items": chosen}
 
     def event(self, namespace: str, pod: dict[str, Any], reason: str, message: str) -> None:
         name = f"{pod['metadata']['name']}.{reason.lower()}"
@@ -419,14 +433,19 @@ class Cluster:
                 sources[volume["name"]] = Path(volume["hostPath"]["path"])
                 continue
             source.mkdir(parents=True, exist_ok=True)
-            if "configMap" in volume:
-                found = self.objects.get(("ConfigMap", namespace, volume["configMap"]["name"]))
+            if "configMap" in volume or "secret" in volume:
+                kind, wanted = (("ConfigMap", volume["configMap"]["name"]) if "configMap" in volume
+                                else ("Secret", volume["secret"]["secretName"]))
+                found = self.objects.get((kind, namespace, wanted))
                 if found is None:
                     self.event(namespace, pod, "FailedMount", f'MountVolume.SetUp failed for volume "{volume["name"]}" '
-                                                              f': configmap "{volume["configMap"]["name"]}" not found')
+                                                              f': {kind.lower()} "{wanted}" not found')
                     return
                 for key, text in (found.get("data") or {}).items():
-                    (source / key).write_text(text)
+                    if kind == "Secret":
+                        (source / key).write_bytes(base64.b64decode(text))
+                    else:
+                        (source / key).write_text(text)
                 for key, data in (found.get("binaryData") or {}).items():
                     (source / key).write_bytes(base64.b64decode(data))
             else:
@@ -545,8 +564,12 @@ def _merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> None:
 
 def _labels_match(obj: dict[str, Any], selector: str) -> bool:
     labels = obj.get("metadata", {}).get("labels") or {}
-    for term in filter(None, selector.split(",")):
-        if "!=" in term:
+    for term in filter(None, (t.strip() for t in re.split(r",(?![^()]*\))", selector))):
+        if match := re.fullmatch(r"(\S+)\s+(in|notin)\s+\(([^()]*)\)", term):
+            key, operator, values = match.groups()
+            if (labels.get(key) in {v.strip() for v in values.split(",")}) != (operator == "in"):
+                return False
+        elif "!=" in term:
             key, value = term.split("!=", 1)
             if labels.get(key) == value:
                 return False
@@ -588,6 +611,7 @@ ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$"), "Pod", True),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/events$"), "Event", True),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$"), "ConfigMap", True),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$"), "Secret", True),
     (re.compile(r"^/api/v1/namespaces/([^/]+)/services(?:/([^/]+))?$"), "Service", True),
     (re.compile(r"^/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?$"), "Job", True),
 ]
@@ -656,6 +680,9 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                         return self._send(201, cluster.create(kind, namespace, body))
                     if method == "DELETE" and name and namespace:
                         return self._send(200, cluster.delete(kind, namespace, name))
+                    if method == "DELETE" and namespace:
+                        return self._send(200, cluster.delete_collection(kind, namespace,
+                                                                         query.get("labelSelector", "")))
                     if method == "PATCH" and name and namespace:
                         if "merge-patch" not in (self.headers.get("Content-Type") or ""):
                             raise ApiError(415, "UnsupportedMediaType", "the fake takes merge patches only")

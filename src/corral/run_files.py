@@ -5,6 +5,9 @@ copy stayed for good until this pass. With `run_dirs: {keep_days: N}` in config.
 run directory N days after its attempts ended (its log, and its copy of the workdir, whose folders
 count against a home's inode quota): off by default, since a task may write its results there.
 
+On an SSH pool, each rank's files go from its own machine; on Kubernetes, the job's env values are
+its Secret, deleted with its ConfigMap (the Job, and so its log, stays until its TTL).
+
 It runs on the server (the chores' holder, one replica), every INTERVAL seconds, over attempts that
 ended at least GRACE seconds ago: past Slurm's default MinJobAge (300 s), after which no `scontrol
 requeue` can run the job's script again. A run directory shared by an array's copies waits for the

@@ -196,3 +196,35 @@ def test_jobs_why_says_where_a_managed_job_waits_in_kubernetes_and_why(corral, k
         assert "Insufficient nvidia.com/gpu" in first
     finally:
         corral("jobs", "cancel", job_id, env=env)
+
+
+def test_an_ended_jobs_secret_is_deleted_by_the_servers_pass_and_its_log_stays(corral, kube_env, kube):
+    """The job's env values live in a Secret; the server's run files pass deletes it (and the
+    ConfigMap) once the job ended, and says so; the Job, and so its log, stays until its TTL, with
+    keep_days too (a pod's home ended with the pod)."""
+    import asyncio
+    import base64
+    import time
+
+    from corral import run_files
+    from corral.client import Client
+    from corral.state import open_store
+
+    env = {**kube_env, "CORRAL_RUN_FILES_INTERVAL": "1", "CORRAL_RUN_FILES_GRACE": "0"}
+    launched = corral("launch", "-d", "--json", "--secret", "TOKEN=s3cret-value", "--infra", "k8s/kind-fake", "--",
+                      'echo "ran with ${#TOKEN} characters"', env=env)
+    assert launched.exit_code == 0, launched.stderr
+    job_id, handle = launched.json()["job_id"], launched.json()["slurm_job_id"]
+    token = handle.removeprefix("corral-")
+    secret = kube.request("GET", f"/api/v1/namespaces/default/secrets/{handle}")
+    assert "s3cret-value" in base64.b64decode(secret["data"]["env.sh"]).decode()
+    log = Path(env["CORRAL_HOME"]) / "controller.log"
+    said = "removed env.sh from 1 ended jobs' run directories on kind-fake"
+    wait_for("the server to say it deleted the Secret", lambda: said in log.read_text(), timeout=60, interval=0.5)
+    for kind in ("secrets", "configmaps"):
+        assert kube.request("GET", f"/api/v1/namespaces/default/{kind}?labelSelector=corral.dev/token={token}"
+                            )["items"] == [], kind
+    assert corral("logs", "--no-follow", job_id, env=env).stdout == "ran with 12 characters\n"
+    whole = asyncio.run(run_files.remove_run_dirs(Client(), open_store(), time.time(), keep_days=0, grace=0))
+    assert whole.removed == {"kind-fake": 1} and whole.errors == {}
+    assert corral("logs", "--no-follow", job_id, env=env).stdout == "ran with 12 characters\n"

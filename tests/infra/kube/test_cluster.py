@@ -1,10 +1,12 @@
 """KubeInfra's answers at the edges, against the fake API server (testbed/kubeapi.py) through the official
 client: a retried submission makes no second Job, what the API refuses says why and leaves nothing
-behind, and a missing context, a wrong token or a silent server are clear errors."""
+behind, the env values travel in a Secret that the run files' pass deletes once the job ended, and a
+missing context, a wrong token or a silent server are clear errors."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections import Counter
 
@@ -12,7 +14,8 @@ import pytest
 
 from corral.config import KubeEntry
 from corral.errors import ClusterError, ClusterUnreachableError, ConfigError
-from corral.infra.base import JobRequest, JobState, new_token
+from corral.infra.base import EndedRun, JobRequest, JobState, new_token
+from corral.infra.kube import cluster as kube_cluster
 from corral.infra.kube.cluster import KubeInfra
 from tests.conftest import wait_for
 
@@ -32,7 +35,8 @@ def request(**overrides) -> JobRequest:
 
 def objects(kube, kind: str, token: str) -> list[dict]:
     path = {"jobs": "/apis/batch/v1/namespaces/default/jobs",
-            "configmaps": "/api/v1/namespaces/default/configmaps"}[kind]
+            "configmaps": "/api/v1/namespaces/default/configmaps", "secrets": "/api/v1/namespaces/default/secrets",
+            "services": "/api/v1/namespaces/default/services"}[kind]
     return kube.request("GET", f"{path}?labelSelector=corral.dev/token={token}")["items"]
 
 
@@ -50,6 +54,7 @@ def test_a_retried_submission_finds_its_job(kube):
     finally:
         asyncio.run(backend.cancel([first.handle], [""]))
     assert objects(kube, "jobs", asked.token) == [] and objects(kube, "configmaps", asked.token) == []
+    assert objects(kube, "secrets", asked.token) == []
 
 
 def test_what_the_api_refuses_says_why_and_leaves_nothing(kube):
@@ -58,7 +63,7 @@ def test_what_the_api_refuses_says_why_and_leaves_nothing(kube):
     answer = asyncio.run(infra(kube).submit(asked))
     assert not answer.accepted
     assert "the API answered 422" in answer.message and "lots" in answer.message
-    assert objects(kube, "configmaps", asked.token) == []
+    assert objects(kube, "configmaps", asked.token) == [] and objects(kube, "secrets", asked.token) == []
 
 
 def test_a_workdir_too_large_for_a_config_map_is_refused_before_anything_is_created(kube, tmp_path):
@@ -132,3 +137,65 @@ def test_once_the_watches_are_synced_a_status_query_makes_no_request(kube):
     # No list of Jobs or pods: at most the Warning events while a pod was pending.
     assert [r for r in asked_for if not r.endswith("/events")] == [], asked_for
     assert JobState.RUNNING in seen or JobState.PENDING in seen
+
+
+def ended(backend: KubeInfra, handles: list[str]) -> None:
+    wait_for("the jobs to end", lambda: {s.handle: s.state for s in asyncio.run(backend.status(handles))
+                                         if s.handle in handles} == dict.fromkeys(handles, JobState.SUCCEEDED), 30)
+
+
+def test_the_env_values_travel_in_a_secret_that_belongs_to_the_job(kube):
+    """Not in the ConfigMap (which Kubernetes' `view` role may read): in a Secret the pod mounts, owned
+    by the Job like the rest, so a Job deleted by its TTL takes it along."""
+    backend = infra(kube)
+    asked = request(envs={"TOKEN": "s3cret-value"}, run='echo "got $TOKEN"')
+    submitted = asyncio.run(backend.submit(asked))
+    assert submitted.accepted, submitted.message
+    [config] = objects(kube, "configmaps", asked.token)
+    assert "s3cret" not in json.dumps(config) and "env.sh" not in config["data"]
+    [secret] = objects(kube, "secrets", asked.token)
+    assert "s3cret-value" in base64.b64decode(secret["data"]["env.sh"]).decode()
+    [job] = objects(kube, "jobs", asked.token)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    ended(backend, [submitted.handle])
+    out: list[bytes] = []
+    asyncio.run(backend.logs(submitted.handle, "", False, out.append))
+    assert b"".join(out) == b"got s3cret-value\n"
+    kube.request("DELETE", f"/apis/batch/v1/namespaces/default/jobs/{submitted.handle}")
+    assert objects(kube, "secrets", asked.token) == []
+
+
+def test_the_run_files_pass_deletes_ended_attempts_secrets_and_config_maps(kube, monkeypatch):
+    """remove_env_files: the Secrets and ConfigMaps, one request per kind (a delete of the collection
+    the tokens' label selects); the Jobs, and so their logs, stay until their TTL. remove_run_dirs: the
+    same. Gone already is no error; what is not a token is refused before any request."""
+    backend = infra(kube)
+    asked = [request(envs={"TOKEN": "x"}, run="echo kept") for _ in range(3)]
+    handles = [asyncio.run(backend.submit(a)).handle for a in asked]
+    ended(backend, handles)
+    runs = [EndedRun(f".corral/runs/{a.token}", h) for a, h in zip(asked, handles)]
+
+    def deletes(since: int) -> list[str]:
+        return sorted(r for r in kube.requests()[since:] if r.startswith("DELETE"))
+
+    before = len(kube.requests())
+    asyncio.run(backend.remove_env_files(runs[:2]))
+    assert deletes(before) == ["DELETE /api/v1/namespaces/default/configmaps", "DELETE /api/v1/namespaces/default/secrets"]
+    for kind, left in (("secrets", [0, 0, 1]), ("configmaps", [0, 0, 1]), ("jobs", [1, 1, 1])):
+        assert [len(objects(kube, kind, a.token)) for a in asked] == left, kind
+    out: list[bytes] = []
+    asyncio.run(backend.logs(handles[0], "", False, out.append))
+    assert b"".join(out) == b"kept\n"
+    asyncio.run(backend.remove_run_dirs(runs[:2]))  # gone already: no error
+    monkeypatch.setattr(kube_cluster, "SELECTED_AT_ONCE", 1)
+    before = len(kube.requests())
+    asyncio.run(backend.remove_run_dirs(runs))
+    assert deletes(before) == 3 * ["DELETE /api/v1/namespaces/default/configmaps"] + 3 * [
+        "DELETE /api/v1/namespaces/default/secrets"]
+    assert objects(kube, "secrets", asked[2].token) == [] and len(objects(kube, "jobs", asked[2].token)) == 1
+    before = len(kube.requests())
+    with pytest.raises(ValueError, match="not an attempt token"):
+        asyncio.run(backend.remove_env_files([runs[2], EndedRun(".corral/runs/x),(y", None)]))
+    assert deletes(before) == []
+    asyncio.run(backend.cancel(handles, [""] * 3))
+    assert [objects(kube, "jobs", a.token) for a in asked] == [[], [], []]

@@ -12,7 +12,15 @@ import pytest
 
 from corral.infra.base import JobRequest
 from corral.infra.kube.cluster import _archives
-from corral.infra.kube.manifests import config_map, job, merge_pod_config, object_name, service, token_of
+from corral.infra.kube.manifests import (
+    config_map,
+    env_secret,
+    job,
+    merge_pod_config,
+    object_name,
+    service,
+    token_of,
+)
 from tests.infra.slurm.test_jobscript import check_golden
 
 
@@ -57,6 +65,19 @@ def test_service_and_config_map_carry_the_token():
     assert cm["metadata"]["labels"]["corral.dev/token"] == "0123456789ab" and cm["binaryData"] == {"home.tar.gz": "AAA="}
 
 
+def test_the_env_values_go_in_a_secret_the_pod_mounts_apart_from_the_config_map():
+    secret = env_secret(request(), "export LR=0.001\n")
+    assert (secret["kind"], secret["type"], secret["metadata"]["name"]) == ("Secret", "Opaque", "corral-0123456789ab")
+    assert secret["stringData"] == {"env.sh": "export LR=0.001\n"}
+    assert secret["metadata"]["labels"]["corral.dev/token"] == "0123456789ab"
+    pod = job(request(), "prod", "l", "nvidia.com/gpu")["spec"]["template"]["spec"]
+    assert {"name": "corral-env", "secret": {"secretName": "corral-0123456789ab"}} in pod["volumes"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts == {"corral-job": "/corral/job", "corral-env": "/corral/env"}
+    script = pod["containers"][0]["command"][2]
+    assert "/corral/env/env.sh" in script and "/corral/job/env.sh" not in script
+
+
 def test_names():
     assert object_name("0123456789ab.3") == "corral-0123456789ab-3"  # a DNS label: pod hostnames stay valid
     assert token_of("corral-0123456789ab") == "0123456789ab" and token_of("other") is None
@@ -80,9 +101,9 @@ def test_pod_config_merges_onto_corral_s_pod():
     assert merged["metadata"]["labels"]["corral.dev/token"] == "0123456789ab"
     assert spec["containers"][0]["name"] == "task" and spec["containers"][0]["env"] == [
         {"name": "NCCL_DEBUG", "value": "INFO"}]
-    assert [m["name"] for m in spec["containers"][0]["volumeMounts"]] == ["corral-job", "datasets"]
+    assert [m["name"] for m in spec["containers"][0]["volumeMounts"]] == ["corral-job", "corral-env", "datasets"]
     assert [c["name"] for c in spec["containers"]] == ["task", "sidecar"]
-    assert [v["name"] for v in spec["volumes"]] == ["corral-job", "datasets"]
+    assert [v["name"] for v in spec["volumes"]] == ["corral-job", "corral-env", "datasets"]
     assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "nvidia.com/gpu"] and "status" not in merged
     assert "datasets" not in json.dumps(pod)  # the original is left alone
 

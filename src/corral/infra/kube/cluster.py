@@ -5,14 +5,17 @@ modules here).
 Cost per call, in API requests (each counted as a round trip of the context, requests of one call
 going out together):
 - probe: nodes and pods (every namespace), in parallel: one round trip;
-- submit: the ConfigMap, then the Job (409: it exists, the retried submission found it, and reads
-  it), then the Service and the ConfigMap's owner (the Job, so that both go with it) together: three
-  or four round trips; the Job is found again by name, which is its token's;
+- submit: the ConfigMap and the Secret (env.sh) together, then the Job (409: it exists, the retried
+  submission found it, and reads it), then the Service and the ConfigMap's and Secret's owner (the
+  Job, so that all three go with it) together: six or seven requests in three or four steps; the Job
+  is found again by name, which is its token's;
 - status: Corral's Jobs and pods in the namespace, as watches keep them (`watch.py`): no request once
   synced, plus the Warning events when a pod is pending; before that, or for a job the watches have
   not shown yet, both listed together: one or two round trips, whatever the number of jobs;
-- cancel: delete each Job (its pods with it), Service and ConfigMap; logs: the head pod's (index 0),
-  streamed with `follow`.
+- cancel: delete each Job (its pods with it), Service, ConfigMap and Secret; logs: the head pod's
+  (index 0), streamed with `follow`;
+- the run files' pass (run_files.py): ended attempts' Secrets and ConfigMaps deleted by their
+  tokens' label, two requests per SELECTED_AT_ONCE attempts, all at once.
 """
 
 from __future__ import annotations
@@ -33,22 +36,26 @@ from corral.errors import ClusterError, ClusterUnreachableError, ConfigError, Co
 from corral.infra.base import (
     AttemptFiles,
     ClusterSnapshot,
+    EndedRun,
     Infra,
     JobRequest,
     JobStatus,
     OutputSink,
+    RemovesRunFiles,
     SubmitResult,
 )
 from corral.infra.kube import capacity, manifests, states, watch
 from corral.infra.shell import render_env
 
 LOG_POLL_SECONDS = 1.0
+SELECTED_AT_ONCE = 100  # tokens in one label selector (a delete of a collection): the URL stays short
+_DELETE_OPTIONS = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
 # A server makes a Client (and so KubeInfras) per request: the watches are the process's, not theirs.
 _WATCHERS: dict[tuple[str, str, str], watch.Watcher] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-class KubeInfra(Infra):
+class KubeInfra(Infra, RemovesRunFiles):
     kind: ClassVar[str] = "k8s"
 
     def __init__(self, entry: KubeEntry, round_trips: Any = None, timeout: float = 10.0):
@@ -162,28 +169,34 @@ class KubeInfra(Infra):
                                 f"{self.name}: the workdir and file mounts come to {size // 1024} KiB packed; a "
                                 "ConfigMap holds at most 1 MiB: put the data on a volume the pods mount "
                                 "(config.kubernetes.pod_config)")
-        files = {"setup.sh": request.setup or "", "run.sh": request.run or "", "env.sh": render_env(dict(request.envs))}
+        files = {"setup.sh": request.setup or "", "run.sh": request.run or ""}
         label, resource = self._gpu_label.get(request.accelerator_type or "",
                                               (capacity.DEFAULT_GPU_LABEL, capacity.DEFAULT_GPU_RESOURCE))
-        status, answer = await self._call("POST", f"/api/v1/namespaces/{ns}/configmaps",
-                                          body=manifests.config_map(request, files, archives), allow=(409, 422))
-        if status == 422:
-            return SubmitResult(False, None, False, f"{self.name}: {_api_message(status, answer)}")
+        made = [f"/api/v1/namespaces/{ns}/configmaps/{name}", f"/api/v1/namespaces/{ns}/secrets/{name}"]
+        posted = await asyncio.gather(
+            self._call("POST", f"/api/v1/namespaces/{ns}/configmaps",
+                       body=manifests.config_map(request, files, archives), allow=(409, 422)),
+            self._call("POST", f"/api/v1/namespaces/{ns}/secrets",
+                       body=manifests.env_secret(request, render_env(dict(request.envs))), allow=(409, 422)))
+        refused = [(status, answer) for status, answer in posted if status == 422]
+        if refused:
+            await self._delete(made)
+            return SubmitResult(False, None, False, f"{self.name}: {_api_message(*refused[0])}")
         status, answer = await self._call("POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
                                           body=manifests.job(request, self.entry.name, label, resource),
                                           allow=(400, 403, 409, 422))
         if status in (400, 403, 422):
-            await self._delete([f"/api/v1/namespaces/{ns}/configmaps/{name}"])
+            await self._delete(made)
             return SubmitResult(False, None, False, f"{self.name}: {_api_message(status, answer)}")
         if status == 409:  # a retried submission: its Job (and what the first try made) is there
             _, answer = await self._call("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/{name}", allow=(404,))
         owner = manifests.owned_by(answer or {})
-        # The Service and the ConfigMap belong to the Job: Kubernetes removes them with it.
+        # The Service, the ConfigMap and the Secret belong to the Job: Kubernetes removes them with it.
         calls = [self._call("POST", f"/api/v1/namespaces/{ns}/services", body=manifests.service(request, owner),
                             allow=(409,))]
         if owner:
-            calls.append(self._call("PATCH", f"/api/v1/namespaces/{ns}/configmaps/{name}", body={"metadata": owner},
-                                    content_type="application/merge-patch+json", allow=(404,)))
+            calls += [self._call("PATCH", path, body={"metadata": owner}, content_type="application/merge-patch+json",
+                                 allow=(404,)) for path in made]
         await asyncio.gather(*calls)
         self._uploads.pop(request.token, None)
         self._uploads.pop("", None)  # what went outside a run's folder (a checkpoint) rode with this attempt
@@ -247,12 +260,31 @@ class KubeInfra(Infra):
             if manifests.token_of(handle) is None:
                 continue
             paths += [f"/apis/batch/v1/namespaces/{ns}/jobs/{handle}", f"/api/v1/namespaces/{ns}/services/{handle}",
-                      f"/api/v1/namespaces/{ns}/configmaps/{handle}"]
+                      f"/api/v1/namespaces/{ns}/configmaps/{handle}", f"/api/v1/namespaces/{ns}/secrets/{handle}"]
         await self._delete(paths)
 
+    async def remove_env_files(self, ended: list[EndedRun]) -> None:
+        """Delete each one's Secret (its env.sh) and ConfigMap (its scripts and packed workdir), which
+        an ended Job no longer needs (Corral never lets Kubernetes run it again): SELECTED_AT_ONCE
+        tokens per request, one request per kind, all together. The Job, and so its pods' log, stays
+        until its TTL. What a crash left before the Job was made goes too: it carries the token's label."""
+        tokens = sorted({_run_token(e.run_dir) or "" for e in ended})
+        for token in tokens:
+            manifests.object_name(token)  # a token, or ValueError: nothing else goes into the selector
+        ns = self.namespace
+        calls = []
+        for start in range(0, len(tokens), SELECTED_AT_ONCE):
+            selector = f"{manifests.LABEL_TOKEN} in ({','.join(tokens[start:start + SELECTED_AT_ONCE])})"
+            calls += [self._call("DELETE", f"/api/v1/namespaces/{ns}/{kind}", query=[("labelSelector", selector)],
+                                 body=_DELETE_OPTIONS) for kind in ("secrets", "configmaps")]
+        await asyncio.gather(*calls)
+
+    async def remove_run_dirs(self, ended: list[EndedRun]) -> None:
+        """As remove_env_files: a pod's home, where its run directory was, ended with the pod."""
+        await self.remove_env_files(ended)
+
     async def _delete(self, paths: list[str]) -> None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
-        await asyncio.gather(*(self._call("DELETE", p, body=body, allow=(404,)) for p in paths))
+        await asyncio.gather(*(self._call("DELETE", p, body=_DELETE_OPTIONS, allow=(404,)) for p in paths))
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
         """The head pod's output (node 0's, as SkyPilot shows); with `follow`, once it starts, until it ends."""

@@ -1,14 +1,17 @@
 """What Corral creates in a namespace for one attempt (pure: dicts the API takes as they are).
 
-- a ConfigMap `corral-<token>`: the task's `setup.sh`, `run.sh`, `env.sh` and, as tar.gz, its workdir
-  and file mounts (`home.tar.gz`, unpacked in the container's home; `root.tar.gz`, at `/`), mounted at
+- a ConfigMap `corral-<token>`: the task's `setup.sh`, `run.sh` and, as tar.gz, its workdir and file
+  mounts (`home.tar.gz`, unpacked in the container's home; `root.tar.gz`, at `/`), mounted at
   `JOB_FILES`. A ConfigMap holds at most 1 MiB: a larger workdir belongs on a volume (`pod_config`).
+- a Secret `corral-<token>`: `env.sh`, the task's envs and secrets, mounted at `ENV_FILES`. Apart from
+  the ConfigMap, so that a role that may read ConfigMaps but not Secrets (Kubernetes' own `view`) does
+  not see them, and so that the run files' pass (run_files.py) can delete it once the job has ended.
 - an Indexed Job `corral-<token>`: one pod per node, `completions = parallelism = num_nodes`,
   `backoffLimit: 0` (Corral, not Kubernetes, decides what to retry). Pod i's hostname is
   `corral-<token>-<i>` under the Service, so the nodes reach each other by name.
 - a headless Service `corral-<token>` for that rendezvous.
 
-The Service and the ConfigMap are owned by the Job (`ownerReferences`), so they go when it goes.
+The Service, the ConfigMap and the Secret are owned by the Job (`ownerReferences`), so they go when it goes.
 
 Every object carries `LABEL_TOKEN` (the attempt's token, so a retried submission finds its job) and
 `LABEL_MANAGED`. The task's `config.kubernetes.pod_config` is merged onto the pod as SkyPilot does:
@@ -30,6 +33,7 @@ LABEL_TOKEN = "corral.dev/token"
 LABEL_JOB_ID = "corral.dev/job-id"
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 JOB_FILES = "/corral/job"
+ENV_FILES = "/corral/env"
 DEFAULT_IMAGE = "docker.io/library/ubuntu:24.04"
 CONFIGMAP_LIMIT = 1_000_000  # bytes: the API server refuses a larger object (1 MiB, with its metadata)
 FINISHED_TTL_SECONDS = 3 * 24 * 3600
@@ -75,7 +79,7 @@ def pod_script(request: JobRequest, context: str) -> str:
         lines += checkpoint_lines(request.checkpoint_dir, shlex.quote(request.task_ids[0]))
     lines += [
         'cd "$CORRAL_RUN_DIR/workdir" || exit 1',
-        f'with_env() {{ "$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {JOB_FILES}/env.sh "$@"; }}',
+        f'with_env() {{ "$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {ENV_FILES}/env.sh "$@"; }}',
         f"if [ -s {JOB_FILES}/setup.sh ]; then",
         f"  with_env {JOB_FILES}/setup.sh; rc=$?",
         '  if [ "$rc" -ne 0 ]; then echo "corral: setup failed on $(hostname) with exit code $rc" >&2; exit "$rc"; fi',
@@ -96,6 +100,14 @@ def config_map(request: JobRequest, files: Mapping[str, str], archives: Mapping[
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": object_name(request.token), "labels": labels(request)},
             "data": dict(files), "binaryData": dict(archives)}
+
+
+def env_secret(request: JobRequest, env_text: str) -> dict[str, Any]:
+    """The attempt's `env.sh` (its env values, secrets included) as a Secret; the API stores
+    `stringData` base64-encoded under `data`."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": object_name(request.token), "labels": labels(request)},
+            "stringData": {"env.sh": env_text}}
 
 
 def owned_by(job_object: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,11 +142,13 @@ def job(request: JobRequest, context: str, gpu_label: str, gpu_resource: str) ->
         "name": "task", "image": request.container_image or DEFAULT_IMAGE,
         "command": ["/bin/bash", "-c", pod_script(request, context)],
         "resources": {"requests": requests, **({"limits": limits} if limits else {})},
-        "volumeMounts": [{"name": "corral-job", "mountPath": JOB_FILES, "readOnly": True}],
+        "volumeMounts": [{"name": "corral-job", "mountPath": JOB_FILES, "readOnly": True},
+                         {"name": "corral-env", "mountPath": ENV_FILES, "readOnly": True}],
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never", "subdomain": name, "containers": [container],
-        "volumes": [{"name": "corral-job", "configMap": {"name": name}}],
+        "volumes": [{"name": "corral-job", "configMap": {"name": name}},
+                    {"name": "corral-env", "secret": {"secretName": name}}],
     }
     if request.accelerators_per_node and request.accelerator_type:
         pod_spec["nodeSelector"] = {gpu_label: request.accelerator_type}
