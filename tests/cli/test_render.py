@@ -108,3 +108,15 @@ def test_the_managed_table_keeps_a_pipelines_tasks_together_in_order_with_when_a
     assert "pipe/1: t1" in lines[3] and " 1m " in lines[3] and " 12s " in lines[2]
     assert " 1h02m " in lines[1]
     assert lines[4].split()[:4] == ["c-p2", "pipe/2:", "t2", "PENDING"] and " - " in lines[4]
+
+
+def test_a_launch_no_place_can_run_prints_no_empty_plan_table():
+    """The plan of a launch shows its feasible rows; with none, the error that follows says why, and an
+    empty table's bare header said nothing."""
+    infeasible = [{"infra": "slurm/alpine/gpu", "cluster": "alpine", "feasible": False,
+                   "reason": "no A100 GPUs (has H100)"}]
+    assert printed(render.render_plan, infeasible, False) == ("", "")
+    out, _ = printed(render.render_plan, infeasible, True)  # --dryrun shows every row, with its reason
+    assert "no A100 GPUs (has H100)" in out
+    unreachable = [{"infra": "slurm/borealis", "cluster": "borealis", "unreachable": True, "reason": "timed out"}]
+    assert "timed out" in printed(render.render_plan, infeasible + unreachable, False)[1]

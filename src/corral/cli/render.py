@@ -83,7 +83,8 @@ def render_plan(rows: list[dict[str, Any]], full: bool) -> None:
     for r in rows:
         if r.get("unreachable"):
             table.add_row("", str(r["infra"]), "-", "-", "-", styled(str(r.get("reason") or ""), "red"))
-    (console if full else err_console).print(table)
+    if table.row_count:  # else the error that follows says why no place can run it
+        (console if full else err_console).print(table)
     sends = {r["cluster"]: r["transfer_bytes"] for r in shown if r.get("feasible") and r.get("transfer_bytes") is not None}
     if full and any(sends.values()):  # --dryrun: what the task's files cost to send to each cluster
         from corral.sdk.files import size_text
