@@ -186,6 +186,17 @@ def test_cancelling_an_exec_ends_it_and_keeps_its_allocation(corral, corral_env,
     assert re.fullmatch(r"c-[0-9a-f]+", detached_id) and f"{detached_id} started in box" in detached.stderr
     wait_for("the detached exec's output", lambda: corral("logs", "box", detached_id, "--no-follow").stdout
              == "detached\n", timeout=30)
+    # `sky queue CLUSTER` numbers a cluster's jobs 1, 2, … and `sky logs`/`sky cancel CLUSTER N` take them.
+    numbers = {j["job_id"]: j["number"] for j in corral("queue", "box", "--json").json()}
+    assert sorted(numbers.values()) == list(range(1, len(numbers) + 1))
+    assert numbers[detached_id] == len(numbers) and numbers[followed_id] == len(numbers) - 1
+    assert corral("queue", "box").stdout.split()[:2] == ["#", "ID"]
+    assert corral("logs", "box", str(numbers[detached_id]), "--no-follow").stdout == "detached\n"
+    beyond = corral("logs", "box", str(len(numbers) + 1))
+    assert beyond.exit_code == 66 and (f"dev allocation 'box' has no job {len(numbers) + 1}: its jobs are 1 to "
+                                       f"{len(numbers)}") in beyond.stderr, beyond.stderr
+    ended_one = corral("cancel", "box", str(numbers[followed_id]))
+    assert ended_one.exit_code == 0 and ended_one.stdout.startswith(f"{followed_id}: already"), ended_one.stdout
     alone = corral("cancel", "box")
     assert alone.exit_code == 65 and "`corral cancel box --all` cancels the jobs running in it" in alone.stderr
     elsewhere = corral("launch", "-d", "--infra", "slurm/cirrus/debug", "--", "true").stdout.strip()
@@ -200,6 +211,13 @@ def test_cancelling_an_exec_ends_it_and_keeps_its_allocation(corral, corral_env,
     # Its output went with the allocation: `logs` says so.
     gone = corral("logs", job_id)
     assert gone.exit_code == 1 and "which has been released since" in gone.stderr, gone.stderr
+    # A new allocation of that name numbers its own jobs from 1, as a new SkyPilot cluster does.
+    assert corral("launch", "-c", "box", "--infra", "slurm/cirrus/debug", "--cpus", "1").exit_code == 0
+    assert corral("exec", "box", "--", "echo anew").stdout == "anew\n"
+    listed = corral("queue", "box", "--json").json()
+    assert [j.get("number") for j in listed][0] == 1 and [j for j in listed if j.get("number")] == listed[:1]
+    assert corral("logs", "box", "1", "--no-follow").stdout == "anew\n"
+    assert corral("down", "box").exit_code == 0
 
 
 def test_execs_naming_gpus_each_take_their_own_and_wait_for_them(corral, testbed, clean):

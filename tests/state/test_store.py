@@ -377,6 +377,19 @@ def test_a_dev_allocations_name_means_its_newest_job_where_one_job_is_shown(stor
         store.resolve_or_newest_in("dev", scope="someone-else")
 
 
+def test_a_dev_allocations_jobs_are_numbered_from_its_making_oldest_first(store):
+    """`sky queue CLUSTER`'s 1, 2, …: the jobs run in the allocation since it was made (an older
+    allocation of that name had its own), in the order they were made; another user's are not in it."""
+    rows = [ended(f"c-a{i}", created) for i, created in enumerate([5.0, 12.0, 11.0, 20.0])]
+    for (row, _), owner in zip(rows, ["", "", "", "bob"]):
+        row.allocation, row.owner = "dev", owner
+    fill(store, rows)
+    assert store.allocation_job_ids("dev", "", since=10.0) == ["c-a2", "c-a1"]
+    assert store.allocation_job_ids("dev", "", since=0.0) == ["c-a0", "c-a2", "c-a1"]
+    assert store.allocation_job_ids("dev", "bob", since=10.0) == ["c-a3"]
+    assert store.allocation_job_ids("other", "", since=0.0) == []
+
+
 def test_managed_jobs_are_recorded_all_or_none(store):
     from sqlalchemy.exc import IntegrityError
 

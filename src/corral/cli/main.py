@@ -217,11 +217,8 @@ def logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool
     client = Client()
     if job is None:
         job = newest_id(client.jobs(limit=1)[0], "no jobs yet: name one, or launch one with `corral launch`")
-    if allocation is not None and (found := client.job(job)).allocation != allocation:
-        from corral.errors import NotFoundError
-
-        raise NotFoundError(f"{found.job_id} did not run in dev allocation {allocation!r}; `corral queue "
-                            f"{allocation}` lists its jobs")
+    if allocation is not None:  # `sky logs CLUSTER JOB_ID`: its number there, or its id or name
+        job = client.job(job, allocation=allocation).job_id
     from corral.cli.following import LazyProgress, follow_to_end, print_output, status_only
 
     if status:

@@ -220,13 +220,18 @@ def render_queue(page: QueuePage, expand: bool = False, live_only: bool = False)
         return
     owners = [j.raw.get("owner") or "-" for j in page.jobs]
     mixed = len(set(owners)) > 1  # an admin's view of several users' jobs: say whose each is
-    table = new_table(_QUEUE_COLUMNS[:1] + (("OWNER",) if mixed else ()) + _QUEUE_COLUMNS[1:])
+    numbered = any(j.number for j in page.jobs)  # a dev allocation's jobs: 1, 2, … as `sky queue CLUSTER`
+    table = new_table((("#",) if numbered else ()) + _QUEUE_COLUMNS[:1] + (("OWNER",) if mixed else ())
+                      + _QUEUE_COLUMNS[1:])
     rows = queue_rows(page, expand)
     if mixed:
         by_id = {j.job_id: owner for j, owner in zip(page.jobs, owners)}
         by_sweep = {j.sweep_id: owner for j, owner in zip(page.jobs, owners) if j.sweep_id}
         rows = [(row[0], by_id.get(row[0]) or by_sweep.get(row[0].removesuffix(" (sweep)"), "-"), *row[1:])
                 for row in rows]
+    if numbered:
+        numbers = {j.job_id: str(j.number or "-") for j in page.jobs}
+        rows = [(numbers.get(str(row[0]), "-"), *row) for row in rows]
     for row in rows:
         table.add_row(*row)
     console.print(table)

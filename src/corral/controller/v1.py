@@ -35,11 +35,13 @@ from corral.errors import CorralError, TaskError
 from corral.infra.base import JobState
 from corral.profiles import named_paths, profile_warnings
 from corral.state import Store
-from corral.state.store import JobFilter
+from corral.state.store import JobFilter, JobNotFoundError, JobView
 from corral.tracker import RefreshReport, SharedRefresh, Tracker, left_out
 from corral.views import job_json
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
+InAllocation = Annotated[str | None, Query(min_length=1, max_length=200, description=(
+    "A dev allocation of yours: `job` is one run in it, its number there (1, 2, …) or its id or name"))]
 
 
 class CancelRequest(RequestBody):
@@ -167,8 +169,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
             raise AllocationNotFoundError(allocation, [r.name for r in store.allocations(me.owner)])
         shown = store.queue_page(limit=limit, offset=(page - 1) * limit, since=since, allocation=allocation,
                                  by_sweep=by_sweep, scope=me.scope)
-        kinds = place_kinds()
-        return {"jobs": [job_json(v, kinds) for v in shown.views], "more": shown.more, "sweeps": shown.sweeps,
+        kinds, numbers = place_kinds(), allocation_numbers(me, allocation)
+        return {"jobs": [numbered(job_json(v, kinds), numbers) for v in shown.views], "more": shown.more,
+                "sweeps": shown.sweeps,
                 "sweep_times": {sweep: list(times) for sweep, times in shown.sweep_times.items()},
                 "warnings": [f"could not refresh {cluster}: {error}" for cluster, error in report.errors.items()]}
 
@@ -191,9 +194,10 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         wanted = JobFilter(owner, job_states(state), cluster, name, since, allocation)
         shown, total = store.job_page(wanted, limit=limit, offset=(page - 1) * limit, scope=me.scope)
         managed_states = {m.job_id: m.state for m in store.managed(v.job.id for v in shown)}
-        kinds = place_kinds()
-        return {"jobs": [{**job_json(v, kinds), "managed": v.job.id in managed_states,
-                          "managed_state": managed_states.get(v.job.id)} for v in shown], "total": total,
+        kinds, numbers = place_kinds(), allocation_numbers(me, allocation)
+        return {"jobs": [numbered({**job_json(v, kinds), "managed": v.job.id in managed_states,
+                                   "managed_state": managed_states.get(v.job.id)}, numbers) for v in shown],
+                "total": total,
                 "page": page,
                 "pages": max(1, -(-total // limit)),
                 "warnings": [f"could not refresh {c}: {error}" for c, error in report.errors.items()]}
@@ -219,20 +223,55 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
 
         return JsonLines(rows())
 
+    def allocation_numbers(me: Principal, allocation: str | None) -> dict[str, int]:
+        """Job id -> its number in `me`'s dev allocation `allocation` (1 for the first run in it), as
+        `sky queue CLUSTER` numbers a cluster's jobs; {} for no allocation, or one that is gone."""
+        row = store.allocation(allocation, me.owner) if allocation else None
+        if row is None:
+            return {}
+        return {job_id: n for n, job_id in enumerate(store.allocation_job_ids(row.name, me.owner, row.created_at), 1)}
+
+    def numbered(job: dict[str, object], numbers: dict[str, int]) -> dict[str, object]:
+        return {**job, "number": numbers[str(job["job_id"])]} if job["job_id"] in numbers else job
+
+    def resolve_in(me: Principal, ref: str, allocation: str | None) -> JobView:
+        """The job `ref` names (or a dev allocation's newest job); with `allocation`, one run in that dev
+        allocation of `me`'s: its number there (`sky logs CLUSTER 2`) or its id, name, …"""
+        if allocation is None:
+            return store.resolve_or_newest_in(ref, me.scope)
+        if ref.isdigit():
+            if store.allocation(allocation, me.owner) is None:
+                from corral.dev import AllocationNotFoundError
+
+                raise AllocationNotFoundError(allocation, [r.name for r in store.allocations(me.owner)])
+            numbers = {n: job_id for job_id, n in allocation_numbers(me, allocation).items()}
+            if int(ref) not in numbers:
+                held = f"its jobs are 1 to {len(numbers)}" if numbers else "no job has run in it yet"
+                raise JobNotFoundError(f"dev allocation {allocation!r} has no job {ref}: {held}; `corral queue "
+                                       f"{allocation}` lists them")
+            return store.views([numbers[int(ref)]])[0]
+        view = store.resolve(ref, me.scope)
+        if view.job.allocation != allocation:
+            raise JobNotFoundError(f"{view.job.id} did not run in dev allocation {allocation!r}; `corral queue "
+                                   f"{allocation}` lists its jobs")
+        return view
+
     @router.get("/jobs/{job}")
-    async def job(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
+    async def job(me: Me, job: Annotated[str, Path(max_length=200)], allocation: InAllocation = None
+                  ) -> dict[str, object]:
         """One job by id, unique id prefix, unique name or Slurm job id (or a dev allocation's newest job),
-        refreshed."""
-        view = store.resolve_or_newest_in(job, me.scope)
+        refreshed; with `allocation`, a job run in it, as `sky logs CLUSTER JOB_ID` names one."""
+        view = resolve_in(me, job, allocation)
         await refreshed()
-        return job_json(store.views([view.job.id])[0], place_kinds())
+        return numbered(job_json(store.views([view.job.id])[0], place_kinds()), allocation_numbers(me, allocation))
 
     @router.get("/jobs/{job}/logs", response_class=OutputStream, responses=STREAM_REFUSALS)
     async def logs(me: Me, job: Annotated[str, Path(max_length=200)], follow: bool = False,
-                   tail: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> StreamingResponse:
+                   tail: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+                   allocation: InAllocation = None) -> StreamingResponse:
         """The job's output, all nodes (with `tail` > 0, the last `tail` lines); with `follow`, streamed
-        until its tasks are over. `job` as for GET /jobs/{job}."""
-        view = store.resolve_or_newest_in(job, me.scope)
+        until its tasks are over. `job` and `allocation` as for GET /jobs/{job}."""
+        view = resolve_in(me, job, allocation)
         tracker = Tracker(Client(), store)
         tracker.check_logs(view)  # a refusal is an error answer, not a line in the job's output
         return stream_output(lambda sink: tracker.logs(view, follow, sink, tail))
@@ -251,15 +290,18 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     @router.post("/cancel")
     async def cancel(me: Me, request: CancelRequest) -> dict[str, object]:
         """Cancel jobs (or every live one), one scancel per cluster. A first entry of `jobs` that names one
-        of your dev allocations, and no job, means the jobs run in it: the others named, or with `all`,
-        all of them (as `sky cancel CLUSTER JOB…` and `sky cancel CLUSTER --all`)."""
+        of your dev allocations, and no job, means the jobs run in it: the others named (by their
+        number there too), or with `all`, all of them (as `sky cancel CLUSTER JOB_ID…` and `sky cancel
+        CLUSTER --all`)."""
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
         allocation, refs = in_allocation(me, request.jobs, request.all)
         tracker = Tracker(Client(), store)
         await refreshed(fresh_within=0.0, at_most=None)  # what is cancelled must be what runs now, not a while ago
         views = (store.views(store.live_job_ids(owner_of_all(me, request.all, request.all_users), allocation))
-                 if request.all else [view for ref in refs for view in store.resolve_all(ref, me.scope)])
+                 if request.all else [view for ref in refs for view in (
+                     [resolve_in(me, ref, allocation)] if allocation is not None and ref.isdigit()
+                     else store.resolve_all(ref, me.scope))])
         if strays := [v.job.id for v in views if allocation is not None and v.job.allocation != allocation]:
             raise TaskError(f"{', '.join(strays)} did not run in dev allocation {allocation!r}; `corral queue "
                             f"{allocation}` lists its jobs")

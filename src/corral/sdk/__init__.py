@@ -133,13 +133,17 @@ class Client:
                                            "limit": limit, "page": page})
         return [Job.from_json(j) for j in data["jobs"]], int(data["total"])
 
-    def job(self, job: str) -> Job:
-        return Job.from_json(self._json("GET", f"/jobs/{_quoted(job)}"))
+    def job(self, job: str, *, allocation: str | None = None) -> Job:
+        """A job by id, unique id prefix, name or Slurm job id; with `allocation`, one run in that dev
+        allocation of yours, by its number there (`"2"`, as `sky logs CLUSTER 2`) or its id or name."""
+        return Job.from_json(self._json("GET", f"/jobs/{_quoted(job)}", {"allocation": allocation}))
 
-    def logs(self, job: str, follow: bool = False, *, tail: int = 0) -> Iterator[bytes]:
+    def logs(self, job: str, follow: bool = False, *, tail: int = 0, allocation: str | None = None
+             ) -> Iterator[bytes]:
         """A job's output as it comes (all nodes; with `tail` > 0, its last `tail` lines first); with
-        `follow`, until the job's tasks are over."""
-        yield from self._stream("GET", f"/jobs/{_quoted(job)}/logs", {"follow": follow, "tail": tail or None})
+        `follow`, until the job's tasks are over. `allocation` as for `job`."""
+        yield from self._stream("GET", f"/jobs/{_quoted(job)}/logs", {"follow": follow, "tail": tail or None,
+                                                                        "allocation": allocation})
 
     def cancel(self, jobs: str | list[str] | None = None, *, all: bool = False, all_users: bool = False
                ) -> list[CancelOutcome]:

@@ -149,13 +149,14 @@ class Job:
     sweep_id: str | None
     raw: dict[str, Any] = field(repr=False, compare=False)
     allocation: str | None = None  # the dev allocation it ran in (`corral exec`), if any
+    number: int | None = None  # its number in that allocation (1 first), when asked about the allocation
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
         return cls(data["job_id"], data["name"], status_of(JobStatus, data["state"]), data.get("cluster"),
                    data.get("partition"), data.get("slurm_job_id"), data.get("reason"), int(data.get("attempt") or 0),
                    data.get("submitted_at"), data.get("started_at"), data.get("ended_at"), data.get("exit_code"),
-                   data.get("sweep_id"), data, data.get("allocation"))
+                   data.get("sweep_id"), data, data.get("allocation"), data.get("number"))
 
     @property
     def ended(self) -> bool:

@@ -940,6 +940,15 @@ class Store:
                 raise
             return views[0]
 
+    def allocation_job_ids(self, name: str, owner: str, since: float) -> list[str]:
+        """The ids of the jobs run in `owner`'s dev allocation `name` since `since` (when it was made:
+        an older allocation of that name had its own), oldest first. The n-th is the allocation's job n,
+        as SkyPilot numbers a cluster's jobs 1, 2, … (`sky logs CLUSTER 2`)."""
+        query = (select(JobRow.id).where(JobRow.allocation == name, JobRow.owner == owner, JobRow.created_at >= since)
+                 .order_by(JobRow.created_at, JobRow.job_rank, JobRow.id))
+        with self.session() as s:
+            return list(s.scalars(query))
+
     def _array_tasks(self, handle: str, scope: str | None) -> list[str]:
         """The jobs whose handles are the tasks of the array `handle` names (`4711` for `4711_0`…, as
         `scancel 4711` means the whole array), when they are on one cluster; else none."""
