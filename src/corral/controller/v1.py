@@ -56,6 +56,10 @@ SLURM_STATES = {"PD": "PENDING", "R": "RUNNING", "CF": "STARTING", "CONFIGURING"
                 "COMPLETED": "SUCCEEDED", "F": "FAILED", "CA": "CANCELLED", "CG": "CANCELLING"}
 
 
+def not_run_in(allocation: str, job_ids: list[str]) -> str:
+    return f"{', '.join(job_ids)} did not run in dev allocation {allocation!r}; `corral queue {allocation}` lists its jobs"
+
+
 def job_states(text: str) -> str:
     """`state` of GET /jobs as the store reads it: comma-separated job states or `live`, in any case,
     Slurm's names taken for Corral's; TaskError naming what is accepted."""
@@ -232,7 +236,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         return {job_id: n for n, job_id in enumerate(store.allocation_job_ids(row.name, me.owner, row.created_at), 1)}
 
     def numbered(job: dict[str, object], numbers: dict[str, int]) -> dict[str, object]:
-        return {**job, "number": numbers[str(job["job_id"])]} if job["job_id"] in numbers else job
+        number = numbers.get(str(job["job_id"]))
+        return {**job, "number": number} if number is not None else job
 
     def resolve_in(me: Principal, ref: str, allocation: str | None) -> JobView:
         """The job `ref` names (or a dev allocation's newest job); with `allocation`, one run in that dev
@@ -252,8 +257,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
             return store.views([numbers[int(ref)]])[0]
         view = store.resolve(ref, me.scope)
         if view.job.allocation != allocation:
-            raise JobNotFoundError(f"{view.job.id} did not run in dev allocation {allocation!r}; `corral queue "
-                                   f"{allocation}` lists its jobs")
+            raise JobNotFoundError(not_run_in(allocation, [view.job.id]))
         return view
 
     @router.get("/jobs/{job}")
@@ -302,9 +306,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                  if request.all else [view for ref in refs for view in (
                      [resolve_in(me, ref, allocation)] if allocation is not None and ref.isdigit()
                      else store.resolve_all(ref, me.scope))])
-        if strays := [v.job.id for v in views if allocation is not None and v.job.allocation != allocation]:
-            raise TaskError(f"{', '.join(strays)} did not run in dev allocation {allocation!r}; `corral queue "
-                            f"{allocation}` lists its jobs")
+        if allocation is not None and (strays := [v.job.id for v in views if v.job.allocation != allocation]):
+            raise TaskError(not_run_in(allocation, strays))
         cancelled = await tracker.cancel(views)
         return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}
                          for v in views]}
