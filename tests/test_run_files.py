@@ -166,3 +166,38 @@ def test_with_keep_days_the_server_removes_old_run_directories_whole_and_logs_sa
     shown = corral("logs", "--no-follow", job_id)
     assert shown.exit_code == 66, shown.stderr
     assert f"{job_id} ended, 0 days ago; its run directory on alpine, log included, was removed since" in shown.stderr
+
+
+def test_an_ended_job_groups_host_files_go_in_one_round_trip_per_cluster(corral, corral_env, tmp_path):
+    """The folder by which a job group's tasks found each other (CORRAL_JOBGROUP_HOSTS, one per round)
+    stays while any task may still read it, and goes once every task has ended: one round trip to the
+    cluster they ran on; a second pass finds nothing and sends nothing."""
+    from corral import run_files
+    from corral.client import Client
+    from corral.sdk import Client as Sdk
+    from corral.state import open_store
+
+    (tmp_path / "group.yaml").write_text("name: hosts\nexecution: parallel\n---\nname: a\nresources: {infra: "
+                                         "slurm/alpine}\nrun: ls \"$CORRAL_JOBGROUP_HOSTS\"\n---\nname: b\n"
+                                         "resources: {infra: slurm/alpine}\nrun: 'true'\n")
+    launched = corral("jobs", "launch", "-d", "--json", "group.yaml", cwd=tmp_path)
+    assert launched.exit_code == 0, launched.stderr
+    group = launched.json()["job_id"]
+    folder = Path(f"/home/corral-test/.corral/groups/{group}")  # the testbed's clusters share this home
+    sdk = Sdk()
+    tasks = [m.job_id for m in sdk.managed_jobs(all=True)[0] if m.pipeline and m.pipeline.id == group]
+    assert len(tasks) == 2
+    for task in tasks:
+        assert sdk.managed_wait(task, poll=0.5, timeout=120).state == "SUCCEEDED"
+    assert folder.is_dir() and sorted(p.name for r in folder.iterdir() for p in r.iterdir()) == ["a-0", "b-0"]
+    store, client = open_store(), Client()
+    early = asyncio.run(run_files.remove_group_dirs(client, store, time.time()))  # ended within GRACE: kept
+    assert early.removed == {} and folder.is_dir()
+    before = dict(client.transport.round_trips)
+    report = asyncio.run(run_files.remove_group_dirs(client, store, time.time(), grace=0))
+    assert report.removed == {"alpine": 1} and report.errors == {}
+    trips = {c: n - before.get(c, 0) for c, n in client.transport.round_trips.items() if n - before.get(c, 0)}
+    assert trips == {"alpine": 1} and not folder.exists()
+    before = dict(client.transport.round_trips)
+    again = asyncio.run(run_files.remove_group_dirs(client, store, time.time(), grace=0))
+    assert again.removed == {} and dict(client.transport.round_trips) == before

@@ -6,7 +6,9 @@ run directory N days after its attempts ended (its log, and its copy of the work
 count against a home's inode quota): off by default, since a task may write its results there.
 
 On an SSH pool, each rank's files go from its own machine; on Kubernetes, the job's env values are
-its Secret, deleted with its ConfigMap (the Job, and so its log, stays until its TTL).
+its Secret, deleted with its ConfigMap (the Job, and so its log, stays until its TTL). A job group's
+host files (`~/.corral/groups/<group id>`, by which its tasks find each other) go once all its
+tasks have ended, from every cluster they ran on.
 
 It runs on the server (the chores' holder, one replica), every INTERVAL seconds, over attempts that
 ended at least GRACE seconds ago: past Slurm's default MinJobAge (300 s), after which no `scontrol
@@ -27,7 +29,7 @@ from typing import Any
 
 from corral.config import env_number, load_user_settings
 from corral.errors import CorralError
-from corral.infra.base import EndedRun, RemovesRunFiles
+from corral.infra.base import EndedRun, RemovesGroupFiles, RemovesRunFiles
 from corral.state.models import RunDirState
 
 GRACE = 600.0  # seconds after an attempt ended before its env.sh goes (CORRAL_RUN_FILES_GRACE)
@@ -97,9 +99,46 @@ async def _pass(client: Any, store: Any, ended_before: float, removing: RunDirSt
     return report
 
 
-def _removes(client: Any, cluster: str) -> bool:
+async def remove_group_dirs(client: Any, store: Any, now: float, *, grace: float = GRACE, batch: int = BATCH
+                            ) -> RemovalReport:
+    """One pass: the host files' folder (CORRAL_JOBGROUP_HOSTS) of every job group whose tasks all
+    ended `grace` seconds before `now`, from each cluster (as each owner) its tasks ran on, every
+    round of it at once: one round trip per cluster and owner. A group is marked done once every
+    cluster it ran on has answered; one that failed is tried again next pass."""
+    report = RemovalReport()
+    groups = store.ended_groups(now - grace, batch)
+    places: dict[tuple[str, str], list[str]] = {}
+    for group, used in groups.items():
+        for place in used:
+            places.setdefault(place, []).append(group)
+    places = {(cluster, owner): ids for (cluster, owner), ids in places.items()
+              if _removes(client, cluster, RemovesGroupFiles)}
+    outcomes = await asyncio.gather(*(_remove_groups(client, cluster, owner, sorted(ids))
+                                      for (cluster, owner), ids in places.items()))
+    failed: set[str] = set()
+    for ((cluster, _), ids), error in zip(places.items(), outcomes):
+        if error is None:
+            report.removed[cluster] = report.removed.get(cluster, 0) + len(ids)
+        else:
+            report.errors[cluster] = error
+            failed.update(ids)
+    store.mark_groups_cleaned(sorted(set(groups) - failed))
+    return report
+
+
+async def _remove_groups(client: Any, cluster: str, owner: str, group_ids: list[str]) -> str | None:
     try:
-        return isinstance(client.infra(cluster), RemovesRunFiles)
+        infra = client.infra(cluster, owner)
+        assert isinstance(infra, RemovesGroupFiles)
+        await infra.remove_group_files(group_ids)
+    except (CorralError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _removes(client: Any, cluster: str, ability: type = RemovesRunFiles) -> bool:
+    try:
+        return isinstance(client.infra(cluster), ability)
     except CorralError:
         return False
 

@@ -116,3 +116,26 @@ def test_allocation_names_are_per_owner_after_the_upgrade(empty_url):
     assert store.allocation("dev", "alice").handle == "1" and store.allocation("dev", "bob").handle == "2"
     assert store.allocation("dev") is None  # the server's own account holds none of that name
     assert [r.owner for r in store.allocations("bob")] == ["bob"] and len(store.allocations()) == 2
+
+
+def test_job_groups_from_before_0014_are_left_for_the_pass_to_clean(empty_url):
+    """A job group's tasks recorded before the column get False (their host folders are still on the
+    clusters), any other managed job NULL."""
+    from alembic import command
+
+    from corral.state.models import JobRow
+
+    engine = create_engine(empty_url)
+    with engine.begin() as conn:
+        command.upgrade(migrations._config(conn), "0013")
+        for job_id, parallel in (("c-g0", True), ("c-g1", True), ("c-solo", False)):
+            conn.execute(JobRow.__table__.insert(), {"id": job_id, "name": "x", "task_json": "{}", "created_at": 1.0})
+            conn.execute(text("INSERT INTO managed_jobs (job_id, state, restarts_on_errors, recoveries, moves, "
+                              "last_move_at, cancel_requested, updated_at, pipeline_id, pipeline_parallel) VALUES "
+                              "(:id, 'SUCCEEDED', 0, 0, 0, 0, false, 1.0, :pipeline, :parallel)"),
+                         {"id": job_id, "pipeline": "c-g0" if parallel else None, "parallel": parallel})
+    engine.dispose()
+    store = Store(empty_url)
+    assert {m.job_id: m.group_files_removed for m in store.managed()} == {"c-g0": False, "c-g1": False,
+                                                                          "c-solo": None}
+    assert store.ended_groups(1e10, 10) == {"c-g0": set()}  # no attempt: nothing on any cluster

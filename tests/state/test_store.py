@@ -144,6 +144,40 @@ def test_ended_run_dirs_are_those_whose_every_attempt_ended_long_enough_ago(stor
         ("alpine", ""): [("r/array", "h-a2.1")]}
 
 
+def test_ended_groups_are_those_whose_every_task_ended_long_enough_ago_with_where_they_ran(store):
+    """run_files.py's query for job groups' host folders: every task in a terminal state and every
+    attempt ended before the bound; each with the clusters (and owners) its attempts ran on; none once
+    marked; a pipeline that is not a group, never."""
+    columns = [c.key for c in JobRow.__table__.columns]
+
+    def group(*ids: str, parallel: bool = True) -> None:
+        store.add_managed_jobs([{key: getattr(job(i, rank=n), key) for key in columns} for n, i in enumerate(ids)],
+                               pipeline_name="g", parallel=parallel, delays=[None] * len(ids) if parallel else None)
+
+    def ran(token: str, job_id: str, cluster: str, ended_at: float | None) -> AttemptRow:
+        row = attempt(token, job_id, state="SUCCEEDED" if ended_at else "RUNNING")
+        row.cluster, row.ended_at = cluster, ended_at
+        return row
+
+    group("c-a0", "c-a1")
+    group("c-b0", "c-b1")
+    group("c-p0", "c-p1", parallel=False)
+    store.add_jobs([], [ran("t1", "c-a0", "alpine", 100.0), ran("t2", "c-a1", "alpine", 90.0),
+                        ran("t3", "c-a1", "borealis", 120.0), ran("t4", "c-b0", "alpine", None),
+                        ran("t5", "c-p0", "alpine", 100.0), ran("t6", "c-p1", "alpine", 100.0)])
+    for job_id in ("c-a0", "c-a1", "c-p0", "c-p1"):
+        store.set_managed(job_id, "SUCCEEDED")
+    store.set_managed("c-b0", "FAILED")  # its attempt still unsettled, its partner still running
+    assert store.ended_groups(500.0, 100) == {"c-a0": {("alpine", ""), ("borealis", "")}}
+    assert store.ended_groups(110.0, 100) == {}  # its last attempt ended at 120
+    store.set_managed("c-b1", "CANCELLED")
+    store.update_attempt("t4", state="FAILED", ended_at=50.0)
+    assert store.ended_groups(500.0, 100) == {"c-a0": {("alpine", ""), ("borealis", "")}, "c-b0": {("alpine", "")}}
+    assert len(store.ended_groups(500.0, 1)) == 1
+    store.mark_groups_cleaned(["c-a0"])
+    assert store.ended_groups(500.0, 100) == {"c-b0": {("alpine", "")}}
+
+
 def test_attempt_updates_for_unknown_tokens_are_ignored(store):
     store.add_jobs([job("c-1")], [attempt("t1", "c-1")])
     store.update_attempts({"t1": {"state": "RUNNING"}, "gone": {"state": "RUNNING"}})

@@ -462,8 +462,8 @@ LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the t
 
 
 async def _remove_run_files(client: Any, store: Any) -> None:
-    """The ended attempts' env.sh on the clusters, and with `run_dirs: {keep_days: N}` their old run
-    directories (run_files.py); said in the log when anything goes."""
+    """The ended attempts' env.sh on the clusters, ended job groups' host files, and with `run_dirs:
+    {keep_days: N}` old run directories (run_files.py); said in the log when anything goes."""
     from corral import run_files
 
     now, grace = time.time(), run_files.grace_seconds()  # checked at the start
@@ -472,20 +472,24 @@ async def _remove_run_files(client: Any, store: Any) -> None:
     except CorralError as exc:  # config.yaml changed since the start: the env files go all the same
         print(f"not removing old run directories: {exc}", flush=True)
         days = None
-    passes = [("env.sh from", lambda: run_files.remove_env_files(client, store, now, grace=grace))]
+    # (what one pass removes, as the log says it with a count; the pass)
+    passes = [("env.sh from {} ended jobs' run directories",
+               lambda: run_files.remove_env_files(client, store, now, grace=grace)),
+              ("the host files of {} ended job groups", lambda: run_files.remove_group_dirs(client, store, now,
+                                                                                          grace=grace))]
     if days is not None:
-        passes.append(("the whole of", lambda: run_files.remove_run_dirs(client, store, now, days, grace=grace)))
+        passes.append(("the whole of {} ended jobs' run directories",
+                       lambda: run_files.remove_run_dirs(client, store, now, days, grace=grace)))
     for what, removal in passes:
         try:
             report = await removal()
         except Exception as exc:  # noqa: BLE001 - housekeeping: never a reason to stop driving jobs
-            print(f"removing {what} ended jobs' run directories failed: {exc!r}", flush=True)
+            print(f"removing {what.format('the')} failed: {exc!r}", flush=True)
             continue
         for cluster, count in sorted(report.removed.items()):
-            print(f"removed {what} {count} ended jobs' run directories on {cluster}", flush=True)
+            print(f"removed {what.format(count)} on {cluster}", flush=True)
         for cluster, error in sorted(report.errors.items()):
-            print(f"could not remove {what} ended jobs' run directories on {cluster} (next pass tries again): "
-                  f"{error}", flush=True)
+            print(f"could not remove {what.format('the')} on {cluster} (next pass tries again): {error}", flush=True)
 
 
 def _prune_uploads(store: Any) -> None:

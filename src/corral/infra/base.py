@@ -482,6 +482,15 @@ class RemovesRunFiles(ABC):
         """Remove each one's whole run directory (log and workdir copy included), as remove_env_files."""
 
 
+class RemovesGroupFiles(ABC):
+    """The infra keeps files by which a job group's tasks find each other (CORRAL_JOBGROUP_HOSTS), and
+    can remove a group's once every task of it has ended (run_files.py)."""
+
+    @abstractmethod
+    async def remove_group_files(self, group_ids: list[str]) -> None:
+        """Remove each group's files, in one round trip; one that is gone already is no error."""
+
+
 class ReportsSetupFailure(ABC):
     """The infra can tell whether a failed attempt failed in the task's `setup` (not worth retrying)."""
 

@@ -135,6 +135,9 @@ class ManagedJobRow(Base):
     # The round of a job group's placement this task runs in: the tasks placed together on one cluster
     # share it, and name their CORRAL_JOBGROUP_HOSTS folder by it (a group that moves starts afresh).
     group_round: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Whether the server has removed the group's host folders from the clusters its tasks ran on, once
+    # every task ended (run_files.py): False until then, True after; NULL for any other managed job.
+    group_files_removed: Mapped[bool | None] = mapped_column(Boolean, nullable=True, index=True)
 
     @property
     def auxiliary(self) -> bool:

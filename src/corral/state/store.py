@@ -467,7 +467,7 @@ class Store:
                  "recoveries": 0, "moves": 0, "last_move_at": 0.0, "cancel_requested": False, "updated_at": now,
                  "pipeline_id": first, "pipeline_name": pipeline_name,
                  "pipeline_stage": stage if first is not None else None, "pipeline_parallel": parallel,
-                 "termination_delay": delays[stage]}
+                 "termination_delay": delays[stage], "group_files_removed": False if parallel else None}
                 for stage, j in enumerate(jobs)])
             _execute_in_batches(s, insert(JobEventRow), [{"job_id": j["id"], "at": now,
                                                           "state": ManagedState.PENDING.value,
@@ -608,6 +608,38 @@ class Store:
             for cluster, owner, run_dir, handle in s.execute(query):
                 out.setdefault((cluster, owner), []).append(EndedRun(run_dir, handle))
         return out
+
+    def ended_groups(self, ended_before: float, limit: int) -> dict[str, set[tuple[str, str]]]:
+        """Job group id -> the (cluster, owner) pairs its tasks' attempts ran on, for groups whose host
+        folders Corral has yet to remove, every task of which has ended (a terminal managed state),
+        and whose attempts all ended before `ended_before`. At most `limit` groups, in two queries."""
+        terminal = [state.value for state in MANAGED_TERMINAL_STATES]
+        with self.session() as s:
+            groups = list(s.scalars(
+                select(ManagedJobRow.pipeline_id).where(ManagedJobRow.group_files_removed.is_(False))
+                .group_by(ManagedJobRow.pipeline_id)
+                .having(func.sum(case((ManagedJobRow.state.in_(terminal), 1), else_=0)) == func.count())
+                .limit(limit)))
+            places = s.execute(
+                select(ManagedJobRow.pipeline_id, AttemptRow.cluster, JobRow.owner, func.count(),
+                       func.count(AttemptRow.ended_at), func.max(AttemptRow.ended_at))
+                .join(JobRow, JobRow.id == ManagedJobRow.job_id).join(AttemptRow, AttemptRow.job_id == JobRow.id)
+                .where(ManagedJobRow.pipeline_id.in_(groups))
+                .group_by(ManagedJobRow.pipeline_id, AttemptRow.cluster, JobRow.owner)).all() if groups else []
+        out: dict[str, set[tuple[str, str]]] = {group: set() for group in groups}
+        for group, cluster, owner, count, ended, last in places:
+            if ended < count or last is None or last >= ended_before:
+                out.pop(group, None)  # an attempt still unsettled, or one that ended too lately
+            elif group in out:
+                out[group].add((cluster, owner))
+        return out
+
+    def mark_groups_cleaned(self, group_ids: list[str]) -> None:
+        """Say that Corral removed these job groups' host folders (ended_groups finds them no more)."""
+        with self.session() as s, s.begin():
+            for chunk in _chunks(group_ids, 5000):
+                s.execute(update(ManagedJobRow).where(ManagedJobRow.pipeline_id.in_(chunk))
+                          .values(group_files_removed=True))
 
     def mark_run_dirs(self, cluster: str, run_dirs: list[str], state: str) -> None:
         """Say what Corral removed of these run directories (models.RunDirState), for all their attempts

@@ -122,6 +122,19 @@ def test_only_corrals_own_run_directories_reach_the_removal_of_env_files(bad):
         remove_env_script([".corral/runs/0123456789ab", bad])
 
 
+@pytest.mark.parametrize("bad", ["", "c-", "c-0123456789a", "c-0123456789ab/..", "../c-0123456789ab", "*",
+                                 "c-0123456789AB", "c-0123456789ab\n"])
+def test_only_job_ids_reach_the_removal_of_a_job_groups_host_files(bad):
+    from corral.infra.slurm.jobs import remove_group_dirs_script
+    from corral.infra.slurm.jobscript import GROUPS_DIR, TASK_SH
+
+    assert remove_group_dirs_script(["c-0123456789ab", "c-abcdef012345"]) == (
+        'cd "$HOME" && rm -rf -- .corral/groups/c-0123456789ab .corral/groups/c-abcdef012345\n')
+    assert f'"$HOME/{GROUPS_DIR}/$CORRAL_PIPELINE_ID' in TASK_SH  # where the task writes them
+    with pytest.raises(ValueError, match="not a job group's id"):
+        remove_group_dirs_script(["c-0123456789ab", bad])
+
+
 def test_an_image_with_pyxis_runs_the_step_in_it():
     pyxis = spec(container_image="nvcr.io/nvidia/pytorch:24.01-py3", container_runtime="pyxis")
     check_golden("container-pyxis.sbatch", render_sbatch(pyxis))

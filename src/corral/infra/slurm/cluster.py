@@ -32,6 +32,7 @@ from corral.infra.base import (
     OutputSink,
     PredictsStart,
     ReleasesHeld,
+    RemovesGroupFiles,
     RemovesRunFiles,
     ReportsSetupFailure,
     RunsArrays,
@@ -41,6 +42,7 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra.slurm import devscript, userscript
+from corral.infra.slurm.environment import PRELUDE
 from corral.infra.slurm.jobs import (
     cancel_script,
     follow_script,
@@ -49,6 +51,7 @@ from corral.infra.slurm.jobs import (
     parse_test_only,
     release_script,
     remove_env_script,
+    remove_group_dirs_script,
     remove_run_dirs_script,
     status_lines_for,
     status_script,
@@ -57,7 +60,6 @@ from corral.infra.slurm.jobs import (
 )
 from corral.infra.slurm.jobscript import spec_for, submit_script
 from corral.infra.slurm.probe import QUERIES, probe_script, read_probe
-from corral.infra.slurm.environment import PRELUDE
 from corral.ssh import RemoteResult, SshTransport, remote_path
 
 # What the login node keeps for itself out of the transport's timeout: connecting and answering.
@@ -71,7 +73,7 @@ FULL_STATUS_EVERY = 60.0
 
 
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
-                 FollowsSetup, ReleasesHeld, RemovesRunFiles, RunsJobScripts):
+                 FollowsSetup, ReleasesHeld, RemovesRunFiles, RemovesGroupFiles, RunsJobScripts):
     kind: ClassVar[str] = "slurm"
     probe_commands: ClassVar[int] = 1 + len(QUERIES)  # scontrol ping, and the queries (sinfo, squeue, …)
     status_commands: ClassVar[int] = 2  # squeue, and sacct for what it forgot
@@ -188,6 +190,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def remove_run_dirs(self, ended: list[EndedRun]) -> None:
         if ended:
             await self._run(remove_run_dirs_script([e.run_dir for e in ended]), timeout=JOB_TIMEOUT, cost=0)
+
+    async def remove_group_files(self, group_ids: list[str]) -> None:
+        if group_ids:
+            await self._run(remove_group_dirs_script(group_ids), timeout=JOB_TIMEOUT, cost=0)
 
     async def release_held(self, handles: list[str]) -> None:
         if handles:
