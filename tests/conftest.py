@@ -201,6 +201,7 @@ def refusing_clusters(tmp_path_factory, monkeypatch) -> Iterator[Path]:
     (work / "task.yaml").write_text("resources:\n  accelerators: H100:1\nrun: echo hi\n")
     (work / "bad.yaml").write_text("resources:\n  acelerators: H100\n")
     (work / "latin1.yaml").write_bytes(b"run: caf\xe9\n")
+    (work / "secret.yaml").write_text("secrets:\n  HF_TOKEN: null\nrun: echo hi\n")
     (work / "job.sh").write_text("#!/bin/bash\n#SBATCH --gres=gpu:h100:1 -t 5 --array=0-3\necho hi\n")
     (work / "badjob.sh").write_text("#!/bin/bash\n#SBATCH --gress=gpu:1\n#SBATCH -J 'open\necho\n")
     monkeypatch.setenv("CORRAL_SLURM_CONFIG", str(config))

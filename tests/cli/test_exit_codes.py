@@ -31,6 +31,8 @@ CASES = [
     (["launch", "-d", "--infra", "slurm/nope", "--", "true"], 66, "unknown cluster 'nope'"),
     (["launch", "-d", "task.yaml"], 69, "no cluster can run this task"),
     (["launch", "--dryrun", "--infra", "slurm/alpine/gpu", "--", "true"], 0, ""),
+    # --dryrun says what the launch would refuse, not a plan it cannot carry out
+    (["launch", "--dryrun", "secret.yaml"], 65, "secrets HF_TOKEN must be given a value: pass --secret HF_TOKEN"),
     (["server", "start", "--db", "postgresql://db/corral"], 78, "for a team server: give --host and --port"),
     (["server", "start", "--port", "1", "--db", "mysql://db/corral"], 78, "give a PostgreSQL URL"),
     (["server", "start", "--port", "1", "--trusted-proxy", "the proxy"], 78, "not an address or network"),

@@ -36,7 +36,7 @@ from corral.launch import (
 )
 from corral.state import Store
 from corral.state.store import MANAGED_TERMINAL
-from corral.task import Task, apply_overrides, parse_task
+from corral.task import Task, apply_overrides, job_environment, parse_task
 from corral.task_compat import ignored_fields
 from corral.taskfile import MAX_SWEEP_JOBS, MAX_TASK_FILE_BYTES, parse_yaml
 from corral.tracker import check_log_kept
@@ -330,6 +330,8 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
                 put_warnings(put, task, source)
             launcher = Launcher(Client(), launcher_store, launch_events(put), owner=me.owner, slow=slow())
             if request.dryrun:  # nothing fetched: object storage is only listed, for its size
+                for task, source in built:  # a null env or secret, which the launch would refuse
+                    job_environment(task, source)
                 plans = [await launcher.plan(task, predict="all") for task, _ in built]
                 for plan in plans:
                     if not plan.candidates and not plan.unreachable:  # no row to show why: say it
