@@ -67,7 +67,7 @@ class UnknownPartitionError(NotFoundError):
 
 
 class InvalidInfraError(CorralError):
-    """An --infra value that is not slurm, slurm/<cluster> or slurm/<cluster>/<partition>."""
+    """An --infra value of none of the forms infra/selector.py reads (slurm/<cluster>, k8s/<context>, …)."""
 
     exit_code = EXIT_DATAERR
 

@@ -29,6 +29,7 @@ from pydantic import (
 
 from corral.buckets import check_source
 from corral.errors import CorralError, TaskError
+from corral.infra.selector import EXPECTED as INFRA_FORMS
 from corral.infra.selector import InfraSelector, parse_any_infra, supported
 from corral.taskfile import (
     MAX_TASK_FILE_BYTES,
@@ -332,8 +333,8 @@ class Resources(BaseModel):
     cpus: int | float | str | None = Field(None, description="CPUs per node: N, or N+ for at least N.")
     memory: int | float | str | None = Field(
         None, description="Memory per node in GB: N, or N+ for at least N; units KB, MB, GB, TB (e.g. 512MB, 1TB+).")
-    infra: str | None = Field(None, description="slurm, slurm/<cluster> or slurm/<cluster>/<partition>. Another "
-                                                "kind (aws, k8s, …): an alternative Corral skips, with a warning.")
+    infra: str | None = Field(None, description=f"{INFRA_FORMS}. Another kind (aws, gcp, …): an alternative "
+                                                "Corral skips, with a warning.")
     cloud: str | None = Field(None, description="SkyPilot's older form: `cloud: slurm`, `region: <cluster>`, "
                                                 "`zone: <partition>` mean infra slurm/<cluster>/<partition>.")
     region: str | None = Field(None, description="With cloud: the cluster.")
@@ -541,7 +542,7 @@ class Task(BaseModel):
         if not resource_options(self.resources):
             foreign = ", ".join(foreign_alternatives(self.resources))
             raise ValueError(f"resources: every alternative is on infra Corral does not run ({foreign}); "
-                             "Corral runs on slurm: use infra slurm, slurm/<cluster> or slurm/<cluster>/<partition>")
+                             f"Corral runs on Slurm clusters, SSH pools and Kubernetes: use infra {INFRA_FORMS}")
         if count > MAX_RESOURCE_OPTIONS:
             raise ValueError(f"resources: {count} alternatives after expanding any_of/ordered and accelerator "
                              f"lists; at most {MAX_RESOURCE_OPTIONS}")

@@ -344,7 +344,7 @@ def task_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for decorator in reversed([
         click.option("-n", "--name", help="Job name (default: the task's name)."),
         click.option("--gpus", help="Accelerators per node, e.g. H100:8 (overrides resources.accelerators)."),
-        click.option("--infra", help="slurm, slurm/<cluster> or slurm/<cluster>/<partition>."),
+        click.option("--infra", help="Where: slurm[/<cluster>[/<partition>]], ssh[/<pool>] or k8s[/<context>]."),
         click.option("--num-nodes", type=click.IntRange(1, 100_000), help="Number of nodes."),
         click.option("--cpus", help="CPUs per node: N or N+."),
         click.option("--memory", help="Memory per node in GB: N or N+, or with a unit (512MB, 1TB+)."),
