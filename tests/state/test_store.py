@@ -169,6 +169,7 @@ def test_ended_groups_are_those_whose_every_task_ended_long_enough_ago_with_wher
         store.set_managed(job_id, "SUCCEEDED")
     store.set_managed("c-b0", "FAILED")  # its attempt still unsettled, its partner still running
     assert store.ended_groups(500.0, 100) == {"c-a0": {("alpine", ""), ("borealis", "")}}
+    assert store.ended_groups(500.0, 1) == {"c-a0": {("alpine", ""), ("borealis", "")}}  # not hidden by c-b0
     assert store.ended_groups(110.0, 100) == {}  # its last attempt ended at 120
     store.set_managed("c-b1", "CANCELLED")
     store.update_attempt("t4", state="FAILED", ended_at=50.0)

@@ -559,10 +559,10 @@ class Store:
         """One pipeline's tasks in the order they run: (job id, name, is a job group's auxiliary task),
         in one query (no task text read)."""
         with self.session() as s:
-            return list(s.execute(
+            return [(job_id, name, auxiliary) for job_id, name, auxiliary in s.execute(
                 select(ManagedJobRow.job_id, JobRow.name, ManagedJobRow.termination_delay.is_not(None))
                 .join(JobRow, JobRow.id == ManagedJobRow.job_id)
-                .where(ManagedJobRow.pipeline_id == pipeline_id).order_by(ManagedJobRow.pipeline_stage)).tuples().all())
+                .where(ManagedJobRow.pipeline_id == pipeline_id).order_by(ManagedJobRow.pipeline_stage))]
 
     def jobs(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
         """Jobs by id, as plain copies (state/plain.py): a tick reads every job it places or may move.
@@ -614,24 +614,23 @@ class Store:
         folders Corral has yet to remove, every task of which has ended (a terminal managed state),
         and whose attempts all ended before `ended_before`. At most `limit` groups, in two queries."""
         terminal = [state.value for state in MANAGED_TERMINAL_STATES]
+        last_end = func.max(AttemptRow.ended_at)
         with self.session() as s:
             groups = list(s.scalars(
-                select(ManagedJobRow.pipeline_id).where(ManagedJobRow.group_files_removed.is_(False))
+                select(ManagedJobRow.pipeline_id).outerjoin(AttemptRow, AttemptRow.job_id == ManagedJobRow.job_id)
+                .where(ManagedJobRow.group_files_removed.is_(False))
                 .group_by(ManagedJobRow.pipeline_id)
-                .having(func.sum(case((ManagedJobRow.state.in_(terminal), 1), else_=0)) == func.count())
+                .having(func.sum(case((ManagedJobRow.state.in_(terminal), 1), else_=0)) == func.count(),
+                        func.count(AttemptRow.token) == func.count(AttemptRow.ended_at),
+                        or_(last_end.is_(None), last_end < ended_before))
                 .limit(limit)))
             places = s.execute(
-                select(ManagedJobRow.pipeline_id, AttemptRow.cluster, JobRow.owner, func.count(),
-                       func.count(AttemptRow.ended_at), func.max(AttemptRow.ended_at))
+                select(ManagedJobRow.pipeline_id, AttemptRow.cluster, JobRow.owner).distinct()
                 .join(JobRow, JobRow.id == ManagedJobRow.job_id).join(AttemptRow, AttemptRow.job_id == JobRow.id)
-                .where(ManagedJobRow.pipeline_id.in_(groups))
-                .group_by(ManagedJobRow.pipeline_id, AttemptRow.cluster, JobRow.owner)).all() if groups else []
+                .where(ManagedJobRow.pipeline_id.in_(groups))).all() if groups else []
         out: dict[str, set[tuple[str, str]]] = {group: set() for group in groups}
-        for group, cluster, owner, count, ended, last in places:
-            if ended < count or last is None or last >= ended_before:
-                out.pop(group, None)  # an attempt still unsettled, or one that ended too lately
-            elif group in out:
-                out[group].add((cluster, owner))
+        for group, cluster, owner in places:
+            out[group].add((cluster, owner))
         return out
 
     def mark_groups_cleaned(self, group_ids: list[str]) -> None:
