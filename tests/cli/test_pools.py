@@ -207,3 +207,48 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env, tmp_path):
     assert failed.exit_code == 1 and ("is FAILED: setup failed with exit code 4; the last lines setup printed: "
                                       "installing | corral: setup failed on ") in failed.stderr, failed.stderr
     assert corral("down", "broken", env=pool_env).exit_code == 0
+
+
+def test_a_machine_that_refuses_a_task_keeps_none_of_its_files(pool_env, monkeypatch):
+    """A machine that refuses a task (its GPUs taken since the probe) removes the run directory it was
+    given, env.sh and its secrets included; when it refuses one rank of a multi-node task, the ranks
+    started on other machines are ended and their env.sh removed at once (no handle names them for
+    the later pass over ended jobs)."""
+    import asyncio
+
+    from corral.client import Client
+    from corral.infra.base import JobRequest, new_token
+    from corral.infra.sshpool import runner
+
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", pool_env["CORRAL_SLURM_CONFIG"])
+    runs = Path("/home/corral-test/.corral/runs")  # the machines share this host's disk
+
+    def request(nodes: int, run: str) -> JobRequest:
+        return JobRequest(token=new_token(), task_ids=("c-000000000001",), place="lab", num_nodes=nodes,
+                          accelerator_type=None, accelerators_per_node=4, cpus_per_node=None, memory_mb=None,
+                          envs={"TOKEN": "s3cret-value"}, setup=None, run=run)
+
+    async def scenario() -> tuple:
+        pool = Client().infra("lab")
+        await pool.probe()
+        wanted = request(2, "sleep 300")
+        first, second = [h for h in pool._order(wanted) if pool._fits(h, wanted)][:2]
+        holder = request(1, "sleep 300")  # takes the second machine's GPUs after the probe saw them free
+        files = {"job.sh": runner.job_script(holder, "lab"), "env.sh": "", "setup.sh": "", "run.sh": "sleep 300"}
+        taken = await pool.transport.run(second, runner.submit_script(holder, "lab", files), timeout=30)
+        refused_one = request(1, "true")
+        files = {"job.sh": runner.job_script(refused_one, "lab"), "env.sh": "export TOKEN=s3cret-value\n",
+                 "setup.sh": "", "run.sh": "true"}
+        refused = await pool.transport.run(second, runner.submit_script(refused_one, "lab", files), timeout=30)
+        answer = await pool.submit(wanted)
+        await pool.cancel([f"{second}/{holder.token}"], [""])
+        return first, second, taken.stdout, refused.stdout, refused_one.token, answer, wanted.token
+
+    first, second, taken, refused, refused_token, answer, token = asyncio.run(scenario())
+    assert f"@@corral submitted {second}/" in taken
+    assert f"@@corral rejected {second} has 0 free GPU(s)" in refused and not (runs / refused_token).exists()
+    assert not answer.accepted and f"rank 1 could not start on {second}" in answer.message, answer.message
+    assert not (runs / f"{token}.1").exists()  # refused: removed whole
+    assert (runs / f"{token}.0").is_dir() and not (runs / f"{token}.0" / "env.sh").exists()  # started, then ended
+    wait_for("rank 0 to be ended", lambda: subprocess.run(["pgrep", "-f", f"corral/runs/{token}"],
+                                                          capture_output=True).returncode != 0, timeout=30)

@@ -183,8 +183,10 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         handle = f"{','.join(hosts)}/{request.token}"
         for rank, host in enumerate(hosts):
             answer = await self._start_rank(request, host, rank, addresses, idle_seconds)
-            if answer is not None:
-                await self._cancel_ranks([(h, f"{request.token}.{r}") for r, h in enumerate(hosts[:rank])])
+            if answer is not None:  # the ranks started are ended, and their env.sh (secrets) removed at once:
+                started = [(h, f"{request.token}.{r}") for r, h in enumerate(hosts[:rank])]  # no handle names them
+                await self._cancel_ranks(started)
+                await self._per_machine(started, runner.remove_env_script)
                 self._existing.pop(request.token, None)
                 return SubmitResult(False, None, False, f"{self.name}: rank {rank} could not start on {host} ({answer})")
         self._pending.pop(request.token, None)

@@ -127,7 +127,9 @@ def gpu_list(configured: Sequence[str]) -> str:
 
 def submit_script(request: JobRequest, pool: str, files: dict[str, str], configured: Sequence[str] = ()) -> str:
     """Claim the request's GPUs (of its type) and start the task, in one round trip; idempotent by token.
-    Answers `@@corral submitted <host>/<token> new|existing`, or `@@corral rejected <why>`."""
+    Answers `@@corral submitted <host>/<token> new|existing`, or `@@corral rejected <why>`. The files
+    (env.sh holds the task's secrets) are written under the machine's lock once the token is known not
+    to run there; a rejected start leaves no run directory behind (nor the workdir synced into it)."""
     token = check_token(request.token)
     directory = run_dir_word(token)
     wanted = request.accelerators_per_node
@@ -140,11 +142,14 @@ umask 077
 host=$(hostname)
 base="$HOME/{POOL_DIR}/$host"
 d={directory}
-mkdir -p "$base/held" "$d/workdir" || exit 1
-{ALIVE}{writes}exec 9>"$base/lock"
-flock -w 20 9 || {{ echo "{MARK} rejected another launch on $host holds its lock"; exit 0; }}
-if [ -s "$d/pid" ]; then echo "{MARK} submitted $host/{token} existing"; exit 0; fi
-free=()
+mkdir -p "$base/held" || exit 1
+{ALIVE}reject() {{ rm -rf -- "$d"; echo "{MARK} rejected $1"; exit 0; }}
+exec 9>"$base/lock"
+existing() {{ [ -s "$d/pid" ] && {{ echo "{MARK} submitted $host/{token} existing"; exit 0; }}; }}
+flock -w 20 9 || {{ existing; reject "another launch on $host holds its lock"; }}
+existing
+mkdir -p "$d/workdir" || exit 1
+{writes}free=()
 while IFS=, read -r index name; do
   index="${{index//[[:space:]]/}}"; name="${{name#"${{name%%[![:space:]]*}}"}}"
   [ -n "$index" ] || continue
@@ -155,7 +160,7 @@ while IFS=, read -r index name; do
   free+=("$index")
 done < <({gpu_list(configured)})
 if [ "${{#free[@]}}" -lt {wanted} ]; then
-  echo "{MARK} rejected $host has ${{#free[@]}} free GPU(s) of the kind asked, not {wanted}"; exit 0
+  reject "$host has ${{#free[@]}} free GPU(s) of the kind asked, not {wanted}"
 fi
 pick=("${{free[@]:0:{wanted}}}")
 if [ {wanted} -gt 0 ]; then export CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${{pick[*]}}"); else export CUDA_VISIBLE_DEVICES=; fi
