@@ -20,7 +20,8 @@ merge patches only; the garbage collector removes what a deleted object owned. A
 is stored base64-encoded under `data`, as the API does; a DELETE without a name deletes the collection
 its `labelSelector` selects (equality and set-based terms: `key in (a,b)`, `key notin (a)`).
 Nodes come from `--nodes` (JSON). `POST /fake/nodes/<name>/lose` takes a node away as a crashed one
-goes: its pods fail with a `DisruptionTarget` condition (`.../restore` brings it back). `GET /fake/requests` lists every request
+goes: its pods fail with a `DisruptionTarget` condition (`.../restore` brings it back).
+`POST /fake/forbid/<resource>/on` answers a create of that resource with RBAC's 403 (`.../off` ends it). `GET /fake/requests` lists every request
 served (tests count round trips with it). Lists and watches (`?watch=true` from a resourceVersion,
 with bookmarks, 410 once the change log no longer reaches back) are served as the API serves them. `FakeKubernetes` starts and stops one for tests. Run: `python -m testbed.kubeapi --port P
 --token T --root DIR`.
@@ -102,6 +103,7 @@ class Cluster:
         self.devices: dict[str, dict[int, str]] = {}  # node -> GPU index -> pod uid
         self.killing: dict[str, float] = {}  # pod uid -> when TERM was sent
         self.requests: list[str] = []  # "METHOD path" of every request, for tests that count them
+        self.forbidden: set[str] = set()  # resources (`secrets`, …) the client's role may not create
         self.event_times: dict[tuple[str, str, str], float] = {}  # an Event's last update
         self.changelog: collections.deque[tuple[int, str, tuple[str, str, str], dict[str, Any]]] = collections.deque(
             maxlen=20000)  # (resourceVersion, ADDED/MODIFIED/DELETED, key, object) for watches
@@ -617,6 +619,7 @@ ROUTES = [
 ]
 LOG_ROUTE = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 NODE_ROUTE = re.compile(r"^/fake/nodes/([^/]+)/(lose|restore)$")
+FORBID_ROUTE = re.compile(r"^/fake/forbid/([a-z]+)/(on|off)$")
 
 
 def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
@@ -659,6 +662,15 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                 if method == "POST" and (match := NODE_ROUTE.match(url.path)):
                     (cluster.lose_node if match.group(2) == "lose" else cluster.restore_node)(match.group(1))
                     return self._send(200, {"kind": "Status", "status": "Success"})
+                if method == "POST" and (match := FORBID_ROUTE.match(url.path)):
+                    (cluster.forbidden.add if match.group(2) == "on" else cluster.forbidden.discard)(match.group(1))
+                    return self._send(200, {"kind": "Status", "status": "Success"})
+                resource = url.path.rstrip("/").split("/")[-1]
+                if method == "POST" and resource in cluster.forbidden:  # as RBAC answers a role without `create`
+                    namespace = url.path.split("/namespaces/")[-1].split("/")[0]
+                    raise ApiError(403, "Forbidden", f'{resource} is forbidden: User "system:serviceaccount:'
+                                                     f'{namespace}:corral" cannot create resource "{resource}" in '
+                                                     f'API group "" in the namespace "{namespace}"')
                 if method == "GET" and (match := LOG_ROUTE.match(url.path)):
                     tail = query.get("tailLines", "")
                     return self._log(match.group(1), match.group(2), query.get("follow") == "true",
@@ -824,6 +836,10 @@ class FakeKubernetes:
 
     def restore_node(self, name: str) -> None:
         self.request("POST", f"/fake/nodes/{name}/restore")
+
+    def forbid(self, resource: str, forbidden: bool = True) -> None:
+        """Answer a create of `resource` (`secrets`, …) with 403, as RBAC does for a role without it."""
+        self.request("POST", f"/fake/forbid/{resource}/{'on' if forbidden else 'off'}")
 
     def down(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -66,6 +66,20 @@ def test_what_the_api_refuses_says_why_and_leaves_nothing(kube):
     assert objects(kube, "configmaps", asked.token) == [] and objects(kube, "secrets", asked.token) == []
 
 
+def test_a_role_that_may_not_create_secrets_is_refused_with_what_to_grant_and_leaves_nothing(kube):
+    """An older Role allowed ConfigMaps but no Secrets: the submission is refused (not an unreachable
+    cluster), says which rights Corral needs, and the ConfigMap made beside it is deleted."""
+    kube.forbid("secrets")
+    try:
+        asked = request()
+        answer = asyncio.run(infra(kube).submit(asked))
+    finally:
+        kube.forbid("secrets", False)
+    assert not answer.accepted and "the API answered 403: secrets is forbidden" in answer.message
+    assert "Corral needs create, patch, delete and deletecollection on secrets in namespace default" in answer.message
+    assert objects(kube, "configmaps", asked.token) == [] and objects(kube, "jobs", asked.token) == []
+
+
 def test_a_workdir_too_large_for_a_config_map_is_refused_before_anything_is_created(kube, tmp_path):
     big = tmp_path / "big.bin"
     big.write_bytes(__import__("os").urandom(1_200_000))

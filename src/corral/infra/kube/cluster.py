@@ -175,13 +175,17 @@ class KubeInfra(Infra, RemovesRunFiles):
         made = [f"/api/v1/namespaces/{ns}/configmaps/{name}", f"/api/v1/namespaces/{ns}/secrets/{name}"]
         posted = await asyncio.gather(
             self._call("POST", f"/api/v1/namespaces/{ns}/configmaps",
-                       body=manifests.config_map(request, files, archives), allow=(409, 422)),
+                       body=manifests.config_map(request, files, archives), allow=(403, 409, 422)),
             self._call("POST", f"/api/v1/namespaces/{ns}/secrets",
-                       body=manifests.env_secret(request, render_env(dict(request.envs))), allow=(409, 422)))
-        refused = [(status, answer) for status, answer in posted if status == 422]
+                       body=manifests.env_secret(request, render_env(dict(request.envs))), allow=(403, 409, 422)))
+        refused = [(kind, status, answer) for kind, (status, answer) in zip(("configmaps", "secrets"), posted)
+                   if status in (403, 422)]
         if refused:
             await self._delete(made)
-            return SubmitResult(False, None, False, f"{self.name}: {_api_message(*refused[0])}")
+            kind, status, answer = refused[0]
+            hint = (f"; Corral needs create, patch, delete and deletecollection on {kind} in namespace {ns} "
+                    "(docs/kubernetes.md)" if status == 403 else "")
+            return SubmitResult(False, None, False, f"{self.name}: {_api_message(status, answer)}{hint}")
         status, answer = await self._call("POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
                                           body=manifests.job(request, self.entry.name, label, resource),
                                           allow=(400, 403, 409, 422))
