@@ -29,7 +29,7 @@ from typing import Any
 
 from corral.config import env_number, load_user_settings
 from corral.errors import CorralError
-from corral.infra.base import EndedRun, RemovesGroupFiles, RemovesRunFiles
+from corral.infra.base import RemovesGroupFiles, RemovesRunFiles
 from corral.state.models import RunDirState
 
 GRACE = 600.0  # seconds after an attempt ended before its env.sh goes (CORRAL_RUN_FILES_GRACE)
@@ -83,7 +83,8 @@ async def _pass(client: Any, store: Any, ended_before: float, removing: RunDirSt
         # A batch per cluster (one query each), all clusters' removals at once.
         found = {key: dirs for cluster in pending for key, dirs in store.ended_run_dirs(
             ended_before, batch, clusters=[cluster], skip=failed, removing=removing).items()}
-        outcomes = await asyncio.gather(*(_remove(client, cluster, owner, dirs, removing)
+        removal = "remove_run_dirs" if removing is RunDirState.REMOVED else "remove_env_files"
+        outcomes = await asyncio.gather(*(_remove_as(client, cluster, owner, removal, dirs)
                                           for (cluster, owner), dirs in found.items()))
         for ((cluster, owner), dirs), error in zip(found.items(), outcomes):
             if error is None:
@@ -113,7 +114,7 @@ async def remove_group_dirs(client: Any, store: Any, now: float, *, grace: float
             places.setdefault(place, []).append(group)
     places = {(cluster, owner): ids for (cluster, owner), ids in places.items()
               if _removes(client, cluster, RemovesGroupFiles)}
-    outcomes = await asyncio.gather(*(_remove_groups(client, cluster, owner, sorted(ids))
+    outcomes = await asyncio.gather(*(_remove_as(client, cluster, owner, "remove_group_files", sorted(ids))
                                       for (cluster, owner), ids in places.items()))
     failed: set[str] = set()
     for ((cluster, _), ids), error in zip(places.items(), outcomes):
@@ -126,16 +127,6 @@ async def remove_group_dirs(client: Any, store: Any, now: float, *, grace: float
     return report
 
 
-async def _remove_groups(client: Any, cluster: str, owner: str, group_ids: list[str]) -> str | None:
-    try:
-        infra = client.infra(cluster, owner)
-        assert isinstance(infra, RemovesGroupFiles)
-        await infra.remove_group_files(group_ids)
-    except (CorralError, ValueError) as exc:
-        return str(exc)
-    return None
-
-
 def _removes(client: Any, cluster: str, ability: type = RemovesRunFiles) -> bool:
     try:
         return isinstance(client.infra(cluster), ability)
@@ -143,16 +134,11 @@ def _removes(client: Any, cluster: str, ability: type = RemovesRunFiles) -> bool
         return False
 
 
-async def _remove(client: Any, cluster: str, owner: str, ended: list[EndedRun], removing: RunDirState
-                  ) -> str | None:
-    """Remove on one cluster as one user; None, or why not."""
+async def _remove_as(client: Any, cluster: str, owner: str, removal: str, what: list[Any]) -> str | None:
+    """Call the infra's `removal` (remove_env_files, remove_run_dirs, remove_group_files) with `what`
+    on one cluster as one user; None, or why not."""
     try:
-        infra = client.infra(cluster, owner)
-        assert isinstance(infra, RemovesRunFiles)
-        if removing is RunDirState.REMOVED:
-            await infra.remove_run_dirs(ended)
-        else:
-            await infra.remove_env_files(ended)
+        await getattr(client.infra(cluster, owner), removal)(what)
     except (CorralError, ValueError) as exc:
         return str(exc)
     return None
