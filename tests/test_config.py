@@ -201,6 +201,21 @@ def test_a_bad_run_dirs_setting_says_what_to_write(corral_home, text):
         load_user_settings()
 
 
+@pytest.mark.parametrize("text", ["workdir_cache: {keep_days: 0}\n", "workdir_cache: {keep_days: 7, x: 1}\n",
+                                  "workdir_cache: 14\n"])
+def test_a_bad_workdir_cache_setting_says_what_to_write(corral_home, text):
+    from corral.config import load_user_settings
+    from corral.run_files import cache_keep_days
+
+    corral_home.mkdir(parents=True, exist_ok=True)
+    assert cache_keep_days() == 14.0  # the default
+    (corral_home / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"setting 'workdir_cache': expected `\{keep_days: N\}`, N days from 1"):
+        load_user_settings()
+    (corral_home / "config.yaml").write_text("workdir_cache: {keep_days: 2.5}\n")
+    assert cache_keep_days() == 2.5
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("slurm: [alpine]\n", "setting 'slurm' takes allowed_clusters only"),
     ("slurm: {clusters: [alpine]}\n", "setting 'slurm' takes allowed_clusters only"),

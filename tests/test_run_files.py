@@ -201,3 +201,54 @@ def test_an_ended_job_groups_host_files_go_in_one_round_trip_per_cluster(corral,
     before = dict(client.transport.round_trips)
     again = asyncio.run(run_files.remove_group_dirs(client, store, time.time(), grace=0))
     assert again.removed == {} and dict(client.transport.round_trips) == before
+
+
+def launched_from(corral, folder: Path) -> str:
+    """A short job on alpine with `folder` as its workdir, once it has ended; its cache's key there."""
+    import hashlib
+    import socket
+
+    from corral.sdk import Client
+
+    folder.mkdir(exist_ok=True)
+    (folder / "note.txt").write_text("from the workdir\n")
+    result = corral("launch", "-d", "--json", "--workdir", str(folder), "--infra", "slurm/alpine", "--", "cat note.txt")
+    assert result.exit_code == 0, result.stderr
+    assert Client().wait(result.json()["job_id"], poll=0.5, timeout=90).state == "SUCCEEDED"
+    return hashlib.sha256(f"{socket.gethostname()}:{folder}".encode()).hexdigest()[:16]
+
+
+def test_a_workdir_cache_unused_for_keep_days_goes_in_one_round_trip_per_place(corral, corral_env, tmp_path):
+    """The store names where attempts ran (alpine, as this user); the prune visits each once. A
+    launch's cache is fresh and stays; made 15 days old, it goes, and with it nothing else."""
+    from corral import run_files
+    from corral.client import Client
+    from corral.state import open_store
+
+    key = launched_from(corral, tmp_path / "work")
+    store, client = open_store(), Client()
+    assert store.run_places() == [("alpine", "")]
+    before = dict(client.transport.round_trips)
+    report = asyncio.run(run_files.prune_workdir_caches(client, store, run_files.cache_keep_days()))
+    assert (report.removed, report.errors) == ({}, {})
+    trips = {c: n - before.get(c, 0) for c, n in client.transport.round_trips.items() if n - before.get(c, 0)}
+    assert trips == {"alpine": 1}
+    remote(f'touch -d "15 days ago" "$HOME"/.corral/cache/{key}.used')
+    report = asyncio.run(run_files.prune_workdir_caches(client, store, run_files.cache_keep_days()))
+    assert (report.removed, report.errors) == ({"alpine": 1}, {})
+    assert remote(f'ls -d "$HOME"/.corral/cache/{key}* 2>/dev/null | wc -l').strip() == "0"
+
+
+def test_the_server_prunes_workdir_caches_by_itself(corral, corral_env, tmp_path):
+    """Wired into the server's chores (once a day; here every second): a cache whose last use is
+    older than `workdir_cache: {keep_days: 2}` goes, and the server's log says so."""
+    home = Path(corral_env["CORRAL_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text("workdir_cache: {keep_days: 2}\n")
+    corral_env.update(CORRAL_RUN_FILES_INTERVAL="1", CORRAL_CACHES_INTERVAL="1")
+    key = launched_from(corral, tmp_path / "work")
+    remote(f'touch -d "3 days ago" "$HOME"/.corral/cache/{key}.used')
+    said = "removed 1 workdir caches unused for 2 days on alpine"
+    wait_for("the server to say it pruned the cache", lambda: said in (home / "controller.log").read_text(),
+             timeout=60, interval=0.5)
+    assert remote(f'ls -d "$HOME"/.corral/cache/{key}* 2>/dev/null | wc -l').strip() == "0"

@@ -340,7 +340,7 @@ def _pools(raw: object) -> list[PoolEntry]:
 
 
 USER_SETTINGS_KEYS = ("idle_minutes", "submit_as", "clusters", "pools", "kubernetes", "slurm", "infra_order",
-                      "rpc_budget", "run_dirs")
+                      "rpc_budget", "run_dirs", "workdir_cache")
 INFRA_ORDER_KINDS = ("slurm", "ssh", "k8s")
 
 
@@ -383,6 +383,9 @@ def load_user_settings() -> dict[str, object]:
         if key == "run_dirs" and not _one_number(value, "keep_days", 0, 36500, integer=False):
             raise ConfigError("setting 'run_dirs': expected `{keep_days: N}`, N days from 0 to 36500 that a job's run "
                               "directory (its log and workdir copy) stays on the cluster after it ended", path)
+        if key == "workdir_cache" and not _one_number(value, "keep_days", 1, 36500, integer=False):
+            raise ConfigError("setting 'workdir_cache': expected `{keep_days: N}`, N days from 1 to 36500 that a "
+                              "cluster's copy of a workdir stays after its last launch", path)
         if key == "infra_order" and (not isinstance(value, list) or not value
                                      or any(v not in INFRA_ORDER_KINDS for v in value) or len(set(value)) != len(value)):
             raise ConfigError("setting 'infra_order' must list kinds of place, each once, most preferred first, e.g. "

@@ -8,7 +8,8 @@ count against a home's inode quota): off by default, since a task may write its 
 On an SSH pool, each rank's files go from its own machine; on Kubernetes, the job's env values are
 its Secret, deleted with its ConfigMap (the Job, and so its log, stays until its TTL). A job group's
 host files (`~/.corral/groups/<group id>`, by which its tasks find each other) go once all its
-tasks have ended, from every cluster they ran on.
+tasks have ended, from every cluster they ran on. Once a day, the per-folder workdir caches that no
+launch has used for `workdir_cache: {keep_days: N}` days (14 by default) go too (infra/slurm/caches.py).
 
 It runs on the server (the chores' holder, one replica), every INTERVAL seconds, over attempts that
 ended at least GRACE seconds ago: past Slurm's default MinJobAge (300 s), after which no `scontrol
@@ -18,7 +19,8 @@ and the rest of its run directory stay: `corral logs` still shows it.
 
 Cost: one store query per cluster per batch, and one round trip (no Slurm command) per cluster and
 user per batch of BATCH directories, every cluster's at once, within each cluster's session limit; no
-round trip at all when no attempt has ended.
+round trip at all when no attempt has ended. The caches' prune: one query, and one round trip per
+cluster and user that ever ran an attempt, once a day.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from typing import Any
 
 from corral.config import env_number, load_user_settings
 from corral.errors import CorralError
-from corral.infra.base import RemovesGroupFiles, RemovesRunFiles
+from corral.infra.base import PrunesWorkdirCaches, RemovesGroupFiles, RemovesRunFiles
 from corral.state.models import RunDirState
 
+CACHE_KEEP_DAYS = 14.0  # days a cluster's cache of a workdir stays after its last use (config.yaml)
+CACHES_INTERVAL = 86400.0  # seconds between prunes of the workdir caches (CORRAL_CACHES_INTERVAL)
 GRACE = 600.0  # seconds after an attempt ended before its env.sh goes (CORRAL_RUN_FILES_GRACE)
 INTERVAL = 600.0  # seconds between passes (CORRAL_RUN_FILES_INTERVAL)
 FIRST_PASS = 60.0  # seconds after the server starts (or INTERVAL, if shorter)
@@ -52,6 +56,16 @@ def keep_days() -> float | None:
     after its attempts ended; None (the default): for good."""
     value = load_user_settings().get("run_dirs")
     return float(value["keep_days"]) if isinstance(value, dict) else None
+
+
+def cache_keep_days() -> float:
+    """`workdir_cache: {keep_days: N}` in the server's config.yaml."""
+    value = load_user_settings().get("workdir_cache")
+    return float(value["keep_days"]) if isinstance(value, dict) else CACHE_KEEP_DAYS
+
+
+def caches_interval_seconds() -> float:
+    return env_number("CORRAL_CACHES_INTERVAL", CACHES_INTERVAL, minimum=1.0)
 
 
 @dataclass
@@ -125,6 +139,29 @@ async def remove_group_dirs(client: Any, store: Any, now: float, *, grace: float
             failed.update(ids)
     store.mark_groups_cleaned(sorted(set(groups) - failed))
     return report
+
+
+async def prune_workdir_caches(client: Any, store: Any, keep_days: float) -> RemovalReport:
+    """One pass: on every cluster (as every user) that ran an attempt, the workdir caches no launch
+    used for `keep_days` days; one round trip per cluster and user, all at once."""
+    report = RemovalReport()
+    places = [(cluster, owner) for cluster, owner in store.run_places()
+              if _removes(client, cluster, PrunesWorkdirCaches)]
+    outcomes = await asyncio.gather(*(_prune_as(client, cluster, owner, keep_days) for cluster, owner in places))
+    for (cluster, _), outcome in zip(places, outcomes):
+        if isinstance(outcome, int):
+            if outcome:
+                report.removed[cluster] = report.removed.get(cluster, 0) + outcome
+        else:
+            report.errors[cluster] = outcome
+    return report
+
+
+async def _prune_as(client: Any, cluster: str, owner: str, keep_days: float) -> int | str:
+    try:
+        return await client.infra(cluster, owner).prune_workdir_caches(keep_days)
+    except CorralError as exc:
+        return str(exc)
 
 
 def _removes(client: Any, cluster: str, ability: type = RemovesRunFiles) -> bool:

@@ -572,20 +572,22 @@ class SshTransport:
         return status
 
     async def sync(self, cluster: str, source: Path, destination: str, *, timeout: float = 600,
-                   mirror: bool = False) -> None:
+                   mirror: bool = False, hold: str | None = None) -> None:
         """Copy a local file or directory to the cluster over the cluster's ControlMaster.
 
         `destination` is relative to the remote home (or absolute); a directory's contents are copied
         into it, and with `mirror` what is no longer in `source` is deleted there. rsync when both sides
-        have it (only changes travel), else a tar stream, which every site has.
+        have it (only changes travel), else a tar stream, which every site has. With `hold` (a file
+        under the remote home), the same session first touches that file, then holds a shared lock on
+        it (flock, where the site has it) while it writes (held_by).
         """
         if not source.exists():
             raise CorralFileError(f"{source}: no such file or directory to sync to {cluster}")
         if shutil.which("rsync") and cluster not in self._no_remote_rsync:
-            if await self._rsync(cluster, source, destination, timeout, ["--delete"] if mirror else []):
+            if await self._rsync(cluster, source, destination, timeout, ["--delete"] if mirror else [], hold):
                 return
             self._no_remote_rsync.add(cluster)
-        await self._tar(cluster, source, destination, timeout, mirror)
+        await self._tar(cluster, source, destination, timeout, mirror, hold)
 
     async def sync_size(self, cluster: str, source: Path, destination: str, *, timeout: float = 120) -> int | None:
         """What `sync(…, mirror=True)` would send: rsync's own dry run (`--stats`, no data moves), in one
@@ -605,7 +607,7 @@ class SshTransport:
         return int(found.group(1).replace(",", "").replace(".", "")) if found else None
 
     async def _rsync(self, cluster: str, source: Path, destination: str, timeout: float,
-                     options: list[str]) -> bool:
+                     options: list[str], hold: str | None = None) -> bool:
         """False if the cluster has no rsync; raises on any other failure."""
         ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
         # An absolute source after `--`: a local name can never be read as an rsync option, and -s
@@ -613,10 +615,11 @@ class SshTransport:
         src = os.path.abspath(source) + ("/" if source.is_dir() else "")
         # Folders rsync makes (--mkpath) are private too.
         rsync_path = f"umask 077 && {self.remote_rsync}"
-        if self._acting(SubmitMode.SUDO) is not None:
-            # sudo keeps the service account's working directory: the member's rsync starts from their home.
-            rsync_path = " ".join(self.as_user(
-                ["bash", "-c", shlex.quote(f'umask 077 && cd && exec {self.remote_rsync} "$@"'), "rsync"]))
+        if self._acting(SubmitMode.SUDO) is not None or hold:
+            # sudo keeps the service account's working directory: the member's rsync starts from their
+            # home. bash, whatever the account's login shell, for the hold's lock.
+            rsync_path = " ".join(self.as_user(["bash", "-c", shlex.quote(
+                f'umask 077 && cd && {held_by(hold)}exec {self.remote_rsync} "$@"'), "rsync"]))
         # Nothing Corral copies is for other accounts' eyes (run dirs are mode 700 too).
         argv = ["rsync", "-a", "-s", "--mkpath", "--chmod=go-rwx", "-e", ssh, f"--rsync-path={rsync_path}", *options,
                 "--", src, f"{cluster}:{destination}"]
@@ -630,11 +633,12 @@ class SshTransport:
         raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}", exit_status=status,
                                  stderr=text)
 
-    async def _tar(self, cluster: str, source: Path, destination: str, timeout: float, mirror: bool = False) -> None:
+    async def _tar(self, cluster: str, source: Path, destination: str, timeout: float, mirror: bool = False,
+                   hold: str | None = None) -> None:
         target = remote_path(destination.rstrip("/") or ".")
         if source.is_dir():
             fresh = f"rm -rf {target} && " if mirror else ""
-            remote = f"umask 077 && {fresh}mkdir -p {target} && tar -xf - -C {target}"
+            remote = f"umask 077 && {held_by(hold)}{fresh}mkdir -p {target} && tar -xf - -C {target}"
             local = ["tar", "-cf", "-", "-C", os.path.abspath(source), "--", "."]
         else:
             remote = f'umask 077 && mkdir -p "$(dirname {target})" && cat > {target}'
@@ -732,6 +736,19 @@ CorralErrorLike = ClusterError | ConfigError
 def _learned(env_key: tuple[str, ...] | None) -> LoginEnv | None:
     """The login environment learned for `env_key` and still in use; None for none (or no key: sudo)."""
     return LOGIN_ENVS.get(env_key) if env_key else None
+
+
+def held_by(hold: str | None) -> str:
+    """Bash that touches `hold` (a file under the home) and takes a shared lock on it for as long as
+    the shell and what it runs live (fd 9, inherited), so that a remover that takes the lock
+    exclusively (infra/slurm/caches.py) waits, or passes over the file's folder. Where flock is
+    missing, or fails (a filesystem without locks), the touch alone remains, and the copy goes on
+    after at most a minute's wait."""
+    if not hold:
+        return ""
+    path = remote_path(hold)
+    return (f'mkdir -p "$(dirname {path})" && touch {path} && exec 9<{path} && '
+            "{ flock -w 60 -s 9 2>/dev/null || true; } && ")
 
 
 def remote_path(path: str) -> str:

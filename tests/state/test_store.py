@@ -490,3 +490,15 @@ def test_a_name_means_a_sweep_only_when_every_job_of_that_name_is_in_it(store):
     assert store.sweep_named("lr") == ["c-a0", "c-a1"]
     assert store.sweep_named("once") == [] and store.sweep_named("both") == [] and store.sweep_named("nope") == []
     assert store.sweep_named("hers", scope="bob") == [] and store.sweep_named("hers", scope="ann") == ["c-e0", "c-e1"]
+
+
+def test_run_places_are_each_cluster_and_owner_that_ran_an_attempt_once(store):
+    """The caches' prune visits these (run_files.prune_workdir_caches): an attempt never submitted
+    (no run directory) names no place."""
+    owned = job("c-2", rank=1)
+    owned.owner = "bob"
+    store.add_jobs([job("c-1"), owned, job("c-3", rank=2)],
+                   [attempt("t1", "c-1"), attempt("t1b", "c-1", number=2), attempt("t2", "c-2"), attempt("t3", "c-3")])
+    store.update_attempt("t3", run_dir="")
+    store.update_attempt("t1b", cluster="borealis")
+    assert store.run_places() == [("alpine", ""), ("alpine", "bob"), ("borealis", "")]

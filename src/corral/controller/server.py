@@ -305,11 +305,12 @@ def _check_settings() -> None:
     from corral.controller.protocol import body_window_seconds, head_seconds
     from corral.limits import send_limit
     from corral.login_env import login_env_seconds
-    from corral.run_files import grace_seconds, interval_seconds, keep_days
+    from corral.run_files import cache_keep_days, caches_interval_seconds, grace_seconds, interval_seconds, keep_days
     from corral.uploads import keep_days_setting
 
     for read in (head_seconds, body_window_seconds, send_limit, login_env_seconds, keep_days_setting,
-                 default_timeout, grace_seconds, interval_seconds, keep_days):
+                 default_timeout, grace_seconds, interval_seconds, keep_days, cache_keep_days,
+                 caches_interval_seconds):
         read()
 
 
@@ -394,6 +395,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     pruned_at = -math.inf
     files_every = run_files.interval_seconds()
     files_at = time.monotonic() - files_every + min(run_files.FIRST_PASS, files_every)  # the first pass's due
+    caches_every, caches_at = run_files.caches_interval_seconds(), -math.inf  # the first with the first pass
     disagreement: str | None = None
     failing: list[str] = []  # the clusters the last tick could not refresh
     try:
@@ -413,7 +415,9 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
                     await sampler.sample(Client(), store)
                 if report.chores and time.monotonic() - files_at > files_every:
                     files_at = time.monotonic()
-                    await _remove_run_files(controller.client, store)
+                    caches = files_at - caches_at > caches_every
+                    caches_at = files_at if caches else caches_at
+                    await _remove_run_files(controller.client, store, caches=caches)
                 status.last_tick = TickFigures(at=time.time(), seconds=round(time.monotonic() - started, 4),
                                                drove=report.drove, jobs=report.jobs, submitted=report.submitted,
                                                moved=report.moved, cancelled=report.cancelled,
@@ -461,17 +465,19 @@ PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads and of long-g
 LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the tick that may take it
 
 
-async def _remove_run_files(client: Any, store: Any) -> None:
-    """The ended attempts' env.sh on the clusters, ended job groups' host files, and with `run_dirs:
-    {keep_days: N}` old run directories (run_files.py); said in the log when anything goes."""
+async def _remove_run_files(client: Any, store: Any, *, caches: bool = False) -> None:
+    """The ended attempts' env.sh on the clusters, ended job groups' host files, with `run_dirs:
+    {keep_days: N}` old run directories, and with `caches` the workdir caches unused for long
+    (run_files.py); said in the log when anything goes."""
     from corral import run_files
 
     now, grace = time.time(), run_files.grace_seconds()  # checked at the start
     try:
         days = run_files.keep_days()
+        cache_days = run_files.cache_keep_days()
     except CorralError as exc:  # config.yaml changed since the start: the env files go all the same
-        print(f"not removing old run directories: {exc}", flush=True)
-        days = None
+        print(f"not removing old run directories or workdir caches: {exc}", flush=True)
+        days = cache_days = None
     # (what one pass removes, as the log says it with a count; the pass)
     passes = [("env.sh from {} ended jobs' run directories",
                lambda: run_files.remove_env_files(client, store, now, grace=grace)),
@@ -480,6 +486,9 @@ async def _remove_run_files(client: Any, store: Any) -> None:
     if days is not None:
         passes.append(("the whole of {} ended jobs' run directories",
                        lambda: run_files.remove_run_dirs(client, store, now, days, grace=grace)))
+    if caches and cache_days is not None:
+        passes.append((f"{{}} workdir caches unused for {cache_days:g} days",
+                       lambda: run_files.prune_workdir_caches(client, store, cache_days)))
     for what, removal in passes:
         try:
             report = await removal()

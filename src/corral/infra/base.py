@@ -491,6 +491,16 @@ class RemovesGroupFiles(ABC):
         """Remove each group's files, in one round trip; one that is gone already is no error."""
 
 
+class PrunesWorkdirCaches(ABC):
+    """The infra keeps a cache of each workdir sent to it, which only speeds later launches from the
+    same folder up, and can remove those not used for a while (run_files.py)."""
+
+    @abstractmethod
+    async def prune_workdir_caches(self, keep_days: float) -> int:
+        """Remove the caches last used more than `keep_days` days ago, never one a sync is using, in one
+        round trip; how many went."""
+
+
 class ReportsSetupFailure(ABC):
     """The infra can tell whether a failed attempt failed in the task's `setup` (not worth retrying)."""
 

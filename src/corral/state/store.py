@@ -609,6 +609,13 @@ class Store:
                 out.setdefault((cluster, owner), []).append(EndedRun(run_dir, handle))
         return out
 
+    def run_places(self) -> list[tuple[str, str]]:
+        """Every (cluster, owner) that an attempt was submitted to or recorded for, in one query."""
+        with self.session() as s:
+            return [(c, o) for c, o in s.execute(
+                select(AttemptRow.cluster, JobRow.owner).distinct().join(JobRow, JobRow.id == AttemptRow.job_id)
+                .where(AttemptRow.run_dir != "").order_by(AttemptRow.cluster, JobRow.owner))]
+
     def ended_groups(self, ended_before: float, limit: int) -> dict[str, set[tuple[str, str]]]:
         """Job group id -> the (cluster, owner) pairs its tasks' attempts ran on, for groups whose host
         folders Corral has yet to remove, every task of which has ended (a terminal managed state),

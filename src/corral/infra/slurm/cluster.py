@@ -31,6 +31,7 @@ from corral.infra.base import (
     JobStatus,
     OutputSink,
     PredictsStart,
+    PrunesWorkdirCaches,
     ReleasesHeld,
     RemovesGroupFiles,
     RemovesRunFiles,
@@ -41,7 +42,7 @@ from corral.infra.base import (
     SshRoute,
     SubmitResult,
 )
-from corral.infra.slurm import devscript, userscript
+from corral.infra.slurm import caches, devscript, userscript
 from corral.infra.slurm.environment import PRELUDE
 from corral.infra.slurm.jobs import (
     cancel_script,
@@ -64,7 +65,6 @@ from corral.ssh import RemoteResult, SshTransport, remote_path
 
 # What the login node keeps for itself out of the transport's timeout: connecting and answering.
 _SSH_MARGIN = 3
-CACHE_DIR = ".corral/cache"  # per-task workdir caches, under the user's home on the login node
 _FACTS_NOTE = "slurm-probe-facts"  # the probe's FACTS sections, in the transport's login notes
 JOB_TIMEOUT = 30  # seconds for a submission, a status query, a cancel (sbatch may wait on a busy controller)
 # With the light query, a full one still runs at least this often (seconds): a pending job's reason and
@@ -73,7 +73,7 @@ FULL_STATUS_EVERY = 60.0
 
 
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
-                 FollowsSetup, ReleasesHeld, RemovesRunFiles, RemovesGroupFiles, RunsJobScripts):
+                 FollowsSetup, ReleasesHeld, RemovesRunFiles, RemovesGroupFiles, PrunesWorkdirCaches, RunsJobScripts):
     kind: ClassVar[str] = "slurm"
     probe_commands: ClassVar[int] = 1 + len(QUERIES)  # scontrol ping, and the queries (sinfo, squeue, …)
     status_commands: ClassVar[int] = 2  # squeue, and sacct for what it forgot
@@ -127,14 +127,15 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         await self.transport.sync(self.cluster, local, remote)
 
     async def workdir_upload_size(self, local: Path, cache_key: str) -> int | None:
-        return await self.transport.sync_size(self.cluster, local, f"{CACHE_DIR}/{cache_key}/")
+        return await self.transport.sync_size(self.cluster, local, caches.cache_path(cache_key) + "/")
 
     async def upload_workdir(self, local: Path, cache_key: str, remote: str) -> None:
         """rsync into `~/.corral/cache/<key>` (a mirror of the last workdir sent from the same folder, so
-        only changes travel), then a hard-linked copy into the attempt's folder: one more round trip,
-        no data. A file the job rewrites in place is sent again next time; the attempt keeps its copy."""
-        cache = f"{CACHE_DIR}/{cache_key}"
-        await self.transport.sync(self.cluster, local, cache + "/", mirror=True)
+        only changes travel; its use marked, caches.py), then a hard-linked copy into the attempt's
+        folder: one more round trip, no data. A file the job rewrites in place is sent again next
+        time; the attempt keeps its copy."""
+        cache = caches.cache_path(cache_key)
+        await self.transport.sync(self.cluster, local, cache + "/", mirror=True, hold=caches.marker_path(cache_key))
         source, target = remote_path(cache), remote_path(remote)
         script = (f"mkdir -p {target} && {{ cp -al {source}/. {target}/ 2>/dev/null "
                   f"|| cp -a {source}/. {target}/; }}\n")
@@ -194,6 +195,10 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def remove_group_files(self, group_ids: list[str]) -> None:
         if group_ids:
             await self._run(remove_group_dirs_script(group_ids), timeout=JOB_TIMEOUT, cost=0)
+
+    async def prune_workdir_caches(self, keep_days: float) -> int:
+        result = await self._run(caches.prune_script(keep_days), timeout=JOB_TIMEOUT * 4, cost=0)
+        return caches.read_pruned(result.stdout)
 
     async def release_held(self, handles: list[str]) -> None:
         if handles:

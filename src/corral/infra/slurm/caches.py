@@ -1,0 +1,72 @@
+"""The per-folder workdir caches on a login node (`~/.corral/cache/<key>/`): where they are, the marker
+of their last use, and the script that prunes those not used for a while.
+
+A launch rsyncs its workdir into the cache of its folder (only the changes travel), then hard-links
+the cache into the attempt's run directory (SlurmInfra.upload_workdir). Each sync first touches
+`<key>.used` beside the cache and holds a shared lock on it while it writes (ssh.held_by). A cache
+is only a speed-up: removing one costs a full upload on the next launch from its folder.
+
+The prune takes each old marker's lock exclusively without waiting: one that a sync holds is passed
+over, and a sync that starts meanwhile waits for the rename (an instant), then fills a fresh folder.
+Old folders are renamed away under the lock and deleted after it, so a sync never waits for a large
+`rm -rf`. Caches from before markers get one, and so their N days start at the first prune. Where
+the site has no flock, the prune goes by the markers' age alone.
+
+Cost: one round trip, no Slurm command, per cluster and user (run_files.py, once a day).
+"""
+
+from __future__ import annotations
+
+import re
+
+CACHE_DIR = ".corral/cache"  # under the user's home on the login node
+KEEP_DAYS = 14.0  # `workdir_cache: {keep_days: N}` in config.yaml; a cache lasts this long after its last use
+_KEY = re.compile(r"^[0-9a-f]{16}\Z")  # uploads.cache_key's shape
+
+
+def cache_path(key: str) -> str:
+    return f"{CACHE_DIR}/{_checked(key)}"
+
+
+def marker_path(key: str) -> str:
+    """The file a sync into the cache touches first, and holds a shared lock on while it writes."""
+    return f"{CACHE_DIR}/{_checked(key)}.used"
+
+
+def _checked(key: str) -> str:
+    if not _KEY.match(key):
+        raise ValueError(f"not a workdir cache's key: {key!r}")
+    return key
+
+
+def prune_script(keep_days: float) -> str:
+    """Bash: remove the caches whose marker is older than `keep_days` days by the login node's clock
+    and whose lock is free; print `pruned N`."""
+    keep = max(1, int(keep_days * 86400))
+    return f"""umask 077 && cd "$HOME"/{CACHE_DIR} 2>/dev/null || {{ echo 'pruned 0'; exit 0; }}
+ref=$(mktemp ./.prune.XXXXXX) || exit 1
+touch -d "@$(( $(date +%s) - {keep} ))" "$ref" || {{ rm -f "$ref"; exit 1; }}
+have_flock=$(command -v flock)
+n=0
+for d in */; do
+  k=${{d%/}}
+  [[ $k =~ ^[0-9a-f]{{16}}$ ]] || continue
+  m=$k.used
+  if [ ! -e "$m" ]; then touch "$m"; continue; fi
+  [ "$m" -ot "$ref" ] || continue
+  if ( exec 9<"$m" && {{ [ -z "$have_flock" ] || flock -n -x 9; }} && [ "$m" -ot "$ref" ] \\
+       && mv -- "$k" ".gone.$k.$$" && rm -f -- "$m" ); then n=$((n+1)); fi
+done
+for m in *.used; do
+  k=${{m%.used}}
+  [[ $k =~ ^[0-9a-f]{{16}}$ ]] && [ ! -e "$k" ] && [ "$m" -ot "$ref" ] && rm -f -- "$m"
+done
+rm -rf -- "$ref" .gone.* 2>/dev/null
+echo "pruned $n"
+"""
+
+
+def read_pruned(stdout: str) -> int:
+    """How many caches the prune script removed (0 if it did not say)."""
+    found = re.search(r"^pruned (\d+)$", stdout, re.MULTILINE)
+    return int(found.group(1)) if found else 0
