@@ -21,7 +21,9 @@ is stored base64-encoded under `data`, as the API does; a DELETE without a name 
 its `labelSelector` selects (equality and set-based terms: `key in (a,b)`, `key notin (a)`).
 Nodes come from `--nodes` (JSON). `POST /fake/nodes/<name>/lose` takes a node away as a crashed one
 goes: its pods fail with a `DisruptionTarget` condition (`.../restore` brings it back).
-`POST /fake/forbid/<resource>/on` answers a create of that resource with RBAC's 403 (`.../off` ends it). `GET /fake/requests` lists every request
+`POST /fake/forbid/<resource>/on` takes every right on that resource from the client's role: a create
+answers RBAC's 403, and the RBAC reviews (SelfSubjectRulesReview, SelfSubjectAccessReview) say so
+(`.../off` gives them back). `GET /fake/requests` lists every request
 served (tests count round trips with it). Lists and watches (`?watch=true` from a resourceVersion,
 with bookmarks, 410 once the change log no longer reaches back) are served as the API serves them. `FakeKubernetes` starts and stops one for tests. Run: `python -m testbed.kubeapi --port P
 --token T --root DIR`.
@@ -619,7 +621,11 @@ ROUTES = [
 ]
 LOG_ROUTE = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 NODE_ROUTE = re.compile(r"^/fake/nodes/([^/]+)/(lose|restore)$")
-FORBID_ROUTE = re.compile(r"^/fake/forbid/([a-z]+)/(on|off)$")
+FORBID_ROUTE = re.compile(r"^/fake/forbid/([a-z/]+)/(on|off)$")
+REVIEW_ROUTES = ("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+                 "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+# What the fake's rules review names per API group once a resource is forbidden.
+REVIEWED = {"": ["configmaps", "secrets", "services", "pods", "pods/log", "events"], "batch": ["jobs"]}
 
 
 def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
@@ -665,6 +671,8 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                 if method == "POST" and (match := FORBID_ROUTE.match(url.path)):
                     (cluster.forbidden.add if match.group(2) == "on" else cluster.forbidden.discard)(match.group(1))
                     return self._send(200, {"kind": "Status", "status": "Success"})
+                if method == "POST" and url.path in REVIEW_ROUTES:
+                    return self._send(201, self._review(url.path, body or {}))
                 resource = url.path.rstrip("/").split("/")[-1]
                 if method == "POST" and resource in cluster.forbidden:  # as RBAC answers a role without `create`
                     namespace = url.path.split("/namespaces/")[-1].split("/")[0]
@@ -705,6 +713,25 @@ def make_handler(cluster: Cluster, token: str) -> type[BaseHTTPRequestHandler]:
                 self._send(exc.code, exc.body())
             except Exception as exc:  # a bug of the fake: a 500 with the reason, not a dropped connection
                 self._send(500, ApiError(500, "InternalError", f"the fake failed: {exc!r}").body())
+
+        def _review(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            """A rules review: every verb on every resource, or, once some are forbidden, rules naming
+            each other resource; an access review: allowed unless its resource is forbidden."""
+            with cluster.lock:
+                forbidden = set(cluster.forbidden)
+            spec = body.get("spec") or {}
+            if path.endswith("selfsubjectaccessreviews"):
+                attributes = spec.get("resourceAttributes") or {}
+                resource = "/".join(filter(None, (attributes.get("resource"), attributes.get("subresource"))))
+                status: dict[str, Any] = {"allowed": resource not in forbidden}
+            elif not forbidden:
+                status = {"resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
+                          "nonResourceRules": [], "incomplete": False}
+            else:
+                rules = [{"verbs": ["*"], "apiGroups": [group], "resources": sorted(set(names) - forbidden)}
+                         for group, names in REVIEWED.items()]
+                status = {"resourceRules": rules, "nonResourceRules": [], "incomplete": False}
+            return {**body, "status": status}
 
         def _watch(self, kind: str, namespace: str | None, query: dict[str, str]) -> None:
             """Events as JSON lines from `resourceVersion` on, until `timeoutSeconds` or the client goes."""
@@ -838,7 +865,8 @@ class FakeKubernetes:
         self.request("POST", f"/fake/nodes/{name}/restore")
 
     def forbid(self, resource: str, forbidden: bool = True) -> None:
-        """Answer a create of `resource` (`secrets`, …) with 403, as RBAC does for a role without it."""
+        """Take every right on `resource` (`secrets`, `pods/log`, …) from the client's role: a create
+        answers 403, and the RBAC reviews leave it out."""
         self.request("POST", f"/fake/forbid/{resource}/{'on' if forbidden else 'off'}")
 
     def down(self) -> None:

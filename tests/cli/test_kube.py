@@ -69,7 +69,16 @@ def test_one_view_of_every_kind_at_one_round_trip_each(corral, corral_env, kube,
         "kind-fake"}
     checked = {c["cluster"]: c for c in corral("check", "--json", env=env).json()}
     assert checked["kind-fake"]["ok"] and checked["lab"]["ok"] and checked["alpine"]["ok"]
+    assert checked["kind-fake"]["warnings"] == []  # the fake grants every RBAC right
     assert "(kubernetes)" in corral("check", env=env).stdout
+    kube.forbid("secrets")  # a Role from before Corral's Secrets: check says so before a job is refused
+    try:
+        shown = corral("check", env=env)
+    finally:
+        kube.forbid("secrets", False)
+    assert shown.exit_code == 0, shown.stderr
+    assert ("kind-fake: your kubeconfig's user may not create, patch, delete, deletecollection secrets in namespace "
+            "default: each job there is refused") in " ".join(shown.stderr.split())
 
 
 def test_work_overflows_to_kubernetes_as_indexed_jobs(corral, kube_env, kube):

@@ -37,7 +37,7 @@ def render_check(checks: list[ClusterCheck]) -> None:
     for c in checks:
         if c.error:
             err_console.print(f"[red]✗[/red] {literal(c.error)}")
-        for warning in c.warnings:  # the cluster answers; its profile names something it does not know
+        for warning in c.warnings:  # the cluster answers, but lacks what its profile or Corral needs
             warn(f"{c.cluster}: {warning}")
 
 

@@ -116,13 +116,14 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     async def check(cluster: Annotated[list[str], Query(max_length=1000)] = [],  # noqa: B006 - FastAPI copies it
                     timeout: Timeout = None) -> dict[str, object]:
         """Probe each cluster (all, or those named) now, in parallel, with the user's accounts and QOS;
-        `warnings` per cluster: what its profile names that the cluster does not know."""
+        `warnings` per cluster: what the probe could not read or found missing (a Kubernetes
+        context's RBAC rights), and what its profile names that the cluster does not know."""
         client = Client(timeout=timeout)
         paths = {name: tuple(sorted(set(named_paths(client.profiles, name).values())))
                  for name in client.registry.names()}
         outcomes = await client.probe(cluster or None, associations=True, filesystems=paths)
-        return {"clusters": [{**check_json(o), "warnings": profile_warnings(o.cluster, o.snapshot, client.profiles)
-                              if o.snapshot else []} for o in outcomes]}
+        return {"clusters": [{**check_json(o), "warnings": [*o.snapshot.warnings, *profile_warnings(
+                              o.cluster, o.snapshot, client.profiles)] if o.snapshot else []} for o in outcomes]}
 
     @router.get("/clusters/{name}")
     async def cluster(name: Annotated[str, Path(max_length=256)], timeout: Timeout = None) -> dict[str, object]:

@@ -213,3 +213,30 @@ def test_the_run_files_pass_deletes_ended_attempts_secrets_and_config_maps(kube,
     assert deletes(before) == []
     asyncio.run(backend.cancel(handles, [""] * 3))
     assert [objects(kube, "jobs", a.token) for a in asked] == [[], [], []]
+
+
+def test_check_reviews_the_rbac_rights_and_names_what_is_missing(kube):
+    """`corral check`'s probe (associations) adds one rules review beside the lists; a role without
+    secrets or pods/log is told what fails and what to grant, each right the rules do not show
+    confirmed by an access review; a plain probe reviews nothing."""
+    def reviews_during(call) -> tuple[object, list[str]]:
+        before = len(kube.requests())
+        result = call()
+        return result, [r.split("/")[-1] for r in kube.requests()[before:] if "authorization.k8s.io" in r]
+
+    snap, asked = reviews_during(lambda: asyncio.run(infra(kube).probe(associations=True)))
+    assert snap.warnings == () and asked == ["selfsubjectrulesreviews"]
+    _, asked = reviews_during(lambda: asyncio.run(infra(kube).probe()))
+    assert asked == []
+    kube.forbid("secrets")
+    kube.forbid("pods/log")
+    try:
+        snap, asked = reviews_during(lambda: asyncio.run(infra(kube).probe(associations=True)))
+    finally:
+        kube.forbid("secrets", False)
+        kube.forbid("pods/log", False)
+    assert asked == ["selfsubjectrulesreviews"] + ["selfsubjectaccessreviews"] * 5  # 4 verbs on secrets, 1 on the log
+    assert [w.split(":")[0] for w in snap.warnings] == [
+        "your kubeconfig's user may not create, patch, delete, deletecollection secrets in namespace default",
+        "your kubeconfig's user may not get pods/log in namespace default"]
+    assert snap.nodes  # the capacity all the same

@@ -4,7 +4,8 @@ modules here).
 
 Cost per call, in API requests (each counted as a round trip of the context, requests of one call
 going out together):
-- probe: nodes and pods (every namespace), in parallel: one round trip;
+- probe: nodes and pods (every namespace), in parallel: one round trip; `corral check`'s adds an RBAC
+  rules review alongside, and an access review per right the rules do not show (rbac.py);
 - submit: the ConfigMap and the Secret (env.sh) together, then the Job (409: it exists, the retried
   submission found it, and reads it), then the Service and the ConfigMap's and Secret's owner (the
   Job, so that all three go with it) together: six or seven requests in three or four steps; the Job
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import json
 import tarfile
@@ -44,7 +46,7 @@ from corral.infra.base import (
     RemovesRunFiles,
     SubmitResult,
 )
-from corral.infra.kube import capacity, manifests, states, watch
+from corral.infra.kube import capacity, manifests, rbac, states, watch
 from corral.infra.shell import render_env
 
 LOG_POLL_SECONDS = 1.0
@@ -134,10 +136,16 @@ class KubeInfra(Infra, RemovesRunFiles):
     # ---- capacity ---------------------------------------------------------------------------------------
     async def probe(self, *, associations: bool = False, paths: tuple[str, ...] = (),
                     filesystems: tuple[str, ...] = ()) -> ClusterSnapshot:
+        """With `associations` (`corral check`), the user's RBAC rights in the namespace are reviewed
+        alongside (rbac.py), and what is missing becomes the snapshot's warnings."""
         started = time.monotonic()
-        nodes, pods = await asyncio.gather(
+        lists = asyncio.gather(
             self._list("/api/v1/nodes"),
             self._list("/api/v1/pods", fieldSelector="status.phase!=Succeeded,status.phase!=Failed"))
+        if associations:
+            (nodes, pods), rights = await asyncio.gather(lists, self._rbac_warnings())
+        else:
+            (nodes, pods), rights = await lists, []
         try:
             snap = capacity.snapshot(self.entry.name, nodes, pods, probe_seconds=time.monotonic() - started)
         except (KeyError, ValueError, TypeError) as exc:
@@ -146,7 +154,19 @@ class KubeInfra(Infra, RemovesRunFiles):
             gpu = capacity.node_gpus(node)
             if gpu is not None and gpu.value:
                 self._gpu_label[gpu.value] = (gpu.label, gpu.resource)
-        return snap
+        return dataclasses.replace(snap, warnings=snap.warnings + tuple(rights)) if rights else snap
+
+    async def _rbac_warnings(self) -> list[str]:
+        """One rules review; for each right it does not show, an access review (all at once)."""
+        ns = self.namespace
+        try:
+            _, review = await self._call("POST", rbac.RULES_REVIEWS, body=rbac.rules_review(ns))
+            asked = rbac.unshown(review or {})
+            answers = await asyncio.gather(*(self._call("POST", rbac.ACCESS_REVIEWS, body=rbac.access_review(ns, *a))
+                                             for a in asked))
+        except CorralError as exc:
+            return [f"could not review your RBAC rights in namespace {ns}: {exc}"]
+        return rbac.warnings([a for a, (_, answer) in zip(asked, answers) if not rbac.allowed(answer or {})], ns)
 
     # ---- files ------------------------------------------------------------------------------------------
     def attempt_files(self, request: JobRequest) -> AttemptFiles:
