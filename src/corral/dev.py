@@ -612,7 +612,10 @@ class DevAllocations:
             return
         row = self.get(name)
         self.launcher.check_local_files(task)
-        await self.launcher.upload_files(task, self.client.infra(row.cluster, row.owner), row.run_dir)
+        infra = self._holder(row.cluster, row.owner)
+        await self.launcher.upload_files(task, infra, row.run_dir)
+        if row.handle:
+            await infra.deliver_uploads(row.handle)
 
     # ---- ssh ----------------------------------------------------------------------------------
     def copyable_ssh(self, status: AllocationStatus) -> str | None:

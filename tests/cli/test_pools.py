@@ -252,3 +252,23 @@ def test_a_machine_that_refuses_a_task_keeps_none_of_its_files(pool_env, monkeyp
     assert (runs / f"{token}.0").is_dir() and not (runs / f"{token}.0" / "env.sh").exists()  # started, then ended
     wait_for("rank 0 to be ended", lambda: subprocess.run(["pgrep", "-f", f"corral/runs/{token}"],
                                                           capture_output=True).returncode != 0, timeout=30)
+
+
+def test_exec_syncs_the_workdir_into_a_pool_allocation(corral, pool_env, tmp_path):
+    """As `sky exec` syncs the workdir before it runs: the files reach the allocation's machine, and a
+    second exec sees the changed file."""
+    up = corral("launch", "-c", "labwork", "--infra", "ssh/lab", "--gpus", "L4:1", env=pool_env)
+    assert up.exit_code == 0, up.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "note.txt").write_text("v1\n")
+    task = tmp_path / "task.yaml"
+    task.write_text(f"workdir: {work}\nrun: cat note.txt\n")
+    try:
+        first = corral("exec", "labwork", str(task), env=pool_env)
+        assert (first.exit_code, first.stdout) == (0, "v1\n"), first.stderr
+        (work / "note.txt").write_text("v2, longer\n")  # rsync's quick check: another size within the second
+        second = corral("exec", "labwork", str(task), env=pool_env)
+        assert (second.exit_code, second.stdout) == (0, "v2, longer\n"), second.stderr
+    finally:
+        corral("down", "labwork", env=pool_env)

@@ -412,6 +412,11 @@ class HoldsAllocations(ABC):
     async def release(self, handle: str | None, run_dir: str) -> None:
         """End the holder job and remove its files."""
 
+    async def deliver_uploads(self, handle: str) -> None:
+        """Send what `upload` kept back for the live allocation `handle`'s run directory to its nodes
+        (an infra that picks a task's machines when it starts keeps such files until then); by
+        default nothing is kept back."""
+
     @abstractmethod
     def shell_argv(self, handle: str, head_node: str, command: str | None) -> list[str]:
         """The local argv of `corral ssh`: a shell on the head node, interactive, or running `command`."""

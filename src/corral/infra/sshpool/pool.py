@@ -138,6 +138,15 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
     async def upload_workdir(self, local: Path, cache_key: str, remote: str) -> None:
         await self.upload(local, remote + "/")
 
+    async def deliver_uploads(self, handle: str) -> None:
+        """An allocation's machines are known: what was kept for its run directory goes to each one's
+        rank directory now, every machine at once."""
+        hosts, token = _hosts_and_token(handle)
+        pending = self._pending.pop(token, [])
+        await asyncio.gather(*(self.transport.sync(host, local, _for_rank(remote, token, _rank_token(token, rank,
+                                                                                                    len(hosts))))
+                               for rank, host in enumerate(hosts) for _, local, remote in pending))
+
     # ---- jobs -----------------------------------------------------------------------------------------
     def _free_gpus(self, host: str, request: JobRequest) -> int:
         """GPUs of the request's type the last probe saw free on the machine (-1: not probed)."""
