@@ -108,6 +108,28 @@ def test_queue_narrowed_by_state_cluster_and_name_as_squeue_does(refusing_cluste
         assert code == 2 and message in err, (argv, err)
 
 
+def test_queue_of_a_sweeps_id_lists_its_jobs_and_an_unknown_id_says_so(refusing_clusters):
+    """The id a sweep's row shows, given back to `queue`, lists that sweep's jobs (filters narrow
+    them); a single job's id lists that job; an id that is neither a job nor an allocation is exit 66."""
+    home = refusing_clusters / "home"
+    home.mkdir(mode=0o700)
+    seed(home, 5)
+
+    def ids(out: str) -> list[str]:
+        return [line.split()[0] for line in out.splitlines()[1:]]
+
+    code, out, err = run_cli(["queue", "c-500000000000", "--limit", "100"])
+    assert code == 0 and ids(out) == [f"c-5{i:011x}" for i in range(29, -1, -1)], err
+    code, out, err = run_cli(["queue", "c-500000000000", "-t", "FAILED", "--json"])
+    assert code == 0 and [row["job_id"] for row in json.loads(out)] == [f"c-5{i:011x}" for i in range(29, 19, -1)]
+    code, out, err = run_cli(["queue", "c-500000000000"])  # a page, and a line for the rest
+    assert code == 0 and len(ids(out)) == 20 and "10 more matching jobs: `--page 2`" in err, err
+    code, out, err = run_cli(["queue", f"c-{3:012x}"])
+    assert code == 0 and ids(out) == [f"c-{3:012x}"], err
+    code, _, err = run_cli(["queue", "c-0000000000ff"])
+    assert code == 66 and "no job or sweep 'c-0000000000ff', and no dev allocation of that name" in err, err
+
+
 def test_jobs_queue_narrows_the_ended_managed_jobs_by_since_as_queue_does(refusing_clusters):
     from corral.state.models import ManagedState
 

@@ -4,6 +4,7 @@ inside the commands, so that `corral --help` loads click alone."""
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -32,6 +33,8 @@ SKYPILOT_ONLY = {
     "start": "a Slurm allocation cannot be stopped and started again: `corral launch -c NAME` holds a new one "
              "(or reuses the live one of that name)",
 }
+
+JOB_ID = re.compile(r"c-[0-9a-f]{12}")  # a job's id, as `queue` shows it (a sweep's row: its first job's)
 
 
 class CorralGroup(click.Group):
@@ -120,7 +123,7 @@ def gpus(gpu: str | None, infra: str | None, as_json: bool, timeout: float | Non
 
 
 @cli.command()
-@click.argument("allocation", required=False)
+@click.argument("allocation", required=False, metavar="[ALLOCATION | SWEEP]")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of jobs (one object per job).")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Every job ever launched, newest first, streamed.")
 @paging("jobs (or sweeps)")
@@ -137,10 +140,31 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
           expand: bool, states: str | None, infra: str | None, name_part: str | None, user: str | None) -> None:
     """Live jobs across all clusters, refreshed with one Slurm query per cluster, and the newest ended
     ones; a line says how many more there are. With --state, --infra, --name or --user: the jobs that
-    match, live or ended, newest first, one row per job."""
+    match, live or ended, newest first, one row per job. ALLOCATION: the jobs run in that dev
+    allocation; SWEEP (the id a sweep's row shows): that sweep's jobs, one row each."""
     from corral.sdk import Client
 
     client = Client()
+    if allocation and JOB_ID.fullmatch(allocation) and not show_all:
+        if _filtered_queue(client, None, as_json, limit, page, since, states, infra, name_part, user,
+                           sweep=allocation):
+            return
+        from corral.errors import CorralError, NotFoundError
+
+        try:
+            _queue(client, allocation, as_json, show_all, limit, page, since, expand, states, infra, name_part, user)
+        except CorralError as exc:
+            if exc.exit_code != NotFoundError.exit_code:
+                raise
+            raise NotFoundError(f"no job or sweep {allocation!r}, and no dev allocation of that name: `corral "
+                                "queue` lists your jobs, `corral status` your allocations") from None
+        return
+    _queue(client, allocation, as_json, show_all, limit, page, since, expand, states, infra, name_part, user)
+
+
+def _queue(client: Any, allocation: str | None, as_json: bool, show_all: bool, limit: int, page: int,
+           since: float | None, expand: bool, states: str | None, infra: str | None, name_part: str | None,
+           user: str | None) -> None:
     if states is not None or infra or name_part or user:
         if show_all:
             raise click.UsageError("--all streams every job: give it without --state, --infra, --name or --user")
@@ -172,8 +196,10 @@ def queue(allocation: str | None, as_json: bool, show_all: bool, limit: int, pag
 
 
 def _filtered_queue(client: Any, allocation: str | None, as_json: bool, limit: int, page: int, since: float | None,
-                    states: str | None, infra: str | None, name_part: str | None, user: str | None) -> None:
-    """`queue` narrowed by its filters: a page of the jobs that match (GET /jobs), newest first."""
+                    states: str | None, infra: str | None, name_part: str | None, user: str | None,
+                    sweep: str = "") -> bool:
+    """`queue` narrowed by its filters: a page of the jobs that match (GET /jobs), newest first. With
+    `sweep`, nothing is printed when no job has that id (the name may be an allocation's): False."""
     from corral.sdk.types import QueuePage
 
     cluster = (infra or "").removesuffix("/")
@@ -188,19 +214,22 @@ def _filtered_queue(client: Any, allocation: str | None, as_json: bool, limit: i
         states = "live"
     per_page = min(limit or 1000, 1000)
     shown, total = client.jobs(owner=user or "", state=states or "", cluster=cluster, name=name_part or "",
-                               since=since, allocation=allocation or "", limit=per_page, page=page)
+                               since=since, allocation=allocation or "", sweep=sweep, limit=per_page, page=page)
+    if sweep and not total and not client.jobs(sweep=sweep, limit=1)[1]:
+        return False
     if as_json:
         print_json([j.raw for j in shown])
-        return
+        return True
     more = max(0, total - (page - 1) * per_page - len(shown))
     if not shown:
         click.echo("No jobs match." if not more else "No matching jobs on this page.")
-        return
+        return True
     from corral.cli import render
 
     render.render_queue(QueuePage(shown, more, {}, []), expand=True)
     if more:
         click.echo(f"{more} more matching job{'s' if more != 1 else ''}: `--page {page + 1}`", err=True)
+    return True
 
 
 @cli.command()

@@ -187,16 +187,17 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                    name: Annotated[str, Query(max_length=256)] = "",
                    since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
                    allocation: Annotated[str, Query(max_length=200)] = "",
+                   sweep: Annotated[str, Query(max_length=64)] = "",
                    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
                    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1) -> dict[str, object]:
         """One page of jobs, newest first, after one Slurm query per cluster: those of `owner`, whose
         latest attempt is in `state` (one, or several comma-separated: a job state, `live` for any
         unfinished one, or Slurm's name or short form, `PD`, `R`, `CD`…), on `cluster`, with `name` in
-        their name, launched since `since`, run in dev allocation `allocation`; and how many match in
-        all. `managed`: the controller drives it (cancel it as a managed job), `managed_state` its state
-        there."""
+        their name, launched since `since`, run in dev allocation `allocation`, of the sweep whose id
+        is `sweep` (or that one job); and how many match in all. `managed`: the controller drives it
+        (cancel it as a managed job), `managed_state` its state there."""
         report = await refreshed()
-        wanted = JobFilter(owner, job_states(state), cluster, name, since, allocation)
+        wanted = JobFilter(owner, job_states(state), cluster, name, since, allocation, sweep)
         shown, total = store.job_page(wanted, limit=limit, offset=(page - 1) * limit, scope=me.scope)
         managed_states = {m.job_id: m.state for m in store.managed(v.job.id for v in shown)}
         kinds, numbers = place_kinds(), allocation_numbers(me, allocation)

@@ -124,13 +124,15 @@ class Client:
             yield Job.from_json(json.loads(line))
 
     def jobs(self, *, owner: str = "", state: str = "", cluster: str = "", name: str = "",
-             since: float | None = None, allocation: str = "", limit: int = 50, page: int = 1) -> tuple[list[Job], int]:
+             since: float | None = None, allocation: str = "", sweep: str = "", limit: int = 50, page: int = 1
+             ) -> tuple[list[Job], int]:
         """One page of jobs, newest first, live or not, and how many match in all; each refreshed from
         the clusters, as the dashboard lists them. `state`: job states (or `live`, or Slurm's `PD`, `R`…),
-        comma-separated; `name`: part of the name; `since`: launched since (Unix time)."""
+        comma-separated; `name`: part of the name; `since`: launched since (Unix time); `sweep`: a
+        sweep's id (its first job's), for its jobs."""
         data = self._json("GET", "/jobs", {"owner": owner or None, "state": state or None, "cluster": cluster or None,
                                            "name": name or None, "since": since, "allocation": allocation or None,
-                                           "limit": limit, "page": page})
+                                           "sweep": sweep or None, "limit": limit, "page": page})
         return [Job.from_json(j) for j in data["jobs"]], int(data["total"])
 
     def job(self, job: str, *, allocation: str | None = None) -> Job:

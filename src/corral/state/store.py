@@ -88,6 +88,7 @@ class JobFilter:
     name: str = ""  # names containing this, ignoring case
     since: float | None = None  # launched at or after this Unix time
     allocation: str = ""  # run in this dev allocation (`corral exec`)
+    sweep: str = ""  # the jobs of this sweep (by its id, its first job's), or this one job
 
 
 QUEUE_CHUNK = 1000
@@ -328,6 +329,8 @@ class Store:
             query = query.where(JobRow.created_at >= wanted.since)
         if wanted.allocation:
             query = query.where(JobRow.allocation == wanted.allocation)
+        if wanted.sweep:
+            query = query.where(or_(JobRow.sweep_id == wanted.sweep, JobRow.id == wanted.sweep))
         matching = query if latest is None else query.where(JobRow.id.in_(latest))
         with self.session() as s:
             total = s.scalar(select(func.count()).select_from(matching.subquery())) or 0
