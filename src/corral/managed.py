@@ -8,6 +8,7 @@ recovery and re-routing.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from corral.jobgroup import auxiliary_delays
 from corral.launch import check_num_jobs
 from corral.state import Store
 from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, JobRow, ManagedJobRow, ManagedState
+from corral.views import infra_name
 from corral.state.sealed import seal
 from corral.task import MAX_NAME_LENGTH, Task, check_line, job_environment, redacted_json, resolved_secrets
 
@@ -46,12 +48,15 @@ class ManagedView:
         started = [a for a in self.attempts if a.started_at]
         return sum(max(0.0, (a.ended_at or now) - a.started_at) for a in started) if started else None
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self, kinds: Mapping[str, str] | None = None) -> dict[str, object]:
+        """`kinds`: each place's kind (slurm, ssh, k8s) by name, for `infra`; Slurm where not given."""
         latest = self.latest
         return {
             "job_id": self.job.id, "name": self.job.name, "owner": self.job.owner, "state": self.managed.state,
             "reason": self.managed.reason, "cluster": latest.cluster if latest else None,
             "partition": latest.partition if latest else None,
+            "infra": infra_name((kinds or {}).get(latest.cluster, "slurm"), latest.cluster, latest.partition)
+            if latest else None,
             "slurm_job_id": latest.handle if latest else None, "attempts": len(self.attempts),
             "attempt_state": latest.state if latest else None, "restarts_on_errors": self.managed.restarts_on_errors,
             "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,

@@ -58,6 +58,19 @@ def submitted_json(s: Submitted) -> dict[str, object]:
             "handles": s.handles, "log_path": s.log_path}
 
 
+def place_kinds() -> dict[str, str]:
+    """Each place's kind by name (slurm, ssh, k8s), from the cluster file and config.yaml (small files,
+    read now)."""
+    from corral.config import load_registry
+    from corral.errors import CorralError
+
+    try:
+        registry = load_registry()
+    except CorralError:
+        return {}
+    return {name: registry.infra_kind(name) for name in registry.names()}
+
+
 def infra_name(kind: str, cluster: str, partition: str | None) -> str:
     """How a place is written: slurm/<cluster>/<partition>; a pool (one place, named as itself) ssh/<pool>."""
     if kind != "slurm":

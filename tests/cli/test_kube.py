@@ -171,7 +171,10 @@ def test_a_lost_node_fails_the_attempt_as_infrastructure_and_a_managed_job_recov
         assert [p["spec"]["nodeName"] for p in again] != [node]
         events = corral("jobs", "events", job_id, "--json", env=env).json()
         assert any("node no longer exists" in (e.get("reason") or "") for e in events), events
-        assert moved["recoveries"] >= 1
+        assert moved["recoveries"] >= 1 and moved["infra"] == "k8s/kind-fake"
+        # `jobs logs` names each attempt's place as `queue` does, not as a Slurm partition
+        shown = corral("jobs", "logs", job_id, "--no-follow", env=env)
+        assert "== attempt 1 on k8s/kind-fake (job corral-" in shown.stderr, shown.stderr
     finally:
         kube.restore_node(node)
         corral("jobs", "cancel", job_id, env=env)

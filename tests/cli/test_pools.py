@@ -76,6 +76,9 @@ def test_a_machine_that_goes_away_fails_its_task_and_a_managed_job_recovers(corr
         assert any("MACHINE_DOWN" in (e.get("reason") or "") and "has not answered" in e["reason"] for e in events), events
         assert any(f"submitted to ssh/lab as {moved['slurm_job_id']}" in (e.get("reason") or "") for e in events), events
         assert moved["recoveries"] >= 1
+        assert moved["infra"] == "ssh/lab"  # as `queue` writes it; the table shows it so too
+        row = next(line for line in corral("jobs", "queue", env=env).stdout.splitlines() if job_id in line)
+        assert row.split()[3] == "ssh/lab", row
     finally:
         machines.start_machine(host)
         corral("jobs", "cancel", job_id, env=env)
@@ -149,7 +152,7 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env, tmp_path):
     assert shell.exit_code == 0, shell.stderr
     assert shell.stdout.split()[:2] == [host, "0,1"]
     status = next(s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "labdev")
-    assert status["state"] == "READY" and status["nodes"] == [host]
+    assert status["state"] == "READY" and status["nodes"] == [host] and status["infra"] == "ssh/lab"
     free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
     assert free["A100"] == 6  # its two held while it lives
     assert corral("down", "labdev", env=pool_env).exit_code == 0
@@ -258,7 +261,7 @@ def test_exec_syncs_the_workdir_into_a_pool_allocation(corral, pool_env, tmp_pat
     """As `sky exec` syncs the workdir before it runs: the files reach the allocation's machine, and a
     second exec sees the changed file."""
     up = corral("launch", "-c", "labwork", "--infra", "ssh/lab", "--gpus", "L4:1", env=pool_env)
-    assert up.exit_code == 0, up.stderr
+    assert up.exit_code == 0 and "labwork is ready on ssh/lab (nodes: " in up.stderr, up.stderr
     work = tmp_path / "work"
     work.mkdir()
     (work / "note.txt").write_text("v1\n")

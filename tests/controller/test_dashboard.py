@@ -246,6 +246,7 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     wait_for("the timeline to show the attempt", lambda: any(
         "submitted to slurm/alpine/gpu" in e for e in page.locator("#mjob-events li").all_text_contents()),
         timeout=10, interval=0.2)
+    assert page.locator('#mjob-attempts tr[data-attempt="1"] td').nth(1).text_content() == "slurm/alpine/gpu"
     slurm_id = page.locator('#mjob-attempts tr[data-attempt="1"] td').nth(2).text_content()
     page.get_by_role("button", name=f"Cancel managed job {job}").click()
     page.wait_for_selector("#mjob-facts[data-state=CANCELLED]", timeout=60_000)

@@ -7,7 +7,7 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -361,3 +361,9 @@ def task_options(func: Callable[..., Any]) -> Callable[..., Any]:
     ]):
         func = decorator(func)
     return func
+
+
+def place_of(answer: Mapping[str, Any]) -> str:
+    """Where a job, attempt or allocation of the server's answer is, as it writes it (slurm/<cluster>/
+    <partition>, ssh/<pool>, k8s/<context>); Slurm's form from a server that gives no `infra`."""
+    return str(answer.get("infra") or f"slurm/{answer['cluster']}/{answer['partition']}")

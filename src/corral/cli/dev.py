@@ -11,6 +11,7 @@ import click
 
 from corral.cli.common import (
     habit_flag,
+    place_of,
     print_json,
     reports_errors,
     task_arguments,
@@ -57,7 +58,7 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         if held["new"] and not as_json:
             ways = (f"`corral ssh {dev_name}`, or `ssh {dev_name}` with `Include {held['ssh_alias']}` in ~/.ssh/config"
                     if held.get("ssh_alias") else "or your own ssh login to its node (through a team server)")
-            click.echo(f"corral: {dev_name} is ready on slurm/{held['cluster']}/{held['partition']} (nodes: "
+            click.echo(f"corral: {dev_name} is ready on {place_of(held)} (nodes: "
                        f"{', '.join(held['nodes'])}); `corral exec {dev_name} -- CMD`, {ways}", err=True)
         if as_json:
             print_json({**summary, "nodes": held["nodes"]})

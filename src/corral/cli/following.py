@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from corral.cli.common import write_bytes
+from corral.cli.common import place_of, write_bytes
 from corral.timefmt import expected_start
 
 WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
@@ -196,8 +196,8 @@ def _follow_one(client: Any, job_id: str, *, follow: bool, tail: int, progress: 
             pending = follow and not ended and bool(new) and new[-1]["state"] in WAITING_STATES
             for attempt in new[:-1] if pending else new:
                 progress.clear()
-                click.echo(f"== attempt {attempt['number']} on slurm/{attempt['cluster']}/{attempt['partition']} "
-                           f"(Slurm job {attempt['slurm_job_id']}, {attempt['state']}) ==", err=True)
+                click.echo(f"== attempt {attempt['number']} on {place_of(attempt)} "
+                           f"({_handle_words(attempt)} {attempt['slurm_job_id']}, {attempt['state']}) ==", err=True)
                 try:
                     for chunk in client.managed_logs(job_id, attempt["number"], follow=follow and attempt is new[-1],
                                                      tail=tail if not printed else 0):
@@ -226,7 +226,7 @@ def _follow_one(client: Any, job_id: str, *, follow: bool, tail: int, progress: 
 def _waiting_line(found: dict[str, Any], pending: bool) -> str:
     """A managed job that runs nothing now: its state, why, and with an attempt `pending` in Slurm,
     where it waits and when Slurm expects it to start."""
-    where = f" on slurm/{found['cluster']}/{found['partition']}" if pending and found.get("cluster") else ""
+    where = f" on {place_of(found)}" if pending and found.get("cluster") else ""
     return (f"{found['job_id']} {found['state']}{where}" + (f" ({found['reason']})" if found.get("reason") else "")
             + _then(expected_start(found.get("expected_start"))))
 
@@ -250,7 +250,7 @@ def _managed_end(found: dict[str, Any]) -> int:
     attempts = found["attempt_list"]
     last = attempts[-1] if attempts else {}
     exit_code = last.get("exit_code")
-    where = f" on slurm/{last['cluster']}/{last['partition']}" if last.get("cluster") else ""
+    where = f" on {place_of(last)}" if last.get("cluster") else ""
     count = f", {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
     reason = f": {found['reason']}" if found.get("reason") else ""
     click.echo(f"corral: {found['job_id']} {found['state']}{where} ({exit_code_text(exit_code)}{count}){reason}",
@@ -263,9 +263,15 @@ def exit_code_text(code: int | None) -> str:
     return "no exit code" if code is None else f"exit code {code}"
 
 
+def _handle_words(attempt: dict[str, Any]) -> str:
+    """What an attempt's handle is called where it ran."""
+    infra = str(attempt.get("infra") or "slurm/")
+    return "Slurm job" if infra.startswith("slurm/") else "job"
+
+
 def place(job: Any) -> str:
     """Where the job runs, as the server writes it (slurm/<cluster>/<partition>, ssh/<pool>)."""
-    return str(job.raw.get("infra") or f"slurm/{job.cluster}/{job.partition}")
+    return place_of({"cluster": job.cluster, "partition": job.partition, **job.raw})
 
 
 def _quietly(get: Any) -> Any:

@@ -26,11 +26,19 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
         name = f"{place['name']}/{place['task']}: {job['name']}" if isinstance(place, Mapping) else str(job["name"])
         ran = _number(job.get("run_seconds"))
         table.add_row(str(job["job_id"]), name, state_cell(state),
-                      f"{job['cluster']}/{job['partition']}" if job.get("cluster") else "-",
+                      _where(job),
                       str(job.get("slurm_job_id") or "-"), when(_number(job.get("created_at"))),
                       duration(ran) if ran is not None else "-", str(job["attempts"]), starts,
                       str(job.get("reason") or "")[:90])
     console.print(table)
+
+
+def _where(job: Mapping[str, object]) -> str:
+    """Its latest attempt's place as `queue` writes it: alpine/gpu for Slurm, ssh/lab, k8s/ctx."""
+    if not job.get("cluster"):
+        return "-"
+    infra = job.get("infra")  # from a server older than `infra` here: cluster/partition
+    return str(infra).removeprefix("slurm/") if infra else f"{job['cluster']}/{job['partition']}"
 
 
 def pipelines_in_order(jobs: list[Mapping[str, object]]) -> list[Mapping[str, object]]:

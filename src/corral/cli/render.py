@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from corral.cli.common import warn
+from corral.cli.common import place_of, warn
 from corral.cli.consoles import console, err_console, literal, state_cell, styled
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, expected_start, start_text, when
@@ -284,7 +284,7 @@ def render_status(allocations: list[dict[str, Any]]) -> None:
         limit = f"/{duration(a['idle_limit_seconds'])}" if a.get("idle_limit_seconds") else ""
         given = (f", cpu={a['cpus_per_node']}" if a.get("cpus_per_node") else "") + (
             f", mem={_memory(a['memory_gb_per_node'])}" if a.get("memory_gb_per_node") else "")
-        table.add_row(str(a["name"]), f"{a['cluster']}/{a['partition']}",
+        table.add_row(str(a["name"]), place_of(a).removeprefix("slurm/"),
                       f"{a['num_nodes']}x {a.get('gres') or 'cpu'}{given}",
                       state, duration(a["age_seconds"]), idle + limit, str(a.get("time_left") or "-"),
                       ",".join(a.get("nodes") or []) or "-")

@@ -37,7 +37,7 @@ from corral.profiles import named_paths, profile_warnings
 from corral.state import Store
 from corral.state.store import JobFilter, JobNotFoundError, JobView
 from corral.tracker import RefreshReport, SharedRefresh, Tracker, left_out
-from corral.views import job_json
+from corral.views import infra_name, job_json, place_kinds
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
 InAllocation = Annotated[str | None, Query(min_length=1, max_length=200, description=(
@@ -72,17 +72,6 @@ def job_states(text: str) -> str:
                             f"{', '.join(SLURM_STATES)}; several with commas")
         states.append(wanted)
     return ",".join(dict.fromkeys(states))
-
-
-def place_kinds() -> dict[str, str]:
-    """Each place's kind by name (slurm, ssh), from the cluster file and the pools (small files, read now)."""
-    from corral.config import load_registry
-
-    try:
-        registry = load_registry()
-    except CorralError:
-        return {}
-    return {name: registry.infra_kind(name) for name in registry.names()}
 
 
 API_FRESH_WITHIN = 5.0  # seconds: how old a finished refresh may be for a request not to wait for a running one
@@ -325,7 +314,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         """Live managed jobs and the newest ended ones (`limit` a page; `all`: every one), newest first."""
         shown, more = managed.page(store, None if all else limit, 0 if all else (page - 1) * limit, me.scope,
                                    since=since)
-        return {"jobs": [v.to_json() for v in shown], "more": more}
+        kinds = place_kinds()
+        return {"jobs": [v.to_json(kinds) for v in shown], "more": more}
 
     @router.get("/managed/{job}")
     async def managed_job(me: Me, job: Annotated[str, Path(max_length=200)]) -> dict[str, object]:
@@ -334,13 +324,15 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         group's, which of them are auxiliary (`pipeline_auxiliary`). A pipeline's name stands for its
         first task."""
         view = managed.resolve(store, job, me.scope)
+        kinds = place_kinds()
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
         attempts = [{"number": a.number, "cluster": a.cluster, "partition": a.partition,
+                     "infra": infra_name(kinds.get(a.cluster, "slurm"), a.cluster, a.partition),
                      "slurm_job_id": a.handle, "state": a.state, "reason": a.reason,
                      "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
                      "exit_code": a.exit_code, "failure": a.failure} for a in view.attempts]
         members = store.pipeline_members(view.managed.pipeline_id) if view.managed.pipeline_id else []
-        return {**view.to_json(), "events": events, "attempt_list": attempts,
+        return {**view.to_json(kinds), "events": events, "attempt_list": attempts,
                 "pipeline_tasks": [job_id for job_id, _name, _auxiliary in members],
                 "pipeline_task_names": [name for _job_id, name, _auxiliary in members],
                 "pipeline_auxiliary": [job_id for job_id, _name, auxiliary in members if auxiliary]}

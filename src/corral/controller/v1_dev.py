@@ -39,8 +39,10 @@ from corral.errors import CorralError
 from corral.infra.base import AllocationPhase
 from corral.launch import Launcher
 from corral.state import Store
+from corral.state.models import AllocationRow
 from corral.task import Task
 from corral.task_compat import autostop_minutes
+from corral.views import infra_name, place_kinds
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -114,7 +116,12 @@ async def detached_exec(allocations: DevAllocations, name: str, task: Task, sour
 
 
 def status_json(status: AllocationStatus) -> dict[str, Any]:
-    return status.to_json(time.time())
+    return {**status.to_json(time.time()), "infra": where_held(status.row)}
+
+
+def where_held(row: AllocationRow) -> str:
+    """The allocation's place as launch writes it: slurm/<cluster>/<partition>, ssh/<pool>."""
+    return infra_name(place_kinds().get(row.cluster, "slurm"), row.cluster, row.partition)
 
 
 def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambda: None,
@@ -151,7 +158,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
                 if not new and request.idle_minutes is not None:  # `sky launch -c NAME -i M` on a live one
                     await allocations.set_idle_limit(row, request.idle_minutes)
             answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
-                                      "slurm_job_id": row.handle, "new": new}
+                                      "infra": where_held(row), "slurm_job_id": row.handle, "new": new}
             setup_again = request.setup and not new and bool(task.setup)  # a new one's holder runs it
             runs = request.run and bool(task.run or setup_again)
             if not (request.wait or runs):

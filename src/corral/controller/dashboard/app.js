@@ -499,7 +499,7 @@ async function drawManagedJob(id, first) {
     const tr = el("tr");
     tr.dataset.attempt = a.number;
     cell(tr, a.number, "num");
-    cell(tr, `${a.cluster}/${a.partition}`);
+    cell(tr, where(a));
     cell(tr, a.slurm_job_id || "-");
     cell(tr, a.state, `state state-${a.state}`);
     cell(tr, a.failure ? `${a.reason || ""} (${a.failure})` : a.reason);
@@ -584,7 +584,7 @@ async function drawDev() {
     cell(tr, a.name);
     if (admin) cell(tr, a.owner || "(server)");
     cell(tr, a.reason ? `${a.state}: ${a.reason}` : a.state, `state state-${a.state}`);
-    cell(tr, `${a.cluster}/${a.partition}`);
+    cell(tr, where(a));
     cell(tr, heldText(a), "resources");
     cell(tr, a.nodes.join(", ") || "-");
     const idle = cell(tr, idleText(a.idle_seconds, a.idle_limit_seconds));
