@@ -747,8 +747,10 @@ def held_by(hold: str | None) -> str:
     if not hold:
         return ""
     path = remote_path(hold)
-    return (f'mkdir -p "$(dirname {path})" && touch {path} && exec 9<{path} && '
-            "{ flock -w 60 -s 9 2>/dev/null || true; } && ")
+    # `: >` (truncating the empty file sets its mtime on Linux) and `exec 9<` are bash's own: of the
+    # hold's work, only flock starts a process, and mkdir the first time.
+    return (f'{{ {{ : > {path}; }} 2>/dev/null || {{ mkdir -p "$(dirname {path})" && : > {path}; }}; }} && '
+            f"exec 9<{path} && {{ flock -w 60 -s 9 2>/dev/null || true; }} && ")
 
 
 def remote_path(path: str) -> str:
