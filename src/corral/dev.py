@@ -252,9 +252,9 @@ class DevAllocations:
         if walltime:
             task = task.model_copy(update={"slurm": task.slurm.model_copy(update={"time": walltime})})
         envs = job_environment(task, source)
-        plan = await self.launcher.plan(task, predict="when_full")
+        plan = await self.launcher.plan(task, predict="when_full", holding=True)
         self.launcher.events.plan(plan)
-        feasible = [c for c in plan.feasible() if isinstance(self.client.infra(c.cluster, self.owner), HoldsAllocations)]
+        feasible = plan.feasible()
         if not feasible:
             raise NoFeasibleClusterError(no_candidate_message(plan))
         idle_seconds = round((idle_minutes or 0) * 60)

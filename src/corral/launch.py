@@ -30,6 +30,7 @@ from corral.errors import (
 )
 from corral.infra.base import (
     FailureClass,
+    HoldsAllocations,
     Infra,
     JobRequest,
     JobState,
@@ -193,11 +194,12 @@ class Launcher:
         return [c for c in self.client.registry.names() if c in pinned or c in of_kinds]
 
     async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None,
-                   owner: str | None = None) -> Plan:
+                   owner: str | None = None, holding: bool = False) -> Plan:
         """Where the task can run, ranked. `predict`: ask Slurm for start times (`sbatch --test-only`) of
         every candidate that cannot start now ("all"), only when none can ("when_full"), or not at all.
         On a team server, for `owner` (default: the launcher's): clusters where they have no account are
-        left out, with the reason."""
+        left out, with the reason. `holding`: the plan of a dev allocation, where a place whose infra
+        cannot hold one is not feasible, and says so."""
         owner = self.owner if owner is None else owner
         options = resource_options(task.resources)
         if outcomes is None:
@@ -225,6 +227,10 @@ class Launcher:
                     c.cluster == sel.cluster and c.partition == sel.partition for c in plan.candidates):
                 raise UnknownPartitionError(sel.cluster, sel.partition,
                                             [p.name for p in snapshots[sel.cluster].partitions])
+        if holding:
+            plan.candidates = [c if not c.feasible or isinstance(self.client.infra(c.cluster, owner), HoldsAllocations)
+                               else replace(c, feasible=False, startable_now=False, startable_copies=0, reason=CANNOT_HOLD)
+                               for c in plan.candidates]
         feasible = plan.feasible()
         if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):
             await self.predict([(task, plan)], owner=owner)
@@ -548,6 +554,9 @@ def split_sweep(feasible: list[Candidate], num_jobs: int) -> list[tuple[Candidat
 
 def not_set_up_reasons(plan: Plan) -> list[str]:
     return [f"infra {kind}: {NOT_SET_UP.get(kind, 'not set up')}" for kind in plan.not_set_up]
+
+
+CANNOT_HOLD = "cannot hold a dev allocation yet (Slurm clusters and SSH pools can)"
 
 
 def no_candidate_message(plan: Plan) -> str:

@@ -240,3 +240,18 @@ def test_an_ended_jobs_secret_is_deleted_by_the_servers_pass_and_its_log_stays(c
     whole = asyncio.run(run_files.remove_run_dirs(Client(), open_store(), time.time(), keep_days=0, grace=0))
     assert whole.removed == {"kind-fake": 1} and whole.errors == {}
     assert corral("logs", "--no-follow", job_id, env=env).stdout == "ran with 12 characters\n"
+
+
+def test_a_dev_allocation_is_not_placed_on_kubernetes_and_the_plan_says_why(corral, kube_env):
+    """Kubernetes cannot hold one yet: pinned there, `launch -c` is refused with that reason (it said
+    `k8s/kind-fake: None`), and `launch -c --dryrun` shows the context as not feasible, why included."""
+    refused = corral("launch", "-c", "kdev", "--infra", "k8s/kind-fake", "--gpus", "A100:1", env=kube_env)
+    assert refused.exit_code == 69
+    assert ("no cluster can run this task: k8s/kind-fake: cannot hold a dev allocation yet (Slurm clusters and SSH "
+            "pools can)") in refused.stderr, refused.stderr
+    plan = corral("launch", "-c", "kdev", "--gpus", "A100:1", "--dryrun", "--json", env=kube_env).json()
+    [row] = [r for r in plan if r["infra"] == "k8s/kind-fake"]
+    assert (row["feasible"], row["can_start_now"]) == (False, False) and "cannot hold a dev allocation" in row["reason"]
+    plain = corral("launch", "--gpus", "A100:1", "--infra", "k8s", "--dryrun", "--json", "--", "true",
+                   env=kube_env).json()
+    assert [r["feasible"] for r in plain] == [True]  # a job's plan is unchanged

@@ -67,7 +67,7 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
         result = client.launch([Path(p) for p in paths] or None, command=command, num_jobs=num_jobs,
                                dryrun=dryrun, name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus, memory=memory,
                                envs=list(envs), secrets=list(secret_values), time=walltime, workdir=workdir,
-                               image_id=image_id,
+                               image_id=image_id, dev=bool(dev_name and dryrun),
                                on_event=warnings_only if as_json else progress)
     except KeyboardInterrupt:
         progress.clear()

@@ -108,6 +108,8 @@ class LaunchRequest(RequestBody):
     overrides: Overrides = Field(default_factory=Overrides)
     num_jobs: int = Field(1, ge=1, le=MAX_SWEEP_JOBS)
     dryrun: bool = False
+    dev: bool = Field(False, description="With `dryrun`: the plan of a dev allocation (`launch -c NAME "
+                                         "--dryrun`), where a place that cannot hold one is not feasible")
 
 
 Delay = Annotated[str, Field(max_length=32)] | Annotated[float, Field(ge=0)]
@@ -332,7 +334,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
             if request.dryrun:  # nothing fetched: object storage is only listed, for its size
                 for task, source in built:  # a null env or secret, which the launch would refuse
                     job_environment(task, source)
-                plans = [await launcher.plan(task, predict="all") for task, _ in built]
+                plans = [await launcher.plan(task, predict="all", holding=request.dev) for task, _ in built]
                 for plan in plans:
                     if not plan.candidates and not plan.unreachable:  # no row to show why: say it
                         raise NoFeasibleClusterError(no_candidate_message(plan))

@@ -173,14 +173,15 @@ class Client:
                dryrun: bool = False, name: str | None = None, gpus: str | None = None, infra: str | None = None,
                num_nodes: int | None = None, cpus: str | None = None, memory: str | None = None,
                envs: Pairs = None, secrets: Pairs = None, time: str | None = None, base: Path | None = None,
-               workdir: str | None = None, image_id: str | None = None,
+               workdir: str | None = None, image_id: str | None = None, dev: bool = False,
                on_event: Callable[[dict[str, Any]], None] | None = None) -> Launched | list[list[PlanRow]]:
         """Launch a task on the cluster that can start it soonest: a task file's path, a YAML string, a
         task as a dict (or anything with `model_dump()`), or a list of them (one probe for all).
 
         The task's workdir and file_mounts are read here, relative to `base` (default: the current
         directory), and sent to the server. `num_jobs` > 1 is a sweep. With `dryrun`, nothing is
-        submitted: returns each task's plan. With `detach=False`, returns once every job has ended.
+        submitted: returns each task's plan (with `dev`, a dev allocation's: places that cannot hold one
+        are not feasible). With `detach=False`, returns once every job has ended.
         `on_event` sees the server's progress events (step, plan, skipped, submitted, warning) as they come.
         `workdir` replaces the task's (a local directory, sent as its workdir is); `image_id` its image.
         """
@@ -188,7 +189,7 @@ class Client:
             inputs = [self._task_or_command(task, command, base, workdir)]  # refuses a task given as well
         else:
             inputs = [self._task_input(t, base, workdir) for t in (task if isinstance(task, list) else [task])]
-        body = {"tasks": inputs, "num_jobs": num_jobs, "dryrun": dryrun,
+        body = {"tasks": inputs, "num_jobs": num_jobs, "dryrun": dryrun, **({"dev": True} if dev else {}),
                 "overrides": _overrides(name=name, gpus=gpus, infra=infra, num_nodes=num_nodes, cpus=cpus,
                                         memory=memory, envs=envs, secrets=secrets, time=time, workdir=workdir,
                                         image_id=image_id)}
