@@ -183,7 +183,9 @@ def _snapshot(cluster: str, sections: dict[str, Section], slurm_timeout: int, se
     nodes, node_warnings = parse_sinfo_nodes(sections["nodes"].text)
     pending, pending_warnings = parse_pending(sections["pending"].text)
     runtimes = sections.get("runtimes", Section(0, "")).text.split()
-    accounts, qos, assoc_warnings = parse_associations(sections.get("assoc"))
+    # Unknown accounts are None, not a warning: `check` tells when a profile names one (profiles.py),
+    # and says nothing on the many clusters without accounting when none is needed.
+    accounts, qos, _ = parse_associations(sections.get("assoc"))
     home_fs = sections.get("homefs", Section(0, "")).text.strip() or None
     found = sections.get("paths")
     path_fs = dict(line.rsplit("|", 1) for line in sections.get("pathfs", Section(0, "")).text.splitlines()
@@ -196,7 +198,7 @@ def _snapshot(cluster: str, sections: dict[str, Section], slurm_timeout: int, se
         partitions=tuple(parse_partitions(sections["partitions"].text)),
         pending=tuple(pending),
         probe_seconds=seconds,
-        warnings=tuple(node_warnings + pending_warnings + assoc_warnings),
+        warnings=tuple(node_warnings + pending_warnings),
         accounts=accounts,
         qos=qos,
         home_filesystem=home_fs,
