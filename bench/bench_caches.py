@@ -1,4 +1,4 @@
-"""The per-folder workdir caches on a login node (infra/slurm/caches.py): what marking a sync's use costs,
+"""The per-folder workdir caches on a login node (infra/caches.py): what marking a sync's use costs,
 and what the prune costs.
 
 1. A workdir of 200 small files synced into its cache over an open ControlMaster, nothing changed
@@ -52,7 +52,7 @@ def main() -> None:
     with bench_testbed() as bench, tempfile.TemporaryDirectory() as tmp:
         os.environ.update(CORRAL_SLURM_CONFIG=bench.config, CORRAL_HOME=bench.env["CORRAL_HOME"])
         from corral.client import Client
-        from corral.infra.slurm import caches
+        from corral.infra import caches
 
         work = Path(tmp) / "work"
         work.mkdir()

@@ -9,7 +9,7 @@ On an SSH pool, each rank's files go from its own machine; on Kubernetes, the jo
 its Secret, deleted with its ConfigMap (the Job, and so its log, stays until its TTL). A job group's
 host files (`~/.corral/groups/<group id>`, by which its tasks find each other) go once all its
 tasks have ended, from every cluster they ran on. Once a day, the per-folder workdir caches that no
-launch has used for `workdir_cache: {keep_days: N}` days (14 by default) go too (infra/slurm/caches.py).
+launch has used for `workdir_cache: {keep_days: N}` days (14 by default) go too (infra/caches.py).
 
 It runs on the server (the chores' holder, one replica), every INTERVAL seconds, over attempts that
 ended at least GRACE seconds ago: past Slurm's default MinJobAge (300 s), after which no `scontrol

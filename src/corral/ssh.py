@@ -741,7 +741,7 @@ def _learned(env_key: tuple[str, ...] | None) -> LoginEnv | None:
 def held_by(hold: str | None) -> str:
     """Bash that touches `hold` (a file under the home) and takes a shared lock on it for as long as
     the shell and what it runs live (fd 9, inherited), so that a remover that takes the lock
-    exclusively (infra/slurm/caches.py) waits, or passes over the file's folder. Where flock is
+    exclusively (infra/caches.py) waits, or passes over the file's folder. Where flock is
     missing, or fails (a filesystem without locks), the touch alone remains, and the copy goes on
     after at most a minute's wait."""
     if not hold:

@@ -42,7 +42,8 @@ from corral.infra.base import (
     SshRoute,
     SubmitResult,
 )
-from corral.infra.slurm import caches, devscript, userscript
+from corral.infra import caches
+from corral.infra.slurm import devscript, userscript
 from corral.infra.slurm.environment import PRELUDE
 from corral.infra.slurm.jobs import (
     cancel_script,

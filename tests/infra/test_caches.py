@@ -1,4 +1,4 @@
-"""The per-folder workdir caches on a login node (infra/slurm/caches.py): a sync marks its cache's use
+"""The per-folder workdir caches on a login node (infra/caches.py): a sync marks its cache's use
 and holds its lock while it writes; the prune removes only caches whose marker is old and whose lock
 is free. On the real testbed over real SSH (the clusters share one home, so one cache folder)."""
 
@@ -10,7 +10,7 @@ import secrets
 import pytest
 
 from corral.client import Client
-from corral.infra.slurm import caches
+from corral.infra import caches
 from tests.conftest import wait_for
 
 
