@@ -275,3 +275,39 @@ def test_exec_syncs_the_workdir_into_a_pool_allocation(corral, pool_env, tmp_pat
         assert (second.exit_code, second.stdout) == (0, "v2, longer\n"), second.stderr
     finally:
         corral("down", "labwork", env=pool_env)
+
+
+def test_a_relaunch_to_the_pool_sends_only_changes_through_the_machines_cache(corral, pool_env, tmp_path,
+                                                                             monkeypatch):
+    """As on Slurm: the workdir goes to the machine's cache of its folder, then into the run dir as hard
+    links (the unchanged file: the cache and both attempts); a file mount over a workdir file wins, and
+    is never written into the cache. The prune reaches every machine of the pool."""
+    import asyncio
+    import hashlib
+    import socket
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("unchanged\n")
+    (work / "change.txt").write_text("v1\n")
+    (work / "shadow.txt").write_text("from the workdir\n")
+    (tmp_path / "mount.txt").write_text("from the mount\n")
+    task = tmp_path / "task.yaml"
+    task.write_text(f"workdir: {work}\nfile_mounts:\n  shadow.txt: {tmp_path / 'mount.txt'}\n"
+                    "resources:\n  infra: ssh/lab\nrun: cat change.txt shadow.txt; stat -c %h keep.txt\n")
+    first = corral("launch", str(task), env=pool_env)
+    assert (first.exit_code, first.stdout) == (0, "v1\nfrom the mount\n2\n"), first.stderr
+    (work / "change.txt").write_text("v2, longer\n")
+    second = corral("launch", str(task), env=pool_env)
+    assert (second.exit_code, second.stdout) == (0, "v2, longer\nfrom the mount\n3\n"), second.stderr
+    key = hashlib.sha256(f"{socket.gethostname()}:{work}".encode()).hexdigest()[:16]
+    cache = Path("/home/corral-test/.corral/cache") / key  # the testbed's machines share this home
+    assert (cache / "shadow.txt").read_text() == "from the workdir\n"  # the mount went over a copy
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", pool_env["CORRAL_SLURM_CONFIG"])
+    subprocess.run(["touch", "-d", "3 days ago", f"{cache}.used"], check=True)
+    from corral.client import Client
+
+    client = Client()
+    assert asyncio.run(client.infra("lab").prune_workdir_caches(1)) == 1
+    assert [client.transport.round_trips[h] for h in ("lab1", "lab2", "lab3", "lab4")] == [1, 1, 1, 1]
+    assert not cache.exists() and not Path(f"{cache}.used").exists()

@@ -4,8 +4,9 @@ with the transport's ControlMasters; nothing is installed on them.
 - probe: one round trip per machine, in parallel (`inventory.py`); a machine that does not answer is a
   node that is down, with the reason; the pool is one place (`partition`) named as the pool.
 - submit: the machines that have the GPUs free (as the last probe saw them), fullest first, so that
-  tasks pack; on each in turn, the task's files, then one round trip that claims GPUs and starts it
-  (`runner.submit_script`), until one accepts. A multi-node task takes one machine per node, in rank
+  tasks pack; on each in turn, the task's files (the workdir into the machine's cache of its folder,
+  infra/caches.py), then one round trip that copies the workdir from the cache, claims GPUs and starts
+  it (`runner.submit_script`), until one accepts. A multi-node task takes one machine per node, in rank
   order, each rank in its own run dir (`<token>.<rank>`, as homes are often shared); when too few
   machines accept, the ranks started are cancelled and the task is refused. Its handle names its
   machines, rank 0 first (`<host0>,<host1>/<token>`).
@@ -28,7 +29,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -52,12 +53,14 @@ from corral.infra.base import (
     Node,
     OutputSink,
     Partition,
+    PrunesWorkdirCaches,
     RemovesRunFiles,
     ReportsSetupFailure,
     SessionKeys,
     SshRoute,
     SubmitResult,
 )
+from corral.infra import caches
 from corral.infra.shell import render_env
 from corral.infra.sshpool import dev as pooldev
 from corral.infra.sshpool import runner
@@ -69,13 +72,24 @@ MACHINE_GRACE_SECONDS = 30.0
 _RUN_DIR = re.compile(r"^\.corral/runs/([0-9a-f]{12}(?:\.[0-9]+)?)/")
 
 
+@dataclass(frozen=True)
+class _Upload:
+    """A file or folder kept back until the task's machine is chosen; a workdir goes through that
+    machine's cache of its folder (`cache_key`, infra/caches.py)."""
+
+    local: Path
+    remote: str
+    cache_key: str | None = None
+
+
 def configured_gpus(spec: str) -> tuple[Gpu, ...]:
     """A pool config's `TYPE:N` for a machine without nvidia-smi."""
     name, _, count = spec.rpartition(":")
     return tuple(Gpu(i, name, None, None) for i in range(int(count)))
 
 
-class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoints, RemovesRunFiles):
+class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoints, RemovesRunFiles,
+                   PrunesWorkdirCaches):
     kind: ClassVar[str] = "ssh"
     execs_on_fewer_nodes: ClassVar[bool] = False  # each machine's variables (vars.sh) name them all
 
@@ -84,7 +98,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         self.transport = transport
         self._configured = {host: configured_gpus(spec) for host, spec in pool.gpus}
         self._inventories: dict[str, Inventory] = {}
-        self._pending: dict[str, list[tuple[str, Path, str]]] = {}  # token -> uploads for its machine
+        self._pending: dict[str, list[_Upload]] = {}  # token -> uploads for its machine
         self._silent_since: dict[str, float] = {}
         self._existing: dict[str, bool] = {}  # token -> its rank 0 was already running (a retried submit)
 
@@ -129,23 +143,31 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
     async def upload(self, local: Path, remote: str) -> None:
         """Kept until the task's machine is chosen (submit); a path outside a run's folder goes to every
         machine of the pool at once."""
-        match = _RUN_DIR.match(remote)
-        if match:  # keyed by the attempt's token; a multi-node task's rank 0 dir stands for every rank's
-            self._pending.setdefault(match.group(1).split(".")[0], []).append(("file", Path(local), remote))
-            return
-        await asyncio.gather(*(self.transport.sync(host, Path(local), remote) for host in self.pool.hosts))
+        if not self._keep(_Upload(Path(local), remote)):
+            await asyncio.gather(*(self.transport.sync(host, Path(local), remote) for host in self.pool.hosts))
 
     async def upload_workdir(self, local: Path, cache_key: str, remote: str) -> None:
-        await self.upload(local, remote + "/")
+        """Kept as upload keeps a file; once the machine is chosen, rsync into its cache of the folder
+        (only changes travel) and a hard-linked copy into the run directory, made by the submission's
+        own round trip (runner.submit_script)."""
+        if not self._keep(_Upload(Path(local), remote + "/", cache_key)):
+            await self.upload(local, remote + "/")
+
+    def _keep(self, upload: _Upload) -> bool:
+        """Keep an upload into a run's folder for its machine, by the attempt's token (a multi-node
+        task's rank 0 dir stands for every rank's); False for any other path."""
+        match = _RUN_DIR.match(upload.remote)
+        if match:
+            self._pending.setdefault(match.group(1).split(".")[0], []).append(upload)
+        return match is not None
 
     async def deliver_uploads(self, handle: str) -> None:
         """An allocation's machines are known: what was kept for its run directory goes to each one's
         rank directory now, every machine at once."""
         hosts, token = _hosts_and_token(handle)
         pending = self._pending.pop(token, [])
-        await asyncio.gather(*(self.transport.sync(host, local, _for_rank(remote, token, _rank_token(token, rank,
-                                                                                                    len(hosts))))
-                               for rank, host in enumerate(hosts) for _, local, remote in pending))
+        await asyncio.gather(*(self.transport.sync(host, u.local, _for_rank(u.remote, token, _rank_token(
+            token, rank, len(hosts)))) for rank, host in enumerate(hosts) for u in pending))
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def _free_gpus(self, host: str, request: JobRequest) -> int:
@@ -215,12 +237,22 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
                else runner.holder_script(request, self.pool.name, rank, addresses, idle_seconds))
         files = {"job.sh": job,
                  "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
+        pending = self._pending.get(request.token, [])
+        key = next((u.cache_key for u in pending if u.cache_key), None)
+        cache = caches.cache_path(key) if key else None
         try:
-            for _, local, remote in self._pending.get(request.token, []):
-                await self.transport.sync(host, local, _for_rank(remote, request.token, token))
+            for upload in pending:
+                if upload.cache_key:
+                    await self.transport.sync(host, upload.local, f"{cache}/", mirror=True,
+                                              hold=caches.marker_path(upload.cache_key))
+                    continue
+                target = _for_rank(upload.remote, request.token, token)
+                if cache:  # kept apart until the workdir is copied from the cache (runner.submit_script)
+                    target = _staged(target, token)
+                await self.transport.sync(host, upload.local, target)
             configured = [g.name for g in self._configured.get(host, ())]
-            result = await self.transport.run(host, runner.submit_script(ranked, self.pool.name, files, configured),
-                                              timeout=JOB_TIMEOUT)
+            result = await self.transport.run(host, runner.submit_script(ranked, self.pool.name, files, configured,
+                                                                         workdir_cache=cache), timeout=JOB_TIMEOUT)
         except ClusterError as exc:
             return str(exc)
         answer = next((line for line in result.stdout.splitlines() if line.startswith(MARK + " ")), "")
@@ -277,6 +309,17 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
         await self._cancel_ranks([rank for handle in handles for rank in self._ranks(handle)])
+
+    async def prune_workdir_caches(self, keep_days: float) -> int:
+        """Each machine's own caches (infra/caches.py), every machine at once; one that does not answer
+        fails the pass, the others' removals stand."""
+        script = caches.prune_script(keep_days)
+        answers = await asyncio.gather(*(self.transport.run(h, script, timeout=JOB_TIMEOUT * 4)
+                                         for h in self.pool.hosts), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return sum(caches.read_pruned(a.stdout) for a in answers if not isinstance(a, BaseException))
 
     async def remove_env_files(self, ended: list[EndedRun]) -> None:
         await self._per_machine([rank for run in ended for rank in self._ranks(run.handle or "")],
@@ -559,6 +602,13 @@ def _for_rank(remote: str, token: str, rank_token: str) -> str:
         if remote.startswith(prefix):
             return f"{runner.RUNS_DIR}/{rank_token}/" + remote[len(prefix):]
     return remote
+
+
+def _staged(remote: str, rank_token: str) -> str:
+    """A file mount into a rank's workdir, redirected to its stage (runner.MOUNTS_STAGE)."""
+    prefix = f"{runner.RUNS_DIR}/{rank_token}/workdir/"
+    return (f"{runner.RUNS_DIR}/{rank_token}/{runner.MOUNTS_STAGE}/" + remote[len(prefix):]
+            if remote.startswith(prefix) else remote)
 
 
 def _combined(handle: str, token: str, parts: list[JobStatus]) -> JobStatus:

@@ -27,6 +27,7 @@ from corral.infra.shell import IDLE_LIMIT_FILE, checkpoint_lines, remove_script,
 from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
 
 RUNS_DIR = ".corral/runs"
+MOUNTS_STAGE = "mounts"  # in a run dir: file mounts kept apart until the workdir is copied from its cache
 _TOKEN = re.compile(r"^[0-9a-f]{12}(\.[0-9]+)?\Z", re.ASCII)
 
 
@@ -125,13 +126,26 @@ def gpu_list(configured: Sequence[str]) -> str:
             "nvidia-smi --query-gpu=index,name --format=csv,noheader; }")
 
 
-def submit_script(request: JobRequest, pool: str, files: dict[str, str], configured: Sequence[str] = ()) -> str:
+def submit_script(request: JobRequest, pool: str, files: dict[str, str], configured: Sequence[str] = (),
+                  workdir_cache: str | None = None) -> str:
     """Claim the request's GPUs (of its type) and start the task, in one round trip; idempotent by token.
     Answers `@@corral submitted <host>/<token> new|existing`, or `@@corral rejected <why>`. The files
     (env.sh holds the task's secrets) are written under the machine's lock once the token is known not
-    to run there; a rejected start leaves no run directory behind (nor the workdir synced into it)."""
+    to run there; a rejected start leaves no run directory behind (nor the workdir synced into it).
+    `workdir_cache` (under the home): the workdir's cache on this machine, hard-linked into a fresh
+    `workdir/`; what file_mounts put in `MOUNTS_STAGE/` then goes over it (new files, never written
+    into the cache's), as file mounts follow the workdir on every infra."""
     token = check_token(request.token)
     directory = run_dir_word(token)
+    copy = ""
+    if workdir_cache is not None:
+        source = f'"$HOME"/{shlex.quote(workdir_cache)}/.'
+        copy = (f'rm -rf "$d/workdir" && mkdir -p "$d/workdir" || exit 1\n'
+                f'{{ cp -al {source} "$d/workdir"/ 2>/dev/null || cp -a {source} "$d/workdir"/; }} '
+                '|| reject "could not copy the workdir from its cache"\n'
+                f'if [ -d "$d/{MOUNTS_STAGE}" ]; then\n'
+                f'  {{ cp -a --remove-destination "$d/{MOUNTS_STAGE}/." "$d/workdir"/ && rm -rf "$d/{MOUNTS_STAGE}"; }} '
+                '|| reject "could not place the file mounts in the workdir"\nfi\n')
     wanted = request.accelerators_per_node
     type_test = (f'[ "$name" = {shlex.quote(request.accelerator_type)} ] || continue\n'
                  if request.accelerator_type else "")
@@ -149,7 +163,7 @@ existing() {{ [ -s "$d/pid" ] && {{ echo "{MARK} submitted $host/{token} existin
 flock -w 20 9 || {{ existing; reject "another launch on $host holds its lock"; }}
 existing
 mkdir -p "$d/workdir" || exit 1
-{writes}free=()
+{copy}{writes}free=()
 while IFS=, read -r index name; do
   index="${{index//[[:space:]]/}}"; name="${{name#"${{name%%[![:space:]]*}}"}}"
   [ -n "$index" ] || continue
