@@ -28,6 +28,7 @@ from corral.errors import (
     UnavailableError,
     UnknownPartitionError,
 )
+from corral.infra import caches
 from corral.infra.base import (
     FailureClass,
     HoldsAllocations,
@@ -72,11 +73,6 @@ Prediction = Literal["all", "when_full", "never"]
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
 # Tests only: on this cluster, sbatch's answer is lost after Slurm accepted the job (a dropped connection).
 LOST_ANSWER_HOOK_ENV = "CORRAL_TEST_LOSE_SUBMIT_ANSWER"
-
-
-# Per (event loop, infra, cache key): the engine is the one process that syncs workdirs, so a lock here
-# is enough (an asyncio.Lock belongs to one loop; tests run several).
-_CACHE_LOCKS: dict[tuple[int, str, str], asyncio.Lock] = {}
 
 
 class NoFeasibleClusterError(UnavailableError):
@@ -520,8 +516,7 @@ class Launcher:
     async def _cache_lock(self, infra: str, key: str) -> AsyncIterator[str]:
         """One sync at a time into a cluster-side workdir cache: another launch from the same folder
         must not change it between this one's sync and its copy."""
-        lock = _CACHE_LOCKS.setdefault((id(asyncio.get_running_loop()), infra, key), asyncio.Lock())
-        async with lock:
+        async with caches.cache_lock(infra, key):
             yield key
 
 

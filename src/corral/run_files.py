@@ -31,10 +31,10 @@ from typing import Any
 
 from corral.config import env_number, load_user_settings
 from corral.errors import CorralError
+from corral.infra import caches
 from corral.infra.base import PrunesWorkdirCaches, RemovesGroupFiles, RemovesRunFiles
 from corral.state.models import RunDirState
 
-CACHE_KEEP_DAYS = 14.0  # days a cluster's cache of a workdir stays after its last use (config.yaml)
 CACHES_INTERVAL = 86400.0  # seconds between prunes of the workdir caches (CORRAL_CACHES_INTERVAL)
 GRACE = 600.0  # seconds after an attempt ended before its env.sh goes (CORRAL_RUN_FILES_GRACE)
 INTERVAL = 600.0  # seconds between passes (CORRAL_RUN_FILES_INTERVAL)
@@ -61,7 +61,7 @@ def keep_days() -> float | None:
 def cache_keep_days() -> float:
     """`workdir_cache: {keep_days: N}` in the server's config.yaml."""
     value = load_user_settings().get("workdir_cache")
-    return float(value["keep_days"]) if isinstance(value, dict) else CACHE_KEEP_DAYS
+    return float(value["keep_days"]) if isinstance(value, dict) else caches.KEEP_DAYS
 
 
 def caches_interval_seconds() -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from corral.cli.common import place_of
 from corral.cli.consoles import console, minutes, state_cell
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, when
@@ -35,10 +36,7 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
 
 def _where(job: Mapping[str, object]) -> str:
     """Its latest attempt's place as `queue` writes it: alpine/gpu for Slurm, ssh/lab, k8s/ctx."""
-    if not job.get("cluster"):
-        return "-"
-    infra = job.get("infra")  # from a server older than `infra` here: cluster/partition
-    return str(infra).removeprefix("slurm/") if infra else f"{job['cluster']}/{job['partition']}"
+    return place_of(job).removeprefix("slurm/") if job.get("cluster") else "-"
 
 
 def pipelines_in_order(jobs: list[Mapping[str, object]]) -> list[Mapping[str, object]]:

@@ -115,13 +115,15 @@ async def detached_exec(allocations: DevAllocations, name: str, task: Task, sour
     return {"job_id": started.result(), "queued": None}
 
 
-def status_json(status: AllocationStatus) -> dict[str, Any]:
-    return {**status.to_json(time.time()), "infra": where_held(status.row)}
+def status_json(status: AllocationStatus, kinds: dict[str, str] | None = None) -> dict[str, Any]:
+    """`kinds`: place_kinds(), read once for a list."""
+    return {**status.to_json(time.time()), "infra": where_held(status.row, kinds)}
 
 
-def where_held(row: AllocationRow) -> str:
+def where_held(row: AllocationRow, kinds: dict[str, str] | None = None) -> str:
     """The allocation's place as launch writes it: slurm/<cluster>/<partition>, ssh/<pool>."""
-    return infra_name(place_kinds().get(row.cluster, "slurm"), row.cluster, row.partition)
+    kind = (place_kinds() if kinds is None else kinds).get(row.cluster, "slurm")
+    return infra_name(kind, row.cluster, row.partition)
 
 
 def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambda: None,
@@ -223,7 +225,8 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
         walltime left; one round trip per cluster."""
         allocations = dev(me)
         rows = [allocations.get(n) for n in name] if name else None
-        return {"allocations": [{**status_json(s), "ssh_command": allocations.copyable_ssh(s)}
+        kinds = place_kinds()
+        return {"allocations": [{**status_json(s, kinds), "ssh_command": allocations.copyable_ssh(s)}
                                 for s in await allocations.status(rows)]}
 
     @router.delete("/dev")
@@ -248,7 +251,9 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
         from now (`sky autostop`); each holder takes it on its next poll. Those not live are `not_live`,
         unchanged."""
         changed, not_live = await dev(me).set_idle_limits(request.names, request.idle_minutes)
-        return {"allocations": [status_json(s) for s in changed], "not_live": [status_json(s) for s in not_live]}
+        kinds = place_kinds()
+        return {"allocations": [status_json(s, kinds) for s in changed],
+                "not_live": [status_json(s, kinds) for s in not_live]}
 
     @router.delete("/dev/{name}")
     async def dev_down(me: Me, name: Name) -> dict[str, object]:

@@ -1,8 +1,9 @@
-"""The per-folder workdir caches on a login node (`~/.corral/cache/<key>/`): where they are, the marker
-of their last use, and the script that prunes those not used for a while.
+"""The per-folder workdir caches on a Slurm login node or an SSH pool's machine (`~/.corral/cache/<key>/`):
+where they are, the marker of their last use, and the script that prunes those not used for a while.
 
 A launch rsyncs its workdir into the cache of its folder (only the changes travel), then hard-links
-the cache into the attempt's run directory (SlurmInfra.upload_workdir). Each sync first touches
+the cache into the attempt's run directory (SlurmInfra.upload_workdir; on a pool, the submission's
+own script, sshpool/runner.py). Each sync first touches
 `<key>.used` beside the cache and holds a shared lock on it while it writes (ssh.held_by). A cache
 is only a speed-up: removing one costs a full upload on the next launch from its folder.
 
@@ -19,11 +20,23 @@ them old, on the testbed (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 CACHE_DIR = ".corral/cache"  # under the user's home on the login node
 KEEP_DAYS = 14.0  # `workdir_cache: {keep_days: N}` in config.yaml; a cache lasts this long after its last use
 _KEY = re.compile(r"^[0-9a-f]{16}\Z")  # uploads.cache_key's shape
+
+
+# Per (event loop, place, cache key): the engine is the one process that syncs workdirs, so a lock here
+# is enough (an asyncio.Lock belongs to one loop; tests run several).
+_LOCKS: dict[tuple[int, str, str], asyncio.Lock] = {}
+
+
+def cache_lock(place: str, key: str) -> asyncio.Lock:
+    """One sync at a time into a cache: another launch from the same folder must not change it between
+    this one's sync and its copy into the run directory."""
+    return _LOCKS.setdefault((id(asyncio.get_running_loop()), place, key), asyncio.Lock())
 
 
 def cache_path(key: str) -> str:

@@ -25,6 +25,7 @@ with the transport's ControlMasters; nothing is installed on them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shlex
 import time
@@ -240,6 +241,13 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         pending = self._pending.get(request.token, [])
         key = next((u.cache_key for u in pending if u.cache_key), None)
         cache = caches.cache_path(key) if key else None
+        # The cache is synced here, not in upload_workdir: the lock spans the sync and the copy.
+        async with caches.cache_lock(host, key) if key else contextlib.nullcontext():
+            return await self._send_and_start(host, rank, request, ranked, pending, cache, files)
+
+    async def _send_and_start(self, host: str, rank: int, request: JobRequest, ranked: JobRequest,
+                              pending: list[_Upload], cache: str | None, files: dict[str, str]) -> str | None:
+        token = ranked.token
         try:
             for upload in pending:
                 if upload.cache_key:
@@ -316,10 +324,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         script = caches.prune_script(keep_days)
         answers = await asyncio.gather(*(self.transport.run(h, script, timeout=JOB_TIMEOUT * 4)
                                          for h in self.pool.hosts), return_exceptions=True)
+        pruned = 0
         for answer in answers:
             if isinstance(answer, BaseException):
                 raise answer
-        return sum(caches.read_pruned(a.stdout) for a in answers if not isinstance(a, BaseException))
+            pruned += caches.read_pruned(answer.stdout)
+        return pruned
 
     async def remove_env_files(self, ended: list[EndedRun]) -> None:
         await self._per_machine([rank for run in ended for rank in self._ranks(run.handle or "")],
