@@ -67,7 +67,7 @@ for d in */; do
   k=${{d%/}}
   [[ $k =~ ^[0-9a-f]{{16}}$ ]] || continue
   m=$k.used
-  if [ ! -e "$m" ]; then : > "$m"; continue; fi
+  if [ ! -e "$m" ]; then [ -d "$k" ] && : > "$m"; continue; fi
   [ "$m" -ot "$ref" ] || continue
   exec 9<"$m" || continue
   if {{ [ -z "$have_flock" ] || flock -n -x 9; }} && [ "$m" -ot "$ref" ] && mv -- "$k" ".gone.$k.$$"; then
