@@ -9,12 +9,11 @@ and adopts it; a retried submit of the same attempt finds it too and does not su
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -503,7 +502,8 @@ class Launcher:
     async def upload_files(self, task: Task, infra: Infra, run_dir: str) -> None:
         """The task's workdir (through the cluster-side cache) and file_mounts, for a job in `run_dir`."""
         if task.workdir:
-            async with self._cache_lock(infra.name, cache_key(task.workdir)) as key:
+            key = cache_key(task.workdir)
+            async with caches.cache_lock(infra.name, key):
                 await infra.upload_workdir(Path(task.workdir), key, f"{run_dir}/workdir")
         for remote, local in task.file_mounts.items():
             if remote.startswith("/") or remote.startswith("~/"):
@@ -511,13 +511,6 @@ class Launcher:
             else:
                 destination = f"{run_dir}/workdir/{remote}"
             await infra.upload(Path(local), destination)
-
-    @contextlib.asynccontextmanager
-    async def _cache_lock(self, infra: str, key: str) -> AsyncIterator[str]:
-        """One sync at a time into a cluster-side workdir cache: another launch from the same folder
-        must not change it between this one's sync and its copy."""
-        async with caches.cache_lock(infra, key):
-            yield key
 
 
 def recorded_environment(job: JobRow, task: Task, source: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ from corral.jobgroup import auxiliary_delays
 from corral.launch import check_num_jobs
 from corral.state import Store
 from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, JobRow, ManagedJobRow, ManagedState
-from corral.views import infra_name
+from corral.views import place_name
 from corral.state.sealed import seal
 from corral.task import MAX_NAME_LENGTH, Task, check_line, job_environment, redacted_json, resolved_secrets
 
@@ -55,8 +55,7 @@ class ManagedView:
             "job_id": self.job.id, "name": self.job.name, "owner": self.job.owner, "state": self.managed.state,
             "reason": self.managed.reason, "cluster": latest.cluster if latest else None,
             "partition": latest.partition if latest else None,
-            "infra": infra_name((kinds or {}).get(latest.cluster, "slurm"), latest.cluster, latest.partition)
-            if latest else None,
+            "infra": place_name(latest.cluster, latest.partition, kinds) if latest else None,
             "slurm_job_id": latest.handle if latest else None, "attempts": len(self.attempts),
             "attempt_state": latest.state if latest else None, "restarts_on_errors": self.managed.restarts_on_errors,
             "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,

@@ -98,9 +98,9 @@ async def _pass(client: Any, store: Any, ended_before: float, removing: RunDirSt
         found = {key: dirs for cluster in pending for key, dirs in store.ended_run_dirs(
             ended_before, batch, clusters=[cluster], skip=failed, removing=removing).items()}
         removal = "remove_run_dirs" if removing is RunDirState.REMOVED else "remove_env_files"
-        outcomes = await asyncio.gather(*(_remove_as(client, cluster, owner, removal, dirs)
+        outcomes = await asyncio.gather(*(_call_as(client, cluster, owner, removal, dirs)
                                           for (cluster, owner), dirs in found.items()))
-        for ((cluster, owner), dirs), error in zip(found.items(), outcomes):
+        for ((cluster, owner), dirs), (_, error) in zip(found.items(), outcomes):
             if error is None:
                 store.mark_run_dirs(cluster, [e.run_dir for e in dirs], removing)
                 report.removed[cluster] = report.removed.get(cluster, 0) + len(dirs)
@@ -128,10 +128,10 @@ async def remove_group_dirs(client: Any, store: Any, now: float, *, grace: float
             places.setdefault(place, []).append(group)
     places = {(cluster, owner): ids for (cluster, owner), ids in places.items()
               if _removes(client, cluster, RemovesGroupFiles)}
-    outcomes = await asyncio.gather(*(_remove_as(client, cluster, owner, "remove_group_files", sorted(ids))
+    outcomes = await asyncio.gather(*(_call_as(client, cluster, owner, "remove_group_files", sorted(ids))
                                       for (cluster, owner), ids in places.items()))
     failed: set[str] = set()
-    for ((cluster, _), ids), error in zip(places.items(), outcomes):
+    for ((cluster, _), ids), (_, error) in zip(places.items(), outcomes):
         if error is None:
             report.removed[cluster] = report.removed.get(cluster, 0) + len(ids)
         else:
@@ -147,21 +147,14 @@ async def prune_workdir_caches(client: Any, store: Any, keep_days: float) -> Rem
     report = RemovalReport()
     places = [(cluster, owner) for cluster, owner in store.run_places()
               if _removes(client, cluster, PrunesWorkdirCaches)]
-    outcomes = await asyncio.gather(*(_prune_as(client, cluster, owner, keep_days) for cluster, owner in places))
-    for (cluster, _), outcome in zip(places, outcomes):
-        if isinstance(outcome, int):
-            if outcome:
-                report.removed[cluster] = report.removed.get(cluster, 0) + outcome
-        else:
-            report.errors[cluster] = outcome
+    outcomes = await asyncio.gather(*(_call_as(client, cluster, owner, "prune_workdir_caches", keep_days)
+                                      for cluster, owner in places))
+    for (cluster, _), (pruned, error) in zip(places, outcomes):
+        if error is not None:
+            report.errors[cluster] = error
+        elif pruned:
+            report.removed[cluster] = report.removed.get(cluster, 0) + pruned
     return report
-
-
-async def _prune_as(client: Any, cluster: str, owner: str, keep_days: float) -> int | str:
-    try:
-        return await client.infra(cluster, owner).prune_workdir_caches(keep_days)
-    except CorralError as exc:
-        return str(exc)
 
 
 def _removes(client: Any, cluster: str, ability: type = RemovesRunFiles) -> bool:
@@ -171,11 +164,10 @@ def _removes(client: Any, cluster: str, ability: type = RemovesRunFiles) -> bool
         return False
 
 
-async def _remove_as(client: Any, cluster: str, owner: str, removal: str, what: list[Any]) -> str | None:
-    """Call the infra's `removal` (remove_env_files, remove_run_dirs, remove_group_files) with `what`
-    on one cluster as one user; None, or why not."""
+async def _call_as(client: Any, cluster: str, owner: str, method: str, *args: Any) -> tuple[Any, str | None]:
+    """Call the infra's `method` (remove_env_files, remove_run_dirs, remove_group_files,
+    prune_workdir_caches) with `args` on one cluster as one user: (its answer, None), or (None, why not)."""
     try:
-        await getattr(client.infra(cluster, owner), removal)(what)
+        return await getattr(client.infra(cluster, owner), method)(*args), None
     except (CorralError, ValueError) as exc:
-        return str(exc)
-    return None
+        return None, str(exc)

@@ -78,12 +78,17 @@ def infra_name(kind: str, cluster: str, partition: str | None) -> str:
     return f"slurm/{cluster}/{partition}" if partition else f"slurm/{cluster}"
 
 
+def place_name(cluster: str, partition: str | None, kinds: Mapping[str, str] | None = None) -> str:
+    """A place as infra_name writes it, of the kind `kinds` (place_kinds()) gives it; Slurm where not given."""
+    return infra_name((kinds or {}).get(cluster, "slurm"), cluster, partition)
+
+
 def job_json(view: JobView, kinds: Mapping[str, str] | None = None) -> dict[str, object]:
     """`kinds`: each place's kind (slurm, ssh) by name; Slurm where not given."""
     a = view.attempt
     return {
         "job_id": view.job.id, "name": view.job.name, "owner": view.job.owner, "cluster": a.cluster, "partition": a.partition,
-        "infra": infra_name((kinds or {}).get(a.cluster, "slurm"), a.cluster, a.partition) if a.cluster else None,
+        "infra": place_name(a.cluster, a.partition, kinds) if a.cluster else None,
         "slurm_job_id": a.handle, "state": a.state, "reason": a.reason, "attempt": a.number,
         "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
         "expected_start": a.expected_start if a.state == JobState.PENDING else None,

@@ -169,8 +169,8 @@ def submitted_json(share: dict[str, Any]) -> dict[str, object]:
 
 def _where(job: Any) -> str:
     """A job's place, short: alpine/gpu for Slurm (the queue's usual), ssh/lab for a pool."""
-    infra = job.raw.get("infra") if hasattr(job, "raw") else None
-    return str(infra).removeprefix("slurm/") if infra else f"{job.cluster}/{job.partition}"
+    raw = job.raw if hasattr(job, "raw") else {}
+    return place_of({"cluster": job.cluster, "partition": job.partition, **raw}).removeprefix("slurm/")
 
 
 _QUEUE_COLUMNS = ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITTED", "STARTED", "ENDED")

@@ -42,7 +42,7 @@ from corral.state import Store
 from corral.state.models import AllocationRow
 from corral.task import Task
 from corral.task_compat import autostop_minutes
-from corral.views import infra_name, place_kinds
+from corral.views import place_kinds, place_name
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -122,8 +122,7 @@ def status_json(status: AllocationStatus, kinds: dict[str, str] | None = None) -
 
 def where_held(row: AllocationRow, kinds: dict[str, str] | None = None) -> str:
     """The allocation's place as launch writes it: slurm/<cluster>/<partition>, ssh/<pool>."""
-    kind = (place_kinds() if kinds is None else kinds).get(row.cluster, "slurm")
-    return infra_name(kind, row.cluster, row.partition)
+    return place_name(row.cluster, row.partition, place_kinds() if kinds is None else kinds)
 
 
 def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambda: None,
