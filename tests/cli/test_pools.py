@@ -91,7 +91,8 @@ def test_a_multi_node_task_spans_machines_whose_ranks_reach_each_other(corral, p
            'gpus=$CUDA_VISIBLE_DEVICES"\n'
            'if [ "$CORRAL_NODE_RANK" = 0 ]; then echo "hello from rank 0" > msg; exec python3 -m http.server 18777 '
            '--bind "$head" >/dev/null 2>&1; fi\n'
-           'for i in $(seq 50); do curl -sf "http://$head:18777/msg" && break; sleep 0.2; done\n'
+           # rank 0's python starts slowly on a loaded host: rank 1 retries for up to 60 s
+           'for i in $(seq 300); do curl -sf "http://$head:18777/msg" && break; sleep 0.2; done\n'
            "sleep 300\n")
     placed = corral("launch", "-d", "--json", "--gpus", "A100:4", "--num-nodes", "2", "--", run, env=pool_env)
     assert placed.exit_code == 0, placed.stderr
@@ -103,7 +104,8 @@ def test_a_multi_node_task_spans_machines_whose_ranks_reach_each_other(corral, p
     out = wait_for("rank 0's output", lambda: corral("logs", "--no-follow", job["job_id"], env=pool_env).stdout)
     assert out.strip() == f"rank=0 host={head} n=2 ips={addresses[head]},{addresses[other]} gpus=0,1,2,3"
     rank1 = Path(f"/home/corral-test/.corral/runs/{token}.1/log.txt")  # the machines share this host's disk
-    wait_for("rank 1 to reach rank 0", lambda: "hello from rank 0" in (rank1.read_text() if rank1.exists() else ""))
+    wait_for("rank 1 to reach rank 0", lambda: "hello from rank 0" in (rank1.read_text() if rank1.exists() else ""),
+             timeout=90)
     assert rank1.read_text().splitlines()[0] == (f"rank=1 host={other} n=2 ips={addresses[head]},{addresses[other]} "
                                                  "gpus=0,1,2,3")
     queued = {j["job_id"]: j for j in corral("queue", "--json", env=pool_env).json()}[job["job_id"]]
