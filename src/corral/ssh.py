@@ -57,6 +57,10 @@ from corral.login_env import CAPTURE, LOGIN_ENVS, LoginEnv, split_capture
 
 SSH_FAILURE = 255
 COMMAND_NOT_FOUND = 127
+# rsync's quick check (size and time) compares whole seconds by default: a file rewritten at the same
+# size within the same second as its last copy would be taken for unchanged, and a job would run the
+# old code. A negative window compares nanoseconds too (on receivers from rsync 3.1.3, of 2018).
+EXACT_TIMES = "--modify-window=-1"
 
 
 class CorralFileError(CorralError):
@@ -596,7 +600,7 @@ class SshTransport:
             return None
         ssh = " ".join(shlex.quote(a) for a in self.ssh_argv(cluster, [])[:-2])
         src = os.path.abspath(source) + ("/" if source.is_dir() else "")
-        argv = ["rsync", "-a", "-s", "--dry-run", "--stats", "--delete", "-e", ssh,
+        argv = ["rsync", "-a", "-s", EXACT_TIMES, "--dry-run", "--stats", "--delete", "-e", ssh,
                 f"--rsync-path={self.remote_rsync}", "--", src, f"{cluster}:{destination}"]
         if self._acting(SubmitMode.SUDO) is not None:
             return None  # the member's side runs through sudo: the estimate is not worth that detour
@@ -621,7 +625,7 @@ class SshTransport:
             rsync_path = " ".join(self.as_user(["bash", "-c", shlex.quote(
                 f'umask 077 && cd && {held_by(hold)}exec {self.remote_rsync} "$@"'), "rsync"]))
         # Nothing Corral copies is for other accounts' eyes (run dirs are mode 700 too).
-        argv = ["rsync", "-a", "-s", "--mkpath", "--chmod=go-rwx", "-e", ssh, f"--rsync-path={rsync_path}", *options,
+        argv = ["rsync", "-a", "-s", EXACT_TIMES, "--mkpath", "--chmod=go-rwx", "-e", ssh, f"--rsync-path={rsync_path}", *options,
                 "--", src, f"{cluster}:{destination}"]
         text, status = await self._transfer(cluster, argv, None, source, timeout)
         if status == 0:

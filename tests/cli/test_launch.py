@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -495,15 +496,23 @@ def test_a_relaunch_from_one_folder_syncs_only_changes_into_the_cluster_side_cac
     (work / "change.txt").write_text("v2\n")
     second = corral("launch", "-d", "--json", "task.yaml", cwd=tmp_path)
     assert second.exit_code == 0, second.stderr
-    jobs = [first.json()["job_id"], second.json()["job_id"]]
+    # an edit of the same size within the same second as the last: rsync's quick check in whole seconds
+    # would take it for unchanged
+    before = (work / "change.txt").stat().st_mtime_ns
+    (work / "change.txt").write_text("v3\n")
+    second_start = before // 10**9 * 10**9
+    os.utime(work / "change.txt", ns=(before, second_start + (before - second_start + 500_000_000) % 10**9))
+    third = corral("launch", "-d", "--json", "task.yaml", cwd=tmp_path)
+    assert third.exit_code == 0, third.stderr
+    jobs = [first.json()["job_id"], second.json()["job_id"], third.json()["job_id"]]
     for job in jobs:
         wait_state(corral, job, {"SUCCEEDED"})
-    assert [corral("logs", "--no-follow", job).stdout for job in jobs] == ["v1\n", "v2\n"]
+    assert [corral("logs", "--no-follow", job).stdout for job in jobs] == ["v1\n", "v2\n", "v3\n"]
     key = hashlib.sha256(f"{socket.gethostname()}:{work}".encode()).hexdigest()[:16]
     cache = f".corral/cache/{key}"
     links = ssh_login(testbed.cluster_config, "alpine",
                       f"cat {cache}/change.txt; stat -c %h {cache}/keep.txt {cache}/change.txt")
-    assert links.split() == ["v2", "3", "2"]  # keep.txt: cache + 2 attempts; change.txt: cache + the 2nd
+    assert links.split() == ["v3", "4", "2"]  # keep.txt: cache + 3 attempts; change.txt: cache + the 3rd
 
 
 def test_ctrl_c_on_an_attached_launch_leaves_the_job_running_and_says_how_to_stop_it(corral, corral_env,
