@@ -1,6 +1,6 @@
 import pytest
 
-from corral.gpu_names import gpu_matches, normalize_gpu_name
+from corral.gpu_names import accelerators_of, gpu_matches, normalize_gpu_name
 
 
 @pytest.mark.parametrize(
@@ -47,3 +47,19 @@ def test_normalize(raw: str, canonical: str) -> None:
 )
 def test_matches(requested: str, gres_type: str | None, expected: bool) -> None:
     assert gpu_matches(requested, gres_type) is expected
+
+
+@pytest.mark.parametrize(
+    ("gres", "shown"),
+    [
+        ("gpu:nvidia_h100_80gb_hbm3:2", "H100:2"),  # Slurm's
+        ("gpu:NVIDIA L4:1", "L4:1"),  # a pool's, nvidia-smi's name
+        ("gpu:4", "gpu:4"),  # untyped
+        (None, None),
+        ("", None),
+        ("gpu:h100:2,shard:1", "gpu:h100:2,shard:1"),  # anything else as it is
+        ("mps:100", "mps:100"),
+    ],
+)
+def test_accelerators_of_a_gres_are_named_as_corral_gpus_names_them(gres: str | None, shown: str | None) -> None:
+    assert accelerators_of(gres) == shown

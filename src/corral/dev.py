@@ -30,7 +30,7 @@ from corral.errors import (
     TaskError,
     UnavailableError,
 )
-from corral.gpu_names import gpu_matches
+from corral.gpu_names import accelerators_of, gpu_matches
 from corral.infra.base import (
     EXIT_NOT_READY,
     AllocationPhase,
@@ -109,6 +109,7 @@ class AllocationStatus:
         return {
             "name": r.name, "owner": r.owner, "cluster": r.cluster, "partition": r.partition, "state": self.state,
             "reason": self.reason, "slurm_job_id": r.handle, "num_nodes": r.num_nodes, "gres": r.accelerator,
+            "accelerators": accelerators_of(r.accelerator),
             "nodes": self.nodes, "age_seconds": round(now - r.created_at),
             "idle_seconds": round(now - self.last_active) if self.last_active else None,
             "idle_limit_seconds": r.idle_seconds or None, "time_left": self.time_left,

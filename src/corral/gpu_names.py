@@ -63,3 +63,16 @@ def gpu_matches(requested: str, gres_type: str | None) -> bool:
     if requested.strip().lower() == gres_type.lower():
         return True
     return normalize_gpu_name(requested) == normalize_gpu_name(gres_type)
+
+
+def accelerators_of(gres: str | None) -> str | None:
+    """A node's GPUs as a task names them and `corral gpus` shows them: `L4:1` for Slurm's
+    `gpu:nvidia_l4:1` or a pool's `gpu:NVIDIA L4:1`, `gpu:2` untyped; None for none; any other GRES
+    as it is."""
+    if not gres:
+        return None
+    name, _, rest = gres.partition(":")
+    kind, _, count = rest.rpartition(":")
+    if name != "gpu" or not count.isdigit() or "," in rest:
+        return gres
+    return f"{normalize_gpu_name(kind)}:{count}" if kind else f"gpu:{count}"

@@ -27,6 +27,10 @@ def test_the_pool_is_in_the_one_view_at_one_round_trip_per_machine(corral, pool_
     assert rows[("lab", "A100")]["gres_type"] == "NVIDIA A100-SXM4-80GB"
     assert rows[("lab", "L4")]["total"] == 2 and rows[("lab", "A10G")]["total"] == 1  # lab4's, from the config
     assert ("alpine", "H100") in rows  # side by side with the clusters
+    assert rows[("lab", "A100")]["infra"] == "ssh/lab" and rows[("alpine", "H100")]["infra"] == "slurm/alpine/gpu"
+    table = [line.split() for line in corral("gpus", env=pool_env).stdout.splitlines()]
+    assert ["ssh/lab", "-", "A100"] == next(row for row in table if "A100" in row)[:3]  # no partition to show
+    assert ["alpine", "gpu", "H100"] == next(row for row in table if "H100" in row)[:3]
     only = corral("gpus", "--json", "--infra", "ssh", env=pool_env).json()
     assert {r["cluster"] for r in only} == {"lab"}
     checked = {c["cluster"]: c for c in corral("check", "--json", env=pool_env).json()}
@@ -52,7 +56,9 @@ def test_work_overflows_to_the_pool_and_packs_onto_machines(corral, pool_env):
     assert all(line[2] == "lab" and line[3] == p["job_id"] for line, p in zip(lines, placed))
     queue = {j["job_id"]: j for j in corral("queue", "--json", env=pool_env).json()}
     assert all(queue[p["job_id"]]["state"] == "RUNNING" and queue[p["job_id"]]["infra"] == "ssh/lab" for p in placed)
-    assert "ssh/lab" in corral("queue", env=pool_env).stdout
+    header, *rows = corral("queue", env=pool_env).stdout.splitlines()
+    assert "INFRA ID" in header and "SLURM ID" not in header  # a pool's handle is no Slurm job id
+    assert any(row.split()[2:4] == ["ssh/lab", placed[0]["slurm_job_id"]] for row in rows), rows
     # Cancel ends the task's whole process group, and its GPUs are free again.
     assert "cancelled" in corral("cancel", placed[0]["job_id"], env=pool_env).stdout
     host, token = placed[0]["slurm_job_id"].split("/")
@@ -78,8 +84,9 @@ def test_a_machine_that_goes_away_fails_its_task_and_a_managed_job_recovers(corr
         assert any(f"submitted to ssh/lab as {moved['slurm_job_id']}" in (e.get("reason") or "") for e in events), events
         assert moved["recoveries"] >= 1
         assert moved["infra"] == "ssh/lab"  # as `queue` writes it; the table shows it so too
-        row = next(line for line in corral("jobs", "queue", env=env).stdout.splitlines() if job_id in line)
-        assert row.split()[3] == "ssh/lab", row
+        header, *rows = corral("jobs", "queue", env=env).stdout.splitlines()
+        row = next(line for line in rows if job_id in line)
+        assert row.split()[3:5] == ["ssh/lab", moved["slurm_job_id"]] and "INFRA ID" in header, (header, row)
     finally:
         machines.start_machine(host)
         corral("jobs", "cancel", job_id, env=env)
@@ -156,6 +163,9 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env, tmp_path):
     assert shell.stdout.split()[:2] == [host, "0,1"]
     status = next(s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "labdev")
     assert status["state"] == "READY" and status["nodes"] == [host] and status["infra"] == "ssh/lab"
+    assert (status["gres"], status["accelerators"]) == ("gpu:NVIDIA A100-SXM4-80GB:2", "A100:2")
+    row = next(line for line in corral("status", env=pool_env).stdout.splitlines() if "labdev" in line)
+    assert row.split()[1:4] == ["ssh/lab", "1x", "A100:2"], row
     free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
     assert free["A100"] == 6  # its two held while it lives
     assert corral("down", "labdev", env=pool_env).exit_code == 0

@@ -37,6 +37,7 @@ def test_queue_shows_a_page_and_says_how_many_more(refusing_clusters):
     assert code == 0, err
     lines = [line.strip() for line in out.splitlines()]
     assert lines[0].split()[:2] == ["ID", "NAME"] and len(lines) == 1 + 20
+    assert "SLURM ID" in lines[0]  # every row on Slurm (a pool's among them makes it INFRA ID: tests/cli/test_pools.py)
     assert lines[1].startswith("c-500000000000 (sweep)") and "sweep ×30" in lines[1]
     assert "20 SUCCEEDED" in lines[1] and "10 FAILED" in lines[1]
     assert lines[2].split()[0] == f"c-{2999:012x}"  # newest first

@@ -299,6 +299,10 @@ def test_the_infra_page_shows_every_kind_side_by_side(browser, corral, corral_en
                          "kind-fake": "Kubernetes"}
         rows = page.eval_on_selector_all("#infra tbody tr", "rows => rows.map(r => [r.dataset.cluster, r.dataset.gpu])")
         assert ["kind-fake", "A100"] in rows and ["lab", "A100"] in rows and ["alpine", "H100"] in rows
+        places = page.eval_on_selector_all("#infra tbody tr", "rows => rows.map(r => [...r.cells].slice(0, 3)"
+                                           ".map(c => c.textContent))")
+        assert ["ssh/lab", "-", "A100"] in places and ["k8s/kind-fake", "-", "A100"] in places  # as `corral gpus`
+        assert ["alpine", "gpu", "H100"] in places
         assert accessible(page) == []
         context.close()
     finally:

@@ -367,3 +367,10 @@ def place_of(answer: Mapping[str, Any]) -> str:
     """Where a job, attempt or allocation of the server's answer is, as it writes it (slurm/<cluster>/
     <partition>, ssh/<pool>, k8s/<context>); Slurm's form from a server that gives no `infra`."""
     return str(answer.get("infra") or f"slurm/{answer['cluster']}/{answer['partition']}")
+
+
+def handle_header(answers: Iterable[Mapping[str, Any]]) -> str:
+    """The title of a table's column of handles: SLURM ID while every row shown is on Slurm, as a Slurm
+    user reads it, and INFRA ID once a pool's or a context's handle (lab1/d575218a0cac) is among them."""
+    slurm = all(str(a.get("infra") or "slurm/").startswith("slurm/") for a in answers if a.get("cluster"))
+    return "SLURM ID" if slurm else "INFRA ID"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from corral.cli.common import place_of
+from corral.cli.common import handle_header, place_of
 from corral.cli.consoles import console, minutes, state_cell
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, when
@@ -16,7 +16,7 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
     if not jobs:
         console.print("No managed jobs.")
         return
-    table = new_table(("ID", "NAME", "STATE", "INFRA", "SLURM ID", "SUBMITTED", "DURATION", "ATTEMPTS", "STARTS",
+    table = new_table(("ID", "NAME", "STATE", "INFRA", handle_header(jobs), "SUBMITTED", "DURATION", "ATTEMPTS", "STARTS",
                        "REASON"))
     now = time.time()
     for job in pipelines_in_order(jobs):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from corral.cli.common import place_of, warn
+from corral.cli.common import handle_header, place_of, warn
 from corral.cli.consoles import console, err_console, literal, state_cell, styled
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, expected_start, start_text, when
@@ -47,7 +47,9 @@ def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> Non
                       right=("FREE", "TOTAL", "NODES", "PENDING"))
     for r in report.rows:
         free = styled(str(r.free), "green") if r.free else styled("0", "dim")
-        table.add_row(r.cluster, r.partition, r.gpu, r.gres_type or "(untyped)", free, str(r.total),
+        place = str(r.raw.get("infra") or "")
+        slurm = not place or place.startswith("slurm/")  # a pool or a context has no partitions: ssh/lab, -
+        table.add_row(r.cluster if slurm else place, r.partition if slurm else "-", r.gpu, r.gres_type or "(untyped)", free, str(r.total),
                       str(r.nodes), str(r.pending))
     for f in report.failures:
         table.add_row(f.cluster, styled("unavailable", "red"), "-", "-", "-", "-", "-", "-")
@@ -173,7 +175,9 @@ def _where(job: Any) -> str:
     return place_of({"cluster": job.cluster, "partition": job.partition, **raw}).removeprefix("slurm/")
 
 
-_QUEUE_COLUMNS = ("ID", "NAME", "INFRA", "SLURM ID", "STATE", "REASON", "SUBMITTED", "STARTED", "ENDED")
+def _queue_columns(jobs: list[Job]) -> tuple[str, ...]:
+    return ("ID", "NAME", "INFRA", handle_header(j.raw for j in jobs), "STATE", "REASON", "SUBMITTED", "STARTED",
+            "ENDED")
 
 
 def _job_row(j: Job) -> tuple[str | Text, ...]:
@@ -221,8 +225,8 @@ def render_queue(page: QueuePage, expand: bool = False, live_only: bool = False)
     owners = [j.raw.get("owner") or "-" for j in page.jobs]
     mixed = len(set(owners)) > 1  # an admin's view of several users' jobs: say whose each is
     numbered = any(j.number for j in page.jobs)  # a dev allocation's jobs: 1, 2, … as `sky queue CLUSTER`
-    table = new_table((("#",) if numbered else ()) + _QUEUE_COLUMNS[:1] + (("OWNER",) if mixed else ())
-                      + _QUEUE_COLUMNS[1:])
+    columns = _queue_columns(page.jobs)
+    table = new_table((("#",) if numbered else ()) + columns[:1] + (("OWNER",) if mixed else ()) + columns[1:])
     rows = queue_rows(page, expand)
     if mixed:
         by_id = {j.job_id: owner for j, owner in zip(page.jobs, owners)}
@@ -254,7 +258,7 @@ def _print_chunk(jobs: list[Job], header: bool) -> None:
     if not jobs:
         console.print("No jobs.")
         return
-    table = new_table(_QUEUE_COLUMNS, show_header=header)
+    table = new_table(_queue_columns(jobs), show_header=header)
     for j in jobs:
         table.add_row(*_job_row(j))
     console.print(table)
@@ -285,7 +289,7 @@ def render_status(allocations: list[dict[str, Any]]) -> None:
         given = (f", cpu={a['cpus_per_node']}" if a.get("cpus_per_node") else "") + (
             f", mem={_memory(a['memory_gb_per_node'])}" if a.get("memory_gb_per_node") else "")
         table.add_row(str(a["name"]), place_of(a).removeprefix("slurm/"),
-                      f"{a['num_nodes']}x {a.get('gres') or 'cpu'}{given}",
+                      f"{a['num_nodes']}x {a.get('accelerators') or a.get('gres') or 'cpu'}{given}",
                       state, duration(a["age_seconds"]), idle + limit, str(a.get("time_left") or "-"),
                       ",".join(a.get("nodes") or []) or "-")
     console.print(table)

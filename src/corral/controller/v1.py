@@ -129,8 +129,10 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         """GPUs per cluster and partition, and the clusters that did not answer, from a fresh probe of each
         cluster; with `max_age` (seconds), from the server's latest probe of a cluster where it started at
         most that long ago (shared by every caller; `clusters[].probed_at` says when each answered)."""
-        report = await Client(timeout=timeout).gpus(gpu, infra, max_age)
-        return {"rows": [r.to_json() for r in report.rows],
+        client = Client(timeout=timeout)
+        report = await client.gpus(gpu, infra, max_age)
+        kinds = {r.cluster: client.registry.infra_kind(r.cluster) for r in report.rows}
+        return {"rows": [{**r.to_json(), "infra": place_name(r.cluster, r.partition, kinds)} for r in report.rows],
                 "failures": [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
                              for f in report.failures],
                 "clusters": [health_json(o) for o in report.outcomes]}

@@ -167,8 +167,9 @@ async function drawInfra(first) {
   body.replaceChildren(...report.rows.map((r) => {
     const tr = el("tr");
     Object.assign(tr.dataset, { cluster: r.cluster, partition: r.partition, gpu: r.gpu });
-    linkCell(tr, r.cluster, `#/cluster/${q(r.cluster)}`);
-    cell(tr, r.partition);
+    const slurm = !r.infra || r.infra.startsWith("slurm/");  // a pool or a context has no partitions
+    linkCell(tr, slurm ? r.cluster : r.infra, `#/cluster/${q(r.cluster)}`);
+    cell(tr, slurm ? r.partition : "-");
     cell(tr, r.gpu);
     cell(tr, r.free, "num free");
     cell(tr, r.total, "num total");
@@ -568,7 +569,7 @@ function heldText(a) {
   const mem = a.memory_gb_per_node;
   const given = (a.cpus_per_node ? `, cpu=${a.cpus_per_node}` : "") +
     (mem ? `, mem=${Number.isInteger(mem) ? `${mem}G` : `${Math.round(mem * 1024)}M`}` : "");
-  return `${a.num_nodes}x ${a.gres || "cpu"}${given}`;
+  return `${a.num_nodes}x ${a.accelerators || a.gres || "cpu"}${given}`;
 }
 
 async function drawDev() {
