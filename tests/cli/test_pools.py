@@ -327,3 +327,30 @@ def test_a_relaunch_to_the_pool_sends_only_changes_through_the_machines_cache(co
     # the folder in the instant before another renamed it away; an orphan marker goes once it is old.
     marker = Path(f"{cache}.used")
     assert not cache.exists() and (not marker.exists() or time.time() - marker.stat().st_mtime < 600)
+
+
+def test_a_sweep_to_the_pool_starts_in_a_round_trip_per_64_tasks_with_one_workdir_sync(corral, pool_env, tmp_path):
+    """Submissions to one machine go together (infra/sshpool/submissions.py): 130 tasks on one machine
+    cost 3 round trips and one rsync of the workdir they share, not 130 of each."""
+    env, calls = counting_ssh(tmp_path, pool_env)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "note.txt").write_text("shared\n")
+    (tmp_path / "task.yaml").write_text("workdir: work\nresources:\n  infra: ssh/lab\n"
+                                        "run: echo \"$CORRAL_JOB_RANK $(cat note.txt)\"\n")
+    assert corral("gpus", "--infra", "ssh/lab", env=env).exit_code == 0  # the server, with the counting ssh
+    before = len(calls())
+    placed = corral("launch", "-d", "--json", "--num-jobs", "130", "task.yaml", env=env, cwd=tmp_path)
+    assert placed.exit_code == 0, placed.stderr
+    jobs = placed.json()  # in rank order
+    hosts = {j["slurm_job_id"].split("/")[0] for j in jobs}
+    assert len(jobs) == 130 and len(hosts) == 1, hosts  # CPU tasks pack onto one machine
+    made = calls()[before:]
+    [host] = hosts
+    # the launch's probe of each machine, then 3 submissions on the chosen one
+    assert sorted(made) == sorted(["lab1", "lab2", "lab3", "lab4", host, host, host]), made
+    rsyncs = [line for line in (tmp_path / "ssh-calls").read_text().splitlines() if "rsync --server" in line]
+    assert len(rsyncs) == 1 and f" {host} " in rsyncs[0], rsyncs  # the workdir, once for the 130
+    for rank in (0, 64, 129):  # one of each round trip
+        out = wait_for("its output", lambda r=rank: corral("logs", "--no-follow", jobs[r]["job_id"], env=env).stdout)
+        assert out == f"{rank} shared\n"

@@ -25,7 +25,6 @@ with the transport's ControlMasters; nothing is installed on them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import shlex
 import time
@@ -66,6 +65,7 @@ from corral.infra.shell import render_env
 from corral.infra.sshpool import dev as pooldev
 from corral.infra.sshpool import runner
 from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, inventory_script, parse_inventory
+from corral.infra.sshpool.submissions import CacheSync, MachineSubmissions
 from corral.ssh import SshTransport
 
 JOB_TIMEOUT = 30
@@ -102,6 +102,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         self._pending: dict[str, list[_Upload]] = {}  # token -> uploads for its machine
         self._silent_since: dict[str, float] = {}
         self._existing: dict[str, bool] = {}  # token -> its rank 0 was already running (a retried submit)
+        self._machine_submissions: dict[str, MachineSubmissions] = {}
 
     @property
     def name(self) -> str:
@@ -224,6 +225,20 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         self._pending.pop(request.token, None)
         return SubmitResult(True, handle, self._existing.pop(request.token, False), "")
 
+    def _submissions(self, host: str) -> MachineSubmissions:
+        """The machine's submissions, sent together (submissions.py)."""
+        found = self._machine_submissions.get(host)
+        if found is None:
+            async def run(script: str, timeout: float) -> str:
+                return (await self.transport.run(host, script, timeout=timeout)).stdout
+
+            async def sync(workdir: CacheSync) -> None:
+                await self.transport.sync(host, workdir.local, f"{caches.cache_path(workdir.key)}/", mirror=True,
+                                          hold=caches.marker_path(workdir.key))
+
+            found = self._machine_submissions[host] = MachineSubmissions(host, run, sync, JOB_TIMEOUT)
+        return found
+
     def _address(self, host: str) -> str:
         inventory = self._inventories.get(host)
         return (inventory.address if inventory else None) or host
@@ -239,31 +254,27 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         files = {"job.sh": job,
                  "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
         pending = self._pending.get(request.token, [])
-        key = next((u.cache_key for u in pending if u.cache_key), None)
-        cache = caches.cache_path(key) if key else None
-        # The cache is synced here, not in upload_workdir: the lock spans the sync and the copy.
-        async with caches.cache_lock(host, key) if key else contextlib.nullcontext():
-            return await self._send_and_start(host, rank, request, ranked, pending, cache, files)
+        return await self._send_and_start(host, rank, request, ranked, pending, files)
 
     async def _send_and_start(self, host: str, rank: int, request: JobRequest, ranked: JobRequest,
-                              pending: list[_Upload], cache: str | None, files: dict[str, str]) -> str | None:
+                              pending: list[_Upload], files: dict[str, str]) -> str | None:
         token = ranked.token
+        workdir = next((CacheSync(u.local, u.cache_key) for u in pending if u.cache_key), None)
+        cache = caches.cache_path(workdir.key) if workdir else None
         try:
             for upload in pending:
                 if upload.cache_key:
-                    await self.transport.sync(host, upload.local, f"{cache}/", mirror=True,
-                                              hold=caches.marker_path(upload.cache_key))
-                    continue
+                    continue  # synced into the cache by the machine's submissions, right before the copy
                 target = _for_rank(upload.remote, request.token, token)
                 if cache:  # kept apart until the workdir is copied from the cache (runner.submit_script)
                     target = _staged(target, token)
                 await self.transport.sync(host, upload.local, target)
             configured = [g.name for g in self._configured.get(host, ())]
-            result = await self.transport.run(host, runner.submit_script(ranked, self.pool.name, files, configured,
-                                                                         workdir_cache=cache), timeout=JOB_TIMEOUT)
+            stdout = await self._submissions(host).submit(
+                runner.submit_script(ranked, self.pool.name, files, configured, workdir_cache=cache), workdir)
         except ClusterError as exc:
             return str(exc)
-        answer = next((line for line in result.stdout.splitlines() if line.startswith(MARK + " ")), "")
+        answer = next((line for line in stdout.splitlines() if line.startswith(MARK + " ")), "")
         words = answer.split(maxsplit=3)
         if words[1:2] == ["submitted"] and len(words) >= 3:
             if len(words) > 3 and words[3] == "existing" and rank == 0:
