@@ -6,7 +6,8 @@ Run as root on a machine with the testbed:  python bench/bench_overflow.py
 Baselines, measured in the same run against the same places:
 - one place's raw probe: `ssh <cluster> sinfo`, `ssh <machine> nvidia-smi`, `curl` of the context's
   node list (each on a new connection); the slowest of them, and all of them at once in parallel;
-- a 100-job submission: `ssh alpine sbatch --array=0-99 --wrap true` (one Slurm array, new connection).
+- a 100-job submission: `ssh alpine sbatch --array=0-99 --wrap true` (one Slurm array, new connection);
+- a 400-task sweep pinned to the pool: one ssh round trip to its machine that starts 400 `setsid true`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ BLOCKERS = {"alpine": [("gpu", 2), ("cpu", 1), ("inference", 1)], "borealis": [(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--pool-sweep", type=int, default=400, help="tasks of the sweep pinned to the pool")
     args = parser.parse_args()
     from testbed import Testbed
     from testbed.kubeapi import FakeKubernetes
@@ -112,6 +114,15 @@ def run(args: argparse.Namespace, bench, machines, kube) -> None:
         for cluster, job in blockers:
             subprocess.run([*raw, cluster, f"scancel {job}; scancel -u corral-test"], capture_output=True)
         subprocess.run(corral_argv("cancel", "--all"), env=env, capture_output=True)
+    # A sweep pinned to the pool: its submissions to a machine go together (submissions.py).
+    pinned = bench.scratch / "pinned.yaml"
+    pinned.write_text(json.dumps({"name": "pinned", "resources": {"infra": "ssh/lab"}, "run": "true"}))
+    started = time.perf_counter()
+    out = subprocess.run(corral_argv("launch", "-d", "--json", "--num-jobs", str(args.pool_sweep), str(pinned)),
+                         env=env, capture_output=True, text=True, check=True).stdout
+    pool_sweep = time.perf_counter() - started
+    machine = json.loads(out)[0]["slurm_job_id"].split("/")[0]
+    raw_starts = time_command([*raw, machine, f"for i in $(seq {args.pool_sweep}); do setsid true </dev/null & done; wait"])
     print_table(
         f"one view over {len(bench.clusters)} clusters, {len(hosts)} pool machines and 1 Kubernetes context "
         f"(median of {args.runs} runs)",
@@ -126,6 +137,11 @@ def run(args: argparse.Namespace, bench, machines, kube) -> None:
         "100-job sweep with every Slurm node taken (one run; landed: "
         + ", ".join(f"{k} {v}" for k, v in sorted(landed.items())) + ")",
         [("corral launch -d --num-jobs 100 (vs ssh alpine sbatch --array=0-99)", sweep, array, "-")],
+    )
+    print_table(
+        f"{args.pool_sweep}-task sweep pinned to the pool (one run; all on {machine})",
+        [(f"corral launch -d --num-jobs {args.pool_sweep} --infra ssh/lab (vs ssh {machine}: {args.pool_sweep} "
+          "setsid true)", pool_sweep, raw_starts, "-")],
     )
 
 

@@ -21,7 +21,7 @@ POOL_DIR = ".corral/pool"  # under the home; then <hostname>/
 # Bash: `alive PID START` is true while that very process runs (START: its start time, field 22 of
 # /proc/PID/stat, read after the command name, which may hold spaces); `started PID` prints it, and
 # fails for a zombie (a task whose parent is gone waits there until init reaps it: it is over).
-ALIVE = ("started() { local s; s=$(cat /proc/\"$1\"/stat 2>/dev/null) || return 1; s=${s##*) }; "
+ALIVE = ("started() { local s; read -r s 2>/dev/null </proc/\"$1\"/stat || return 1; s=${s##*) }; "
          "set -- $s; [ \"$1\" != Z ] && echo \"${20}\"; }\n"
          "alive() { [ -n \"${1:-}\" ] && [ \"$(started \"$1\")\" = \"${2:-}\" ] && [ -n \"${2:-}\" ]; }\n")
 

@@ -153,7 +153,7 @@ def submit_script(request: JobRequest, pool: str, files: dict[str, str], configu
     return f"""\
 set -u
 umask 077
-host=$(hostname)
+host=${{HOSTNAME:-$(hostname)}}
 base="$HOME/{POOL_DIR}/$host"
 d={directory}
 mkdir -p "$base/held" || exit 1
