@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 
-from corral.infra.shell import claim_gpus, narrow_gpus, write_file
+import pytest
+
+from corral.infra.shell import check_token, checked, claim_gpus, narrow_gpus, write_file
 
 CONTENTS = {
     "script.sh": "#!/bin/bash\necho 'single' \"double\" $HOME `uname` $(touch ran)\n",
@@ -91,3 +94,12 @@ def test_a_node_narrows_its_gpus_to_the_slots_its_exec_took():
     untouched = subprocess.run(["bash", "-c", script], env={**env, "CORRAL_GPU_SLOTS": ""}, capture_output=True,
                                text=True)
     assert untouched.stdout == "4,5,6,7 4,5,6,7 unset\n", untouched.stderr
+
+
+def test_a_value_reaches_a_command_line_only_as_its_pattern_allows():
+    assert checked(re.compile(r"^\d+\Z"), "4711", "a Slurm job id") == "4711"
+    with pytest.raises(ValueError, match=r"^not a Slurm job id: '4711; rm -rf ~'$"):
+        checked(re.compile(r"^\d+\Z"), "4711; rm -rf ~", "a Slurm job id")
+    assert check_token("0123456789ab.2") == "0123456789ab.2"
+    with pytest.raises(ValueError, match="not an attempt token"):
+        check_token("0123456789ab\n")

@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import re
 
+from corral.infra.shell import checked
+
 CACHE_DIR = ".corral/cache"  # under the user's home on the login node
 KEEP_DAYS = 14.0  # `workdir_cache: {keep_days: N}` in config.yaml; a cache lasts this long after its last use
 _KEY = re.compile(r"^[0-9a-f]{16}\Z")  # uploads.cache_key's shape
@@ -49,9 +51,7 @@ def marker_path(key: str) -> str:
 
 
 def _checked(key: str) -> str:
-    if not _KEY.match(key):
-        raise ValueError(f"not a workdir cache's key: {key!r}")
-    return key
+    return checked(_KEY, key, "a workdir cache's key")
 
 
 def prune_script(keep_days: float) -> str:

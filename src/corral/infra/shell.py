@@ -9,6 +9,7 @@ import shlex
 from corral.infra.base import DEFAULT_CHECKPOINT_DIR, EXIT_NOT_READY
 
 _EXEC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z", re.ASCII)
+_ATTEMPT_TOKEN = re.compile(r"^[0-9a-f]{12}(\.[0-9]+)?\Z", re.ASCII)
 SETUP_TAIL_LINES = 15  # of a dev allocation's failed setup, what its state gives (setup_output)
 IDLE_LIMIT_FILE = "idle_limit"  # in a dev allocation's run dir: its idle limit in seconds, as `corral autostop` set it
 EXEC_OUTPUT = "output"  # an exec's stdout and stderr as it ran, in its folder of the allocation
@@ -94,11 +95,23 @@ def leave_cancel_marker(run_dir: str, folder: str) -> str:
     return f"[ -d {run_dir} ] && mkdir -p {folder} && : > {folder}/{EXEC_CANCELLED}\n"
 
 
+def checked(pattern: re.Pattern[str], value: str, what: str) -> str:
+    """`value`, which `pattern` matches, so that it may reach a command line as it is; else ValueError
+    (`not <what>: <value>`): it came from somewhere it should not have, and nothing is run."""
+    if not pattern.match(value):
+        raise ValueError(f"not {what}: {value!r}")
+    return value
+
+
 def check_exec_id(exec_id: str) -> str:
     """An exec's id (its job id), checked to be a bash word needing no quotes."""
-    if not _EXEC_ID.match(exec_id):
-        raise ValueError(f"not an exec id: {exec_id!r}")
-    return exec_id
+    return checked(_EXEC_ID, exec_id, "an exec id")
+
+
+def check_token(token: str) -> str:
+    """An attempt's token (`0123456789ab`, a rank's `0123456789ab.1`), checked to be a word needing no
+    quotes."""
+    return checked(_ATTEMPT_TOKEN, token, "an attempt token")
 
 
 def exec_folder(exec_id: str) -> str:

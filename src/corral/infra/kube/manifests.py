@@ -21,13 +21,12 @@ maps key by key, the first container onto Corral's, other lists appended.
 from __future__ import annotations
 
 import copy
-import re
 import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from corral.infra.base import JobRequest
-from corral.infra.shell import checkpoint_lines
+from corral.infra.shell import check_token, checkpoint_lines
 
 LABEL_TOKEN = "corral.dev/token"
 LABEL_JOB_ID = "corral.dev/job-id"
@@ -37,14 +36,11 @@ ENV_FILES = "/corral/env"
 DEFAULT_IMAGE = "docker.io/library/ubuntu:24.04"
 CONFIGMAP_LIMIT = 1_000_000  # bytes: the API server refuses a larger object (1 MiB, with its metadata)
 FINISHED_TTL_SECONDS = 3 * 24 * 3600
-_TOKEN = re.compile(r"^[0-9a-f]{12}(\.[0-9]+)?\Z", re.ASCII)
 
 
 def object_name(token: str) -> str:
     """`corral-<token>`: a DNS label, so that pod hostnames (`<name>-<index>`) are valid too."""
-    if not _TOKEN.match(token):
-        raise ValueError(f"not an attempt token: {token!r}")
-    return "corral-" + token.replace(".", "-")
+    return "corral-" + check_token(token).replace(".", "-")
 
 
 def token_of(name: str) -> str | None:

@@ -15,6 +15,7 @@ import shlex
 
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
 from corral.infra.shell import (
+    checked,
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_SETUP_FAILED,
@@ -53,9 +54,7 @@ _JOB_ID = re.compile(r"^\d+\Z", re.ASCII)
 
 
 def _check_id(job_id: str) -> str:
-    if not _JOB_ID.match(job_id):
-        raise ValueError(f"not a Slurm job id: {job_id!r}")
-    return job_id
+    return checked(_JOB_ID, job_id, "a Slurm job id")
 
 
 def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
@@ -165,8 +164,7 @@ exec "$sshd" -i -e "${{options[@]}}"
 def session_proxy_command(name: str, job_id: str, head_node: str, run_dir: str) -> str:
     """The login-node command that starts one ssh session's sshd as a step on the head node."""
     _check_id(job_id)
-    if not _NODE_NAME.match(head_node):
-        raise ValueError(f"not a node name: {head_node!r}")
+    checked(_NODE_NAME, head_node, "a node name")
     gone = shlex.quote(f"corral: dev allocation {name} (Slurm job {job_id}) is not running; see `corral status {name}`")
     # -u: unbuffered step I/O, or slurmstepd holds SSH packets back waiting for a newline.
     script = (f'if [ "$(squeue -h -j {job_id} -o %T 2>/dev/null)" != RUNNING ]; then echo {gone} >&2; exit 1; fi; '
@@ -367,8 +365,7 @@ def down_script(job_id: str | None, run_dir: str) -> str:
 def shell_command(job_id: str, head_node: str, command: str | None) -> str:
     """The remote command of `corral ssh`: a step on the head node, interactive or running `command`."""
     _check_id(job_id)
-    if not _NODE_NAME.match(head_node):
-        raise ValueError(f"not a node name: {head_node!r}")
+    checked(_NODE_NAME, head_node, "a node name")
     base = f"exec srun --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node}"
     if command is None:
         return login_shell_line(f"{base} --pty bash -l")

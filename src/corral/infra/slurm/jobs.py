@@ -18,7 +18,7 @@ from corral.infra.base import (
     JobStatus,
     SubmitResult,
 )
-from corral.infra.shell import remove_script, tail_lines
+from corral.infra.shell import checked, remove_script, tail_lines
 from corral.infra.slurm import userscript
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
@@ -156,11 +156,9 @@ def status_script(tracked_ids: list[str], with_sacct: bool = True, accounts: Seq
     script ends there unless a controller is UP: against a stopped slurmctld the ping says DOWN in
     milliseconds, where squeue retries for 8 s before it gives up."""
     for job_id in tracked_ids:
-        if not _JOB_ID.match(job_id):
-            raise ValueError(f"not a Slurm job id: {job_id!r}")
+        checked(_JOB_ID, job_id, "a Slurm job id")
     for account in accounts:
-        if not _UNIX_NAME.match(account):
-            raise ValueError(f"not a Unix account name: {account!r}")
+        checked(_UNIX_NAME, account, "a Unix account name")
     ids = " ".join(tracked_ids)
     # The connection's own account, by name: `--me` and `-u` do not combine.
     users = f"-u \"$(id -un)\"{''.join(',' + a for a in accounts)}" if accounts else "--me"
@@ -208,8 +206,8 @@ def light_lines(ids: str, last_digest: str) -> list[str]:
     """`squeue --only-job-state` (Slurm's light RPC: job ids and states only, without the job records
     a full query packs), cut to the tracked jobs, as a digest; the script ends if it is `last_digest`.
     Its section: the digest, or squeue's complaint (an older Slurm does not know the option)."""
-    if last_digest and not _DIGEST.match(last_digest):
-        raise ValueError(f"not a digest: {last_digest!r}")
+    if last_digest:
+        checked(_DIGEST, last_digest, "a digest")
     keep = ("'BEGIN {n=split(ids, a, \" \"); for (i=1; i<=n; i++) {split(a[i], b, /[_+]/); want[b[1]]=1}} "
             "{split($1, p, /[_+]/)} (p[1] in want)'")
     return [
@@ -380,8 +378,7 @@ def cancel_script(job_ids: list[str], run_dirs: list[str] | None = None) -> str:
     cancel marker each job's script checks before it starts its task: a kill that reaches a node
     while the job is being launched can find nothing to kill, and the task would run anyway."""
     for job_id in job_ids:
-        if not _JOB_ID.match(job_id):
-            raise ValueError(f"not a Slurm job id: {job_id!r}")
+        checked(_JOB_ID, job_id, "a Slurm job id")
     lines = []
     for job_id, run_dir in zip(job_ids, run_dirs or []):
         index = job_id.partition("_")[2]
@@ -410,22 +407,18 @@ def remove_run_dirs_script(run_dirs: list[str]) -> str:
 def remove_group_dirs_script(group_ids: list[str]) -> str:
     """Remove each job group's folder of host files; only Corral's job ids reach the command line."""
     for group_id in group_ids:
-        if not _GROUP_ID.match(group_id):
-            raise ValueError(f"not a job group's id: {group_id!r}")
+        checked(_GROUP_ID, group_id, "a job group's id")
     return remove_script([f"{GROUPS_DIR}/{group_id}" for group_id in group_ids], "-rf")
 
 
 def _checked_run_dir(run_dir: str) -> str:
-    if not _RUN_DIR.match(run_dir):
-        raise ValueError(f"not a Corral run directory: {run_dir!r}")
-    return run_dir
+    return checked(_RUN_DIR, run_dir, "a Corral run directory")
 
 
 def release_script(job_ids: list[str]) -> str:
     """`scontrol release` for held jobs (ids checked: they reach the command line)."""
     for job_id in job_ids:
-        if not _JOB_ID.match(job_id):
-            raise ValueError(f"not a Slurm job id: {job_id!r}")
+        checked(_JOB_ID, job_id, "a Slurm job id")
     return f"scontrol release {' '.join(job_ids)}\n"
 
 
@@ -433,8 +426,7 @@ def follow_script(log_path: str, slurm_job_id: str, follow: bool, tail: int = 0)
     """Print a job's log (with `tail` > 0, its last `tail` lines); with `follow`, keep printing until the
     job has ended. A job script's log path is its --output pattern (absolute, or under the home), filled
     in for this job (`userscript.log_glob`)."""
-    if not _JOB_ID.match(slurm_job_id):
-        raise ValueError(f"not a Slurm job id: {slurm_job_id!r}")
+    checked(_JOB_ID, slurm_job_id, "a Slurm job id")
     lines = tail_lines(tail)
     word = (userscript.log_glob(log_path, slurm_job_id) if "%" in log_path or log_path.startswith("/")
             else f'"$HOME"/{shlex.quote(log_path)}')

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from corral.errors import ClusterError, ProbeParseError, SlurmControllerError
 from corral.infra.base import ClusterSnapshot
+from corral.infra.shell import checked
 from corral.task import SAFE_PATH, expandable
 from corral.infra.slurm.parsing import (
     SINFO_FIELDS,
@@ -86,8 +87,7 @@ def probe_script(slurm_timeout: int, *, associations: bool = False, paths: tuple
     `facts`: also the login node's own facts (FACTS), for a caller that does not know them yet."""
     seconds = int(slurm_timeout)
     for path in (*paths, *filesystems):
-        if not SAFE_PATH.match(path):
-            raise ValueError(f"not a checked path: {path!r}")
+        checked(SAFE_PATH, path, "a checked path")
     exists = "".join(f'[ -e "{expandable(p)}" ] && echo {shlex.quote(p)}\n' for p in paths)
     if filesystems:
         exists += f"printf '\\n{MARK} pathfs 0\\n'\n" + "".join(

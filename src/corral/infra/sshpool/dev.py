@@ -19,6 +19,7 @@ from corral.infra.shell import (
     EXEC_START_WAIT,
     IDLE_LIMIT_FILE,
     SETUP_TAIL_LINES,
+    check_token,
     claim_gpus,
     exec_ended_trap,
     exec_folder,
@@ -30,7 +31,7 @@ from corral.infra.shell import (
     write_file,
 )
 from corral.infra.sshpool.inventory import ALIVE, MARK
-from corral.infra.sshpool.runner import RUNS_DIR, check_token, run_dir_word
+from corral.infra.sshpool.runner import RUNS_DIR, run_dir_word
 
 _KEEP_ACTIVE = ('( while kill -0 "$$" 2>/dev/null; do touch "$d/last_active"; sleep 5; done ) '
                 "</dev/null >/dev/null 2>&1 &\n")

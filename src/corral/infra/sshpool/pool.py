@@ -61,7 +61,7 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra import caches
-from corral.infra.shell import render_env
+from corral.infra.shell import check_token, render_env
 from corral.infra.sshpool import dev as pooldev
 from corral.infra.sshpool import runner
 from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, inventory_script, parse_inventory
@@ -356,7 +356,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         hosts, token = _hosts_and_token(handle)
         if not hosts or not token or any(h not in self.pool.hosts for h in hosts):
             return []
-        return [(h, runner.check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
+        return [(h, check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
 
     async def _cancel_ranks(self, ranks: list[tuple[str, str]]) -> None:
         await self._per_machine(ranks, runner.cancel_script)

@@ -18,23 +18,15 @@ where there are GPUs, nvidia-smi.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Sequence
 
 from corral.infra.base import JobRequest
-from corral.infra.shell import IDLE_LIMIT_FILE, checkpoint_lines, remove_script, tail_lines, write_file
+from corral.infra.shell import IDLE_LIMIT_FILE, check_token, checkpoint_lines, remove_script, tail_lines, write_file
 from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
 
 RUNS_DIR = ".corral/runs"
 MOUNTS_STAGE = "mounts"  # in a run dir: file mounts kept apart until the workdir is copied from its cache
-_TOKEN = re.compile(r"^[0-9a-f]{12}(\.[0-9]+)?\Z", re.ASCII)
-
-
-def check_token(token: str) -> str:
-    if not _TOKEN.match(token):
-        raise ValueError(f"not an attempt token: {token!r}")
-    return token
 
 
 def run_dir(token: str) -> str:
