@@ -341,16 +341,16 @@ def test_a_dense_filter_walks_by_creation_and_gives_the_same_pages_as_a_sort(sto
 def test_a_sweep_is_counted_whole_by_state_and_spans_its_first_start_to_its_last_end(store):
     rows = [ended(f"c-s{i:03d}", 500.0, "SUCCEEDED" if i < 7 else "FAILED", sweep="c-s000", rank=i) for i in range(10)]
     for i, (_, attempt) in enumerate(rows):
-        attempt.started_at, attempt.ended_at = 510.0 + i, 520.0 + i
+        attempt.submitted_at, attempt.started_at, attempt.ended_at = 505.0 + i, 510.0 + i, 520.0 + i
     fill(store, rows)
     page = store.queue_page(limit=3)
-    assert page.sweep_times == {"c-s000": (510.0, 529.0)}
+    assert page.sweep_times == {"c-s000": (510.0, 529.0, 505.0)}  # of all its jobs, not only the page's
     store.add_jobs([], [AttemptRow(token="t-c-s009-2", job_id="c-s009", number=2, cluster="borealis",
                                    partition="h100", state="RUNNING", created_at=600.0, run_dir="r", log_path="l",
                                    started_at=605.0)])
     page = store.queue_page(limit=3)
     assert page.sweeps == {"c-s000": {"SUCCEEDED": 7, "FAILED": 2, "RUNNING": 1}}  # latest attempt of each job
-    assert page.sweep_times == {"c-s000": (510.0, None)}  # not ended while a job is live
+    assert page.sweep_times == {"c-s000": (510.0, None, 505.0)}  # not ended while a job is live
 
 
 def test_resolve_finds_by_id_prefix_and_name_without_reading_history(store):

@@ -188,7 +188,7 @@ def _job_row(j: Job) -> tuple[str | Text, ...]:
 
 def _sweep_row(jobs: list[Job], counts: dict[str, int], times: list[float | None]) -> tuple[str | Text, ...]:
     """One row for a whole sweep: its jobs per state (all of them, not only those on the page), its first
-    job's start and, once none is live, its last one's end."""
+    submission, its first job's start and, once none is live, its last one's end."""
     first = jobs[0]
     places = sorted({_where(j) for j in jobs})
     total = sum(counts.values()) or len(jobs)
@@ -199,7 +199,8 @@ def _sweep_row(jobs: list[Job], counts: dict[str, int], times: list[float | None
     array = arrays.pop() if len(arrays) == 1 and len(jobs) == total else None
     return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",
             places[0] if len(places) == 1 else f"{len(places)} places", array or "-", states, "",
-            when(min((j.submitted_at or 0) for j in jobs) or None), when(times[0] if times else None),
+            when(times[2] if len(times) > 2 else min((j.submitted_at or 0) for j in jobs) or None),
+            when(times[0] if times else None),
             when(times[1] if len(times) > 1 else None))
 
 

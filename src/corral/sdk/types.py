@@ -169,7 +169,8 @@ class QueuePage:
     more: int  # ended jobs (or sweeps, when grouped) beyond this page
     sweeps: dict[str, dict[str, int]]  # per sweep on the page: its jobs per state, all of them
     warnings: list[str]  # clusters that could not be refreshed
-    # per sweep on the page: [its first job's start, its last job's end once none is live] (epoch seconds)
+    # per sweep on the page: [its first job's start, its last job's end once none is live, its first
+    # submission] (epoch seconds)
     sweep_times: dict[str, list[float | None]] = field(default_factory=dict)
 
 

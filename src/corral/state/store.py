@@ -74,8 +74,8 @@ class QueuePage:
     views: list[JobView]
     more: int  # ended jobs the filters match beyond this page
     sweeps: dict[str, dict[str, int]]  # sweep id -> {state: jobs}, over the whole sweep
-    sweep_times: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
-    # sweep id -> (its first job's start, its last job's end once every job has ended)
+    sweep_times: dict[str, tuple[float | None, float | None, float | None]] = field(default_factory=dict)
+    # sweep id -> (its first job's start, its last job's end once every job has ended, its first submission)
 
 
 @dataclass(frozen=True)
@@ -417,9 +417,9 @@ class Store:
             offset += QUEUE_CHUNK
 
     def sweep_summaries(self, sweep_ids: set[str]) -> tuple[dict[str, dict[str, int]],
-                                                             dict[str, tuple[float | None, float | None]]]:
+                                                             dict[str, tuple[float | None, float | None, float | None]]]:
         """Of each sweep, by its jobs' latest attempts (one aggregate query): its jobs per state, and (the
-        first start, the last end once none is live)."""
+        first start, the last end once none is live, the first submission)."""
         if not sweep_ids:
             return {}, {}
         with self.session() as s:
@@ -428,20 +428,23 @@ class Store:
                       .where(JobRow.sweep_id.in_(list(sweep_ids))).group_by(AttemptRow.job_id).subquery())
             rows = s.execute(
                 select(JobRow.sweep_id, AttemptRow.state, func.count(), func.min(AttemptRow.started_at),
-                       func.max(AttemptRow.ended_at))
+                       func.max(AttemptRow.ended_at), func.min(AttemptRow.submitted_at))
                 .join(latest, latest.c.job_id == JobRow.id)
                 .join(AttemptRow, (AttemptRow.job_id == latest.c.job_id) & (AttemptRow.number == latest.c.number))
                 .group_by(JobRow.sweep_id, AttemptRow.state))
             counts: dict[str, dict[str, int]] = {}
             starts: dict[str, list[float]] = {}
             ends: dict[str, list[float]] = {}
-            for sweep_id, state, count, started, ended in rows:
+            submissions: dict[str, list[float]] = {}
+            for sweep_id, state, count, started, ended, submitted in rows:
                 counts.setdefault(sweep_id, {})[state] = count
                 starts.setdefault(sweep_id, []).extend([started] if started is not None else [])
                 ends.setdefault(sweep_id, []).extend([ended] if ended is not None else [])
+                submissions.setdefault(sweep_id, []).extend([submitted] if submitted is not None else [])
             live = {sweep for sweep, states in counts.items() if any(state in LIVE_ATTEMPT_STATES for state in states)}
             times = {sweep: (min(starts[sweep], default=None),
-                             None if sweep in live else max(ends[sweep], default=None)) for sweep in counts}
+                             None if sweep in live else max(ends[sweep], default=None),
+                             min(submissions[sweep], default=None)) for sweep in counts}
             return counts, times
 
     def active_attempts(self) -> list[AttemptRow]:
