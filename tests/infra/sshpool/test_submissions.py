@@ -15,10 +15,12 @@ from corral.infra.sshpool.submissions import BATCH, CacheSync, MachineSubmission
 
 def test_each_script_runs_in_its_own_subshell_and_its_answer_comes_back_apart():
     scripts = ["echo one; exit 0; echo never", "set -u; echo two; exit 3", "read -r line; echo \"read:${line:-}\"",
-               "printf 'no newline'"]
+               "printf 'no newline'", "mkdir /proc/x"]
     ran = subprocess.run(["bash", "-s"], input=combined(scripts) + "echo after\n", capture_output=True, text=True,
                          check=True)
-    assert answers(ran.stdout, 4) == [(0, "one"), (3, "two"), (0, "read:"), (0, "no newline")]
+    assert answers(ran.stdout, 5)[:4] == [(0, "one"), (3, "two"), (0, "read:"), (0, "no newline")]
+    status, said = answers(ran.stdout, 5)[4]
+    assert status == 1 and "mkdir: cannot create directory" in said  # stderr too: what a failure says
     assert ran.stdout.endswith("after\n")  # the session went on: an exit ends its subshell only
 
 

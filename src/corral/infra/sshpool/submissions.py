@@ -46,8 +46,9 @@ class _Entry:
 
 def combined(scripts: Sequence[str]) -> str:
     """One bash script that runs each of `scripts` in its own subshell (an `exit` ends that one only),
-    none reading the session's stdin (the script itself), each followed by `PART_END <index> <status>`."""
-    return "".join(f"(\n{script}\n) </dev/null\nprintf '\\n{PART_END} {index} %d\\n' $?\n"
+    none reading the session's stdin (the script itself), its stderr in its output (what a failure
+    says), each followed by `PART_END <index> <status>`."""
+    return "".join(f"(\n{script}\n) </dev/null 2>&1\nprintf '\\n{PART_END} {index} %d\\n' $?\n"
                    for index, script in enumerate(scripts))
 
 
