@@ -308,9 +308,18 @@ def test_a_relaunch_to_the_pool_sends_only_changes_through_the_machines_cache(co
     task = tmp_path / "task.yaml"
     task.write_text(f"workdir: {work}\nfile_mounts:\n  shadow.txt: {tmp_path / 'mount.txt'}\n"
                     "resources:\n  infra: ssh/lab\nrun: cat change.txt shadow.txt; stat -c %h keep.txt\n")
+    def sends() -> int:
+        planned = corral("launch", "--dryrun", "--json", str(task), env=pool_env)
+        assert planned.exit_code == 0, planned.stderr
+        [row] = [r for r in planned.json() if r.get("feasible")]
+        return row["transfer_bytes"]
+
+    whole = sum(len(f.read_text()) for f in work.iterdir()) + len("from the mount\n")
+    assert sends() == whole  # no machine has seen this workdir
     first = corral("launch", str(task), env=pool_env)
     assert (first.exit_code, first.stdout) == (0, "v1\nfrom the mount\n2\n"), first.stderr
     (work / "change.txt").write_text("v2, longer\n")
+    assert sends() == len("v2, longer\n") + len("from the mount\n")  # what its machine's cache lacks, and the mount
     second = corral("launch", str(task), env=pool_env)
     assert (second.exit_code, second.stdout) == (0, "v2, longer\nfrom the mount\n3\n"), second.stderr
     key = hashlib.sha256(f"{socket.gethostname()}:{work}".encode()).hexdigest()[:16]

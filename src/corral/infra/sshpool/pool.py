@@ -148,6 +148,14 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
         if not self._keep(_Upload(Path(local), remote)):
             await asyncio.gather(*(self.transport.sync(host, Path(local), remote) for host in self.pool.hosts))
 
+    async def workdir_upload_size(self, local: Path, cache_key: str) -> int | None:
+        """What the machine whose cache holds most of the workdir lacks (a relaunch goes back to that one
+        unless its GPUs are taken): an rsync dry run against each machine's cache, all at once."""
+        sizes = await asyncio.gather(*(self.transport.sync_size(host, local, caches.cache_path(cache_key) + "/")
+                                       for host in self.pool.hosts), return_exceptions=True)
+        known = [size for size in sizes if isinstance(size, int)]
+        return min(known) if known else None
+
     async def upload_workdir(self, local: Path, cache_key: str, remote: str) -> None:
         """Kept as upload keeps a file; once the machine is chosen, rsync into its cache of the folder
         (only changes travel) and a hard-linked copy into the run directory, made by the submission's
