@@ -363,3 +363,21 @@ def test_a_sweep_to_the_pool_starts_in_a_round_trip_per_64_tasks_with_one_workdi
     for rank in (0, 64, 129):  # one of each round trip
         out = wait_for("its output", lambda r=rank: corral("logs", "--no-follow", jobs[r]["job_id"], env=env).stdout)
         assert out == f"{rank} shared\n"
+
+
+def test_a_pool_allocations_setup_is_shown_as_it_runs(corral, pool_env, tmp_path):
+    """As on Slurm (tests/cli/test_dev.py): `launch -c` printed nothing of a pool holder's setup, only
+    `STARTING (running setup)`, and a failed one's lines came in the error."""
+    task = tmp_path / "task.yaml"
+    task.write_text("resources:\n  infra: ssh/lab\nsetup: |\n  echo installing on $CORRAL_NODE_RANK\n  sleep 1\n"
+                    "  echo installed\nrun: echo ran\n")
+    try:
+        up = corral("launch", "-c", "labsetup", str(task), env=pool_env)
+        assert (up.exit_code, up.stdout) == (0, "installing on 0\ninstalled\nran\n"), up.stderr
+        task.write_text("resources:\n  infra: ssh/lab\nsetup: |\n  echo 'pip: no such package' >&2\n  exit 4\n"
+                        "run: echo never\n")
+        failed = corral("launch", "-c", "labbroken", str(task), env=pool_env)
+        assert failed.exit_code == 1 and "pip: no such package" in failed.stdout, (failed.stdout, failed.stderr)
+        assert "setup failed with exit code 4; its output is above" in failed.stderr, failed.stderr
+    finally:
+        corral("down", "labsetup", "labbroken", env=pool_env)

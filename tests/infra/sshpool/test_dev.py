@@ -16,6 +16,7 @@ from corral.infra.sshpool.dev import (
     exec_script,
     go_script,
     idle_limit_script,
+    setup_output_script,
     states_script,
 )
 from corral.infra.sshpool.pool import _allocation_state
@@ -193,3 +194,25 @@ def test_until_line_keeps_back_one_line_across_chunks_and_passes_the_rest_in_ord
     for chunk in (b"waiting\ncorral: cl", b"aimed\nrun", b" output\n", b"corral: claimed\n"):
         sink(chunk)
     assert seen == ["claimed"] and b"".join(out) == b"waiting\nrun output\ncorral: claimed\n"
+
+
+def test_the_setup_output_follower_stops_once_setup_is_over_or_the_holder_is_gone(home):
+    d = home / RUNS_DIR / TOKEN
+    (d / "log.txt").write_text("installing\ninstalled\n")
+    assert run(home, setup_output_script(TOKEN)) == (0, "installing\ninstalled\n")  # ready: at once, all of it
+    (d / "ready").unlink()
+    (d / "pid").write_text("999999 1\n")  # its holder died with no exit code written
+    assert run(home, setup_output_script(TOKEN)) == (0, "installing\ninstalled\n")
+    (d / "pid").unlink()  # not started yet: it waits for the log, then follows it as setup writes it
+    (d / "log.txt").unlink()
+    follower = session(home, setup_output_script(TOKEN))
+    follower.stdin.write(setup_output_script(TOKEN))
+    follower.stdin.close()
+    with (d / "log.txt").open("a") as log:
+        log.write("step 1\n")
+        log.flush()
+        wait_for("the follower to print the first line", lambda: follower.stdout.readline() == "step 1\n", 10)
+        log.write("corral: setup failed on m1 with exit code 2\n")
+    (d / "setup_failed").write_text("2\n")
+    assert follower.wait(timeout=10) == 0
+    assert follower.stdout.read() == "corral: setup failed on m1 with exit code 2\n"

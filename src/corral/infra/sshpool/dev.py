@@ -162,6 +162,20 @@ def shell_command(token: str, command: str | None) -> str:
 SETUP_SAID = f"{MARK} said"  # states_script's lines of a failed setup's output: `@@corral said <token> <line>`
 
 
+def setup_output_script(token: str) -> str:
+    """Print the holder's log from its start as it comes (its setup's output), until it is ready, its
+    setup failed, or it has ended (its exit code written, or its process gone)."""
+    d = run_dir_word(token)
+    return (f"{ALIVE}d={d}\n"
+            'over() { [ -e "$d/ready" ] || [ -e "$d/setup_failed" ] || [ -e "$d/exit_code" ] && return 0; '
+            '[ -s "$d/pid" ] || return 1; read -r p s < "$d/pid" || return 1; ! alive "$p" "$s"; }\n'
+            'while [ ! -e "$d/log.txt" ] && ! over; do sleep 0.5; done\n'
+            '[ -e "$d/log.txt" ] || exit 0\n'
+            'tail -n +1 -F -- "$d/log.txt" 2>/dev/null & t=$!\n'
+            "while ! over; do sleep 0.5; done\n"
+            "sleep 0.5; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n")
+
+
 def states_script(tokens: list[str]) -> str:
     """One line per token: `<token> <alive 0|1> <ready 0|1> <last active or -> <setup exit code or -> <ended
     reason or -> <ended execs as id:status,… or ->`; after a failed setup's, its last lines in the holder's

@@ -44,6 +44,7 @@ from corral.infra.base import (
     CopiesCheckpoints,
     EndedRun,
     FailureClass,
+    FollowsSetup,
     GpuPool,
     HoldsAllocations,
     Infra,
@@ -89,8 +90,8 @@ def configured_gpus(spec: str) -> tuple[Gpu, ...]:
     return tuple(Gpu(i, name, None, None) for i in range(int(count)))
 
 
-class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoints, RemovesRunFiles,
-                   PrunesWorkdirCaches):
+class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, CopiesCheckpoints,
+                   RemovesRunFiles, PrunesWorkdirCaches):
     kind: ClassVar[str] = "ssh"
     execs_on_fewer_nodes: ClassVar[bool] = False  # each machine's variables (vars.sh) name them all
 
@@ -420,6 +421,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, CopiesCheckpoin
             out[handle] = _allocation_state(hosts, [lines.get(r) for r in ranks], silent,
                                             ["\n".join(said.get(r, [])) for r in ranks])
         return out
+
+    async def setup_output(self, handle: str, run_dir: str, on_output: OutputSink) -> None:
+        """The head's holder's output (rank 0's, as `logs` shows a task's) while its setup runs."""
+        hosts, token = _hosts_and_token(handle)
+        await self.transport.stream(hosts[0], pooldev.setup_output_script(_rank_token(token, 0, len(hosts))),
+                                    on_output)
 
     async def set_idle_limit(self, handle: str, run_dir: str, idle_seconds: int) -> None:
         """On every machine of the allocation (each holder tells its own idleness)."""
