@@ -216,12 +216,15 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env, tmp_path):
         timeout=40)
     assert ended["reason"] == "released after being idle"
     corral("down", "idler", env=pool_env)
-    # A setup that fails says what it printed last (it gave only its exit code).
+    # A setup that fails: its output was shown as it ran, and status keeps its last lines (it gave only
+    # its exit code).
     broken = tmp_path / "broken.yaml"
     broken.write_text("resources:\n  infra: ssh/lab\n  accelerators: L4:1\nsetup: |\n  echo installing\n  exit 4\n")
     failed = corral("launch", "-c", "broken", str(broken), env=pool_env)
-    assert failed.exit_code == 1 and ("is FAILED: setup failed with exit code 4; the last lines setup printed: "
-                                      "installing | corral: setup failed on ") in failed.stderr, failed.stderr
+    assert failed.exit_code == 1 and failed.stdout.startswith("installing\n"), (failed.stdout, failed.stderr)
+    assert "is FAILED: setup failed with exit code 4; its output is above" in failed.stderr, failed.stderr
+    kept = next(s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "broken")
+    assert kept["setup_output"].startswith("installing\ncorral: setup failed on "), kept
     assert corral("down", "broken", env=pool_env).exit_code == 0
 
 
