@@ -122,7 +122,8 @@ def run(args: argparse.Namespace, bench, machines, kube) -> None:
                          env=env, capture_output=True, text=True, check=True).stdout
     pool_sweep = time.perf_counter() - started
     machine = json.loads(out)[0]["slurm_job_id"].split("/")[0]
-    raw_starts = time_command([*raw, machine, f"for i in $(seq {args.pool_sweep}); do setsid true </dev/null & done; wait"])
+    raw_starts = time_command([*raw, machine,
+                               f"for i in $(seq {args.pool_sweep}); do setsid true </dev/null & done; wait"])
     print_table(
         f"one view over {len(bench.clusters)} clusters, {len(hosts)} pool machines and 1 Kubernetes context "
         f"(median of {args.runs} runs)",

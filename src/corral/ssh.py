@@ -625,8 +625,8 @@ class SshTransport:
             rsync_path = " ".join(self.as_user(["bash", "-c", shlex.quote(
                 f'umask 077 && cd && {held_by(hold)}exec {self.remote_rsync} "$@"'), "rsync"]))
         # Nothing Corral copies is for other accounts' eyes (run dirs are mode 700 too).
-        argv = ["rsync", "-a", "-s", EXACT_TIMES, "--mkpath", "--chmod=go-rwx", "-e", ssh, f"--rsync-path={rsync_path}", *options,
-                "--", src, f"{cluster}:{destination}"]
+        argv = ["rsync", "-a", "-s", EXACT_TIMES, "--mkpath", "--chmod=go-rwx", "-e", ssh, f"--rsync-path={rsync_path}",
+                *options, "--", src, f"{cluster}:{destination}"]
         text, status = await self._transfer(cluster, argv, None, source, timeout)
         if status == 0:
             return True

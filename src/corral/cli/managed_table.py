@@ -16,8 +16,8 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
     if not jobs:
         console.print("No managed jobs.")
         return
-    table = new_table(("ID", "NAME", "STATE", "INFRA", handle_header(jobs), "SUBMITTED", "DURATION", "ATTEMPTS", "STARTS",
-                       "REASON"))
+    table = new_table(("ID", "NAME", "STATE", "INFRA", handle_header(jobs), "SUBMITTED", "DURATION", "ATTEMPTS",
+                       "STARTS", "REASON"))
     now = time.time()
     for job in pipelines_in_order(jobs):
         state = str(job["state"])

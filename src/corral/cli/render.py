@@ -49,8 +49,8 @@ def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> Non
         free = styled(str(r.free), "green") if r.free else styled("0", "dim")
         place = str(r.raw.get("infra") or "")
         slurm = not place or place.startswith("slurm/")  # a pool or a context has no partitions: ssh/lab, -
-        table.add_row(r.cluster if slurm else place, r.partition if slurm else "-", r.gpu, r.gres_type or "(untyped)", free, str(r.total),
-                      str(r.nodes), str(r.pending))
+        table.add_row(r.cluster if slurm else place, r.partition if slurm else "-", r.gpu, r.gres_type or "(untyped)",
+                      free, str(r.total), str(r.nodes), str(r.pending))
     for f in report.failures:
         table.add_row(f.cluster, styled("unavailable", "red"), "-", "-", "-", "-", "-", "-")
     if report.rows or report.failures:

@@ -416,8 +416,8 @@ class Store:
                 return
             offset += QUEUE_CHUNK
 
-    def sweep_summaries(self, sweep_ids: set[str]) -> tuple[dict[str, dict[str, int]],
-                                                             dict[str, tuple[float | None, float | None, float | None]]]:
+    def sweep_summaries(self, sweep_ids: set[str]) -> tuple[
+            dict[str, dict[str, int]], dict[str, tuple[float | None, float | None, float | None]]]:
         """Of each sweep, by its jobs' latest attempts (one aggregate query): its jobs per state, and (the
         first start, the last end once none is live, the first submission)."""
         if not sweep_ids:

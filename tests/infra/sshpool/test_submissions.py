@@ -67,7 +67,8 @@ def test_what_arrives_together_goes_in_one_round_trip_per_batch_and_a_lone_one_a
 
 def test_a_workdir_is_synced_once_for_the_scripts_that_read_it_and_again_for_another():
     machine = Machine()
-    first, second = CacheSync(Path("/uploads/a/tree"), "0123456789abcdef"), CacheSync(Path("/uploads/b"), "0123456789abcdef")
+    first = CacheSync(Path("/uploads/a/tree"), "0123456789abcdef")
+    second = CacheSync(Path("/uploads/b"), "0123456789abcdef")
 
     async def main() -> None:
         submissions = MachineSubmissions("m1", machine.run, machine.sync, 30)
