@@ -22,8 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from corral.infra.shell import checked
+
+if TYPE_CHECKING:
+    from corral.ssh import SshTransport
 
 CACHE_DIR = ".corral/cache"  # under the user's home on the login node
 KEEP_DAYS = 14.0  # `workdir_cache: {keep_days: N}` in config.yaml; a cache lasts this long after its last use
@@ -48,6 +53,17 @@ def cache_path(key: str) -> str:
 def marker_path(key: str) -> str:
     """The file a sync into the cache touches first, and holds a shared lock on while it writes."""
     return f"{CACHE_DIR}/{_checked(key)}.used"
+
+
+async def sync_into(transport: SshTransport, place: str, local: Path, key: str) -> None:
+    """Mirror the workdir `local` into the cache `key` on `place` (a login node, a pool's machine),
+    marking its use and holding its lock while rsync writes."""
+    await transport.sync(place, local, cache_path(key) + "/", mirror=True, hold=marker_path(key))
+
+
+async def lacks(transport: SshTransport, place: str, local: Path, key: str) -> int | None:
+    """The bytes `sync_into` would send now (rsync's dry run); None where rsync cannot tell."""
+    return await transport.sync_size(place, local, cache_path(key) + "/")
 
 
 def _checked(key: str) -> str:

@@ -128,7 +128,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         await self.transport.sync(self.cluster, local, remote)
 
     async def workdir_upload_size(self, local: Path, cache_key: str) -> int | None:
-        return await self.transport.sync_size(self.cluster, local, caches.cache_path(cache_key) + "/")
+        return await caches.lacks(self.transport, self.cluster, local, cache_key)
 
     async def upload_workdir(self, local: Path, cache_key: str, remote: str) -> None:
         """rsync into `~/.corral/cache/<key>` (a mirror of the last workdir sent from the same folder, so
@@ -136,7 +136,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         folder: one more round trip, no data. A file the job rewrites in place is sent again next
         time; the attempt keeps its copy."""
         cache = caches.cache_path(cache_key)
-        await self.transport.sync(self.cluster, local, cache + "/", mirror=True, hold=caches.marker_path(cache_key))
+        await caches.sync_into(self.transport, self.cluster, local, cache_key)
         source, target = remote_path(cache), remote_path(remote)
         script = (f"mkdir -p {target} && {{ cp -al {source}/. {target}/ 2>/dev/null "
                   f"|| cp -a {source}/. {target}/; }}\n")

@@ -152,7 +152,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
     async def workdir_upload_size(self, local: Path, cache_key: str) -> int | None:
         """What the machine whose cache holds most of the workdir lacks (a relaunch goes back to that one
         unless its GPUs are taken): an rsync dry run against each machine's cache, all at once."""
-        sizes = await asyncio.gather(*(self.transport.sync_size(host, local, caches.cache_path(cache_key) + "/")
+        sizes = await asyncio.gather(*(caches.lacks(self.transport, host, local, cache_key)
                                        for host in self.pool.hosts), return_exceptions=True)
         known = [size for size in sizes if isinstance(size, int)]
         return min(known) if known else None
@@ -242,8 +242,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 return (await self.transport.run(host, script, timeout=timeout)).stdout
 
             async def sync(workdir: CacheSync) -> None:
-                await self.transport.sync(host, workdir.local, f"{caches.cache_path(workdir.key)}/", mirror=True,
-                                          hold=caches.marker_path(workdir.key))
+                await caches.sync_into(self.transport, host, workdir.local, workdir.key)
 
             found = self._machine_submissions[host] = MachineSubmissions(host, run, sync, JOB_TIMEOUT)
         return found
