@@ -95,6 +95,17 @@ def leave_cancel_marker(run_dir: str, folder: str) -> str:
     return f"[ -d {run_dir} ] && mkdir -p {folder} && : > {folder}/{EXEC_CANCELLED}\n"
 
 
+def follow_log_until_over(poll: float) -> str:
+    """Bash: print `$d/log.txt` from its start as it comes, until the caller's `over` function says the
+    holder's setup is over (waiting for the log to appear; `over` asked every `poll` seconds), then the
+    last half second of it."""
+    return (f'while [ ! -e "$d/log.txt" ] && ! over; do sleep {poll:g}; done\n'
+            '[ -e "$d/log.txt" ] || exit 0\n'
+            'tail -n +1 -F -- "$d/log.txt" 2>/dev/null & t=$!\n'
+            f"while ! over; do sleep {poll:g}; done\n"
+            "sleep 0.5; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n")
+
+
 def checked(pattern: re.Pattern[str], value: str, what: str) -> str:
     """`value`, which `pattern` matches, so that it may reach a command line as it is; else ValueError
     (`not <what>: <value>`): it came from somewhere it should not have, and nothing is run."""

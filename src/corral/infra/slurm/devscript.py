@@ -15,7 +15,6 @@ import shlex
 
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
 from corral.infra.shell import (
-    checked,
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_SETUP_FAILED,
@@ -23,9 +22,11 @@ from corral.infra.shell import (
     IDLE_LIMIT_FILE,
     SETUP_TAIL_LINES,
     check_exec_id,
+    checked,
     claim_gpus,
     exec_ended_trap,
     exec_folder,
+    follow_log_until_over,
     leave_cancel_marker,
     narrow_gpus,
     one_line_word,
@@ -309,11 +310,7 @@ def setup_output_script(run_dir: str, job_id: str) -> str:
         'over() { { [ -e "$d/ready" ] || [ -e "$d/setup_failed" ]; } && return 0; n=$((n + 1)); '
         '[ $((n % 5)) -eq 1 ] || return 1; '
         f'! squeue -h -j {job_id} -o %T 2>/dev/null | grep -q -e PENDING -e RUNNING -e CONFIGURING; }}\n'
-        'while [ ! -e "$d/log.txt" ] && ! over; do sleep 1; done\n'
-        '[ -e "$d/log.txt" ] || exit 0\n'
-        'tail -n +1 -F -- "$d/log.txt" 2>/dev/null & t=$!\n'
-        "while ! over; do sleep 1; done\n"
-        "sleep 0.5; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n"
+        + follow_log_until_over(1)
     )
 
 

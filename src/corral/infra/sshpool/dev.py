@@ -23,6 +23,7 @@ from corral.infra.shell import (
     claim_gpus,
     exec_ended_trap,
     exec_folder,
+    follow_log_until_over,
     leave_cancel_marker,
     narrow_gpus,
     render_env,
@@ -169,11 +170,7 @@ def setup_output_script(token: str) -> str:
     return (f"{ALIVE}d={d}\n"
             'over() { [ -e "$d/ready" ] || [ -e "$d/setup_failed" ] || [ -e "$d/exit_code" ] && return 0; '
             '[ -s "$d/pid" ] || return 1; read -r p s < "$d/pid" || return 1; ! alive "$p" "$s"; }\n'
-            'while [ ! -e "$d/log.txt" ] && ! over; do sleep 0.5; done\n'
-            '[ -e "$d/log.txt" ] || exit 0\n'
-            'tail -n +1 -F -- "$d/log.txt" 2>/dev/null & t=$!\n'
-            "while ! over; do sleep 0.5; done\n"
-            "sleep 0.5; kill $t 2>/dev/null; wait $t 2>/dev/null; exit 0\n")
+            + follow_log_until_over(0.5))
 
 
 def states_script(tokens: list[str]) -> str:
