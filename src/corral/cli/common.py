@@ -369,8 +369,13 @@ def place_of(answer: Mapping[str, Any]) -> str:
     return str(answer.get("infra") or f"slurm/{answer['cluster']}/{answer['partition']}")
 
 
+def on_slurm(answer: Mapping[str, Any]) -> bool:
+    """Whether the server's answer (a job, attempt, allocation, GPU row) is on a Slurm cluster, not on a
+    pool or a context; a server that gives no `infra` knows only Slurm."""
+    return str(answer.get("infra") or "slurm/").startswith("slurm/")
+
+
 def handle_header(answers: Iterable[Mapping[str, Any]]) -> str:
     """The title of a table's column of handles: SLURM ID while every row shown is on Slurm, as a Slurm
     user reads it, and INFRA ID once a pool's or a context's handle (lab1/d575218a0cac) is among them."""
-    slurm = all(str(a.get("infra") or "slurm/").startswith("slurm/") for a in answers if a.get("cluster"))
-    return "SLURM ID" if slurm else "INFRA ID"
+    return "SLURM ID" if all(on_slurm(a) for a in answers if a.get("cluster")) else "INFRA ID"

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from corral.cli.common import place_of, write_bytes
+from corral.cli.common import on_slurm, place_of, write_bytes
 from corral.timefmt import expected_start
 
 WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
@@ -265,8 +265,7 @@ def exit_code_text(code: int | None) -> str:
 
 def _handle_words(attempt: dict[str, Any]) -> str:
     """What an attempt's handle is called where it ran."""
-    infra = str(attempt.get("infra") or "slurm/")
-    return "Slurm job" if infra.startswith("slurm/") else "job"
+    return "Slurm job" if on_slurm(attempt) else "job"
 
 
 def place(job: Any) -> str:

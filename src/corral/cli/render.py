@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from corral.cli.common import handle_header, place_of, warn
+from corral.cli.common import handle_header, on_slurm, place_of, warn
 from corral.cli.consoles import console, err_console, literal, state_cell, styled
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, expected_start, start_text, when
@@ -47,10 +47,9 @@ def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> Non
                       right=("FREE", "TOTAL", "NODES", "PENDING"))
     for r in report.rows:
         free = styled(str(r.free), "green") if r.free else styled("0", "dim")
-        place = str(r.raw.get("infra") or "")
-        slurm = not place or place.startswith("slurm/")  # a pool or a context has no partitions: ssh/lab, -
-        table.add_row(r.cluster if slurm else place, r.partition if slurm else "-", r.gpu, r.gres_type or "(untyped)",
-                      free, str(r.total), str(r.nodes), str(r.pending))
+        slurm = on_slurm(r.raw)  # a pool or a context has no partitions: ssh/lab, -
+        table.add_row(r.cluster if slurm else str(r.raw["infra"]), r.partition if slurm else "-", r.gpu,
+                      r.gres_type or "(untyped)", free, str(r.total), str(r.nodes), str(r.pending))
     for f in report.failures:
         table.add_row(f.cluster, styled("unavailable", "red"), "-", "-", "-", "-", "-", "-")
     if report.rows or report.failures:
@@ -131,8 +130,8 @@ class LaunchProgress:
             self.clear()
             ids = list(event.get("job_ids") or [])
             shown = ", ".join(ids[:3]) + (" …" if len(ids) > 3 else "")
-            where = event.get("infra") or f"slurm/{event['cluster']}/{event['partition']}"
-            what = "Slurm job" if where.startswith("slurm/") else "task"
+            where = place_of(event)
+            what = "Slurm job" if on_slurm(event) else "task"
             submitted = f"{shown} submitted to {where} as {what} {event['slurm_job_id']}"
             err_console.print(f"[green]✓[/green] {literal(submitted)}")
 
