@@ -114,14 +114,16 @@ def run(args: argparse.Namespace, bench, machines, kube) -> None:
         for cluster, job in blockers:
             subprocess.run([*raw, cluster, f"scancel {job}; scancel -u corral-test"], capture_output=True)
         subprocess.run(corral_argv("cancel", "--all"), env=env, capture_output=True)
-    # A sweep pinned to the pool: its submissions to a machine go together (submissions.py).
+    # A sweep pinned to the pool: it spreads over the machines' cores, the tasks beyond them wait in
+    # the machines' queues (claims.py), and the submissions to a machine go together (submissions.py).
     pinned = bench.scratch / "pinned.yaml"
     pinned.write_text(json.dumps({"name": "pinned", "resources": {"infra": "ssh/lab"}, "run": "true"}))
     started = time.perf_counter()
     out = subprocess.run(corral_argv("launch", "-d", "--json", "--num-jobs", str(args.pool_sweep), str(pinned)),
                          env=env, capture_output=True, text=True, check=True).stdout
     pool_sweep = time.perf_counter() - started
-    machine = json.loads(out)[0]["slurm_job_id"].split("/")[0]
+    spread = sorted({share["slurm_job_id"].split("/")[0] for share in json.loads(out)})
+    machine = spread[0]
     raw_starts = time_command([*raw, machine,
                                f"for i in $(seq {args.pool_sweep}); do setsid true </dev/null & done; wait"])
     print_table(
@@ -140,7 +142,8 @@ def run(args: argparse.Namespace, bench, machines, kube) -> None:
         [("corral launch -d --num-jobs 100 (vs ssh alpine sbatch --array=0-99)", sweep, array, "-")],
     )
     print_table(
-        f"{args.pool_sweep}-task sweep pinned to the pool (one run; all on {machine})",
+        f"{args.pool_sweep}-task sweep pinned to the pool (one run; spread over {', '.join(spread)}; accepted, "
+        "not ended)",
         [(f"corral launch -d --num-jobs {args.pool_sweep} --infra ssh/lab (vs ssh {machine}: {args.pool_sweep} "
           "setsid true)", pool_sweep, raw_starts, "-")],
     )

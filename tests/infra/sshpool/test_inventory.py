@@ -53,4 +53,4 @@ def test_an_incomplete_answer_is_an_error_naming_the_machine():
 def test_the_script_asks_nvidia_smi_with_a_bound():
     script = inventory_script()
     assert "timeout 10 nvidia-smi --query-gpu=index,name,memory.total,uuid --format=csv,noheader,nounits" in script
-    assert '"$HOME/.corral/pool/$(hostname)/held/"*' in script
+    assert 'base="$HOME/.corral/pool/$(hostname)"' in script and '"$base/held/"*' in script

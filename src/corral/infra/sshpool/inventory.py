@@ -18,6 +18,7 @@ MARK = "@@corral"
 NVIDIA_SMI_TIMEOUT = 10  # seconds; a wedged driver makes nvidia-smi hang
 QUERY = "index,name,memory.total,uuid"
 POOL_DIR = ".corral/pool"  # under the home; then <hostname>/
+RUNS_DIR = ".corral/runs"  # under the home; then <token>/
 # Bash: `alive PID START` is true while that very process runs (START: its start time, field 22 of
 # /proc/PID/stat, read after the command name, which may hold spaces); `started PID` prints it, and
 # fails for a zombie (a task whose parent is gone waits there until init reaps it: it is over).
@@ -27,7 +28,8 @@ ALIVE = ("started() { local s; read -r s 2>/dev/null </proc/\"$1\"/stat || retur
 
 
 def inventory_script() -> str:
-    """Bash printing `@@corral <section> <status>` sections: host, cpus, memory, gpus, held, address."""
+    """Bash printing `@@corral <section> <status>` sections: host, cpus, memory, gpus, held, claims (the
+    CPUs Corral's tasks hold), queued (each waiting task's `<gpus> <cpus> <type>`), address."""
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} host 0\\n'; hostname
@@ -40,10 +42,23 @@ else
   printf '\\n{MARK} gpus 127\\n'
 fi
 printf '\\n{MARK} held 0\\n'
-{ALIVE}for f in "$HOME/{POOL_DIR}/$(hostname)/held/"*; do
+{ALIVE}base="$HOME/{POOL_DIR}/$(hostname)"
+for f in "$base/held/"*; do
   [ -f "$f" ] || continue
   read -r token pid start < "$f" || true
   if alive "${{pid:-}}" "${{start:-}}"; then echo "${{f##*/}} $token"; fi
+done
+printf '\\n{MARK} claims 0\\n'
+used=0
+for f in "$base/cpus/"*; do
+  [ -f "$f" ] || continue
+  read -r n pid start < "$f" || continue
+  if alive "$pid" "$start"; then used=$((used + n)); fi
+done
+echo "$used"
+printf '\\n{MARK} queued 0\\n'
+for f in "$base/queue/"*; do
+  [ -e "$f" ] && read -r wants 2>/dev/null < "$HOME/{RUNS_DIR}/${{f##*_}}/wants" && echo "$wants"
 done
 printf '\\n{MARK} address 0\\n'; hostname -I 2>/dev/null | awk '{{print $1}}'
 printf '\\n{MARK} end 0\\n'
@@ -69,10 +84,21 @@ class Inventory:
     gpu_source: str  # "nvidia-smi", "config", or "none"
     warnings: tuple[str, ...] = ()
     address: str | None = None  # its first address (`hostname -I`): how a multi-node task's ranks reach it
+    cpus_claimed: int = 0  # by Corral's live tasks there
+    queued: tuple[Wants, ...] = ()  # the tasks waiting in its queue, oldest first
 
     @property
     def free_gpus(self) -> list[Gpu]:
         return [g for g in self.gpus if g.index not in self.held]
+
+
+@dataclass(frozen=True)
+class Wants:
+    """What a task takes on a machine (`runs/<token>/wants`): GPUs of a type ('' any) and CPUs."""
+
+    gpus: int
+    cpus: int
+    gpu_type: str
 
 
 def _sections(machine: str, stdout: str) -> dict[str, tuple[int, str]]:
@@ -122,10 +148,18 @@ def parse_inventory(machine: str, stdout: str, configured: tuple[Gpu, ...] = ())
         index, _, token = line.partition(" ")
         if index.isdigit() and token:
             held[int(index)] = token
+    claimed = sections.get("claims", (0, "0"))[1].strip()
+    queued = []
+    for line in sections.get("queued", (0, ""))[1].splitlines():
+        wanted_gpus, _, rest = line.partition(" ")
+        wanted_cpus, _, gpu_type = rest.partition(" ")
+        if wanted_gpus.isdigit() and wanted_cpus.isdigit():
+            queued.append(Wants(int(wanted_gpus), int(wanted_cpus), gpu_type))
     return Inventory(host=sections.get("host", (0, machine))[1].strip() or machine, cpus=cpus,
                      memory_mb=memory[0] // 1024, memory_available_mb=(memory[1] if len(memory) > 1 else memory[0]) // 1024,
                      gpus=tuple(gpus), held=held, gpu_source=source, warnings=tuple(warnings),
-                     address=sections.get("address", (0, ""))[1].strip() or None)
+                     address=sections.get("address", (0, ""))[1].strip() or None,
+                     cpus_claimed=int(claimed) if claimed.isdigit() else 0, queued=tuple(queued))
 
 
 def _nvidia_smi(text: str) -> tuple[list[Gpu], list[str]]:

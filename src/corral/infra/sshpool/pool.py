@@ -35,6 +35,7 @@ from typing import ClassVar
 
 from corral.config import PoolEntry
 from corral.errors import ClusterError, ClusterUnreachableError, CorralError, ProbeParseError
+from corral.gpu_names import normalize_gpu_name
 from corral.infra.base import (
     EXIT_NOT_READY,
     AllocationPhase,
@@ -54,6 +55,7 @@ from corral.infra.base import (
     Node,
     OutputSink,
     Partition,
+    PendingDemand,
     PrunesWorkdirCaches,
     RemovesRunFiles,
     ReportsSetupFailure,
@@ -64,8 +66,8 @@ from corral.infra.base import (
 from corral.infra import caches
 from corral.infra.shell import check_token, render_env
 from corral.infra.sshpool import dev as pooldev
-from corral.infra.sshpool import runner
-from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, inventory_script, parse_inventory
+from corral.infra.sshpool import claims, runner
+from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, Wants, inventory_script, parse_inventory
 from corral.infra.sshpool.submissions import CacheSync, MachineSubmissions
 from corral.ssh import SshTransport
 
@@ -104,6 +106,10 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         self._silent_since: dict[str, float] = {}
         self._existing: dict[str, bool] = {}  # token -> its rank 0 was already running (a retried submit)
         self._machine_submissions: dict[str, MachineSubmissions] = {}
+        # What was started on (or queued at) each machine since its last probe, so that the tasks of a
+        # sweep spread as they are submitted, before the next probe sees them.
+        self._booked: dict[str, list[Wants]] = {}
+        self._booked_queued: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -122,13 +128,17 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 nodes.append(Node(host, (self.pool.name,), "down*", False, 0, 0, 0, 0, (), str(answer)))
                 continue
             self._inventories[host] = answer
+            self._booked.pop(host, None)
+            self._booked_queued.pop(host, None)
             warnings += answer.warnings
             nodes.append(_node(self.pool.name, host, answer))
         if not any(n.usable for n in nodes):
             reasons = "; ".join(n.reason or n.name for n in nodes)
             raise ClusterUnreachableError(self.pool.name, f"no machine of the pool answers ({reasons})")
         partition = Partition(self.pool.name, True, "UP", "UNLIMITED", None, len(nodes))
-        return ClusterSnapshot(self.pool.name, None, tuple(nodes), (partition,), kind="ssh",
+        waiting = tuple(PendingDemand((self.pool.name,), w.gpu_type or None, w.gpus)
+                        for inventory in self._inventories.values() for w in inventory.queued)
+        return ClusterSnapshot(self.pool.name, None, tuple(nodes), (partition,), waiting, kind="ssh",
                                probe_seconds=time.monotonic() - started, warnings=tuple(warnings))
 
     async def _inventory(self, host: str) -> Inventory:
@@ -181,43 +191,97 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             token, rank, len(hosts)))) for rank, host in enumerate(hosts) for u in pending))
 
     # ---- jobs -----------------------------------------------------------------------------------------
-    def _free_gpus(self, host: str, request: JobRequest) -> int:
-        """GPUs of the request's type the last probe saw free on the machine (-1: not probed)."""
+    def _free(self, host: str, wants: Wants) -> tuple[int, int] | None:
+        """GPUs of the type and CPUs free on the machine, as the last probe saw them less what was
+        started there since (None: not probed)."""
         inventory = self._inventories.get(host)
         if inventory is None:
-            return -1
-        return sum(1 for g in inventory.free_gpus
-                   if request.accelerator_type is None or g.name == request.accelerator_type)
+            return None
+        gpus = sum(1 for g in inventory.free_gpus if _same_kind(g.name, wants.gpu_type))
+        cpus = inventory.cpus - inventory.cpus_claimed
+        for booked in self._booked.get(host, []):
+            if booked.gpus and _same_kind(booked.gpu_type, wants.gpu_type):
+                gpus -= booked.gpus
+            cpus -= booked.cpus
+        return gpus, cpus
 
     def _fits(self, host: str, request: JobRequest) -> bool:
-        return self._free_gpus(host, request) >= request.accelerators_per_node
+        """Can the machine start the request now, as far as Corral knows: what it wants is free, and
+        nothing waits in its queue for the same (which would go first)?"""
+        wants = _wants(request)
+        free = self._free(host, wants)
+        if free is None or free[0] < wants.gpus or free[1] < wants.cpus:
+            return False
+        return not any(_competes(waiting, wants) for waiting in self._inventories[host].queued)
 
     def _order(self, request: JobRequest) -> list[str]:
-        """Machines to try: those the last probe saw with enough free GPUs of the type, fullest first
-        (tasks pack, keeping whole machines free); then the others, which may have freed up."""
-        fits = sorted((h for h in self.pool.hosts if self._fits(h, request)),
-                      key=lambda h: (self._free_gpus(h, request), self.pool.hosts.index(h)))
-        return fits + [h for h in self.pool.hosts if h not in fits]
+        """Machines that can start the request now, fullest first (tasks pack, keeping whole machines free
+        for big ones; CPU tasks go first to machines with the fewest free GPUs)."""
+        wants = _wants(request)
+        fits = [h for h in self.pool.hosts if self._fits(h, request)]
+        return sorted(fits, key=lambda h: (*(self._free(h, wants) or (0, 0)), self.pool.hosts.index(h)))
+
+    def _queue_for(self, request: JobRequest) -> str | None:
+        """The machine to wait on: of those that could ever start it, the one with the least queued per
+        task of its size it can run at once (machines not probed yet last)."""
+        wants = _wants(request)
+
+        def load(host: str) -> tuple[bool, float, int]:
+            inventory = self._inventories.get(host)
+            if inventory is None:
+                return True, 0.0, self.pool.hosts.index(host)
+            waiting = len(inventory.queued) + self._booked_queued.get(host, 0)
+            if wants.gpus:
+                slots = sum(1 for g in inventory.gpus if _same_kind(g.name, wants.gpu_type)) // wants.gpus
+            else:
+                slots = inventory.cpus // wants.cpus if wants.cpus else 1
+            return False, waiting / max(slots, 1), self.pool.hosts.index(host)
+
+        def could(host: str) -> bool:
+            inventory = self._inventories.get(host)
+            return inventory is None or (
+                inventory.cpus >= wants.cpus
+                and sum(1 for g in inventory.gpus if _same_kind(g.name, wants.gpu_type)) >= wants.gpus)
+
+        return min((h for h in self.pool.hosts if could(h)), key=load, default=None)
 
     async def submit(self, request: JobRequest) -> SubmitResult:
         return await self._submit(request, None)
 
     async def _submit(self, request: JobRequest, idle_seconds: int | None) -> SubmitResult:
+        """A task starts on the first machine that can start it now; else it waits in one machine's queue
+        (runner.submit_script). A dev allocation does not wait: it is refused, and tries every machine."""
         if request.num_nodes > 1:
             return await self._submit_ranks(request, idle_seconds)
-        why: list[str] = []
-        for host in self._order(request):
+        wants, why = _wants(request), []
+        order = self._order(request)
+        if idle_seconds is not None:
+            order += [h for h in self.pool.hosts if h not in order]
+        for host in order:
+            self._booked.setdefault(host, []).append(wants)
             answer = await self._start_rank(request, host, 0, (), idle_seconds)
             if answer is None:
-                self._pending.pop(request.token, None)
-                return SubmitResult(True, f"{host}/{request.token}", self._existing.pop(request.token, False), "")
+                return self._accepted(request, host)
+            self._booked[host].remove(wants)
             why.append(answer)
+        if idle_seconds is None and (host := self._queue_for(request)) is not None:
+            self._booked_queued[host] = self._booked_queued.get(host, 0) + 1
+            answer = await self._start_rank(request, host, 0, (), None, may_queue=True)
+            if answer is None:
+                return self._accepted(request, host)
+            why.append(answer)
+        if not why:
+            why = [f"no machine has {_wants_text(wants)}"]
         return SubmitResult(False, None, False, f"no machine of {self.name} can start it now ({'; '.join(why)})")
+
+    def _accepted(self, request: JobRequest, host: str) -> SubmitResult:
+        self._pending.pop(request.token, None)
+        return SubmitResult(True, f"{host}/{request.token}", self._existing.pop(request.token, False), "")
 
     async def _submit_ranks(self, request: JobRequest, idle_seconds: int | None) -> SubmitResult:
         """One rank per machine, on the first machines the last probe saw with the GPUs free, each told
         every rank's address; all start, or those started are cancelled and the task is refused."""
-        hosts = [h for h in self._order(request) if self._fits(h, request)][:request.num_nodes]
+        hosts = self._order(request)[:request.num_nodes]
         if len(hosts) < request.num_nodes:
             return SubmitResult(False, None, False, f"{self.name}: {len(hosts)} machine(s) have the GPUs free, "
                                                     f"not {request.num_nodes}")
@@ -252,9 +316,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         return (inventory.address if inventory else None) or host
 
     async def _start_rank(self, request: JobRequest, host: str, rank: int, addresses: Sequence[str],
-                          idle_seconds: int | None = None) -> str | None:
-        """Start node `rank` of the request on `host` (with `idle_seconds`, a dev allocation's holder);
-        None when it runs, else why not."""
+                          idle_seconds: int | None = None, may_queue: bool = False) -> str | None:
+        """Start node `rank` of the request on `host` (with `idle_seconds`, a dev allocation's holder), or
+        with `may_queue` queue it there; None when it runs or waits, else why not."""
         token = _rank_token(request.token, rank, request.num_nodes)
         ranked = replace(request, token=token)
         job = (runner.job_script(request, self.pool.name, rank, addresses) if idle_seconds is None
@@ -262,10 +326,10 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         files = {"job.sh": job,
                  "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
         pending = self._pending.get(request.token, [])
-        return await self._send_and_start(host, rank, request, ranked, pending, files)
+        return await self._send_and_start(host, rank, request, ranked, pending, files, may_queue)
 
     async def _send_and_start(self, host: str, rank: int, request: JobRequest, ranked: JobRequest,
-                              pending: list[_Upload], files: dict[str, str]) -> str | None:
+                              pending: list[_Upload], files: dict[str, str], may_queue: bool) -> str | None:
         token = ranked.token
         workdir = next((CacheSync(u.local, u.cache_key) for u in pending if u.cache_key), None)
         cache = caches.cache_path(workdir.key) if workdir else None
@@ -279,7 +343,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 await self.transport.sync(host, upload.local, target)
             configured = [g.name for g in self._configured.get(host, ())]
             stdout = await self._submissions(host).submit(
-                runner.submit_script(ranked, self.pool.name, files, configured, workdir_cache=cache), workdir)
+                runner.submit_script(ranked, self.pool.name, files, configured, workdir_cache=cache,
+                                    may_queue=may_queue), workdir)
         except ClusterError as exc:
             return str(exc)
         answer = next((line for line in stdout.splitlines() if line.startswith(MARK + " ")), "")
@@ -674,18 +739,21 @@ def _node(pool: str, host: str, inventory: Inventory) -> Node:
         by_type.setdefault(gpu.name, []).append(gpu)
     gpus = tuple(GpuPool(name, len(group), sum(1 for g in group if g.index in inventory.held))
                  for name, group in by_type.items())
-    state = "mixed" if inventory.held else "idle"
-    return Node(host, (pool,), state, True, inventory.cpus, 0, inventory.memory_mb,
+    state = "mixed" if inventory.held or inventory.cpus_claimed else "idle"
+    # A GPU task claims no core unless it asks (claims.cpus_wanted): a machine whose cores CPU tasks hold
+    # still starts GPU tasks, so one core is left showing where it has GPUs (Node.gpus_free needs one).
+    claimed = min(inventory.cpus - (1 if inventory.gpus else 0), inventory.cpus_claimed)
+    return Node(host, (pool,), state, True, inventory.cpus, max(0, claimed), inventory.memory_mb,
                 max(0, inventory.memory_mb - inventory.memory_available_mb), gpus)
 
 
 def _statuses(host: str, stdout: str) -> list[JobStatus]:
     out = []
     for line in stdout.splitlines():
-        parts = line.split()
-        if len(parts) != 5 or line.startswith(MARK):
+        parts = line.split(maxsplit=5)
+        if len(parts) < 5 or line.startswith(MARK):
             continue
-        token, state, code, started, ended = parts
+        token, state, code, started, ended = parts[:5]
         start = float(started) if started.isdigit() else None
         end = float(ended) if ended.isdigit() else None
         exit_code = int(code) if code.lstrip("-").isdigit() else None
@@ -699,9 +767,42 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
                                  failure=None if ok else FailureClass.TASK))
         elif state == "cancelled":
             out.append(JobStatus(handle, token, JobState.CANCELLED, "CANCELLED", None, start, start, end, exit_code))
+        elif state == "queued":
+            ahead, _, wants = code.partition(":")
+            gpus, _, cpus = wants.partition(":")
+            what = _wants_text(Wants(int(gpus) if gpus.isdigit() else 0, int(cpus) if cpus.isdigit() else 0,
+                                     parts[5] if len(parts) > 5 else ""))
+            waits = f"waiting on {host} for {what}" + (f", {ahead} task(s) before it" if ahead not in ("", "0") else "")
+            out.append(JobStatus(handle, token, JobState.PENDING, "QUEUED",
+                                 f"{'Priority' if ahead not in ('', '0') else 'Resources'} ({waits})",
+                                 None, None, None, None))
         elif state == "vanished":
             out.append(JobStatus(handle, token, JobState.FAILED, "VANISHED",
                                  f"its process on {host} is gone without an exit code (the machine restarted, or "
                                  "the process was killed)", start, start, time.time(), None,
                                  failure=FailureClass.INFRA))
     return out
+
+
+def _wants(request: JobRequest) -> Wants:
+    gpus = request.accelerators_per_node
+    return Wants(gpus, claims.cpus_wanted(request.cpus_per_node, gpus), request.accelerator_type or "")
+
+
+def _same_kind(gpu_type: str, wanted: str) -> bool:
+    """Does a GPU (or a claim) of `gpu_type` count for a request of `wanted` ('' on either side: any)?"""
+    return not gpu_type or not wanted or gpu_type == wanted
+
+
+def _competes(waiting: Wants, wants: Wants) -> bool:
+    """Would a task waiting in a machine's queue go before a new one (claims.drain): does it wait for
+    what the new one wants?"""
+    return bool((waiting.cpus and wants.cpus)
+                or (waiting.gpus and wants.gpus and _same_kind(waiting.gpu_type, wants.gpu_type)))
+
+
+def _wants_text(wants: Wants) -> str:
+    gpus = f"{normalize_gpu_name(wants.gpu_type)}:{wants.gpus}" if wants.gpu_type else f"{wants.gpus} GPU(s)"
+    parts = ([gpus] if wants.gpus else []) + (
+        [f"{wants.cpus} CPU(s)"] if wants.cpus else [])
+    return " and ".join(parts) or "nothing"

@@ -9,11 +9,13 @@ A task on a machine is a process group of its own (`setsid`), started from its r
   `log.txt`: its output;
 - `cancelled`: left before Corral kills the group, so that a task that had not started yet never does.
 
-GPUs are claimed under `flock` on `~/.corral/pool/<hostname>/lock`: a GPU is free unless
-`held/<index>` names a task whose process lives. The claim and the start are one step under the lock,
-so two launches never take the same GPU, and a retried submission finds the task it started (its
-`pid`) instead of starting it twice. Nothing is installed: bash, coreutils, flock (util-linux) and,
-where there are GPUs, nvidia-smi.
+- `wants` (`<gpus> <cpus> <type>`), and `queued` while it waits in the machine's queue.
+
+GPUs and CPUs are claimed under `flock` on `~/.corral/pool/<hostname>/lock`, by the functions of
+claims.py: a claim counts while its task's process lives. The claim and the start are one step under
+the lock, so two launches never take the same GPU, and a retried submission finds the task it started
+(its `pid`) or queued instead of starting it twice. Nothing is installed: bash, coreutils, flock
+(util-linux) and, where there are GPUs, nvidia-smi.
 """
 
 from __future__ import annotations
@@ -23,9 +25,20 @@ from collections.abc import Sequence
 
 from corral.infra.base import JobRequest
 from corral.infra.shell import IDLE_LIMIT_FILE, check_token, checkpoint_lines, remove_script, tail_lines, write_file
-from corral.infra.sshpool.inventory import ALIVE, MARK, NVIDIA_SMI_TIMEOUT, POOL_DIR
+from corral.infra.sshpool import claims
+from corral.infra.sshpool.inventory import ALIVE, MARK, POOL_DIR
 
-RUNS_DIR = ".corral/runs"
+RUNS_DIR = claims.RUNS_DIR
+# What a task frees when it ends (not when cancelled: cancel_script starts the queue once it has killed
+# what was left) goes at once to the machine's queue (claims.py).
+END_TRAP = ("corral_end() {\n"
+            '  [ -e "$CORRAL_RUN_DIR/cancelled" ] && return 0\n'
+            f'  local base="$HOME/{POOL_DIR}/${{HOSTNAME:-$(hostname)}}"\n'
+            f'  [ -f "$base/{claims.LIBRARY}" ] || return 0\n'
+            f'  ( exec 9>"$base/lock"; flock -w 60 9 || exit 0; . "$base/{claims.LIBRARY}" '
+            '&& release "${CORRAL_RUN_DIR##*/}" && drain ) </dev/null >/dev/null 2>&1\n'
+            "}\n"
+            "trap corral_end EXIT")
 MOUNTS_STAGE = "mounts"  # in a run dir: file mounts kept apart until the workdir is copied from its cache
 
 
@@ -86,7 +99,7 @@ def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequenc
         "SKYPILOT_NUM_GPUS_PER_NODE": str(request.accelerators_per_node), **request.extra_env,
     }
     lines = ["#!/bin/bash", f"# Written by Corral: {what} on this machine (rank {rank} of {nodes}).", "set -u",
-             'export CORRAL_RUN_DIR="$(cd "$(dirname "$0")" && pwd)"']
+             'export CORRAL_RUN_DIR="$(cd "$(dirname "$0")" && pwd)"', END_TRAP]
     if node_addresses:
         listed = shlex.quote("\n".join(node_addresses))
         lines.append(f"export CORRAL_NODE_IPS={listed} SKYPILOT_NODE_IPS={listed}")
@@ -110,20 +123,14 @@ def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequenc
     ]
 
 
-def gpu_list(configured: Sequence[str]) -> str:
-    """Bash printing `index, name` per GPU: nvidia-smi's, else the pool's config for this machine."""
-    if configured:
-        return "printf '%s\\n' " + " ".join(shlex.quote(f"{i}, {name}") for i, name in enumerate(configured))
-    return (f"{{ command -v nvidia-smi >/dev/null 2>&1 && timeout {NVIDIA_SMI_TIMEOUT} "
-            "nvidia-smi --query-gpu=index,name --format=csv,noheader; }")
-
-
 def submit_script(request: JobRequest, pool: str, files: dict[str, str], configured: Sequence[str] = (),
-                  workdir_cache: str | None = None) -> str:
-    """Claim the request's GPUs (of its type) and start the task, in one round trip; idempotent by token.
-    Answers `@@corral submitted <host>/<token> new|existing`, or `@@corral rejected <why>`. The files
-    (env.sh holds the task's secrets) are written under the machine's lock once the token is known not
-    to run there; a rejected start leaves no run directory behind (nor the workdir synced into it).
+                  workdir_cache: str | None = None, may_queue: bool = False) -> str:
+    """Start the task when its GPUs (of its type) and CPUs are free, in one round trip; idempotent by
+    token. With `may_queue`, a task that must wait joins the machine's queue (claims.py) and starts as
+    soon as what it wants is free and nothing queued before it waits for the same. Answers `@@corral
+    submitted <host>/<token> new|queued|existing`, or `@@corral rejected <why>`. The files (env.sh holds
+    the task's secrets) are written under the machine's lock once the token is known not to be there;
+    a rejected start leaves no run directory behind (nor the workdir synced into it).
     `workdir_cache` (under the home): the workdir's cache on this machine, hard-linked into a fresh
     `workdir/`; what file_mounts put in `MOUNTS_STAGE/` then goes over it (new files, never written
     into the cache's), as file mounts follow the workdir on every infra."""
@@ -138,56 +145,54 @@ def submit_script(request: JobRequest, pool: str, files: dict[str, str], configu
                 f'if [ -d "$d/{MOUNTS_STAGE}" ]; then\n'
                 f'  {{ cp -a --remove-destination "$d/{MOUNTS_STAGE}/." "$d/workdir"/ && rm -rf "$d/{MOUNTS_STAGE}"; }} '
                 '|| reject "could not place the file mounts in the workdir"\nfi\n')
-    wanted = request.accelerators_per_node
-    type_test = (f'[ "$name" = {shlex.quote(request.accelerator_type)} ] || continue\n'
-                 if request.accelerator_type else "")
+    gpus = request.accelerators_per_node
+    cpus = claims.cpus_wanted(request.cpus_per_node, gpus)
+    kind = shlex.quote(request.accelerator_type or "")
     writes = "".join(write_file(f'"$d"/{shlex.quote(name)}', content) + "\n" for name, content in files.items())
+    waits = (f'echo "{MARK} submitted $host/{token} queued"; exit 0' if may_queue else
+             f'rm -f -- "$base/queue/"*"_{token}" "$d/queued"\n'
+             'fits "$d" && reject "$host has tasks queued before it"\n'
+             f'[ "${{#free[@]}}" -lt {gpus} ] && '
+             f'reject "$host has ${{#free[@]}} free GPU(s) of the kind asked, not {gpus}"\n'
+             f'reject "$host has $cpus_free free CPU(s), not {cpus}"')
     return f"""\
 set -u
 umask 077
 host=${{HOSTNAME:-$(hostname)}}
 base="$HOME/{POOL_DIR}/$host"
 d={directory}
-mkdir -p "$base/held" || exit 1
-{ALIVE}reject() {{ rm -rf -- "$d"; echo "{MARK} rejected $1"; exit 0; }}
+mkdir -p "$base/held" "$base/cpus" "$base/queue" || exit 1
+reject() {{ rm -rf -- "$d"; echo "{MARK} rejected $1"; exit 0; }}
 exec 9>"$base/lock"
-existing() {{ [ -s "$d/pid" ] && {{ echo "{MARK} submitted $host/{token} existing"; exit 0; }}; }}
+existing() {{
+  if [ -s "$d/pid" ] || [ -e "$d/queued" ]; then echo "{MARK} submitted $host/{token} existing"; exit 0; fi
+}}
 flock -w 20 9 || {{ existing; reject "another launch on $host holds its lock"; }}
 existing
-mkdir -p "$d/workdir" || exit 1
-{copy}{writes}free=()
-while IFS=, read -r index name; do
-  index="${{index//[[:space:]]/}}"; name="${{name#"${{name%%[![:space:]]*}}"}}"
-  [ -n "$index" ] || continue
-  {type_test}  if [ -f "$base/held/$index" ]; then
-    read -r _ holder since < "$base/held/$index" || holder=
-    alive "$holder" "${{since:-}}" && continue
-  fi
-  free+=("$index")
-done < <({gpu_list(configured)})
-if [ "${{#free[@]}}" -lt {wanted} ]; then
-  reject "$host has ${{#free[@]}} free GPU(s) of the kind asked, not {wanted}"
-fi
-pick=("${{free[@]:0:{wanted}}}")
-if [ {wanted} -gt 0 ]; then export CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${{pick[*]}}"); else export CUDA_VISIBLE_DEVICES=; fi
-cd "$d" || exit 1
-setsid bash "$d/job.sh" </dev/null >>"$d/log.txt" 2>&1 9>&- &
-pid=$!
-start=$(started "$pid")
-echo "$pid $start" > "$d/pid.new" && mv "$d/pid.new" "$d/pid"
-for index in "${{pick[@]}}"; do echo "{token} $pid $start" > "$base/held/$index"; done
-echo "{MARK} submitted $host/{token} new"
+{claims.install(configured)}mkdir -p "$d/workdir" || exit 1
+{copy}{writes}printf '%s %s %s\\n' {gpus} {cpus} {kind} > "$d/wants"
+fits "$d"
+[ "$total" -lt {gpus} ] && reject "$host has $total GPU(s) of the kind asked, not {gpus}"
+[ "$cpus_total" -lt {cpus} ] && reject "$host has $cpus_total CPU(s), not {cpus}"
+enqueue "$d" {token} && drain
+if [ -s "$d/pid" ]; then echo "{MARK} submitted $host/{token} new"; exit 0; fi
+{waits}
 """
 
 
 def status_script(tokens: Sequence[str]) -> str:
-    """One line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
-    state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown."""
+    """First start what now fits in the machine's queue (a task killed outright ran no exit trap), then
+    one line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
+    state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown, or
+    queued, whose third field is `<tasks ahead>:<gpus>:<cpus>`, and a sixth its GPU type (what it waits
+    for)."""
     for token in tokens:
         check_token(token)
     body = " ".join(tokens)
     return f"""\
-{ALIVE}printf '{MARK} clock %s\\n' "$(date +%s)"
+{ALIVE}{claims.drain_now(2)}printf '{MARK} clock %s\\n' "$(date +%s)"
+declare -A ahead=(); i=0
+for entry in "$base/queue/"*; do [ -e "$entry" ] && ahead[${{entry##*_}}]=$i && i=$((i + 1)); done
 for t in {body}; do
   d="$HOME/{RUNS_DIR}/$t"
   at=$( [ -f "$d/pid" ] && stat -c %Y "$d/pid" || echo -)
@@ -203,6 +208,8 @@ for t in {body}; do
     echo "$t cancelled - $at $(stat -c %Y "$d/cancelled")"
   elif [ -n "$pid" ]; then
     echo "$t vanished - $at -"
+  elif [ -e "$d/queued" ] && read -r g c type < "$d/wants"; then
+    echo "$t queued ${{ahead[$t]:-0}}:$g:$c - - $type"
   else
     echo "$t unknown - - -"
   fi
@@ -211,22 +218,27 @@ done
 
 
 def cancel_script(tokens: Sequence[str]) -> str:
-    """Leave each task's cancel marker, then TERM its process group, and KILL what is left 10 s later."""
+    """Leave each task's cancel marker (a queued task leaves the queue), then TERM its process group, and
+    KILL what is left 10 s later; then what now fits in the machine's queue starts."""
     for token in tokens:
         check_token(token)
     body = " ".join(tokens)
+    drain = claims.drain_now(30).replace("\n", "\n  ")
     return f"""\
-{ALIVE}for t in {body}; do
+{ALIVE}base="$HOME/{POOL_DIR}/${{HOSTNAME:-$(hostname)}}"
+for t in {body}; do
   d="$HOME/{RUNS_DIR}/$t"
   [ -d "$d" ] || continue
   : > "$d/cancelled"
+  rm -f -- "$base/queue/"*"_$t" "$d/queued"
   pid= since=
   [ -s "$d/pid" ] && read -r pid since < "$d/pid"
   alive "$pid" "$since" || continue
   kill -TERM -- "-$pid" 2>/dev/null
-  ( sleep 10; alive "$pid" "$since" && kill -KILL -- "-$pid" 2>/dev/null ) </dev/null >/dev/null 2>&1 &
+  ( sleep 10; alive "$pid" "$since" && kill -KILL -- "-$pid" 2>/dev/null
+  {drain}) </dev/null >/dev/null 2>&1 &
 done
-exit 0
+{claims.drain_now(5)}exit 0
 """
 
 

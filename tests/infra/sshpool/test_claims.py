@@ -1,0 +1,139 @@
+"""A pool machine's claims and queue (claims.py, runner.py): the real scripts, run by bash in a scratch
+home with two A100s and two L4s from the pool's config and three cores (`OMP_NUM_THREADS`, which nproc
+honours). Tasks wait for a file the test writes, so the test says when each ends. The same scripts on
+the testbed's machines, over ssh: tests/cli/test_pools.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corral.infra.base import JobRequest
+from corral.infra.sshpool import runner
+from corral.infra.sshpool.inventory import Gpu, inventory_script, parse_inventory
+from tests.conftest import wait_for
+
+GPUS = ["NVIDIA A100", "NVIDIA A100", "NVIDIA L4", "NVIDIA L4"]
+
+
+class Machine:
+    def __init__(self, home: Path):
+        self.home = home
+        self.env = {**os.environ, "HOME": str(home), "OMP_NUM_THREADS": "3"}
+        self.host = self.run("hostname").strip()
+
+    def run(self, script: str) -> str:
+        return subprocess.run(["bash", "-c", script], env=self.env, capture_output=True, text=True, timeout=60).stdout
+
+    def submit(self, n: int, gpus: int = 0, kind: str | None = None, cpus: int | None = None,
+               may_queue: bool = True) -> str:
+        request = JobRequest(token=token(n), task_ids=(f"c-{n}",), place="lab", num_nodes=1, accelerator_type=kind,
+                             accelerators_per_node=gpus, cpus_per_node=cpus, memory_mb=None, envs={}, setup=None,
+                             run=f'echo "gpus=$CUDA_VISIBLE_DEVICES"; until [ -e "$HOME/end-{n}" ]; do sleep 0.05; done')
+        files = {"job.sh": runner.job_script(request, "lab"), "env.sh": "", "setup.sh": "", "run.sh": request.run or ""}
+        answer = self.run(runner.submit_script(request, "lab", files, GPUS, may_queue=may_queue)).strip()
+        return answer.split("/", 1)[1] if "/" in answer else answer
+
+    def end(self, n: int) -> None:
+        (self.home / f"end-{n}").touch()
+
+    def states(self, *numbers: int) -> dict[int, str]:
+        lines = self.run(runner.status_script([token(n) for n in numbers])).splitlines()
+        found = {line.split()[0]: line.split()[1:3] for line in lines if not line.startswith("@@")}  # no type
+        return {n: " ".join(found[token(n)]).replace(" -", "") for n in numbers}
+
+    def log(self, n: int) -> str:
+        path = self.home / ".corral/runs" / token(n) / "log.txt"
+        return path.read_text() if path.exists() else ""
+
+
+def token(n: int) -> str:
+    return f"{n:012x}"
+
+
+@pytest.fixture
+def machine(tmp_path):
+    made = Machine(tmp_path)
+    yield made
+    for path in (tmp_path / ".corral/runs").glob("*/pid"):  # tasks left waiting for their file
+        pid = int(path.read_text().split()[0])
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_task_that_must_wait_is_queued_and_starts_when_the_gpus_it_waits_for_free_up(machine):
+    assert machine.submit(1, 2, "NVIDIA A100") == f"{token(1)} new"
+    assert machine.submit(2, 1, "NVIDIA A100") == f"{token(2)} queued"
+    assert machine.submit(2, 1, "NVIDIA A100") == f"{token(2)} existing"  # a retried submission
+    assert machine.states(1, 2) == {1: "running", 2: "queued 0:1:0"}
+    assert wait_for("task 1's output", lambda: machine.log(1)) == "gpus=0,1\n"
+    machine.end(1)  # its exit trap starts the next, with no status poll
+    assert wait_for("task 2's output", lambda: machine.log(2)) == "gpus=0\n"
+    assert machine.states(1, 2) == {1: "ended 0", 2: "running"}
+
+
+def test_a_waiting_task_holds_back_later_ones_of_its_kind_but_not_others(machine):
+    assert machine.submit(1, 2, "NVIDIA A100").endswith("new")
+    assert machine.submit(2, 2, "NVIDIA A100").endswith("queued")  # waits for both A100s
+    assert machine.submit(3, 1, "NVIDIA L4").endswith("new")  # another kind passes it
+    assert machine.submit(4, 0, None).endswith("new")  # a CPU task (one core) passes it
+    assert machine.submit(5, 1, None).endswith("queued")  # any GPU: an A100 is what 2 waits for
+    assert machine.states(2, 5) == {2: "queued 0:2:0", 5: "queued 1:1:0"}
+    machine.end(1)
+    assert wait_for("task 2's output", lambda: machine.log(2)) == "gpus=0,1\n"
+    assert wait_for("task 5's output", lambda: machine.log(5)) == "gpus=3\n"  # nothing holds it back now
+
+
+def test_cpu_tasks_hold_their_cores_and_wait_for_them(machine):
+    assert machine.submit(1, cpus=2).endswith("new")
+    assert machine.submit(2, cpus=2).endswith("queued")  # 1 of 3 cores free
+    assert machine.submit(3).endswith("queued")  # one core would fit, but 2 was first
+    assert machine.submit(4, 1, "NVIDIA L4").endswith("new")  # a GPU task holds no core
+    assert machine.submit(5, cpus=4).endswith("rejected vm has 3 CPU(s), not 4".replace("vm", machine.host))  # never fits
+    inventory = parse_inventory("lab1", machine.run(inventory_script()),
+                                tuple(Gpu(i, name, None, None) for i, name in enumerate(GPUS)))
+    assert inventory.cpus == 3 and inventory.cpus_claimed == 2 and len(inventory.gpus) == 4
+    assert [(w.gpus, w.cpus) for w in inventory.queued] == [(0, 2), (0, 1)]
+    assert inventory.held == {2: token(4)}  # the first L4
+    machine.end(1)
+    wait_for("tasks 2 and 3 to start", lambda: machine.states(2, 3) == {2: "running", 3: "running"})
+
+
+def test_a_queued_task_that_is_cancelled_never_starts_and_lets_the_next_go(machine):
+    assert machine.submit(1, 2, "NVIDIA A100").endswith("new")
+    assert machine.submit(2, 2, "NVIDIA A100").endswith("queued")
+    assert machine.submit(3, 1, "NVIDIA A100").endswith("queued")
+    machine.run(runner.cancel_script([token(2)]))
+    assert machine.states(2, 3) == {2: "cancelled", 3: "queued 0:1:0"}
+    assert not (machine.home / ".corral/runs" / token(2) / "pid").exists()
+    machine.end(1)
+    assert wait_for("task 3's output", lambda: machine.log(3)) == "gpus=0\n"
+
+
+def test_without_a_queue_a_busy_machine_refuses_and_keeps_nothing(machine):
+    host = machine.host
+    assert machine.submit(1, 1, "NVIDIA A100").endswith("new")
+    assert machine.submit(2, 2, "NVIDIA A100", may_queue=False) == (
+        f"@@corral rejected {host} has 1 free GPU(s) of the kind asked, not 2")
+    assert not (machine.home / ".corral/runs" / token(2)).exists()
+    assert machine.submit(3, 2, "NVIDIA A100").endswith("queued")
+    # one A100 is free, but task 3 waits for it: a task that may not wait is refused, and says why
+    assert machine.submit(4, 1, "NVIDIA A100", may_queue=False) == (
+        f"@@corral rejected {host} has tasks queued before it")
+    assert not (machine.home / ".corral/runs" / token(4)).exists()
+    assert machine.states(3) == {3: "queued 0:2:0"}
+
+
+def test_a_task_killed_outright_frees_its_gpus_at_the_next_status_poll(machine):
+    assert machine.submit(1, 2, "NVIDIA A100").endswith("new")
+    assert machine.submit(2, 2, "NVIDIA A100").endswith("queued")
+    pid = int((machine.home / ".corral/runs" / token(1) / "pid").read_text().split()[0])
+    os.killpg(pid, signal.SIGKILL)  # no exit trap runs
+    wait_for("task 1 to be gone", lambda: machine.states(1)[1] == "vanished")
+    assert wait_for("task 2's output", lambda: machine.log(2)) == "gpus=0,1\n"
