@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corral.infra.base import JobState
 from corral.timefmt import clock, minutes, start_text
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from corral.launch import Submitted
     from corral.managed import ManagedView
     from corral.placement import Candidate, Plan
-    from corral.state.store import JobView
+    from corral.state.store import JobView, Store
 
 
 def plan_json(plan: Plan) -> list[dict[str, object]]:
@@ -95,6 +95,23 @@ def job_json(view: JobView, kinds: Mapping[str, str] | None = None) -> dict[str,
         "exit_code": a.exit_code, "job_rank": view.job.job_rank, "sweep_id": view.job.sweep_id,
         "allocation": view.job.allocation,  # the dev allocation an exec ran in (`corral exec`)
     }
+
+
+def sweeps_named_by_first_job(store: Store, named: list[tuple[str, list[Any]]], scope: str | None,
+                              managed_only: bool = False) -> dict[str, dict[str, object]]:
+    """For a cancel: of the references that named one job, each that is the first of a sweep of several
+    by its id (not the sweep's name, which cancels them all), that sweep's size and its name when the
+    name means this sweep alone (store.sweep_named), by job id. The id the queue's sweep row shows is
+    its first job's, so cancelling it cancels that job only, and the answer says how to cancel the rest."""
+    first = {views[0].job.id: views[0].job for ref, views in named
+             if len(views) == 1 and views[0].job.sweep_id == views[0].job.id and ref != views[0].job.name}
+    notes: dict[str, dict[str, object]] = {}
+    for job_id, size in store.sweep_sizes(set(first)).items():
+        name = first[job_id].name
+        if size > 1:
+            alone = bool(name) and job_id in store.sweep_named(name, managed_only, scope)
+            notes[job_id] = {"name": name if alone else None, "jobs": size}
+    return notes
 
 
 def candidate_start(c: Candidate) -> str:

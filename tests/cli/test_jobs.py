@@ -134,6 +134,22 @@ def test_ctrl_c_on_an_attached_managed_launch_stops_following_not_the_job(corral
     assert wait_job(corral, env, job, {"CANCELLED"})["state"] == "CANCELLED"
 
 
+def test_a_managed_sweeps_first_id_cancels_that_job_alone_and_says_how_to_cancel_the_rest(corral, env):
+    launched = corral("jobs", "launch", "-d", "--json", "-n", "mj-sweep", "--num-jobs", "2", "--infra",
+                      "slurm/cirrus/debug", "--", "sleep 300", env=env)
+    assert launched.exit_code == 0, launched.stderr
+    first, second = launched.json()["job_ids"]
+    one = corral("jobs", "cancel", first, env=env)
+    assert (one.exit_code, one.stdout) == (0, f"{first}: cancelling\n"), one.stderr
+    assert one.stderr == (f"{first} is the first of the 2 jobs of a sweep (mj-sweep); the others go on: "
+                          "`corral jobs cancel mj-sweep` cancels them all\n")
+    assert wait_job(corral, env, first, {"CANCELLED"})["state"] == "CANCELLED"
+    assert wait_job(corral, env, second, {"PENDING", "RUNNING"})["state"] in ("PENDING", "RUNNING")
+    rest = corral("jobs", "cancel", "mj-sweep", env=env)
+    assert rest.exit_code == 0 and f"{second}: cancelling" in rest.stdout and not rest.stderr, rest.stderr
+    assert wait_job(corral, env, second, {"CANCELLED"})["state"] == "CANCELLED"
+
+
 def test_setup_failure_is_not_retried(corral, env, tmp_path):
     task = tmp_path / "setup.yaml"
     task.write_text("resources:\n  infra: slurm/cirrus/debug\n  job_recovery:\n    max_restarts_on_errors: 3\n"

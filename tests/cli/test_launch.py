@@ -635,7 +635,7 @@ def test_a_dry_run_says_what_each_cluster_must_be_sent(corral, clean_queues, tmp
 
 def test_a_sweeps_name_cancels_every_job_of_it_and_a_name_two_launches_share_is_refused(corral, clean_queues):
     """The queue shows a sweep as one row under its name; `corral cancel NAME` had refused it as "matches
-    several jobs", and its id (the first job's) cancels that one job only."""
+    several jobs". Its id (the first job's) cancels that one job only, and says how to cancel the rest."""
     sweep = corral("launch", "-d", "--json", "-n", "lr-sweep", "--num-jobs", "3", "--infra", "slurm/cirrus/debug",
                    "--", "sleep 300")
     assert sweep.exit_code == 0, sweep.stderr
@@ -644,6 +644,12 @@ def test_a_sweeps_name_cancels_every_job_of_it_and_a_name_two_launches_share_is_
     assert logs.exit_code == 66 and "'lr-sweep' is a sweep" in logs.stderr and "corral queue -x" in logs.stderr
     assert corral("logs", "--no-follow", "-n", "lr-sweep").stderr == logs.stderr  # SkyPilot's --name, the same
     assert corral("logs", ids[0], "-n", "lr-sweep").exit_code == 2  # one job, named one way
+    first = sweep.json()[0]["job_id"]  # the id the queue's sweep row shows
+    one = corral("cancel", first)
+    assert one.exit_code == 0 and one.stdout == f"{first}: cancelled\n", one.stderr
+    assert one.stderr == (f"{first} is the first of the 3 jobs of a sweep (lr-sweep); the others go on: "
+                          "`corral cancel lr-sweep` cancels them all\n")
+    assert all(wait_state(corral, job_id, {"PENDING", "RUNNING"}) for job_id in ids if job_id != first)
     cancelled = corral("cancel", "-n", "lr-sweep")  # as `sky jobs cancel -n NAME`
     assert cancelled.exit_code == 0, cancelled.stderr
     assert sorted(line.split(":")[0] for line in cancelled.stdout.splitlines()) == ids

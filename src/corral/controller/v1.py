@@ -37,7 +37,7 @@ from corral.profiles import named_paths, profile_warnings
 from corral.state import Store
 from corral.state.store import JobFilter, JobNotFoundError, JobView
 from corral.tracker import RefreshReport, SharedRefresh, Tracker, left_out
-from corral.views import job_json, place_kinds, place_name
+from corral.views import job_json, place_kinds, place_name, sweeps_named_by_first_job
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
 InAllocation = Annotated[str | None, Query(min_length=1, max_length=200, description=(
@@ -295,15 +295,16 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         allocation, refs = in_allocation(me, request.jobs, request.all)
         tracker = Tracker(Client(), store)
         await refreshed(fresh_within=0.0, at_most=None)  # what is cancelled must be what runs now, not a while ago
+        named = [] if request.all else [(ref, [resolve_in(me, ref, allocation)] if allocation is not None
+                                          and ref.isdigit() else store.resolve_all(ref, me.scope)) for ref in refs]
         views = (store.views(store.live_job_ids(owner_of_all(me, request.all, request.all_users), allocation))
-                 if request.all else [view for ref in refs for view in (
-                     [resolve_in(me, ref, allocation)] if allocation is not None and ref.isdigit()
-                     else store.resolve_all(ref, me.scope))])
+                 if request.all else [view for _, found in named for view in found])
         if allocation is not None and (strays := [v.job.id for v in views if v.job.allocation != allocation]):
             raise TaskError(not_run_in(allocation, strays))
         cancelled = await tracker.cancel(views)
-        return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state}
-                         for v in views]}
+        sweeps = sweeps_named_by_first_job(store, named, me.scope)
+        return {"jobs": [{"job_id": v.job.id, "cancelled": v in cancelled, "state": v.attempt.state,
+                          **({"sweep": sweeps[v.job.id]} if v.job.id in sweeps else {})} for v in views]}
 
     @router.get("/managed")
     async def managed_jobs(me: Me, all: bool = False,

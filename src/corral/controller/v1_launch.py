@@ -40,7 +40,7 @@ from corral.task import Task, apply_overrides, job_environment, parse_task
 from corral.task_compat import ignored_fields
 from corral.taskfile import MAX_SWEEP_JOBS, MAX_TASK_FILE_BYTES, parse_yaml
 from corral.tracker import check_log_kept
-from corral.views import explain_pending, plan_json, submitted_json
+from corral.views import explain_pending, plan_json, submitted_json, sweeps_named_by_first_job
 
 Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Text = Annotated[str, Field(max_length=4096)]
@@ -396,12 +396,15 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
         """Ask the controller to cancel managed jobs (it scancels their attempts on its next tick, now)."""
         if not request.jobs and not request.all:
             raise CorralError("name the jobs to cancel, or use --all")
+        named = [] if request.all else [(ref, managed.resolve_all(store, ref, me.scope)) for ref in request.jobs]
         views = (managed.views(store, scope=owner_of_all(me, request.all, request.all_users), live_only=True)
-                 if request.all else [v for ref in request.jobs for v in managed.resolve_all(store, ref, me.scope)])
+                 if request.all else [v for _, found in named for v in found])
         live = [v for v in views if v.managed.state not in MANAGED_TERMINAL]
         managed.request_cancel(store, [v.job.id for v in live])
         wake()
-        return {"jobs": [{"job_id": v.job.id, "cancelling": v in live, "state": v.managed.state} for v in views]}
+        sweeps = sweeps_named_by_first_job(store, named, me.scope, managed_only=True)
+        return {"jobs": [{"job_id": v.job.id, "cancelling": v in live, "state": v.managed.state,
+                          **({"sweep": sweeps[v.job.id]} if v.job.id in sweeps else {})} for v in views]}
 
     @router.get("/managed/{job}/attempts/{number}/logs", response_class=OutputStream, responses=STREAM_REFUSALS)
     async def attempt_logs(me: Me, job: Annotated[str, Path(max_length=200)],

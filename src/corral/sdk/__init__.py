@@ -152,7 +152,7 @@ class Client:
         """Cancel jobs (one id or name, or a list; one scancel per cluster); ended ones are reported as
         they are. `all`: every live job of yours; with `all_users` (admins), every user's."""
         data = self._json("POST", "/cancel", body={"jobs": _job_list(jobs), "all": all, "all_users": all_users})
-        return [CancelOutcome(c["job_id"], bool(c["cancelled"]), status_of(JobStatus, c["state"]))
+        return [CancelOutcome(c["job_id"], bool(c["cancelled"]), status_of(JobStatus, c["state"]), *_sweep_of(c))
                 for c in data["jobs"]]
 
     def wait(self, job: str, *, poll: float = 2.0, timeout: float | None = None) -> Job:
@@ -293,8 +293,8 @@ class Client:
         as they are. `all`: every live managed job of yours; with `all_users` (admins), every user's."""
         data = self._json("POST", "/managed/cancel",
                           body={"jobs": _job_list(jobs), "all": all, "all_users": all_users})
-        return [CancelOutcome(c["job_id"], bool(c["cancelling"]), status_of(ManagedJobStatus, c["state"]))
-                for c in data["jobs"]]
+        return [CancelOutcome(c["job_id"], bool(c["cancelling"]), status_of(ManagedJobStatus, c["state"]),
+                              *_sweep_of(c)) for c in data["jobs"]]
 
     def managed_logs(self, job: str, attempt: int, follow: bool = False, *, tail: int = 0) -> Iterator[bytes]:
         """One attempt's output (its number: `managed_job(job)["attempt_list"]`; with `tail` > 0, its last
@@ -655,6 +655,12 @@ def _output_to(on_output: Callable[[bytes], None] | None,
 def _job_list(jobs: str | list[str] | None) -> list[str]:
     """One job or a list of them: `cancel("c-1a2b")` had sent each of its characters as a job."""
     return [jobs] if isinstance(jobs, str) else list(jobs or [])
+
+
+def _sweep_of(outcome: dict[str, Any]) -> tuple[str | None, int]:
+    """A cancel's word on the sweep a job named by its id is the first of (CancelOutcome.sweep_name)."""
+    sweep = outcome.get("sweep") or {}
+    return sweep.get("name"), int(sweep.get("jobs") or 0)
 
 
 def _quoted(ref: str) -> str:

@@ -179,6 +179,11 @@ class CancelOutcome:
     job_id: str
     cancelled: bool
     state: JobStatus | ManagedJobStatus | str  # the state it had when it was not cancelled (already ended)
+    # When the job was named by its id and is the first of a sweep of several (the id the sweep's queue
+    # row shows): the sweep's name and its number of jobs. Only this job was cancelled; the name
+    # cancels them all.
+    sweep_name: str | None = None
+    sweep_jobs: int = 0
 
 
 @dataclass(frozen=True)

@@ -926,6 +926,15 @@ class Store:
                     AttemptRow.handle == job_ref))).order_by(JobRow.created_at.desc())))
         return found
 
+    def sweep_sizes(self, sweep_ids: set[str]) -> dict[str, int]:
+        """How many jobs each sweep has (one query)."""
+        if not sweep_ids:
+            return {}
+        with self.session() as s:
+            rows = s.execute(select(JobRow.sweep_id, func.count()).where(JobRow.sweep_id.in_(list(sweep_ids)))
+                             .group_by(JobRow.sweep_id))
+            return {sweep_id: count for sweep_id, count in rows}
+
     def sweep_named(self, name: str, managed_only: bool = False, scope: str | None = None) -> list[str]:
         """Every job id of the one sweep called `name` when all the jobs of that name are in it (then the
         name means the sweep, as `corral cancel NAME` uses it), else none."""

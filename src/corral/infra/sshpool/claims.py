@@ -116,10 +116,10 @@ drain() {{  # start waiting tasks in order while they fit; one that does not hol
     [ -e "$entry" ] || continue
     name=${{entry##*/}}; t=${{name##*_}}; rest=${{name%_*}}; c=${{rest##*_}}; rest=${{rest%_*}}; g=${{rest##*_}}
     q="$HOME/{RUNS_DIR}/$t"
-    if [ -e "$q/cancelled" ] || [ ! -f "$q/wants" ]; then rm -f -- "$entry" "$q/queued"; continue; fi
     if [ "$c" -gt 0 ] && [ "$block_cpus" = 1 ]; then continue; fi
+    if [ "$g" -gt 0 ] && [ "$block_any" = 1 ]; then continue; fi
+    if [ -e "$q/cancelled" ] || [ ! -f "$q/wants" ]; then rm -f -- "$entry" "$q/queued"; continue; fi
     if [ "$g" -gt 0 ]; then
-      [ "$block_any" = 1 ] && continue
       read -r _ _ type < "$q/wants" || type=
       if [ -z "$type" ]; then [ "${{#block_type[@]}}" -gt 0 ] && continue
       elif [ -n "${{block_type[$type]+x}}" ]; then continue; fi
