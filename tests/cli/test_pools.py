@@ -423,5 +423,11 @@ def test_a_pool_allocations_setup_is_shown_as_it_runs(corral, pool_env, tmp_path
         failed = corral("launch", "-c", "labbroken", str(task), env=pool_env)
         assert failed.exit_code == 1 and "pip: no such package" in failed.stdout, (failed.stdout, failed.stderr)
         assert "setup failed with exit code 4; its output is above" in failed.stderr, failed.stderr
+        # On two machines, each one's setup is shown (rank 0's alone was), whole lines each.
+        task.write_text("resources:\n  infra: ssh/lab\n  accelerators: A100:1\nnum_nodes: 2\nsetup: |\n"
+                        "  printf 'installing on '; sleep 0.5; echo \"$CORRAL_NODE_RANK\"\nrun: echo ran\n")
+        pair = corral("launch", "-c", "labsetuppair", str(task), env=pool_env)
+        assert pair.exit_code == 0, pair.stderr
+        assert sorted(pair.stdout.splitlines()) == ["installing on 0", "installing on 1", "ran", "ran"], pair.stdout
     finally:
-        corral("down", "labsetup", "labbroken", env=pool_env)
+        corral("down", "labsetup", "labbroken", "labsetuppair", env=pool_env)

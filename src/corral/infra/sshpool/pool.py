@@ -487,10 +487,25 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         return out
 
     async def setup_output(self, handle: str, run_dir: str, on_output: OutputSink) -> None:
-        """The head's holder's output (rank 0's, as `logs` shows a task's) while its setup runs."""
+        """Every machine's holder's output while its setup runs, as Slurm's srun shows every node's."""
         hosts, token = _hosts_and_token(handle)
-        await self.transport.stream(hosts[0], pooldev.setup_output_script(_rank_token(token, 0, len(hosts))),
-                                    on_output)
+        await self._on_every_machine(hosts, lambda rank: pooldev.setup_output_script(_rank_token(token, rank,
+                                                                                                   len(hosts))),
+                                     on_output)
+
+    async def _on_every_machine(self, hosts: list[str], script: Callable[[int], str], on_output: OutputSink
+                                ) -> list[int]:
+        """Each rank's script on its machine, all at once; their output in whole lines (so that one
+        machine's never cuts into another's line), each exit status."""
+        if len(hosts) == 1:
+            return [await self.transport.stream(hosts[0], script(0), on_output)]
+        sinks = [_WholeLines(on_output) for _ in hosts]
+        try:
+            return list(await asyncio.gather(*(self.transport.stream(host, script(rank), sinks[rank])
+                                               for rank, host in enumerate(hosts))))
+        finally:
+            for sink in sinks:
+                sink.flush()
 
     async def set_idle_limit(self, handle: str, run_dir: str, idle_seconds: int) -> None:
         """On every machine of the allocation (each holder tells its own idleness)."""
@@ -515,8 +530,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                                        gpus_claimed, accelerators_per_node, wait_for_go=several)
 
         if not several:
-            statuses = await asyncio.gather(*(self.transport.stream(host, script(rank), on_output)
-                                              for rank, host in enumerate(hosts)))
+            statuses = await self._on_every_machine(hosts, script, on_output)
         else:
             statuses = await self._exec_in_rank_order(handle, exec_id, script, on_output)
         if EXIT_NOT_READY in statuses:
@@ -530,11 +544,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         allocation gone) ends those started before it, which wait for the go."""
         hosts, token = _hosts_and_token(handle)
         running: list[asyncio.Future[int]] = []
+        sinks = [_WholeLines(on_output) for _ in hosts]
         try:
             for rank, host in enumerate(hosts):
                 claimed = asyncio.Event()
                 running.append(asyncio.ensure_future(
-                    self.transport.stream(host, script(rank), _UntilLine(pooldev.CLAIMED, claimed.set, on_output))))
+                    self.transport.stream(host, script(rank), _UntilLine(pooldev.CLAIMED, claimed.set, sinks[rank]))))
                 said = asyncio.ensure_future(claimed.wait())
                 await asyncio.wait({running[-1], said}, return_when=asyncio.FIRST_COMPLETED)
                 said.cancel()
@@ -550,6 +565,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             for started in running:
                 started.cancel()
             raise
+        finally:
+            for sink in sinks:
+                sink.flush()
 
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,
                           tail: int = 0) -> None:
@@ -655,6 +673,24 @@ def _phase(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, st
     why = {"idle": "released after being idle", "down": "released (corral down)"}.get(
         ended, "its holder ended (the machine restarted, or the process was killed)")
     return AllocationState(AllocationPhase.ENDED, why, hosts, last_active, None)
+
+
+class _WholeLines:
+    """An output sink for one of several streams that share `on_output`: it passes whole lines only; a
+    part of a line waits for its end, or for `flush` once the stream is over."""
+
+    def __init__(self, on_output: OutputSink) -> None:
+        self.on_output, self.partial = on_output, b""
+
+    def __call__(self, chunk: bytes) -> None:
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        if lines:
+            self.on_output(b"\n".join(lines) + b"\n")
+
+    def flush(self) -> None:
+        if self.partial:
+            self.on_output(self.partial)
+            self.partial = b""
 
 
 class _UntilLine:
