@@ -3,10 +3,13 @@ with the transport's ControlMasters; nothing is installed on them.
 
 - probe: one round trip per machine, in parallel (`inventory.py`); a machine that does not answer is a
   node that is down, with the reason; the pool is one place (`partition`) named as the pool.
-- submit: the machines that have the GPUs free (as the last probe saw them), fullest first, so that
-  tasks pack; on each in turn, the task's files (the workdir into the machine's cache of its folder,
-  infra/caches.py), then one round trip that copies the workdir from the cache, claims GPUs and starts
-  it (`runner.submit_script`), until one accepts. A multi-node task takes one machine per node, in rank
+- submit: the machines that have the task's GPUs and CPUs free (as the last probe saw them, less what
+  was placed there since), fullest first, so that tasks pack; on each in turn, the task's files (the
+  workdir into the machine's cache of its folder, infra/caches.py), then one round trip that copies the
+  workdir from the cache, claims GPUs and CPUs and starts it (`runner.submit_script`, claims.py), until
+  one accepts. When none can, the task waits in the queue of the machine with the least queued for
+  its size (claims.py), and starts there once what it wants is free; a dev allocation is refused
+  instead. A multi-node task takes one machine per node, in rank
   order, each rank in its own run dir (`<token>.<rank>`, as homes are often shared); when too few
   machines accept, the ranks started are cancelled and the task is refused. Its handle names its
   machines, rank 0 first (`<host0>,<host1>/<token>`).
@@ -250,7 +253,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
 
     async def _submit(self, request: JobRequest, idle_seconds: int | None) -> SubmitResult:
         """A task starts on the first machine that can start it now; else it waits in one machine's queue
-        (runner.submit_script). A dev allocation does not wait: it is refused, and tries every machine."""
+        (runner.submit_script). A dev allocation does not wait: it tries every machine, and is refused
+        when none can start it."""
         if request.num_nodes > 1:
             return await self._submit_ranks(request, idle_seconds)
         wants, why = _wants(request), []
