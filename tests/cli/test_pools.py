@@ -109,13 +109,14 @@ def test_a_multi_node_task_spans_machines_whose_ranks_reach_each_other(corral, p
     assert job["cluster"] == "lab" and sorted(hosts.split(",")) == ["lab1", "lab2"]
     head, other = hosts.split(",")
     addresses = {"lab1": "10.201.0.11", "lab2": "10.201.0.12"}
-    out = wait_for("rank 0's output", lambda: corral("logs", "--no-follow", job["job_id"], env=pool_env).stdout)
-    assert out.strip() == f"rank=0 host={head} n=2 ips={addresses[head]},{addresses[other]} gpus=0,1,2,3"
-    rank1 = Path(f"/home/corral-test/.corral/runs/{token}.1/log.txt")  # the machines share this host's disk
-    wait_for("rank 1 to reach rank 0", lambda: "hello from rank 0" in (rank1.read_text() if rank1.exists() else ""),
-             timeout=90)
-    assert rank1.read_text().splitlines()[0] == (f"rank=1 host={other} n=2 ips={addresses[head]},{addresses[other]} "
-                                                 "gpus=0,1,2,3")
+    # `logs` shows every rank's output, rank 0's first, as a Slurm job's log holds every node's
+    shown = wait_for("rank 1 to reach rank 0", lambda: "hello from rank 0" in (o := corral(
+        "logs", "--no-follow", job["job_id"], env=pool_env).stdout) and o, timeout=90)
+    ips = f"{addresses[head]},{addresses[other]}"
+    assert shown.splitlines() == [f"rank=0 host={head} n=2 ips={ips} gpus=0,1,2,3",
+                                  f"rank=1 host={other} n=2 ips={ips} gpus=0,1,2,3", "hello from rank 0"]
+    last = corral("logs", "--no-follow", "--tail", "1", job["job_id"], env=pool_env).stdout
+    assert last.splitlines() == [shown.splitlines()[0], "hello from rank 0"]  # each rank's last line
     queued = {j["job_id"]: j for j in corral("queue", "--json", env=pool_env).json()}[job["job_id"]]
     assert (queued["state"], queued["infra"]) == ("RUNNING", "ssh/lab")
     assert "cancelled" in corral("cancel", job["job_id"], env=pool_env).stdout

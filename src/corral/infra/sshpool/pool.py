@@ -19,7 +19,7 @@ with the transport's ControlMasters; nothing is installed on them.
   (an infrastructure failure, which the controller recovers elsewhere) once it has been silent for
   MACHINE_GRACE_SECONDS; before that, its tasks' state is UNKNOWN (nothing changes). The other
   machines' tasks are reported as usual: one machine down is not the pool down.
-- cancel, logs: on the task's machines, named in its handle (`<host>/<token>`); logs are rank 0's.
+- cancel, logs: on the task's machines, named in its handle (`<host>/<token>`); logs are every rank's.
 - checkpoints (CopiesCheckpoints): fetched from the machine whose copy changed last.
 - dev allocations: a holder task per machine (`runner.holder_script`, `dev.py`); exec runs on every
   machine at once over ssh, `corral ssh` and the ssh alias reach the head machine directly.
@@ -446,12 +446,26 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         await asyncio.gather(*(self.transport.run(h, script(t), timeout=JOB_TIMEOUT) for h, t in by_host.items()))
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
-        """Rank 0's output (the head's, as SkyPilot shows a multi-node task's)."""
+        """Every rank's output, as a Slurm job's log holds every node's: followed, as it comes, in whole
+        lines; else rank 0's, then rank 1's, … (with `tail`, each one's last lines). A rank whose
+        machine has left the pool is left out."""
         hosts, token = _hosts_and_token(handle)
         if not hosts or hosts[0] not in self.pool.hosts:
             raise CorralError(f"{self.name}: {hosts[0] if hosts else handle!r} is not one of its machines (any more)")
-        await self.transport.stream(hosts[0], runner.follow_script(_rank_token(token, 0, len(hosts)), follow, tail),
-                                    on_output)
+        ranks = [(rank, host) for rank, host in enumerate(hosts) if host in self.pool.hosts]
+
+        def script(rank: int) -> str:
+            return runner.follow_script(_rank_token(token, rank, len(hosts)), follow, tail)
+
+        if follow or len(ranks) == 1:
+            await self._on_every_machine([h for _, h in ranks], lambda i: script(ranks[i][0]), on_output)
+            return
+        said = [bytearray() for _ in ranks]
+        await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].extend)
+                               for i, (rank, host) in enumerate(ranks)))
+        for text in said:
+            if text:
+                on_output(bytes(text) if text.endswith(b"\n") else bytes(text) + b"\n")
 
     # ---- dev allocations ------------------------------------------------------------------------------
     async def hold(self, request: JobRequest, idle_seconds: int, session_keys: SessionKeys) -> SubmitResult:
