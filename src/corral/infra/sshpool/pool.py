@@ -446,17 +446,18 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         await asyncio.gather(*(self.transport.run(h, script(t), timeout=JOB_TIMEOUT) for h, t in by_host.items()))
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
-        """Every rank's output, as a Slurm job's log holds every node's: followed, as it comes, in whole
-        lines; else rank 0's, then rank 1's, … (with `tail`, each one's last lines). A rank whose
-        machine has left the pool is left out."""
+        """Every rank's output, as a Slurm job's log holds every node's (_every_rank_output)."""
         hosts, token = _hosts_and_token(handle)
+        await self._every_rank_output(hosts, lambda rank: runner.follow_script(_rank_token(token, rank, len(hosts)),
+                                                                                 follow, tail), follow, on_output)
+
+    async def _every_rank_output(self, hosts: list[str], script: Callable[[int], str], follow: bool,
+                                 on_output: OutputSink) -> None:
+        """What each rank's script prints on its machine: followed, as it comes, in whole lines; else
+        rank 0's, then rank 1's, …. A rank whose machine has left the pool is left out."""
         if not hosts or hosts[0] not in self.pool.hosts:
-            raise CorralError(f"{self.name}: {hosts[0] if hosts else handle!r} is not one of its machines (any more)")
+            raise CorralError(f"{self.name}: {hosts[0] if hosts else '(none)'!r} is not one of its machines (any more)")
         ranks = [(rank, host) for rank, host in enumerate(hosts) if host in self.pool.hosts]
-
-        def script(rank: int) -> str:
-            return runner.follow_script(_rank_token(token, rank, len(hosts)), follow, tail)
-
         if follow or len(ranks) == 1:
             await self._on_every_machine([h for _, h in ranks], lambda i: script(ranks[i][0]), on_output)
             return
@@ -589,11 +590,10 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
 
     async def exec_output(self, handle: str, run_dir: str, exec_id: str, follow: bool, on_output: OutputSink,
                           tail: int = 0) -> None:
-        """Rank 0's (the head's, as for a job's logs)."""
-        host, token = self._head(handle)
-        if host not in self.pool.hosts:
-            raise CorralError(f"{self.name}: {host!r} is not one of its machines (any more)")
-        await self.transport.stream(host, pooldev.exec_output_script(token, exec_id, follow, tail), on_output)
+        """Every machine's, as `corral exec` showed it (_every_rank_output)."""
+        hosts, token = _hosts_and_token(handle)
+        await self._every_rank_output(hosts, lambda rank: pooldev.exec_output_script(
+            _rank_token(token, rank, len(hosts)), exec_id, follow, tail), follow, on_output)
 
     async def cancel_exec(self, handle: str, run_dir: str, exec_id: str) -> None:
         hosts, token = _hosts_and_token(handle)
