@@ -141,8 +141,8 @@ def test_a_managed_sweeps_first_id_cancels_that_job_alone_and_says_how_to_cancel
     first, second = launched.json()["job_ids"]
     one = corral("jobs", "cancel", first, env=env)
     assert (one.exit_code, one.stdout) == (0, f"{first}: cancelling\n"), one.stderr
-    assert one.stderr == (f"{first} is the first of the 2 jobs of a sweep (mj-sweep); the others go on: "
-                          "`corral jobs cancel mj-sweep` cancels them all\n")
+    assert one.stderr == (f"{first} is the first of the 2 jobs of a sweep (mj-sweep), and its id names that job "
+                          "alone: `corral jobs cancel mj-sweep` cancels them all\n")
     assert wait_job(corral, env, first, {"CANCELLED"})["state"] == "CANCELLED"
     assert wait_job(corral, env, second, {"PENDING", "RUNNING"})["state"] in ("PENDING", "RUNNING")
     rest = corral("jobs", "cancel", "mj-sweep", env=env)

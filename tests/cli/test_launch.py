@@ -647,8 +647,8 @@ def test_a_sweeps_name_cancels_every_job_of_it_and_a_name_two_launches_share_is_
     first = sweep.json()[0]["job_id"]  # the id the queue's sweep row shows
     one = corral("cancel", first)
     assert one.exit_code == 0 and one.stdout == f"{first}: cancelled\n", one.stderr
-    assert one.stderr == (f"{first} is the first of the 3 jobs of a sweep (lr-sweep); the others go on: "
-                          "`corral cancel lr-sweep` cancels them all\n")
+    assert one.stderr == (f"{first} is the first of the 3 jobs of a sweep (lr-sweep), and its id names that job "
+                          "alone: `corral cancel lr-sweep` cancels them all\n")
     assert all(wait_state(corral, job_id, {"PENDING", "RUNNING"}) for job_id in ids if job_id != first)
     cancelled = corral("cancel", "-n", "lr-sweep")  # as `sky jobs cancel -n NAME`
     assert cancelled.exit_code == 0, cancelled.stderr

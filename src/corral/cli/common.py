@@ -269,7 +269,7 @@ def cancel_command(what: str) -> Callable[[Callable[..., Any]], Callable[..., An
                                 "lists them")
                     click.echo(f"{outcome.job_id} is the first of the {outcome.sweep_jobs} jobs of a sweep"
                                + (f" ({outcome.sweep_name})" if outcome.sweep_name else "")
-                               + f"; the others go on: {how}", err=True)
+                               + f", and its id names that job alone: {how}", err=True)
             if not outcomes:
                 click.echo(f"no live {what} to cancel", err=True)
 
