@@ -13,7 +13,14 @@ cluster under `clusters: {NAME: {submit_as: …}}`) choose how a user's jobs get
 - `service`: everyone's jobs run as the service account itself, for teams allowed one shared account.
 
 A user is refused on a cluster where no Unix account is mapped for them (`corral users add/set
---unix-user CLUSTER=NAME`), and placement skips it: multi-user code fails closed. The server's own
+--unix-user CLUSTER=NAME`), and placement skips it: multi-user code fails closed.
+
+SSH pools and Kubernetes contexts have no per-member account: a pool's GPU claims and queue live in the
+home of the one account Corral reaches its machines with (a member's own account would claim GPUs that
+the others' cannot see, and its queue could not start their tasks), and a context is reached with the
+server's kubeconfig. So members use them only where `submit_as` is `service` for them (set for that
+place or as the default); otherwise they are refused there, and `ssh` or `sudo` named for one is a
+ConfigError. The server's own
 account (owner "") is the service account. The inventory (`sinfo`) and everyone's job status (one
 `squeue -u svc,alice,bob` per cluster per tick) go through the service account.
 
@@ -22,6 +29,7 @@ Cost: one indexed query per user and cluster per `Client` (a request or a tick);
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -33,6 +41,7 @@ from corral.config import corral_home, write_private
 from corral.errors import ConfigError, NoAccountError
 
 if TYPE_CHECKING:
+    from corral.config import ClusterRegistry
     from corral.state import Store
     from corral.state.models import UserRow
 
@@ -58,9 +67,18 @@ class SubmitSettings:
 
     default: SubmitMode = SubmitMode.SSH
     clusters: dict[str, SubmitMode] = field(default_factory=dict)
+    one_account: dict[str, str] = field(default_factory=dict)  # pool or context -> what it is (one_account_places)
 
     def mode(self, cluster: str) -> SubmitMode:
         return self.clusters.get(cluster, self.default)
+
+    def describe(self, cluster: str) -> str:
+        """The place's mode as the server's log says it: `members refused` for a one-account place whose
+        mode is not `service`."""
+        mode = self.mode(cluster)
+        if cluster in self.one_account and mode is not SubmitMode.SERVICE:
+            return "members refused (one account: submit_as service lets them in)"
+        return mode.value
 
     @classmethod
     def from_settings(cls, settings: dict[str, object], where: Path | None = None) -> SubmitSettings:
@@ -79,6 +97,16 @@ class SubmitSettings:
         if unknown:
             raise ConfigError(f"clusters: {', '.join(map(repr, unknown))} is not a cluster of this server "
                               f"(its clusters: {', '.join(known)})", where)
+
+    def check_one_account(self, where: Path | None = None) -> None:
+        """`ssh` or `sudo` named for a pool or a context would promise members their own accounts
+        there, which Corral cannot give: refuse it."""
+        for name, what in self.one_account.items():
+            mode = self.clusters.get(name, SubmitMode.SERVICE)
+            if mode is not SubmitMode.SERVICE:
+                raise ConfigError(f"clusters.{name}.submit_as: {mode.value}: {name} is {what}, where every member's "
+                                  "tasks run as that one account: only `service` can be set for it (or leave it "
+                                  "out, and members are refused there unless the default is `service`)", where)
 
 
 def _mode(value: object, key: str, where: Path | None) -> SubmitMode:
@@ -151,6 +179,12 @@ class TeamAccounts:
         mode = self.settings.mode(cluster)
         if not owner or mode is SubmitMode.SERVICE:
             return None
+        what = self.settings.one_account.get(cluster)
+        if what is not None:
+            raise NoAccountError(cluster, f"{cluster} is {what}, where every member's tasks would run as that one "
+                                          "account, and this server does not let members share it: an admin allows "
+                                          f"it with `clusters: {{{cluster}: {{submit_as: service}}}}` in the "
+                                          "server's config.yaml")
         row = self.store.user(owner)  # not cached: a Client asks once per (cluster, owner)
         if row is None:
             raise NoAccountError(cluster, f"{owner} is no longer a user of this server")
@@ -166,7 +200,7 @@ class TeamAccounts:
         return Login(user, mode, identity_file(owner, row.ssh_public_key, row.ssh_key_sealed))
 
     def cluster_users(self, cluster: str) -> list[str]:
-        if self.settings.mode(cluster) is SubmitMode.SERVICE:
+        if self.settings.mode(cluster) is SubmitMode.SERVICE or cluster in self.settings.one_account:
             return []
         return sorted({user for row in self.store.users()
                        for c, user in json.loads(row.unix_users).items() if c == cluster})
@@ -176,9 +210,25 @@ def team_settings() -> SubmitSettings:
     """A team server's `submit_as` settings, checked against its clusters (ConfigError if wrong)."""
     from corral.config import load_registry, load_user_settings, settings_path
 
+    registry = load_registry()
     settings = SubmitSettings.from_settings(load_user_settings(), settings_path())
-    settings.check_clusters(load_registry().names(), settings_path())
+    settings.check_clusters(registry.names(), settings_path())
+    settings = dataclasses.replace(settings, one_account=one_account_places(registry))
+    settings.check_one_account(settings_path())
     return settings
+
+
+_ONE_ACCOUNT_KINDS = {
+    "ssh": "an SSH pool (its machines' GPU claims and queue live in the home of the one account Corral reaches "
+           "them with)",
+    "k8s": "a Kubernetes context (reached with the server's kubeconfig)",
+}
+
+
+def one_account_places(registry: ClusterRegistry) -> dict[str, str]:
+    """The places with no per-member account (pools and contexts), each with what it is."""
+    return {name: _ONE_ACCOUNT_KINDS[kind] for name in registry.names()
+            if (kind := registry.infra_kind(name)) in _ONE_ACCOUNT_KINDS}
 
 
 _installed: Accounts | None = None

@@ -133,14 +133,20 @@ class Client:
 
     def infra(self, cluster: str, owner: str = "") -> Infra:
         """The cluster's Infra, acting as `owner` (a team server's user; "" for the service account).
-        One per (cluster, owner); they share the transport's settings and ControlMasters. Raises
-        NoAccountError where the owner has no account on the cluster."""
+        One per (cluster, account): an owner who acts as the service account there shares its Infra. They
+        share the transport's settings and ControlMasters. Raises NoAccountError where the owner has no
+        account on the cluster."""
         key = (cluster, owner if self.accounts else "")
         found = self._infras.get(key)
         if found is None:
             self.registry.get(cluster)  # an unknown name fails here, naming the known ones
             login = self.accounts.login(owner, cluster) if self.accounts and owner else None
-            found = self._infras[key] = connect(cluster, self.transport.acting_as(login))
+            if login is None and owner and self.accounts:
+                # As the service account: its Infra, the one that probed (a pool places by what its probe
+                # saw and what was booked since; a second one would know nothing of either).
+                found = self._infras[key] = self.infra(cluster)
+            else:
+                found = self._infras[key] = connect(cluster, self.transport.acting_as(login))
         return found
 
     def refusal(self, owner: str, cluster: str) -> str | None:

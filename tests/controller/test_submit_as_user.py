@@ -6,6 +6,7 @@ docs/sudoers.example (`submit_as: sudo`), cirrus lets the test user submit for e
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from pathlib import Path
 
@@ -232,3 +233,58 @@ def test_managed_jobs_and_dev_allocations_act_as_their_owner(corral, team_as_use
     wait_for("bob's managed job to be cancelled as him", lambda: ssh_login(
         testbed.cluster_config, "borealis", f"squeue -h -j {attempt} -o %T").strip() in ("", "COMPLETING"),
         timeout=60)
+
+
+def test_a_pool_is_shared_by_members_only_where_the_server_says_so(corral, pool_env, fresh_postgres, members):
+    """An SSH pool on a team server runs every member's tasks as the one account the server reaches its
+    machines with: their GPU claims and queue live in its home (a member's own account would claim GPUs
+    the others cannot see). So members are refused there, with what an admin can do, until `submit_as`
+    is `service` for the pool; `ssh` or `sudo` named for it stops the server from starting. Allowed,
+    two members' tasks share one set of claims: they take different machines, and a third waits."""
+    home = Path(pool_env["CORRAL_HOME"])
+    pool = json.loads((home / "config.yaml").read_text())
+
+    def serve(**team: object) -> tuple[int, str, str]:
+        (home / "config.yaml").write_text(json.dumps({**pool, **team}))
+        port = free_port()
+        started = corral("server", "start", "--host", "127.0.0.1", "--port", str(port), "--db", fresh_postgres,
+                         env=pool_env)
+        return started.exit_code, started.stdout + started.stderr, f"http://127.0.0.1:{port}"
+
+    code, said, url = serve(submit_as="ssh")
+    assert code == 0, said
+    alice_token = add_user(lambda *a: corral(*a, env=pool_env), "alice", "--unix-user", f"alpine={ALICE}")
+    alice = Client(url, alice_token)
+    with pytest.raises(ApiError) as refused:
+        alice.launch(command="true", infra="ssh/lab")
+    assert refused.value.status == 400, refused.value  # as any pinned place that cannot run it
+    assert "lab is an SSH pool" in str(refused.value) and "`clusters: {lab: {submit_as: service}}`" in str(
+        refused.value), str(refused.value)
+    alice_env = {**pool_env, "CORRAL_API_URL": url, "CORRAL_API_TOKEN": alice_token}
+    plan = corral("launch", "--dryrun", "--gpus", "A100:1", "--", "true", env=alice_env)
+    assert plan.exit_code == 0 and "lab is an SSH pool" in plan.stdout, plan.stdout + plan.stderr
+    mapped = corral("users", "set", "alice", "--unix-user", f"lab={ALICE}", env=pool_env)
+    assert mapped.exit_code == 65 and "it takes no mapping" in mapped.stderr, mapped.stderr
+    assert corral("server", "stop", env=pool_env).exit_code == 0
+
+    code, said, _ = serve(clusters={"lab": {"submit_as": "sudo"}})
+    assert code == 78 and "clusters.lab.submit_as: sudo" in said and "only `service` can be set" in said, said
+
+    code, said, url = serve(clusters={"lab": {"submit_as": "service"}})
+    assert code == 0, said
+    alice = Client(url, alice_token)  # the same user and token: the store is the same
+    bob = Client(url, add_user(lambda *a: corral(*a, env=pool_env), "bob"))
+    run = "id -un; sleep 300"
+    first = alice.launch(command=run, infra="ssh/lab", gpus="A100:4", name="alice-a100")
+    second = bob.launch(command=run, infra="ssh/lab", gpus="A100:4", name="bob-a100")
+    machines = sorted(launched.tasks[0][0].slurm_job_id.split("/")[0] for launched in (first, second))
+    assert machines == ["lab1", "lab2"], machines  # bob's claim saw alice's
+    third = alice.launch(command="true", infra="ssh/lab", gpus="A100:4", name="alice-waits")
+    waiting = wait_for("the third task's reason", lambda: next(
+        j for j in alice.queue().jobs if j.job_id == third.job_ids[0]).reason, timeout=60)
+    assert waiting.startswith("Resources (waiting on lab"), waiting
+    output = wait_for("alice's output", lambda: b"".join(alice.logs(first.job_ids[0])).strip(), timeout=60)
+    assert output == b"corral-test"  # the pool's account, not hers
+    alice.cancel([third.job_ids[0], first.job_ids[0]])
+    bob.cancel([second.job_ids[0]])
+    assert corral("server", "stop", env=pool_env).exit_code == 0

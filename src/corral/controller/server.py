@@ -338,7 +338,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
 
         submit = accounts.team_settings()
         accounts.install(accounts.TeamAccounts(store, submit))
-        print("submit as: " + ", ".join(f"{c}={submit.mode(c).value}" for c in Client().registry.names()),
+        print("submit as: " + ", ".join(f"{c}={submit.describe(c)}" for c in Client().registry.names()),
               flush=True)
     holder = f"{socket.gethostname()}:{os.getpid()}"
     previous = _crashed_holder()

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic import Field
 
-from corral.accounts import ensure_ssh_key
+from corral.accounts import ensure_ssh_key, one_account_places
 from corral.config import load_registry
 from corral.controller.auth import (
     Me,
@@ -46,11 +46,19 @@ class UserChange(RequestBody):
 
 def _checked_unix_users(mapping: dict[str, str]) -> dict[str, str]:
     unix_users = check_unix_users(mapping)
-    known = load_registry().names()
+    registry = load_registry()
+    known = registry.names()
     unknown = sorted(set(unix_users) - set(known))
     if unknown:
         raise UserError(f"--unix-user names no cluster of this server: {', '.join(map(repr, unknown))} "
                         f"(its clusters: {', '.join(known) or 'none'})")
+    shared = one_account_places(registry)
+    refused = sorted(set(unix_users) & set(shared))
+    if refused:
+        name = refused[0]
+        raise UserError(f"--unix-user {name}=…: {name} is {shared[name]}, where members' tasks run as that one "
+                        f"account, not their own: it takes no mapping (an admin lets members use it with "
+                        f"`clusters: {{{name}: {{submit_as: service}}}}` in the server's config.yaml)")
     return unix_users
 
 
