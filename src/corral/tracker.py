@@ -299,8 +299,8 @@ class Tracker:
             await self.client.infra(cluster, owner).cancel([h for _, h in group], [a.run_dir for a, _ in group])
         self.store.update_attempts({
             a.token: {"handle": live[a.token].handle,
-                      "reason": f"{a.reason or a.state}; Slurm had the job after all, running on its own: "
-                                "cancelled it there"}
+                      "reason": f"{a.reason or a.state}; {cluster} had the job after all, running on its "
+                                "own: cancelled it there"}
             for a in orphans})
         return ids
 

@@ -438,3 +438,41 @@ def test_a_pool_allocations_setup_is_shown_as_it_runs(corral, pool_env, tmp_path
         assert sorted(pair.stdout.splitlines()) == ["installing on 0", "installing on 1", "ran", "ran"], pair.stdout
     finally:
         corral("down", "labsetup", "labbroken", "labsetuppair", env=pool_env)
+
+
+def _on_machine(machines, handle: str, script: str) -> str:
+    host, token = handle.split("/")
+    return subprocess.run(["ssh", "-F", str(machines.ssh_config), host, script.replace("RUN", f".corral/runs/{token}")],
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+def test_a_task_whose_submission_was_never_recorded_is_found_by_its_token(corral, pool_env, machines):
+    """The engine dies right after a machine started the task, before it wrote the handle down: the next
+    refresh asks every machine of the pool for what no handle names, finds the task by its token and
+    adopts it (RUNNING, with its handle), rather than calling it failed while it runs unseen."""
+    crashed = corral("launch", "-d", "--infra", "ssh/lab", "--gpus", "A100:1", "--", "sleep 300",
+                     env={**pool_env, "CORRAL_TEST_CRASH_AFTER_SBATCH": "1"})
+    assert crashed.exit_code == 69 and "the server stopped answering" in crashed.stderr, crashed.stderr
+
+    def adopted() -> dict | None:
+        [row] = corral("queue", "--json", env=pool_env).json()
+        return row if row["state"] == "RUNNING" else None
+    row = wait_for("the task to be found and adopted", adopted, timeout=60, interval=1)
+    assert re.fullmatch(r"lab[12]/[0-9a-f]{12}", row["slurm_job_id"]), row
+    token = row["slurm_job_id"].split("/")[1]
+    assert token in _on_machine(machines, row["slurm_job_id"], 'cat ~/.corral/pool/"$(hostname)"/held/*')  # its GPU
+    assert "cancelled" in corral("cancel", row["job_id"], env=pool_env).stdout
+
+
+def test_a_task_whose_submit_answer_was_lost_is_cancelled_where_it_runs(corral, pool_env, machines):
+    """The machine started the task but its answer was lost (a dropped connection): the launch fails
+    over and, with nowhere else to go, fails. The pool is then watched: the next refresh finds the
+    task by its token on its machine and cancels it there, so it never runs on unseen."""
+    lost = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "A100:1", "--", "sleep 300",
+                  env={**pool_env, "CORRAL_TEST_LOSE_SUBMIT_ANSWER": "lab"})
+    assert lost.exit_code == 69 and "the answer was lost" in lost.stderr, lost.stderr
+    [row] = corral("queue", "--all", "--json", env=pool_env).json()  # a refresh: the pool is watched
+    assert row["state"] == "SUBMIT_FAILED" and "lab had the job after all" in row["reason"], row
+    assert wait_for("its process to end, cancelled", lambda: _on_machine(
+        machines, row["slurm_job_id"], 'test -e RUN/cancelled && read -r pid _ < RUN/pid && ! kill -0 "$pid" && echo yes'),
+        timeout=30)

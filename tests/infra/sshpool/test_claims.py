@@ -137,3 +137,32 @@ def test_a_task_killed_outright_frees_its_gpus_at_the_next_status_poll(machine):
     os.killpg(pid, signal.SIGKILL)  # no exit trap runs
     wait_for("task 1 to be gone", lambda: machine.states(1)[1] == "vanished")
     assert wait_for("task 2's output", lambda: machine.log(2)) == "gpus=0,1\n"
+
+
+def test_others_lists_the_runs_no_handle_names_so_a_lost_answer_is_found(machine):
+    """A submission whose answer never came back (Corral holds no handle for it): the status of no
+    handle, with `others`, reports it running, and a queued one waiting; not runs that ended long ago, nor
+    a multi-node rank's run dir, nor another machine's run in a shared home, and what was asked by
+    handle once."""
+    assert machine.submit(1, 4) == f"{token(1)} new"
+    assert machine.submit(2, 4) == f"{token(2)} queued"
+    assert machine.submit(3, 0, cpus=1) == f"{token(3)} new"
+    machine.end(3)
+    wait_for("task 3 to end", lambda: machine.states(3) == {3: "ended 0"})
+    old = machine.home / ".corral/runs" / token(4)  # a run of yesterday, ended
+    (old / "exit_code").parent.mkdir(parents=True)
+    (old / "exit_code").write_text("0\n")
+    os.utime(old, (0, 0))
+    (machine.home / ".corral/runs" / f"{token(5)}.1").mkdir()  # a rank's run dir: its task is not one machine's
+    other = machine.home / ".corral/runs" / token(6)  # another machine's run, in a home they share
+    other.mkdir()
+    (other / "host").write_text("gpu7\n")
+    (other / "pid").write_text((machine.home / ".corral/runs" / token(1) / "pid").read_text())  # alive, seen here
+
+    def listed(*asked: int, others: bool = True) -> list[str]:
+        lines = machine.run(runner.status_script([token(n) for n in asked], others)).splitlines()
+        return sorted(" ".join(line.split()[:2]) for line in lines if not line.startswith("@@"))
+
+    assert listed() == [f"{token(1)} running", f"{token(2)} queued", f"{token(3)} ended"]
+    assert listed(1) == listed()  # asked by its handle: one line for it, as before
+    assert listed(1, others=False) == [f"{token(1)} running"]

@@ -368,7 +368,11 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 tasks.append((handle, ranks))
             for host, rank_token in ranks:
                 by_host.setdefault(host, []).append(rank_token)
-        answers = await asyncio.gather(*(self.transport.run(h, runner.status_script(t), timeout=JOB_TIMEOUT)
+        if others:  # every machine, for what it runs that no handle names (a submission's lost answer)
+            for host in self.pool.hosts:
+                by_host.setdefault(host, [])
+        answers = await asyncio.gather(*(self.transport.run(h, runner.status_script(t, others),
+                                                            timeout=JOB_TIMEOUT)
                                          for h, t in by_host.items()), return_exceptions=True)
         found: dict[tuple[str, str], JobStatus] = {}
         now = time.time()
@@ -399,6 +403,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             out.append(combined)
             if len(parts) > 1 and combined.state in (JobState.FAILED, JobState.CANCELLED):
                 stray += [f"{p.handle.split('/')[0]}/{p.token}" for p in parts if p.state is JobState.RUNNING]
+        if others:
+            asked = {rank for _, ranks in tasks for rank in ranks}
+            out += [status for key, status in found.items() if key not in asked]
         if stray:  # a multi-node task that failed on one node ends on every node
             await self._cancel_ranks([(h.split("/")[0], h.split("/")[1]) for h in stray])
         return out

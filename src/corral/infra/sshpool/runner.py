@@ -171,6 +171,7 @@ flock -w 20 9 || {{ existing; reject "another launch on $host holds its lock"; }
 existing
 {claims.install(configured)}mkdir -p "$d/workdir" || exit 1
 {copy}{writes}printf '%s %s %s\\n' {gpus} {cpus} {kind} > "$d/wants"
+printf '%s\\n' "$host" > "$d/host"
 fits "$d"
 [ "$total" -lt {gpus} ] && reject "$host has $total GPU(s) of the kind asked, not {gpus}"
 [ "$cpus_total" -lt {cpus} ] && reject "$host has $cpus_total CPU(s), not {cpus}"
@@ -180,23 +181,38 @@ if [ -s "$d/pid" ]; then echo "{MARK} submitted $host/{token} new"; exit 0; fi
 """
 
 
-def status_script(tokens: Sequence[str]) -> str:
+OTHERS_WINDOW_SECONDS = 3600  # `others`: runs touched this recently (the tracker watches a place for an hour)
+
+
+def status_script(tokens: Sequence[str], others: bool = False) -> str:
     """First start what now fits in the machine's queue (a task killed outright ran no exit trap), then
     one line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
     state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown, or
     queued, whose third field is `<tasks ahead>:<gpus>:<cpus>`, and a sixth its GPU type (what it waits
-    for)."""
+    for). With `others`, also a line for every other single-node run this machine took (its `host` file)
+    that is queued there or was touched in the last OTHERS_WINDOW_SECONDS (a submission whose answer was
+    lost: the tracker finds it by token)."""
     for token in tokens:
         check_token(token)
     body = " ".join(tokens)
+    listing = "" if not others else f"""\
+me=${{HOSTNAME:-$(hostname)}}  # a home shared by several machines holds their run dirs side by side
+declare -A asked=(); for t in {body}; do asked[$t]=1; done
+{{ for entry in "$base/queue/"*; do [ -e "$entry" ] && echo "${{entry##*_}}"; done
+  find "$HOME/{RUNS_DIR}" -mindepth 1 -maxdepth 1 -type d -newermt "@$(( $(date +%s) - {OTHERS_WINDOW_SECONDS} ))" \\
+    -printf '%f\\n' 2>/dev/null
+}} | sort -u | while read -r t; do
+  [[ $t =~ ^[0-9a-f]{{12}}$ ]] && [ -z "${{asked[$t]:-}}" ] || continue
+  read -r took 2>/dev/null < "$HOME/{RUNS_DIR}/$t/host" && [ "$took" = "$me" ] && report "$t"
+done
+"""
     return f"""\
 {ALIVE}{claims.drain_now(2)}printf '{MARK} clock %s\\n' "$(date +%s)"
 declare -A ahead=(); i=0
 for entry in "$base/queue/"*; do [ -e "$entry" ] && ahead[${{entry##*_}}]=$i && i=$((i + 1)); done
-for t in {body}; do
-  d="$HOME/{RUNS_DIR}/$t"
+report() {{
+  local t=$1 d="$HOME/{RUNS_DIR}/$1" at pid= since= ended state g c type
   at=$( [ -f "$d/pid" ] && stat -c %Y "$d/pid" || echo -)
-  pid= since=
   [ -s "$d/pid" ] && read -r pid since < "$d/pid"
   if [ -f "$d/exit_code" ]; then
     ended=$(stat -c %Y "$d/exit_code")
@@ -213,8 +229,9 @@ for t in {body}; do
   else
     echo "$t unknown - - -"
   fi
-done
-"""
+}}
+for t in {body}; do report "$t"; done
+{listing}"""
 
 
 def cancel_script(tokens: Sequence[str]) -> str:
