@@ -55,7 +55,8 @@ def test_members_are_refused_on_a_one_account_place_unless_it_is_service(places)
         assert team.cluster_users(place) == []
     assert team.login("", "lab") is None  # the server's own account: the one the pool runs as
 
-    allowed = accounts.TeamAccounts(_NoStore(), places(clusters={"lab": {"submit_as": "service"}}))  # type: ignore[arg-type]
+    lab_shared = places(clusters={"lab": {"submit_as": "service"}})
+    allowed = accounts.TeamAccounts(_NoStore(), lab_shared)  # type: ignore[arg-type]
     assert allowed.login("alice", "lab") is None  # as the pool's account
     assert allowed.settings.describe("lab") == "service"
     with pytest.raises(NoAccountError):

@@ -474,5 +474,25 @@ def test_a_task_whose_submit_answer_was_lost_is_cancelled_where_it_runs(corral, 
     [row] = corral("queue", "--all", "--json", env=pool_env).json()  # a refresh: the pool is watched
     assert row["state"] == "SUBMIT_FAILED" and "lab had the job after all" in row["reason"], row
     assert wait_for("its process to end, cancelled", lambda: _on_machine(
-        machines, row["slurm_job_id"], 'test -e RUN/cancelled && read -r pid _ < RUN/pid && ! kill -0 "$pid" && echo yes'),
+        machines, row["slurm_job_id"],
+        'test -e RUN/cancelled && read -r pid _ < RUN/pid && ! kill -0 "$pid" && echo yes'),
         timeout=30)
+
+
+def test_memory_a_task_asks_is_claimed_on_its_machine(corral, pool_env):
+    """Each testbed machine has the host's MemTotal (about 24 GB). Two A100:1 tasks asking 14 GB each
+    take different machines though lab1 has A100s free (its memory is taken); a third waits in a queue,
+    saying it waits for memory, and `corral gpus` counts its GPU as pending."""
+    launched = [corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "A100:1", "--memory", "14", "--",
+                       "sleep 300", env=pool_env) for _ in range(3)]
+    assert [r.exit_code for r in launched] == [0, 0, 0], [r.stderr for r in launched]
+    hosts = [r.json()["slurm_job_id"].split("/")[0] for r in launched]
+    assert sorted(hosts[:2]) == ["lab1", "lab2"], hosts
+    waiting = launched[2].json()["job_id"]
+
+    def reason() -> str | None:
+        return next(j for j in corral("queue", "--json", env=pool_env).json() if j["job_id"] == waiting)["reason"]
+    assert wait_for("the third task's reason", reason) == (
+        f"Resources (waiting on {hosts[2]} for A100:1 and 14336 MB of memory)")
+    a100 = next(r for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json() if r["gpu"] == "A100")
+    assert a100["pending"] == 1 and a100["free"] == 6, a100

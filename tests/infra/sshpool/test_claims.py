@@ -30,9 +30,9 @@ class Machine:
         return subprocess.run(["bash", "-c", script], env=self.env, capture_output=True, text=True, timeout=60).stdout
 
     def submit(self, n: int, gpus: int = 0, kind: str | None = None, cpus: int | None = None,
-               may_queue: bool = True) -> str:
+               may_queue: bool = True, memory_mb: int | None = None) -> str:
         request = JobRequest(token=token(n), task_ids=(f"c-{n}",), place="lab", num_nodes=1, accelerator_type=kind,
-                             accelerators_per_node=gpus, cpus_per_node=cpus, memory_mb=None, envs={}, setup=None,
+                             accelerators_per_node=gpus, cpus_per_node=cpus, memory_mb=memory_mb, envs={}, setup=None,
                              run=f'echo "gpus=$CUDA_VISIBLE_DEVICES"; until [ -e "$HOME/end-{n}" ]; do sleep 0.05; done')
         files = {"job.sh": runner.job_script(request, "lab"), "env.sh": "", "setup.sh": "", "run.sh": request.run or ""}
         answer = self.run(runner.submit_script(request, "lab", files, GPUS, may_queue=may_queue)).strip()
@@ -71,7 +71,7 @@ def test_a_task_that_must_wait_is_queued_and_starts_when_the_gpus_it_waits_for_f
     assert machine.submit(1, 2, "NVIDIA A100") == f"{token(1)} new"
     assert machine.submit(2, 1, "NVIDIA A100") == f"{token(2)} queued"
     assert machine.submit(2, 1, "NVIDIA A100") == f"{token(2)} existing"  # a retried submission
-    assert machine.states(1, 2) == {1: "running", 2: "queued 0:1:0"}
+    assert machine.states(1, 2) == {1: "running", 2: "queued 0:1:0:0"}
     assert wait_for("task 1's output", lambda: machine.log(1)) == "gpus=0,1\n"
     machine.end(1)  # its exit trap starts the next, with no status poll
     assert wait_for("task 2's output", lambda: machine.log(2)) == "gpus=0\n"
@@ -84,7 +84,7 @@ def test_a_waiting_task_holds_back_later_ones_of_its_kind_but_not_others(machine
     assert machine.submit(3, 1, "NVIDIA L4").endswith("new")  # another kind passes it
     assert machine.submit(4, 0, None).endswith("new")  # a CPU task (one core) passes it
     assert machine.submit(5, 1, None).endswith("queued")  # any GPU: an A100 is what 2 waits for
-    assert machine.states(2, 5) == {2: "queued 0:2:0", 5: "queued 1:1:0"}
+    assert machine.states(2, 5) == {2: "queued 0:2:0:0", 5: "queued 1:1:0:0"}
     machine.end(1)
     assert wait_for("task 2's output", lambda: machine.log(2)) == "gpus=0,1\n"
     assert wait_for("task 5's output", lambda: machine.log(5)) == "gpus=3\n"  # nothing holds it back now
@@ -110,7 +110,7 @@ def test_a_queued_task_that_is_cancelled_never_starts_and_lets_the_next_go(machi
     assert machine.submit(2, 2, "NVIDIA A100").endswith("queued")
     assert machine.submit(3, 1, "NVIDIA A100").endswith("queued")
     machine.run(runner.cancel_script([token(2)]))
-    assert machine.states(2, 3) == {2: "cancelled", 3: "queued 0:1:0"}
+    assert machine.states(2, 3) == {2: "cancelled", 3: "queued 0:1:0:0"}
     assert not (machine.home / ".corral/runs" / token(2) / "pid").exists()
     machine.end(1)
     assert wait_for("task 3's output", lambda: machine.log(3)) == "gpus=0\n"
@@ -127,7 +127,7 @@ def test_without_a_queue_a_busy_machine_refuses_and_keeps_nothing(machine):
     assert machine.submit(4, 1, "NVIDIA A100", may_queue=False) == (
         f"@@corral rejected {host} has tasks queued before it")
     assert not (machine.home / ".corral/runs" / token(4)).exists()
-    assert machine.states(3) == {3: "queued 0:2:0"}
+    assert machine.states(3) == {3: "queued 0:2:0:0"}
 
 
 def test_a_task_killed_outright_frees_its_gpus_at_the_next_status_poll(machine):
@@ -166,3 +166,24 @@ def test_others_lists_the_runs_no_handle_names_so_a_lost_answer_is_found(machine
     assert listed() == [f"{token(1)} running", f"{token(2)} queued", f"{token(3)} ended"]
     assert listed(1) == listed()  # asked by its handle: one line for it, as before
     assert listed(1, others=False) == [f"{token(1)} running"]
+
+
+def test_memory_is_claimed_and_a_task_waits_for_it(machine):
+    """A task that asks memory claims that much of the machine's MemTotal while it lives; one that would
+    not fit waits (holding back later tasks that ask memory, not those that ask none) and starts when
+    the memory is freed; one that asks more than the machine has is refused."""
+    total = int(machine.run("grep MemTotal: /proc/meminfo").split()[1]) // 1024
+    assert machine.submit(1, memory_mb=total - 1000) == f"{token(1)} new"
+    assert machine.submit(2, memory_mb=2000) == f"{token(2)} queued"
+    assert machine.submit(3, memory_mb=10) == f"{token(3)} queued"  # fits, but 2 waits for memory first
+    assert machine.submit(4) == f"{token(4)} new"  # asks none: passes them
+    refused = machine.submit(5, memory_mb=total + 1)
+    assert refused == f"@@corral rejected {machine.host} has {total} MB of memory, not {total + 1}"
+    assert machine.states(2, 3) == {2: "queued 0:0:1:2000", 3: "queued 1:0:1:10"}
+    inventory = parse_inventory("lab1", machine.run(inventory_script()), ())
+    assert inventory.memory_claimed_mb == total - 1000 and inventory.cpus_claimed == 2
+    assert [(w.memory_mb, w.cpus) for w in inventory.queued] == [(2000, 1), (10, 1)]
+    machine.end(1)  # its exit trap frees the memory: both start
+    wait_for("tasks 2 and 3 to start", lambda: machine.states(2, 3) == {2: "running", 3: "running"})
+    inventory = parse_inventory("lab1", machine.run(inventory_script()), ())
+    assert inventory.memory_claimed_mb == 2010 and inventory.queued == ()

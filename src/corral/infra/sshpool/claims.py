@@ -4,12 +4,15 @@ tests with real bash in a scratch home).
 Everything lives under `~/.corral/pool/<hostname>/` and changes only under its `lock` (flock):
 - `held/<gpu index>`: `<token> <pid> <start>` of the task holding that GPU;
 - `cpus/<token>`: `<cpus> <pid> <start>`, the cores a task holds;
+- `mem/<token>`: `<MB> <pid> <start>`, the memory a task holds (of the machine's MemTotal), when it
+  asked for some;
 - `queue/<time>_<gpus>_<cpus>_<token>`: a task waiting, oldest first; its run dir holds `wants`
-  (`<gpus> <cpus> <type>`) and `queued`.
+  (`<gpus> <cpus> <type>`), `memory` (MB, when asked) and `queued`.
 
 A claim counts while its process lives (pid and start time, `inventory.ALIVE`), so a task that died
 frees what it held without anyone cleaning up. `drain` starts waiting tasks in order while they fit;
-one that does not fit holds back those after it that want what it waits for (its GPU type, or CPUs),
+one that does not fit holds back those after it that want what it waits for (its GPU type, CPUs, or
+memory),
 so a big task is never overtaken for ever by small ones of its kind, while tasks that want something
 else pass it. It runs when a task is submitted, when a task on the machine ends (the task's own exit
 trap, `runner.END_TRAP`), and with each status round trip (which covers a task killed outright).
@@ -75,11 +78,24 @@ free_cpus() {{  # sets cpus_free and cpus_total
   done
   cpus_free=$((cpus_total - used))
 }}
-fits() {{  # $1: a run dir: do its wants fit now? Sets want_gpus, want_cpus, want_type, free, total, cpus_*
+free_mem() {{  # sets mem_free and mem_total (MB): MemTotal less the live tasks' claims
+  local f n pid since kb used=0
+  [ -n "${{mem_total:-}}" ] || {{ read -r _ kb _ < <(grep -m1 '^MemTotal:' /proc/meminfo); mem_total=$((kb / 1024)); }}
+  for f in "$base/mem/"*; do
+    [ -f "$f" ] || continue
+    read -r n pid since < "$f" || continue
+    if alive "$pid" "$since"; then used=$((used + n)); else rm -f -- "$f"; fi
+  done
+  mem_free=$((mem_total - used))
+}}
+fits() {{  # $1: a run dir: do its wants fit now? Sets want_gpus, want_cpus, want_type, want_mem, free, total,
+  # cpus_*, mem_* (mem_free only when it wants memory)
   read -r want_gpus want_cpus want_type < "$1/wants" || return 1
+  want_mem=0; [ -s "$1/memory" ] && read -r want_mem < "$1/memory"
   if [ "$want_gpus" -gt 0 ]; then free_gpus "$want_type"; else free=(); total=0; fi
   free_cpus
-  [ "${{#free[@]}}" -ge "$want_gpus" ] && [ "$cpus_free" -ge "$want_cpus" ]
+  mem_free=0; [ "$want_mem" -gt 0 ] && free_mem
+  [ "${{#free[@]}}" -ge "$want_gpus" ] && [ "$cpus_free" -ge "$want_cpus" ] && [ "$mem_free" -ge "$want_mem" ]
 }}
 start() {{  # $1: a run dir, $2: its token: claim what fits found free, and start job.sh
   local pick=("${{free[@]:0:$want_gpus}}") pid since index
@@ -92,6 +108,7 @@ start() {{  # $1: a run dir, $2: its token: claim what fits found free, and star
   echo "$pid $since" > "$1/pid.new" && mv "$1/pid.new" "$1/pid"
   for index in "${{pick[@]}}"; do echo "$2 $pid $since" > "$base/held/$index"; done
   if [ "$want_cpus" -gt 0 ]; then echo "$want_cpus $pid $since" > "$base/cpus/$2"; fi
+  if [ "$want_mem" -gt 0 ]; then echo "$want_mem $pid $since" > "$base/mem/$2"; fi
   rm -f -- "$1/queued"
 }}
 enqueue() {{  # $1: a run dir, $2: its token (fits has read its wants)
@@ -101,7 +118,7 @@ enqueue() {{  # $1: a run dir, $2: its token (fits has read its wants)
 }}
 release() {{  # $1: the token of a task that is ending: what it holds is free for the queue
   local f holder
-  rm -f -- "$base/cpus/$1"
+  rm -f -- "$base/cpus/$1" "$base/mem/$1"
   for f in "$base/held/"*; do
     [ -f "$f" ] || continue
     read -r holder _ < "$f" || continue
@@ -110,7 +127,7 @@ release() {{  # $1: the token of a task that is ending: what it holds is free fo
   return 0
 }}
 drain() {{  # start waiting tasks in order while they fit; one that does not holds back what it waits for
-  local entry name rest t g c q type block_cpus=0 block_any=0
+  local entry name rest t g c q type block_cpus=0 block_any=0 block_mem=0
   local -A block_type=()
   for entry in "$base/queue/"*; do
     [ -e "$entry" ] || continue
@@ -118,6 +135,7 @@ drain() {{  # start waiting tasks in order while they fit; one that does not hol
     q="$HOME/{RUNS_DIR}/$t"
     if [ "$c" -gt 0 ] && [ "$block_cpus" = 1 ]; then continue; fi
     if [ "$g" -gt 0 ] && [ "$block_any" = 1 ]; then continue; fi
+    if [ "$block_mem" = 1 ] && [ -s "$q/memory" ]; then continue; fi
     if [ -e "$q/cancelled" ] || [ ! -f "$q/wants" ]; then rm -f -- "$entry" "$q/queued"; continue; fi
     if [ "$g" -gt 0 ]; then
       read -r _ _ type < "$q/wants" || type=
@@ -129,6 +147,7 @@ drain() {{  # start waiting tasks in order while they fit; one that does not hol
       if [ -z "$want_type" ]; then block_any=1; else block_type[$want_type]=1; fi
     fi
     [ "$cpus_free" -lt "$want_cpus" ] && block_cpus=1
+    [ "$mem_free" -lt "$want_mem" ] && block_mem=1
     [ "$block_cpus" = 1 ] && [ "$block_any" = 1 ] && return 0
   done
   return 0

@@ -29,7 +29,8 @@ ALIVE = ("started() { local s; read -r s 2>/dev/null </proc/\"$1\"/stat || retur
 
 def inventory_script() -> str:
     """Bash printing `@@corral <section> <status>` sections: host, cpus, memory, gpus, held, claims (the
-    CPUs Corral's tasks hold), queued (each waiting task's `<gpus> <cpus> <type>`), address."""
+    CPUs and memory MB Corral's tasks hold), queued (each waiting task's `<memory MB> <gpus> <cpus>
+    <type>`), address."""
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} host 0\\n'; hostname
@@ -49,16 +50,21 @@ for f in "$base/held/"*; do
   if alive "${{pid:-}}" "${{start:-}}"; then echo "${{f##*/}} $token"; fi
 done
 printf '\\n{MARK} claims 0\\n'
-used=0
-for f in "$base/cpus/"*; do
-  [ -f "$f" ] || continue
-  read -r n pid start < "$f" || continue
-  if alive "$pid" "$start"; then used=$((used + n)); fi
+for kind in cpus mem; do
+  used=0
+  for f in "$base/$kind/"*; do
+    [ -f "$f" ] || continue
+    read -r n pid start < "$f" || continue
+    if alive "$pid" "$start"; then used=$((used + n)); fi
+  done
+  printf '%s ' "$used"
 done
-echo "$used"
+echo
 printf '\\n{MARK} queued 0\\n'
 for f in "$base/queue/"*; do
-  [ -e "$f" ] && read -r wants 2>/dev/null < "$HOME/{RUNS_DIR}/${{f##*_}}/wants" && echo "$wants"
+  [ -e "$f" ] || continue
+  q="$HOME/{RUNS_DIR}/${{f##*_}}"; m=0; [ -s "$q/memory" ] && read -r m < "$q/memory"
+  read -r wants 2>/dev/null < "$q/wants" && echo "$m $wants"
 done
 printf '\\n{MARK} address 0\\n'; hostname -I 2>/dev/null | awk '{{print $1}}'
 printf '\\n{MARK} end 0\\n'
@@ -85,6 +91,7 @@ class Inventory:
     warnings: tuple[str, ...] = ()
     address: str | None = None  # its first address (`hostname -I`): how a multi-node task's ranks reach it
     cpus_claimed: int = 0  # by Corral's live tasks there
+    memory_claimed_mb: int = 0  # by Corral's live tasks there
     queued: tuple[Wants, ...] = ()  # the tasks waiting in its queue, oldest first
 
     @property
@@ -94,11 +101,13 @@ class Inventory:
 
 @dataclass(frozen=True)
 class Wants:
-    """What a task takes on a machine (`runs/<token>/wants`): GPUs of a type ('' any) and CPUs."""
+    """What a task takes on a machine (`runs/<token>/wants`, `memory`): GPUs of a type ('' any), CPUs
+    and memory (MB; 0: none claimed)."""
 
     gpus: int
     cpus: int
     gpu_type: str
+    memory_mb: int = 0
 
 
 def _sections(machine: str, stdout: str) -> dict[str, tuple[int, str]]:
@@ -148,18 +157,17 @@ def parse_inventory(machine: str, stdout: str, configured: tuple[Gpu, ...] = ())
         index, _, token = line.partition(" ")
         if index.isdigit() and token:
             held[int(index)] = token
-    claimed = sections.get("claims", (0, "0"))[1].strip()
+    claimed = [int(n) for n in sections.get("claims", (0, "0"))[1].split() if n.isdigit()] + [0, 0]
     queued = []
     for line in sections.get("queued", (0, ""))[1].splitlines():
-        wanted_gpus, _, rest = line.partition(" ")
-        wanted_cpus, _, gpu_type = rest.partition(" ")
-        if wanted_gpus.isdigit() and wanted_cpus.isdigit():
-            queued.append(Wants(int(wanted_gpus), int(wanted_cpus), gpu_type))
+        parts = line.split(" ", 3)
+        if len(parts) >= 3 and all(p.isdigit() for p in parts[:3]):
+            queued.append(Wants(int(parts[1]), int(parts[2]), parts[3] if len(parts) > 3 else "", int(parts[0])))
     return Inventory(host=sections.get("host", (0, machine))[1].strip() or machine, cpus=cpus,
                      memory_mb=memory[0] // 1024, memory_available_mb=(memory[1] if len(memory) > 1 else memory[0]) // 1024,
                      gpus=tuple(gpus), held=held, gpu_source=source, warnings=tuple(warnings),
                      address=sections.get("address", (0, ""))[1].strip() or None,
-                     cpus_claimed=int(claimed) if claimed.isdigit() else 0, queued=tuple(queued))
+                     cpus_claimed=claimed[0], memory_claimed_mb=claimed[1], queued=tuple(queued))
 
 
 def _nvidia_smi(text: str) -> tuple[list[Gpu], list[str]]:

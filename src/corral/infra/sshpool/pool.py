@@ -194,26 +194,28 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             token, rank, len(hosts)))) for rank, host in enumerate(hosts) for u in pending))
 
     # ---- jobs -----------------------------------------------------------------------------------------
-    def _free(self, host: str, wants: Wants) -> tuple[int, int] | None:
-        """GPUs of the type and CPUs free on the machine, as the last probe saw them less what was
-        started there since (None: not probed)."""
+    def _free(self, host: str, wants: Wants) -> tuple[int, int, int] | None:
+        """GPUs of the type, CPUs and memory (MB) free on the machine, as the last probe saw them less
+        what was started there since (None: not probed)."""
         inventory = self._inventories.get(host)
         if inventory is None:
             return None
         gpus = sum(1 for g in inventory.free_gpus if _same_kind(g.name, wants.gpu_type))
         cpus = inventory.cpus - inventory.cpus_claimed
+        memory = inventory.memory_mb - inventory.memory_claimed_mb
         for booked in self._booked.get(host, []):
             if booked.gpus and _same_kind(booked.gpu_type, wants.gpu_type):
                 gpus -= booked.gpus
             cpus -= booked.cpus
-        return gpus, cpus
+            memory -= booked.memory_mb
+        return gpus, cpus, memory
 
     def _fits(self, host: str, request: JobRequest) -> bool:
         """Can the machine start the request now, as far as Corral knows: what it wants is free, and
         nothing waits in its queue for the same (which would go first)?"""
         wants = _wants(request)
         free = self._free(host, wants)
-        if free is None or free[0] < wants.gpus or free[1] < wants.cpus:
+        if free is None or free[0] < wants.gpus or free[1] < wants.cpus or free[2] < wants.memory_mb:
             return False
         return not any(_competes(waiting, wants) for waiting in self._inventories[host].queued)
 
@@ -222,7 +224,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         for big ones; CPU tasks go first to machines with the fewest free GPUs)."""
         wants = _wants(request)
         fits = [h for h in self.pool.hosts if self._fits(h, request)]
-        return sorted(fits, key=lambda h: (*(self._free(h, wants) or (0, 0)), self.pool.hosts.index(h)))
+        return sorted(fits, key=lambda h: (*(self._free(h, wants) or (0, 0, 0)), self.pool.hosts.index(h)))
 
     def _queue_for(self, request: JobRequest) -> str | None:
         """The machine to wait on: of those that could ever start it, the one with the least queued per
@@ -243,7 +245,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         def could(host: str) -> bool:
             inventory = self._inventories.get(host)
             return inventory is None or (
-                inventory.cpus >= wants.cpus
+                inventory.cpus >= wants.cpus and inventory.memory_mb >= wants.memory_mb
                 and sum(1 for g in inventory.gpus if _same_kind(g.name, wants.gpu_type)) >= wants.gpus)
 
         return min((h for h in self.pool.hosts if could(h)), key=load, default=None)
@@ -804,8 +806,9 @@ def _node(pool: str, host: str, inventory: Inventory) -> Node:
     # A GPU task claims no core unless it asks (claims.cpus_wanted): a machine whose cores CPU tasks hold
     # still starts GPU tasks, so one core is left showing where it has GPUs (Node.gpus_free needs one).
     claimed = min(inventory.cpus - (1 if inventory.gpus else 0), inventory.cpus_claimed)
+    used = max(inventory.memory_mb - inventory.memory_available_mb, inventory.memory_claimed_mb)
     return Node(host, (pool,), state, True, inventory.cpus, max(0, claimed), inventory.memory_mb,
-                max(0, inventory.memory_mb - inventory.memory_available_mb), gpus)
+                min(inventory.memory_mb, max(0, used)), gpus)
 
 
 def _statuses(host: str, stdout: str) -> list[JobStatus]:
@@ -829,10 +832,9 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
         elif state == "cancelled":
             out.append(JobStatus(handle, token, JobState.CANCELLED, "CANCELLED", None, start, start, end, exit_code))
         elif state == "queued":
-            ahead, _, wants = code.partition(":")
-            gpus, _, cpus = wants.partition(":")
+            ahead, gpus, cpus, memory = (code.split(":") + ["", "", ""])[:4]
             what = _wants_text(Wants(int(gpus) if gpus.isdigit() else 0, int(cpus) if cpus.isdigit() else 0,
-                                     parts[5] if len(parts) > 5 else ""))
+                                     parts[5] if len(parts) > 5 else "", int(memory) if memory.isdigit() else 0))
             waits = f"waiting on {host} for {what}" + (f", {ahead} task(s) before it" if ahead not in ("", "0") else "")
             out.append(JobStatus(handle, token, JobState.PENDING, "QUEUED",
                                  f"{'Priority' if ahead not in ('', '0') else 'Resources'} ({waits})",
@@ -847,7 +849,8 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
 
 def _wants(request: JobRequest) -> Wants:
     gpus = request.accelerators_per_node
-    return Wants(gpus, claims.cpus_wanted(request.cpus_per_node, gpus), request.accelerator_type or "")
+    return Wants(gpus, claims.cpus_wanted(request.cpus_per_node, gpus), request.accelerator_type or "",
+                 max(0, request.memory_mb or 0))
 
 
 def _same_kind(gpu_type: str, wanted: str) -> bool:
@@ -858,12 +861,12 @@ def _same_kind(gpu_type: str, wanted: str) -> bool:
 def _competes(waiting: Wants, wants: Wants) -> bool:
     """Would a task waiting in a machine's queue go before a new one (claims.drain): does it wait for
     what the new one wants?"""
-    return bool((waiting.cpus and wants.cpus)
+    return bool((waiting.cpus and wants.cpus) or (waiting.memory_mb and wants.memory_mb)
                 or (waiting.gpus and wants.gpus and _same_kind(waiting.gpu_type, wants.gpu_type)))
 
 
 def _wants_text(wants: Wants) -> str:
     gpus = f"{normalize_gpu_name(wants.gpu_type)}:{wants.gpus}" if wants.gpu_type else f"{wants.gpus} GPU(s)"
-    parts = ([gpus] if wants.gpus else []) + (
-        [f"{wants.cpus} CPU(s)"] if wants.cpus else [])
+    parts = ([gpus] if wants.gpus else []) + ([f"{wants.cpus} CPU(s)"] if wants.cpus else []) + (
+        [f"{wants.memory_mb} MB of memory"] if wants.memory_mb else [])
     return " and ".join(parts) or "nothing"

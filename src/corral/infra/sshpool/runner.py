@@ -125,7 +125,7 @@ def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequenc
 
 def submit_script(request: JobRequest, pool: str, files: dict[str, str], configured: Sequence[str] = (),
                   workdir_cache: str | None = None, may_queue: bool = False) -> str:
-    """Start the task when its GPUs (of its type) and CPUs are free, in one round trip; idempotent by
+    """Start the task when its GPUs (of its type), CPUs and memory are free, in one round trip; idempotent by
     token. With `may_queue`, a task that must wait joins the machine's queue (claims.py) and starts as
     soon as what it wants is free and nothing queued before it waits for the same. Answers `@@corral
     submitted <host>/<token> new|queued|existing`, or `@@corral rejected <why>`. The files (env.sh holds
@@ -148,20 +148,25 @@ def submit_script(request: JobRequest, pool: str, files: dict[str, str], configu
     gpus = request.accelerators_per_node
     cpus = claims.cpus_wanted(request.cpus_per_node, gpus)
     kind = shlex.quote(request.accelerator_type or "")
+    memory = max(0, request.memory_mb or 0)
     writes = "".join(write_file(f'"$d"/{shlex.quote(name)}', content) + "\n" for name, content in files.items())
     waits = (f'echo "{MARK} submitted $host/{token} queued"; exit 0' if may_queue else
              f'rm -f -- "$base/queue/"*"_{token}" "$d/queued"\n'
              'fits "$d" && reject "$host has tasks queued before it"\n'
              f'[ "${{#free[@]}}" -lt {gpus} ] && '
              f'reject "$host has ${{#free[@]}} free GPU(s) of the kind asked, not {gpus}"\n'
+             f'[ "$mem_free" -lt {memory} ] && reject "$host has $mem_free MB of memory free, not {memory}"\n'
              f'reject "$host has $cpus_free free CPU(s), not {cpus}"')
+    memory_file = f'printf "%s\\n" {memory} > "$d/memory"\n' if memory else ""
+    memory_total = ('free_mem; [ "$mem_total" -lt ' + f'{memory} ] && '
+                    f'reject "$host has $mem_total MB of memory, not {memory}"\n' if memory else "")
     return f"""\
 set -u
 umask 077
 host=${{HOSTNAME:-$(hostname)}}
 base="$HOME/{POOL_DIR}/$host"
 d={directory}
-mkdir -p "$base/held" "$base/cpus" "$base/queue" || exit 1
+mkdir -p "$base/held" "$base/cpus" "$base/mem" "$base/queue" || exit 1
 reject() {{ rm -rf -- "$d"; echo "{MARK} rejected $1"; exit 0; }}
 exec 9>"$base/lock"
 existing() {{
@@ -172,10 +177,10 @@ existing
 {claims.install(configured)}mkdir -p "$d/workdir" || exit 1
 {copy}{writes}printf '%s %s %s\\n' {gpus} {cpus} {kind} > "$d/wants"
 printf '%s\\n' "$host" > "$d/host"
-fits "$d"
+{memory_file}fits "$d"
 [ "$total" -lt {gpus} ] && reject "$host has $total GPU(s) of the kind asked, not {gpus}"
 [ "$cpus_total" -lt {cpus} ] && reject "$host has $cpus_total CPU(s), not {cpus}"
-enqueue "$d" {token} && drain
+{memory_total}enqueue "$d" {token} && drain
 if [ -s "$d/pid" ]; then echo "{MARK} submitted $host/{token} new"; exit 0; fi
 {waits}
 """
@@ -188,7 +193,7 @@ def status_script(tokens: Sequence[str], others: bool = False) -> str:
     """First start what now fits in the machine's queue (a task killed outright ran no exit trap), then
     one line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
     state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown, or
-    queued, whose third field is `<tasks ahead>:<gpus>:<cpus>`, and a sixth its GPU type (what it waits
+    queued, whose third field is `<tasks ahead>:<gpus>:<cpus>:<memory MB>`, and a sixth its GPU type (what it waits
     for). With `others`, also a line for every other single-node run this machine took (its `host` file)
     that is queued there or was touched in the last OTHERS_WINDOW_SECONDS (a submission whose answer was
     lost: the tracker finds it by token)."""
@@ -211,7 +216,7 @@ done
 declare -A ahead=(); i=0
 for entry in "$base/queue/"*; do [ -e "$entry" ] && ahead[${{entry##*_}}]=$i && i=$((i + 1)); done
 report() {{
-  local t=$1 d="$HOME/{RUNS_DIR}/$1" at pid= since= ended state g c type
+  local t=$1 d="$HOME/{RUNS_DIR}/$1" at pid= since= ended state g c m type
   at=$( [ -f "$d/pid" ] && stat -c %Y "$d/pid" || echo -)
   [ -s "$d/pid" ] && read -r pid since < "$d/pid"
   if [ -f "$d/exit_code" ]; then
@@ -225,7 +230,8 @@ report() {{
   elif [ -n "$pid" ]; then
     echo "$t vanished - $at -"
   elif [ -e "$d/queued" ] && read -r g c type < "$d/wants"; then
-    echo "$t queued ${{ahead[$t]:-0}}:$g:$c - - $type"
+    m=0; [ -s "$d/memory" ] && read -r m < "$d/memory"
+    echo "$t queued ${{ahead[$t]:-0}}:$g:$c:$m - - $type"
   else
     echo "$t unknown - - -"
   fi
