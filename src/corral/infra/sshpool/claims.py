@@ -68,24 +68,24 @@ free_gpus() {{  # $1: a type ('' any): sets free (their indices) and total
     free+=("$index")
   done < <(gpu_lines)
 }}
-free_cpus() {{  # sets cpus_free and cpus_total
-  local f n pid since used=0
-  [ -n "${{cpus_total:-}}" ] || cpus_total=$(nproc 2>/dev/null || echo 1)
-  for f in "$base/cpus/"*; do
+claimed() {{  # $1: cpus or mem: sets used, what live tasks claim there (an ended task's claim is removed)
+  local f n pid since
+  used=0
+  for f in "$base/$1/"*; do
     [ -f "$f" ] || continue
     read -r n pid since < "$f" || continue
     if alive "$pid" "$since"; then used=$((used + n)); else rm -f -- "$f"; fi
   done
+}}
+free_cpus() {{  # sets cpus_free and cpus_total
+  [ -n "${{cpus_total:-}}" ] || cpus_total=$(nproc 2>/dev/null || echo 1)
+  claimed cpus
   cpus_free=$((cpus_total - used))
 }}
 free_mem() {{  # sets mem_free and mem_total (MB): MemTotal less the live tasks' claims
-  local f n pid since kb used=0
+  local kb
   [ -n "${{mem_total:-}}" ] || {{ read -r _ kb _ < <(grep -m1 '^MemTotal:' /proc/meminfo); mem_total=$((kb / 1024)); }}
-  for f in "$base/mem/"*; do
-    [ -f "$f" ] || continue
-    read -r n pid since < "$f" || continue
-    if alive "$pid" "$since"; then used=$((used + n)); else rm -f -- "$f"; fi
-  done
+  claimed mem
   mem_free=$((mem_total - used))
 }}
 fits() {{  # $1: a run dir: do its wants fit now? Sets want_gpus, want_cpus, want_type, want_mem, free, total,

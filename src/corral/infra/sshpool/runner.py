@@ -193,8 +193,9 @@ def status_script(tokens: Sequence[str], others: bool = False) -> str:
     """First start what now fits in the machine's queue (a task killed outright ran no exit trap), then
     one line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
     state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown, or
-    queued, whose third field is `<tasks ahead>:<gpus>:<cpus>:<memory MB>`, and a sixth its GPU type (what it waits
-    for). With `others`, also a line for every other single-node run this machine took (its `host` file)
+    queued, whose third field is `<tasks ahead>:<gpus>:<cpus>:<memory MB>`, and a sixth its GPU type
+    (what it waits for). With `others`, also a line for every other single-node run this machine took (its
+    `host` file)
     that is queued there or was touched in the last OTHERS_WINDOW_SECONDS (a submission whose answer was
     lost: the tracker finds it by token)."""
     for token in tokens:
