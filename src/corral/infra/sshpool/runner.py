@@ -209,7 +209,7 @@ declare -A asked=(); for t in {body}; do asked[$t]=1; done
     -printf '%f\\n' 2>/dev/null
 }} | sort -u | while read -r t; do
   [[ $t =~ ^[0-9a-f]{{12}}$ ]] && [ -z "${{asked[$t]:-}}" ] || continue
-  read -r took 2>/dev/null < "$HOME/{RUNS_DIR}/$t/host" && [ "$took" = "$me" ] && report "$t"
+  if read -r took 2>/dev/null < "$HOME/{RUNS_DIR}/$t/host" && [ "$took" = "$me" ]; then report "$t"; fi
 done
 """
     return f"""\
