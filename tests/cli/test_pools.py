@@ -259,7 +259,7 @@ def test_a_machine_that_refuses_a_task_keeps_none_of_its_files(pool_env, monkeyp
         pool = Client().infra("lab")
         await pool.probe()
         wanted = request(2, "sleep 300")
-        first, second = [h for h in pool._order(wanted) if pool._fits(h, wanted)][:2]
+        first, second = pool._order(wanted)[:2]  # the machines that can start it now, in order
         holder = request(1, "sleep 300")  # takes the second machine's GPUs after the probe saw them free
         files = {"job.sh": runner.job_script(holder, "lab"), "env.sh": "", "setup.sh": "", "run.sh": "sleep 300"}
         taken = await pool.transport.run(second, runner.submit_script(holder, "lab", files), timeout=30)

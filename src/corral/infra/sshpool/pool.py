@@ -200,7 +200,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         inventory = self._inventories.get(host)
         if inventory is None:
             return None
-        gpus = sum(1 for g in inventory.free_gpus if _same_kind(g.name, wants.gpu_type))
+        gpus = _of_kind(inventory.free_gpus, wants.gpu_type)
         cpus = inventory.cpus - inventory.cpus_claimed
         memory = inventory.memory_mb - inventory.memory_claimed_mb
         for booked in self._booked.get(host, []):
@@ -210,11 +210,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             memory -= booked.memory_mb
         return gpus, cpus, memory
 
-    def _fits(self, host: str, request: JobRequest) -> bool:
-        """Can the machine start the request now, as far as Corral knows: what it wants is free, and
-        nothing waits in its queue for the same (which would go first)?"""
-        wants = _wants(request)
-        free = self._free(host, wants)
+    def _fits(self, host: str, wants: Wants, free: tuple[int, int, int] | None) -> bool:
+        """Can the machine start what is wanted now, as far as Corral knows: it is free (`free`, from
+        _free), and nothing waits in its queue for the same (which would go first)?"""
         if free is None or free[0] < wants.gpus or free[1] < wants.cpus or free[2] < wants.memory_mb:
             return False
         return not any(_competes(waiting, wants) for waiting in self._inventories[host].queued)
@@ -223,8 +221,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         """Machines that can start the request now, fullest first (tasks pack, keeping whole machines free
         for big ones; CPU tasks go first to machines with the fewest free GPUs)."""
         wants = _wants(request)
-        fits = [h for h in self.pool.hosts if self._fits(h, request)]
-        return sorted(fits, key=lambda h: (*(self._free(h, wants) or (0, 0, 0)), self.pool.hosts.index(h)))
+        free = {h: self._free(h, wants) for h in self.pool.hosts}
+        fits = [h for h in self.pool.hosts if self._fits(h, wants, free[h])]
+        return sorted(fits, key=lambda h: (*(free[h] or (0, 0, 0)), self.pool.hosts.index(h)))
 
     def _queue_for(self, request: JobRequest) -> str | None:
         """The machine to wait on: of those that could ever start it, the one with the least queued per
@@ -237,7 +236,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 return True, 0.0, self.pool.hosts.index(host)
             waiting = len(inventory.queued) + self._booked_queued.get(host, 0)
             if wants.gpus:
-                slots = sum(1 for g in inventory.gpus if _same_kind(g.name, wants.gpu_type)) // wants.gpus
+                slots = _of_kind(inventory.gpus, wants.gpu_type) // wants.gpus
             else:
                 slots = inventory.cpus // wants.cpus if wants.cpus else 1
             return False, waiting / max(slots, 1), self.pool.hosts.index(host)
@@ -246,7 +245,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             inventory = self._inventories.get(host)
             return inventory is None or (
                 inventory.cpus >= wants.cpus and inventory.memory_mb >= wants.memory_mb
-                and sum(1 for g in inventory.gpus if _same_kind(g.name, wants.gpu_type)) >= wants.gpus)
+                and _of_kind(inventory.gpus, wants.gpu_type) >= wants.gpus)
 
         return min((h for h in self.pool.hosts if could(h)), key=load, default=None)
 
@@ -835,10 +834,10 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
             ahead, gpus, cpus, memory = (code.split(":") + ["", "", ""])[:4]
             what = _wants_text(Wants(int(gpus) if gpus.isdigit() else 0, int(cpus) if cpus.isdigit() else 0,
                                      parts[5] if len(parts) > 5 else "", int(memory) if memory.isdigit() else 0))
-            waits = f"waiting on {host} for {what}" + (f", {ahead} task(s) before it" if ahead not in ("", "0") else "")
+            behind = ahead not in ("", "0")
+            waits = f"waiting on {host} for {what}" + (f", {ahead} task(s) before it" if behind else "")
             out.append(JobStatus(handle, token, JobState.PENDING, "QUEUED",
-                                 f"{'Priority' if ahead not in ('', '0') else 'Resources'} ({waits})",
-                                 None, None, None, None))
+                                 f"{'Priority' if behind else 'Resources'} ({waits})", None, None, None, None))
         elif state == "vanished":
             out.append(JobStatus(handle, token, JobState.FAILED, "VANISHED",
                                  f"its process on {host} is gone without an exit code (the machine restarted, or "
@@ -856,6 +855,11 @@ def _wants(request: JobRequest) -> Wants:
 def _same_kind(gpu_type: str, wanted: str) -> bool:
     """Does a GPU (or a claim) of `gpu_type` count for a request of `wanted` ('' on either side: any)?"""
     return not gpu_type or not wanted or gpu_type == wanted
+
+
+def _of_kind(gpus: Sequence[Gpu], gpu_type: str) -> int:
+    """How many of these GPUs count for a request of `gpu_type` ('' any)."""
+    return sum(1 for g in gpus if _same_kind(g.name, gpu_type))
 
 
 def _competes(waiting: Wants, wants: Wants) -> bool:
