@@ -9,9 +9,10 @@ A task on a machine is a process group of its own (`setsid`), started from its r
   `log.txt`: its output;
 - `cancelled`: left before Corral kills the group, so that a task that had not started yet never does.
 
-- `wants` (`<gpus> <cpus> <type>`), and `queued` while it waits in the machine's queue.
+- `wants` (`<gpus> <cpus> <type>`), `memory` (MB, when it asks some), `host` (the machine that took
+  it: homes may be shared), and `queued` while it waits in the machine's queue.
 
-GPUs and CPUs are claimed under `flock` on `~/.corral/pool/<hostname>/lock`, by the functions of
+GPUs, CPUs and memory are claimed under `flock` on `~/.corral/pool/<hostname>/lock`, by the functions of
 claims.py: a claim counts while its task's process lives. The claim and the start are one step under
 the lock, so two launches never take the same GPU, and a retried submission finds the task it started
 (its `pid`) or queued instead of starting it twice. Nothing is installed: bash, coreutils, flock
@@ -194,17 +195,16 @@ def status_script(tokens: Sequence[str], others: bool = False) -> str:
     one line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
     state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown, or
     queued, whose third field is `<tasks ahead>:<gpus>:<cpus>:<memory MB>`, and a sixth its GPU type
-    (what it waits for). With `others`, also a line for every other single-node run this machine took (its
-    `host` file)
-    that is queued there or was touched in the last OTHERS_WINDOW_SECONDS (a submission whose answer was
-    lost: the tracker finds it by token)."""
+    (what it waits for). With `others`, also a line for every other single-node run this machine took
+    (its `host` file) that is queued there or was touched in the last OTHERS_WINDOW_SECONDS (a submission
+    whose answer was lost: the tracker finds it by token)."""
     for token in tokens:
         check_token(token)
     body = " ".join(tokens)
     listing = "" if not others else f"""\
 me=${{HOSTNAME:-$(hostname)}}  # a home shared by several machines holds their run dirs side by side
 declare -A asked=(); for t in {body}; do asked[$t]=1; done
-{{ for entry in "$base/queue/"*; do [ -e "$entry" ] && echo "${{entry##*_}}"; done
+{{ [ "${{#ahead[@]}}" -gt 0 ] && printf '%s\\n' "${{!ahead[@]}}"
   find "$HOME/{RUNS_DIR}" -mindepth 1 -maxdepth 1 -type d -newermt "@$(( $(date +%s) - {OTHERS_WINDOW_SECONDS} ))" \\
     -printf '%f\\n' 2>/dev/null
 }} | sort -u | while read -r t; do
