@@ -261,12 +261,11 @@ def cancel_command(what: str) -> Callable[[Callable[..., Any]], Callable[..., An
             done = "cancelling" if what == "managed jobs" else "cancelled"
             for outcome in outcomes:
                 click.echo(f"{outcome.job_id}: " + (done if outcome.cancelled else f"already {outcome.state.lower()}"))
-            command_name = "corral jobs cancel" if what == "managed jobs" else "corral cancel"
+            group = "corral jobs" if what == "managed jobs" else "corral"
             for outcome in outcomes:
                 if outcome.sweep_jobs:
-                    how = (f"`{command_name} {shlex.quote(outcome.sweep_name)}` cancels them all" if outcome.sweep_name
-                           else f"`corral {'jobs ' if what == 'managed jobs' else ''}queue {outcome.job_id}` "
-                                "lists them")
+                    how = (f"`{group} cancel {shlex.quote(outcome.sweep_name)}` cancels them all" if outcome.sweep_name
+                           else f"`{group} queue {outcome.job_id}` lists them")
                     click.echo(f"{outcome.job_id} is the first of the {outcome.sweep_jobs} jobs of a sweep"
                                + (f" ({outcome.sweep_name})" if outcome.sweep_name else "")
                                + f", and its id names that job alone: {how}", err=True)
