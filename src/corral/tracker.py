@@ -459,7 +459,7 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus],
             "exit_code": status.exit_code,
             "failure": status.failure.value if status.failure else None,
         }
-        if attempt.handle is None:  # adopted after an interrupted submission
+        if attempt.handle is None or status.moved:  # adopted after an interrupted submission, or moved
             fields["handle"] = status.handle
         if attempt.state in (JobState.CANCELLED, JobState.CANCELLING) and status.state in LIVE_STATES:
             fields["state"] = attempt.state  # cancel sent (or due); the infra has not caught up yet

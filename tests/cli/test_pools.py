@@ -6,13 +6,16 @@ away fails its task as the infrastructure's doing, and a managed job is recovere
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 
+from corral.infra.sshpool import moves
 from tests.conftest import wait_for
 from tests.helpers import cancel_a_running_exec, counting_ssh, launch_managed
 
@@ -414,6 +417,106 @@ def test_a_task_no_machine_can_start_now_waits_in_one_machines_queue(corral, poo
     out = wait_for("the waiting task's output", lambda: corral("logs", "--no-follow", waiting.json()["job_id"],
                                                                env=pool_env).stdout, timeout=60)
     assert out == "0,1,2,3\n"
+
+
+@pytest.fixture(params=["shared home", "homes apart"])
+def two_machine_env(request, pool_env, machines, testbed, tmp_path):
+    """A pool of lab1 and lab2 only. "homes apart": lab2 is reached as another account (corral-bob, its
+    own key), so the two machines have a home each, as most pools' machines do; the testbed's machines
+    otherwise share one."""
+    second = "lab2"
+    if request.param == "homes apart":
+        second = "lab2apart"
+        key = testbed.paths.user_key("corral-bob")
+        config = Path(pool_env["CORRAL_SLURM_CONFIG"])
+        config.write_text(config.read_text() + f"\nHost lab2apart\n    HostName 10.201.0.12\n    User corral-bob\n"
+                          f"    IdentityFile {key}\n    IdentitiesOnly yes\n"
+                          f"    UserKnownHostsFile {machines.known_hosts}\n    StrictHostKeyChecking yes\n")
+    pool = {"pools": {"lab": {"hosts": ["lab1", second]}}}
+    (Path(pool_env["CORRAL_HOME"]) / "config.yaml").write_text(json.dumps(pool))
+    yield pool_env, second
+    if request.param == "homes apart":
+        subprocess.run(["corral", "cancel", "--all"], env=pool_env, capture_output=True)
+        subprocess.run(["ssh", "-F", pool_env["CORRAL_SLURM_CONFIG"], "lab2apart", "pkill -f corral/runs/; "
+                        "rm -rf ~/.corral"], capture_output=True, timeout=30)
+
+
+def test_a_waiting_task_moves_to_the_machine_that_frees_first(corral, two_machine_env):
+    """Both machines' A100s are taken and a third A100:4 task waits in one machine's queue. The other
+    machine frees first: the task moves there and starts (its handle, output and logs follow it), rather
+    than waiting for the busy one, as a Slurm job waits for any node of its partition."""
+    env, second = two_machine_env
+    blockers = [corral("launch", "-d", "--json", "--gpus", "A100:4", "--", "sleep 300", env=env).json()
+                for _ in range(2)]
+    assert sorted(b["slurm_job_id"].split("/")[0] for b in blockers) == sorted(["lab1", second])
+    waiting = corral("launch", "-d", "--json", "--gpus", "A100:4", "--", 'echo "$(hostname) $CUDA_VISIBLE_DEVICES"',
+                     env=env).json()
+    host = waiting["slurm_job_id"].split("/")[0]
+    other = next(b for b in blockers if not b["slurm_job_id"].startswith(f"{host}/"))
+    target = other["slurm_job_id"].split("/")[0]
+    assert "cancelled" in corral("cancel", other["job_id"], env=env).stdout
+
+    def moved() -> dict | None:
+        row = next(j for j in corral("queue", "--json", env=env).json() if j["job_id"] == waiting["job_id"])
+        there = row["slurm_job_id"].startswith(f"{target}/")
+        return row if there and row["state"] in ("RUNNING", "SUCCEEDED") else None
+    row = wait_for("the waiting task to move to the machine that freed up", moved, timeout=90, interval=1)
+    assert row["slurm_job_id"] == f"{target}/{waiting['slurm_job_id'].split('/')[1]}"  # the same token
+    out = wait_for("its output there", lambda: corral("logs", "--no-follow", waiting["job_id"], env=env).stdout,
+                   timeout=30)
+    assert out == f"{'lab1' if target == 'lab1' else 'lab2'} 0,1,2,3\n"  # lab2apart is lab2
+    still = next(j for j in corral("queue", "--json", env=env).json() if j["slurm_job_id"].startswith(f"{host}/")
+                 and j["job_id"] != waiting["job_id"])
+    assert still["state"] == "RUNNING"  # the busy machine's task was left alone
+    if second == "lab2apart":  # the copy it left behind (its env.sh with it) is gone from the other home
+        run_dir = f"~/.corral/runs/{row['slurm_job_id'].split('/')[1]}"
+        left = subprocess.run(["ssh", "-F", env["CORRAL_SLURM_CONFIG"], host, f"ls {run_dir}"],
+                              capture_output=True, text=True, timeout=30)
+        assert left.returncode != 0 and "No such file" in left.stderr, (left.stdout, left.stderr)
+
+
+@pytest.mark.parametrize("crash", ["before the take", "after the take"])
+def test_a_move_its_mover_left_half_done_is_finished_or_undone(corral, pool_env, machines, crash):
+    """The engine died in the middle of a move (the scripts are run here by hand, as it would have):
+    after the take, the next refresh finds the task on the machine that took it and adopts its new
+    handle; before it, once the mark is old enough, the task goes back into its queue, and starts there.
+    Never lost, never run twice."""
+    blockers = [corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "A100:4", "--", "sleep 300",
+                       env=pool_env).json() for _ in range(2)]
+    waiting = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "A100:4", "--", "echo ran",
+                     env=pool_env).json()
+    host, token = waiting["slurm_job_id"].split("/")
+    other = "lab2" if host == "lab1" else "lab1"
+
+    def on(machine: str, script: str) -> str:
+        return subprocess.run(["ssh", "-F", str(machines.ssh_config), machine, "bash"], input=script,
+                              capture_output=True, text=True, timeout=30).stdout
+
+    withdrawn = on(host, moves.withdraw_script(token, other))
+    assert "@@corral withdrawn" in withdrawn, withdrawn
+    if crash == "after the take":
+        entry = withdrawn.split()[-1]
+        assert "@@corral submitted" in on(other, moves.take_script(token, entry)), "took"
+        # The other machine has it waiting: its blocker ends, and the task starts there.
+        corral("cancel", next(b["job_id"] for b in blockers if b["slurm_job_id"].startswith(f"{other}/")), env=pool_env)
+        expected, handle = f"{other}/{token}", f"{other}/{token}"
+    else:
+        mark = f"~/.corral/runs/{token}/moving"  # the mover died long ago: its epoch, 1
+        on(host, f"awk '{{$3 = 1; print}}' {mark} > {mark}.old && mv {mark}.old {mark}")
+        corral("cancel", next(b["job_id"] for b in blockers if b["slurm_job_id"].startswith(f"{host}/")), env=pool_env)
+        expected, handle = f"{host}/{token}", f"{host}/{token}"
+
+    seen: list[dict] = []
+
+    def ended() -> dict | None:
+        seen.append(next(j for j in corral("queue", "--json", env=pool_env).json() if j["job_id"] == waiting["job_id"]))
+        return seen[-1] if seen[-1]["state"] == "SUCCEEDED" else None
+    try:
+        row = wait_for("the task to run once, where it is", ended, timeout=90, interval=1)
+    except BaseException:
+        raise AssertionError(f"last seen: {seen[-2:]}") from None
+    assert row["slurm_job_id"] == handle == expected
+    assert corral("logs", "--no-follow", waiting["job_id"], env=pool_env).stdout == "ran\n"  # once
 
 
 def test_a_pool_allocations_setup_is_shown_as_it_runs(corral, pool_env, tmp_path):

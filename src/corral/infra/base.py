@@ -166,6 +166,7 @@ class JobStatus:
     exit_code: int | None
     expected_start: float | None = None  # a pending job's: the scheduler's own estimate
     failure: FailureClass | None = None  # set when state is FAILED
+    moved: bool = False  # the infra moved the job (a pool's waiting task to another machine): `handle` is new
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ NVIDIA_SMI_TIMEOUT = 10  # seconds; a wedged driver makes nvidia-smi hang
 QUERY = "index,name,memory.total,uuid"
 POOL_DIR = ".corral/pool"  # under the home; then <hostname>/
 RUNS_DIR = ".corral/runs"  # under the home; then <token>/
+HOME_ID = ".corral/home-id"  # under the home: random, made once, so machines that share a home are told apart
 # Bash: `alive PID START` is true while that very process runs (START: its start time, field 22 of
 # /proc/PID/stat, read after the command name, which may hold spaces); `started PID` prints it, and
 # fails for a zombie (a task whose parent is gone waits there until init reaps it: it is over).
@@ -30,7 +31,8 @@ ALIVE = ("started() { local s; read -r s 2>/dev/null </proc/\"$1\"/stat || retur
 def inventory_script() -> str:
     """Bash printing `@@corral <section> <status>` sections: host, cpus, memory, gpus, held, claims (the
     CPUs and memory MB Corral's tasks hold), queued (each waiting task's `<memory MB> <gpus> <cpus>
-    <type>`), address."""
+    <type>`), address, home (the home's id, HOME_ID, made by the first probe: machines with the same
+    one share a home)."""
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} host 0\\n'; hostname
@@ -67,6 +69,11 @@ for f in "$base/queue/"*; do
   read -r wants 2>/dev/null < "$q/wants" && echo "$m $wants"
 done
 printf '\\n{MARK} address 0\\n'; hostname -I 2>/dev/null | awk '{{print $1}}'
+f="$HOME/{HOME_ID}"
+if [ ! -s "$f" ]; then
+  mkdir -p "${{f%/*}}" && od -An -N8 -tx1 /dev/urandom | tr -d ' \\n' > "$f.$$" && mv -n "$f.$$" "$f"; rm -f "$f.$$"
+fi
+printf '\\n{MARK} home 0\\n'; cat "$f" 2>/dev/null
 printf '\\n{MARK} end 0\\n'
 """
 
@@ -93,6 +100,7 @@ class Inventory:
     cpus_claimed: int = 0  # by Corral's live tasks there
     memory_claimed_mb: int = 0  # by Corral's live tasks there
     queued: tuple[Wants, ...] = ()  # the tasks waiting in its queue, oldest first
+    home: str | None = None  # its home's id (HOME_ID): the same on machines that share a home
 
     @property
     def free_gpus(self) -> list[Gpu]:
@@ -167,7 +175,8 @@ def parse_inventory(machine: str, stdout: str, configured: tuple[Gpu, ...] = ())
                      memory_mb=memory[0] // 1024, memory_available_mb=(memory[1] if len(memory) > 1 else memory[0]) // 1024,
                      gpus=tuple(gpus), held=held, gpu_source=source, warnings=tuple(warnings),
                      address=sections.get("address", (0, ""))[1].strip() or None,
-                     cpus_claimed=claimed[0], memory_claimed_mb=claimed[1], queued=tuple(queued))
+                     cpus_claimed=claimed[0], memory_claimed_mb=claimed[1], queued=tuple(queued),
+                     home=sections.get("home", (0, ""))[1].strip() or None)
 
 
 def _nvidia_smi(text: str) -> tuple[list[Gpu], list[str]]:

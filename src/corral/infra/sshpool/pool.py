@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -69,13 +70,15 @@ from corral.infra.base import (
 from corral.infra import caches
 from corral.infra.shell import check_token, render_env
 from corral.infra.sshpool import dev as pooldev
-from corral.infra.sshpool import claims, runner
+from corral.infra.sshpool import claims, moves, runner
+from corral.infra.sshpool.moves import MOVE_GRACE_SECONDS
 from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, Wants, inventory_script, parse_inventory
 from corral.infra.sshpool.submissions import CacheSync, MachineSubmissions
 from corral.ssh import SshTransport
 
 JOB_TIMEOUT = 30
 MACHINE_GRACE_SECONDS = 30.0
+MOVE_CHECK_SECONDS = 10.0  # while tasks wait, how often a status pass looks for a machine to move them to
 _RUN_DIR = re.compile(r"^\.corral/runs/([0-9a-f]{12}(?:\.[0-9]+)?)/")
 
 
@@ -113,6 +116,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         # sweep spread as they are submitted, before the next probe sees them.
         self._booked: dict[str, list[Wants]] = {}
         self._booked_queued: dict[str, int] = {}
+        self._moving: set[str] = set()  # tokens this process is moving between machines now
+        self._last_move_check = -MOVE_CHECK_SECONDS
 
     @property
     def name(self) -> str:
@@ -376,6 +381,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                                                             timeout=JOB_TIMEOUT)
                                          for h, t in by_host.items()), return_exceptions=True)
         found: dict[tuple[str, str], JobStatus] = {}
+        marks: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # a move under way or done (moves.py)
+        waiting: list[tuple[str, str, int, Wants]] = []  # tasks asked for that wait in a machine's queue
+        asked_handles = set(handles)
         now = time.time()
         for (host, tokens), answer in zip(by_host.items(), answers):
             if isinstance(answer, BaseException):
@@ -395,6 +403,13 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             self._silent_since.pop(host, None)
             for status in _statuses(host, answer.stdout):
                 found[(host, status.token or "")] = status
+            marks.update({(host, token): mark for token, mark in _move_marks(answer.stdout).items()})
+            waiting += [(host, token, ahead, wants) for token, (ahead, wants) in _queued(answer.stdout).items()
+                        if f"{host}/{token}" in asked_handles]
+        if marks:
+            await self._finish_moves(marks, found)
+        if waiting:
+            await self._move_waiting(waiting, found)
         out, stray = [], []
         for handle, ranks in tasks:
             parts = [found[r] for r in ranks if r in found]
@@ -444,14 +459,173 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         return [(h, check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
 
     async def _cancel_ranks(self, ranks: list[tuple[str, str]]) -> None:
-        await self._per_machine(ranks, runner.cancel_script)
+        """Cancel on each rank's machine; a task another machine took from it (its handle not yet
+        updated) is cancelled there too."""
+        answers = await self._per_machine(ranks, runner.cancel_script)
+        moved = [(target, token) for stdout in answers for line in stdout.splitlines()
+                 if line.startswith(f"{MARK} moved ") and len(words := line.split()) == 4
+                 and (target := self._destination(words[3])) is not None and (token := words[2])]
+        if moved:
+            await self._per_machine(moved, runner.cancel_script)
 
-    async def _per_machine(self, ranks: list[tuple[str, str]], script: Callable[[list[str]], str]) -> None:
-        """The script for every rank on each machine: one round trip per machine, all at once."""
+    async def _per_machine(self, ranks: list[tuple[str, str]], script: Callable[[list[str]], str]) -> list[str]:
+        """The script for every rank on each machine: one round trip per machine, all at once; their
+        outputs."""
         by_host: dict[str, list[str]] = {}
         for host, token in ranks:
             by_host.setdefault(host, []).append(token)
-        await asyncio.gather(*(self.transport.run(h, script(t), timeout=JOB_TIMEOUT) for h, t in by_host.items()))
+        results = await asyncio.gather(*(self.transport.run(h, script(t), timeout=JOB_TIMEOUT)
+                                         for h, t in by_host.items()))
+        return [r.stdout for r in results]
+
+    # ---- moves: a waiting task goes to a machine that can start it now (moves.py) -------------------
+    def _destination(self, machine: str) -> str | None:
+        """The pool's name for a machine that calls itself `machine` (its run dirs' `host`), if it has it."""
+        if machine in self.pool.hosts:
+            return machine
+        return next((h for h, inventory in self._inventories.items() if inventory.host == machine), None)
+
+    def _moves(self, waiting: list[tuple[str, str, int, Wants]]) -> list[tuple[str, str, str]]:
+        """(machine, token, target) for each waiting task another machine can start now, as the last probe
+        saw them: those with fewest tasks ahead first; the target as `_order` picks (fullest first),
+        its capacity booked for the next."""
+        out = []
+        for host, token, _ahead, wants in sorted(waiting, key=lambda w: (w[2], self.pool.hosts.index(w[0]))):
+            free = {h: self._free(h, wants) for h in self.pool.hosts if h != host}
+            fits = [h for h in free if self._fits(h, wants, free[h])]
+            if fits:
+                target = min(fits, key=lambda h: (*(free[h] or (0, 0, 0)), self.pool.hosts.index(h)))
+                self._booked.setdefault(target, []).append(wants)
+                out.append((host, token, target))
+        return out
+
+    async def _move_waiting(self, waiting: list[tuple[str, str, int, Wants]],
+                            found: dict[tuple[str, str], JobStatus]) -> None:
+        """Tasks wait in machines' queues: at most every MOVE_CHECK_SECONDS, probe the pool and move each
+        that another machine can start now (its status becomes the new machine's)."""
+        if time.monotonic() - self._last_move_check < MOVE_CHECK_SECONDS:
+            return
+        self._last_move_check = time.monotonic()
+        try:
+            await self.probe()
+        except CorralError:
+            return
+        for host, token, target in self._moves(waiting):
+            moved = await self._move(host, token, target)
+            if moved is not None:
+                found[(host, token)] = moved
+
+    async def _move(self, host: str, token: str, target: str) -> JobStatus | None:
+        """Move one waiting task (moves.py); its status on the target, or None where it stays. An answer
+        lost on the way leaves the `moving` mark for a later status pass to finish (_finish_moves)."""
+        self._moving.add(token)
+        try:
+            withdrawn = await self._answer(host, moves.withdraw_script(token, target))
+            if withdrawn[:1] != ["withdrawn"] or len(withdrawn) != 2:
+                return None
+            try:
+                if not self._same_home(host, target):
+                    await self._copy_run_dir(host, target, token)
+                configured = [g.name for g in self._configured.get(target, ())]
+                taken = await self._answer(target, moves.take_script(token, withdrawn[1], configured))
+            except CorralError:
+                taken = []
+                if self._same_home(host, target):
+                    return None  # the answer may be lost after the take: the shared run dir tells, later
+            if taken[:1] != ["submitted"] and taken[:1] != ["refused"]:
+                return None  # a lost answer: the mark stays for a later pass, which asks the target
+            if taken[:1] != ["submitted"]:
+                await self._settle_quietly(host, token, False)
+                return None
+            await self._settle_quietly(host, token, True, target)
+            started = taken[2:3] != ["queued"]
+            now = time.time()
+            return JobStatus(f"{target}/{token}", token, JobState.RUNNING if started else JobState.PENDING,
+                             "RUNNING" if started else "QUEUED",
+                             None if started else f"Resources (waiting on {target}, moved from {host})",
+                             None, now if started else None, None, None, moved=True)
+        except CorralError:
+            return None
+        finally:
+            self._moving.discard(token)
+
+    async def _finish_moves(self, marks: dict[tuple[str, str], tuple[str, str, float | None]],
+                            found: dict[tuple[str, str], JobStatus]) -> None:
+        """Moves a status pass found under way or done (`runner.status_script`'s `moving` and `moved`):
+        each task is reported as its target sees it, under its new handle, once the target has it (and a
+        `moving` copy left behind is settled); one the target does not have goes back into its queue
+        once MOVE_GRACE_SECONDS have passed (its mover died), and is PENDING meanwhile."""
+        asks: dict[str, list[str]] = {}
+        for (_host, token), (_kind, machine, _since) in marks.items():
+            if (target := self._destination(machine)) is not None and token not in self._moving:
+                asks.setdefault(target, []).append(token)
+        answers = await asyncio.gather(*(self.transport.run(h, runner.status_script(t), timeout=JOB_TIMEOUT)
+                                         for h, t in asks.items()), return_exceptions=True)
+        there: dict[str, JobStatus] = {}
+        answered: set[str] = set()
+        now = time.time()
+        for target, answer in zip(asks, answers):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, ClusterError):
+                    raise answer
+                self._silent_since.setdefault(target, now)
+                continue
+            self._silent_since.pop(target, None)
+            answered.add(target)
+            there.update({s.token or "": s for s in _statuses(target, answer.stdout)})
+        for (host, token), (kind, machine, since) in marks.items():
+            if (status := there.get(token)) is not None:
+                found[(host, token)] = replace(status, moved=True)
+                if kind == "moving":
+                    await self._settle_quietly(host, token, True, status.handle.split("/")[0])
+                continue
+            target = self._destination(machine)
+            # Undone once the target says it does not have it, or has been silent as long as a machine
+            # whose tasks are called failed (it may have taken it: then that run is lost with it).
+            silent = target is None or now - self._silent_since.get(target, now) >= MOVE_GRACE_SECONDS
+            if kind == "moving" and token not in self._moving and now - (since or now) >= MOVE_GRACE_SECONDS and (
+                    silent or target in answered):
+                await self._settle_quietly(host, token, False)
+                if target is not None:
+                    await self._discard_quietly(target, token)
+            state = JobState.PENDING if kind == "moving" else JobState.UNKNOWN
+            found[(host, token)] = JobStatus(f"{host}/{token}", token, state, "MOVING",
+                                             f"Resources (moving from {host} to {machine})", None, None, None, None)
+
+    async def _settle_quietly(self, host: str, token: str, taken: bool, target: str | None = None) -> None:
+        """settle_script on the machine a task left (a failure leaves the mark for the next pass); a
+        cancel that reached the copy left behind is carried out on `target`, which took it."""
+        try:
+            settled = await self._answer(host, moves.settle_script(token, taken))
+            if target is not None and settled[1:2] == ["cancelled"]:
+                await self._cancel_ranks([(target, token)])
+        except CorralError:
+            return
+
+    async def _discard_quietly(self, target: str, token: str) -> None:
+        """discard_script on the target of a move undone (a failure leaves a copy it never runs)."""
+        try:
+            await self._answer(target, moves.discard_script(token))
+        except CorralError:
+            return
+
+    async def _answer(self, host: str, script: str) -> list[str]:
+        """The words after `@@corral` on the script's answer line (empty: none)."""
+        stdout = (await self.transport.run(host, script, timeout=JOB_TIMEOUT)).stdout
+        line = next((line for line in stdout.splitlines() if line.startswith(MARK + " ")), "")
+        return line.split()[1:]
+
+    def _same_home(self, a: str, b: str) -> bool:
+        first, second = self._inventories.get(a), self._inventories.get(b)
+        return bool(first and second and first.home and first.home == second.home)
+
+    async def _copy_run_dir(self, source: str, target: str, token: str) -> None:
+        """The task's run dir from one machine's home to another's, through this process (fetch, then
+        sync: only changes travel)."""
+        with tempfile.TemporaryDirectory(prefix="corral-move-") as local:
+            if not await self.transport.fetch(source, runner.run_dir(token), Path(local)):
+                raise ClusterError(source, f"the run dir of {token} is gone")
+            await self.transport.sync(target, Path(local), runner.run_dir(token) + "/")
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
         """Every rank's output, as a Slurm job's log holds every node's (_every_rank_output)."""
@@ -776,7 +950,7 @@ def _staged(remote: str, rank_token: str) -> str:
 def _combined(handle: str, token: str, parts: list[JobStatus]) -> JobStatus:
     """One task's status from its ranks': the first failure, else cancelled, running, or ended."""
     if len(parts) == 1:
-        return replace(parts[0], handle=handle, token=token)
+        return replace(parts[0], handle=parts[0].handle if parts[0].moved else handle, token=token)
     starts = [p.started_at for p in parts if p.started_at]
     started = min(starts) if starts else None
     failed = next((p for p in parts if p.state is JobState.FAILED), None)
@@ -831,19 +1005,42 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
         elif state == "cancelled":
             out.append(JobStatus(handle, token, JobState.CANCELLED, "CANCELLED", None, start, start, end, exit_code))
         elif state == "queued":
-            ahead, gpus, cpus, memory = (code.split(":") + ["", "", ""])[:4]
-            what = _wants_text(Wants(int(gpus) if gpus.isdigit() else 0, int(cpus) if cpus.isdigit() else 0,
-                                     parts[5] if len(parts) > 5 else "", int(memory) if memory.isdigit() else 0))
-            behind = ahead not in ("", "0")
-            waits = f"waiting on {host} for {what}" + (f", {ahead} task(s) before it" if behind else "")
+            ahead, wants = _queued_fields(parts)
+            waits = f"waiting on {host} for {_wants_text(wants)}" + (f", {ahead} task(s) before it" if ahead else "")
             out.append(JobStatus(handle, token, JobState.PENDING, "QUEUED",
-                                 f"{'Priority' if behind else 'Resources'} ({waits})", None, None, None, None))
+                                 f"{'Priority' if ahead else 'Resources'} ({waits})", None, None, None, None))
         elif state == "vanished":
             out.append(JobStatus(handle, token, JobState.FAILED, "VANISHED",
                                  f"its process on {host} is gone without an exit code (the machine restarted, or "
                                  "the process was killed)", start, start, time.time(), None,
                                  failure=FailureClass.INFRA))
     return out
+
+
+def _move_marks(stdout: str) -> dict[str, tuple[str, str, float | None]]:
+    """token -> (`moving` or `moved`, the machine it goes or went to, since when) from a status answer."""
+    out: dict[str, tuple[str, str, float | None]] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 5 and parts[1] in ("moving", "moved"):
+            out[parts[0]] = (parts[1], parts[2], float(parts[3]) if parts[3].isdigit() else None)
+    return out
+
+
+def _queued(stdout: str) -> dict[str, tuple[int, Wants]]:
+    """token -> (tasks ahead of it, what it waits for) for each queued task of a status answer."""
+    out: dict[str, tuple[int, Wants]] = {}
+    for line in stdout.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) >= 5 and parts[1] == "queued" and not line.startswith(MARK):
+            out[parts[0]] = _queued_fields(parts)
+    return out
+
+
+def _queued_fields(parts: list[str]) -> tuple[int, Wants]:
+    """A queued status line's `<ahead>:<gpus>:<cpus>:<memory MB>` and GPU type, split."""
+    ahead, gpus, cpus, memory = [int(f) if f.isdigit() else 0 for f in (parts[2].split(":") + ["", "", ""])[:4]]
+    return ahead, Wants(gpus, cpus, parts[5] if len(parts) > 5 else "", memory)
 
 
 def _wants(request: JobRequest) -> Wants:

@@ -195,14 +195,15 @@ def status_script(tokens: Sequence[str], others: bool = False) -> str:
     one line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
     state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown, or
     queued, whose third field is `<tasks ahead>:<gpus>:<cpus>:<memory MB>`, and a sixth its GPU type
-    (what it waits for). With `others`, also a line for every other single-node run this machine took
+    (what it waits for); or, for a task on its way to another machine of the pool (moves.py), `<token>
+    moving <target> <since epoch> -`, and `<token> moved <machine> - -` where a shared home's run dir
+    names the machine that took it. With `others`, also a line for every other single-node run this machine took
     (its `host` file) that is queued there or was touched in the last OTHERS_WINDOW_SECONDS (a submission
     whose answer was lost: the tracker finds it by token)."""
     for token in tokens:
         check_token(token)
     body = " ".join(tokens)
     listing = "" if not others else f"""\
-me=${{HOSTNAME:-$(hostname)}}  # a home shared by several machines holds their run dirs side by side
 declare -A asked=(); for t in {body}; do asked[$t]=1; done
 {{ [ "${{#ahead[@]}}" -gt 0 ] && printf '%s\\n' "${{!ahead[@]}}"
   find "$HOME/{RUNS_DIR}" -mindepth 1 -maxdepth 1 -type d -newermt "@$(( $(date +%s) - {OTHERS_WINDOW_SECONDS} ))" \\
@@ -214,10 +215,15 @@ done
 """
     return f"""\
 {ALIVE}{claims.drain_now(2)}printf '{MARK} clock %s\\n' "$(date +%s)"
+me=${{HOSTNAME:-$(hostname)}}  # a home shared by several machines holds their run dirs side by side
 declare -A ahead=(); i=0
 for entry in "$base/queue/"*; do [ -e "$entry" ] && ahead[${{entry##*_}}]=$i && i=$((i + 1)); done
 report() {{
-  local t=$1 d="$HOME/{RUNS_DIR}/$1" at pid= since= ended state g c m type
+  local t=$1 d="$HOME/{RUNS_DIR}/$1" at pid= since= ended state g c m type took= target since_move
+  if read -r took 2>/dev/null < "$d/host" && [ "$took" != "$me" ]; then echo "$t moved $took - -"; return; fi
+  if [ -s "$d/moving" ] && read -r target _ since_move _ < "$d/moving"; then
+    echo "$t moving $target $since_move -"; return
+  fi
   at=$( [ -f "$d/pid" ] && stat -c %Y "$d/pid" || echo -)
   [ -s "$d/pid" ] && read -r pid since < "$d/pid"
   if [ -f "$d/exit_code" ]; then
@@ -243,16 +249,20 @@ for t in {body}; do report "$t"; done
 
 def cancel_script(tokens: Sequence[str]) -> str:
     """Leave each task's cancel marker (a queued task leaves the queue), then TERM its process group, and
-    KILL what is left 10 s later; then what now fits in the machine's queue starts."""
+    KILL what is left 10 s later; then what now fits in the machine's queue starts. A task another
+    machine took from this one (a shared home's run dir names it) is named, `@@corral moved <token>
+    <machine>`, to be cancelled there too."""
     for token in tokens:
         check_token(token)
     body = " ".join(tokens)
     drain = claims.drain_now(30).replace("\n", "\n  ")
     return f"""\
-{ALIVE}base="$HOME/{POOL_DIR}/${{HOSTNAME:-$(hostname)}}"
+{ALIVE}me=${{HOSTNAME:-$(hostname)}}
+base="$HOME/{POOL_DIR}/$me"
 for t in {body}; do
   d="$HOME/{RUNS_DIR}/$t"
   [ -d "$d" ] || continue
+  if read -r took 2>/dev/null < "$d/host" && [ "$took" != "$me" ]; then echo "{MARK} moved $t $took"; fi
   : > "$d/cancelled"
   rm -f -- "$base/queue/"*"_$t" "$d/queued"
   pid= since=
