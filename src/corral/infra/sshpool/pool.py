@@ -223,11 +223,13 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         return not any(_competes(waiting, wants) for waiting in self._inventories[host].queued)
 
     def _order(self, request: JobRequest) -> list[str]:
-        """Machines that can start the request now, fullest first (tasks pack, keeping whole machines free
-        for big ones; CPU tasks go first to machines with the fewest free GPUs)."""
-        wants = _wants(request)
-        free = {h: self._free(h, wants) for h in self.pool.hosts}
-        fits = [h for h in self.pool.hosts if self._fits(h, wants, free[h])]
+        return self._fitting(_wants(request))
+
+    def _fitting(self, wants: Wants, besides: str | None = None) -> list[str]:
+        """Machines (other than `besides`) that can start what is wanted now, fullest first (tasks pack,
+        keeping whole machines free for big ones; CPU tasks go first to machines with the fewest free GPUs)."""
+        free = {h: self._free(h, wants) for h in self.pool.hosts if h != besides}
+        fits = [h for h in free if self._fits(h, wants, free[h])]
         return sorted(fits, key=lambda h: (*(free[h] or (0, 0, 0)), self.pool.hosts.index(h)))
 
     def _queue_for(self, request: JobRequest) -> str | None:
@@ -357,7 +359,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                                     may_queue=may_queue), workdir)
         except ClusterError as exc:
             return str(exc)
-        answer = next((line for line in stdout.splitlines() if line.startswith(MARK + " ")), "")
+        answer = _answer_line(stdout)
         words = answer.split(maxsplit=3)
         if words[1:2] == ["submitted"] and len(words) >= 3:
             if len(words) > 3 and words[3] == "existing" and rank == 0:
@@ -487,16 +489,13 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
 
     def _moves(self, waiting: list[tuple[str, str, int, Wants]]) -> list[tuple[str, str, str]]:
         """(machine, token, target) for each waiting task another machine can start now, as the last probe
-        saw them: those with fewest tasks ahead first; the target as `_order` picks (fullest first),
-        its capacity booked for the next."""
+        saw them: those with fewest tasks ahead first; the target as a launch picks (`_fitting`: fullest
+        first), its capacity booked for the next."""
         out = []
         for host, token, _ahead, wants in sorted(waiting, key=lambda w: (w[2], self.pool.hosts.index(w[0]))):
-            free = {h: self._free(h, wants) for h in self.pool.hosts if h != host}
-            fits = [h for h in free if self._fits(h, wants, free[h])]
-            if fits:
-                target = min(fits, key=lambda h: (*(free[h] or (0, 0, 0)), self.pool.hosts.index(h)))
-                self._booked.setdefault(target, []).append(wants)
-                out.append((host, token, target))
+            if fits := self._fitting(wants, besides=host):
+                self._booked.setdefault(fits[0], []).append(wants)
+                out.append((host, token, fits[0]))
         return out
 
     async def _move_waiting(self, waiting: list[tuple[str, str, int, Wants]],
@@ -523,19 +522,15 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             withdrawn = await self._answer(host, moves.withdraw_script(token, target))
             if withdrawn[:1] != ["withdrawn"] or len(withdrawn) != 2:
                 return None
-            try:
-                if not self._same_home(host, target):
-                    await self._copy_run_dir(host, target, token)
-                configured = [g.name for g in self._configured.get(target, ())]
-                taken = await self._answer(target, moves.take_script(token, withdrawn[1], configured))
-            except CorralError:
-                taken = []
-                if self._same_home(host, target):
-                    return None  # the answer may be lost after the take: the shared run dir tells, later
-            if taken[:1] != ["submitted"] and taken[:1] != ["refused"]:
-                return None  # a lost answer: the mark stays for a later pass, which asks the target
-            if taken[:1] != ["submitted"]:
+            # A copy or a take that fails (its answer may be lost after the take) leaves the mark: a later
+            # pass asks the target (_finish_moves).
+            if not self._same_home(host, target):
+                await self._copy_run_dir(host, target, token)
+            configured = [g.name for g in self._configured.get(target, ())]
+            taken = await self._answer(target, moves.take_script(token, withdrawn[1], configured))
+            if taken[:1] == ["refused"]:
                 await self._settle_quietly(host, token, False)
+            if taken[:1] != ["submitted"]:
                 return None
             await self._settle_quietly(host, token, True, target)
             started = taken[2:3] != ["queued"]
@@ -611,9 +606,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
 
     async def _answer(self, host: str, script: str) -> list[str]:
         """The words after `@@corral` on the script's answer line (empty: none)."""
-        stdout = (await self.transport.run(host, script, timeout=JOB_TIMEOUT)).stdout
-        line = next((line for line in stdout.splitlines() if line.startswith(MARK + " ")), "")
-        return line.split()[1:]
+        return _answer_line((await self.transport.run(host, script, timeout=JOB_TIMEOUT)).stdout).split()[1:]
 
     def _same_home(self, a: str, b: str) -> bool:
         first, second = self._inventories.get(a), self._inventories.get(b)
@@ -1015,6 +1008,11 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
                                  "the process was killed)", start, start, time.time(), None,
                                  failure=FailureClass.INFRA))
     return out
+
+
+def _answer_line(stdout: str) -> str:
+    """A script's answer: its first `@@corral …` line ('' if none)."""
+    return next((line for line in stdout.splitlines() if line.startswith(MARK + " ")), "")
 
 
 def _move_marks(stdout: str) -> dict[str, tuple[str, str, float | None]]:
