@@ -13,7 +13,8 @@ events), and plays the parts behind them in one process:
   command runs with this host's bash), as user corral-test, in its own mount and UTS namespaces: a
   private tmpfs `/tmp`, `HOME=/tmp/home`, the pod's hostname, its configMap, secret, emptyDir and hostPath volumes
   bind-mounted at their mountPaths (created on the host if missing; not under /tmp), its GPUs as
-  `NVIDIA_VISIBLE_DEVICES` (what the device plugin would hand over). Logs are its output.
+  `NVIDIA_VISIBLE_DEVICES` (what the device plugin would hand over), its `activeDeadlineSeconds` enforced
+  from its start (the pod fails with reason `DeadlineExceeded`). Logs are its output.
 
 No DNS, no networking between pods, no TTL controller, no admission beyond a few checks;
 merge patches only; the garbage collector removes what a deleted object owned. A Secret's `stringData`
@@ -104,6 +105,7 @@ class Cluster:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> its process
         self.devices: dict[str, dict[int, str]] = {}  # node -> GPU index -> pod uid
         self.killing: dict[str, float] = {}  # pod uid -> when TERM was sent
+        self.deadlines: dict[str, float] = {}  # pod uid -> when its activeDeadlineSeconds run out (monotonic)
         self.requests: list[str] = []  # "METHOD path" of every request, for tests that count them
         self.forbidden: set[str] = set()  # resources (`secrets`, …) the client's role may not create
         self.event_times: dict[tuple[str, str, str], float] = {}  # an Event's last update
@@ -384,6 +386,12 @@ class Cluster:
         elif phase == "Pending":
             self._start(namespace, pod)
         elif phase == "Running":
+            deadline = self.deadlines.get(uid)
+            if deadline is not None and time.monotonic() >= deadline:  # the kubelet's active deadline
+                del self.deadlines[uid]
+                pod["status"].update(reason="DeadlineExceeded",
+                                     message="Pod was active on the node longer than the specified deadline")
+                self._stop(pod, signal.SIGTERM)
             self._reap(pod)
 
     def _schedule(self, namespace: str, pod: dict[str, Any]) -> None:
@@ -480,6 +488,8 @@ class Cluster:
                 ["unshare", "--mount", "--uts", "--propagation", "private", "--", "/bin/bash", "-c", POD_SETUP,
                  "fake-pod", env["HOSTNAME"], *mounts, "--", *argv],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        if pod["spec"].get("activeDeadlineSeconds"):
+            self.deadlines[uid] = time.monotonic() + float(pod["spec"]["activeDeadlineSeconds"])
         pod["status"].update(phase="Running", podIP="127.0.0.1", startTime=now_text(), containerStatuses=[
             {"name": container["name"], "ready": True, "restartCount": 0, "image": container["image"],
              "state": {"running": {"startedAt": now_text()}}}])
@@ -502,6 +512,7 @@ class Cluster:
         uid = pod["metadata"]["uid"]
         self.processes.pop(uid, None)
         self.killing.pop(uid, None)
+        self.deadlines.pop(uid, None)
         node = pod["spec"].get("nodeName")
         if node:
             self.devices[node] = {i: u for i, u in self.devices[node].items() if u != uid}

@@ -131,3 +131,18 @@ def test_check_warns_of_a_profile_path_on_a_filesystem_the_nodes_do_not_share():
     assert profile_warnings("alpine", snapshot, found) == [
         "the profile's CORRAL_SCRATCH (/scratch/$USER) is on ext2/ext3, which the compute nodes may not share: "
         "a multi-node job's nodes would not see each other's files there"]
+
+
+def test_the_walltime_reaches_the_request_in_seconds_from_the_task_or_the_profile(tmp_path, monkeypatch):
+    """Infras that enforce it themselves (pools, Kubernetes) read `time_limit_seconds`; Slurm its `time`."""
+    found = profiles(tmp_path, monkeypatch)
+
+    def limit(slurm: dict, partition: str = "gpu") -> int | None:
+        task = parse_task({"slurm": slurm, "run": "x"}, "t")
+        [option] = resource_options(task.resources)
+        candidate = Candidate("alpine", partition, option, True, runs_with=found.settings("alpine", partition, task))
+        return Launcher.job_request(task, candidate, "tok", ("c-1",), {}).time_limit_seconds
+
+    assert limit({"time": "1:30:00"}) == 5400 and limit({"time": "90"}) == 5400 and limit({"time": "0:05"}) == 5
+    assert limit({}) == 2 * 86400  # the partition profile's
+    assert limit({}, "cpu") is None and limit({"time": "UNLIMITED"}) is None

@@ -41,7 +41,7 @@ from corral.infra.base import (
     new_token,
 )
 from corral.liveness import process_tag
-from corral.placement import Candidate, Plan, build_plan
+from corral.placement import Candidate, Plan, build_plan, slurm_minutes
 from corral.profiles import RunSettings, apply_profiles, with_prefix
 from corral.script_task import (
     copy_indices,
@@ -285,6 +285,8 @@ class Launcher:
         settings = candidate.runs_with or RunSettings(task.slurm.model_dump(exclude_none=True, exclude={"script"}))
         prefix = settings.prefix()
         scheduler_options = dict(settings.scheduler_options)
+        limit = scheduler_options.get("time")
+        walltime = slurm_minutes(str(limit)) if limit is not None else None
         indices: tuple[int, ...] = ()
         if task.slurm.script is not None:  # run as it is: the profile's paths and env go to its environment
             scheduler_options["script"] = task.slurm.script.model_dump()
@@ -316,6 +318,7 @@ class Launcher:
             container_image=option.image_id.removeprefix("docker:") if option.image_id else None,
             container_runtime=candidate.container_runtime,
             copy_indices=indices,
+            time_limit_seconds=round(walltime * 60) if walltime is not None and math.isfinite(walltime) else None,
         )
 
     async def launch(self, task: Task, source: str, *, num_jobs: int = 1) -> list[Submitted]:

@@ -52,3 +52,11 @@ def start_text(*, can_start_now: bool, predicted_start: float | None, prediction
     if delta > 86400 * 365:
         return "not foreseeable"
     return "now" if delta < 60 else f"in {duration(delta)}"
+
+
+def slurm_time(seconds: float) -> str:
+    """A duration as Slurm writes a time limit or the time left: 4:05:09, 2-00:00:00 (never negative)."""
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}" if days else text

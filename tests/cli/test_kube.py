@@ -255,3 +255,17 @@ def test_a_dev_allocation_is_not_placed_on_kubernetes_and_the_plan_says_why(corr
     plain = corral("launch", "--gpus", "A100:1", "--infra", "k8s", "--dryrun", "--json", "--", "true",
                    env=kube_env).json()
     assert [r["feasible"] for r in plain] == [True]  # a job's plan is unchanged
+
+
+def test_a_walltime_is_the_pods_deadline_and_its_end_is_the_tasks_doing(corral, kube_env, kube):
+    launched = corral("launch", "-d", "--json", "--infra", "k8s/kind-fake", "--gpus", "L4:1", "--time", "0:02", "--",
+                      "echo started; sleep 300", env=kube_env).json()
+    [pod] = pods(kube, f"job-name={launched['slurm_job_id']}")
+    assert pod["spec"]["activeDeadlineSeconds"] == 2
+    ended = wait_for("its deadline", lambda: (j := job_of(corral, kube_env, launched["job_id"]))["state"] == "FAILED"
+                     and j, timeout=30)
+    assert ended["reason"].startswith("DeadlineExceeded (it reached its time limit: Pod was active on the node"), ended
+    assert corral("logs", "--no-follow", launched["job_id"], env=kube_env).stdout == "started\n"
+    token = launched["slurm_job_id"].removeprefix("corral-")
+    wait_for("the pod's process to end", lambda: subprocess.run(["pgrep", "-f", f"runs/{token}"],
+                                                                capture_output=True).returncode != 0, 20)

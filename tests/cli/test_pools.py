@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from corral.infra.sshpool import moves
 from tests.conftest import wait_for
-from tests.helpers import cancel_a_running_exec, counting_ssh, launch_managed
+from tests.helpers import cancel_a_running_exec, counting_ssh, launch_managed, runs_somewhere
 
 def test_the_pool_is_in_the_one_view_at_one_round_trip_per_machine(corral, pool_env, tmp_path):
     env, calls = counting_ssh(tmp_path, pool_env)
@@ -599,3 +600,31 @@ def test_memory_a_task_asks_is_claimed_on_its_machine(corral, pool_env):
         f"Resources (waiting on {hosts[2]} for A100:1 and 14336 MB of memory)")
     a100 = next(r for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json() if r["gpu"] == "A100")
     assert a100["pending"] == 1 and a100["free"] == 6, a100
+
+
+def test_a_walltime_ends_a_pool_task_and_a_pool_allocation(corral, pool_env):
+    """`--time` on a pool: counted from the start, as Slurm's; the task fails TIMEOUT (its own doing), an
+    allocation ends with its walltime, and their GPUs are free again."""
+    task = corral("launch", "-d", "--json", "--gpus", "A100:1", "--time", "0:03", "--", "echo started; sleep 300",
+                  env=pool_env).json()
+    up = corral("launch", "-c", "shortdev", "--infra", "ssh/lab", "--gpus", "A100:1", "--time", "0:12", "--json",
+                env=pool_env)
+    assert up.exit_code == 0, up.stderr
+    status = next(s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "shortdev")
+    assert status["state"] == "READY" and re.fullmatch(r"0:00:(0\d|1[0-2])", status["time_left"]), status
+    # An exec still running at the walltime ends with the allocation, as a Slurm job's steps do.
+    running = subprocess.Popen([sys.executable, "-m", "corral", "exec", "shortdev", "--", "echo in; sleep 3023"],
+                               env=pool_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = wait_for("the task's walltime", lambda: (j := corral("queue", "--json", task["job_id"], env=pool_env)
+                                                   .json()[0])["state"] == "FAILED" and j, timeout=30)
+    assert job["reason"].startswith("TIMEOUT (it reached its time limit on lab"), job
+    assert "started\ncorral: *** the task reached its time limit" in corral("logs", task["job_id"], env=pool_env).stdout
+    ended = wait_for("the allocation's walltime", lambda: (s := next(
+        s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "shortdev"))["state"] == "ENDED"
+        and s, timeout=30)
+    assert ended["reason"] == "walltime ended", ended  # as Slurm's TIMEOUT says it
+    out, _ = running.communicate(timeout=45)
+    assert running.returncode != 0 and out == "in\n", out
+    wait_for("the exec's processes to end", lambda: not runs_somewhere("sleep", "3023"), timeout=15)
+    free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
+    assert free["A100"] == 8

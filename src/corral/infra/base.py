@@ -205,6 +205,9 @@ class JobRequest:
     # How the infra numbers the copies when the task fixes it (a job script's --array indices), one per
     # task id; empty: 0, 1, 2, …
     copy_indices: tuple[int, ...] = ()
+    # The walltime, counted from the start (setup included), for infras that enforce it themselves (a
+    # pool's machines, Kubernetes); Slurm takes `time` from scheduler_options. None: no limit.
+    time_limit_seconds: int | None = None
 
     def copy_index(self, position: int) -> int:
         return self.copy_indices[position] if self.copy_indices else position

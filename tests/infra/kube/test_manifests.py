@@ -85,6 +85,16 @@ def test_names():
         object_name("x; rm -rf /")
 
 
+def test_a_walltime_is_the_pod_s_active_deadline_which_pod_config_may_set_itself():
+    timed = job(request(time_limit_seconds=5400), "prod", "l", "nvidia.com/gpu")
+    assert timed["spec"]["template"]["spec"]["activeDeadlineSeconds"] == 5400
+    assert "activeDeadlineSeconds" not in timed["spec"]  # the Job's would count its time pending too
+    assert "activeDeadlineSeconds" not in job(request(), "prod", "l", "nvidia.com/gpu")["spec"]["template"]["spec"]
+    own = job(request(time_limit_seconds=60, scheduler_options={"pod_config": {"spec": {"activeDeadlineSeconds": 99}}}),
+              "prod", "l", "nvidia.com/gpu")
+    assert own["spec"]["template"]["spec"]["activeDeadlineSeconds"] == 99
+
+
 def test_pod_config_merges_onto_corral_s_pod():
     pod = job(request(), "prod", "nvidia.com/gpu.product", "nvidia.com/gpu")["spec"]["template"]
     merged = merge_pod_config(pod, {

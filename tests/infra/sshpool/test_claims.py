@@ -30,10 +30,12 @@ class Machine:
         return subprocess.run(["bash", "-c", script], env=self.env, capture_output=True, text=True, timeout=60).stdout
 
     def submit(self, n: int, gpus: int = 0, kind: str | None = None, cpus: int | None = None,
-               may_queue: bool = True, memory_mb: int | None = None) -> str:
+               may_queue: bool = True, memory_mb: int | None = None, time_limit: int | None = None,
+               run: str = "") -> str:
         request = JobRequest(token=token(n), task_ids=(f"c-{n}",), place="lab", num_nodes=1, accelerator_type=kind,
                              accelerators_per_node=gpus, cpus_per_node=cpus, memory_mb=memory_mb, envs={}, setup=None,
-                             run=f'echo "gpus=$CUDA_VISIBLE_DEVICES"; until [ -e "$HOME/end-{n}" ]; do sleep 0.05; done')
+                             run=run + f'echo "gpus=$CUDA_VISIBLE_DEVICES"; until [ -e "$HOME/end-{n}" ]; '
+                             "do sleep 0.05; done", time_limit_seconds=time_limit)
         files = {"job.sh": runner.job_script(request, "lab"), "env.sh": "", "setup.sh": "", "run.sh": request.run or ""}
         answer = self.run(runner.submit_script(request, "lab", files, GPUS, may_queue=may_queue)).strip()
         return answer.split("/", 1)[1] if "/" in answer else answer
@@ -191,3 +193,31 @@ def test_memory_is_claimed_and_a_task_waits_for_it(machine):
     wait_for("tasks 2 and 3 to start", lambda: machine.states(2, 3) == {2: "running", 3: "running"})
     inventory = parse_inventory("lab1", machine.run(inventory_script()), ())
     assert inventory.memory_claimed_mb == 2010 and inventory.queued == ()
+
+
+def test_a_task_past_its_walltime_is_ended_and_what_waited_for_its_gpus_starts(machine):
+    """Counted from the start, not the queue: task 2 waits behind 1, then has its own 3 s."""
+    assert machine.submit(1, 2, "NVIDIA A100", time_limit=2, run="trap 'echo got TERM; exit 5' TERM; ").endswith("new")
+    assert machine.submit(2, 2, "NVIDIA A100", time_limit=3).endswith("queued")
+    assert machine.submit(3, 1, "NVIDIA L4", time_limit=60).endswith("new")
+    assert wait_for("task 1's walltime", lambda: machine.states(1)[1] == "timeout", timeout=20)
+    assert "the task reached its time limit" in machine.log(1) and "got TERM" in machine.log(1)
+    assert wait_for("task 2 to start on the freed GPUs", lambda: machine.states(2)[2] == "running", timeout=10)
+    assert machine.states(3) == {3: "running"}  # its own limit is far off
+    assert wait_for("task 2's walltime", lambda: machine.states(2)[2] == "timeout", timeout=20)
+    machine.end(3)
+    assert wait_for("task 3 to end", lambda: machine.states(3)[3] == "ended 0")
+    # Each watchdog ends with its task, and one that ended in time was never marked.
+    assert wait_for("the watchdogs to end", lambda: subprocess.run(
+        ["pgrep", "-f", f"corral-walltime .*{machine.home}"], capture_output=True).returncode != 0, timeout=15)
+    assert not (machine.home / ".corral/runs" / token(3) / "timed_out").exists()
+
+
+def test_a_cancelled_task_is_not_called_timed_out(machine):
+    assert machine.submit(1, 1, "NVIDIA L4", time_limit=2).endswith("new")
+    wait_for("task 1 to run", lambda: machine.states(1)[1] == "running")
+    machine.run(runner.cancel_script([token(1)]))
+    assert wait_for("task 1 to be cancelled", lambda: machine.states(1)[1] == "cancelled")
+    assert wait_for("its watchdog to end", lambda: subprocess.run(
+        ["pgrep", "-f", f"corral-walltime .*{machine.home}"], capture_output=True).returncode != 0, timeout=15)
+    assert machine.states(1) == {1: "cancelled"} and "time limit" not in machine.log(1)

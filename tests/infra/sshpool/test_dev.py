@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from corral.infra.sshpool.dev import (
     exec_script,
     go_script,
     idle_limit_script,
+    release_script,
     setup_output_script,
     states_script,
 )
@@ -123,6 +125,20 @@ def test_a_cancel_that_lands_before_the_exec_began_or_between_its_setup_and_run_
     assert not (home / RUNS_DIR / "ba9876543210.0").exists()
 
 
+def test_down_ends_the_execs_still_running_in_the_allocation(home):
+    """Else they would go on using the GPUs the holder gives back to the machine's queue."""
+    script = exec_script(TOKEN, "c-0009", {}, "echo started; sleep 3019 & wait")
+    runner = session(home, script)
+    assert runner.stdin is not None and runner.stdout is not None
+    runner.stdin.write(script)
+    runner.stdin.close()
+    assert runner.stdout.readline() == "started\n"
+    assert run(home, release_script([TOKEN])) == (0, "")
+    assert runner.wait(timeout=15) == -15
+    wait_for("no sleep 3019 left", lambda: not runs_somewhere("sleep", "3019"), timeout=15)
+    assert not (home / RUNS_DIR / TOKEN).exists()
+
+
 def test_exec_ids_are_checked_before_they_reach_bash():
     for bad in ("../x", "c-1;rm", "", "c 1"):
         with pytest.raises(ValueError):
@@ -137,13 +153,23 @@ def test_the_allocation_s_state_names_the_execs_that_ended_with_their_status(hom
     status, out = run(home, states_script([TOKEN]))
     [line] = [x for x in out.splitlines() if x.startswith(TOKEN)]
     parts = line.split()
-    assert status == 0 and len(parts) == 7 and parts[1:3] == ["1", "1"]
+    assert status == 0 and len(parts) == 8 and parts[1:3] == ["1", "1"]
     assert sorted(parts[6].rstrip(",").split(",")) == ["c-0003:6", "c-0004:0"]
     # Over only once over on every rank; the lowest rank's failure is the exec's status.
-    rank0 = [TOKEN, "1", "1", "-", "-", "-", "c-0003:0,c-0004:0,c-0005:2,"]
-    rank1 = [TOKEN, "1", "1", "-", "-", "-", "c-0003:7,c-0005:3,"]
+    rank0 = [TOKEN, "1", "1", "-", "-", "-", "c-0003:0,c-0004:0,c-0005:2,", "-"]
+    rank1 = [TOKEN, "1", "1", "-", "-", "-", "c-0003:7,c-0005:3,", "-"]
     state = _allocation_state(["lab1", "lab2"], [rank0, rank1], {})
     assert state.ended_execs == {"c-0003": 7, "c-0005": 2}
+
+
+def test_a_live_allocation_shows_its_time_left_and_one_its_walltime_ended_says_so():
+    soon = str(int(time.time()) + 3600 + 90)
+    ready = [TOKEN, "1", "1", "-", "-", "-", "-", soon]
+    state = _allocation_state(["lab1", "lab2"], [ready, [*ready[:7], str(int(soon) + 60)]], {})
+    assert state.phase == "READY" and state.time_left in ("1:01:30", "1:01:29")  # the first machine's to end
+    assert _allocation_state(["lab1"], [[TOKEN, "1", "1", "-", "-", "-", "-", "-"]], {}).time_left is None
+    ended = _allocation_state(["lab1"], [[TOKEN, "0", "1", "-", "-", "walltime", "-", soon]], {})
+    assert (ended.phase, ended.reason, ended.time_left) == ("ENDED", "walltime ended", None)
 
 
 def test_a_failed_setup_s_last_lines_come_with_the_state(home):

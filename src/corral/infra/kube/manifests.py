@@ -150,6 +150,8 @@ def job(request: JobRequest, context: str, gpu_label: str, gpu_resource: str) ->
         pod_spec["nodeSelector"] = {gpu_label: request.accelerator_type}
     if request.accelerators_per_node:  # GPU nodes are often tainted so that only GPU pods land there (GKE, EKS)
         pod_spec["tolerations"] = [{"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]
+    if request.time_limit_seconds:  # counted from the pod's start on its node (the kubelet's), as Slurm's
+        pod_spec["activeDeadlineSeconds"] = int(request.time_limit_seconds)
     pod = {"metadata": {"labels": labels(request)}, "spec": pod_spec}
     pod_config = (request.scheduler_options or {}).get("pod_config")
     if pod_config:

@@ -1,8 +1,8 @@
 """Corral's Jobs in a namespace as the seam's statuses (pure: from the API's Job, Pod and Event lists;
 unit-tested on recorded lists).
 
-- Complete: SUCCEEDED. Failed: FAILED, as the task's doing (a container's non-zero exit, its
-  deadline) or the infrastructure's (a pod evicted, preempted or lost with its node:
+- Complete: SUCCEEDED. Failed: FAILED, as the task's doing (a container's non-zero exit, its pod's
+  or Job's deadline: the walltime) or the infrastructure's (a pod evicted, preempted or lost with its node:
   `INFRA_POD_REASONS`, or a `DisruptionTarget` condition), with the container's exit code.
 - A pod running: RUNNING (since the first container started).
 - Otherwise PENDING, with the reason a person needs: the scheduler's (`0/5 nodes are available:
@@ -94,6 +94,11 @@ def _failed(job: Mapping[str, Any], pods: list[Mapping[str, Any]], failed: Mappi
             why = _condition(pod, "DisruptionTarget") or {}
             reason = status.get("message") or why.get("message") or status.get("reason") or why.get("reason")
             return str(status.get("reason") or why.get("reason") or "Disrupted"), str(reason), FailureClass.INFRA, None
+    for pod in pods:  # the pod's own activeDeadlineSeconds (a task's --time): its walltime
+        status = pod.get("status") or {}
+        if status.get("reason") == "DeadlineExceeded":
+            return "DeadlineExceeded", f"it reached its time limit: {status.get('message') or 'its deadline passed'}", \
+                FailureClass.TASK, None
     codes = [(int(t.get("exitCode")), t) for p in pods if (t := _terminated(p)) and t.get("exitCode")]
     if failed.get("reason") == "DeadlineExceeded":
         return "DeadlineExceeded", str(failed.get("message") or "its time limit passed"), FailureClass.TASK, None

@@ -32,7 +32,7 @@ from corral.infra.shell import (
     write_file,
 )
 from corral.infra.sshpool.inventory import ALIVE, MARK
-from corral.infra.sshpool.runner import RUNS_DIR, run_dir_word
+from corral.infra.sshpool.runner import EXEC_GROUPS, RUNS_DIR, run_dir_word
 
 _KEEP_ACTIVE = ('( while kill -0 "$$" 2>/dev/null; do touch "$d/last_active"; sleep 5; done ) '
                 "</dev/null >/dev/null 2>&1 &\n")
@@ -175,8 +175,8 @@ def setup_output_script(token: str) -> str:
 
 def states_script(tokens: list[str]) -> str:
     """One line per token: `<token> <alive 0|1> <ready 0|1> <last active or -> <setup exit code or -> <ended
-    reason or -> <ended execs as id:status,… or ->`; after a failed setup's, its last lines in the holder's
-    log, each as `@@corral said <token> <line>`."""
+    reason or -> <ended execs as id:status,… or -> <walltime's end (epoch) or ->`; after a failed setup's,
+    its last lines in the holder's log, each as `@@corral said <token> <line>`."""
     body = " ".join(check_token(t) for t in tokens)
     return (ALIVE + f"printf '{MARK} clock %s\\n' \"$(date +%s)\"\n"
             + f"for t in {body}; do\n"
@@ -185,21 +185,29 @@ def states_script(tokens: list[str]) -> str:
             + '  if [ -e "$d/ready" ]; then r=1; else r=0; fi\n'
             + '  l=$(stat -c %Y "$d/last_active" 2>/dev/null || echo -)\n'
             + '  s=$(head -c 12 "$d/setup_failed" 2>/dev/null || echo -)\n'
-            + '  e=$( { [ -e "$d/cancelled" ] && echo down; } || head -c 12 "$d/ended" 2>/dev/null || echo -)\n'
+            + '  e=$( { [ -e "$d/cancelled" ] && echo down; } || head -c 12 "$d/ended" 2>/dev/null '
+            + '|| { [ -e "$d/timed_out" ] && echo walltime; } || echo -)\n'
+            + '  w=$(head -c 12 "$d/deadline" 2>/dev/null | tr -dc 0-9)\n'
             + f'  x=; for f in "$d"/exec/*/{EXEC_ENDED}; do [ -s "$f" ] || continue; g=${{f%/*}}; '
             + 'x="$x${g##*/}:$(head -c 12 "$f" | tr -dc 0-9),"; done\n'
-            + '  echo "$t $a $r $l ${s:--} ${e:--} ${x:--}"\n'
+            + '  echo "$t $a $r $l ${s:--} ${e:--} ${x:--} ${w:--}"\n'
             + f'  [ "${{s:--}}" = - ] || tail -n {SETUP_TAIL_LINES} "$d/log.txt" 2>/dev/null | cut -c1-300 | '
             + f'sed "s/^/{SETUP_SAID} $t /"\n'
             + "done\nexit 0\n")
 
 
 def release_script(tokens: list[str]) -> str:
-    """Leave each holder's cancel marker, end its process group, and remove its run dir."""
+    """Leave each holder's cancel marker, end its process group and the execs still running in it (TERM,
+    KILL 10 s later to what is left: the GPUs the holder frees must not stay in use), and remove its run
+    dir."""
     body = " ".join(check_token(t) for t in tokens)
-    return (ALIVE + f"for t in {body}; do\n"
+    return (ALIVE + EXEC_GROUPS + f"for t in {body}; do\n"
             + f'  d="$HOME/{RUNS_DIR}/$t"; [ -d "$d" ] || continue\n'
             + '  : > "$d/cancelled"; pid= since=; [ -s "$d/pid" ] && read -r pid since < "$d/pid"\n'
             + '  if alive "$pid" "$since"; then kill -TERM -- "-$pid" 2>/dev/null; fi\n'
+            + '  for g in $(exec_groups "$d"); do\n'
+            + '    kill -TERM -- "-$g" 2>/dev/null\n'
+            + '    ( sleep 10; kill -KILL -- "-$g" 2>/dev/null ) </dev/null >/dev/null 2>&1 &\n'
+            + '  done\n'
             + '  rm -rf "$d"\n'
             + "done\nexit 0\n")

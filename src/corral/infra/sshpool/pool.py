@@ -75,6 +75,7 @@ from corral.infra.sshpool.moves import MOVE_GRACE_SECONDS
 from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, Wants, inventory_script, parse_inventory
 from corral.infra.sshpool.submissions import CacheSync, MachineSubmissions
 from corral.ssh import SshTransport
+from corral.timefmt import slurm_time
 
 JOB_TIMEOUT = 30
 MACHINE_GRACE_SECONDS = 30.0
@@ -670,7 +671,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 parts = line.split()
                 if line.startswith(f"{pooldev.SETUP_SAID} ") and len(parts) >= 3:
                     said.setdefault((host, parts[2]), []).append(line.split(" ", 3)[3] if len(parts) > 3 else "")
-                elif len(parts) == 7 and not line.startswith(MARK):
+                elif len(parts) == 8 and not line.startswith(MARK):
                     lines[(host, parts[0])] = parts
         out: dict[str, AllocationState] = {}
         for handle, _ in held:
@@ -842,7 +843,10 @@ def _allocation_state(hosts: list[str], ranks: list[list[str] | None], silent: d
         codes = [rank.get(exec_id, "") for rank in on_ranks]
         if all(code.isdigit() for code in codes):
             ended[exec_id] = next((int(c) for c in codes if int(c) != 0), 0)
-    return replace(state, ended_execs=ended)
+    ends = [int(r[7]) for r in ranks if r and r[7].isdigit()]
+    live = state.phase in (AllocationPhase.STARTING, AllocationPhase.READY)
+    left = slurm_time(min(ends) - time.time()) if ends and live else None
+    return replace(state, ended_execs=ended, time_left=left)
 
 
 def _phase(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, str]) -> AllocationState:
@@ -863,7 +867,8 @@ def _phase(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, st
         return AllocationState(AllocationPhase.READY if ready else AllocationPhase.STARTING,
                                None if ready else "running setup", hosts, last_active, None)
     ended = next((r[5] for r in ranks if r and r[5] != "-"), "-")
-    why = {"idle": "released after being idle", "down": "released (corral down)"}.get(
+    why = {"idle": "released after being idle", "down": "released (corral down)",
+           "walltime": "walltime ended"}.get(
         ended, "its holder ended (the machine restarted, or the process was killed)")
     return AllocationState(AllocationPhase.ENDED, why, hosts, last_active, None)
 
@@ -997,6 +1002,9 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
                                  failure=None if ok else FailureClass.TASK))
         elif state == "cancelled":
             out.append(JobStatus(handle, token, JobState.CANCELLED, "CANCELLED", None, start, start, end, exit_code))
+        elif state == "timeout":
+            out.append(JobStatus(handle, token, JobState.FAILED, "TIMEOUT", f"it reached its time limit on {host}",
+                                 start, start, end, None, failure=FailureClass.TASK))
         elif state == "queued":
             ahead, wants = _queued_fields(parts)
             waits = f"waiting on {host} for {_wants_text(wants)}" + (f", {ahead} task(s) before it" if ahead else "")

@@ -7,7 +7,8 @@ A task on a machine is a process group of its own (`setsid`), started from its r
   when setup fails);
 - `pid`: the group's leader and its start time (`inventory.ALIVE`), written once it started;
   `log.txt`: its output;
-- `cancelled`: left before Corral kills the group, so that a task that had not started yet never does.
+- `cancelled`: left before Corral kills the group, so that a task that had not started yet never does;
+- `deadline` (epoch) when the task has a walltime, and `timed_out` once its watchdog ended it (WATCHDOG).
 
 - `wants` (`<gpus> <cpus> <type>`), `memory` (MB, when it asks some), `host` (the machine that took
   it: homes may be shared), and `queued` while it waits in the machine's queue.
@@ -30,16 +31,58 @@ from corral.infra.sshpool import claims
 from corral.infra.sshpool.inventory import ALIVE, MARK, POOL_DIR
 
 RUNS_DIR = claims.RUNS_DIR
+# Bash: the process groups of the execs still running in the allocation whose run dir is $1 (each its
+# ssh session's: the exec's script, its command, their children), this script's own left out.
+EXEC_GROUPS = ('exec_groups() {\n'
+               '  local f xp xs g mine; mine=$(ps -o pgid= -p $$ | tr -d " ")\n'
+               '  for f in "$1"/exec/*/pid; do\n'
+               '    read -r xp xs < "$f" 2>/dev/null && alive "$xp" "$xs" || continue\n'
+               '    g=$(ps -o pgid= -p "$xp" | tr -d " "); [ -n "$g" ] && [ "$g" != "$mine" ] && echo "$g"\n'
+               '  done\n'
+               '  return 0\n'
+               '}\n')
+
+
+def _release(token: str) -> str:
+    """Bash: free what the task of `token` (a bash word) holds and start what then fits in the queue."""
+    return (f'  local base="$HOME/{POOL_DIR}/${{HOSTNAME:-$(hostname)}}"\n'
+            f'  [ -f "$base/{claims.LIBRARY}" ] || return 0\n'
+            f'  ( exec 9>"$base/lock"; flock -w 60 9 || exit 0; . "$base/{claims.LIBRARY}" '
+            f'&& release {token} && drain ) </dev/null >/dev/null 2>&1\n')
+
+
 # What a task frees when it ends (not when cancelled: cancel_script starts the queue once it has killed
 # what was left) goes at once to the machine's queue (claims.py).
 END_TRAP = ("corral_end() {\n"
             '  [ -e "$CORRAL_RUN_DIR/cancelled" ] && return 0\n'
-            f'  local base="$HOME/{POOL_DIR}/${{HOSTNAME:-$(hostname)}}"\n'
-            f'  [ -f "$base/{claims.LIBRARY}" ] || return 0\n'
-            f'  ( exec 9>"$base/lock"; flock -w 60 9 || exit 0; . "$base/{claims.LIBRARY}" '
-            '&& release "${CORRAL_RUN_DIR##*/}" && drain ) </dev/null >/dev/null 2>&1\n'
+            + _release('"${CORRAL_RUN_DIR##*/}"') +
             "}\n"
             "trap corral_end EXIT")
+# The walltime's watchdog, in a session of its own (a cancel's kill of the task's group leaves it; it
+# ends within 10 s of the task): at the task's `deadline` it leaves `timed_out`, says so in the log, and
+# ends the task's group, and a dev allocation's execs, as Slurm ends a job's steps (TERM, then KILL
+# after KILL_WAIT_SECONDS to what is left). $1: the task's leader, $2 its run dir.
+KILL_WAIT_SECONDS = 30  # Slurm's default KillWait
+WATCHDOG = (ALIVE + EXEC_GROUPS
+            + 'd=$2 pid=$1; since=$(started "$pid"); read -r deadline < "$d/deadline" || exit 0\n'
+            'while alive "$pid" "$since"; do\n'
+            "  printf -v now '%(%s)T' -1; left=$(( deadline - now ))\n"
+            '  if [ "$left" -le 0 ]; then\n'
+            '    [ -e "$d/cancelled" ] && exit 0\n'
+            '    echo "$now" > "$d/timed_out"\n'
+            '    echo "corral: *** the task reached its time limit on ${HOSTNAME:-$(hostname)}: ending it ***" '
+            '>> "$d/log.txt"\n'
+            '    groups=("-$pid"); for g in $(exec_groups "$d"); do groups+=("-$g"); done\n'
+            '    kill -TERM -- "${groups[@]}" 2>/dev/null\n'
+            f'    for _ in $(seq {KILL_WAIT_SECONDS}); do\n'
+            '      live=0; for g in "${groups[@]}"; do kill -0 -- "$g" 2>/dev/null && live=1; done\n'
+            '      [ "$live" = 0 ] && break; sleep 1\n'
+            '    done\n'
+            '    kill -KILL -- "${groups[@]}" 2>/dev/null\n'
+            '    corral_end() {\n' + _release('"${d##*/}"') + '}; corral_end; exit 0\n'
+            "  fi\n"
+            '  sleep $(( left < 10 ? left : 10 ))\n'
+            "done\n")
 MOUNTS_STAGE = "mounts"  # in a run dir: file mounts kept apart until the workdir is copied from its cache
 
 
@@ -110,9 +153,16 @@ def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequenc
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(variables.items())]
     if request.checkpoint_dir:
         lines += checkpoint_lines(request.checkpoint_dir, shlex.quote(request.task_ids[0]))
-    return lines + [
+    lines += [
         'cd "$CORRAL_RUN_DIR/workdir" || exit 1',
         'if [ -e "$CORRAL_RUN_DIR/cancelled" ]; then echo "corral: cancelled before it started"; exit 143; fi',
+    ]
+    if request.time_limit_seconds:  # counted from here, setup included, as Slurm counts a job's
+        lines += [f"printf -v corral_now '%(%s)T' -1; echo $(( corral_now + {int(request.time_limit_seconds)} )) "
+                  '> "$CORRAL_RUN_DIR/deadline"',
+                  f'setsid "$BASH" -c {shlex.quote(WATCHDOG)} corral-walltime "$$" "$CORRAL_RUN_DIR" '
+                  "</dev/null >/dev/null 2>&1 &"]
+    return lines + [
         'with_env() { "$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env "$CORRAL_RUN_DIR/env.sh" "$@"; }',
         'if [ -s "$CORRAL_RUN_DIR/setup.sh" ]; then',
         '  with_env "$CORRAL_RUN_DIR/setup.sh"; rc=$?',
@@ -193,7 +243,8 @@ OTHERS_WINDOW_SECONDS = 3600  # `others`: runs touched this recently (the tracke
 def status_script(tokens: Sequence[str], others: bool = False) -> str:
     """First start what now fits in the machine's queue (a task killed outright ran no exit trap), then
     one line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
-    state one of running, ended, cancelled, vanished (its process gone with no exit code), unknown, or
+    state one of running, ended, cancelled, timeout (ended by its walltime's watchdog), vanished (its
+    process gone with no exit code), unknown, or
     queued, whose third field is `<tasks ahead>:<gpus>:<cpus>:<memory MB>`, and a sixth its GPU type
     (what it waits for); or, for a task on its way to another machine of the pool (moves.py), `<token>
     moving <target> <since epoch> -`, and `<token> moved <machine> - -` where a shared home's run dir
@@ -226,7 +277,9 @@ report() {{
   fi
   at=$( [ -f "$d/pid" ] && stat -c %Y "$d/pid" || echo -)
   [ -s "$d/pid" ] && read -r pid since < "$d/pid"
-  if [ -f "$d/exit_code" ]; then
+  if [ -e "$d/timed_out" ] && ! alive "$pid" "$since"; then
+    echo "$t timeout - $at $(stat -c %Y "$d/timed_out")"
+  elif [ -f "$d/exit_code" ]; then
     ended=$(stat -c %Y "$d/exit_code")
     if [ -e "$d/cancelled" ]; then state=cancelled; else state=ended; fi
     echo "$t $state $(head -c 12 "$d/exit_code") $at $ended"
