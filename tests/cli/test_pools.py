@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.infra.sshpool import moves
+from corral.infra.sshpool import moves, runner
 from tests.conftest import wait_for
 from tests.helpers import cancel_a_running_exec, counting_ssh, launch_managed, runs_somewhere
 
@@ -628,3 +628,43 @@ def test_a_walltime_ends_a_pool_task_and_a_pool_allocation(corral, pool_env):
     wait_for("the exec's processes to end", lambda: not runs_somewhere("sleep", "3023"), timeout=15)
     free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
     assert free["A100"] == 8
+
+
+@pytest.mark.parametrize("two_machine_env", ["homes apart"], indirect=True)
+def test_a_move_whose_copy_fails_puts_the_task_back_at_once(two_machine_env, monkeypatch):
+    """The run dir cannot be copied to the other home (a file stands where it would go): no take was
+    sent, so the task is back in its first machine's queue in the same pass, not after the 2-minute
+    grace, and the next try, once the way is clear, moves it."""
+    import asyncio
+
+    from corral.client import Client
+    from corral.infra.base import JobRequest, new_token
+
+    env, second = two_machine_env
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", env["CORRAL_SLURM_CONFIG"])
+
+    def request(run: str) -> JobRequest:
+        return JobRequest(token=new_token(), task_ids=("c-000000000001",), place="lab", num_nodes=1,
+                          accelerator_type=None, accelerators_per_node=4, cpus_per_node=None, memory_mb=None,
+                          envs={}, setup=None, run=run)
+
+    async def scenario() -> tuple:
+        pool = Client().infra("lab")
+        await pool.probe()
+        holder, waiting = request("sleep 300"), request("echo moved")
+        for task in (holder, waiting):
+            files = {"job.sh": runner.job_script(task, "lab"), "env.sh": "", "setup.sh": "", "run.sh": task.run}
+            await pool.transport.run("lab1", runner.submit_script(task, "lab", files, may_queue=True), timeout=30)
+        run_dir = f"~/.corral/runs/{waiting.token}"
+        await pool.transport.run(second, f"mkdir -p ~/.corral/runs && touch {run_dir}", timeout=30)
+        failed = await pool._move("lab1", waiting.token, second)
+        left = (await pool.transport.run("lab1", f"ls {run_dir}", timeout=30)).stdout.split()
+        await pool.transport.run(second, f"rm -f {run_dir}", timeout=30)
+        moved = await pool._move("lab1", waiting.token, second)
+        await pool.cancel([f"lab1/{holder.token}"], [""])
+        return failed, left, moved, waiting.token
+
+    failed, left, moved, token = asyncio.run(scenario())
+    assert failed is None
+    assert "queued" in left and "moving" not in left, left  # back in its queue, no mark left for later
+    assert moved is not None and moved.handle == f"{second}/{token}" and moved.moved, moved

@@ -523,10 +523,15 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             withdrawn = await self._answer(host, moves.withdraw_script(token, target))
             if withdrawn[:1] != ["withdrawn"] or len(withdrawn) != 2:
                 return None
-            # A copy or a take that fails (its answer may be lost after the take) leaves the mark: a later
-            # pass asks the target (_finish_moves).
             if not self._same_home(host, target):
-                await self._copy_run_dir(host, target, token)
+                try:
+                    await self._copy_run_dir(host, target, token)
+                except CorralError:  # no take was sent: the task goes back into its queue now
+                    await self._settle_quietly(host, token, False)
+                    await self._discard_quietly(target, token)
+                    return None
+            # A take that fails (its answer may be lost after the take) leaves the mark: a later pass asks
+            # the target (_finish_moves).
             configured = [g.name for g in self._configured.get(target, ())]
             taken = await self._answer(target, moves.take_script(token, withdrawn[1], configured))
             if taken[:1] == ["refused"]:
