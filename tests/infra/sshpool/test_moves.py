@@ -58,7 +58,7 @@ def test_a_waiting_task_moves_to_a_machine_with_a_home_of_its_own_and_keeps_its_
     assert _answer(second, moves.take_script(token(2), entry, GPUS)) == f"submitted {second.host}/{token(2)} new"
     assert wait_for("its output on the second machine", lambda: second.log(2)) == "gpus=0,1\n"
     assert _answer(second, moves.take_script(token(2), entry, GPUS)).endswith("existing")  # a retried take
-    assert _answer(first, moves.settle_script(token(2), True)) == "settled"
+    assert _answer(first, moves.settle_script(token(2), True, GPUS)) == "settled"
     assert not (first.home / ".corral/runs" / token(2)).exists()  # its copy (env.sh with it) is gone
     assert second.states(2) == {2: "running"}
     second.end(2)
@@ -74,7 +74,7 @@ def test_a_move_the_target_refuses_puts_the_task_back_where_it_was_in_its_queue(
     entry = before[0]
     assert _answer(first, moves.withdraw_script(token(2), "gpu2")) == f"withdrawn {entry}"
     assert _answer(second, moves.take_script(token(2), entry, GPUS)).startswith("refused its files are not on")
-    assert _answer(first, moves.settle_script(token(2), False)) == "settled"
+    assert _answer(first, moves.settle_script(token(2), False, GPUS)) == "settled"
     assert _queue(first) == before  # its old entry: still first
     assert first.states(2, 3) == {2: "queued 0:2:0:0", 3: "queued 1:1:0:0"}
     first.end(1)
@@ -109,7 +109,7 @@ def test_machines_that_share_a_home_hand_over_the_run_dir_and_name_its_new_machi
     assert _answer(lab2, moves.take_script(token(2), entry, GPUS)) == f"submitted lab2/{token(2)} new"
     assert wait_for("its output", lambda: lab2.log(2)) == "gpus=0,1\n"
     assert lab1.states(2) == {2: "moved lab2"}  # a status asked of the machine it left names the new one
-    assert _answer(lab1, moves.settle_script(token(2), True)) == "settled"
+    assert _answer(lab1, moves.settle_script(token(2), True, GPUS)) == "settled"
     assert (lab1.home / ".corral/runs" / token(2) / "pid").exists()  # the shared dir is lab2's now
     assert _answer(lab1, runner.cancel_script([token(2)])) == f"moved {token(2)} lab2"  # cancel it there too
     lab2.run(runner.cancel_script([token(2)]))
@@ -124,7 +124,7 @@ def test_a_cancel_that_reaches_the_copy_left_behind_is_named_when_the_move_settl
     shutil.copytree(first.home / ".corral/runs" / token(2), second.home / ".corral/runs" / token(2))
     first.run(runner.cancel_script([token(2)]))  # the user's cancel, to the machine its handle still names
     assert _answer(second, moves.take_script(token(2), entry, GPUS)).endswith("new")
-    assert _answer(first, moves.settle_script(token(2), True)) == "settled cancelled"
+    assert _answer(first, moves.settle_script(token(2), True, GPUS)) == "settled cancelled"
 
 
 # ---- the pool's choice, without bash --------------------------------------------------------------

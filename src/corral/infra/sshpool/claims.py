@@ -111,10 +111,13 @@ start() {{  # $1: a run dir, $2: its token: claim what fits found free, and star
   if [ "$want_mem" -gt 0 ]; then echo "$want_mem $pid $since" > "$base/mem/$2"; fi
   rm -f -- "$1/queued"
 }}
+requeue() {{  # $1: a run dir, $2: its queue entry (a moved task keeps its own, and so its age)
+  : > "$1/queued" && : > "$base/queue/$2"
+}}
 enqueue() {{  # $1: a run dir, $2: its token (fits has read its wants)
   local now=${{EPOCHREALTIME:-}}
   [ -n "$now" ] || now=$(date +%s.%6N)
-  : > "$1/queued" && : > "$base/queue/${{now/./}}_${{want_gpus}}_${{want_cpus}}_$2"
+  requeue "$1" "${{now/./}}_${{want_gpus}}_${{want_cpus}}_$2"
 }}
 release() {{  # $1: the token of a task that is ending: what it holds is free for the queue
   local f holder

@@ -90,7 +90,7 @@ fi
 [ -s "$d/moving" ] || refuse "it is not being moved"
 {claims.install(configured)}printf '%s\\n' "$host" > "$d/host.new" && mv "$d/host.new" "$d/host" || exit 1
 rm -f -- "$d/moving"
-: > "$d/queued" && : > "$base/queue/{entry}" && drain
+requeue "$d" {entry} && drain
 state=queued; [ -s "$d/pid" ] && state=new
 echo "{MARK} submitted $host/{token} $state"
 """
@@ -108,22 +108,22 @@ echo "{MARK} discarded"
 """
 
 
-def settle_script(token: str, taken: bool) -> str:
+def settle_script(token: str, taken: bool, configured: Sequence[str] = ()) -> str:
     """Finish a move on the machine the task left. `taken`: the target holds it, so this machine's own
     copy of its run dir goes (where the home is shared, the target has made it its own already);
     otherwise it goes back into this machine's queue under its old entry. Answers `@@corral settled`
     (`settled cancelled`: it was cancelled here after it left, so the target must cancel it), or
-    `@@corral busy` (the lock; the next status pass settles it)."""
+    `@@corral busy` (the lock; the next status pass settles it). `configured`: the machine's GPUs from
+    the pool's config, for the claims library (installed as a submission installs it)."""
     if taken:  # a cancel that reached this copy after it left is named: the pool cancels it there
         finish = '  [ -e "$d/cancelled" ] && cancelled=" cancelled"\n  rm -rf -- "$d"\n'
     else:
         finish = (f'  [[ $entry =~ ^[0-9]+_[0-9]+_[0-9]+_{token}$ ]] || {{ read -r g c _ < "$d/wants"; '
                   f'entry=$(date +%s%6N)_${{g:-0}}_${{c:-0}}_{token}; }}\n'
-                  '  rm -f -- "$d/moving"; : > "$d/queued" && : > "$base/queue/$entry"\n'
-                  f'  [ -f "$base/{claims.LIBRARY}" ] && . "$base/{claims.LIBRARY}" && drain\n')
+                  '  requeue "$d" "$entry" && rm -f -- "$d/moving" && drain\n')
     return _header(token) + f"""\
 flock -w 20 9 || {{ echo "{MARK} busy"; exit 0; }}
-took= cancelled=; read -r took 2>/dev/null < "$d/host"
+{claims.install(configured)}took= cancelled=; read -r took 2>/dev/null < "$d/host"
 if [ -s "$d/moving" ] && [ "$took" = "$host" ] && read -r _ entry _ < "$d/moving"; then
 {finish}fi
 echo "{MARK} settled$cancelled"

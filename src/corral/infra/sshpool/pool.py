@@ -354,10 +354,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 if cache:  # kept apart until the workdir is copied from the cache (runner.submit_script)
                     target = _staged(target, token)
                 await self.transport.sync(host, upload.local, target)
-            configured = [g.name for g in self._configured.get(host, ())]
-            stdout = await self._submissions(host).submit(
-                runner.submit_script(ranked, self.pool.name, files, configured, workdir_cache=cache,
-                                    may_queue=may_queue), workdir)
+            script = runner.submit_script(ranked, self.pool.name, files, self._configured_names(host),
+                                          workdir_cache=cache, may_queue=may_queue)
+            stdout = await self._submissions(host).submit(script, workdir)
         except ClusterError as exc:
             return str(exc)
         answer = _answer_line(stdout)
@@ -532,8 +531,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                     return None
             # A take that fails (its answer may be lost after the take) leaves the mark: a later pass asks
             # the target (_finish_moves).
-            configured = [g.name for g in self._configured.get(target, ())]
-            taken = await self._answer(target, moves.take_script(token, withdrawn[1], configured))
+            take = moves.take_script(token, withdrawn[1], self._configured_names(target))
+            taken = await self._answer(target, take)
             if taken[:1] == ["refused"]:
                 await self._settle_quietly(host, token, False)
             if taken[:1] != ["submitted"]:
@@ -597,7 +596,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         """settle_script on the machine a task left (a failure leaves the mark for the next pass); a
         cancel that reached the copy left behind is carried out on `target`, which took it."""
         try:
-            settled = await self._answer(host, moves.settle_script(token, taken))
+            settled = await self._answer(host, moves.settle_script(token, taken, self._configured_names(host)))
             if target is not None and settled[1:2] == ["cancelled"]:
                 await self._cancel_ranks([(target, token)])
         except CorralError:
@@ -613,6 +612,10 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
     async def _answer(self, host: str, script: str) -> list[str]:
         """The words after `@@corral` on the script's answer line (empty: none)."""
         return _answer_line((await self.transport.run(host, script, timeout=JOB_TIMEOUT)).stdout).split()[1:]
+
+    def _configured_names(self, host: str) -> list[str]:
+        """The machine's GPUs from the pool's config (none: nvidia-smi's), as the claims library takes them."""
+        return [g.name for g in self._configured.get(host, ())]
 
     def _same_home(self, a: str, b: str) -> bool:
         first, second = self._inventories.get(a), self._inventories.get(b)
