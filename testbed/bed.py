@@ -18,6 +18,7 @@ from pathlib import Path
 
 from testbed.accounting import Accounting
 from testbed.machines import Machines
+from testbed.standins import RUNTIME_STANDIN
 from testbed.layout import (
     TestbedPaths,
     render_cluster_config,
@@ -65,24 +66,6 @@ READY_TIMEOUT = 45.0
 # A stand-in container runtime: no real one can run here (no user namespaces for them, no registry to
 # pull from). It takes exactly what Corral generates, `RUNTIME exec [--nv] [--bind P] [--pwd P]
 # docker://IMAGE CMD…`, and runs CMD on the host with the image named in CORRAL_TESTBED_CONTAINER.
-RUNTIME_STANDIN = """#!/bin/bash
-# Written by the Corral testbed: a STAND-IN for {runtime}. It runs the command on the host, noting the image.
-[ "${{1-}}" = exec ] || {{ echo "{runtime} (testbed stand-in): only 'exec' is supported" >&2; exit 2; }}
-shift
-image=
-while [ $# -gt 0 ] && [ -z "$image" ]; do
-  case "$1" in
-    --nv) shift ;;
-    --bind) shift 2 ;;
-    --pwd) cd "$2" || exit 1; shift 2 ;;
-    docker://*) image="${{1#docker://}}"; shift ;;
-    *) echo "{runtime} (testbed stand-in): unexpected argument $1" >&2; exit 2 ;;
-  esac
-done
-[ -n "$image" ] || {{ echo "{runtime} (testbed stand-in): no docker:// image" >&2; exit 2; }}
-export CORRAL_TESTBED_CONTAINER="$image"
-exec "$@"
-"""
 # A stand-in CUDA module: no CUDA is installed, the module sets what a real one sets for a job to read.
 CUDA_MODULEFILE = """#%Module1.0
 ## Written by the Corral testbed: a stand-in for {cluster}'s CUDA {version} module (no CUDA is installed).

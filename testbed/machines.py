@@ -18,6 +18,7 @@ from pathlib import Path
 
 from testbed.processes import TestbedError, kill_tree, port_open, run, running, spawn, wait_until
 from testbed.spec import ALL_USERS, TEST_USER
+from testbed.standins import RUNTIME_STANDIN
 
 BRIDGE = "corralbr0"
 HOST_ADDRESS = "10.201.0.1"
@@ -36,6 +37,7 @@ class MachineSpec:
     address: str
     gpus: tuple[GpuSpec, ...] = ()
     nvidia_smi: bool = True  # False: a machine without the driver's tools (its GPUs come from config)
+    runtimes: tuple[str, ...] = ("apptainer",)  # container runtimes on its PATH (stand-ins: standins.py)
 
     @property
     def namespace(self) -> str:
@@ -270,6 +272,13 @@ class Machines:
             smi.chmod(0o755)
         else:
             smi.unlink(missing_ok=True)
+        for runtime in ("apptainer", "singularity"):
+            standin = paths.bin / runtime
+            if runtime in machine.runtimes:
+                standin.write_text(RUNTIME_STANDIN.format(runtime=runtime))
+                standin.chmod(0o755)
+            else:
+                standin.unlink(missing_ok=True)
         paths.sshd_config.write_text(render_sshd_config(machine, paths, self.authorized_keys))
 
 

@@ -668,3 +668,34 @@ def test_a_move_whose_copy_fails_puts_the_task_back_at_once(two_machine_env, mon
     assert failed is None
     assert "queued" in left and "moving" not in left, left  # back in its queue, no mark left for later
     assert moved is not None and moved.handle == f"{second}/{token}" and moved.moved, moved
+
+
+def test_an_image_runs_on_the_pool_where_every_machine_has_a_runtime(corral, pool_env, machines):
+    """Every machine has the testbed's stand-in apptainer, so the pool offers it: setup and run go through
+    the task's container.sh (the image named, `--nv` with GPUs). Take it from one machine and the pool
+    offers none, and the plan says so."""
+    gpu = corral("launch", "-d", "--json", "--image-id", "docker:ubuntu:22.04", "--gpus", "A100:1", "--",
+                 'echo "in $CORRAL_TESTBED_CONTAINER gpus=${CORRAL_TESTBED_CONTAINER_GPUS:-0} $CUDA_VISIBLE_DEVICES"',
+                 env=pool_env)
+    assert gpu.exit_code == 0, gpu.stderr
+    job = gpu.json()
+    assert job["cluster"] == "lab"
+    out = wait_for("its output", lambda: corral("logs", "--no-follow", job["job_id"], env=pool_env).stdout)
+    assert out == "in ubuntu:22.04 gpus=1 0\n"
+    cpu = corral("launch", "--infra", "ssh/lab", "--image-id", "docker:python:3.12-slim", "--cpus", "1", "--",
+                 'echo "in $CORRAL_TESTBED_CONTAINER gpus=${CORRAL_TESTBED_CONTAINER_GPUS:-0}"', env=pool_env)
+    assert (cpu.exit_code, cpu.stdout) == (0, "in python:3.12-slim gpus=0\n"), cpu.stderr
+    standin = machines.paths("lab4").bin / "apptainer"
+    standin.rename(standin.with_name("apptainer.away"))
+    fresh = {**pool_env, "CORRAL_HOME": pool_env["CORRAL_HOME"] + "-fresh"}  # a new probe
+    try:
+        Path(fresh["CORRAL_HOME"]).mkdir()
+        (Path(fresh["CORRAL_HOME"]) / "config.yaml").write_text((Path(pool_env["CORRAL_HOME"]) / "config.yaml")
+                                                                .read_text())
+        plan = corral("launch", "--dryrun", "--json", "--image-id", "docker:ubuntu:22.04", "--gpus", "A100:1",
+                      "--", "true", env=fresh)
+        [row] = [r for r in plan.json() if r.get("cluster") == "lab"]
+        assert not row["feasible"] and "lab has none" in row["reason"], row
+    finally:
+        standin.with_name("apptainer.away").rename(standin)
+        corral("server", "stop", env=fresh)

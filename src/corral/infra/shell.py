@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from corral.errors import TaskError
 from corral.infra.base import DEFAULT_CHECKPOINT_DIR, EXIT_NOT_READY
 
 _EXEC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z", re.ASCII)
@@ -173,3 +174,39 @@ def one_line_word(text: str) -> str:
         f"\\x{ord(c):02x}" if c == "!" or ord(c) < 0x20 or ord(c) == 0x7F else c
         for c in text)
     return f"$'{escaped}'"
+
+
+class UnsafeScriptValueError(TaskError):
+    """A value that would end its line in a job script (the task model refuses these first)."""
+
+
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@]*\Z", re.ASCII)
+WRAPPED_RUNTIMES = ("apptainer", "singularity")  # the runtimes container_wrapper drives
+
+
+def check_image(image: str) -> str:
+    """An OCI image reference (`ubuntu:22.04`, `nvcr.io/nvidia/pytorch:24.01-py3`), checked to be a
+    word needing no quotes."""
+    if not _IMAGE.match(image):
+        raise UnsafeScriptValueError(f"image {image!r}: expected an image reference such as ubuntu:22.04")
+    return image
+
+
+def container_wrapper(runtime: str, image: str, gpus: bool) -> str:
+    """`container.sh CMD…`: runs CMD in `image` with Apptainer or Singularity (`runtime`), the home (and
+    so the run directory) bound at the same path, in the current directory; with `gpus`, the host's GPU
+    driver too (`--nv`). Corral's own commands stay on the host: only setup and run go through it."""
+    if runtime not in WRAPPED_RUNTIMES:
+        raise ValueError(f"not a runtime Corral drives: {runtime!r}")
+    prefix = runtime.upper()
+    return ("#!/bin/bash\n"
+            f"# Written by Corral: runs its arguments in the task's image with {runtime}, the home\n"
+            "# (and so the run directory) bound at the same path, in the current directory. A private registry's\n"
+            "# login comes from the task's SKYPILOT_DOCKER_USERNAME/PASSWORD (envs or secrets), read from env.sh\n"
+            "# in a clean shell, as the runtime's own variables.\n"
+            "{ IFS= read -r -d '' user; IFS= read -r -d '' password; } < <(env -i bash -c \\\n"
+            """  '. "$1" >/dev/null 2>&1; printf "%s\\0%s\\0" "${SKYPILOT_DOCKER_USERNAME-}" "${SKYPILOT_DOCKER_PASSWORD-}"' \\\n"""
+            '  env "$CORRAL_RUN_DIR/env.sh")\n'
+            f'if [ -n "${{user:-}}" ]; then export {prefix}_DOCKER_USERNAME="$user" {prefix}_DOCKER_PASSWORD="$password"; fi\n'
+            f'exec {runtime} exec{" --nv" if gpus else ""} --bind "$HOME" --pwd "$PWD" '
+            f'docker://{check_image(image)} "$@"\n')

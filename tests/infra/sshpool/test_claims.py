@@ -221,3 +221,15 @@ def test_a_cancelled_task_is_not_called_timed_out(machine):
     assert wait_for("its watchdog to end", lambda: subprocess.run(
         ["pgrep", "-f", f"corral-walltime .*{machine.home}"], capture_output=True).returncode != 0, timeout=15)
     assert machine.states(1) == {1: "cancelled"} and "time limit" not in machine.log(1)
+
+
+def test_a_machine_without_the_runtime_refuses_an_image_and_keeps_nothing(machine):
+    """The pool offers a runtime only where every machine had it at the probe; one that lost it since
+    (here: none on the PATH) refuses, as it refuses a task its GPUs cannot hold."""
+    request = JobRequest(token=token(1), task_ids=("c-1",), place="lab", num_nodes=1, accelerator_type=None,
+                         accelerators_per_node=0, cpus_per_node=None, memory_mb=None, envs={}, setup=None,
+                         run="true", container_image="ubuntu:22.04", container_runtime="apptainer")
+    files = {"job.sh": runner.job_script(request, "lab"), "env.sh": "", "setup.sh": "", "run.sh": "true"}
+    answer = machine.run(runner.submit_script(request, "lab", files, GPUS)).strip()
+    assert answer == f"@@corral rejected {machine.host} has no apptainer to run the image"
+    assert not (machine.home / ".corral/runs" / token(1)).exists()

@@ -21,6 +21,8 @@ def test_gpus_cpus_and_memory_from_one_round_trip():
     assert lab1.gpus[0].uuid == "GPU-lab1-0000-corral-testbed" and lab1.gpu_source == "nvidia-smi"
     assert lab1.held == {} and len(lab1.free_gpus) == 4
     assert lab1.address == "10.201.0.11"  # how a multi-node task's other ranks reach it
+    assert lab1.runtimes == ("apptainer",) and lab1.home  # what runs an image there; its home's id
+    assert parse_inventory("lab4", recorded("lab4-no-nvidia-smi")).runtimes == ()  # recorded before they were asked
 
 
 def test_a_gpu_is_held_only_while_its_task_lives():

@@ -28,9 +28,16 @@ import shlex
 from dataclasses import dataclass, field
 
 from corral.config import env_number
-from corral.errors import TaskError
 from corral.infra.base import JobRequest
-from corral.infra.shell import checkpoint_lines, render_env, write_file
+from corral.infra.shell import (
+    WRAPPED_RUNTIMES,
+    UnsafeScriptValueError,
+    check_image,
+    checkpoint_lines,
+    container_wrapper,
+    render_env,
+    write_file,
+)
 from corral.infra.slurm.environment import unset_named
 from corral.sbatch_script import ScriptError, parse_options
 
@@ -135,10 +142,6 @@ def spec_for(request: JobRequest, cluster: str) -> SlurmJobSpec:
         container_runtime=request.container_runtime,
         step_start_bound=step_start_bound(request.container_runtime),
     )
-
-
-class UnsafeScriptValueError(TaskError):
-    """A value that would end its line in a job script (the task model refuses these first)."""
 
 
 _LINE_BREAKERS = re.compile(r"[\x00-\x1f\x7f\s]")
@@ -259,14 +262,8 @@ def step_bound_lines(num_nodes: int, bound: int) -> list[str]:
     ]
 
 
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@]*\Z", re.ASCII)
-
-
 def _image(spec: SlurmJobSpec) -> str:
-    image = spec.container_image or ""
-    if not _IMAGE.match(image):
-        raise UnsafeScriptValueError(f"image {image!r}: expected an image reference such as ubuntu:22.04")
-    return image
+    return check_image(spec.container_image or "")
 
 
 def pyxis_options(spec: SlurmJobSpec) -> str:
@@ -283,20 +280,9 @@ def pyxis_options(spec: SlurmJobSpec) -> str:
 def container_script(spec: SlurmJobSpec) -> str | None:
     """`container.sh CMD…`: runs CMD in the task's image with Apptainer or Singularity (task.sh calls it
     for setup and run only: Corral's own commands stay on the host). None without one of those."""
-    if spec.container_runtime not in ("apptainer", "singularity"):
+    if spec.container_runtime not in WRAPPED_RUNTIMES:
         return None
-    gpus = " --nv" if spec.gpus_per_node else ""
-    prefix = spec.container_runtime.upper()
-    return ("#!/bin/bash\n"
-            f"# Written by Corral: runs its arguments in the task's image with {spec.container_runtime}, the home\n"
-            "# (and so the run directory) bound at the same path, in the current directory. A private registry's\n"
-            "# login comes from the task's SKYPILOT_DOCKER_USERNAME/PASSWORD (envs or secrets), read from env.sh\n"
-            "# in a clean shell, as the runtime's own variables.\n"
-            "{ IFS= read -r -d '' user; IFS= read -r -d '' password; } < <(env -i bash -c \\\n"
-            """  '. "$1" >/dev/null 2>&1; printf "%s\\0%s\\0" "${SKYPILOT_DOCKER_USERNAME-}" "${SKYPILOT_DOCKER_PASSWORD-}"' \\\n"""
-            '  env "$CORRAL_RUN_DIR/env.sh")\n'
-            f'if [ -n "${{user:-}}" ]; then export {prefix}_DOCKER_USERNAME="$user" {prefix}_DOCKER_PASSWORD="$password"; fi\n'
-            f'exec {spec.container_runtime} exec{gpus} --bind "$HOME" --pwd "$PWD" docker://{_image(spec)} "$@"\n')
+    return container_wrapper(spec.container_runtime or "", _image(spec), bool(spec.gpus_per_node))
 
 
 def node_env_lines(nodelist: str) -> list[str]:

@@ -20,6 +20,8 @@ QUERY = "index,name,memory.total,uuid"
 POOL_DIR = ".corral/pool"  # under the home; then <hostname>/
 RUNS_DIR = ".corral/runs"  # under the home; then <token>/
 HOME_ID = ".corral/home-id"  # under the home: random, made once, so machines that share a home are told apart
+# What runs a task's image on a machine (its `container.sh`: infra/shell.container_wrapper).
+CONTAINER_RUNTIMES = ("apptainer", "singularity")
 # Bash: `alive PID START` is true while that very process runs (START: its start time, field 22 of
 # /proc/PID/stat, read after the command name, which may hold spaces); `started PID` prints it, and
 # fails for a zombie (a task whose parent is gone waits there until init reaps it: it is over).
@@ -32,7 +34,7 @@ def inventory_script() -> str:
     """Bash printing `@@corral <section> <status>` sections: host, cpus, memory, gpus, held, claims (the
     CPUs and memory MB Corral's tasks hold), queued (each waiting task's `<memory MB> <gpus> <cpus>
     <type>`), address, home (the home's id, HOME_ID, made by the first probe: machines with the same
-    one share a home)."""
+    one share a home), runtimes (the container runtimes on its PATH)."""
     return f"""\
 export LC_ALL=C
 printf '\\n{MARK} host 0\\n'; hostname
@@ -74,6 +76,8 @@ if [ ! -s "$f" ]; then
   mkdir -p "${{f%/*}}" && od -An -N8 -tx1 /dev/urandom | tr -d ' \\n' > "$f.$$" && mv -n "$f.$$" "$f"; rm -f "$f.$$"
 fi
 printf '\\n{MARK} home 0\\n'; cat "$f" 2>/dev/null
+printf '\\n{MARK} runtimes 0\\n'
+for r in {" ".join(CONTAINER_RUNTIMES)}; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
 printf '\\n{MARK} end 0\\n'
 """
 
@@ -101,6 +105,7 @@ class Inventory:
     memory_claimed_mb: int = 0  # by Corral's live tasks there
     queued: tuple[Wants, ...] = ()  # the tasks waiting in its queue, oldest first
     home: str | None = None  # its home's id (HOME_ID): the same on machines that share a home
+    runtimes: tuple[str, ...] = ()  # the container runtimes it has (CONTAINER_RUNTIMES)
 
     @property
     def free_gpus(self) -> list[Gpu]:
@@ -176,7 +181,9 @@ def parse_inventory(machine: str, stdout: str, configured: tuple[Gpu, ...] = ())
                      gpus=tuple(gpus), held=held, gpu_source=source, warnings=tuple(warnings),
                      address=sections.get("address", (0, ""))[1].strip() or None,
                      cpus_claimed=claimed[0], memory_claimed_mb=claimed[1], queued=tuple(queued),
-                     home=sections.get("home", (0, ""))[1].strip() or None)
+                     home=sections.get("home", (0, ""))[1].strip() or None,
+                     runtimes=tuple(r for r in sections.get("runtimes", (0, ""))[1].split()
+                                    if r in CONTAINER_RUNTIMES))
 
 
 def _nvidia_smi(text: str) -> tuple[list[Gpu], list[str]]:

@@ -68,11 +68,19 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra import caches
-from corral.infra.shell import check_token, render_env
+from corral.infra.shell import check_token, container_wrapper, render_env
 from corral.infra.sshpool import dev as pooldev
 from corral.infra.sshpool import claims, moves, runner
 from corral.infra.sshpool.moves import MOVE_GRACE_SECONDS
-from corral.infra.sshpool.inventory import MARK, Gpu, Inventory, Wants, inventory_script, parse_inventory
+from corral.infra.sshpool.inventory import (
+    CONTAINER_RUNTIMES,
+    MARK,
+    Gpu,
+    Inventory,
+    Wants,
+    inventory_script,
+    parse_inventory,
+)
 from corral.infra.sshpool.submissions import CacheSync, MachineSubmissions
 from corral.ssh import SshTransport
 from corral.timefmt import slurm_time
@@ -147,8 +155,11 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         partition = Partition(self.pool.name, True, "UP", "UNLIMITED", None, len(nodes))
         waiting = tuple(PendingDemand((self.pool.name,), w.gpu_type or None, w.gpus)
                         for inventory in self._inventories.values() for w in inventory.queued)
+        answered = [self._inventories[n.name] for n in nodes if n.usable and n.name in self._inventories]
+        runtimes = tuple(r for r in CONTAINER_RUNTIMES if all(r in i.runtimes for i in answered))  # on every one
         return ClusterSnapshot(self.pool.name, None, tuple(nodes), (partition,), waiting, kind="ssh",
-                               probe_seconds=time.monotonic() - started, warnings=tuple(warnings))
+                               probe_seconds=time.monotonic() - started, warnings=tuple(warnings),
+                               container_runtimes=runtimes)
 
     async def _inventory(self, host: str) -> Inventory:
         result = await self.transport.run(host, inventory_script(), timeout=self.transport.timeout)
@@ -338,6 +349,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                else runner.holder_script(request, self.pool.name, rank, addresses, idle_seconds))
         files = {"job.sh": job,
                  "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
+        if request.container_image and idle_seconds is None:
+            files[runner.CONTAINER_FILE] = container_wrapper(request.container_runtime or "", request.container_image,
+                                                             request.accelerators_per_node > 0)
         pending = self._pending.get(request.token, [])
         return await self._send_and_start(host, rank, request, ranked, pending, files, may_queue)
 

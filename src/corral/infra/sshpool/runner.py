@@ -84,6 +84,7 @@ WATCHDOG = (ALIVE + EXEC_GROUPS
             '  sleep $(( left < 10 ? left : 10 ))\n'
             "done\n")
 MOUNTS_STAGE = "mounts"  # in a run dir: file mounts kept apart until the workdir is copied from its cache
+CONTAINER_FILE = "container.sh"  # in a run dir: runs setup and run in the task's image (shell.container_wrapper)
 
 
 def run_dir(token: str) -> str:
@@ -98,7 +99,7 @@ def run_dir_word(token: str) -> str:
 def job_script(request: JobRequest, pool: str, rank: int = 0, node_addresses: Sequence[str] = ()) -> str:
     """job.sh: the task on one machine, as node `rank` of the request's nodes. `node_addresses`: every
     node's, rank 0 first (a single node finds its own)."""
-    lines = _prologue(request, pool, rank, node_addresses, "the task")
+    lines = _prologue(request, pool, rank, node_addresses, "the task", in_image=bool(request.container_image))
     lines += [
         'with_env "$CORRAL_RUN_DIR/run.sh"; rc=$?',
         'echo "$rc" > "$CORRAL_RUN_DIR/exit_code.new" && mv "$CORRAL_RUN_DIR/exit_code.new" "$CORRAL_RUN_DIR/exit_code"',
@@ -132,8 +133,11 @@ def holder_script(request: JobRequest, pool: str, rank: int, node_addresses: Seq
     return "\n".join(lines) + "\n"
 
 
-def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequence[str], what: str) -> list[str]:
-    """Corral's variables, the workdir, the cancel fence and setup (its failure recorded), as bash lines."""
+def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequence[str], what: str,
+              in_image: bool = False) -> list[str]:
+    """Corral's variables, the workdir, the cancel fence and setup (its failure recorded), as bash lines.
+    `in_image`: setup and run go through the run dir's `container.sh` (CONTAINER_FILE), with the
+    image's bash; Corral's own commands stay on the host."""
     nodes = str(request.num_nodes)
     variables = {
         "CORRAL_TASK_ID": request.task_ids[0], "SKYPILOT_TASK_ID": request.task_ids[0],
@@ -157,13 +161,14 @@ def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequenc
         'cd "$CORRAL_RUN_DIR/workdir" || exit 1',
         'if [ -e "$CORRAL_RUN_DIR/cancelled" ]; then echo "corral: cancelled before it started"; exit 143; fi',
     ]
+    inside = f'"$BASH" "$CORRAL_RUN_DIR/{CONTAINER_FILE}" bash' if in_image else '"$BASH"'
     if request.time_limit_seconds:  # counted from here, setup included, as Slurm counts a job's
         lines += [f"printf -v corral_now '%(%s)T' -1; echo $(( corral_now + {int(request.time_limit_seconds)} )) "
                   '> "$CORRAL_RUN_DIR/deadline"',
                   f'setsid "$BASH" -c {shlex.quote(WATCHDOG)} corral-walltime "$$" "$CORRAL_RUN_DIR" '
                   "</dev/null >/dev/null 2>&1 &"]
     return lines + [
-        'with_env() { "$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env "$CORRAL_RUN_DIR/env.sh" "$@"; }',
+        f'with_env() {{ {inside} -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env "$CORRAL_RUN_DIR/env.sh" "$@"; }}',
         'if [ -s "$CORRAL_RUN_DIR/setup.sh" ]; then',
         '  with_env "$CORRAL_RUN_DIR/setup.sh"; rc=$?',
         '  if [ "$rc" -ne 0 ]; then',
@@ -209,6 +214,10 @@ def submit_script(request: JobRequest, pool: str, files: dict[str, str], configu
              f'[ "$mem_free" -lt {memory} ] && reject "$host has $mem_free MB of memory free, not {memory}"\n'
              f'reject "$host has $cpus_free free CPU(s), not {cpus}"')
     memory_file = f'printf "%s\\n" {memory} > "$d/memory"\n' if memory else ""
+    runtime = ""
+    if request.container_image:  # a machine without the pool's runtime (added since the probe) refuses
+        word = shlex.quote(request.container_runtime or "")
+        runtime = f'command -v {word} >/dev/null 2>&1 || reject "$host has no {word} to run the image"\n'
     memory_total = ('free_mem; [ "$mem_total" -lt ' + f'{memory} ] && '
                     f'reject "$host has $mem_total MB of memory, not {memory}"\n' if memory else "")
     return f"""\
@@ -225,7 +234,7 @@ existing() {{
 }}
 flock -w 20 9 || {{ existing; reject "another launch on $host holds its lock"; }}
 existing
-{claims.install(configured)}mkdir -p "$d/workdir" || exit 1
+{runtime}{claims.install(configured)}mkdir -p "$d/workdir" || exit 1
 {copy}{writes}printf '%s %s %s\\n' {gpus} {cpus} {kind} > "$d/wants"
 printf '%s\\n' "$host" > "$d/host"
 {memory_file}fits "$d"
