@@ -49,6 +49,18 @@ def session(home: Path, script: str, **kwargs) -> subprocess.Popen:
                             env={**os.environ, "HOME": str(home)}, start_new_session=True, **kwargs)
 
 
+def running_exec(home: Path, exec_id: str, seconds: str) -> subprocess.Popen:
+    """An exec of `sleep <seconds>` (a duration no other test's process uses: the tests look for it among
+    every process on the machine), once it has said it started."""
+    script = exec_script(TOKEN, exec_id, {}, f"echo started; sleep {seconds} & wait")
+    runner = session(home, script)
+    assert runner.stdin is not None and runner.stdout is not None
+    runner.stdin.write(script)
+    runner.stdin.close()
+    assert runner.stdout.readline() == "started\n"
+    return runner
+
+
 def run(home: Path, script: str) -> tuple[int, str]:
     proc = session(home, script)
     out, _ = proc.communicate(script, timeout=30)
@@ -89,14 +101,8 @@ def test_autostop_gives_the_holder_a_new_limit_counted_from_now(home):
 
 
 def test_cancel_ends_the_exec_and_its_followers_not_the_holder(home):
-    # A duration no other test's process uses: the check below looks at every process on the machine,
-    # and a testbed job's `sleep 300` still being cancelled once failed it.
-    script = exec_script(TOKEN, "c-0002", {}, "echo started; sleep 3017 & wait")
-    runner = session(home, script)
-    assert runner.stdin is not None and runner.stdout is not None
-    runner.stdin.write(script)
-    runner.stdin.close()
-    assert runner.stdout.readline() == "started\n"
+    # Its own duration: a testbed job's `sleep 300` still being cancelled once failed the check below.
+    runner = running_exec(home, "c-0002", "3017")
     follower = session(home, exec_output_script(TOKEN, "c-0002", follow=True))
     follower.stdin.write(exec_output_script(TOKEN, "c-0002", follow=True))
     follower.stdin.close()
@@ -127,12 +133,7 @@ def test_a_cancel_that_lands_before_the_exec_began_or_between_its_setup_and_run_
 
 def test_down_ends_the_execs_still_running_in_the_allocation(home):
     """Else they would go on using the GPUs the holder gives back to the machine's queue."""
-    script = exec_script(TOKEN, "c-0009", {}, "echo started; sleep 3019 & wait")
-    runner = session(home, script)
-    assert runner.stdin is not None and runner.stdout is not None
-    runner.stdin.write(script)
-    runner.stdin.close()
-    assert runner.stdout.readline() == "started\n"
+    runner = running_exec(home, "c-0009", "3019")
     assert run(home, release_script([TOKEN])) == (0, "")
     assert runner.wait(timeout=15) == -15
     wait_for("no sleep 3019 left", lambda: not runs_somewhere("sleep", "3019"), timeout=15)
