@@ -56,7 +56,6 @@ def start_text(*, can_start_now: bool, predicted_start: float | None, prediction
 
 def slurm_time(seconds: float) -> str:
     """A duration as Slurm writes a time limit or the time left: 4:05:09, 2-00:00:00 (never negative)."""
-    seconds = max(0, int(seconds))
-    days, rest = divmod(seconds, 86400)
-    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}" if days else text
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    minutes_seconds = f"{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{rest // 3600:02d}:{minutes_seconds}" if days else f"{rest // 3600}:{minutes_seconds}"

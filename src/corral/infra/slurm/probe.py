@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from corral.errors import ClusterError, ProbeParseError, SlurmControllerError
 from corral.infra.base import ClusterSnapshot
-from corral.infra.shell import checked
+from corral.infra.shell import WRAPPED_RUNTIMES, checked
 from corral.task import SAFE_PATH, expandable
 from corral.infra.slurm.parsing import (
     SINFO_FIELDS,
@@ -75,7 +75,7 @@ _FACTS_LINES = f"""\
 printf '\\n{MARK} version 0\\n'; sinfo --version 2>&1
 printf '\\n{MARK} homefs 0\\n'; stat -f -c %T "$HOME" 2>/dev/null
 printf '\\n{MARK} runtimes 0\\n'; srun --help 2>&1 | grep -q -e --container-image && echo pyxis
-for r in apptainer singularity; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
+for r in {" ".join(WRAPPED_RUNTIMES)}; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
 """
 
 

@@ -141,12 +141,11 @@ def cancel_exec_script(token: str, exec_id: str) -> str:
     script, its command, their children), not the holder; KILL what is left 10 s later. Its marker
     first: an exec that has not yet written its `pid` ends as soon as it has."""
     folder = _exec_dir(token, exec_id)
-    return (ALIVE + f"e={folder}\n"
+    return (ALIVE + EXEC_GROUPS + f"e={folder}\n"
             + leave_cancel_marker(run_dir_word(token), '"$e"')
             + f'[ -e "$e/{EXEC_ENDED}" ] && exit 0\n'
-            + 'read -r pid since < "$e/pid" 2>/dev/null && alive "$pid" "$since" || exit 0\n'
-            + 'group=$(ps -o pgid= -p "$pid" | tr -d " "); mine=$(ps -o pgid= -p "$$" | tr -d " ")\n'
-            + '[ -n "$group" ] && [ "$group" != "$mine" ] || exit 0\n'
+            + 'group=$(exec_group "$e") || exit 0\n'
+            + 'read -r pid since < "$e/pid"\n'
             + 'kill -TERM -- "-$group" 2>/dev/null\n'
             + '( sleep 10; alive "$pid" "$since" && kill -KILL -- "-$group" 2>/dev/null ) '
             + "</dev/null >/dev/null 2>&1 &\nexit 0\n")

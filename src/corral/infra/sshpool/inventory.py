@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from corral.errors import ProbeParseError
+from corral.infra.shell import WRAPPED_RUNTIMES
 
 MARK = "@@corral"
 NVIDIA_SMI_TIMEOUT = 10  # seconds; a wedged driver makes nvidia-smi hang
@@ -20,8 +21,6 @@ QUERY = "index,name,memory.total,uuid"
 POOL_DIR = ".corral/pool"  # under the home; then <hostname>/
 RUNS_DIR = ".corral/runs"  # under the home; then <token>/
 HOME_ID = ".corral/home-id"  # under the home: random, made once, so machines that share a home are told apart
-# What runs a task's image on a machine (its `container.sh`: infra/shell.container_wrapper).
-CONTAINER_RUNTIMES = ("apptainer", "singularity")
 # Bash: `alive PID START` is true while that very process runs (START: its start time, field 22 of
 # /proc/PID/stat, read after the command name, which may hold spaces); `started PID` prints it, and
 # fails for a zombie (a task whose parent is gone waits there until init reaps it: it is over).
@@ -77,7 +76,7 @@ if [ ! -s "$f" ]; then
 fi
 printf '\\n{MARK} home 0\\n'; cat "$f" 2>/dev/null
 printf '\\n{MARK} runtimes 0\\n'
-for r in {" ".join(CONTAINER_RUNTIMES)}; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
+for r in {" ".join(WRAPPED_RUNTIMES)}; do command -v "$r" >/dev/null 2>&1 && echo "$r"; done
 printf '\\n{MARK} end 0\\n'
 """
 
@@ -105,7 +104,7 @@ class Inventory:
     memory_claimed_mb: int = 0  # by Corral's live tasks there
     queued: tuple[Wants, ...] = ()  # the tasks waiting in its queue, oldest first
     home: str | None = None  # its home's id (HOME_ID): the same on machines that share a home
-    runtimes: tuple[str, ...] = ()  # the container runtimes it has (CONTAINER_RUNTIMES)
+    runtimes: tuple[str, ...] = ()  # those of shell.WRAPPED_RUNTIMES on its PATH: what can run an image there
 
     @property
     def free_gpus(self) -> list[Gpu]:
@@ -183,7 +182,7 @@ def parse_inventory(machine: str, stdout: str, configured: tuple[Gpu, ...] = ())
                      cpus_claimed=claimed[0], memory_claimed_mb=claimed[1], queued=tuple(queued),
                      home=sections.get("home", (0, ""))[1].strip() or None,
                      runtimes=tuple(r for r in sections.get("runtimes", (0, ""))[1].split()
-                                    if r in CONTAINER_RUNTIMES))
+                                    if r in WRAPPED_RUNTIMES))
 
 
 def _nvidia_smi(text: str) -> tuple[list[Gpu], list[str]]:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeGuard
 
 from corral.config import PoolEntry
 from corral.errors import ClusterError, ClusterUnreachableError, CorralError, ProbeParseError
@@ -68,12 +68,11 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra import caches
-from corral.infra.shell import check_token, container_wrapper, render_env
+from corral.infra.shell import WRAPPED_RUNTIMES, check_token, container_wrapper, render_env
 from corral.infra.sshpool import dev as pooldev
 from corral.infra.sshpool import claims, moves, runner
 from corral.infra.sshpool.moves import MOVE_GRACE_SECONDS
 from corral.infra.sshpool.inventory import (
-    CONTAINER_RUNTIMES,
     MARK,
     Gpu,
     Inventory,
@@ -82,7 +81,7 @@ from corral.infra.sshpool.inventory import (
     parse_inventory,
 )
 from corral.infra.sshpool.submissions import CacheSync, MachineSubmissions
-from corral.ssh import SshTransport
+from corral.ssh import RemoteResult, SshTransport
 from corral.timefmt import slurm_time
 
 JOB_TIMEOUT = 30
@@ -156,7 +155,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         waiting = tuple(PendingDemand((self.pool.name,), w.gpu_type or None, w.gpus)
                         for inventory in self._inventories.values() for w in inventory.queued)
         answered = [self._inventories[n.name] for n in nodes if n.usable and n.name in self._inventories]
-        runtimes = tuple(r for r in CONTAINER_RUNTIMES if all(r in i.runtimes for i in answered))  # on every one
+        runtimes = tuple(r for r in WRAPPED_RUNTIMES if all(r in i.runtimes for i in answered))  # on every one
         return ClusterSnapshot(self.pool.name, None, tuple(nodes), (partition,), waiting, kind="ssh",
                                probe_seconds=time.monotonic() - started, warnings=tuple(warnings),
                                container_runtimes=runtimes)
@@ -402,10 +401,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         asked_handles = set(handles)
         now = time.time()
         for (host, tokens), answer in zip(by_host.items(), answers):
-            if isinstance(answer, BaseException):
-                if not isinstance(answer, ClusterError):
-                    raise answer
-                since = self._silent_since.setdefault(host, now)
+            if not self._answered(answer, host, now):  # answer is the ClusterError
+                since = self._silent_since[host]
                 if now - since < MACHINE_GRACE_SECONDS:
                     for t in tokens:
                         found[(host, t)] = JobStatus(f"{host}/{t}", t, JobState.UNKNOWN, "NO_ANSWER",
@@ -416,7 +413,6 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                                                  f"{host} has not answered for {now - since:.0f} s ({answer.detail})",
                                                  None, None, now, None, failure=FailureClass.INFRA)
                 continue
-            self._silent_since.pop(host, None)
             for status in _statuses(host, answer.stdout):
                 found[(host, status.token or "")] = status
             marks.update({(host, token): mark for token, mark in _move_marks(answer.stdout).items()})
@@ -579,12 +575,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         answered: set[str] = set()
         now = time.time()
         for target, answer in zip(asks, answers):
-            if isinstance(answer, BaseException):
-                if not isinstance(answer, ClusterError):
-                    raise answer
-                self._silent_since.setdefault(target, now)
+            if not self._answered(answer, target, now):
                 continue
-            self._silent_since.pop(target, None)
             answered.add(target)
             there.update({s.token or "": s for s in _statuses(target, answer.stdout)})
         for (host, token), (kind, machine, since) in marks.items():
@@ -605,6 +597,17 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             state = JobState.PENDING if kind == "moving" else JobState.UNKNOWN
             found[(host, token)] = JobStatus(f"{host}/{token}", token, state, "MOVING",
                                              f"Resources (moving from {host} to {machine})", None, None, None, None)
+
+    def _answered(self, answer: RemoteResult | BaseException, host: str, now: float) -> TypeGuard[RemoteResult]:
+        """Did the machine answer (`answer`: a round trip's result, or what it raised)? One that does not is
+        silent since the first time it did not (_silent_since); what is not a ClusterError is raised."""
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, ClusterError):
+                raise answer
+            self._silent_since.setdefault(host, now)
+            return False
+        self._silent_since.pop(host, None)
+        return True
 
     async def _settle_quietly(self, host: str, token: str, taken: bool, target: str | None = None) -> None:
         """settle_script on the machine a task left (a failure leaves the mark for the next pass); a

@@ -31,16 +31,15 @@ from corral.infra.sshpool import claims
 from corral.infra.sshpool.inventory import ALIVE, MARK, POOL_DIR
 
 RUNS_DIR = claims.RUNS_DIR
-# Bash: the process groups of the execs still running in the allocation whose run dir is $1 (each its
-# ssh session's: the exec's script, its command, their children), this script's own left out.
-EXEC_GROUPS = ('exec_groups() {\n'
-               '  local f xp xs g mine; mine=$(ps -o pgid= -p $$ | tr -d " ")\n'
-               '  for f in "$1"/exec/*/pid; do\n'
-               '    read -r xp xs < "$f" 2>/dev/null && alive "$xp" "$xs" || continue\n'
-               '    g=$(ps -o pgid= -p "$xp" | tr -d " "); [ -n "$g" ] && [ "$g" != "$mine" ] && echo "$g"\n'
-               '  done\n'
-               '  return 0\n'
-               '}\n')
+# Bash (after ALIVE): `exec_group FOLDER` prints the process group of the exec in that folder while it
+# runs (its ssh session's: the exec's script, its command, their children), and fails otherwise or when
+# it is this script's own; `exec_groups RUN_DIR` prints those of every exec running in an allocation.
+EXEC_GROUPS = ('exec_group() {\n'
+               '  local xp xs g; read -r xp xs < "$1/pid" 2>/dev/null && alive "$xp" "$xs" || return 1\n'
+               '  g=$(ps -o pgid= -p "$xp" | tr -d " ")\n'
+               '  [ -n "$g" ] && [ "$g" != "$(ps -o pgid= -p $$ | tr -d " ")" ] && echo "$g"\n'
+               '}\n'
+               'exec_groups() { local f; for f in "$1"/exec/*/; do exec_group "$f"; done; return 0; }\n')
 
 
 def _release(token: str) -> str:
