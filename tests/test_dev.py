@@ -53,6 +53,22 @@ def test_a_task_asking_for_more_or_elsewhere_says_what_and_what_is_held():
     assert unmet(no_gpu, "slurm", task("resources:\n  accelerators: H100:1\n")) == "H100:1 (it holds no GPU)"
 
 
+def test_an_exec_runs_in_the_allocations_image_and_a_task_naming_another_is_refused():
+    in_image = held("resources:\n  image_id: docker:ubuntu:22.04\n  cpus: 1\n", gres=None, gpus=0)
+    for asks in ("run: x\n", "resources:\n  image_id: docker:ubuntu:22.04\n"):
+        assert unmet(in_image, "slurm", task(asks)) is None, asks
+    assert unmet(in_image, "slurm", task("resources:\n  image_id: docker:python:3.12\n")) == (
+        "image_id docker:python:3.12 (it runs in docker:ubuntu:22.04)")
+    on_hosts = held("resources:\n  cpus: 1\n", gres=None, gpus=0)
+    assert unmet(on_hosts, "slurm", task("resources:\n  image_id: docker:ubuntu:22.04\n")) == (
+        "image_id docker:ubuntu:22.04 (it runs on its hosts, in no image)")
+    # an allocation recorded before images were: its key has none, and it ran on its hosts
+    recorded = held("resources:\n  cpus: 1\n", gres=None, gpus=0)
+    recorded.resources = json.dumps({k: v for k, v in json.loads(recorded.resources).items() if k != "image_id"})
+    assert unmet(recorded, "slurm", task("run: x\n")) is None
+    assert unmet(recorded, "slurm", task("resources:\n  image_id: docker:ubuntu:22.04\n")).startswith("image_id")
+
+
 def test_an_exec_takes_the_gpus_its_task_names_and_none_when_it_names_none():
     row = held("resources:\n  accelerators: H100:2\n  cpus: 8\n")
     cases = {

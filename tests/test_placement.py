@@ -112,6 +112,24 @@ def test_image_needs_a_container_runtime_and_gets_the_preferred_one():
     assert all(c.container_runtime is None for c in plan_for({"resources": {"accelerators": "B300:1"}}).candidates)
 
 
+def test_a_dev_allocation_holds_its_image_with_a_wrapped_runtime_and_never_with_pyxis():
+    from dataclasses import replace
+
+    from corral.placement import holding_runtime
+
+    data = {"resources": {"accelerators": "B300:1", "image_id": "docker:ubuntu:22.04"}}
+    for found, held in ((("pyxis", "singularity"), "singularity"), (("apptainer",), "apptainer")):
+        cirrus = replace(SNAPSHOTS["cirrus"], container_runtimes=found)
+        [best] = plan_for(data, {**SNAPSHOTS, "cirrus": cirrus}).feasible()
+        assert (holding_runtime(best, cirrus).feasible, holding_runtime(best, cirrus).container_runtime) == (True, held)
+    cirrus = replace(SNAPSHOTS["cirrus"], container_runtimes=("pyxis",))
+    [best] = plan_for(data, {**SNAPSHOTS, "cirrus": cirrus}).feasible()
+    refused = holding_runtime(best, cirrus)
+    assert (refused.feasible, refused.startable_now, refused.reason) == (
+        False, False, "a dev allocation runs its image with Apptainer or Singularity; cirrus offers only Pyxis "
+                      "(a task without -c runs there)")
+
+
 def test_slurm_minutes():
     assert slurm_minutes("90") == 90
     assert slurm_minutes("4:00:00") == 240

@@ -115,7 +115,7 @@ class AllocationStatus:
             "idle_limit_seconds": r.idle_seconds or None, "time_left": self.time_left,
             "setup_output": self.setup_output or None, "cpus_per_node": r.held_cpus,
             "memory_gb_per_node": r.held_memory_mb / 1024 if r.held_memory_mb else None,  # exact: MB / 2**10
-            "expected_start": self.expected_start,
+            "expected_start": self.expected_start, "image_id": json.loads(r.resources).get("image_id"),
         }
 
 
@@ -199,12 +199,14 @@ def check_name(name: str) -> str:
 
 
 def resources_key(task: Task) -> str:
-    """What identifies an allocation's shape: GPUs, nodes, CPUs, memory, infra."""
+    """What identifies an allocation's shape: GPUs, nodes, CPUs, memory, infra, and the image its setup,
+    execs and shells run in."""
     option = resource_options(task.resources)[0]
     return json.dumps({"accelerator": str(option.accelerator) if option.accelerator else None,
                        "num_nodes": task.num_nodes, "cpus": str(option.cpus) if option.cpus else None,
                        "memory": str(option.memory_gb) if option.memory_gb else None,
-                       "infra": str(option.infra) if option.infra.cluster else None}, sort_keys=True)
+                       "infra": str(option.infra) if option.infra.cluster else None,
+                       "image_id": option.image_id}, sort_keys=True)
 
 
 class DevAllocations:
@@ -629,7 +631,7 @@ class DevAllocations:
         if self.local and row.owner == self.owner:
             return shlex.join(["corral", "ssh", row.name])
         try:
-            remote = self._holder(row.cluster, row.owner).login_shell_command(row.handle, status.nodes[0])
+            remote = self._holder(row.cluster, row.owner).login_shell_command(row.handle, status.nodes[0], row.run_dir)
             login = self.client.accounts.login(row.owner, row.cluster) if self.client.accounts else None
         except CorralError:
             return None
@@ -640,7 +642,7 @@ class DevAllocations:
         [status] = await self.status([row])
         if status.state is not AllocationPhase.READY or not status.nodes:
             raise CorralError(f"allocation {name!r} is {status.state}; cannot open a shell in it")
-        return self._holder(row.cluster, row.owner).shell_argv(row.handle or "", status.nodes[0], command)
+        return self._holder(row.cluster, row.owner).shell_argv(row.handle or "", status.nodes[0], row.run_dir, command)
 
     async def write_ssh_alias(self, row: AllocationRow, status: AllocationStatus) -> Path | None:
         """An ssh config Include so that plain `ssh NAME` and editors' remote-SSH reach the head node
@@ -748,6 +750,11 @@ def _shortfall(row: AllocationRow, kind: str, option: ResourceOption) -> list[st
         elif given[what] < asked.value:
             out.append(f"{what}={asked}{unit} (it was held without a number of {what}; the infra gave it "
                        f"{given[what]:g}{unit} per node)")
+    # An exec runs in the allocation's image (or on its hosts): a task naming another cannot run there.
+    # Allocations held before images were recorded ran on their hosts.
+    if option.image_id and option.image_id != held.get("image_id"):
+        out.append(f"image_id {option.image_id} (it runs "
+                   + (f"in {held['image_id']})" if held.get("image_id") else "on its hosts, in no image)"))
     where = option.infra
     if ((where.kind and where.kind != kind) or (where.cluster and where.cluster != row.cluster)
             or (where.partition and where.partition != row.partition)):

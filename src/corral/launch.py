@@ -41,7 +41,7 @@ from corral.infra.base import (
     new_token,
 )
 from corral.liveness import process_tag
-from corral.placement import Candidate, Plan, build_plan, slurm_minutes
+from corral.placement import Candidate, Plan, build_plan, holding_runtime, slurm_minutes
 from corral.profiles import RunSettings, apply_profiles, with_prefix
 from corral.script_task import (
     copy_indices,
@@ -225,6 +225,8 @@ class Launcher:
         if holding:
             plan.candidates = [c if not c.feasible or isinstance(self.client.infra(c.cluster, owner), HoldsAllocations)
                                else replace(c, feasible=False, startable_now=False, startable_copies=0, reason=CANNOT_HOLD)
+                               for c in plan.candidates]
+            plan.candidates = [holding_runtime(c, snapshots[c.cluster]) if c.cluster in snapshots else c
                                for c in plan.candidates]
         feasible = plan.feasible()
         if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from corral.constraints import Constraint, parse_constraint
 from corral.gpu_names import gpu_matches, normalize_gpu_name
 from corral.infra.base import ClusterSnapshot, Node, Partition
+from corral.infra.shell import WRAPPED_RUNTIMES
 from corral.task import ResourceOption, Task
 
 if TYPE_CHECKING:
@@ -267,6 +268,21 @@ CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity", "kubernetes")
 def container_runtime(snapshot: ClusterSnapshot) -> str | None:
     """The runtime a task's image would run with on this cluster, or None."""
     return next((r for r in CONTAINER_RUNTIMES if r in snapshot.container_runtimes), None)
+
+
+def holding_runtime(candidate: Candidate, snapshot: ClusterSnapshot) -> Candidate:
+    """A feasible candidate of a dev allocation with an image, as it holds it: with Apptainer or
+    Singularity where the cluster has one, else not feasible, saying why: its setup, execs and shells
+    each enter the image with a wrapper (`container_wrapper`), which Pyxis, an option of each srun
+    step, does not fit."""
+    if not candidate.feasible or candidate.container_runtime != "pyxis":
+        return candidate
+    runtime = next((r for r in WRAPPED_RUNTIMES if r in snapshot.container_runtimes), None)
+    if runtime is not None:
+        return replace(candidate, container_runtime=runtime)
+    return replace(candidate, feasible=False, startable_now=False, startable_copies=0,
+                   reason=f"a dev allocation runs its image with Apptainer or Singularity; {snapshot.cluster} "
+                          "offers only Pyxis (a task without -c runs there)")
 
 
 # Among places that can start a task equally soon: Slurm clusters first, then SSH pools, then Kubernetes.

@@ -675,3 +675,44 @@ def test_an_attached_exec_on_a_pending_allocation_waits_in_the_queue_and_ends_as
     job_id = said.split()[1]
     assert f"corral: {job_id} FAILED on slurm/cirrus/debug (exit code 3)" in err, err
     assert corral("down", "soon").exit_code == 0
+
+
+IMAGE_TASK = """\
+resources:
+  image_id: docker:ubuntu:22.04
+  cpus: 1
+setup: echo "setup in ${CORRAL_TESTBED_CONTAINER:-no image}"
+run: echo "run in ${CORRAL_TESTBED_CONTAINER:-no image}"
+"""
+IN_WHAT = 'echo "in ${CORRAL_TESTBED_CONTAINER:-no image} on $(hostname)"'
+
+
+def test_an_allocation_with_an_image_runs_its_setup_execs_and_shells_in_it(corral, clean, tmp_path):
+    """`launch -c` with an image ran its setup and execs on the host: the image was dropped unsaid. On the
+    testbed, cirrus's Apptainer is a stand-in that names the image it was given (test_containers.py)."""
+    task = tmp_path / "image.yaml"
+    task.write_text(IMAGE_TASK)
+    up = corral("launch", "-c", "boxed", str(task))
+    assert up.exit_code == 0, up.stderr
+    assert "setup in ubuntu:22.04\n" in up.stdout and up.stdout.endswith("run in ubuntu:22.04\n"), up.stdout
+    held = status(corral, "boxed")
+    assert (held["cluster"], held["image_id"]) == ("cirrus", "docker:ubuntu:22.04")  # the one with a runtime
+    row = next(line for line in corral("status").stdout.splitlines() if "boxed" in line)
+    assert "1x cpu, cpu=1, mem=" in row and ", image=ubuntu:22.04 " in row, row
+    ran = corral("exec", "boxed", "--", IN_WHAT)
+    assert ran.exit_code == 0 and ran.stdout.startswith("in ubuntu:22.04 on "), (ran.stdout, ran.stderr)
+    shell = corral("ssh", "boxed", "--", IN_WHAT)
+    assert shell.exit_code == 0 and shell.stdout.startswith("in ubuntu:22.04 on "), (shell.stdout, shell.stderr)
+    # another image is not what it holds: refused, as a task asking for more GPUs than it holds is
+    task.write_text(IMAGE_TASK.replace("ubuntu:22.04", "python:3.12-slim"))
+    other = corral("exec", "boxed", str(task))
+    assert other.exit_code != 0 and "image_id docker:python:3.12-slim (it runs in docker:ubuntu:22.04)" in \
+        other.stderr, other.stderr
+    again = corral("launch", "-c", "boxed", str(task))
+    assert again.exit_code != 0 and "(it runs in docker:ubuntu:22.04)" in again.stderr, again.stderr
+    assert corral("down", "boxed").exit_code == 0
+    # without an image, the same commands run on the node itself
+    plain = corral("launch", "-c", "bare", "--infra", "slurm/cirrus/debug", "--cpus", "1", "--", IN_WHAT)
+    assert plain.exit_code == 0 and plain.stdout.startswith("in no image on "), plain.stdout
+    assert corral("ssh", "bare", "--", IN_WHAT).stdout.startswith("in no image on ")
+    assert corral("down", "bare").exit_code == 0

@@ -699,3 +699,24 @@ def test_an_image_runs_on_the_pool_where_every_machine_has_a_runtime(corral, poo
     finally:
         standin.with_name("apptainer.away").rename(standin)
         corral("server", "stop", env=fresh)
+
+
+def test_a_pool_allocation_with_an_image_runs_its_setup_execs_and_shells_in_it(corral, pool_env, tmp_path):
+    """As on Slurm (test_dev.py): the holder writes container.sh, and setup, each exec and each `corral ssh`
+    go through it, with `--nv` for an allocation holding GPUs."""
+    task = tmp_path / "image.yaml"
+    task.write_text("resources:\n  infra: ssh/lab\n  image_id: docker:ubuntu:22.04\n  accelerators: A100:1\n"
+                    'setup: echo "setup in $CORRAL_TESTBED_CONTAINER"\n')
+    up = corral("launch", "-c", "labimage", str(task), env=pool_env)
+    assert (up.exit_code, up.stdout) == (0, "setup in ubuntu:22.04\n"), up.stderr
+    said = ('echo "in ${CORRAL_TESTBED_CONTAINER:-no image} gpus=${CORRAL_TESTBED_CONTAINER_GPUS:-0} '
+            '$CUDA_VISIBLE_DEVICES"')
+    held = next(s for s in corral("status", "--json", env=pool_env).json() if s["name"] == "labimage")
+    ran = corral("exec", "labimage", "--gpus", "A100:1", "--", said, env=pool_env)
+    assert ran.exit_code == 0, ran.stderr
+    words = ran.stdout.split()
+    assert words[:2] == ["in", "ubuntu:22.04"] and words[2] == "gpus=1", ran.stdout
+    shell = corral("ssh", "labimage", "--", said, env=pool_env)
+    assert (shell.exit_code, shell.stdout) == (0, ran.stdout), shell.stderr  # the same GPU: the one held
+    assert held["state"] == "READY" and held["infra"] == "ssh/lab"
+    assert corral("down", "labimage", env=pool_env).exit_code == 0

@@ -287,7 +287,8 @@ def render_status(allocations: list[dict[str, Any]]) -> None:
         idle = duration(idle_for) if isinstance(idle_for, (int, float)) and a["state"] == "READY" else "-"
         limit = f"/{duration(a['idle_limit_seconds'])}" if a.get("idle_limit_seconds") else ""
         given = (f", cpu={a['cpus_per_node']}" if a.get("cpus_per_node") else "") + (
-            f", mem={_memory(a['memory_gb_per_node'])}" if a.get("memory_gb_per_node") else "")
+            f", mem={_memory(a['memory_gb_per_node'])}" if a.get("memory_gb_per_node") else "") + (
+            f", image={str(a['image_id']).removeprefix('docker:')}" if a.get("image_id") else "")
         table.add_row(str(a["name"]), place_of(a).removeprefix("slurm/"),
                       f"{a['num_nodes']}x {a.get('accelerators') or a.get('gres') or 'cpu'}{given}",
                       state, duration(a["age_seconds"]), idle + limit, str(a.get("time_left") or "-"),

@@ -422,11 +422,12 @@ class HoldsAllocations(ABC):
         default nothing is kept back."""
 
     @abstractmethod
-    def shell_argv(self, handle: str, head_node: str, command: str | None) -> list[str]:
-        """The local argv of `corral ssh`: a shell on the head node, interactive, or running `command`."""
+    def shell_argv(self, handle: str, head_node: str, run_dir: str, command: str | None) -> list[str]:
+        """The local argv of `corral ssh`: a shell on the head node, interactive, or running `command`;
+        in the allocation's image where it has one."""
 
     @abstractmethod
-    def login_shell_command(self, handle: str, head_node: str) -> str:
+    def login_shell_command(self, handle: str, head_node: str, run_dir: str) -> str:
         """What the allocation's owner runs on the login node, in their own ssh session there, for a shell
         on the head node (the dashboard's copyable command for users who log in themselves)."""
 

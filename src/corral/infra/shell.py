@@ -182,6 +182,7 @@ class UnsafeScriptValueError(TaskError):
 
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/:@]*\Z", re.ASCII)
 WRAPPED_RUNTIMES = ("apptainer", "singularity")  # the runtimes container_wrapper drives
+CONTAINER_FILE = "container.sh"  # in a run dir: container_wrapper's script, which runs commands in the image
 
 
 def check_image(image: str) -> str:

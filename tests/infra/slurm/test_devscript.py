@@ -83,13 +83,15 @@ def test_session_proxy_command_is_validated_and_quoted():
 
 
 def test_shell_command_is_validated_and_quoted():
-    assert inner_script(shell_command("42", "b1", None)) == (
-        "exec srun --jobid=42 --overlap --nodes=1 --ntasks=1 -w b1 --pty bash -l")
-    assert inner_script(shell_command("42", "b1", "echo 'x' $(y)!\n")).endswith(
-        "bash -lc $'echo \\'x\\' $(y)\\x21\\n'")
+    in_image = ('d="$HOME"/\'.corral/runs/a b\'; inside=(); if [ -f "$d/container.sh" ]; then '
+                'export CORRAL_RUN_DIR="$d"; inside=(bash "$d/container.sh"); fi; ')
+    assert inner_script(shell_command("42", "b1", ".corral/runs/a b", None)) == (
+        in_image + 'exec srun --jobid=42 --overlap --nodes=1 --ntasks=1 -w b1 --pty "${inside[@]}" bash -l')
+    assert inner_script(shell_command("42", "b1", "r", "echo 'x' $(y)!\n")).endswith(
+        '"${inside[@]}" bash -lc $\'echo \\\'x\\\' $(y)\\x21\\n\'')
     for job_id, node in (("42;rm", "b1"), ("42", "b1;rm"), ("42", "$(x)")):
         with pytest.raises(ValueError):
-            shell_command(job_id, node, None)
+            shell_command(job_id, node, "r", None)
 
 
 def answer(squeue: str, files: str) -> str:

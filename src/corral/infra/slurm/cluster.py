@@ -279,14 +279,14 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     async def release(self, handle: str | None, run_dir: str) -> None:
         await self._run(devscript.down_script(handle, run_dir), timeout=JOB_TIMEOUT)
 
-    def shell_argv(self, handle: str, head_node: str, command: str | None) -> list[str]:
-        remote = devscript.shell_command(handle, head_node, command)
+    def shell_argv(self, handle: str, head_node: str, run_dir: str, command: str | None) -> list[str]:
+        remote = devscript.shell_command(handle, head_node, run_dir, command)
         # An interactive shell may prompt (a password, MFA): the one place Corral lifts BatchMode.
         options = ("-t", "-o", "BatchMode=no") if command is None else ()
         return self.transport.ssh_argv(self.cluster, [remote], options)
 
-    def login_shell_command(self, handle: str, head_node: str) -> str:
-        return devscript.shell_command(handle, head_node, None)
+    def login_shell_command(self, handle: str, head_node: str, run_dir: str) -> str:
+        return devscript.shell_command(handle, head_node, run_dir, None)
 
     async def ssh_route(self, name: str, handle: str, head_node: str, run_dir: str, sshd: bool) -> SshRoute:
         settings = await self.transport.host_settings(self.cluster)
@@ -294,4 +294,4 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
         if sshd:
             proxy = self.transport.ssh_argv(
                 self.cluster, [devscript.session_proxy_command(name, handle, head_node, run_dir)])
-        return SshRoute(settings, proxy, devscript.shell_command(handle, head_node, None))
+        return SshRoute(settings, proxy, devscript.shell_command(handle, head_node, run_dir, None))

@@ -15,6 +15,7 @@ import shlex
 
 from corral.infra.base import AllocationPhase, AllocationState, SessionKeys
 from corral.infra.shell import (
+    CONTAINER_FILE,
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_SETUP_FAILED,
@@ -41,6 +42,7 @@ from corral.infra.slurm.jobscript import (
     JOB_NAME_PREFIX,
     TASK_SH,
     SlurmJobSpec,
+    container_script,
     node_env_lines,
     sbatch_options,
     submit_script,
@@ -115,6 +117,9 @@ def holder_submit_script(spec: SlurmJobSpec, idle_seconds: int, envs: dict[str, 
              "setup.sh": setup or "", f"{SESSION_DIR}/host_key": session_keys.host_private_key,
              f"{SESSION_DIR}/authorized_keys": session_keys.authorized_key,
              f"{SESSION_DIR}/proxy.sh": session_proxy_script(spec.task_ids[0], spec.cluster, sorted(envs))}
+    wrapper = container_script(spec)  # task.sh runs setup and every exec through it; shell_command too
+    if wrapper is not None:
+        files[CONTAINER_FILE] = wrapper
     return submit_script(spec, files, job_name=DEV_PREFIX + spec.token)
 
 
@@ -359,14 +364,18 @@ def down_script(job_id: str | None, run_dir: str) -> str:
     return "\n".join(parts) + "\nexit 0\n"
 
 
-def shell_command(job_id: str, head_node: str, command: str | None) -> str:
-    """The remote command of `corral ssh`: a step on the head node, interactive or running `command`."""
+def shell_command(job_id: str, head_node: str, run_dir: str, command: str | None) -> str:
+    """The remote command of `corral ssh`: a step on the head node, interactive or running `command`; in
+    the allocation's image where it has one (its run dir's container.sh)."""
     _check_id(job_id)
     checked(_NODE_NAME, head_node, "a node name")
-    base = f"exec srun --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node}"
+    base = (f'd="$HOME"/{shlex.quote(run_dir)}; inside=(); '
+            f'if [ -f "$d/{CONTAINER_FILE}" ]; then export CORRAL_RUN_DIR="$d"; '
+            f'inside=(bash "$d/{CONTAINER_FILE}"); fi; '
+            f'exec srun --jobid={job_id} --overlap --nodes=1 --ntasks=1 -w {head_node}')
     if command is None:
-        return login_shell_line(f"{base} --pty bash -l")
-    return login_shell_line(f"{base} bash -lc {one_line_word(command)}")
+        return login_shell_line(f'{base} --pty "${{inside[@]}}" bash -l')
+    return login_shell_line(f'{base} "${{inside[@]}}" bash -lc {one_line_word(command)}')
 
 
 _ENDED_BECAUSE = {"TIMEOUT": "walltime ended", "NODE_FAIL": "a node failed", "CANCELLED": "cancelled",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from corral.config import env_number
 from corral.infra.base import JobRequest
 from corral.infra.shell import (
+    CONTAINER_FILE,
     WRAPPED_RUNTIMES,
     UnsafeScriptValueError,
     check_image,
@@ -414,7 +415,7 @@ def job_files(spec: SlurmJobSpec) -> dict[str, str]:
     }
     wrapper = container_script(spec)
     if wrapper is not None:
-        files["container.sh"] = wrapper
+        files[CONTAINER_FILE] = wrapper
     if spec.is_array:
         files["task_ids"] = "".join(f"{tid}\n" for tid in spec.task_ids)
     return files

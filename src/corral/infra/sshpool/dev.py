@@ -13,6 +13,7 @@ import shlex
 
 from corral.infra.base import EXIT_NOT_READY
 from corral.infra.shell import (
+    CONTAINER_FILE,
     EXEC_ENDED,
     EXEC_OUTPUT,
     EXEC_SETUP_FAILED,
@@ -51,6 +52,10 @@ def _exec_dir(token: str, exec_id: str) -> str:
     return f"{run_dir_word(token)}/{exec_folder(exec_id)}"
 
 
+# Bash (in the run dir `d`, its vars.sh sourced): `inside` is the bash that runs the allocation's
+# commands, in its image where the holder has one (the run dir's container.sh, as for its setup).
+_INSIDE = (f'inside=("$BASH"); [ -f "$d/{CONTAINER_FILE}" ] && inside=("$BASH" "$d/{CONTAINER_FILE}" bash)\n')
+
 CLAIMED = "corral: claimed its GPUs; waiting for the go"  # a multi-machine exec's line, on stdout only
 
 
@@ -77,7 +82,7 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup:
                       f'{holder_lives} || exit {EXIT_NOT_READY}; sleep 0.2; done\n')
 
     def step(command_file: str, tee_flags: str) -> str:
-        return (f'"$BASH" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {folder}/env.sh '
+        return (f'"${{inside[@]}}" -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env {folder}/env.sh '
                 f"{folder}/{command_file} </dev/null 2>&1 | tee -p {tee_flags}{folder}/{EXEC_OUTPUT}\n")
 
     script = (_ready_check(token)
@@ -93,7 +98,8 @@ def exec_script(token: str, exec_id: str, envs: dict[str, str], run: str, setup:
               + _KEEP_ACTIVE
               + '. "$d/vars.sh"; export CORRAL_TASK_ID=' + shlex.quote(exec_id) + "\n"
               + (narrow_gpus() + f"export CORRAL_NUM_GPUS_PER_NODE={int(gpus_claimed)}\n" if gpus_claimed else "")
-              + 'cd "$d/workdir" || exit 1\n')
+              + 'cd "$d/workdir" || exit 1\n'
+              + _INSIDE)
     if setup:
         script += (step("setup.sh", "-a " if gpus_claimed else "")  # after the lines it waited with
                    + 'status=${PIPESTATUS[0]}\n'
@@ -153,9 +159,9 @@ def cancel_exec_script(token: str, exec_id: str) -> str:
 
 def shell_command(token: str, command: str | None) -> str:
     """The remote command of `corral ssh`: a login shell (or `command`) in the allocation's workdir,
-    with its variables and GPUs, keeping it active while it runs."""
-    script = (_ready_check(token) + _KEEP_ACTIVE + '. "$d/vars.sh"; cd "$d/workdir" || exit 1\n'
-              + ('"$BASH" -l\n' if command is None else f'"$BASH" -lc {shlex.quote(command)}\n'))
+    with its variables and GPUs, in its image where it has one, keeping it active while it runs."""
+    script = (_ready_check(token) + _KEEP_ACTIVE + '. "$d/vars.sh"; cd "$d/workdir" || exit 1\n' + _INSIDE
+              + ('"${inside[@]}" -l\n' if command is None else f'"${{inside[@]}}" -lc {shlex.quote(command)}\n'))
     return f"bash -c {shlex.quote(script)}"
 
 

@@ -68,7 +68,7 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra import caches
-from corral.infra.shell import WRAPPED_RUNTIMES, check_token, container_wrapper, render_env
+from corral.infra.shell import CONTAINER_FILE, WRAPPED_RUNTIMES, check_token, container_wrapper, render_env
 from corral.infra.sshpool import dev as pooldev
 from corral.infra.sshpool import claims, moves, runner
 from corral.infra.sshpool.moves import MOVE_GRACE_SECONDS
@@ -348,8 +348,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                else runner.holder_script(request, self.pool.name, rank, addresses, idle_seconds))
         files = {"job.sh": job,
                  "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
-        if request.container_image and idle_seconds is None:
-            files[runner.CONTAINER_FILE] = container_wrapper(request.container_runtime or "", request.container_image,
+        if request.container_image:  # a holder's setup, execs and shells run in the image too (pooldev)
+            files[CONTAINER_FILE] = container_wrapper(request.container_runtime or "", request.container_image,
                                                              request.accelerators_per_node > 0)
         pending = self._pending.get(request.token, [])
         return await self._send_and_start(host, rank, request, ranked, pending, files, may_queue)
@@ -815,12 +815,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         hosts, token = _hosts_and_token(handle)
         return hosts[0], _rank_token(token, 0, len(hosts))
 
-    def shell_argv(self, handle: str, head_node: str, command: str | None) -> list[str]:
+    def shell_argv(self, handle: str, head_node: str, run_dir: str, command: str | None) -> list[str]:
         host, token = self._head(handle)
         options = ("-t", "-o", "BatchMode=no") if command is None else ()
         return self.transport.ssh_argv(host, [pooldev.shell_command(token, command)], options)
 
-    def login_shell_command(self, handle: str, head_node: str) -> str:
+    def login_shell_command(self, handle: str, head_node: str, run_dir: str) -> str:
         host, token = self._head(handle)
         return shlex.join(["ssh", "-t", host, pooldev.shell_command(token, None)])
 

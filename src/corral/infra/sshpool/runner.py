@@ -26,7 +26,15 @@ import shlex
 from collections.abc import Sequence
 
 from corral.infra.base import JobRequest
-from corral.infra.shell import IDLE_LIMIT_FILE, check_token, checkpoint_lines, remove_script, tail_lines, write_file
+from corral.infra.shell import (
+    CONTAINER_FILE,
+    IDLE_LIMIT_FILE,
+    check_token,
+    checkpoint_lines,
+    remove_script,
+    tail_lines,
+    write_file,
+)
 from corral.infra.sshpool import claims
 from corral.infra.sshpool.inventory import ALIVE, MARK, POOL_DIR
 
@@ -83,7 +91,6 @@ WATCHDOG = (ALIVE + EXEC_GROUPS
             '  sleep $(( left < 10 ? left : 10 ))\n'
             "done\n")
 MOUNTS_STAGE = "mounts"  # in a run dir: file mounts kept apart until the workdir is copied from its cache
-CONTAINER_FILE = "container.sh"  # in a run dir: runs setup and run in the task's image (shell.container_wrapper)
 
 
 def run_dir(token: str) -> str:
@@ -111,7 +118,8 @@ def holder_script(request: JobRequest, pool: str, rank: int, node_addresses: Seq
     """job.sh of a dev allocation: setup, then hold the machine's claimed GPUs until `corral down` (the
     cancel marker), or until nothing has run in it (`last_active`, kept fresh by each exec and ssh
     session) for `idle_seconds` (0: never). `vars.sh` keeps Corral's variables and the GPUs for them."""
-    lines = _prologue(request, pool, rank, node_addresses, "a dev allocation's holder")
+    lines = _prologue(request, pool, rank, node_addresses, "a dev allocation's holder",
+                      in_image=bool(request.container_image))
     lines += [
         "export -p | grep -E '^declare -x (CORRAL_|SKYPILOT_|CUDA_VISIBLE_DEVICES=)' > \"$CORRAL_RUN_DIR/vars.sh\"",
         'date +%s > "$CORRAL_RUN_DIR/last_active"',
