@@ -615,6 +615,9 @@ def test_a_walltime_ends_a_pool_task_and_a_pool_allocation(corral, pool_env):
     # An exec still running at the walltime ends with the allocation, as a Slurm job's steps do.
     running = subprocess.Popen([sys.executable, "-m", "corral", "exec", "shortdev", "--", "echo in; sleep 3023"],
                                env=pool_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # So does an ssh session (on Slurm, a step too); it went on before, on GPUs given back.
+    shell = subprocess.Popen([sys.executable, "-m", "corral", "ssh", "shortdev", "--", "echo in; sleep 3029"],
+                             env=pool_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = wait_for("the task's walltime", lambda: (j := corral("queue", "--json", task["job_id"], env=pool_env)
                                                    .json()[0])["state"] == "FAILED" and j, timeout=30)
     assert job["reason"].startswith("TIMEOUT (it reached its time limit on lab"), job
@@ -626,6 +629,9 @@ def test_a_walltime_ends_a_pool_task_and_a_pool_allocation(corral, pool_env):
     out, _ = running.communicate(timeout=45)
     assert running.returncode != 0 and out == "in\n", out
     wait_for("the exec's processes to end", lambda: not runs_somewhere("sleep", "3023"), timeout=15)
+    out, _ = shell.communicate(timeout=45)
+    assert shell.returncode != 0 and out == "in\n", out
+    wait_for("the session's processes to end", lambda: not runs_somewhere("sleep", "3029"), timeout=15)
     free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
     assert free["A100"] == 8
 

@@ -4,6 +4,7 @@ run by a real bash in a session of its own (as sshd starts each session), agains
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from corral.infra.sshpool.dev import (
     idle_limit_script,
     release_script,
     setup_output_script,
+    shell_command,
     states_script,
 )
 from corral.infra.sshpool.pool import _allocation_state
@@ -243,3 +245,17 @@ def test_the_setup_output_follower_stops_once_setup_is_over_or_the_holder_is_gon
     (d / "setup_failed").write_text("2\n")
     assert follower.wait(timeout=10) == 0
     assert follower.stdout.read() == "corral: setup failed on m1 with exit code 2\n"
+
+
+def test_down_ends_the_ssh_sessions_in_the_allocation_whatever_their_process_groups(home):
+    """A `corral ssh` session went on after `down`, using the GPUs the holder gave back. Its leader is
+    recorded in `sessions/`; its jobs may be in process groups of their own (an interactive shell's are,
+    `set -m` here) and ignore TERM, so each of its processes is ended, with KILL 10 s later."""
+    command = 'set -m; trap "" TERM; sleep 3037 & echo started; wait'
+    shell = subprocess.Popen(["bash", "-c", shlex.split(shell_command(TOKEN, command))[2]], stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "HOME": str(home)}, start_new_session=True)
+    assert shell.stdout is not None and shell.stdout.readline() == "started\n"
+    assert [p.name for p in (home / RUNS_DIR / TOKEN / "sessions").iterdir()] == [str(shell.pid)]
+    assert run(home, release_script([TOKEN])) == (0, "")
+    assert shell.wait(timeout=20) != 0
+    wait_for("no sleep 3037 left", lambda: not runs_somewhere("sleep", "3037"), timeout=15)

@@ -33,7 +33,7 @@ from corral.infra.shell import (
     write_file,
 )
 from corral.infra.sshpool.inventory import ALIVE, MARK
-from corral.infra.sshpool.runner import EXEC_GROUPS, RUNS_DIR, run_dir_word
+from corral.infra.sshpool.runner import EXEC_GROUPS, RUNS_DIR, SESSION_PROCS, run_dir_word
 
 _KEEP_ACTIVE = ('( while kill -0 "$$" 2>/dev/null; do touch "$d/last_active"; sleep 5; done ) '
                 "</dev/null >/dev/null 2>&1 &\n")
@@ -160,7 +160,10 @@ def cancel_exec_script(token: str, exec_id: str) -> str:
 def shell_command(token: str, command: str | None) -> str:
     """The remote command of `corral ssh`: a login shell (or `command`) in the allocation's workdir,
     with its variables and GPUs, in its image where it has one, keeping it active while it runs."""
-    script = (_ready_check(token) + _KEEP_ACTIVE + '. "$d/vars.sh"; cd "$d/workdir" || exit 1\n' + _INSIDE
+    script = (_ready_check(token) + _KEEP_ACTIVE
+              # the holder's walltime and `corral down` end the session (runner.SESSION_PROCS)
+              + 'mkdir -p "$d/sessions" && echo "$$ $(started "$$")" > "$d/sessions/$$"\n'
+              + '. "$d/vars.sh"; cd "$d/workdir" || exit 1\n' + _INSIDE
               + ('"${inside[@]}" -l\n' if command is None else f'"${{inside[@]}}" -lc {shlex.quote(command)}\n'))
     return f"bash -c {shlex.quote(script)}"
 
@@ -202,11 +205,11 @@ def states_script(tokens: list[str]) -> str:
 
 
 def release_script(tokens: list[str]) -> str:
-    """Leave each holder's cancel marker, end its process group and the execs still running in it (TERM,
-    KILL 10 s later to what is left: the GPUs the holder frees must not stay in use), and remove its run
-    dir."""
+    """Leave each holder's cancel marker, end its process group, the execs still running in it and its
+    ssh sessions (TERM, KILL 10 s later to what is left: the GPUs the holder frees must not stay in
+    use), and remove its run dir."""
     body = " ".join(check_token(t) for t in tokens)
-    return (ALIVE + EXEC_GROUPS + f"for t in {body}; do\n"
+    return (ALIVE + EXEC_GROUPS + SESSION_PROCS + f"for t in {body}; do\n"
             + f'  d="$HOME/{RUNS_DIR}/$t"; [ -d "$d" ] || continue\n'
             + '  : > "$d/cancelled"; pid= since=; [ -s "$d/pid" ] && read -r pid since < "$d/pid"\n'
             + '  if alive "$pid" "$since"; then kill -TERM -- "-$pid" 2>/dev/null; fi\n'
@@ -214,5 +217,9 @@ def release_script(tokens: list[str]) -> str:
             + '    kill -TERM -- "-$g" 2>/dev/null\n'
             + '    ( sleep 10; kill -KILL -- "-$g" 2>/dev/null ) </dev/null >/dev/null 2>&1 &\n'
             + '  done\n'
+            + '  sessions=$(session_procs "$d")\n'
+            + '  if signal_procs TERM <<< "$sessions"; then\n'
+            + '    ( sleep 10; signal_procs KILL <<< "$sessions" ) </dev/null >/dev/null 2>&1 &\n'
+            + '  fi\n'
             + '  rm -rf "$d"\n'
             + "done\nexit 0\n")

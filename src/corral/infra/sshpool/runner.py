@@ -48,6 +48,30 @@ EXEC_GROUPS = ('exec_group() {\n'
                '  [ -n "$g" ] && [ "$g" != "$(ps -o pgid= -p $$ | tr -d " ")" ] && echo "$g"\n'
                '}\n'
                'exec_groups() { local f; for f in "$1"/exec/*/; do exec_group "$f"; done; return 0; }\n')
+# Bash (after ALIVE): `session_procs RUN_DIR` prints `<pid> <start>` for each process of the live `corral
+# ssh` sessions in an allocation (each leaves `sessions/<pid>`: see dev.shell_command), their leaders and
+# every descendant: an interactive shell puts each job in a process group of its own, and ignores TERM.
+# `signal_procs SIGNAL` sends SIGNAL to those listed on stdin that still live, and fails when none does.
+SESSION_PROCS = ('session_procs() {\n'
+                 '  local f sp ss all list frontier next p pp\n'
+                 '  all=$(ps -e -o pid=,ppid=)\n'
+                 '  for f in "$1"/sessions/*; do\n'
+                 '    read -r sp ss < "$f" 2>/dev/null && alive "$sp" "$ss" || continue\n'
+                 '    list=" $sp "; frontier=" $sp "\n'
+                 '    while [ -n "${frontier// }" ]; do\n'
+                 '      next=" "\n'
+                 '      while read -r p pp; do case "$frontier" in *" $pp "*) case "$list" in *" $p "*) ;; '
+                 '*) list="$list$p "; next="$next$p ";; esac;; esac; done <<< "$all"\n'
+                 '      frontier=$next\n'
+                 '    done\n'
+                 '    for p in $list; do [ "$p" = "$$" ] || echo "$p $(started "$p")"; done\n'
+                 '  done\n'
+                 '}\n'
+                 'signal_procs() {\n'
+                 '  local p s any=1\n'
+                 '  while read -r p s; do alive "$p" "$s" && kill -"$1" "$p" 2>/dev/null && any=0; done\n'
+                 '  return "$any"\n'
+                 '}\n')
 
 
 def _release(token: str) -> str:
@@ -67,10 +91,10 @@ END_TRAP = ("corral_end() {\n"
             "trap corral_end EXIT")
 # The walltime's watchdog, in a session of its own (a cancel's kill of the task's group leaves it; it
 # ends within 10 s of the task): at the task's `deadline` it leaves `timed_out`, says so in the log, and
-# ends the task's group, and a dev allocation's execs, as Slurm ends a job's steps (TERM, then KILL
-# after KILL_WAIT_SECONDS to what is left). $1: the task's leader, $2 its run dir.
+# ends the task's group, and a dev allocation's execs and ssh sessions, as Slurm ends a job's steps (TERM,
+# then KILL after KILL_WAIT_SECONDS to what is left). $1: the task's leader, $2 its run dir.
 KILL_WAIT_SECONDS = 30  # Slurm's default KillWait
-WATCHDOG = (ALIVE + EXEC_GROUPS
+WATCHDOG = (ALIVE + EXEC_GROUPS + SESSION_PROCS
             + 'd=$2 pid=$1; since=$(started "$pid"); read -r deadline < "$d/deadline" || exit 0\n'
             'while alive "$pid" "$since"; do\n'
             "  printf -v now '%(%s)T' -1; left=$(( deadline - now ))\n"
@@ -80,12 +104,14 @@ WATCHDOG = (ALIVE + EXEC_GROUPS
             '    echo "corral: *** the task reached its time limit on ${HOSTNAME:-$(hostname)}: ending it ***" '
             '>> "$d/log.txt"\n'
             '    groups=("-$pid"); for g in $(exec_groups "$d"); do groups+=("-$g"); done\n'
-            '    kill -TERM -- "${groups[@]}" 2>/dev/null\n'
+            '    sessions=$(session_procs "$d")\n'
+            '    kill -TERM -- "${groups[@]}" 2>/dev/null; signal_procs TERM <<< "$sessions"\n'
             f'    for _ in $(seq {KILL_WAIT_SECONDS}); do\n'
             '      live=0; for g in "${groups[@]}"; do kill -0 -- "$g" 2>/dev/null && live=1; done\n'
+            '      signal_procs 0 <<< "$sessions" && live=1\n'
             '      [ "$live" = 0 ] && break; sleep 1\n'
             '    done\n'
-            '    kill -KILL -- "${groups[@]}" 2>/dev/null\n'
+            '    kill -KILL -- "${groups[@]}" 2>/dev/null; signal_procs KILL <<< "$sessions"\n'
             '    corral_end() {\n' + _release('"${d##*/}"') + '}; corral_end; exit 0\n'
             "  fi\n"
             '  sleep $(( left < 10 ? left : 10 ))\n'
