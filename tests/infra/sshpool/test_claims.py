@@ -69,6 +69,18 @@ def machine(tmp_path):
             pass
 
 
+def test_a_retry_on_another_machine_of_a_shared_home_names_the_machine_that_took_it(machine):
+    """A submission whose answer was lost, tried again on the next machine: with one home, that machine
+    finds the task's run dir and must name the first, where the task runs, not itself."""
+    assert machine.submit(3, 1, "NVIDIA A100") == f"{token(3)} new"
+    machine.env["HOSTNAME"] = "lab-other"
+    answer = machine.run(runner.submit_script(
+        JobRequest(token=token(3), task_ids=("c-3",), place="lab", num_nodes=1, accelerator_type="NVIDIA A100",
+                   accelerators_per_node=1, cpus_per_node=None, memory_mb=None, envs={}, setup=None, run="true"),
+        "lab", {"job.sh": "", "run.sh": "true"}, GPUS)).strip()
+    assert answer == f"@@corral submitted {machine.host}/{token(3)} existing"
+
+
 def test_a_task_that_must_wait_is_queued_and_starts_when_the_gpus_it_waits_for_free_up(machine):
     assert machine.submit(1, 2, "NVIDIA A100") == f"{token(1)} new"
     assert machine.submit(2, 1, "NVIDIA A100") == f"{token(2)} queued"

@@ -350,7 +350,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                  "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
         if request.container_image:  # a holder's setup, execs and shells run in the image too (pooldev)
             files[CONTAINER_FILE] = container_wrapper(request.container_runtime or "", request.container_image,
-                                                             request.accelerators_per_node > 0)
+                                                      request.accelerators_per_node > 0)
         pending = self._pending.get(request.token, [])
         return await self._send_and_start(host, rank, request, ranked, pending, files, may_queue)
 

@@ -262,8 +262,11 @@ d={directory}
 mkdir -p "$base/held" "$base/cpus" "$base/mem" "$base/queue" || exit 1
 reject() {{ rm -rf -- "$d"; echo "{MARK} rejected $1"; exit 0; }}
 exec 9>"$base/lock"
-existing() {{
-  if [ -s "$d/pid" ] || [ -e "$d/queued" ]; then echo "{MARK} submitted $host/{token} existing"; exit 0; fi
+existing() {{  # on a shared home, another machine may have taken it (a retry whose first answer was lost)
+  if [ -s "$d/pid" ] || [ -e "$d/queued" ]; then
+    took=$host; [ -s "$d/host" ] && read -r took < "$d/host"
+    echo "{MARK} submitted $took/{token} existing"; exit 0
+  fi
 }}
 flock -w 20 9 || {{ existing; reject "another launch on $host holds its lock"; }}
 existing
