@@ -602,6 +602,25 @@ def test_memory_a_task_asks_is_claimed_on_its_machine(corral, pool_env):
     assert a100["pending"] == 1 and a100["free"] == 6, a100
 
 
+def test_a_pool_task_using_more_memory_than_it_asked_for_fails_out_of_memory(corral, pool_env):
+    """Its memory was claimed and never enforced: a task asking 0.1 GB could use the machine's all. Now
+    it fails as Slurm's OverMemoryKill ends one, its own doing; its GPUs and memory are free again."""
+    hog = 'import time; b = bytearray(300 * 2**20); print("allocated", flush=True); time.sleep(601)'
+    job = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "A100:1", "--memory", "0.1", "--",
+                 f"python3 -c '{hog}'", env=pool_env).json()
+    wait_for("the task to run", lambda: runs_somewhere("python3", "-c", hog), timeout=8)  # looked at every 10 s
+    ended = wait_for("the memory watchdog", lambda: (j := corral("queue", "--json", job["job_id"], env=pool_env)
+                                                     .json()[0])["state"] == "FAILED" and j, timeout=40)
+    host = job["slurm_job_id"].split("/")[0]
+    assert re.fullmatch(rf"OUT_OF_MEMORY \(it used 3\d\d MB of memory on {host}, more than the 103 MB it asked "
+                        r"for\)", ended["reason"]), ended
+    log = corral("logs", job["job_id"], env=pool_env).stdout
+    assert log.startswith("allocated\ncorral: *** the task used 3"), log
+    wait_for("the task's process to end", lambda: not runs_somewhere("python3", "-c", hog), timeout=15)
+    free = {r["gpu"]: r["free"] for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json()}
+    assert free["A100"] == 8
+
+
 def test_a_walltime_ends_a_pool_task_and_a_pool_allocation(corral, pool_env):
     """`--time` on a pool: counted from the start, as Slurm's; the task fails TIMEOUT (its own doing), an
     allocation ends with its walltime, and their GPUs are free again."""

@@ -18,6 +18,7 @@ from corral.infra.sshpool.inventory import Gpu, inventory_script, parse_inventor
 from tests.conftest import wait_for
 
 GPUS = ["NVIDIA A100", "NVIDIA A100", "NVIDIA L4", "NVIDIA L4"]
+HOG = "python3 -c 'import time; b = bytearray(160 * 2**20); time.sleep(600)'"  # 160 MB resident (zeroed)
 
 
 class Machine:
@@ -245,3 +246,21 @@ def test_a_machine_without_the_runtime_refuses_an_image_and_keeps_nothing(machin
     answer = machine.run(runner.submit_script(request, "lab", files, GPUS)).strip()
     assert answer == f"@@corral rejected {machine.host} has no apptainer to run the image"
     assert not (machine.home / ".corral/runs" / token(1)).exists()
+
+
+def test_a_task_using_more_memory_than_it_asked_for_is_ended_and_says_so(machine):
+    """As Slurm's OverMemoryKill: its watchdog reads the task's resident memory every 10 s; past the
+    limit it ends the task (TERM, then KILL) and leaves what it used for the status. A task within its
+    limit, and one that asks none, are left alone."""
+    hog = f"{HOG} & "
+    assert machine.submit(4, memory_mb=100, run=hog) == f"{token(4)} new"
+    assert machine.submit(5, memory_mb=400, run=hog) == f"{token(5)} new"
+    state = wait_for("the memory watchdog", lambda: (s := machine.states(4)[4]).startswith("out_of_memory") and s,
+                     timeout=40)
+    used, limit = state.split()[1].split(":")
+    assert int(used) >= 160 and limit == "100", state
+    assert "corral: *** the task used " in machine.log(4) and "more than the 100 MB it asked for on " in machine.log(4)
+    assert machine.states(5)[5] == "running"
+    machine.end(5)
+    assert wait_for("task 5's end", lambda: machine.states(5)[5] == "ended 0")
+    assert not (machine.home / ".corral/runs" / token(5) / "out_of_memory").exists()

@@ -1030,6 +1030,11 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
         elif state == "timeout":
             out.append(JobStatus(handle, token, JobState.FAILED, "TIMEOUT", f"it reached its time limit on {host}",
                                  start, start, end, None, failure=FailureClass.TASK))
+        elif state == "out_of_memory":
+            used, _, limit = code.partition(":")
+            out.append(JobStatus(handle, token, JobState.FAILED, "OUT_OF_MEMORY",
+                                 f"it used {used} MB of memory on {host}, more than the {limit} MB it asked for",
+                                 start, start, end, None, failure=FailureClass.TASK))
         elif state == "queued":
             ahead, wants = _queued_fields(parts)
             waits = f"waiting on {host} for {_wants_text(wants)}" + (f", {ahead} task(s) before it" if ahead else "")

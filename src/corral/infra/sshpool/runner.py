@@ -8,7 +8,8 @@ A task on a machine is a process group of its own (`setsid`), started from its r
 - `pid`: the group's leader and its start time (`inventory.ALIVE`), written once it started;
   `log.txt`: its output;
 - `cancelled`: left before Corral kills the group, so that a task that had not started yet never does;
-- `deadline` (epoch) when the task has a walltime, and `timed_out` once its watchdog ended it (WATCHDOG).
+- `deadline` (epoch) when the task has a walltime, and `timed_out` once its watchdog ended it (WATCHDOG);
+  `out_of_memory` (`<used MB> <limit MB>`) once it ended it for using more memory than it asked for.
 
 - `wants` (`<gpus> <cpus> <type>`), `memory` (MB, when it asks some), `host` (the machine that took
   it: homes may be shared), and `queued` while it waits in the machine's queue.
@@ -89,32 +90,53 @@ END_TRAP = ("corral_end() {\n"
             + _release('"${CORRAL_RUN_DIR##*/}"') +
             "}\n"
             "trap corral_end EXIT")
-# The walltime's watchdog, in a session of its own (a cancel's kill of the task's group leaves it; it
-# ends within 10 s of the task): at the task's `deadline` it leaves `timed_out`, says so in the log, and
-# ends the task's group, and a dev allocation's execs and ssh sessions, as Slurm ends a job's steps (TERM,
-# then KILL after KILL_WAIT_SECONDS to what is left). $1: the task's leader, $2 its run dir.
+# The task's watchdog, in a session of its own (a cancel's kill of the task's group leaves it; it ends
+# within 10 s of the task), for a walltime or a memory limit (`$3` = memory: a task's, not a holder's).
+# At the task's `deadline` it leaves `timed_out`; when the task's processes use more memory (RSS) than
+# it asked for, `out_of_memory` (`<used MB> <limit MB>`), as Slurm's OverMemoryKill does from its
+# accounting polls. Either way it says so in the log and ends the task's group, and a dev allocation's
+# execs and ssh sessions, as Slurm ends a job's steps (TERM, then KILL after KILL_WAIT_SECONDS to what is
+# left). $1: the task's leader, $2 its run dir.
 KILL_WAIT_SECONDS = 30  # Slurm's default KillWait
+WATCH_SECONDS = 10  # how often it looks (Slurm's JobAcctGatherFrequency is 30 s)
 WATCHDOG = (ALIVE + EXEC_GROUPS + SESSION_PROCS
-            + 'd=$2 pid=$1; since=$(started "$pid"); read -r deadline < "$d/deadline" || exit 0\n'
+            + 'd=$2 pid=$1; since=$(started "$pid")\n'
+            'deadline=; [ -s "$d/deadline" ] && read -r deadline < "$d/deadline"\n'
+            'limit=0; [ "${3:-}" = memory ] && [ -s "$d/memory" ] && read -r limit < "$d/memory"\n'
+            '[ -n "$deadline" ] || [ "$limit" -gt 0 ] || exit 0\n'
+            'end_task() {  # $1: the mark to leave, $2 what it holds, $3 why, for the log\n'
+            '  [ -e "$d/cancelled" ] && exit 0\n'
+            '  echo "$2" > "$d/$1"\n'
+            '  echo "corral: *** $3 on ${HOSTNAME:-$(hostname)}: ending it ***" >> "$d/log.txt"\n'
+            '  groups=("-$pid"); for g in $(exec_groups "$d"); do groups+=("-$g"); done\n'
+            '  sessions=$(session_procs "$d")\n'
+            '  kill -TERM -- "${groups[@]}" 2>/dev/null; signal_procs TERM <<< "$sessions"\n'
+            f'  for _ in $(seq {KILL_WAIT_SECONDS}); do\n'
+            '    live=0; for g in "${groups[@]}"; do kill -0 -- "$g" 2>/dev/null && live=1; done\n'
+            '    signal_procs 0 <<< "$sessions" && live=1\n'
+            '    [ "$live" = 0 ] && break; sleep 1\n'
+            '  done\n'
+            '  kill -KILL -- "${groups[@]}" 2>/dev/null; signal_procs KILL <<< "$sessions"\n'
+            '  corral_end() {\n' + _release('"${d##*/}"') + '}; corral_end; exit 0\n'
+            '}\n'
+            'used_mb() {  # the resident memory of the task\'s process group, in MB\n'
+            '  local g r kb=0\n'
+            '  while read -r g r; do [ "$g" = "$pid" ] && kb=$((kb + r)); done < <(ps -e -o pgid=,rss=)\n'
+            '  echo $((kb / 1024))\n'
+            '}\n'
             'while alive "$pid" "$since"; do\n'
-            "  printf -v now '%(%s)T' -1; left=$(( deadline - now ))\n"
-            '  if [ "$left" -le 0 ]; then\n'
-            '    [ -e "$d/cancelled" ] && exit 0\n'
-            '    echo "$now" > "$d/timed_out"\n'
-            '    echo "corral: *** the task reached its time limit on ${HOSTNAME:-$(hostname)}: ending it ***" '
-            '>> "$d/log.txt"\n'
-            '    groups=("-$pid"); for g in $(exec_groups "$d"); do groups+=("-$g"); done\n'
-            '    sessions=$(session_procs "$d")\n'
-            '    kill -TERM -- "${groups[@]}" 2>/dev/null; signal_procs TERM <<< "$sessions"\n'
-            f'    for _ in $(seq {KILL_WAIT_SECONDS}); do\n'
-            '      live=0; for g in "${groups[@]}"; do kill -0 -- "$g" 2>/dev/null && live=1; done\n'
-            '      signal_procs 0 <<< "$sessions" && live=1\n'
-            '      [ "$live" = 0 ] && break; sleep 1\n'
-            '    done\n'
-            '    kill -KILL -- "${groups[@]}" 2>/dev/null; signal_procs KILL <<< "$sessions"\n'
-            '    corral_end() {\n' + _release('"${d##*/}"') + '}; corral_end; exit 0\n'
-            "  fi\n"
-            '  sleep $(( left < 10 ? left : 10 ))\n'
+            "  printf -v now '%(%s)T' -1; wait=" + str(WATCH_SECONDS) + "\n"
+            '  if [ -n "$deadline" ]; then\n'
+            '    left=$(( deadline - now ))\n'
+            '    [ "$left" -le 0 ] && end_task timed_out "$now" "the task reached its time limit"\n'
+            '    [ "$left" -lt "$wait" ] && wait=$left\n'
+            '  fi\n'
+            '  if [ "$limit" -gt 0 ]; then\n'
+            '    used=$(used_mb)\n'
+            '    [ "$used" -gt "$limit" ] && end_task out_of_memory "$used $limit" '
+            '"the task used $used MB of memory, more than the $limit MB it asked for"\n'
+            '  fi\n'
+            '  sleep "$wait"\n'
             "done\n")
 MOUNTS_STAGE = "mounts"  # in a run dir: file mounts kept apart until the workdir is copied from its cache
 
@@ -131,7 +153,8 @@ def run_dir_word(token: str) -> str:
 def job_script(request: JobRequest, pool: str, rank: int = 0, node_addresses: Sequence[str] = ()) -> str:
     """job.sh: the task on one machine, as node `rank` of the request's nodes. `node_addresses`: every
     node's, rank 0 first (a single node finds its own)."""
-    lines = _prologue(request, pool, rank, node_addresses, "the task", in_image=bool(request.container_image))
+    lines = _prologue(request, pool, rank, node_addresses, "the task", in_image=bool(request.container_image),
+                      watch_memory=True)
     lines += [
         'with_env "$CORRAL_RUN_DIR/run.sh"; rc=$?',
         'echo "$rc" > "$CORRAL_RUN_DIR/exit_code.new" && mv "$CORRAL_RUN_DIR/exit_code.new" "$CORRAL_RUN_DIR/exit_code"',
@@ -167,10 +190,11 @@ def holder_script(request: JobRequest, pool: str, rank: int, node_addresses: Seq
 
 
 def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequence[str], what: str,
-              in_image: bool = False) -> list[str]:
+              in_image: bool = False, watch_memory: bool = False) -> list[str]:
     """Corral's variables, the workdir, the cancel fence and setup (its failure recorded), as bash lines.
     `in_image`: setup and run go through the run dir's `container.sh` (CONTAINER_FILE), with the
-    image's bash; Corral's own commands stay on the host."""
+    image's bash; Corral's own commands stay on the host. `watch_memory`: the watchdog ends the task
+    if it uses more memory than it asked for (a holder's is not watched: see docs/pools.md)."""
     nodes = str(request.num_nodes)
     variables = {
         "CORRAL_TASK_ID": request.task_ids[0], "SKYPILOT_TASK_ID": request.task_ids[0],
@@ -196,10 +220,12 @@ def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequenc
     ]
     inside = f'"$BASH" "$CORRAL_RUN_DIR/{CONTAINER_FILE}" bash' if in_image else '"$BASH"'
     if request.time_limit_seconds:  # counted from here, setup included, as Slurm counts a job's
-        lines += [f"printf -v corral_now '%(%s)T' -1; echo $(( corral_now + {int(request.time_limit_seconds)} )) "
-                  '> "$CORRAL_RUN_DIR/deadline"',
-                  f'setsid "$BASH" -c {shlex.quote(WATCHDOG)} corral-walltime "$$" "$CORRAL_RUN_DIR" '
-                  "</dev/null >/dev/null 2>&1 &"]
+        lines.append(f"printf -v corral_now '%(%s)T' -1; echo $(( corral_now + {int(request.time_limit_seconds)} )) "
+                     '> "$CORRAL_RUN_DIR/deadline"')
+    watch_memory = watch_memory and bool(request.memory_mb)
+    if request.time_limit_seconds or watch_memory:
+        lines.append(f'setsid "$BASH" -c {shlex.quote(WATCHDOG)} corral-watchdog "$$" "$CORRAL_RUN_DIR" '
+                     f'{"memory" if watch_memory else "-"} </dev/null >/dev/null 2>&1 &')
     return lines + [
         f'with_env() {{ {inside} -c \'. "$1" || exit 1; shift; exec "$BASH" "$@"\' task-env "$CORRAL_RUN_DIR/env.sh" "$@"; }}',
         'if [ -s "$CORRAL_RUN_DIR/setup.sh" ]; then',
@@ -288,7 +314,8 @@ OTHERS_WINDOW_SECONDS = 3600  # `others`: runs touched this recently (the tracke
 def status_script(tokens: Sequence[str], others: bool = False) -> str:
     """First start what now fits in the machine's queue (a task killed outright ran no exit trap), then
     one line per token: `<token> <state> <exit code or -> <started epoch or -> <ended epoch or ->`,
-    state one of running, ended, cancelled, timeout (ended by its walltime's watchdog), vanished (its
+    state one of running, ended, cancelled, timeout (ended by its walltime's watchdog), out_of_memory
+    (ended by the watchdog for using more than it asked: third field `<used MB>:<limit MB>`), vanished (its
     process gone with no exit code), unknown, or
     queued, whose third field is `<tasks ahead>:<gpus>:<cpus>:<memory MB>`, and a sixth its GPU type
     (what it waits for); or, for a task on its way to another machine of the pool (moves.py), `<token>
@@ -324,6 +351,8 @@ report() {{
   [ -s "$d/pid" ] && read -r pid since < "$d/pid"
   if [ -e "$d/timed_out" ] && ! alive "$pid" "$since"; then
     echo "$t timeout - $at $(stat -c %Y "$d/timed_out")"
+  elif [ -s "$d/out_of_memory" ] && ! alive "$pid" "$since" && read -r g m < "$d/out_of_memory"; then
+    echo "$t out_of_memory $g:$m $at $(stat -c %Y "$d/out_of_memory")"
   elif [ -f "$d/exit_code" ]; then
     ended=$(stat -c %Y "$d/exit_code")
     if [ -e "$d/cancelled" ]; then state=cancelled; else state=ended; fi
