@@ -31,6 +31,7 @@ from corral.infra import caches
 from corral.infra.base import (
     FailureClass,
     HoldsAllocations,
+    HostsJobGroups,
     Infra,
     JobRequest,
     JobState,
@@ -189,12 +190,13 @@ class Launcher:
         return [c for c in self.client.registry.names() if c in pinned or c in of_kinds]
 
     async def plan(self, task: Task, *, predict: Prediction, outcomes: list[ProbeOutcome] | None = None,
-                   owner: str | None = None, holding: bool = False) -> Plan:
+                   owner: str | None = None, holding: bool = False, grouped: bool = False) -> Plan:
         """Where the task can run, ranked. `predict`: ask Slurm for start times (`sbatch --test-only`) of
         every candidate that cannot start now ("all"), only when none can ("when_full"), or not at all.
         On a team server, for `owner` (default: the launcher's): clusters where they have no account are
         left out, with the reason. `holding`: the plan of a dev allocation, where a place whose infra
-        cannot hold one is not feasible, and says so."""
+        cannot hold one is not feasible, and says so; `grouped`, of a job group's task, likewise where
+        its infra cannot run one (HostsJobGroups)."""
         owner = self.owner if owner is None else owner
         options = resource_options(task.resources)
         if outcomes is None:
@@ -228,6 +230,10 @@ class Launcher:
                                for c in plan.candidates]
             plan.candidates = [holding_runtime(c, snapshots[c.cluster]) if c.cluster in snapshots else c
                                for c in plan.candidates]
+        if grouped:
+            plan.candidates = [c if not c.feasible or (why := self._group_refusal(c.cluster, owner)) is None
+                               else replace(c, feasible=False, startable_now=False, startable_copies=0, reason=why)
+                               for c in plan.candidates]
         feasible = plan.feasible()
         if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):
             await self.predict([(task, plan)], owner=owner)
@@ -236,6 +242,11 @@ class Launcher:
         plan.candidates = [replace(c.with_prediction(now, "can start now"), budget_short=c.cluster in short)
                            if c.startable_now else c for c in plan.candidates]
         return plan
+
+    def _group_refusal(self, cluster: str, owner: str) -> str | None:
+        """Why `cluster` cannot run a job group's task (None: it can)."""
+        infra = self.client.infra(cluster, owner)
+        return infra.job_group_refusal() if isinstance(infra, HostsJobGroups) else CANNOT_GROUP
 
     def _constraint_at(self, task: Task) -> Callable[[str, str], str | None]:
         """Where the task would be submitted with which `--constraint`: a script's own everywhere (its
@@ -550,6 +561,8 @@ def not_set_up_reasons(plan: Plan) -> list[str]:
 
 
 CANNOT_HOLD = "cannot hold a dev allocation yet (Slurm clusters and SSH pools can)"
+CANNOT_GROUP = ("cannot run a job group's tasks yet: it gives them no CORRAL_JOBGROUP_HOSTS (Slurm clusters "
+                "and SSH pools whose machines share a home can)")
 
 
 def no_candidate_message(plan: Plan) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 from corral.config import env_number, load_user_settings
 from corral.errors import CorralError
 from corral.infra import caches
-from corral.infra.base import PrunesWorkdirCaches, RemovesGroupFiles, RemovesRunFiles
+from corral.infra.base import HostsJobGroups, PrunesWorkdirCaches, RemovesRunFiles
 from corral.state.models import RunDirState
 
 CACHES_INTERVAL = 86400.0  # seconds between prunes of the workdir caches (CORRAL_CACHES_INTERVAL)
@@ -127,7 +127,7 @@ async def remove_group_dirs(client: Any, store: Any, now: float, *, grace: float
         for place in used:
             places.setdefault(place, []).append(group)
     places = {(cluster, owner): ids for (cluster, owner), ids in places.items()
-              if _removes(client, cluster, RemovesGroupFiles)}
+              if _removes(client, cluster, HostsJobGroups)}
     outcomes = await asyncio.gather(*(_call_as(client, cluster, owner, "remove_group_files", sorted(ids))
                                       for (cluster, owner), ids in places.items()))
     failed: set[str] = set()

@@ -269,3 +269,25 @@ def test_a_walltime_is_the_pods_deadline_and_its_end_is_the_tasks_doing(corral, 
     token = launched["slurm_job_id"].removeprefix("corral-")
     wait_for("the pod's process to end", lambda: subprocess.run(["pgrep", "-f", f"runs/{token}"],
                                                                 capture_output=True).returncode != 0, 20)
+
+
+def test_a_job_group_is_not_placed_on_kubernetes_and_says_why(corral, kube_env, tmp_path):
+    """Its tasks would wait for CORRAL_JOBGROUP_HOSTS files that no pod writes: left out, with the reason."""
+    env = {**kube_env, "CORRAL_CONTROLLER_INTERVAL": "1"}
+    task = "resources: {infra: k8s/kind-fake, accelerators: L4:1}\nrun: echo hi\n"
+    (tmp_path / "group.yaml").write_text(f"name: kgroup\nexecution: parallel\n---\nname: a\n{task}---\nname: b\n{task}")
+    launched = corral("jobs", "launch", "-d", "--json", "group.yaml", env=env, cwd=tmp_path)
+    assert launched.exit_code == 0, launched.stderr
+    ids = launched.json()["job_ids"]
+    try:
+        why = ("k8s/kind-fake: cannot run a job group's tasks yet: it gives them no CORRAL_JOBGROUP_HOSTS (Slurm "
+               "clusters and SSH pools whose machines share a home can)")
+
+        def reasons() -> list[str] | None:
+            rows = {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}
+            said = [rows[i]["reason"] or "" for i in ids]
+            return said if all(why in r for r in said) else None
+        said = wait_for("the group's reasons", reasons, timeout=30)
+        assert all(r.startswith("no cluster can run every task of its job group now: ") for r in said), said
+    finally:
+        corral("jobs", "cancel", *ids, env=env)

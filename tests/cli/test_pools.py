@@ -745,3 +745,59 @@ def test_a_pool_allocation_with_an_image_runs_its_setup_execs_and_shells_in_it(c
     assert (shell.exit_code, shell.stdout) == (0, ran.stdout), shell.stderr  # the same GPU: the one held
     assert held["state"] == "READY" and held["infra"] == "ssh/lab"
     assert corral("down", "labimage", env=pool_env).exit_code == 0
+
+
+POOL_GROUP = """\
+name: labgroup
+execution: parallel
+---
+name: server
+resources: {infra: ssh/lab, accelerators: "A100:1"}
+run: echo "server on $(hostname)"; sleep 20
+---
+name: client
+resources: {infra: ssh/lab, accelerators: "A10G:1"}
+run: |
+  for i in $(seq 60); do [ -s "$CORRAL_JOBGROUP_HOSTS/server-0" ] && break; sleep 1; done
+  echo "client on $(hostname) reaches server at $(cat "$CORRAL_JOBGROUP_HOSTS/server-0")"
+"""
+
+
+def test_a_job_group_on_the_pool_finds_its_tasks_through_the_shared_home(corral, pool_env, tmp_path):
+    """A job group's tasks on a pool had no CORRAL_JOBGROUP_HOSTS: the client waited for a file that
+    never came. Each rank now writes its machine's address there, as on Slurm, in the home the pool's
+    machines share (the testbed's do); a pool whose homes are apart is left out, saying why."""
+    env = {**pool_env, "CORRAL_CONTROLLER_INTERVAL": "1"}
+    (tmp_path / "group.yaml").write_text(POOL_GROUP)
+    ran = corral("jobs", "launch", "group.yaml", env=env, cwd=tmp_path)
+    assert ran.exit_code == 0, ran.stderr
+    client = next(line for line in ran.stdout.splitlines() if line.startswith("client on "))
+    words = client.split()
+    assert words[2] == "lab4" and re.fullmatch(r"\d+\.\d+\.\d+\.\d+", words[-1]), client  # the A10G machine
+    server = next(line for line in ran.stdout.splitlines() if line.startswith("server on "))
+    assert server.split()[2] in ("lab1", "lab2", "lab3"), server
+
+
+@pytest.mark.parametrize("two_machine_env", ["homes apart"], indirect=True)
+def test_a_job_group_is_not_placed_on_a_pool_whose_machines_have_homes_apart(corral, two_machine_env, tmp_path):
+    env, _second = two_machine_env
+    env = {**env, "CORRAL_CONTROLLER_INTERVAL": "1"}
+    (tmp_path / "group.yaml").write_text(POOL_GROUP.replace('accelerators: "A10G:1"', 'accelerators: "A100:1"'))
+    launched = corral("jobs", "launch", "-d", "--json", "group.yaml", env=env, cwd=tmp_path)
+    assert launched.exit_code == 0, launched.stderr
+    ids = launched.json()["job_ids"]
+    try:
+        def reasons() -> list[str] | None:
+            rows = {j["job_id"]: j for j in corral("jobs", "queue", "-a", "--json", env=env).json()}
+            said = [rows[i]["reason"] or "" for i in ids]
+            return said if all("do not share one home" in r for r in said) else None
+        said = wait_for("the group's reasons", reasons, timeout=30)
+        why = "ssh/lab: its machines do not share one home, through which a job group's tasks find each other " \
+              "(CORRAL_JOBGROUP_HOSTS)"
+        for reason in said:
+            assert reason.startswith("no cluster can run every task of its job group now: "), reason
+            assert f"server: {why}" in reason and f"client: {why}" in reason, reason
+        assert {j["state"] for j in corral("jobs", "queue", "-a", "--json", env=env).json()
+                if j["job_id"] in ids} == {"PENDING"}
+    finally:
+        corral("jobs", "cancel", *ids, env=env)

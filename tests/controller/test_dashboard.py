@@ -262,7 +262,8 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     # what it holds per node: what it asked for, and what Slurm gave it (the holder's own reading)
     assert re.fullmatch(r"1x cpu, cpu=1, mem=\d+[MG]", row.query_selector("td.resources").text_content())
     # alice logs in herself (submit_as: service here, so as the cluster's account): ssh, then a step there.
-    assert command.startswith("ssh -t cirrus ") and "srun --jobid=" in command and "--pty bash -l" in command
+    assert command.startswith("ssh -t cirrus ") and "srun --jobid=" in command
+    assert '--pty "${inside[@]}" bash -l' in command  # in the allocation's image, where it has one
     idle = row.query_selector("[data-idle-since]")
     assert accessible(page) == []
     first = idle.text_content()

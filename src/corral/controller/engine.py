@@ -289,7 +289,8 @@ class Controller:
             if self.shards.lapsing():  # the rest wait for the next tick, under renewed leases
                 break
             task = _task(jobs[0])
-            plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes, owner=jobs[0].owner)
+            plan = await self.launcher.plan(task, predict="when_full", outcomes=outcomes, owner=jobs[0].owner,
+                                            grouped=_group_of(rows, jobs[0].id) is not None)
             planned.append((number, jobs, task, plan,
                             [c for c in plan.feasible() if c.cluster not in avoid] or plan.feasible()))
         groups = _group_places(planned, attempts, rows, unreachable)

@@ -492,9 +492,15 @@ class RemovesRunFiles(ABC):
         """Remove each one's whole run directory (log and workdir copy included), as remove_env_files."""
 
 
-class RemovesGroupFiles(ABC):
-    """The infra keeps files by which a job group's tasks find each other (CORRAL_JOBGROUP_HOSTS), and
-    can remove a group's once every task of it has ended (run_files.py)."""
+class HostsJobGroups(ABC):
+    """The infra runs a job group's tasks (managed.md): each node of each task leaves its address in
+    CORRAL_JOBGROUP_HOSTS, a folder of files by which the group's tasks find each other, and the infra
+    can remove a group's once every task of it has ended (run_files.py). An infra without this ability
+    is left out of a job group's placement, saying so."""
+
+    def job_group_refusal(self) -> str | None:
+        """Why it cannot run a job group's tasks as it is now (None: it can)."""
+        return None
 
     @abstractmethod
     async def remove_group_files(self, group_ids: list[str]) -> None:

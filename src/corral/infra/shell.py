@@ -153,6 +153,17 @@ def remove_script(paths: list[str], flags: str) -> str:
     return f'cd "$HOME" && rm {flags} -- {" ".join(map(shlex.quote, paths))}\n' if paths else "exit 0\n"
 
 
+GROUPS_DIR = ".corral/groups"  # a job group's host files (CORRAL_JOBGROUP_HOSTS), one folder per group
+_GROUP_ID = re.compile(r"^c-[0-9a-f]{12}\Z", re.ASCII)
+
+
+def remove_group_dirs_script(group_ids: list[str]) -> str:
+    """Remove each job group's folder of host files; only Corral's job ids reach the command line."""
+    for group_id in group_ids:
+        checked(_GROUP_ID, group_id, "a job group's id")
+    return remove_script([f"{GROUPS_DIR}/{group_id}" for group_id in group_ids], "-rf")
+
+
 def write_file(target: str, content: str) -> str:
     """Bash writing `content` exactly to `target` (a bash word): bash's own printf with the content
     shell-quoted, so no process is started for it (a `cat` heredoc per file cost ~1.5 ms each on the

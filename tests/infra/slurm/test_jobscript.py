@@ -125,8 +125,8 @@ def test_only_corrals_own_run_directories_reach_the_removal_of_env_files(bad):
 @pytest.mark.parametrize("bad", ["", "c-", "c-0123456789a", "c-0123456789ab/..", "../c-0123456789ab", "*",
                                  "c-0123456789AB", "c-0123456789ab\n"])
 def test_only_job_ids_reach_the_removal_of_a_job_groups_host_files(bad):
-    from corral.infra.slurm.jobs import remove_group_dirs_script
-    from corral.infra.slurm.jobscript import GROUPS_DIR, TASK_SH
+    from corral.infra.shell import GROUPS_DIR, remove_group_dirs_script
+    from corral.infra.slurm.jobscript import TASK_SH
 
     assert remove_group_dirs_script(["c-0123456789ab", "c-abcdef012345"]) == (
         'cd "$HOME" && rm -rf -- .corral/groups/c-0123456789ab .corral/groups/c-abcdef012345\n')

@@ -33,7 +33,7 @@ from corral.infra.base import (
     PredictsStart,
     PrunesWorkdirCaches,
     ReleasesHeld,
-    RemovesGroupFiles,
+    HostsJobGroups,
     RemovesRunFiles,
     ReportsSetupFailure,
     RunsArrays,
@@ -43,6 +43,7 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra import caches
+from corral.infra.shell import remove_group_dirs_script
 from corral.infra.slurm import devscript, userscript
 from corral.infra.slurm.environment import PRELUDE
 from corral.infra.slurm.jobs import (
@@ -53,7 +54,6 @@ from corral.infra.slurm.jobs import (
     parse_test_only,
     release_script,
     remove_env_script,
-    remove_group_dirs_script,
     remove_run_dirs_script,
     status_lines_for,
     status_script,
@@ -74,7 +74,7 @@ FULL_STATUS_EVERY = 60.0
 
 
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
-                 FollowsSetup, ReleasesHeld, RemovesRunFiles, RemovesGroupFiles, PrunesWorkdirCaches, RunsJobScripts):
+                 FollowsSetup, ReleasesHeld, RemovesRunFiles, HostsJobGroups, PrunesWorkdirCaches, RunsJobScripts):
     kind: ClassVar[str] = "slurm"
     probe_commands: ClassVar[int] = 1 + len(QUERIES)  # scontrol ping, and the queries (sinfo, squeue, …)
     status_commands: ClassVar[int] = 2  # squeue, and sacct for what it forgot

@@ -22,7 +22,6 @@ from corral.infra.shell import checked, remove_script, tail_lines
 from corral.infra.slurm import userscript
 from corral.infra.slurm.jobscript import (
     CANCEL_MARKER,
-    GROUPS_DIR,
     JOB_NAME_PREFIX,
     RUNS_DIR,
     STEP_COMMENT_PREFIX,
@@ -390,7 +389,6 @@ def cancel_script(job_ids: list[str], run_dirs: list[str] | None = None) -> str:
 
 # A job's run directory as the store keeps it: `.corral/runs/` and the attempt's hex token (base.new_token).
 _RUN_DIR = re.compile(rf"^{re.escape(RUNS_DIR)}/[0-9a-f]{{12}}\Z")
-_GROUP_ID = re.compile(r"^c-[0-9a-f]{12}\Z", re.ASCII)
 
 
 def remove_env_script(run_dirs: list[str]) -> str:
@@ -402,13 +400,6 @@ def remove_env_script(run_dirs: list[str]) -> str:
 def remove_run_dirs_script(run_dirs: list[str]) -> str:
     """Remove each run directory whole, checked as in remove_env_script."""
     return remove_script([_checked_run_dir(run_dir) for run_dir in run_dirs], "-rf")
-
-
-def remove_group_dirs_script(group_ids: list[str]) -> str:
-    """Remove each job group's folder of host files; only Corral's job ids reach the command line."""
-    for group_id in group_ids:
-        checked(_GROUP_ID, group_id, "a job group's id")
-    return remove_script([f"{GROUPS_DIR}/{group_id}" for group_id in group_ids], "-rf")
 
 
 def _checked_run_dir(run_dir: str) -> str:

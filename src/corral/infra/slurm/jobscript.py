@@ -43,7 +43,6 @@ from corral.infra.slurm.environment import unset_named
 from corral.sbatch_script import ScriptError, parse_options
 
 RUNS_DIR = ".corral/runs"  # relative to the user's home on the cluster
-GROUPS_DIR = ".corral/groups"  # a job group's host files (CORRAL_JOBGROUP_HOSTS), one folder per group
 JOB_NAME_PREFIX = "corral-"
 # The step-start bound, in seconds from the batch script's start to task.sh running on every node; an
 # image gets longer (Pyxis pulls it while the step starts). CORRAL_STEP_START_BOUND, on the server,

@@ -52,6 +52,7 @@ from corral.infra.base import (
     FollowsSetup,
     GpuPool,
     HoldsAllocations,
+    HostsJobGroups,
     Infra,
     JobRequest,
     JobState,
@@ -68,7 +69,14 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra import caches
-from corral.infra.shell import CONTAINER_FILE, WRAPPED_RUNTIMES, check_token, container_wrapper, render_env
+from corral.infra.shell import (
+    CONTAINER_FILE,
+    WRAPPED_RUNTIMES,
+    check_token,
+    container_wrapper,
+    remove_group_dirs_script,
+    render_env,
+)
 from corral.infra.sshpool import dev as pooldev
 from corral.infra.sshpool import claims, moves, runner
 from corral.infra.sshpool.moves import MOVE_GRACE_SECONDS
@@ -107,7 +115,7 @@ def configured_gpus(spec: str) -> tuple[Gpu, ...]:
 
 
 class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, CopiesCheckpoints,
-                   RemovesRunFiles, PrunesWorkdirCaches):
+                   RemovesRunFiles, PrunesWorkdirCaches, HostsJobGroups):
     kind: ClassVar[str] = "ssh"
     execs_on_fewer_nodes: ClassVar[bool] = False  # each machine's variables (vars.sh) name them all
 
@@ -461,6 +469,29 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
     async def remove_run_dirs(self, ended: list[EndedRun]) -> None:
         await self._per_machine([rank for run in ended for rank in self._ranks(run.handle or "")],
                                 runner.remove_run_dirs_script)
+
+    def job_group_refusal(self) -> str | None:
+        """A job group's tasks find each other through files in one home: the machines must share it."""
+        homes = {inventory.home for inventory in self._inventories.values()}
+        if None in homes or len(homes) > 1:
+            return ("its machines do not share one home, through which a job group's tasks find each other "
+                    "(CORRAL_JOBGROUP_HOSTS)")
+        return None
+
+    async def remove_group_files(self, group_ids: list[str]) -> None:
+        """From the home the machines share: the first of them that answers."""
+        if not group_ids:
+            return
+        script = remove_group_dirs_script(group_ids)
+        error: CorralError | None = None
+        for host in self.pool.hosts:
+            try:
+                await self.transport.run(host, script, timeout=JOB_TIMEOUT)
+                return
+            except CorralError as exc:
+                error = exc
+        assert error is not None
+        raise error
 
     def _ranks(self, handle: str) -> list[tuple[str, str]]:
         """A task's ranks as (machine, rank token), rank 0 first; none for a handle that names a machine

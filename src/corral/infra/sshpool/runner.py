@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from corral.infra.base import JobRequest
 from corral.infra.shell import (
     CONTAINER_FILE,
+    GROUPS_DIR,
     IDLE_LIMIT_FILE,
     check_token,
     checkpoint_lines,
@@ -214,6 +215,16 @@ def _prologue(request: JobRequest, pool: str, rank: int, node_addresses: Sequenc
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(variables.items())]
     if request.checkpoint_dir:
         lines += checkpoint_lines(request.checkpoint_dir, shlex.quote(request.task_ids[0]))
+    if "CORRAL_JOBGROUP_TASK" in request.extra_env and "CORRAL_PIPELINE_ID" in request.extra_env:
+        # As on Slurm (jobscript.TASK_SH): this rank's address, for the group's other tasks, in the
+        # folder of the group's round, in the home the pool's machines share (HostsJobGroups).
+        lines += [
+            f'export CORRAL_JOBGROUP_HOSTS="$HOME/{GROUPS_DIR}/$CORRAL_PIPELINE_ID'
+            '${CORRAL_JOBGROUP_ROUND:+/$CORRAL_JOBGROUP_ROUND}"',
+            'host_file="$CORRAL_JOBGROUP_HOSTS/$CORRAL_JOBGROUP_TASK-$CORRAL_NODE_RANK"',
+            'mkdir -p "$CORRAL_JOBGROUP_HOSTS" && sed -n "$((CORRAL_NODE_RANK + 1))p" <<< "$CORRAL_NODE_IPS" '
+            '> "$host_file.$$" && mv -f "$host_file.$$" "$host_file"',
+        ]
     lines += [
         'cd "$CORRAL_RUN_DIR/workdir" || exit 1',
         'if [ -e "$CORRAL_RUN_DIR/cancelled" ]; then echo "corral: cancelled before it started"; exit 143; fi',
