@@ -16,6 +16,7 @@ from corral.infra.base import (
     AttemptFiles,
     ClusterSnapshot,
     FailureClass,
+    HostsJobGroups,
     Infra,
     JobRequest,
     JobState,
@@ -28,9 +29,10 @@ from corral.infra.base import (
 from corral.profiles import Profiles
 
 
-class FakeInfra(Infra, ReleasesHeld):
+class FakeInfra(Infra, ReleasesHeld, HostsJobGroups):
     """Accepts or refuses by place; keeps every job it accepted, by handle, with its token. With
-    `lose_kills`, a cancel is acknowledged but the job goes on (a kill lost while Slurm launches it)."""
+    `lose_kills`, a cancel is acknowledged but the job goes on (a kill lost while Slurm launches it).
+    With `groups_refused`, it cannot run a job group's tasks, saying that."""
 
     kind: ClassVar[str] = "fake"
 
@@ -45,12 +47,21 @@ class FakeInfra(Infra, ReleasesHeld):
         self.cancelled: list[str] = []
         self.released: list[str] = []
         self.lose_kills = False
+        self.groups_refused: str | None = None
+        self.removed_groups: list[str] = []
         self.uploads: list[tuple[Path, str]] = []
         self._ids = itertools.count(100)
 
     @property
     def name(self) -> str:
         return f"fake/{self.cluster}"
+
+    def job_group_refusal(self) -> str | None:
+        return self.groups_refused
+
+    async def remove_group_files(self, group_ids: list[str]) -> None:
+        self._check()
+        self.removed_groups += group_ids
 
     def _check(self) -> None:
         if self.unreachable:

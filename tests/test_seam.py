@@ -694,6 +694,32 @@ def test_a_job_group_runs_side_by_side_on_one_cluster_and_its_auxiliary_task_sto
     assert reads == []  # nothing is live: no group read
 
 
+def test_a_job_group_goes_only_where_its_tasks_can_find_each_other(store):
+    """A place whose infra cannot run a job group (no CORRAL_JOBGROUP_HOSTS there, or a pool whose homes
+    are apart) is left out of the group's plan with its reason; the group goes to one that can, and a
+    task alone still goes there."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    client = fakes()
+    client.infras["borealis"].groups_refused = "its machines do not share one home"
+    tasks = [(parse_task({"name": name, "resources": {"accelerators": "L40S:1"}, "run": "true"}, "t"), "t")
+             for name in ("trainer", "server")]
+    alone = asyncio.run(Launcher(client, store).plan(tasks[0][0], predict="never")).feasible()
+    assert [c.cluster for c in alone] == ["borealis"]
+    grouped = asyncio.run(Launcher(client, store).plan(tasks[0][0], predict="never", grouped=True))
+    assert grouped.feasible() == []
+    assert "its machines do not share one home" in {c.reason for c in grouped.candidates if c.cluster == "borealis"}
+    ids = managed.record_pipeline(store, "grp", tasks, parallel=True)
+    controller = Controller(client, store, "test", ControllerSettings())
+    assert asyncio.run(controller.tick()).submitted == 0
+    for view in managed.views(store, ids):  # (the reason names the best four places: pinned, it says this one's)
+        assert view.managed.state == "PENDING"
+        assert view.managed.reason.startswith("no cluster can run every task of its job group now: ")
+    client.infras["borealis"].groups_refused = None
+    assert asyncio.run(controller.tick()).submitted == 2
+
+
 def test_a_job_group_whose_cluster_is_lost_moves_whole_to_one_that_can_run_it(store):
     """Its cluster unreachable beyond the grace: every task is recovered, together, on one other
     cluster (they had waited for the lost one for good); the old attempts are cancelled once it
