@@ -285,6 +285,41 @@ def test_a_machine_that_refuses_a_task_keeps_none_of_its_files(pool_env, monkeyp
                                                           capture_output=True).returncode != 0, timeout=30)
 
 
+def test_a_rank_whose_answer_was_lost_is_ended_with_the_ranks_before_it(pool_env, monkeypatch):
+    """Rank 1's machine started it, and its answer was lost on the way back: the task is refused, as
+    before, and rank 1 is now ended too (it used to keep its GPUs until its run ended, no handle naming
+    it), its env.sh removed."""
+    import asyncio
+
+    from corral.client import Client
+    from corral.errors import ClusterError
+    from corral.infra.base import JobRequest, new_token
+
+    monkeypatch.setenv("CORRAL_SLURM_CONFIG", pool_env["CORRAL_SLURM_CONFIG"])
+    runs = Path("/home/corral-test/.corral/runs")  # the machines share this host's disk
+    wanted = JobRequest(token=new_token(), task_ids=("c-000000000001",), place="lab", num_nodes=2,
+                        accelerator_type=None, accelerators_per_node=4, cpus_per_node=None, memory_mb=None,
+                        envs={"TOKEN": "s3cret-value"}, setup=None, run="sleep 3061")
+
+    async def scenario() -> tuple:
+        pool = Client().infra("lab")
+        await pool.probe()
+        second = pool._order(wanted)[1]
+        submissions = pool._submissions(second)
+        sent = submissions.submit
+
+        async def lost(script, workdir):
+            await sent(script, workdir)
+            raise ClusterError(second, "no answer (the answer was lost)")
+        submissions.submit = lost
+        return second, await pool.submit(wanted)
+
+    second, answer = asyncio.run(scenario())
+    assert not answer.accepted and f"rank 1 could not start on {second} (" in answer.message, answer.message
+    assert (runs / f"{wanted.token}.1").is_dir() and not (runs / f"{wanted.token}.1" / "env.sh").exists()
+    wait_for("both ranks to be ended", lambda: not runs_somewhere("sleep", "3061"), timeout=30)
+
+
 def test_exec_syncs_the_workdir_into_a_pool_allocation(corral, pool_env, tmp_path):
     """As `sky exec` syncs the workdir before it runs: the files reach the allocation's machine, and a
     second exec sees the changed file."""

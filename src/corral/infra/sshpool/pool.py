@@ -320,10 +320,18 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         handle = f"{','.join(hosts)}/{request.token}"
         for rank, host in enumerate(hosts):
             answer = await self._start_rank(request, host, rank, addresses, idle_seconds)
-            if answer is not None:  # the ranks started are ended, and their env.sh (secrets) removed at once:
-                started = [(h, f"{request.token}.{r}") for r, h in enumerate(hosts[:rank])]  # no handle names them
+            if answer is not None:  # the ranks started are ended, and their env.sh (secrets) removed at once
+                # (no handle names them); this rank's too: a lost answer may hide a start, and a refusal
+                # left nothing to end. A machine that does not answer keeps what it started.
+                started = [(h, f"{request.token}.{r}") for r, h in enumerate(hosts[:rank])]
                 await self._cancel_ranks(started)
                 await self._per_machine(started, runner.remove_env_script)
+                mine = [(host, f"{request.token}.{rank}")]
+                try:
+                    await self._cancel_ranks(mine)
+                    await self._per_machine(mine, runner.remove_env_script)
+                except ClusterError:
+                    pass  # its machine does not answer: nothing can reach what it may have started
                 self._existing.pop(request.token, None)
                 return SubmitResult(False, None, False, f"{self.name}: rank {rank} could not start on {host} ({answer})")
         self._pending.pop(request.token, None)
