@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
-from collections.abc import Callable
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -215,3 +216,38 @@ def cancel_a_running_exec(corral, env: dict[str, str], name: str) -> str:
     [ended] = [j for j in corral("queue", name, "--json", env=env).json() if j["job_id"] == job["job_id"]]
     assert (ended["state"], ended["reason"]) == ("CANCELLED", "cancelled by user")
     return job["job_id"]
+
+
+def dead_tag() -> str:
+    """The submitter tag of a process that has ended, leaving nothing behind."""
+    return subprocess.run([sys.executable, "-c", "from corral.liveness import process_tag; print(process_tag())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@contextmanager
+def dead_leader_with_child() -> Iterator[tuple[str, Callable[[], None]]]:
+    """The tag of a session leader (as the server is) that started a child and was gone; and a function
+    that ends the child (as a killed server's `ssh … sbatch` ends once sent), returning once it has."""
+    from tests.conftest import wait_for
+
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess\n"
+                               "from corral.liveness import process_tag\n"
+                               "child = subprocess.Popen(['sleep', '600'], stdout=subprocess.DEVNULL)\n"
+                               "print(process_tag(), child.pid, flush=True)"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    tag, pid = leader.stdout.readline().split()
+    leader.wait()
+    leader.stdout.close()
+
+    def end_child() -> None:
+        os.kill(int(pid), signal.SIGKILL)
+        wait_for("the child to end", lambda: not os.path.exists(f"/proc/{pid}")  # or a zombie, reaped by init
+                 or open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", timeout=10, interval=0.05)
+
+    try:
+        yield tag, end_child
+    finally:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -14,6 +14,7 @@ from corral.state import Store
 from corral.task import parse_task
 from corral.tracker import Tracker
 from tests.fakes import FakeArrayInfra, FakeClient, FakeInfra
+from tests.helpers import dead_leader_with_child, dead_tag
 from tests.test_placement import SNAPSHOTS
 
 
@@ -190,14 +191,6 @@ def test_a_job_cancelled_while_its_submission_is_unanswered_is_cancelled_once_th
     assert (never.handle, never.state, never.reason) == (None, "CANCELLED", "cancelled by user")
 
 
-def dead_tag() -> str:
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-c", "from corral.liveness import process_tag; print(process_tag())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-
-
 def test_a_submission_whose_submitter_died_is_settled_at_once_not_after_the_grace(store):
     from corral.liveness import process_tag
     from corral.state.models import AttemptRow, JobRow
@@ -211,6 +204,23 @@ def test_a_submission_whose_submitter_died_is_settled_at_once_not_after_the_grac
     dead, alive = store.resolve("c-dead").attempt, store.resolve("c-alive").attempt
     assert (dead.state, dead.failure) == ("SUBMIT_FAILED", "lost")
     assert alive.state == "SUBMITTING"  # its submitter may still be sending it: the grace applies
+
+
+def test_a_dead_submitter_whose_ssh_clients_still_run_is_not_settled_until_they_end(store):
+    """A killed server's `ssh … sbatch` goes on and may still get the job to Slurm: its attempt waits for
+    it (found by its token then), and is settled on the first refresh after it ended."""
+    from corral.state.models import AttemptRow, JobRow
+
+    client = fakes()
+    with dead_leader_with_child() as (tag, end_child):
+        store.add_jobs([JobRow(id="c-x", name="t", task_json="{}", created_at=1e12)],
+                       [AttemptRow(token="tok-x", job_id="c-x", number=1, cluster="cirrus", partition="b300",
+                                   state="SUBMITTING", created_at=1e12, run_dir="r", log_path="l", submitter=tag)])
+        asyncio.run(Tracker(client, store).refresh())
+        assert store.resolve("c-x").attempt.state == "SUBMITTING"  # its ssh may still be running sbatch
+        end_child()
+        asyncio.run(Tracker(client, store).refresh())
+    assert (store.resolve("c-x").attempt.state, store.resolve("c-x").attempt.failure) == ("SUBMIT_FAILED", "lost")
 
 
 def test_jobs_a_dead_launch_recorded_without_attempts_become_visible_failures(store):

@@ -51,7 +51,7 @@ from corral.infra.base import (
     holder,
 )
 from corral.infra.shell import EXEC_OUTPUT
-from corral.liveness import tag_alive
+from corral.liveness import quiet_senders, tag_alive
 from corral.state import Store
 from corral.state.models import AttemptRow, RunDirState
 from corral.state.store import TERMINAL_STATES, JobView
@@ -224,6 +224,8 @@ class Tracker:
             ids = [a.handle for a in attempts if a.handle]
             # Jobs not known by handle are found by token, among all the account's jobs.
             others = cluster in watched or len(ids) < len(attempts)
+            # Before the query: a sender that finishes after it would have its job missed by it.
+            quiet = quiet_senders(a.submitter for a in attempts if a.handle is None)
             try:
                 # Everyone's jobs in one query through the service account, whoever submitted them.
                 statuses = await self.client.infra(cluster).status(ids, self.client.cluster_users(cluster),
@@ -231,7 +233,7 @@ class Tracker:
             except CorralError as exc:
                 return ClusterAnswer(about(cluster, exc))
             by_token = by_attempt_token(statuses, self.client.infra(cluster))
-            self.store.update_attempts(_updates(attempts, statuses, by_token))
+            self.store.update_attempts(_updates(attempts, statuses, by_token, quiet))
             try:
                 cancelled = await self._reap(cluster, attempts, by_token)
             except CorralError as exc:
@@ -422,8 +424,10 @@ def _getter(keys: tuple[str, ...]) -> operator.attrgetter[tuple[object, ...]]:
     return operator.attrgetter(*keys)
 
 
-def _updates(attempts: list[AttemptRow], statuses: list[JobStatus],
-             by_name: dict[str, JobStatus]) -> dict[str, dict[str, object]]:
+def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], by_name: dict[str, JobStatus],
+             quiet: set[str]) -> dict[str, dict[str, object]]:
+    """What changed for these attempts, by the infra's answer; `quiet`: submitters that can no longer be
+    sending anything (liveness.quiet_senders, read before the query)."""
     by_id = {s.handle: s for s in statuses}
     now = time.time()
     updates: dict[str, dict[str, object]] = {}
@@ -432,9 +436,9 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus],
         status = by_name.get(attempt.token) or by_id.get(attempt.handle or "")
         if status is None:
             if attempt.handle is None:
-                # Settled at once when the submitting process is gone (nothing can still be sending
-                # it), else after the grace period; a copy that turns up later is an orphan, reaped.
-                if tag_alive(attempt.submitter) is False or now - attempt.created_at > SUBMIT_GRACE_SECONDS:
+                # Settled at once when nothing can still be sending it (its submitter gone, with its
+                # ssh clients), else after the grace period; a copy that turns up later is an orphan, reaped.
+                if attempt.submitter in quiet or now - attempt.created_at > SUBMIT_GRACE_SECONDS:
                     if attempt.state == JobState.CANCELLING:  # cancelled before its submission was answered
                         updates[attempt.token] = {"state": JobState.CANCELLED, "ended_at": now,
                                                   "reason": attempt.reason}
