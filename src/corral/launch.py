@@ -226,13 +226,13 @@ class Launcher:
                                             [p.name for p in snapshots[sel.cluster].partitions])
         if holding:
             plan.candidates = [c if not c.feasible or isinstance(self.client.infra(c.cluster, owner), HoldsAllocations)
-                               else replace(c, feasible=False, startable_now=False, startable_copies=0, reason=CANNOT_HOLD)
+                               else c.refused(CANNOT_HOLD)
                                for c in plan.candidates]
             plan.candidates = [holding_runtime(c, snapshots[c.cluster]) if c.cluster in snapshots else c
                                for c in plan.candidates]
         if grouped:
             plan.candidates = [c if not c.feasible or (why := self._group_refusal(c.cluster, owner)) is None
-                               else replace(c, feasible=False, startable_now=False, startable_copies=0, reason=why)
+                               else c.refused(why)
                                for c in plan.candidates]
         feasible = plan.feasible()
         if predict == "all" or (predict == "when_full" and feasible and not any(c.startable_now for c in feasible)):

@@ -54,6 +54,10 @@ class Candidate:
     kind_rank: int = 0  # the kind's place in the kind order (build_plan): overflow goes to later kinds
     budget_short: bool = False  # its cluster's RPC budget cannot take a submission at once (budget.py)
 
+    def refused(self, reason: str) -> Candidate:
+        """This place, unable to run the task, saying why."""
+        return replace(self, feasible=False, startable_now=False, startable_copies=0, reason=reason)
+
     def with_prediction(self, start: float | None, note: str | None) -> Candidate:
         return replace(self, predicted_start=start, prediction_note=note)
 
@@ -280,9 +284,8 @@ def holding_runtime(candidate: Candidate, snapshot: ClusterSnapshot) -> Candidat
     runtime = next((r for r in WRAPPED_RUNTIMES if r in snapshot.container_runtimes), None)
     if runtime is not None:
         return replace(candidate, container_runtime=runtime)
-    return replace(candidate, feasible=False, startable_now=False, startable_copies=0,
-                   reason=f"a dev allocation runs its image with Apptainer or Singularity; {snapshot.cluster} "
-                          "offers only Pyxis (a task without -c runs there)")
+    return candidate.refused(f"a dev allocation runs its image with Apptainer or Singularity; {snapshot.cluster} "
+                             "offers only Pyxis (a task without -c runs there)")
 
 
 # Among places that can start a task equally soon: Slurm clusters first, then SSH pools, then Kubernetes.

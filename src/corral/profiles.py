@@ -235,7 +235,7 @@ def _options(task: Task) -> list[Any]:
 def apply_profiles(plan: Plan, task: Task, profiles: Profiles) -> Plan:
     """Each candidate with what it would run with; partitions a profile avoids made infeasible, saying so."""
     plan.candidates = [
-        replace(c, feasible=False, startable_now=False, reason="avoided by the cluster's profile (avoid_partitions)")
+        c.refused("avoided by the cluster's profile (avoid_partitions)")
         if c.feasible and profiles.avoided(c.cluster, c.partition, task)
         else replace(c, runs_with=profiles.settings(c.cluster, c.partition, task))
         for c in plan.candidates]

@@ -254,11 +254,9 @@ def script_partitions(plan: Plan, task: Task) -> Plan:
     out = []
     for c in plan.candidates:
         if c.feasible and pin and c.partition not in pin:
-            c = replace(c, feasible=False, startable_now=False,
-                        reason=f"the command line pins --partition={pinned[-1].value}")
+            c = c.refused(f"the command line pins --partition={pinned[-1].value}")
         elif c.feasible and wanted and c.partition not in wanted and any((c.cluster, p) in has for p in wanted):
-            c = replace(c, feasible=False, startable_now=False,
-                        reason=f"the script asks for partition {named[-1].value}, which this cluster has")
+            c = c.refused(f"the script asks for partition {named[-1].value}, which this cluster has")
         out.append(c)
     plan.candidates = out
     return plan
@@ -288,7 +286,7 @@ def script_nodes(plan: Plan, task: Task, snapshots: Mapping[str, ClusterSnapshot
             if missing is not None:
                 elsewhere = any(n.name == missing for n in snapshot.nodes)
                 why = "not a node of this partition" if elsewhere else "no such node on this cluster"
-                c = replace(c, feasible=False, startable_now=False, reason=f"--nodelist {missing}: {why}")
+                c = c.refused(f"--nodelist {missing}: {why}")
             elif not all(here[h].usable for h in hosts):
                 c = replace(c, startable_now=False, startable_copies=0)
         out.append(c)
