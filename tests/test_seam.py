@@ -723,9 +723,11 @@ def test_a_job_group_goes_only_where_its_tasks_can_find_each_other(store):
     ids = managed.record_pipeline(store, "grp", tasks, parallel=True)
     controller = Controller(client, store, "test", ControllerSettings())
     assert asyncio.run(controller.tick()).submitted == 0
-    for view in managed.views(store, ids):  # (the reason names the best four places: pinned, it says this one's)
+    for view in managed.views(store, ids):  # the place the group's resources fit, first among the reasons
         assert view.managed.state == "PENDING"
         assert view.managed.reason.startswith("no cluster can run every task of its job group now: ")
+        reason = view.managed.reason.split(": ", 2)[2]  # past the task's name
+        assert reason.startswith("slurm/borealis/l40s: its machines do not share one home; "), reason
     client.infras["borealis"].groups_refused = None
     assert asyncio.run(controller.tick()).submitted == 2
 

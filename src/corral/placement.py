@@ -53,10 +53,12 @@ class Candidate:
     kind: str = "slurm"  # the place's Infra kind: slurm, ssh (a pool, whose one partition is itself), k8s
     kind_rank: int = 0  # the kind's place in the kind order (build_plan): overflow goes to later kinds
     budget_short: bool = False  # its cluster's RPC budget cannot take a submission at once (budget.py)
+    fits: bool = False  # refused though its resources fit (`refused`): its reason leads the others'
 
     def refused(self, reason: str) -> Candidate:
         """This place, unable to run the task, saying why."""
-        return replace(self, feasible=False, startable_now=False, startable_copies=0, reason=reason)
+        return replace(self, feasible=False, startable_now=False, startable_copies=0, reason=reason,
+                       fits=self.feasible or self.fits)
 
     def with_prediction(self, start: float | None, note: str | None) -> Candidate:
         return replace(self, predicted_start=start, prediction_note=note)
@@ -64,6 +66,7 @@ class Candidate:
     def rank_key(self) -> tuple[object, ...]:
         return (
             not self.feasible,
+            not self.fits,  # of places that cannot run it, those that fell only for a reason past its resources
             not self.startable_now,
             self.startable_now and self.budget_short,  # of places that start it now, one Corral may submit to now
             self.predicted_start if self.predicted_start is not None else math.inf,
