@@ -33,7 +33,7 @@ from corral.infra.shell import (
     write_file,
 )
 from corral.infra.sshpool.inventory import ALIVE, MARK
-from corral.infra.sshpool.runner import EXEC_GROUPS, RUNS_DIR, SESSION_PROCS, run_dir_word
+from corral.infra.sshpool.runner import END_PROCS, EXEC_GROUPS, RUNS_DIR, SESSION_PROCS, run_dir_word
 
 _KEEP_ACTIVE = ('( while kill -0 "$$" 2>/dev/null; do touch "$d/last_active"; sleep 5; done ) '
                 "</dev/null >/dev/null 2>&1 &\n")
@@ -206,20 +206,15 @@ def states_script(tokens: list[str]) -> str:
 
 def release_script(tokens: list[str]) -> str:
     """Leave each holder's cancel marker, end its process group, the execs still running in it and its
-    ssh sessions (TERM, KILL 10 s later to what is left: the GPUs the holder frees must not stay in
-    use), and remove its run dir."""
+    ssh sessions (runner.END_PROCS: TERM, KILL 10 s later to what is left, in the background: the GPUs
+    the holder frees must not stay in use), and remove its run dir."""
     body = " ".join(check_token(t) for t in tokens)
-    return (ALIVE + EXEC_GROUPS + SESSION_PROCS + f"for t in {body}; do\n"
+    return (ALIVE + EXEC_GROUPS + SESSION_PROCS + END_PROCS + f"for t in {body}; do\n"
             + f'  d="$HOME/{RUNS_DIR}/$t"; [ -d "$d" ] || continue\n'
             + '  : > "$d/cancelled"; pid= since=; [ -s "$d/pid" ] && read -r pid since < "$d/pid"\n'
-            + '  if alive "$pid" "$since"; then kill -TERM -- "-$pid" 2>/dev/null; fi\n'
-            + '  for g in $(exec_groups "$d"); do\n'
-            + '    kill -TERM -- "-$g" 2>/dev/null\n'
-            + '    ( sleep 10; kill -KILL -- "-$g" 2>/dev/null ) </dev/null >/dev/null 2>&1 &\n'
-            + '  done\n'
+            + '  groups=(); alive "$pid" "$since" && groups=("-$pid")\n'
+            + '  for g in $(exec_groups "$d"); do groups+=("-$g"); done\n'
             + '  sessions=$(session_procs "$d")\n'
-            + '  if signal_procs TERM <<< "$sessions"; then\n'
-            + '    ( sleep 10; signal_procs KILL <<< "$sessions" ) </dev/null >/dev/null 2>&1 &\n'
-            + '  fi\n'
+            + '  ( end_procs 10 "$sessions" "${groups[@]}" ) </dev/null >/dev/null 2>&1 &\n'
             + '  rm -rf "$d"\n'
             + "done\nexit 0\n")

@@ -74,6 +74,19 @@ SESSION_PROCS = ('session_procs() {\n'
                  '  while read -r p s; do alive "$p" "$s" && kill -"$1" "$p" 2>/dev/null && any=0; done\n'
                  '  return "$any"\n'
                  '}\n')
+# Bash (after SESSION_PROCS): `end_procs WAIT PROCS -GROUP...` ends what a task or an allocation runs, as
+# Slurm ends a job's steps: TERM to each process group and to each process PROCS lists (session_procs'
+# lines), then KILL to what is left once WAIT seconds have passed (it returns as soon as all are gone).
+END_PROCS = ('end_procs() {\n'
+             '  local wait=$1 procs=$2 g live; shift 2\n'
+             '  [ $# -gt 0 ] && kill -TERM -- "$@" 2>/dev/null; signal_procs TERM <<< "$procs"\n'
+             '  for _ in $(seq "$wait"); do\n'
+             '    live=0; for g in "$@"; do kill -0 -- "$g" 2>/dev/null && live=1; done\n'
+             '    signal_procs 0 <<< "$procs" && live=1\n'
+             '    [ "$live" = 0 ] && return 0; sleep 1\n'
+             '  done\n'
+             '  [ $# -gt 0 ] && kill -KILL -- "$@" 2>/dev/null; signal_procs KILL <<< "$procs"; return 0\n'
+             '}\n')
 
 
 def _release(token: str) -> str:
@@ -100,7 +113,7 @@ END_TRAP = ("corral_end() {\n"
 # left). $1: the task's leader, $2 its run dir.
 KILL_WAIT_SECONDS = 30  # Slurm's default KillWait
 WATCH_SECONDS = 10  # how often it looks (Slurm's JobAcctGatherFrequency is 30 s)
-WATCHDOG = (ALIVE + EXEC_GROUPS + SESSION_PROCS
+WATCHDOG = (ALIVE + EXEC_GROUPS + SESSION_PROCS + END_PROCS
             + 'd=$2 pid=$1; since=$(started "$pid")\n'
             'deadline=; [ -s "$d/deadline" ] && read -r deadline < "$d/deadline"\n'
             'limit=0; [ "${3:-}" = memory ] && [ -s "$d/memory" ] && read -r limit < "$d/memory"\n'
@@ -110,14 +123,7 @@ WATCHDOG = (ALIVE + EXEC_GROUPS + SESSION_PROCS
             '  echo "$2" > "$d/$1"\n'
             '  echo "corral: *** $3 on ${HOSTNAME:-$(hostname)}: ending it ***" >> "$d/log.txt"\n'
             '  groups=("-$pid"); for g in $(exec_groups "$d"); do groups+=("-$g"); done\n'
-            '  sessions=$(session_procs "$d")\n'
-            '  kill -TERM -- "${groups[@]}" 2>/dev/null; signal_procs TERM <<< "$sessions"\n'
-            f'  for _ in $(seq {KILL_WAIT_SECONDS}); do\n'
-            '    live=0; for g in "${groups[@]}"; do kill -0 -- "$g" 2>/dev/null && live=1; done\n'
-            '    signal_procs 0 <<< "$sessions" && live=1\n'
-            '    [ "$live" = 0 ] && break; sleep 1\n'
-            '  done\n'
-            '  kill -KILL -- "${groups[@]}" 2>/dev/null; signal_procs KILL <<< "$sessions"\n'
+            f'  end_procs {KILL_WAIT_SECONDS} "$(session_procs "$d")" "${{groups[@]}}"\n'
             '  corral_end() {\n' + _release('"${d##*/}"') + '}; corral_end; exit 0\n'
             '}\n'
             'used_mb() {  # the resident memory of the task\'s process group, in MB\n'
