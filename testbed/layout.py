@@ -214,33 +214,39 @@ def render_gres_conf(spec: ClusterSpec, paths: ClusterPaths) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sshd_access(authorized_keys: Path) -> list[str]:
+    """What every testbed sshd (a login node's, a pool machine's) allows: keys only, the testbed's
+    users, forwarding, and sessions enough for Corral's ControlMasters and parallel tests.
+    `authorized_keys`: the folder of per-user files (TestbedPaths.authorized_keys)."""
+    return [
+        # The testbed's own keys, then each account's own file (where a member authorizes the team
+        # server's key for them, as on a real cluster).
+        f"AuthorizedKeysFile {authorized_keys}/%u .ssh/authorized_keys",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        f"AllowUsers {' '.join(ALL_USERS)}",
+        "AllowTcpForwarding yes",
+        "PrintMotd no",
+        "MaxSessions 64",
+        "MaxStartups 64:30:128",
+    ]
+
+
 def render_sshd_config(spec: ClusterSpec, paths: ClusterPaths, authorized_keys: Path) -> str:
-    """`authorized_keys`: the folder of per-user files (TestbedPaths.authorized_keys)."""
-    return "\n".join(
-        [
-            "# Written by the Corral testbed: this cluster's login node.",
-            f"Port {spec.ssh_port}",
-            "ListenAddress 127.0.0.1",
-            f"HostKey {paths.host_key}",
-            f"PidFile {paths.sshd_pidfile()}",
-            # The testbed's own keys, then each account's own file (where a member authorizes the team
-            # server's key for them, as on a real cluster).
-            f"AuthorizedKeysFile {authorized_keys}/%u .ssh/authorized_keys",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            f"AllowUsers {' '.join(ALL_USERS)}",
-            "AllowTcpForwarding yes",
-            "PrintMotd no",
-            "MaxSessions 64",
-            "MaxStartups 64:30:128",
-            "LogLevel VERBOSE",
-            f"SetEnv SLURM_CONF={paths.slurm_conf} CORRAL_TESTBED_CLUSTER={spec.name}",
-            "Subsystem sftp internal-sftp",
-            "",
-        ]
-    )
+    return "\n".join([
+        "# Written by the Corral testbed: this cluster's login node.",
+        f"Port {spec.ssh_port}",
+        "ListenAddress 127.0.0.1",
+        f"HostKey {paths.host_key}",
+        f"PidFile {paths.sshd_pidfile()}",
+        *sshd_access(authorized_keys),
+        "LogLevel VERBOSE",
+        f"SetEnv SLURM_CONF={paths.slurm_conf} CORRAL_TESTBED_CLUSTER={spec.name}",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
 
 
 def render_cluster_config(

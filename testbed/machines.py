@@ -16,8 +16,9 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.layout import sshd_access
 from testbed.processes import TestbedError, kill_tree, port_open, run, running, spawn, wait_until
-from testbed.spec import ALL_USERS, TEST_USER
+from testbed.spec import TEST_USER
 from testbed.standins import RUNTIME_STANDIN
 
 BRIDGE = "corralbr0"
@@ -293,16 +294,7 @@ def render_sshd_config(machine: MachineSpec, paths: MachinePaths, authorized_key
         f"ListenAddress {machine.address}",
         f"HostKey {paths.host_key}",
         f"PidFile {paths.root / 'sshd-own.pid'}",
-        f"AuthorizedKeysFile {authorized_keys}/%u .ssh/authorized_keys",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        f"AllowUsers {' '.join(ALL_USERS)}",
-        "AllowTcpForwarding yes",
-        "PrintMotd no",
-        "MaxSessions 64",
-        "MaxStartups 64:30:128",
+        *sshd_access(authorized_keys),
         # Its PATH (with the stand-in nvidia-smi) for non-login shells; /etc/profile.d re-adds it in login ones.
         f"SetEnv CORRAL_TESTBED_MACHINE={machine.name} PATH={machine_path(paths)}",
         "Subsystem sftp internal-sftp",
