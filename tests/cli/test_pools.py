@@ -618,6 +618,35 @@ def test_a_task_whose_submit_answer_was_lost_is_cancelled_where_it_runs(corral, 
         timeout=30)
 
 
+def test_a_multi_node_task_whose_submission_was_never_recorded_is_found_whole_or_cancelled(corral, pool_env):
+    """The same for a 2-node task: both ranks are found by their token, one per machine, and the task is
+    adopted as one (RUNNING, its handle naming both machines); and when the whole submission's answer
+    is lost, both ranks are cancelled where they run."""
+    crashed = corral("launch", "-d", "--infra", "ssh/lab", "--gpus", "A100:4", "--num-nodes", "2", "--", "sleep 300",
+                     env={**pool_env, "CORRAL_TEST_CRASH_AFTER_SBATCH": "1"})
+    assert crashed.exit_code == 69 and "the server stopped answering" in crashed.stderr, crashed.stderr
+
+    def adopted() -> dict | None:
+        [row] = corral("queue", "--json", env=pool_env).json()
+        return row if row["state"] == "RUNNING" else None
+    row = wait_for("the task to be found and adopted", adopted, timeout=60, interval=1)
+    assert re.fullmatch(r"lab[12],lab[12]/[0-9a-f]{12}", row["slurm_job_id"]), row
+    token = row["slurm_job_id"].split("/")[1]
+    assert "cancelled" in corral("cancel", row["job_id"], env=pool_env).stdout
+    wait_for("both ranks to end", lambda: subprocess.run(["pgrep", "-f", f"corral/runs/{token}"],
+                                                         capture_output=True).returncode != 0, timeout=30)
+    lost = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "A100:4", "--num-nodes", "2", "--",
+                  "sleep 300", env={**pool_env, "CORRAL_TEST_LOSE_SUBMIT_ANSWER": "lab"})
+    assert lost.exit_code == 69 and "the answer was lost" in lost.stderr, lost.stderr
+    row = next(r for r in corral("queue", "--all", "--json", env=pool_env).json() if r["state"] == "SUBMIT_FAILED")
+    assert "lab had the job after all" in row["reason"], row
+    token = row["slurm_job_id"].split("/")[1]
+    wait_for("both ranks to end, cancelled", lambda: subprocess.run(["pgrep", "-f", f"corral/runs/{token}"],
+                                                                    capture_output=True).returncode != 0, timeout=30)
+    a100 = next(r for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json() if r["gpu"] == "A100")
+    assert a100["free"] == a100["total"], a100
+
+
 def test_memory_a_task_asks_is_claimed_on_its_machine(corral, pool_env):
     """Each testbed machine has the host's MemTotal (about 24 GB). Two A100:1 tasks asking 14 GB each
     take different machines though lab1 has A100s free (its memory is taken); a third waits in a queue,

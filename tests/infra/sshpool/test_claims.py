@@ -156,9 +156,9 @@ def test_a_task_killed_outright_frees_its_gpus_at_the_next_status_poll(machine):
 
 def test_others_lists_the_runs_no_handle_names_so_a_lost_answer_is_found(machine):
     """A submission whose answer never came back (Corral holds no handle for it): the status of no
-    handle, with `others`, reports it running, and a queued one waiting; not runs that ended long ago, nor
-    a multi-node rank's run dir, nor another machine's run in a shared home, and what was asked by
-    handle once."""
+    handle, with `others`, reports it running, and a queued one waiting, and a multi-node task's rank
+    with its task's count of ranks; not runs that ended long ago, nor a rank that does not say its count,
+    nor another machine's run in a shared home, and what was asked by handle once."""
     assert machine.submit(1, 4) == f"{token(1)} new"
     assert machine.submit(2, 4) == f"{token(2)} queued"
     assert machine.submit(3, 0, cpus=1) == f"{token(3)} new"
@@ -168,7 +168,12 @@ def test_others_lists_the_runs_no_handle_names_so_a_lost_answer_is_found(machine
     (old / "exit_code").parent.mkdir(parents=True)
     (old / "exit_code").write_text("0\n")
     os.utime(old, (0, 0))
-    (machine.home / ".corral/runs" / f"{token(5)}.1").mkdir()  # a rank's run dir: its task is not one machine's
+    (machine.home / ".corral/runs" / f"{token(5)}.1").mkdir()  # a rank's, from before ranks said their count
+    rank = machine.home / ".corral/runs" / f"{token(7)}.1"  # rank 1 of 2, running here
+    rank.mkdir()
+    for name, text in (("host", f"{machine.host}\n"), ("nodes", "2\n"),
+                       ("pid", (machine.home / ".corral/runs" / token(1) / "pid").read_text())):
+        (rank / name).write_text(text)
     other = machine.home / ".corral/runs" / token(6)  # another machine's run, in a home they share
     other.mkdir()
     (other / "host").write_text("gpu7\n")
@@ -178,7 +183,9 @@ def test_others_lists_the_runs_no_handle_names_so_a_lost_answer_is_found(machine
         lines = machine.run(runner.status_script([token(n) for n in asked], others)).splitlines()
         return sorted(" ".join(line.split()[:2]) for line in lines if not line.startswith("@@"))
 
-    assert listed() == [f"{token(1)} running", f"{token(2)} queued", f"{token(3)} ended"]
+    assert listed() == [f"{token(1)} running", f"{token(2)} queued", f"{token(3)} ended", f"{token(7)}.1 running"]
+    said = machine.run(runner.status_script([], True)).splitlines()
+    assert f"@@corral ranks {token(7)}.1 2" in said  # how many ranks its task has: the pool adopts whole tasks only
     # It succeeds though the last run it looks at is another machine's (ssh reports a failed script as
     # the machine's failure, and that machine's runs would go unseen).
     status = subprocess.run(["bash", "-c", runner.status_script([], True)], env=machine.env, capture_output=True)

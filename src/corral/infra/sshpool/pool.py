@@ -18,7 +18,9 @@ with the transport's ControlMasters; nothing is installed on them.
   as srun's --kill-on-bad-exit does). A machine that stops answering fails its tasks
   (an infrastructure failure, which the controller recovers elsewhere) once it has been silent for
   MACHINE_GRACE_SECONDS; before that, its tasks' state is UNKNOWN (nothing changes). The other
-  machines' tasks are reported as usual: one machine down is not the pool down.
+  machines' tasks are reported as usual: one machine down is not the pool down. With `others`, every
+  machine also lists the runs no handle names (a lost answer), a multi-node task's as one task once
+  all its ranks are found.
 - cancel, logs: on the task's machines, named in its handle (`<host>/<token>`); logs are every rank's.
 - checkpoints (CopiesCheckpoints): fetched from the machine whose copy changed last.
 - dev allocations: a holder task per machine (`runner.holder_script`, `dev.py`); exec runs on every
@@ -364,6 +366,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                else runner.holder_script(request, self.pool.name, rank, addresses, idle_seconds))
         files = {"job.sh": job,
                  "env.sh": render_env(dict(request.envs)), "setup.sh": request.setup or "", "run.sh": request.run or ""}
+        if request.num_nodes > 1:  # a rank found without its handle is adopted only with all its task's ranks
+            files[runner.NODES_FILE] = f"{request.num_nodes}\n"
         if request.container_image:  # a holder's setup, execs and shells run in the image too (pooldev)
             files[CONTAINER_FILE] = container_wrapper(request.container_runtime or "", request.container_image,
                                                       request.accelerators_per_node > 0)
@@ -412,6 +416,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                                                             timeout=JOB_TIMEOUT)
                                          for h, t in by_host.items()), return_exceptions=True)
         found: dict[tuple[str, str], JobStatus] = {}
+        nodes: dict[str, tuple[str, int]] = {}  # `others`: a rank token no handle names -> (its machine, ranks)
         marks: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # a move under way or done (moves.py)
         waiting: list[tuple[str, str, int, Wants]] = []  # tasks asked for that wait in a machine's queue
         asked_handles = set(handles)
@@ -431,6 +436,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 continue
             for status in _statuses(host, answer.stdout):
                 found[(host, status.token or "")] = status
+            nodes.update({rank: (host, n) for rank, n in _rank_marks(answer.stdout).items()})
             marks.update({(host, token): mark for token, mark in _move_marks(answer.stdout).items()})
             waiting += [(host, token, ahead, wants) for token, (ahead, wants) in _queued(answer.stdout).items()
                         if f"{host}/{token}" in asked_handles]
@@ -449,7 +455,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 stray += [f"{p.handle.split('/')[0]}/{p.token}" for p in parts if p.state is JobState.RUNNING]
         if others:
             asked = {rank for _, ranks in tasks for rank in ranks}
-            out += [status for key, status in found.items() if key not in asked]
+            unnamed = {key: status for key, status in found.items() if key not in asked}
+            out += [status for (_, token), status in unnamed.items() if "." not in token]
+            out += _whole_tasks(unnamed, nodes)
         if stray:  # a multi-node task that failed on one node ends on every node
             await self._cancel_ranks([(h.split("/")[0], h.split("/")[1]) for h in stray])
         return out
@@ -1090,6 +1098,37 @@ def _statuses(host: str, stdout: str) -> list[JobStatus]:
 def _answer_line(stdout: str) -> str:
     """A script's answer: its first `@@corral …` line ('' if none)."""
     return next((line for line in stdout.splitlines() if line.startswith(MARK + " ")), "")
+
+
+def _rank_marks(stdout: str) -> dict[str, int]:
+    """Rank token -> how many ranks its task has, from a status answer's `@@corral ranks` lines."""
+    out: dict[str, int] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[:2] == [MARK, "ranks"] and parts[3].isdigit():
+            out[parts[2]] = int(parts[3])
+    return out
+
+
+def _whole_tasks(unnamed: dict[tuple[str, str], JobStatus], nodes: dict[str, tuple[str, int]]) -> list[JobStatus]:
+    """The multi-node tasks among runs no handle names (a submission whose answer was lost, or that the
+    server died before writing down), each as one status under its attempt's token, handle and all,
+    once every one of its ranks is found: the tracker adopts it, or cancels it where it runs. Ranks of
+    a task found in part (a submission that died half-way, or a machine not answering) are left out."""
+    by_task: dict[str, dict[int, tuple[str, int]]] = {}
+    for rank_token, (host, n) in nodes.items():
+        token, _, rank = rank_token.rpartition(".")
+        if rank.isdigit() and (host, rank_token) in unnamed:
+            by_task.setdefault(token, {})[int(rank)] = (host, n)
+    out = []
+    for token, ranks in by_task.items():
+        counts = {n for _, n in ranks.values()}
+        if len(counts) != 1 or sorted(ranks) != list(range(counts.pop())):
+            continue
+        hosts = [ranks[r][0] for r in sorted(ranks)]
+        parts = [unnamed[(host, f"{token}.{r}")] for r, host in enumerate(hosts)]
+        out.append(_combined(f"{','.join(hosts)}/{token}", token, parts))
+    return out
 
 
 def _move_marks(stdout: str) -> dict[str, tuple[str, str, float | None]]:

@@ -325,6 +325,7 @@ if [ -s "$d/pid" ]; then echo "{MARK} submitted $host/{token} new"; exit 0; fi
 """
 
 
+NODES_FILE = "nodes"  # in a multi-node task's rank run dir: how many ranks the task has
 OTHERS_WINDOW_SECONDS = 3600  # `others`: runs touched this recently (the tracker watches a place for an hour)
 
 
@@ -337,9 +338,11 @@ def status_script(tokens: Sequence[str], others: bool = False) -> str:
     queued, whose third field is `<tasks ahead>:<gpus>:<cpus>:<memory MB>`, and a sixth its GPU type
     (what it waits for); or, for a task on its way to another machine of the pool (moves.py), `<token>
     moving <target> <since epoch> -`, and `<token> moved <machine> - -` where a shared home's run dir
-    names the machine that took it. With `others`, also a line for every other single-node run this machine took
+    names the machine that took it. With `others`, also a line for every other run this machine took
     (its `host` file) that is queued there or was touched in the last OTHERS_WINDOW_SECONDS (a submission
-    whose answer was lost: the tracker finds it by token)."""
+    whose answer was lost: the tracker finds it by token); a multi-node task's rank (`<token>.<rank>`)
+    after `@@corral ranks <token>.<rank> <nodes>`, from its `nodes` file, so that the pool can tell a
+    whole task from what a submission that died half-way left."""
     for token in tokens:
         check_token(token)
     body = " ".join(tokens)
@@ -349,8 +352,13 @@ declare -A asked=(); for t in {body}; do asked[$t]=1; done
   find "$HOME/{RUNS_DIR}" -mindepth 1 -maxdepth 1 -type d -newermt "@$(( $(date +%s) - {OTHERS_WINDOW_SECONDS} ))" \\
     -printf '%f\\n' 2>/dev/null
 }} | sort -u | while read -r t; do
-  [[ $t =~ ^[0-9a-f]{{12}}$ ]] && [ -z "${{asked[$t]:-}}" ] || continue
-  if read -r took 2>/dev/null < "$HOME/{RUNS_DIR}/$t/host" && [ "$took" = "$me" ]; then report "$t"; fi
+  [[ $t =~ ^[0-9a-f]{{12}}([.][0-9]+)?$ ]] && [ -z "${{asked[$t]:-}}" ] || continue
+  read -r took 2>/dev/null < "$HOME/{RUNS_DIR}/$t/host" && [ "$took" = "$me" ] || continue
+  if [[ $t == *.* ]]; then
+    read -r n 2>/dev/null < "$HOME/{RUNS_DIR}/$t/{NODES_FILE}" && [[ $n =~ ^[0-9]+$ ]] || continue
+    echo "{MARK} ranks $t $n"
+  fi
+  report "$t"
 done
 """
     return f"""\
