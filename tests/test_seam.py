@@ -223,6 +223,38 @@ def test_a_dead_submitter_whose_ssh_clients_still_run_is_not_settled_until_they_
     assert (store.resolve("c-x").attempt.state, store.resolve("c-x").attempt.failure) == ("SUBMIT_FAILED", "lost")
 
 
+def test_an_attempt_whose_files_take_long_to_send_is_not_settled_meanwhile(store, tmp_path, monkeypatch):
+    """The grace counts from when the attempt is recorded, before its workdir is sent: a large workdir
+    must not make a refresh call the attempt never sent (and a managed job's next attempt run beside it)
+    while this process is still sending it."""
+    from corral import tracker
+
+    monkeypatch.setattr(tracker, "SUBMIT_GRACE_SECONDS", -1)  # every attempt is past the grace
+
+    async def scenario() -> None:
+        uploading, sent = asyncio.Event(), asyncio.Event()
+
+        class SlowUpload(FakeInfra):
+            async def upload(self, local, remote):
+                uploading.set()
+                await sent.wait()
+                await super().upload(local, remote)
+
+        client = fakes(SlowUpload)
+        task = parse_task({"resources": {"accelerators": "H100:1"}, "workdir": str(tmp_path), "run": "true"}, "t")
+        launching = asyncio.create_task(Launcher(client, store).launch(task, "t"))
+        await asyncio.wait_for(uploading.wait(), 10)
+        await Tracker(client, store).refresh()
+        [view] = store.queue_page().views
+        assert view.attempt.state == "SUBMITTING"  # not SUBMIT_FAILED: its files are still being sent
+        sent.set()
+        [share] = await launching
+        [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
+        assert (attempt.state, attempt.handle) == ("PENDING", share.handle)
+
+    asyncio.run(scenario())
+
+
 def test_jobs_a_dead_launch_recorded_without_attempts_become_visible_failures(store):
     import time
 

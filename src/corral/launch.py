@@ -41,7 +41,7 @@ from corral.infra.base import (
     SubmitResult,
     new_token,
 )
-from corral.liveness import process_tag
+from corral.liveness import Sending, process_tag
 from corral.placement import Candidate, Plan, build_plan, holding_runtime, slurm_minutes
 from corral.profiles import RunSettings, apply_profiles, with_prefix
 from corral.script_task import (
@@ -404,7 +404,13 @@ class Launcher:
     async def _submit_share(self, task: Task, envs: dict[str, str], feasible: list[Candidate],
                             jobs: list[JobRow], first: Candidate, dead: set[str],
                             options: AttemptOptions) -> Submitted:
-        """Submit one share (one job, or one array), failing over along the ranked candidates."""
+        """Submit one share (one job, or one array), failing over along the ranked candidates. Its
+        attempts are not settled as never sent while it runs, however long their files take (Sending)."""
+        with Sending() as sending:
+            return await self._send_share(task, envs, feasible, jobs, first, dead, options, sending)
+
+    async def _send_share(self, task: Task, envs: dict[str, str], feasible: list[Candidate], jobs: list[JobRow],
+                          first: Candidate, dead: set[str], options: AttemptOptions, sending: Sending) -> Submitted:
         job_ids = tuple(j.id for j in jobs)
         numbers = itertools.count(options.first_number)
         tried: dict[int, tuple[JobRequest, list[AttemptRow]]] = {}  # by id(candidate)
@@ -426,6 +432,7 @@ class Launcher:
                 for i, jid in enumerate(job_ids)
             ]
             tried[id(candidate)] = (request, attempts)
+            sending.add(a.token for a in attempts)
             self.store.add_jobs([], attempts)
             if task.workdir or task.file_mounts:
                 self.events.step("sync", f"copying the task's files to {candidate.infra}")

@@ -9,6 +9,28 @@ import os
 import socket
 from collections.abc import Iterable
 
+# The attempt tokens this process is submitting now: recorded, their files being sent, their answer not
+# yet written down. However long an upload takes, such an attempt is not settled as never sent.
+SENDING: set[str] = set()
+
+
+class Sending:
+    """One submission's tokens, in SENDING from when each is recorded (`add`) until the submission's
+    outcome is written, or it raised (the end of the `with`)."""
+
+    def __init__(self) -> None:
+        self.tokens: set[str] = set()
+
+    def add(self, tokens: Iterable[str]) -> None:
+        self.tokens.update(tokens)
+        SENDING.update(self.tokens)
+
+    def __enter__(self) -> Sending:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        SENDING.difference_update(self.tokens)
+
 
 def _stat(pid: int | str) -> list[str] | None:
     """/proc/PID/stat's fields after the command name: [0] the state, [2] the process group, [3] the

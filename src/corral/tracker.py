@@ -51,7 +51,7 @@ from corral.infra.base import (
     holder,
 )
 from corral.infra.shell import EXEC_OUTPUT
-from corral.liveness import quiet_senders, tag_alive
+from corral.liveness import SENDING, quiet_senders, tag_alive
 from corral.state import Store
 from corral.state.models import AttemptRow, RunDirState
 from corral.state.store import TERMINAL_STATES, JobView
@@ -436,8 +436,11 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], by_name: dic
         status = by_name.get(attempt.token) or by_id.get(attempt.handle or "")
         if status is None:
             if attempt.handle is None:
-                # Settled at once when nothing can still be sending it (its submitter gone, with its
-                # ssh clients), else after the grace period; a copy that turns up later is an orphan, reaped.
+                # Never while this process is sending it (its files may take long). Else settled at once
+                # when nothing can still be sending it (its submitter gone, with its ssh clients), or
+                # after the grace period; a copy that turns up later is an orphan, reaped.
+                if attempt.token in SENDING:
+                    continue
                 if attempt.submitter in quiet or now - attempt.created_at > SUBMIT_GRACE_SECONDS:
                     if attempt.state == JobState.CANCELLING:  # cancelled before its submission was answered
                         updates[attempt.token] = {"state": JobState.CANCELLED, "ended_at": now,
