@@ -255,6 +255,38 @@ def test_an_attempt_whose_files_take_long_to_send_is_not_settled_meanwhile(store
     asyncio.run(scenario())
 
 
+def test_a_job_cancelled_while_its_files_are_sent_is_cancelled_once_accepted(store, tmp_path):
+    """`corral cancel` while the submission is still sending the workdir: the accepted answer does not
+    undo the cancel (the attempt stays CANCELLING, with its handle), and the next tick cancels the job
+    where it landed."""
+    from corral.controller.engine import Controller, ControllerSettings
+
+    async def scenario() -> None:
+        uploading, sent = asyncio.Event(), asyncio.Event()
+
+        class SlowUpload(FakeInfra):
+            async def upload(self, local, remote):
+                uploading.set()
+                await sent.wait()
+                await super().upload(local, remote)
+
+        client = fakes(SlowUpload)
+        task = parse_task({"resources": {"accelerators": "H100:1"}, "workdir": str(tmp_path), "run": "true"}, "t")
+        launching = asyncio.create_task(Launcher(client, store).launch(task, "t"))
+        await asyncio.wait_for(uploading.wait(), 10)
+        [view] = store.queue_page().views
+        assert [v.job.id for v in await Tracker(client, store).cancel([view])] == [view.job.id]
+        sent.set()
+        [share] = await launching
+        [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
+        assert (attempt.state, attempt.handle) == ("CANCELLING", share.handle)
+        infra = client.infras[share.cluster]
+        await Controller(client, store, "test", ControllerSettings()).tick()
+        assert infra.cancelled == [share.handle]
+
+    asyncio.run(scenario())
+
+
 def test_jobs_a_dead_launch_recorded_without_attempts_become_visible_failures(store):
     import time
 

@@ -463,8 +463,7 @@ class Launcher:
         handles = [infra.array_handle(result.handle, request.copy_index(i))
                    if request.is_array and isinstance(infra, RunsArrays)
                    else result.handle for i in range(len(attempts))]
-        self.store.update_attempts({a.token: {"handle": handle, "state": JobState.PENDING, "submitted_at": now}
-                                    for a, handle in zip(attempts, handles)})
+        self.store.accept_attempts({a.token: handle for a, handle in zip(attempts, handles)}, now)
         submitted = Submitted(list(job_ids), candidate.cluster, candidate.partition, result.handle,
                               attempts[0].log_path, failover.tries, handles, candidate.infra)
         self.events.submitted(submitted)

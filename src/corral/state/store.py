@@ -192,6 +192,18 @@ class Store:
                                .values(**fields))
             return bool(result.rowcount)  # type: ignore[attr-defined]
 
+    def accept_attempts(self, handles: dict[str, str], submitted_at: float) -> None:
+        """Record that the infra accepted these attempts (token -> handle): the handle always, PENDING
+        only where an attempt is still SUBMITTING. A cancel recorded while it was being sent (CANCELLING)
+        then stands, and goes to the job where it landed; a refresh that found it first is not undone."""
+        with self.session() as s, s.begin():
+            _update_in_batches(s, AttemptRow, [{"token": token, "handle": handle, "submitted_at": submitted_at}
+                                               for token, handle in handles.items()])
+            for chunk in _chunks(list(handles), 5000):
+                s.execute(update(AttemptRow).where(AttemptRow.token.in_(chunk),
+                                                   AttemptRow.state == JobState.SUBMITTING)
+                          .values(state=JobState.PENDING))
+
     def end_attempt(self, token: str, **fields: object) -> None:
         """Record how an attempt ended, in one transaction with reading it. One that a user's cancel
         reached meanwhile (CANCELLING or CANCELLED) ends CANCELLED, with the cancel's reason and the
