@@ -224,12 +224,16 @@ def test_a_dead_submitter_whose_ssh_clients_still_run_is_not_settled_until_they_
 
 
 def test_an_attempt_whose_files_take_long_to_send_is_not_settled_meanwhile(store, tmp_path, monkeypatch):
-    """The grace counts from when the attempt is recorded, before its workdir is sent: a large workdir
+    """The grace counted from when the attempt was recorded, before its workdir is sent: a large workdir
     must not make a refresh call the attempt never sent (and a managed job's next attempt run beside it)
-    while this process is still sending it."""
-    from corral import tracker
+    while this process is still sending it; and a copy that took long restamps the attempt, so that
+    another replica's grace counts from its end."""
+    import time
+
+    from corral import launch, tracker
 
     monkeypatch.setattr(tracker, "SUBMIT_GRACE_SECONDS", -1)  # every attempt is past the grace
+    monkeypatch.setattr(launch, "RESTAMP_AFTER_SECONDS", 0.0)
 
     async def scenario() -> None:
         uploading, sent = asyncio.Event(), asyncio.Event()
@@ -247,10 +251,13 @@ def test_an_attempt_whose_files_take_long_to_send_is_not_settled_meanwhile(store
         await Tracker(client, store).refresh()
         [view] = store.queue_page().views
         assert view.attempt.state == "SUBMITTING"  # not SUBMIT_FAILED: its files are still being sent
+        before_sending = time.time()
         sent.set()
         [share] = await launching
         [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
         assert (attempt.state, attempt.handle) == ("PENDING", share.handle)
+        # Another replica's grace counts from the end of the copy, not from the recording.
+        assert view.attempt.created_at < before_sending <= attempt.created_at
 
     asyncio.run(scenario())
 

@@ -73,6 +73,9 @@ Prediction = Literal["all", "when_full", "never"]
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
 # Tests only: on this cluster, sbatch's answer is lost after Slurm accepted the job (a dropped connection).
 LOST_ANSWER_HOOK_ENV = "CORRAL_TEST_LOSE_SUBMIT_ANSWER"
+# Files that took longer than this to send restamp their attempts' created_at before the submission proper
+# (one store write), so that the tracker's grace (SUBMIT_GRACE_SECONDS) counts from there.
+RESTAMP_AFTER_SECONDS = 10.0
 
 
 class NoFeasibleClusterError(UnavailableError):
@@ -436,7 +439,11 @@ class Launcher:
             self.store.add_jobs([], attempts)
             if task.workdir or task.file_mounts:
                 self.events.step("sync", f"copying the task's files to {candidate.infra}")
+            copying = time.time()
             await self.upload_files(task, infra, files.run_dir)
+            if time.time() - copying > RESTAMP_AFTER_SECONDS:
+                # Another process's tracker (a replica's) counts its grace from created_at: from now, then.
+                self._mark(attempts, created_at=time.time())
             self.events.step("submit", f"submitting to {candidate.infra}")
             result = await infra.submit(request)
             if result.accepted and os.environ.get(LOST_ANSWER_HOOK_ENV) == candidate.cluster:
