@@ -223,6 +223,33 @@ def test_a_dead_submitter_whose_ssh_clients_still_run_is_not_settled_until_they_
     assert (store.resolve("c-x").attempt.state, store.resolve("c-x").attempt.failure) == ("SUBMIT_FAILED", "lost")
 
 
+class SlowSending:
+    """A launch whose workdir copy waits until the test lets it go (`sent`), as a large one takes long:
+    `uploading` is set once the copy has begun (its attempt recorded, SUBMITTING)."""
+
+    def __init__(self, store: Store, workdir) -> None:
+        self.uploading, self.sent = asyncio.Event(), asyncio.Event()
+        this = self
+
+        class SlowUpload(FakeInfra):
+            async def upload(self, local, remote):
+                this.uploading.set()
+                await this.sent.wait()
+                await super().upload(local, remote)
+
+        self.client = fakes(SlowUpload)
+        task = parse_task({"resources": {"accelerators": "H100:1"}, "workdir": str(workdir), "run": "true"}, "t")
+        self.launching = asyncio.create_task(Launcher(self.client, store).launch(task, "t"))
+
+    async def copying(self) -> None:
+        await asyncio.wait_for(self.uploading.wait(), 10)
+
+    async def accepted(self):
+        self.sent.set()
+        [share] = await self.launching
+        return share
+
+
 def test_an_attempt_whose_files_take_long_to_send_is_not_settled_meanwhile(store, tmp_path, monkeypatch):
     """The grace counted from when the attempt was recorded, before its workdir is sent: a large workdir
     must not make a refresh call the attempt never sent (and a managed job's next attempt run beside it)
@@ -236,24 +263,13 @@ def test_an_attempt_whose_files_take_long_to_send_is_not_settled_meanwhile(store
     monkeypatch.setattr(launch, "RESTAMP_AFTER_SECONDS", 0.0)
 
     async def scenario() -> None:
-        uploading, sent = asyncio.Event(), asyncio.Event()
-
-        class SlowUpload(FakeInfra):
-            async def upload(self, local, remote):
-                uploading.set()
-                await sent.wait()
-                await super().upload(local, remote)
-
-        client = fakes(SlowUpload)
-        task = parse_task({"resources": {"accelerators": "H100:1"}, "workdir": str(tmp_path), "run": "true"}, "t")
-        launching = asyncio.create_task(Launcher(client, store).launch(task, "t"))
-        await asyncio.wait_for(uploading.wait(), 10)
-        await Tracker(client, store).refresh()
+        slow = SlowSending(store, tmp_path)
+        await slow.copying()
+        await Tracker(slow.client, store).refresh()
         [view] = store.queue_page().views
         assert view.attempt.state == "SUBMITTING"  # not SUBMIT_FAILED: its files are still being sent
         before_sending = time.time()
-        sent.set()
-        [share] = await launching
+        share = await slow.accepted()
         [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
         assert (attempt.state, attempt.handle) == ("PENDING", share.handle)
         # Another replica's grace counts from the end of the copy, not from the recording.
@@ -269,27 +285,15 @@ def test_a_job_cancelled_while_its_files_are_sent_is_cancelled_once_accepted(sto
     from corral.controller.engine import Controller, ControllerSettings
 
     async def scenario() -> None:
-        uploading, sent = asyncio.Event(), asyncio.Event()
-
-        class SlowUpload(FakeInfra):
-            async def upload(self, local, remote):
-                uploading.set()
-                await sent.wait()
-                await super().upload(local, remote)
-
-        client = fakes(SlowUpload)
-        task = parse_task({"resources": {"accelerators": "H100:1"}, "workdir": str(tmp_path), "run": "true"}, "t")
-        launching = asyncio.create_task(Launcher(client, store).launch(task, "t"))
-        await asyncio.wait_for(uploading.wait(), 10)
+        slow = SlowSending(store, tmp_path)
+        await slow.copying()
         [view] = store.queue_page().views
-        assert [v.job.id for v in await Tracker(client, store).cancel([view])] == [view.job.id]
-        sent.set()
-        [share] = await launching
+        assert [v.job.id for v in await Tracker(slow.client, store).cancel([view])] == [view.job.id]
+        share = await slow.accepted()
         [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
         assert (attempt.state, attempt.handle) == ("CANCELLING", share.handle)
-        infra = client.infras[share.cluster]
-        await Controller(client, store, "test", ControllerSettings()).tick()
-        assert infra.cancelled == [share.handle]
+        await Controller(slow.client, store, "test", ControllerSettings()).tick()
+        assert slow.client.infras[share.cluster].cancelled == [share.handle]
 
     asyncio.run(scenario())
 

@@ -585,18 +585,24 @@ def _on_machine(machines, handle: str, script: str) -> str:
                           capture_output=True, text=True, timeout=30).stdout.strip()
 
 
-def test_a_task_whose_submission_was_never_recorded_is_found_by_its_token(corral, pool_env, machines):
-    """The engine dies right after a machine started the task, before it wrote the handle down: the next
-    refresh asks every machine of the pool for what no handle names, finds the task by its token and
-    adopts it (RUNNING, with its handle), rather than calling it failed while it runs unseen."""
-    crashed = corral("launch", "-d", "--infra", "ssh/lab", "--gpus", "A100:1", "--", "sleep 300",
+def _launched_crashed_and_adopted(corral, pool_env, *resources: str) -> dict:
+    """`sleep 300` launched on the pool by a server that dies right after the machines started it, before
+    it wrote the handle down; its queue row once the next refreshes have found and adopted it (RUNNING)."""
+    crashed = corral("launch", "-d", "--infra", "ssh/lab", *resources, "--", "sleep 300",
                      env={**pool_env, "CORRAL_TEST_CRASH_AFTER_SBATCH": "1"})
     assert crashed.exit_code == 69 and "the server stopped answering" in crashed.stderr, crashed.stderr
 
     def adopted() -> dict | None:
         [row] = corral("queue", "--json", env=pool_env).json()
         return row if row["state"] == "RUNNING" else None
-    row = wait_for("the task to be found and adopted", adopted, timeout=60, interval=1)
+    return wait_for("the task to be found and adopted", adopted, timeout=60, interval=1)
+
+
+def test_a_task_whose_submission_was_never_recorded_is_found_by_its_token(corral, pool_env, machines):
+    """The engine dies right after a machine started the task, before it wrote the handle down: the next
+    refresh asks every machine of the pool for what no handle names, finds the task by its token and
+    adopts it (RUNNING, with its handle), rather than calling it failed while it runs unseen."""
+    row = _launched_crashed_and_adopted(corral, pool_env, "--gpus", "A100:1")
     assert re.fullmatch(r"lab[12]/[0-9a-f]{12}", row["slurm_job_id"]), row
     token = row["slurm_job_id"].split("/")[1]
     assert token in _on_machine(machines, row["slurm_job_id"], 'cat ~/.corral/pool/"$(hostname)"/held/*')  # its GPU
@@ -622,14 +628,7 @@ def test_a_multi_node_task_whose_submission_was_never_recorded_is_found_whole_or
     """The same for a 2-node task: both ranks are found by their token, one per machine, and the task is
     adopted as one (RUNNING, its handle naming both machines); and when the whole submission's answer
     is lost, both ranks are cancelled where they run."""
-    crashed = corral("launch", "-d", "--infra", "ssh/lab", "--gpus", "A100:4", "--num-nodes", "2", "--", "sleep 300",
-                     env={**pool_env, "CORRAL_TEST_CRASH_AFTER_SBATCH": "1"})
-    assert crashed.exit_code == 69 and "the server stopped answering" in crashed.stderr, crashed.stderr
-
-    def adopted() -> dict | None:
-        [row] = corral("queue", "--json", env=pool_env).json()
-        return row if row["state"] == "RUNNING" else None
-    row = wait_for("the task to be found and adopted", adopted, timeout=60, interval=1)
+    row = _launched_crashed_and_adopted(corral, pool_env, "--gpus", "A100:4", "--num-nodes", "2")
     assert re.fullmatch(r"lab[12],lab[12]/[0-9a-f]{12}", row["slurm_job_id"]), row
     token = row["slurm_job_id"].split("/")[1]
     assert "cancelled" in corral("cancel", row["job_id"], env=pool_env).stdout
