@@ -298,6 +298,31 @@ def test_a_job_cancelled_while_its_files_are_sent_is_cancelled_once_accepted(sto
     asyncio.run(scenario())
 
 
+def test_a_submission_answered_while_a_refresh_asks_is_not_settled_by_that_refresh(store, monkeypatch):
+    """The refresh read the attempt without a handle, and past the grace; the launcher writes the answer
+    while the status query runs (the job landed just after it). The refresh's settlement must not undo
+    the answer."""
+    from corral import tracker
+    from corral.liveness import process_tag
+    from corral.state.models import AttemptRow, JobRow
+
+    monkeypatch.setattr(tracker, "SUBMIT_GRACE_SECONDS", -1)
+
+    class AnsweredMeanwhile(FakeInfra):
+        async def status(self, handles, accounts=(), *, others=True):
+            seen = await super().status(handles, accounts, others=others)
+            store.accept_attempts({"tok-x": "77"}, 1e12)  # the launcher's answer, written as the query ran
+            return seen
+
+    store.add_jobs([JobRow(id="c-x", name="t", task_json="{}", created_at=1e12)],
+                   [AttemptRow(token="tok-x", job_id="c-x", number=1, cluster="cirrus", partition="b300",
+                               state="SUBMITTING", created_at=1.0, run_dir="r", log_path="l",
+                               submitter=process_tag())])
+    asyncio.run(Tracker(fakes(AnsweredMeanwhile), store).refresh())
+    attempt = store.resolve("c-x").attempt
+    assert (attempt.state, attempt.handle) == ("PENDING", "77")
+
+
 def test_jobs_a_dead_launch_recorded_without_attempts_become_visible_failures(store):
     import time
 

@@ -225,7 +225,9 @@ class Tracker:
             # Jobs not known by handle are found by token, among all the account's jobs.
             others = cluster in watched or len(ids) < len(attempts)
             # Before the query: a sender that finishes after it would have its job missed by it.
-            quiet = quiet_senders(a.submitter for a in attempts if a.handle is None)
+            unanswered = [a for a in attempts if a.handle is None]
+            quiet = quiet_senders(a.submitter for a in unanswered)
+            sending = SENDING.intersection(a.token for a in unanswered)
             try:
                 # Everyone's jobs in one query through the service account, whoever submitted them.
                 statuses = await self.client.infra(cluster).status(ids, self.client.cluster_users(cluster),
@@ -233,7 +235,9 @@ class Tracker:
             except CorralError as exc:
                 return ClusterAnswer(about(cluster, exc))
             by_token = by_attempt_token(statuses, self.client.infra(cluster))
-            self.store.update_attempts(_updates(attempts, statuses, by_token, quiet))
+            changes, settled = _updates(attempts, statuses, by_token, quiet, sending)
+            self.store.update_attempts(changes)
+            self.store.settle_unanswered(settled)
             try:
                 cancelled = await self._reap(cluster, attempts, by_token)
             except CorralError as exc:
@@ -425,12 +429,15 @@ def _getter(keys: tuple[str, ...]) -> operator.attrgetter[tuple[object, ...]]:
 
 
 def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], by_name: dict[str, JobStatus],
-             quiet: set[str]) -> dict[str, dict[str, object]]:
-    """What changed for these attempts, by the infra's answer; `quiet`: submitters that can no longer be
-    sending anything (liveness.quiet_senders, read before the query)."""
+             quiet: set[str], sending: set[str]) -> tuple[dict[str, dict[str, object]], dict[str, dict[str, object]]]:
+    """What changed for these attempts, by the infra's answer; and, apart, how those never answered
+    are settled (Store.settle_unanswered: not where an answer has been written since). Read before the
+    query: `quiet`, submitters that can no longer be sending anything (liveness.quiet_senders);
+    `sending`, tokens this process was sending (liveness.SENDING)."""
     by_id = {s.handle: s for s in statuses}
     now = time.time()
     updates: dict[str, dict[str, object]] = {}
+    settled: dict[str, dict[str, object]] = {}
     for attempt in attempts:
         # By name first: tokens are unique, while job ids restart when a cluster's state is reset.
         status = by_name.get(attempt.token) or by_id.get(attempt.handle or "")
@@ -439,14 +446,14 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], by_name: dic
                 # Never while this process is sending it (its files may take long). Else settled at once
                 # when nothing can still be sending it (its submitter gone, with its ssh clients), or
                 # after the grace period; a copy that turns up later is an orphan, reaped.
-                if attempt.token in SENDING:
+                if attempt.token in sending:
                     continue
                 if attempt.submitter in quiet or now - attempt.created_at > SUBMIT_GRACE_SECONDS:
                     if attempt.state == JobState.CANCELLING:  # cancelled before its submission was answered
-                        updates[attempt.token] = {"state": JobState.CANCELLED, "ended_at": now,
+                        settled[attempt.token] = {"state": JobState.CANCELLED, "ended_at": now,
                                                   "reason": attempt.reason}
                         continue
-                    updates[attempt.token] = {"state": JobState.SUBMIT_FAILED, "ended_at": now,
+                    settled[attempt.token] = {"state": JobState.SUBMIT_FAILED, "ended_at": now,
                                               "failure": FailureClass.LOST.value,
                                               "reason": "interrupted before Slurm accepted the job"}
             else:
@@ -478,7 +485,7 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], by_name: dic
             fields["reason"] = status.native_state + (f" ({status.reason})" if status.reason else "")
         if _getter(tuple(fields))(attempt) != tuple(fields.values()):
             updates[attempt.token] = fields  # a quiet tick writes nothing
-    return updates
+    return updates, settled
 
 
 class SharedRefresh:

@@ -204,6 +204,17 @@ class Store:
                                                    AttemptRow.state == JobState.SUBMITTING)
                           .values(state=JobState.PENDING))
 
+    def settle_unanswered(self, settled: dict[str, dict[str, object]]) -> None:
+        """Settle attempts read without a handle and not found on their cluster (SUBMIT_FAILED, or
+        CANCELLED for one cancelled meanwhile), only where no handle has been written since: a
+        submission answered after the refresh read them stands (accept_attempts)."""
+        if not settled:
+            return
+        with self.session() as s, s.begin():
+            for token, fields in settled.items():
+                s.execute(update(AttemptRow).where(AttemptRow.token == token, AttemptRow.handle.is_(None))
+                          .values(**fields))
+
     def end_attempt(self, token: str, **fields: object) -> None:
         """Record how an attempt ended, in one transaction with reading it. One that a user's cancel
         reached meanwhile (CANCELLING or CANCELLED) ends CANCELLED, with the cancel's reason and the
