@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 from corral.liveness import process_tag, quiet_senders, tag_alive
 from tests.helpers import dead_leader_with_child, dead_tag
@@ -12,8 +10,7 @@ from tests.helpers import dead_leader_with_child, dead_tag
 
 def test_this_process_is_alive_and_a_finished_one_is_not():
     assert tag_alive(process_tag()) is True
-    child = subprocess.run([sys.executable, "-c", "from corral.liveness import process_tag; print(process_tag())"],
-                           capture_output=True, text=True, check=True).stdout.strip()
+    child = dead_tag()
     assert child.startswith(socket.gethostname() + ":") and tag_alive(child) is False
 
 

@@ -193,6 +193,10 @@ class Tracker:
         overdue: set[str] = set()  # clusters whose query this refresh does not wait for (`patience`)
         before = dict(self.client.transport.round_trips)
         self.asking = set(by_cluster)
+        # Read before any status query: a sender that finishes after it would have its job missed by it.
+        unanswered = [a for a in active if a.handle is None]
+        quiet = quiet_senders(a.submitter for a in unanswered)  # one scan of /proc for the whole refresh
+        sending = SENDING.intersection(a.token for a in unanswered)
 
         async def one(cluster: str, attempts: list[AttemptRow]) -> None:
             flight, started = self.flights.ask(cluster, lambda: refresh_one(cluster, attempts))
@@ -224,10 +228,6 @@ class Tracker:
             ids = [a.handle for a in attempts if a.handle]
             # Jobs not known by handle are found by token, among all the account's jobs.
             others = cluster in watched or len(ids) < len(attempts)
-            # Before the query: a sender that finishes after it would have its job missed by it.
-            unanswered = [a for a in attempts if a.handle is None]
-            quiet = quiet_senders(a.submitter for a in unanswered)
-            sending = SENDING.intersection(a.token for a in unanswered)
             try:
                 # Everyone's jobs in one query through the service account, whoever submitted them.
                 statuses = await self.client.infra(cluster).status(ids, self.client.cluster_users(cluster),
