@@ -298,6 +298,48 @@ def test_a_job_cancelled_while_its_files_are_sent_is_cancelled_once_accepted(sto
     asyncio.run(scenario())
 
 
+def test_a_slow_submission_runs_beside_the_ticks_which_track_the_other_jobs_meanwhile(store, tmp_path):
+    """A managed job whose files take long to send (a large workdir or checkpoint) no longer holds up
+    the tick: it waits `submit_wait`, then the submission goes on beside the next ticks, which track the
+    other jobs, never place that job again, and keep its home cluster leased; it is reported once it ends."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    uploading, sent = asyncio.Event(), asyncio.Event()
+
+    class SlowUpload(FakeInfra):
+        async def upload(self, local, remote):
+            uploading.set()
+            await sent.wait()
+            await super().upload(local, remote)
+
+    async def scenario() -> None:
+        client = fakes(SlowUpload)
+        slow_task = {"resources": {"accelerators": "B300:8"}, "workdir": str(tmp_path), "run": "true"}
+        [slow] = managed.record(store, parse_task(slow_task, "t"), "t")
+        [quick] = managed.record(store, parse_task({"resources": {"accelerators": "B300:8"}, "run": "true"}, "t"),
+                                 "t")
+        controller = Controller(client, store, "test", ControllerSettings(submit_wait=0.05))
+        first = await controller.tick()
+        assert uploading.is_set() and (first.submitted, first.submitting) == (1, 1)
+        assert controller.submitting_homes() and controller.submitting_homes() <= set(controller.shards.held)
+        [quick_attempt] = store.attempts_of([quick])[quick]
+        client.infras["cirrus"].finish(quick_attempt.handle, JobState.SUCCEEDED)
+        second = await controller.tick()  # the quick job is tracked while the slow one is still sending
+        assert {v.job.id: v.managed.state for v in managed.views(store)}[quick] == "SUCCEEDED"
+        assert (second.submitted, second.submitting) == (0, 1)
+        [attempt] = store.attempts_of([slow])[slow]  # not placed again
+        assert attempt.state == "SUBMITTING"
+        sent.set()
+        third = await controller.tick()
+        assert (third.submitted, third.submitting) == (1, 0) and not controller.submitting_homes()
+        [attempt] = store.attempts_of([slow])[slow]
+        assert attempt.state == "PENDING" and attempt.handle is not None
+        assert len(client.infras["cirrus"].requests) == 2  # each job submitted once
+
+    asyncio.run(scenario())
+
+
 def test_a_submission_answered_while_a_refresh_asks_is_not_settled_by_that_refresh(store, monkeypatch):
     """The refresh read the attempt without a handle, and past the grace; the launcher writes the answer
     while the status query runs (the job landed just after it). The refresh's settlement must not undo

@@ -23,7 +23,8 @@ def test_pending_jobs_cost_a_bounded_number_of_round_trips(corral_env, testbed):
         store = open_store()
         task = parse_task(yaml.safe_load("resources:\n  accelerators: H100:4\nrun: 'true'\n"), "test")
         managed.record(store, task, "test", 40)
-        controller = Controller(Client(), store, "test", ControllerSettings(reroute_after=0, predict_interval=3600))
+        controller = Controller(Client(), store, "test", ControllerSettings(reroute_after=0, predict_interval=3600,
+                                                                           submit_wait=120))
         first = asyncio.run(controller.tick())
         assert first.submitted == 40
         # Pending everywhere, nowhere can start them: each tick is one status query per cluster with jobs

@@ -98,6 +98,31 @@ def test_a_replica_that_stops_hands_its_clusters_over_at_once(store):
     assert replicas[0].held == set(CLUSTERS) and replicas[0].replicas == 1
 
 
+def test_a_replica_keeps_the_clusters_whose_jobs_it_is_still_submitting(store):
+    """A cluster beyond the share, or one given up on stopping, stays leased while a submission of one of
+    its jobs still runs: another replica that took it would place that job again."""
+    clock = ManualClock(1000000.0)
+    a, b = (Shards(store, name, 30.0, lambda: CLUSTERS, clock=clock) for name in ("a", "b"))
+    a.claim()
+    assert a.held == set(CLUSTERS)
+    b.claim()  # "b" joins: "a" would give up three clusters, but keeps c6 while submitting there
+    a.claim(keep={"c6"})
+    b.claim()
+    assert "c6" in a.held and "c6" not in b.held and len(a.held) == 5 and not a.held & b.held
+    a.claim()  # the submission ended: c6 goes like the rest beyond the share
+    b.claim()
+    assert_partition([a, b])
+    assert "c6" not in a.held and len(a.held) == 4
+    # Stopping during a submission: its cluster's lease is left to lapse, the others handed over at once.
+    kept = sorted(a.held)[0]
+    a.release_all(keep={kept})
+    b.claim()
+    assert kept not in b.held and len(b.held) == len(CLUSTERS) - 1
+    clock.now += 31.0
+    b.claim()
+    assert b.held == set(CLUSTERS)
+
+
 def test_two_controllers_on_one_store_drive_each_managed_job_exactly_once(store):
     """Fifty managed jobs, two replicas ticking in turn over three fake clusters: every job gets exactly one
     attempt, each submitted once, whichever replica recorded it; then one replica dies and the other

@@ -96,7 +96,8 @@ def server_status(as_json: bool) -> None:
         if last:
             click.echo(f"last tick {time.time() - last['at']:.1f}s ago: {last['jobs']} live jobs, "
                        f"{last['seconds']:.3f}s, SSH calls {last['round_trips'] or {}}"
-                       + (f", errors {last['errors']}" if last["errors"] else ""))
+                       + (f", errors {last['errors']}" if last["errors"] else "")
+                       + (f", {last['submitting']} still being submitted" if last.get("submitting") else ""))
         if last and last.get("disagreement"):
             click.echo(f"drives nothing: {last['disagreement']}")
         if lease:

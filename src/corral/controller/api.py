@@ -50,6 +50,7 @@ class TickFigures:
     round_trips: dict[str, int]
     errors: dict[str, str]
     disagreement: str | None = None  # replicas read different cluster lists: nothing was driven
+    submitting: int = 0  # jobs whose submission still ran beside the ticks (engine.py)
 
 
 @dataclass

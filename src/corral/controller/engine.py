@@ -12,6 +12,11 @@ the jobs whose home cluster it holds, so no job is driven by two at once; a repl
 clusters over once their leases lapse. One of them also holds the `controller` lease for the chores
 done once per store. Submissions stay idempotent through their tokens (see `launch.py`).
 
+Submissions (placements and moves, checkpoint copies included) run beside the ticks: a tick waits for
+them `submit_wait` seconds at most, and a slower one (a large checkpoint or workdir) goes on while later
+ticks track every other job. Its jobs are left out of those ticks until it ends, and the clusters whose
+holder drives them (their homes) stay this replica's meanwhile, so that no other replica places them again.
+
 What happens to each managed job is decided by the rules (rules.py), from its rows alone; this module
 fetches what they need, carries out their decisions, and does what spans jobs:
 - placing: a new attempt on the best cluster (unhealthy clusters avoided), with the latest checkpoint
@@ -33,7 +38,10 @@ import json
 import math
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from corral import budget
@@ -88,8 +96,9 @@ class TickReport:
     replicas: int = 1  # live replicas on the store, this one included
     jobs: int = 0  # live managed jobs this replica drove
     queued_execs: int = 0  # execs still waiting for their allocation to be ready (the chores' holder)
-    submitted: int = 0
+    submitted: int = 0  # jobs whose new attempt was accepted since the last report (late submissions included)
     moved: int = 0
+    submitting: int = 0  # jobs whose submission still runs beside the ticks (longer than `submit_wait`)
     cancelled: int = 0
     round_trips: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
@@ -112,9 +121,11 @@ class Controller:
         self.shards = Shards(store, holder, self.settings.lease_seconds, client.registry.names)
         self._last_tick = 0.0  # time.monotonic() at the end of the last tick
         self._execs_settled = -math.inf  # time.monotonic() when unfollowed execs were last looked for
+        self._submitting: dict[str, Submitting] = {}  # job id -> its submission running beside the ticks
+        self._ended: Counter[str] = Counter()  # "submitted", "moved": jobs whose submission ended, not yet reported
 
     async def tick(self) -> TickReport:
-        held = self.shards.claim()
+        held = self.shards.claim(keep=self.submitting_homes())
         if self.shards.disagreement:  # replicas read different cluster lists: this one does nothing
             self.store.release_lease(LEASE, self.holder)
             chores = False
@@ -148,13 +159,17 @@ class Controller:
             # secrets) only for the few this tick places, moves or judges: memory stays flat with 10,000.
             attempts = self.store.attempts_of_live_managed()
             configured = self.client.registry.names()
-            managed = [m for m in managed if self._drives(m, attempts, configured, held, chores)]
+            # A job whose submission still runs waits for it (and a job group for all of its tasks').
+            groups = {m.group_id for m in managed if m.group_id and m.job_id in self._submitting}
+            managed = [m for m in managed if self._drives(m, attempts, configured, held, chores)
+                       and m.job_id not in self._submitting and not (m.group_id and m.group_id in groups)]
             report.jobs = len(managed)
             if managed:
                 # A cluster whose status query has not answered is left out of this tick's placement (a
                 # job that names it excepted): its probe, and a submission, would most likely wait too.
                 sent = await self._drive(managed, attempts, held, now, report, left_out(refresh.asking))
         await self._cancel_again(cancelling, held, set(refresh.errors) | self._unreachable_beyond_grace(now), sent)
+        await self._wait_for_submissions(self.settings.submit_wait)
         if chores:  # execs queued in allocations that were not ready: started once they are
             report.queued_execs = await start_queued_execs(self.client, self.store, run_on)
         if chores and time.monotonic() - self._execs_settled >= EXEC_SETTLE_SECONDS:
@@ -162,19 +177,60 @@ class Controller:
             await settle_unfollowed_execs(self.client, self.store)
         report.round_trips = {c: n - before.get(c, 0) for c, n in self.client.transport.round_trips.items()
                               if n - before.get(c, 0)}
+        report.submitted, report.moved = self._ended.pop("submitted", 0), self._ended.pop("moved", 0)
+        report.submitting = len(self._submitting)
         self._last_tick = time.monotonic()
         return report
+
+    # ---- submissions beside the ticks -----------------------------------------------------------
+    def _detach(self, homes: dict[str, str | None], kind: str, work: Coroutine[Any, Any, int]) -> None:
+        """Run one submission (`kind`: "submitted" for a placement, "moved" for a move) beside the ticks.
+        `homes`: its jobs -> their home cluster, kept leased until it ends (`submitting_homes`)."""
+        async def counted() -> int:
+            count = await work
+            self._ended[kind] += count
+            return count
+
+        submission = asyncio.ensure_future(counted())
+        for job_id, home in homes.items():
+            self._submitting[job_id] = Submitting(submission, home)
+        submission.add_done_callback(functools.partial(self._submission_ended, list(homes)))
+
+    def _submission_ended(self, job_ids: list[str], submission: asyncio.Future[int]) -> None:
+        for job_id in job_ids:
+            if job_id in self._submitting and self._submitting[job_id].future is submission:
+                del self._submitting[job_id]
+
+    async def _wait_for_submissions(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the submissions running beside the ticks. A submission that
+        failed in a way Corral does not handle (a bug, not a cluster's refusal) fails the tick that sees
+        it end, as it would have failed the tick that ran it."""
+        running = {s.future for s in self._submitting.values()}
+        if not running:
+            return
+        done, _ = await asyncio.wait(running, timeout=timeout)
+        for submission in done:
+            submission.result()
+
+    def submitting_homes(self) -> set[str]:
+        """The home clusters of the jobs whose submission still runs: this replica keeps them."""
+        return {s.home for s in self._submitting.values() if s.home is not None}
+
+    async def finish_submissions(self, timeout: float) -> set[str]:
+        """For a stopping server: wait up to `timeout` seconds for the submissions still running; returns
+        the home clusters of those that did not end (their leases are left to lapse, not given up)."""
+        try:
+            await self._wait_for_submissions(timeout)
+        except Exception:  # noqa: BLE001 - stopping: a failed submission's job is placed again by whoever drives it
+            pass
+        return self.submitting_homes()
 
     # ---- one tick over all managed jobs ---------------------------------------------------------
     @staticmethod
     def _drives(m: ManagedJobRow, attempts: dict[str, list[AttemptRow]], configured: list[str], held: set[str],
                 chores: bool) -> bool:
-        """Is this replica the one that drives the job: does it hold the job's home cluster (shards.py)?
-        A job group's tasks share a home until placed (by the group's id), so that one replica places
-        them together."""
-        mine = attempts.get(m.job_id)
-        key = m.group_id if m.group_id and not mine else m.job_id
-        home = home_cluster(key, mine[-1].cluster if mine else None, configured)
+        """Is this replica the one that drives the job: does it hold the job's home cluster (shards.py)?"""
+        home = _home(m, attempts, configured)
         return home in held if home is not None else chores
 
     async def _drive(self, managed: list[ManagedJobRow], attempts: dict[str, list[AttemptRow]], held: set[str],
@@ -226,8 +282,8 @@ class Controller:
         moving = [(m, rows[job], latest) for m, job, latest in pending]
         outcomes = await self.launcher.probe_for([_task(job) for job, _ in placing] +
                                                  [_task(job) for _, job, _ in moving], slow)
-        report.submitted += await self._place(placing, attempts, outcomes, unreachable, now, live)
-        report.moved += await self._reroute(moving, attempts, outcomes, unreachable, now)
+        await self._place(placing, attempts, outcomes, unreachable, now, live)
+        await self._reroute(moving, attempts, outcomes, unreachable, now)
         return sent
 
     def _pipeline_rows(self, live: dict[str, ManagedJobRow], attempts: dict[str, list[AttemptRow]]
@@ -277,10 +333,10 @@ class Controller:
 
     # ---- placing new attempts -------------------------------------------------------------------
     async def _place(self, to_place: list[tuple[JobRow, str]], attempts: dict[str, list[AttemptRow]],
-                     outcomes: list, unreachable: set[str], now: float, rows: dict[str, ManagedJobRow]) -> int:
+                     outcomes: list, unreachable: set[str], now: float, rows: dict[str, ManagedJobRow]) -> None:
         """Decide where every batch goes, one after the other on this tick's probe, each seeing what the
-        ones before took of each place's free capacity; then submit them all at once (the transport
-        and the budget bound the sessions per cluster)."""
+        ones before took of each place's free capacity; then start all their submissions at once, beside
+        the tick (the transport and the budget bound the sessions per cluster)."""
         avoid = unreachable | self._unhealthy(now)
         taken: dict[tuple[str, str], int] = {}  # copies placed on each place this tick
         decided: list[tuple[int, list[JobRow], Task, list[Candidate]]] = []
@@ -317,9 +373,10 @@ class Controller:
                 key = (candidate.cluster, candidate.partition)
                 taken[key] = taken.get(key, 0) + count
             decided.append((number, jobs, task, feasible))
-        submitted = await asyncio.gather(*(self._submit_batch(number, jobs, task, feasible, attempts, rows)
-                                           for number, jobs, task, feasible in decided))
-        return sum(submitted)
+        configured = self.client.registry.names()
+        for number, jobs, task, feasible in decided:
+            homes = {job.id: _home(rows[job.id], attempts, configured) if job.id in rows else None for job in jobs}
+            self._detach(homes, "submitted", self._submit_batch(number, jobs, task, feasible, attempts, rows))
 
     def _note_rounds(self, groups: dict[str, GroupPlace],
                      planned: list[tuple[int, list[JobRow], Task, Plan, list[Candidate]]],
@@ -375,10 +432,9 @@ class Controller:
     # ---- re-routing pending jobs ----------------------------------------------------------------
     async def _reroute(self, pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]],
                        attempts: dict[str, list[AttemptRow]], outcomes: list, unreachable: set[str],
-                       now: float) -> int:
+                       now: float) -> None:
         """Move pending jobs: to a cluster that can start them now; failing that, to one predicted to
-        start them sooner by a clear margin."""
-        moved = 0
+        start them sooner by a clear margin. The moves run beside the tick (`_detach`)."""
         avoid = unreachable | self._unhealthy(now)
         taken: dict[tuple[str, str], int] = {}  # copies moved to each place this tick: its capacity is shared
         plans: dict[tuple[str, str], Plan] = {}  # one plan per owner's task (a sweep's jobs share it)
@@ -398,20 +454,21 @@ class Controller:
                 waiting.append((m, job, current, task))
                 continue
             taken[move.place] = taken.get(move.place, 0) + 1
-            moved += await self._move(m, job, current, task, move.target, attempts, move.why)
+            self._detach({job.id: current.cluster}, "moved",
+                         self._move(m, job, current, task, move.target, attempts, move.why))
         if waiting:
-            moved += await self._reroute_by_prediction(waiting, plans, attempts, avoid, now)
-        return moved
+            await self._reroute_by_prediction(waiting, plans, attempts, avoid, now)
 
     async def _reroute_by_prediction(self, waiting: list[tuple[ManagedJobRow, JobRow, AttemptRow, Task]],
                                      plans: dict[tuple[str, str], Plan], attempts: dict[str, list[AttemptRow]],
-                                     avoid: set[str], now: float) -> int:
+                                     avoid: set[str], now: float) -> None:
         """Nowhere can start them now: compare predicted starts. Predictions (`sbatch --test-only` on
         every candidate, one round trip per cluster for all tasks) are made per task at most every
         `predict_interval` seconds, for at most `max_predicted_tasks` tasks per tick. A job moves only
         when the best alternative beats its current start by `reroute_margin` seconds and by
         `reroute_margin_fraction` of its current wait, and only one job per task per prediction: the
-        next prediction sees the job already moved."""
+        next prediction sees the job already moved (the prediction is dropped as the move starts: one that
+        fails is predicted again)."""
         tasks: dict[tuple[str, str], Task] = {}
         for _m, job, _current, task in waiting:
             tasks.setdefault(_task_key(job), task)
@@ -424,17 +481,16 @@ class Controller:
                 await self.launcher.predict(fresh, owner=owner)
                 for key, (_task, plan) in zip(keys, fresh):
                     self._predictions[key] = (now, plan)
-        moved = 0
         for m, job, current, task in waiting:
             cached = self._predictions.get(_task_key(job))
             if cached is None:
                 continue
             move = rules.move_by_prediction(current, cached[1], avoid, self.settings, now)
-            if move is not None and await self._move(m, job, current, task, move.target, attempts, move.why):
-                moved += 1
+            if move is not None:
                 # One move per task per prediction: the next one sees the moved job in its new queue.
                 self._predictions.pop(_task_key(job), None)
-        return moved
+                self._detach({job.id: current.cluster}, "moved",
+                             self._move(m, job, current, task, move.target, attempts, move.why))
 
     async def _move(self, m: ManagedJobRow, job: JobRow, current: AttemptRow, task: Task, target: Candidate,
                     attempts: dict[str, list[AttemptRow]], why: str) -> int:
@@ -566,6 +622,22 @@ class Controller:
 
     def _unhealthy(self, now: float) -> set[str]:
         return {c for c, row in self.store.health().items() if row.unhealthy_until > now}
+
+
+@dataclass(frozen=True)
+class Submitting:
+    """A job's submission running beside the ticks."""
+
+    future: asyncio.Future[int]
+    home: str | None  # the cluster whose holder drives the job (None: the chores' holder does)
+
+
+def _home(m: ManagedJobRow, attempts: dict[str, list[AttemptRow]], configured: list[str]) -> str | None:
+    """The job's home cluster (shards.home_cluster). A job group's tasks share a home until placed (by
+    the group's id), so that one replica places them together."""
+    mine = attempts.get(m.job_id)
+    key = m.group_id if m.group_id and not mine else m.job_id
+    return home_cluster(key, mine[-1].cluster if mine else None, configured)
 
 
 def _task(job: JobRow) -> Task:

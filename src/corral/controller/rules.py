@@ -76,6 +76,7 @@ class ControllerSettings:
     max_launch_failures: int = 5  # attempts in a row the infrastructure ended at once: then FAILED, not recovered
     lease_seconds: float = 30.0
     status_wait: float = 3.0  # seconds a tick waits for the clusters' status answers; a slower one is as last seen
+    submit_wait: float = 5.0  # seconds a tick waits for its submissions; a slower one goes on beside the next ticks
 
     def margin(self, here_start: float, now: float) -> float:
         """How much sooner another cluster must be predicted to start a job before it moves there."""
@@ -85,7 +86,8 @@ class ControllerSettings:
     def from_env(cls) -> ControllerSettings:
         settings = cls()
         for name in ("grace_seconds", "reroute_after", "reroute_cooldown", "reroute_margin", "reroute_margin_fraction",
-                     "predict_interval", "unhealthy_seconds", "lease_seconds", "status_wait"):
+                     "predict_interval", "unhealthy_seconds", "lease_seconds", "status_wait",
+                     "submit_wait"):
             setattr(settings, name, env_number(f"CORRAL_CONTROLLER_{name.upper()}", getattr(settings, name)))
         return settings
 

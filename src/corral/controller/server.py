@@ -421,14 +421,16 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
                 status.last_tick = TickFigures(at=time.time(), seconds=round(time.monotonic() - started, 4),
                                                drove=report.drove, jobs=report.jobs, submitted=report.submitted,
                                                moved=report.moved, cancelled=report.cancelled,
+                                               submitting=report.submitting,
                                                round_trips=report.round_trips, errors=report.errors,
                                                disagreement=report.disagreement)
                 if report.disagreement != disagreement:  # said once when it starts, and when it ends
                     disagreement = report.disagreement
                     print(disagreement or "replicas read the same cluster list again: driving jobs", flush=True)
-                if report.jobs or report.queued_execs:  # work: the configured pace, even while a cluster
-                    # fails. A failing cluster is held back by its own budget and back-off (budget.py); a
-                    # loop that slowed for it (it did, to 10 s) saw every job late, its recovery included.
+                if report.jobs or report.queued_execs or report.submitting:  # work: the configured pace,
+                    # even while a cluster fails. A failing cluster is held back by its own budget and
+                    # back-off (budget.py); a loop that slowed for it (it did, to 10 s) saw every job late,
+                    # its recovery included.
                     interval = base
                 else:  # nothing to drive: slow down
                     interval = min(longest, max(base, interval * 1.5))
@@ -451,15 +453,19 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
                 status.wake.clear()
                 interval = base
     finally:
+        # A submission cut short would leave its job to be placed again by the replica taking its home: the
+        # homes of those that outlast the wait stay leased until the leases lapse.
+        unfinished = await controller.finish_submissions(STOP_SUBMIT_WAIT)
         api.should_exit = True
         await serving
         store.release_lease(LEASE, holder)
-        controller.shards.release_all()  # the other replicas take its clusters on their next tick
+        controller.shards.release_all(keep=unfinished)  # the other replicas take its clusters on their next tick
         if running_pid() == os.getpid():
             pid_file().unlink(missing_ok=True)
             endpoint.unlink(missing_ok=True)
 
 
+STOP_SUBMIT_WAIT = 10.0  # seconds a stopping server waits for its submissions (`server stop` waits 20 s)
 FIRST_TICK_WAIT = 1.0  # seconds a server started for a command waits for that command's request to end
 PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads and of long-gone replicas' heartbeats
 LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the tick that may take it

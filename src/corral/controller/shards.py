@@ -137,7 +137,10 @@ class Shards:
     clock: Callable[[], float] = time.time  # the store's leases are in wall-clock time
     disagreement: str | None = None  # why this replica holds no cluster: replicas read different lists
 
-    def claim(self) -> set[str]:
+    def claim(self, keep: frozenset[str] | set[str] = frozenset()) -> set[str]:
+        """Renew this replica's leases, then take or give up clusters towards its fair share. Clusters in
+        `keep` (the homes of jobs whose submission still runs here) are never given up meanwhile: another
+        replica that took one would place those jobs again."""
         now = self.clock()
         started = time.monotonic()
         configured = self.configured()
@@ -149,13 +152,15 @@ class Shards:
         self.next_lapse = min((expiry for holder, expiry in live.expiries if holder != self.holder), default=None)
         self.disagreement = disagreement(self.holder, note, live.cluster_lists)
         if self.disagreement:  # fail closed: no job driven rather than one driven twice
-            self.store.release_leases(self.holder, CLUSTER)
+            self._release_all_but(keep, live.clusters)
             self.held = set()
             return set()
         holders = dict(live.clusters)
         mine = {c for c, h in holders.items() if h == self.holder}
         plan = rebalance(self.holder, configured, holders, self.replicas)
         for cluster in plan.release:
+            if cluster in keep:
+                continue
             self.store.release_lease(CLUSTER + cluster, self.holder)
             mine.discard(cluster)
             holders.pop(cluster, None)
@@ -185,7 +190,16 @@ class Shards:
     def forget_gone_replicas(self) -> None:
         self.store.forget_leases(REPLICA, expired_before=self.clock() - FORGET_REPLICAS_AFTER)
 
-    def release_all(self) -> None:
-        self.store.release_leases(self.holder, CLUSTER)
+    def release_all(self, keep: frozenset[str] | set[str] = frozenset()) -> None:
+        """Give up every lease (a replica stopping), but those of clusters in `keep`: left to lapse."""
+        self._release_all_but(keep, live_leases(self.store, self.clock()).clusters if keep else {})
         self.store.release_lease(REPLICA + self.holder, self.holder)
         self.held = set()
+
+    def _release_all_but(self, keep: frozenset[str] | set[str], holders: dict[str, str]) -> None:
+        if not keep:
+            self.store.release_leases(self.holder, CLUSTER)
+            return
+        for cluster, holder in holders.items():
+            if holder == self.holder and cluster not in keep:
+                self.store.release_lease(CLUSTER + cluster, self.holder)
