@@ -225,21 +225,31 @@ def test_a_dead_submitter_whose_ssh_clients_still_run_is_not_settled_until_they_
 
 class SlowSending:
     """A launch whose workdir copy waits until the test lets it go (`sent`), as a large one takes long:
-    `uploading` is set once the copy has begun (its attempt recorded, SUBMITTING)."""
+    `uploading` is set once the copy has begun (its attempt recorded, SUBMITTING). With `in_submit`, the
+    wait is in the submission proper instead, where an SSH pool copies the files."""
 
-    def __init__(self, store: Store, workdir) -> None:
+    def __init__(self, store: Store, workdir, in_submit: bool = False) -> None:
         self.uploading, self.sent = asyncio.Event(), asyncio.Event()
         this = self
 
         class SlowUpload(FakeInfra):
             async def upload(self, local, remote):
-                this.uploading.set()
-                await this.sent.wait()
+                if not in_submit:
+                    await this.waited()
                 await super().upload(local, remote)
+
+            async def submit(self, request):
+                if in_submit:
+                    await this.waited()
+                return await super().submit(request)
 
         self.client = fakes(SlowUpload)
         task = parse_task({"resources": {"accelerators": "H100:1"}, "workdir": str(workdir), "run": "true"}, "t")
         self.launching = asyncio.create_task(Launcher(self.client, store).launch(task, "t"))
+
+    async def waited(self) -> None:
+        self.uploading.set()
+        await self.sent.wait()
 
     async def copying(self) -> None:
         await asyncio.wait_for(self.uploading.wait(), 10)
@@ -250,30 +260,32 @@ class SlowSending:
         return share
 
 
-def test_an_attempt_whose_files_take_long_to_send_is_not_settled_meanwhile(store, tmp_path, monkeypatch):
+@pytest.mark.parametrize("in_submit", [False, True], ids=["upload", "in-submit"])
+def test_an_attempt_whose_files_take_long_to_send_is_not_settled_meanwhile(store, tmp_path, monkeypatch,
+                                                                           in_submit):
     """The grace counted from when the attempt was recorded, before its workdir is sent: a large workdir
     must not make a refresh call the attempt never sent (and a managed job's next attempt run beside it)
-    while this process is still sending it; and a copy that took long restamps the attempt, so that
-    another replica's grace counts from its end."""
-    import time
-
+    while this process is still sending it; and the attempt is restamped while it is sent, so that
+    another replica's grace counts from the latest restamp, also where the copy is part of the
+    submission proper (an SSH pool's)."""
     from corral import launch, tracker
+    from tests.test_tracker import until
 
     monkeypatch.setattr(tracker, "SUBMIT_GRACE_SECONDS", -1)  # every attempt is past the grace
-    monkeypatch.setattr(launch, "RESTAMP_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(launch, "RESTAMP_AFTER_SECONDS", 0.01)
 
     async def scenario() -> None:
-        slow = SlowSending(store, tmp_path)
+        slow = SlowSending(store, tmp_path, in_submit=in_submit)
         await slow.copying()
         await Tracker(slow.client, store).refresh()
         [view] = store.queue_page().views
         assert view.attempt.state == "SUBMITTING"  # not SUBMIT_FAILED: its files are still being sent
-        before_sending = time.time()
+        # Another replica's grace counts from the latest restamp, made while the files are on their way.
+        await until(lambda: store.resolve(view.job.id).attempt.created_at > view.attempt.created_at)
         share = await slow.accepted()
         [attempt] = store.attempts_of(share.job_ids)[share.job_ids[0]]
         assert (attempt.state, attempt.handle) == ("PENDING", share.handle)
-        # Another replica's grace counts from the end of the copy, not from the recording.
-        assert view.attempt.created_at < before_sending <= attempt.created_at
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # the restamps ended with the submission
 
     asyncio.run(scenario())
 

@@ -9,11 +9,12 @@ and adopts it; a retried submit of the same attempt finds it too and does not su
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -73,8 +74,10 @@ Prediction = Literal["all", "when_full", "never"]
 CRASH_HOOK_ENV = "CORRAL_TEST_CRASH_AFTER_SBATCH"  # tests only: die between sbatch and the DB write
 # Tests only: on this cluster, sbatch's answer is lost after Slurm accepted the job (a dropped connection).
 LOST_ANSWER_HOOK_ENV = "CORRAL_TEST_LOSE_SUBMIT_ANSWER"
-# Files that took longer than this to send restamp their attempts' created_at before the submission proper
-# (one store write), so that the tracker's grace (SUBMIT_GRACE_SECONDS) counts from there.
+# While a submission runs (its files on the way, then the submission proper, which an SSH pool's copy is
+# part of), its attempts' created_at is restamped this often (one store write each time): another
+# process's tracker (a replica's) counts its grace (SUBMIT_GRACE_SECONDS) from there, so it never settles
+# an attempt a live replica is still sending, and settles one whose sender died within the grace.
 RESTAMP_AFTER_SECONDS = 10.0
 
 
@@ -439,13 +442,10 @@ class Launcher:
             self.store.add_jobs([], attempts)
             if task.workdir or task.file_mounts:
                 self.events.step("sync", f"copying the task's files to {candidate.infra}")
-            copying = time.time()
-            await self.upload_files(task, infra, files.run_dir)
-            if time.time() - copying > RESTAMP_AFTER_SECONDS:
-                # Another process's tracker (a replica's) counts its grace from created_at: from now, then.
-                self._mark(attempts, created_at=time.time())
-            self.events.step("submit", f"submitting to {candidate.infra}")
-            result = await infra.submit(request)
+            async with self._restamping(attempts):
+                await self.upload_files(task, infra, files.run_dir)
+                self.events.step("submit", f"submitting to {candidate.infra}")
+                result = await infra.submit(request)
             if result.accepted and os.environ.get(LOST_ANSWER_HOOK_ENV) == candidate.cluster:
                 raise ClusterError(candidate.cluster, "no answer (test hook: the answer was lost)")
             return result
@@ -478,6 +478,20 @@ class Launcher:
 
     def _mark(self, attempts: list[AttemptRow], **fields: object) -> None:
         self.store.update_attempts({a.token: dict(fields) for a in attempts})
+
+    @contextlib.asynccontextmanager
+    async def _restamping(self, attempts: list[AttemptRow]) -> AsyncIterator[None]:
+        """Restamp the attempts' created_at every RESTAMP_AFTER_SECONDS while the block runs."""
+        async def restamp() -> None:
+            while True:
+                await asyncio.sleep(RESTAMP_AFTER_SECONDS)
+                self._mark(attempts, created_at=time.time())
+
+        keeper = asyncio.ensure_future(restamp())
+        try:
+            yield
+        finally:
+            keeper.cancel()
 
     @staticmethod
     def check_local_files(task: Task) -> None:
