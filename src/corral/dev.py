@@ -222,23 +222,20 @@ class DevAllocations:
         self.sees_all = sees_all
         self.local = local
 
+    def name_lock(self, name: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """The store lock under which `launch`, reuse and `down` of one of this user's names take turns,
+        across processes and server replicas (locks.in_store)."""
+        from corral.locks import in_store
+
+        return in_store(self.store, "dev", f"{self.owner}/{name}")
+
     # ---- launch -c ----------------------------------------------------------------------------
     async def launch(self, name: str, task: Task, source: str, idle_minutes: float | None,
                      walltime: str | None) -> tuple[AllocationRow, bool]:
         """Place and hold the allocation, or reuse a live one of the same shape. Returns (row, new).
-        Two commands launching one name at once take turns: the second reuses the first's allocation."""
-        from corral.locks import held, named
-
+        The caller holds the name's store lock (`name_lock`): two commands launching one name at once,
+        through one server or two replicas, take turns, and the second reuses the first's allocation."""
         check_name(name)
-        lock = held(named("dev", f"{self.owner}/{name}" if self.owner else name))
-        await asyncio.to_thread(lock.__enter__)
-        try:
-            return await self._launch(name, task, source, idle_minutes, walltime)
-        finally:
-            lock.__exit__(None, None, None)
-
-    async def _launch(self, name: str, task: Task, source: str, idle_minutes: float | None,
-                      walltime: str | None) -> tuple[AllocationRow, bool]:
         existing = self.store.allocation(name, self.owner)
         wanted = resources_key(task)
         if existing is not None:

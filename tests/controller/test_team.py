@@ -243,6 +243,7 @@ def test_replicas_on_one_postgresql_split_the_clusters_and_hand_over_a_dead_ones
     import os
     import signal
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     from corral.client import Client as EngineClient
     from tests.helpers import ssh_login
@@ -282,6 +283,14 @@ def test_replicas_on_one_postgresql_split_the_clusters_and_hand_over_a_dead_ones
         assert {c.me()["name"] for c in clients.values()} == {"ada"}  # ...known to both: the API works on each
         any_client = next(iter(clients.values()))
         wait_for("two replicas to split the clusters", lambda: split_between(any_client, set(replicas)), timeout=30)
+        # One dev allocation name launched through both replicas at the same moment: they take turns (a
+        # lock in the store, not on one machine), and the second reuses the first's allocation.
+        with ThreadPoolExecutor(len(clients)) as pool:
+            answers = list(pool.map(lambda c: c.dev_launch("race", infra="slurm/alpine/cpu", cpus="1", wait=False),
+                                    clients.values()))
+        assert len({a["slurm_job_id"] for a in answers}) == 1, answers
+        assert sorted(a["new"] for a in answers) == [False, True]
+        assert any_client.dev_down("race")
         third = start("three")
         clients[third] = Client(replicas[third][1], token)
         held = wait_for("three replicas to split the clusters",

@@ -326,7 +326,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
     from corral.controller.api import ControllerStatus, TickFigures, create_app
     from corral.controller.engine import LEASE, Controller, ControllerSettings
     from corral.controller.protocol import MAX_REQUEST_HEAD, RefusingH11Protocol
-    from corral import run_files
+    from corral import locks, run_files
     from corral.sdk.endpoint import settings as endpoint_settings
     from corral.state import open_store
     from corral.usage import UsageSampler
@@ -406,8 +406,9 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
                 _prune_uploads(store)
                 try:
                     controller.shards.forget_gone_replicas()  # heartbeats of replicas gone for a day
+                    store.forget_leases(locks.STORE_LOCK, expired_before=time.time() - FORGET_LOCKS_AFTER)
                 except Exception as exc:  # noqa: BLE001 - housekeeping: never a reason to stop driving jobs
-                    print(f"forgetting gone replicas failed: {exc!r}", flush=True)
+                    print(f"forgetting gone replicas and lapsed locks failed: {exc!r}", flush=True)
             try:
                 report = await controller.tick()
                 status.ticks += 1
@@ -467,6 +468,7 @@ async def _run(options: ServerOptions, ready_fd: int | None = None) -> None:
 
 STOP_SUBMIT_WAIT = 10.0  # seconds a stopping server waits for its submissions (`server stop` waits 20 s)
 FIRST_TICK_WAIT = 1.0  # seconds a server started for a command waits for that command's request to end
+FORGET_LOCKS_AFTER = 86400.0  # a store lock a dead holder left is removed this long after it lapsed
 PRUNE_INTERVAL = 3600.0  # seconds between removals of old uploads and of long-gone replicas' heartbeats
 LAPSE_MARGIN = 0.05  # seconds after another replica's lease lapses before the tick that may take it
 

@@ -129,8 +129,6 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
                slow: Callable[[], dict[str, str]] = dict) -> None:
     """`slow`: the clusters a new allocation leaves out now, with why (their status queries are overdue).
     `wake`: tick the engine now (an exec was queued)."""
-    locks: dict[tuple[str, str], asyncio.Lock] = {}
-
     def dev(me: Principal, put: Put | None = None) -> DevAllocations:
         """`me`'s allocations (names are per user; an admin's listing shows everyone's)."""
         client = Client()
@@ -154,7 +152,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
                 task = task.model_copy(update={"setup": None})
             task = await buckets.fetched(task, me.owner, lambda d: put({"event": "step", "step": "fetch", "detail": d}))
             allocations = dev(me, put)
-            async with locks.setdefault((me.owner, name), asyncio.Lock()):
+            async with allocations.name_lock(name):
                 row, new = await allocations.launch(name, task, source, idle_minutes, request.walltime)
                 if not new and request.idle_minutes is not None:  # `sky launch -c NAME -i M` on a live one
                     await allocations.set_idle_limit(row, request.idle_minutes)
@@ -236,7 +234,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
         released: list[str] = []
         failed: list[dict[str, str]] = []
         for row in store.allocations(me.owner):
-            async with locks.setdefault((me.owner, row.name), asyncio.Lock()):
+            async with allocations.name_lock(row.name):
                 try:
                     if await allocations.down(row.name):
                         released.append(row.name)
@@ -257,8 +255,9 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
     @router.delete("/dev/{name}")
     async def dev_down(me: Me, name: Name) -> dict[str, object]:
         """Release the allocation (cancel marker, scancel) and clean its files and ssh alias."""
-        async with locks.setdefault((me.owner, name), asyncio.Lock()):
-            released = await dev(me).down(name)
+        allocations = dev(me)
+        async with allocations.name_lock(name):
+            released = await allocations.down(name)
         return {"name": name, "released": released}
 
     @router.get("/dev/{name}/ssh")
