@@ -30,6 +30,7 @@ with the transport's ControlMasters; nothing is installed on them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shlex
 import tempfile
@@ -325,15 +326,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             if answer is not None:  # the ranks started are ended, and their env.sh (secrets) removed at once
                 # (no handle names them); this rank's too: a lost answer may hide a start, and a refusal
                 # left nothing to end. A machine that does not answer keeps what it started.
-                started = [(h, f"{request.token}.{r}") for r, h in enumerate(hosts[:rank])]
-                await self._cancel_ranks(started)
-                await self._per_machine(started, runner.remove_env_script)
-                mine = [(host, f"{request.token}.{rank}")]
-                try:
-                    await self._cancel_ranks(mine)
-                    await self._per_machine(mine, runner.remove_env_script)
-                except ClusterError:
-                    pass  # its machine does not answer: nothing can reach what it may have started
+                await self._end_ranks([(h, f"{request.token}.{r}") for r, h in enumerate(hosts[:rank])])
+                with contextlib.suppress(ClusterError):  # its machine does not answer: nothing can reach it
+                    await self._end_ranks([(host, f"{request.token}.{rank}")])
                 self._existing.pop(request.token, None)
                 return SubmitResult(False, None, False, f"{self.name}: rank {rank} could not start on {host} ({answer})")
         self._pending.pop(request.token, None)
@@ -516,6 +511,11 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         if not hosts or not token or any(h not in self.pool.hosts for h in hosts):
             return []
         return [(h, check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
+
+    async def _end_ranks(self, ranks: list[tuple[str, str]]) -> None:
+        """Cancel these ranks and remove their env.sh (secrets) at once: no handle names them."""
+        await self._cancel_ranks(ranks)
+        await self._per_machine(ranks, runner.remove_env_script)
 
     async def _cancel_ranks(self, ranks: list[tuple[str, str]]) -> None:
         """Cancel on each rank's machine; a task another machine took from it (its handle not yet
