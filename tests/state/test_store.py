@@ -466,6 +466,35 @@ def test_a_write_of_many_rows_goes_in_batches_and_a_sweeps_jobs_share_their_task
     assert len(jobs) == count and len({id(j.task_json) for j in jobs.values()}) == 1
 
 
+def test_unanswered_attempts_are_settled_in_one_statement_per_outcome_and_never_over_an_answer(store):
+    """A crashed sweep's hundreds of attempts sharing one outcome take one UPDATE, not one each; one
+    whose submission was answered since the refresh read it keeps its answer."""
+    from sqlalchemy import event
+
+    count = 300
+    store.add_jobs([job(f"c-{i}") for i in range(count)], [attempt(f"t{i}", f"c-{i}") for i in range(count)])
+    store.accept_attempts({"t0": "77"}, time.time())  # answered while the refresh asked its cluster
+    lost = {"state": JobState.SUBMIT_FAILED, "failure": "lost", "reason": "never reached Slurm", "ended_at": 5.0}
+    settled = {f"t{i}": dict(lost) for i in range(count - 1)}
+    settled[f"t{count - 1}"] = {"state": JobState.CANCELLED, "reason": "cancelled by user", "ended_at": 5.0}
+    updates: list[str] = []
+
+    def executed(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE ATTEMPTS"):
+            updates.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", executed)
+    try:
+        store.settle_unanswered(settled)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", executed)
+    assert len(updates) == 2  # one per distinct outcome
+    attempts = {a.token: a for rows in store.attempts_of([f"c-{i}" for i in range(count)]).values() for a in rows}
+    assert (attempts["t0"].state, attempts["t0"].handle) == ("PENDING", "77")
+    assert {attempts[f"t{i}"].state for i in range(1, count - 1)} == {"SUBMIT_FAILED"}
+    assert attempts[f"t{count - 1}"].state == "CANCELLED"
+
+
 @pytest.mark.parametrize("url", ["garbage", "foo://x/y"])
 def test_a_store_url_that_is_not_one_is_a_config_error(url):
     with pytest.raises(ConfigError, match=f"the store's URL \\(--db or CORRAL_DB_URL\\) '{url}' is not one SQLAlchemy"):

@@ -207,13 +207,18 @@ class Store:
     def settle_unanswered(self, settled: dict[str, dict[str, object]]) -> None:
         """Settle attempts read without a handle and not found on their cluster (SUBMIT_FAILED, or
         CANCELLED for one cancelled meanwhile), only where no handle has been written since: a
-        submission answered after the refresh read them stands (accept_attempts)."""
-        if not settled:
+        submission answered after the refresh read them stands (accept_attempts). One statement per
+        distinct set of fields (a crashed sweep's hundreds of attempts share one)."""
+        alike: dict[tuple[tuple[str, object], ...], list[str]] = {}
+        for token, fields in settled.items():
+            alike.setdefault(tuple(sorted(fields.items())), []).append(token)
+        if not alike:
             return
         with self.session() as s, s.begin():
-            for token, fields in settled.items():
-                s.execute(update(AttemptRow).where(AttemptRow.token == token, AttemptRow.handle.is_(None))
-                          .values(**fields))
+            for fields, tokens in alike.items():
+                for chunk in _chunks(tokens, 5000):
+                    s.execute(update(AttemptRow).where(AttemptRow.token.in_(chunk), AttemptRow.handle.is_(None))
+                              .values(**dict(fields)))
 
     def end_attempt(self, token: str, **fields: object) -> None:
         """Record how an attempt ended, in one transaction with reading it. One that a user's cancel
