@@ -352,6 +352,33 @@ def test_a_slow_submission_runs_beside_the_ticks_which_track_the_other_jobs_mean
     asyncio.run(scenario())
 
 
+def test_a_submission_that_fails_unexpectedly_after_its_tick_fails_the_next_tick_once(store, tmp_path):
+    """A bug (not a cluster's refusal) in a submission that outlasted its tick is not lost unsaid: the
+    tick that sees it end raises it, as the tick that ran it would have, and only that one."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    go = asyncio.Event()
+
+    class Broken(FakeInfra):
+        async def upload(self, local, remote):
+            await go.wait()
+            raise RuntimeError("a bug in the copy")
+
+    async def scenario() -> None:
+        client = fakes(Broken)
+        task = {"resources": {"accelerators": "B300:8"}, "workdir": str(tmp_path), "run": "true"}
+        managed.record(store, parse_task(task, "t"), "t")
+        controller = Controller(client, store, "test", ControllerSettings(submit_wait=0.01))
+        assert (await controller.tick()).submitting == 1
+        go.set()
+        with pytest.raises(RuntimeError, match="a bug in the copy"):
+            await controller.tick()
+        assert (await controller.tick()).submitting == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_submission_answered_while_a_refresh_asks_is_not_settled_by_that_refresh(store, monkeypatch):
     """The refresh read the attempt without a handle, and past the grace; the launcher writes the answer
     while the status query runs (the job landed just after it). The refresh's settlement must not undo

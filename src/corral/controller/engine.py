@@ -123,6 +123,7 @@ class Controller:
         self._execs_settled = -math.inf  # time.monotonic() when unfollowed execs were last looked for
         self._submitting: dict[str, Submitting] = {}  # job id -> its submission running beside the ticks
         self._ended: Counter[str] = Counter()  # "submitted", "moved": jobs whose submission ended, not yet reported
+        self._failures: list[BaseException] = []  # of submissions that raised, not yet reported
 
     async def tick(self) -> TickReport:
         held = self.shards.claim(keep=self.submitting_homes())
@@ -200,17 +201,19 @@ class Controller:
         for job_id in job_ids:
             if job_id in self._submitting and self._submitting[job_id].future is submission:
                 del self._submitting[job_id]
+        if not submission.cancelled() and (failure := submission.exception()) is not None:
+            self._failures.append(failure)
 
     async def _wait_for_submissions(self, timeout: float) -> None:
-        """Wait up to `timeout` seconds for the submissions running beside the ticks. A submission that
-        failed in a way Corral does not handle (a bug, not a cluster's refusal) fails the tick that sees
-        it end, as it would have failed the tick that ran it."""
+        """Wait up to `timeout` seconds for the submissions running beside the ticks. One that failed in
+        a way Corral does not handle (a bug, not a cluster's refusal) fails the tick that sees it end, as
+        it would have failed the tick that ran it (the server's log says so)."""
         running = {s.future for s in self._submitting.values()}
-        if not running:
-            return
-        done, _ = await asyncio.wait(running, timeout=timeout)
-        for submission in done:
-            submission.result()
+        if running:
+            await asyncio.wait(running, timeout=timeout)
+        if self._failures:
+            failure, self._failures = self._failures[0], []
+            raise failure
 
     def submitting_homes(self) -> set[str]:
         """The home clusters of the jobs whose submission still runs: this replica keeps them."""
