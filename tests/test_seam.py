@@ -223,6 +223,37 @@ def test_a_dead_submitter_whose_ssh_clients_still_run_is_not_settled_until_they_
     assert (store.resolve("c-x").attempt.state, store.resolve("c-x").attempt.failure) == ("SUBMIT_FAILED", "lost")
 
 
+def test_a_job_found_only_in_part_is_never_adopted_and_is_cancelled_once_its_attempt_is_settled(store):
+    """A multi-node pool task some of whose ranks never started (its server killed half-way, or another
+    replica still starting the last one): while its attempt may still be sent it is left alone, not
+    adopted with a handle that misses ranks; once the attempt is settled as never sent, the ranks found
+    are cancelled, and the attempt keeps no handle."""
+    import dataclasses
+
+    from corral.liveness import process_tag
+    from corral.state.models import AttemptRow, JobRow
+    from tests.fakes import status
+
+    client = fakes()
+    cirrus = client.infras["cirrus"]
+    partial = "lab1,-/tok-p"
+    cirrus.jobs[partial] = dataclasses.replace(status(partial, "tok-p", JobState.RUNNING), partial=True)
+    store.add_jobs([JobRow(id="c-p", name="t", task_json="{}", created_at=time.time())],
+                   [AttemptRow(token="tok-p", job_id="c-p", number=1, cluster="cirrus", partition="b300",
+                               state="SUBMITTING", created_at=time.time(), run_dir="r", log_path="l",
+                               submitter=process_tag())])
+    asyncio.run(Tracker(client, store).refresh())
+    attempt = store.resolve("c-p").attempt
+    assert (attempt.state, attempt.handle) == ("SUBMITTING", None) and cirrus.cancelled == []
+    store.update_attempt("tok-p", state="SUBMIT_FAILED", failure="lost", ended_at=time.time(),
+                         reason="interrupted before Slurm accepted the job")
+    asyncio.run(Tracker(client, store).refresh())
+    assert cirrus.cancelled == [partial]
+    attempt = store.resolve("c-p").attempt
+    assert (attempt.state, attempt.handle) == ("SUBMIT_FAILED", None)
+    assert "cirrus had part of the job after all" in attempt.reason
+
+
 class SlowSending:
     """A launch whose workdir copy waits until the test lets it go (`sent`), as a large one takes long:
     `uploading` is set once the copy has begun (its attempt recorded, SUBMITTING). With `in_submit`, the

@@ -304,9 +304,10 @@ class Tracker:
                                                                               for a in orphans}).items():
             await self.client.infra(cluster, owner).cancel([h for _, h in group], [a.run_dir for a, _ in group])
         self.store.update_attempts({
-            a.token: {"handle": live[a.token].handle,
-                      "reason": f"{a.reason or a.state}; {cluster} had the job after all, running on its "
-                                "own: cancelled it there"}
+            a.token: {**({} if live[a.token].partial else {"handle": live[a.token].handle}),
+                      "reason": f"{a.reason or a.state}; {cluster} had "
+                                f"{'part of ' if live[a.token].partial else ''}the job after all, running on "
+                                "its own: cancelled it there"}
             for a in orphans})
         return ids
 
@@ -439,8 +440,11 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], by_name: dic
     updates: dict[str, dict[str, object]] = {}
     settled: dict[str, dict[str, object]] = {}
     for attempt in attempts:
-        # By name first: tokens are unique, while job ids restart when a cluster's state is reset.
+        # By name first: tokens are unique, while job ids restart when a cluster's state is reset. A
+        # job found only in part is not adopted: the rest may still be on its way (JobStatus.partial).
         status = by_name.get(attempt.token) or by_id.get(attempt.handle or "")
+        if status is not None and status.partial:
+            status = None
         if status is None:
             if attempt.handle is None:
                 # Never while this process is sending it (its files may take long). Else settled at once

@@ -167,6 +167,9 @@ class JobStatus:
     expected_start: float | None = None  # a pending job's: the scheduler's own estimate
     failure: FailureClass | None = None  # set when state is FAILED
     moved: bool = False  # the infra moved the job (a pool's waiting task to another machine): `handle` is new
+    # Only part of the job was found (a multi-node task some of whose ranks never started): Corral may
+    # cancel it through `handle`, which names the parts found, but never adopts it as its attempt.
+    partial: bool = False
 
 
 @dataclass(frozen=True)

@@ -458,7 +458,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         return out
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
-        await self._cancel_ranks([rank for handle in handles for rank in self._ranks(handle)])
+        """Cancel every rank of each task; a partial task's (`_whole_tasks`) also loses its env.sh at once,
+        as no attempt will name its ranks later for the ended runs' clean-up."""
+        partial = [h for h in handles if NOT_FOUND in _hosts_and_token(h)[0]]
+        await asyncio.gather(
+            self._cancel_ranks([rank for handle in handles if handle not in partial for rank in self._ranks(handle)]),
+            self._end_ranks([rank for handle in partial for rank in self._ranks(handle)]))
 
     async def prune_workdir_caches(self, keep_days: float) -> int:
         """Each machine's own caches (infra/caches.py), every machine at once; one that does not answer
@@ -508,9 +513,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         """A task's ranks as (machine, rank token), rank 0 first; none for a handle that names a machine
         the pool no longer has (nothing can reach it there)."""
         hosts, token = _hosts_and_token(handle)
-        if not hosts or not token or any(h not in self.pool.hosts for h in hosts):
+        if not hosts or not token or any(h not in self.pool.hosts for h in hosts if h != NOT_FOUND):
             return []
-        return [(h, check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts)]
+        return [(h, check_token(_rank_token(token, r, len(hosts)))) for r, h in enumerate(hosts) if h != NOT_FOUND]
 
     async def _end_ranks(self, ranks: list[tuple[str, str]]) -> None:
         """Cancel these ranks and remove their env.sh (secrets) at once: no handle names them."""
@@ -991,6 +996,9 @@ class _UntilLine:
             self.on_output(b"\n".join(lines) + b"\n")
 
 
+NOT_FOUND = "-"  # a rank not found, in a partial task's handle (`_whole_tasks`)
+
+
 def _hosts_and_token(handle: str) -> tuple[list[str], str]:
     """A handle's machines, rank 0 first, and its attempt token."""
     hosts, _, token = handle.partition("/")
@@ -1112,9 +1120,11 @@ def _rank_marks(stdout: str) -> dict[str, int]:
 
 def _whole_tasks(unnamed: dict[tuple[str, str], JobStatus], nodes: dict[str, tuple[str, int]]) -> list[JobStatus]:
     """The multi-node tasks among runs no handle names (a submission whose answer was lost, or that the
-    server died before writing down), each as one status under its attempt's token, handle and all,
-    once every one of its ranks is found: the tracker adopts it, or cancels it where it runs. Ranks of
-    a task found in part (a submission that died half-way, or a machine not answering) are left out."""
+    server died before writing down), each as one status under its attempt's token: once every one of
+    its ranks is found, handle and all, for the tracker to adopt it or cancel it where it runs. One found
+    in part (a submission that died half-way, another replica's still starting its last rank, or a
+    machine not answering) is `partial`, its handle naming the ranks found (NOT_FOUND for the others):
+    the tracker cancels it once its attempt is settled as never sent, and never adopts it."""
     by_task: dict[str, dict[int, tuple[str, int]]] = {}
     for rank_token, (host, n) in nodes.items():
         token, _, rank = rank_token.rpartition(".")
@@ -1123,11 +1133,15 @@ def _whole_tasks(unnamed: dict[tuple[str, str], JobStatus], nodes: dict[str, tup
     out = []
     for token, ranks in by_task.items():
         counts = {n for _, n in ranks.values()}
-        if len(counts) != 1 or sorted(ranks) != list(range(counts.pop())):
+        if len(counts) != 1:
+            continue  # ranks that disagree on their task's size are no task Corral started
+        count = counts.pop()
+        if not all(0 <= r < count for r in ranks):
             continue
-        hosts = [ranks[r][0] for r in sorted(ranks)]
-        parts = [unnamed[(host, f"{token}.{r}")] for r, host in enumerate(hosts)]
-        out.append(_combined(f"{','.join(hosts)}/{token}", token, parts))
+        hosts = [ranks[r][0] if r in ranks else NOT_FOUND for r in range(count)]
+        parts = [unnamed[(host, f"{token}.{r}")] for r, host in enumerate(hosts) if host != NOT_FOUND]
+        combined = _combined(f"{','.join(hosts)}/{token}", token, parts)
+        out.append(combined if len(ranks) == count else replace(combined, partial=True))
     return out
 
 
