@@ -646,6 +646,33 @@ def test_a_multi_node_task_whose_submission_was_never_recorded_is_found_whole_or
     assert a100["free"] == a100["total"], a100
 
 
+def test_a_multi_node_task_found_in_part_after_a_crash_is_cancelled_never_adopted(corral, pool_env, machines):
+    """A server killed half-way through starting a 2-node task's ranks: rank 0 runs, rank 1 never
+    started (here: ended and its run dir removed before any refresh). The task is not adopted with a
+    handle that misses a rank; its attempt is settled as never sent, and rank 0 is cancelled where it
+    runs, its env.sh gone and its GPUs free again."""
+    crashed = corral("launch", "-d", "--infra", "ssh/lab", "--gpus", "A100:4", "--num-nodes", "2", "--",
+                     "sleep 300", env={**pool_env, "CORRAL_TEST_CRASH_AFTER_SBATCH": "1"})
+    assert crashed.exit_code == 69 and "the server stopped answering" in crashed.stderr, crashed.stderr
+    ranks = subprocess.run(["pgrep", "-af", r"corral/runs/[0-9a-f]{12}\.1/"], capture_output=True, text=True).stdout
+    token = re.search(r"corral/runs/([0-9a-f]{12})\.1/", ranks).group(1)
+    host = next(h for h in ("lab1", "lab2") if _on_machine(machines, f"{h}/{token}.1", "cat RUN/host") == h)
+    _on_machine(machines, f"{host}/{token}.1", 'read -r pid _ < RUN/pid; kill -KILL -- "-$pid"; rm -rf RUN')
+    assert not _on_machine(machines, f"{host}/{token}.1", "ls -d RUN 2>/dev/null")
+
+    def cancelled() -> dict | None:
+        [row] = corral("queue", "--all", "--json", env=pool_env).json()
+        assert row["state"] in ("SUBMITTING", "SUBMIT_FAILED"), row  # never adopted RUNNING
+        return row if "had part of the job after all" in (row["reason"] or "") else None
+    row = wait_for("rank 0 to be found and cancelled", cancelled, timeout=60, interval=1)
+    assert row["state"] == "SUBMIT_FAILED" and row["slurm_job_id"] is None, row
+    wait_for("rank 0 to end", lambda: subprocess.run(["pgrep", "-f", f"corral/runs/{token}"],
+                                                     capture_output=True).returncode != 0, timeout=30)
+    assert not _on_machine(machines, f"lab1/{token}.0", "ls RUN/env.sh 2>/dev/null")  # its secrets gone
+    a100 = next(r for r in corral("gpus", "--json", "--infra", "ssh/lab", env=pool_env).json() if r["gpu"] == "A100")
+    assert a100["free"] == a100["total"], a100
+
+
 def test_memory_a_task_asks_is_claimed_on_its_machine(corral, pool_env):
     """Each testbed machine has the host's MemTotal (about 24 GB). Two A100:1 tasks asking 14 GB each
     take different machines though lab1 has A100s free (its memory is taken); a third waits in a queue,

@@ -41,8 +41,8 @@ import time
 from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from corral import budget
 from corral.client import Client
