@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -50,6 +49,8 @@ def named(kind: str, name: str) -> Path:
 async def in_store(store: Store, kind: str, name: str, ttl: float = STORE_LOCK_SECONDS) -> AsyncIterator[None]:
     """Hold the store lock for one named thing (e.g. ("dev", "ada/box")) for the block, waiting while
     another holds it, whether in this process, another one or another replica on the store."""
+    import asyncio  # here: the thin CLI imports this module (file locks), never asyncio
+
     from corral.infra.base import new_token
     from corral.liveness import process_tag
 
