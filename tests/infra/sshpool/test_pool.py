@@ -10,7 +10,8 @@ from tests.fakes import status
 def ranks_of(token: str, found: dict[int, str], count: int, state: JobState = JobState.RUNNING):
     """The pool's view of a task's ranks no handle names: (machine, rank token) -> status, and each rank
     token's machine and task size (its `@@corral ranks` line)."""
-    unnamed = {(host, f"{token}.{r}"): status(f"{host}/{token}.{r}", f"{token}.{r}", state) for r, host in found.items()}
+    unnamed = {(host, f"{token}.{r}"): status(f"{host}/{token}.{r}", f"{token}.{r}", state)
+               for r, host in found.items()}
     nodes = {f"{token}.{r}": (host, count) for r, host in found.items()}
     return unnamed, nodes
 
