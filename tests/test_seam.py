@@ -471,8 +471,8 @@ def moved(store, old_fate: JobState, ended_at: float | None = None):
     plan = asyncio.run(controller.launcher.plan(task, predict="never"))
     target = next(c for c in plan.feasible() if c.cluster == "borealis")
     client.infras["alpine"].lose_kills = True
-    assert asyncio.run(controller._move(m, store.jobs([job_id])[job_id], old, task, target,
-                                        store.attempts_of([job_id]), "re-routed (test)")) == 1
+    assert asyncio.run(controller._move(m, store.jobs([job_id])[job_id], old, task, target, old.number + 1,
+                                        "re-routed (test)")) == 1
     old_now, new = store.attempts_of([job_id])[job_id]
     assert (old_now.state, new.held, client.infras["borealis"].requests[-1].held) == ("CANCELLING", True, True)
     asyncio.run(controller.tick())  # Slurm still shows the old attempt: the new one stays held

@@ -379,7 +379,10 @@ class Controller:
         configured = self.client.registry.names()
         for number, jobs, task, feasible in decided:
             homes = {job.id: _home(rows[job.id], attempts, configured) if job.id in rows else None for job in jobs}
-            self._detach(homes, "submitted", self._submit_batch(number, jobs, task, feasible, attempts, rows))
+            # Only its jobs' latest attempts and row go along: a slow submission keeps no tick's reads alive.
+            latest = {job.id: mine[-1] if (mine := attempts.get(job.id)) else None for job in jobs}
+            self._detach(homes, "submitted",
+                         self._submit_batch(number, jobs, task, feasible, latest, rows.get(jobs[0].id)))
 
     def _note_rounds(self, groups: dict[str, GroupPlace],
                      planned: list[tuple[int, list[JobRow], Task, Plan, list[Candidate]]],
@@ -396,14 +399,14 @@ class Controller:
         self.store.set_managed_many(changes)
 
     async def _submit_batch(self, number: int, jobs: list[JobRow], task: Task, feasible: list[Candidate],
-                            attempts: dict[str, list[AttemptRow]], rows: dict[str, ManagedJobRow]) -> int:
+                            latest: dict[str, AttemptRow | None], m: ManagedJobRow | None) -> int:
+        """Submit attempt `number` of these jobs (`latest`: each one's latest attempt; `m`: the first
+        job's managed row), each job's checkpoint carried over first."""
         for job in jobs:
-            previous = attempts.get(job.id, [])
-            await self._carry_checkpoint(job, task, previous[-1] if previous else None, feasible[0].cluster)
+            await self._carry_checkpoint(job, task, latest.get(job.id), feasible[0].cluster)
         try:
             shares = await self.launcher.submit_jobs(task, recorded_environment(jobs[0], task, "managed job"),
-                                                     feasible, jobs,
-                                                     _attempt_options(task, number, rows.get(jobs[0].id)))
+                                                     feasible, jobs, _attempt_options(task, number, m))
         except CorralError as exc:
             self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
             return 0
@@ -458,7 +461,7 @@ class Controller:
                 continue
             taken[move.place] = taken.get(move.place, 0) + 1
             self._detach({job.id: current.cluster}, "moved",
-                         self._move(m, job, current, task, move.target, attempts, move.why))
+                         self._move(m, job, current, task, move.target, _next_number(attempts, job), move.why))
         if waiting:
             await self._reroute_by_prediction(waiting, plans, attempts, avoid, now)
 
@@ -493,14 +496,13 @@ class Controller:
                 # One move per task per prediction: the next one sees the moved job in its new queue.
                 self._predictions.pop(_task_key(job), None)
                 self._detach({job.id: current.cluster}, "moved",
-                             self._move(m, job, current, task, move.target, attempts, move.why))
+                             self._move(m, job, current, task, move.target, _next_number(attempts, job), move.why))
 
     async def _move(self, m: ManagedJobRow, job: JobRow, current: AttemptRow, task: Task, target: Candidate,
-                    attempts: dict[str, list[AttemptRow]], why: str) -> int:
-        """Submit the new attempt first; cancel the old one only once the new one is accepted."""
+                    number: int, why: str) -> int:
+        """Submit the new attempt (`number`) first; cancel the old one only once the new one is accepted."""
         if self.shards.lapsing():
             return 0
-        number = max(a.number for a in attempts.get(job.id, [current])) + 1
         # Held where the infra can hold it: it keeps its place in the queue, and starts only once the
         # old attempt is known not to run (a kill lost while Slurm launched it must not make two runs).
         held = isinstance(self.client.infra(target.cluster, job.owner), ReleasesHeld)
@@ -717,7 +719,7 @@ def _batches(to_place: list[tuple[JobRow, str]],
     """Jobs of one task with the same next attempt number and contiguous ranks: one array each."""
     out: list[tuple[int, list[JobRow]]] = []
     for job, _why in sorted(to_place, key=lambda p: (_task_key(p[0]), p[0].sweep_id or p[0].id, p[0].job_rank)):
-        number = max((a.number for a in attempts.get(job.id, [])), default=0) + 1
+        number = _next_number(attempts, job)
         last = out[-1][1][-1] if out else None
         if out and last and out[-1][0] == number and _task_key(last) == _task_key(job) \
                 and last.sweep_id == job.sweep_id and last.job_rank + 1 == job.job_rank \
@@ -726,6 +728,11 @@ def _batches(to_place: list[tuple[JobRow, str]],
         else:
             out.append((number, [job]))
     return out
+
+
+def _next_number(attempts: dict[str, list[AttemptRow]], job: JobRow) -> int:
+    """The number of the job's next attempt."""
+    return max((a.number for a in attempts.get(job.id, [])), default=0) + 1
 
 
 def _last_cluster(attempts: dict[str, list[AttemptRow]], job: JobRow) -> str | None:
