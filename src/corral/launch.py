@@ -9,12 +9,11 @@ and adopts it; a retried submit of the same attempt finds it too and does not su
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -43,6 +42,7 @@ from corral.infra.base import (
     new_token,
 )
 from corral.liveness import Sending, process_tag
+from corral.periodic import repeating
 from corral.placement import Candidate, Plan, build_plan, holding_runtime, slurm_minutes
 from corral.profiles import RunSettings, apply_profiles, with_prefix
 from corral.script_task import (
@@ -442,7 +442,7 @@ class Launcher:
             self.store.add_jobs([], attempts)
             if task.workdir or task.file_mounts:
                 self.events.step("sync", f"copying the task's files to {candidate.infra}")
-            async with self._restamping(attempts):
+            async with repeating(RESTAMP_AFTER_SECONDS, lambda: self._mark(attempts, created_at=time.time())):
                 await self.upload_files(task, infra, files.run_dir)
                 self.events.step("submit", f"submitting to {candidate.infra}")
                 result = await infra.submit(request)
@@ -478,20 +478,6 @@ class Launcher:
 
     def _mark(self, attempts: list[AttemptRow], **fields: object) -> None:
         self.store.update_attempts({a.token: dict(fields) for a in attempts})
-
-    @contextlib.asynccontextmanager
-    async def _restamping(self, attempts: list[AttemptRow]) -> AsyncIterator[None]:
-        """Restamp the attempts' created_at every RESTAMP_AFTER_SECONDS while the block runs."""
-        async def restamp() -> None:
-            while True:
-                await asyncio.sleep(RESTAMP_AFTER_SECONDS)
-                self._mark(attempts, created_at=time.time())
-
-        keeper = asyncio.ensure_future(restamp())
-        try:
-            yield
-        finally:
-            keeper.cancel()
 
     @staticmethod
     def check_local_files(task: Task) -> None:

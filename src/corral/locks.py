@@ -53,20 +53,15 @@ async def in_store(store: Store, kind: str, name: str, ttl: float = STORE_LOCK_S
 
     from corral.infra.base import new_token
     from corral.liveness import process_tag
+    from corral.periodic import repeating
 
     lease = f"{STORE_LOCK}{kind}:{name}"
     holder = f"{process_tag()}:{new_token()}"  # one per holding: two requests in one process take turns too
     while not store.acquire_lease(lease, holder, ttl):
         await asyncio.sleep(STORE_LOCK_POLL)
 
-    async def renew() -> None:
-        while True:
-            await asyncio.sleep(ttl / 3)
-            store.acquire_lease(lease, holder, ttl)
-
-    keeper = asyncio.ensure_future(renew())
     try:
-        yield
+        async with repeating(ttl / 3, lambda: store.acquire_lease(lease, holder, ttl)):
+            yield
     finally:
-        keeper.cancel()
         store.release_lease(lease, holder)
