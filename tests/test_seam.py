@@ -254,39 +254,54 @@ def test_a_job_found_only_in_part_is_never_adopted_and_is_cancelled_once_its_att
     assert "cirrus had part of the job after all" in attempt.reason
 
 
-class SlowSending:
-    """A launch whose workdir copy waits until the test lets it go (`sent`), as a large one takes long:
-    `uploading` is set once the copy has begun (its attempt recorded, SUBMITTING). With `in_submit`, the
-    wait is in the submission proper instead, where an SSH pool copies the files."""
+class HeldFiles:
+    """Fake clusters whose copy of a task's files waits until the test lets it go (`released`), as a large
+    one takes long: `begun` is set once the copy has begun (its attempt recorded, SUBMITTING). With
+    `in_submit`, the wait is in the submission proper instead, where an SSH pool copies the files; with
+    `failure`, the copy raises it once let go."""
 
-    def __init__(self, store: Store, workdir, in_submit: bool = False) -> None:
-        self.uploading, self.sent = asyncio.Event(), asyncio.Event()
+    def __init__(self, in_submit: bool = False, failure: Exception | None = None) -> None:
+        self.begun, self.released = asyncio.Event(), asyncio.Event()
         this = self
 
-        class SlowUpload(FakeInfra):
+        class HeldUpload(FakeInfra):
             async def upload(self, local, remote):
                 if not in_submit:
-                    await this.waited()
+                    await this.held()
                 await super().upload(local, remote)
 
             async def submit(self, request):
                 if in_submit:
-                    await this.waited()
+                    await this.held()
                 return await super().submit(request)
 
-        self.client = fakes(SlowUpload)
+        self.client = fakes(HeldUpload)
+        self.failure = failure
+
+    async def held(self) -> None:
+        self.begun.set()
+        await self.released.wait()
+        if self.failure is not None:
+            raise self.failure
+
+    async def copying(self) -> None:
+        await asyncio.wait_for(self.begun.wait(), 10)
+
+
+class SlowSending:
+    """A launch whose workdir copy is held (`HeldFiles`) until `accepted()` lets it go."""
+
+    def __init__(self, store: Store, workdir, in_submit: bool = False) -> None:
+        self.files = HeldFiles(in_submit)
+        self.client = self.files.client
         task = parse_task({"resources": {"accelerators": "H100:1"}, "workdir": str(workdir), "run": "true"}, "t")
         self.launching = asyncio.create_task(Launcher(self.client, store).launch(task, "t"))
 
-    async def waited(self) -> None:
-        self.uploading.set()
-        await self.sent.wait()
-
     async def copying(self) -> None:
-        await asyncio.wait_for(self.uploading.wait(), 10)
+        await self.files.copying()
 
     async def accepted(self):
-        self.sent.set()
+        self.files.released.set()
         [share] = await self.launching
         return share
 
@@ -348,23 +363,16 @@ def test_a_slow_submission_runs_beside_the_ticks_which_track_the_other_jobs_mean
     from corral import managed
     from corral.controller.engine import Controller, ControllerSettings
 
-    uploading, sent = asyncio.Event(), asyncio.Event()
-
-    class SlowUpload(FakeInfra):
-        async def upload(self, local, remote):
-            uploading.set()
-            await sent.wait()
-            await super().upload(local, remote)
-
     async def scenario() -> None:
-        client = fakes(SlowUpload)
+        files = HeldFiles()
+        client = files.client
         slow_task = {"resources": {"accelerators": "B300:8"}, "workdir": str(tmp_path), "run": "true"}
         [slow] = managed.record(store, parse_task(slow_task, "t"), "t")
         [quick] = managed.record(store, parse_task({"resources": {"accelerators": "B300:8"}, "run": "true"}, "t"),
                                  "t")
         controller = Controller(client, store, "test", ControllerSettings(submit_wait=0.05))
         first = await controller.tick()
-        assert uploading.is_set() and (first.submitted, first.submitting) == (1, 1)
+        assert files.begun.is_set() and (first.submitted, first.submitting) == (1, 1)
         assert controller.submitting_homes() and controller.submitting_homes() <= set(controller.shards.held)
         [quick_attempt] = store.attempts_of([quick])[quick]
         client.infras["cirrus"].finish(quick_attempt.handle, JobState.SUCCEEDED)
@@ -374,7 +382,7 @@ def test_a_slow_submission_runs_beside_the_ticks_which_track_the_other_jobs_mean
         [attempt] = store.attempts_of([slow])[slow]  # not placed again
         assert attempt.state == "SUBMITTING"
         managed.request_cancel(store, [slow])  # takes effect once its submission has ended
-        sent.set()
+        files.released.set()
         third = await controller.tick()
         assert (third.submitted, third.submitting) == (1, 0) and not controller.submitting_homes()
         [attempt] = store.attempts_of([slow])[slow]
@@ -392,20 +400,14 @@ def test_a_submission_that_fails_unexpectedly_after_its_tick_fails_the_next_tick
     from corral import managed
     from corral.controller.engine import Controller, ControllerSettings
 
-    go = asyncio.Event()
-
-    class Broken(FakeInfra):
-        async def upload(self, local, remote):
-            await go.wait()
-            raise RuntimeError("a bug in the copy")
-
     async def scenario() -> None:
-        client = fakes(Broken)
+        files = HeldFiles(failure=RuntimeError("a bug in the copy"))
+        client = files.client
         task = {"resources": {"accelerators": "B300:8"}, "workdir": str(tmp_path), "run": "true"}
         managed.record(store, parse_task(task, "t"), "t")
         controller = Controller(client, store, "test", ControllerSettings(submit_wait=0.01))
         assert (await controller.tick()).submitting == 1
-        go.set()
+        files.released.set()
         with pytest.raises(RuntimeError, match="a bug in the copy"):
             await controller.tick()
         assert (await controller.tick()).submitting == 0
