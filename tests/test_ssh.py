@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -379,3 +382,87 @@ def test_stopping_masters_removes_a_socket_whose_master_is_gone(tmp_path):
     assert dead.is_socket()
     assert stop_masters(tmp_path) == 0  # no master answered
     assert not dead.exists()
+
+
+# A copy in a child process, which reports its peak memory (ru_maxrss, KiB) when it ends.
+COPY_IN_A_CHILD = """
+import asyncio, resource, sys
+from pathlib import Path
+from corral.config import load_registry
+from corral.ssh import SshTransport
+config, how, cluster, remote, local = sys.argv[1:]
+transport = SshTransport(load_registry(Path(config)), timeout=10)
+if how == "fetch":
+    print(asyncio.run(transport.fetch(cluster, remote, Path(local))))
+else:
+    asyncio.run(transport.sync(cluster, Path(local), remote))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def copy_in_a_child(env: dict[str, str], *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", COPY_IN_A_CHILD, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("how", ["fetch", "tar-stream sync"])
+def test_a_large_copy_streams_past_the_engine_never_through_its_memory(testbed, corral_env, tmp_path, how):
+    """A checkpoint of many GB fetched from a cluster (to carry it to another), or a workdir sent where the
+    cluster has no rsync, flows from one process to the next, never through the engine's memory: 200 MB
+    copied, the copying process peaks under 100 MB (it held the whole tar twice over before: ~550 MB)."""
+    import uuid
+
+    from tests.helpers import ssh_login
+
+    remote = f".corral/test-stream/{uuid.uuid4().hex[:8]}"
+    local = tmp_path / "copy"
+    env = dict(corral_env)
+    if how == "fetch":
+        ssh_login(testbed.cluster_config, "alpine", f"mkdir -p {remote}/sub && head -c 200M /dev/zero > {remote}/sub/a")
+    else:
+        (local / "sub").mkdir(parents=True)
+        with open(local / "sub" / "a", "wb") as f:
+            f.truncate(200 * 2**20)
+        env["CORRAL_REMOTE_RSYNC"] = "/nonexistent/rsync"
+    child = copy_in_a_child(env, str(testbed.cluster_config), how.split()[0], "alpine", remote, str(local))
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    *answer, peak_mb = out.split()
+    size = ssh_login(testbed.cluster_config, "alpine", f"stat -c %s {remote}/sub/a; rm -rf {remote}")
+    assert int(size) == (local / "sub" / "a").stat().st_size == 200 * 2**20
+    assert answer == (["True"] if how == "fetch" else [])
+    assert int(peak_mb) < 100
+
+
+def test_fetching_a_missing_directory_says_so_and_leaves_nothing(testbed, corral_env, tmp_path):
+    transport = transport_for(testbed.cluster_config)
+    assert asyncio.run(transport.fetch("alpine", ".corral/test-stream/never-made", tmp_path / "copy")) is False
+    assert not (tmp_path / "copy").exists()
+
+
+def test_a_copy_dies_with_the_process_that_started_it(testbed, corral_env, tmp_path):
+    """A server killed (-9) in the middle of a copy: its rsync dies with it, rather than go on writing where
+    the job's next holder copies the same files. Here the cluster's side of the rsync is held for 60 s."""
+    import signal
+    import uuid
+
+    marker = f"test-orphan-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "a.txt").write_text("a\n")
+    env = {**corral_env, "CORRAL_REMOTE_RSYNC": "sleep 60 && rsync"}
+    child = copy_in_a_child(env, str(testbed.cluster_config), "sync", "alpine", f".corral/{marker}/",
+                            str(tmp_path / "work"))
+
+    def local_rsyncs() -> list[int]:
+        found = subprocess.run(["pgrep", "-f", f"^rsync .*alpine:.corral/{marker}"], capture_output=True, text=True)
+        return [int(pid) for pid in found.stdout.split()]
+
+    try:
+        wait_for("the copy's rsync to start", local_rsyncs)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        wait_for("the orphaned rsync to end", lambda: not local_rsyncs(), timeout=10)
+    finally:
+        child.kill()
+        for pid in local_rsyncs():
+            os.kill(pid, signal.SIGKILL)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import hashlib
 import math
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -556,8 +558,8 @@ class SshTransport:
         shell, script = self._shell(env_key, script, capture=False)
         argv = self.ssh_argv(cluster, self.as_user(shell))
         self.round_trips[cluster] += 1
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        proc = await _spawn_copy(
+            argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         assert proc.stdin and proc.stdout and proc.stderr
         proc.stdin.write(script.encode())
@@ -647,18 +649,20 @@ class SshTransport:
         else:
             remote = f'umask 077 && mkdir -p "$(dirname {target})" && cat > {target}'
             local = ["cat", "--", os.path.abspath(source)]
-        packer = await asyncio.create_subprocess_exec(*local, stdout=asyncio.subprocess.PIPE)
-        assert packer.stdout is not None
-        data = await packer.stdout.read()
-        if await packer.wait() != 0:
-            raise CorralFileError(f"{source}: could not be read for copying to {cluster}")
         argv = self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(remote)]))
-        text, status = await self._transfer(cluster, argv, data, source, timeout)
-        if status == 255:
-            raise self.classify_failure(cluster, text)
-        if status != 0:
-            raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}", exit_status=status,
-                                     stderr=text)
+        self.round_trips[cluster] += 1
+        try:
+            packed, sent = await _piped(local, argv, timeout)
+        except asyncio.TimeoutError:
+            raise SshTimeoutError(cluster, f"copying {source} took longer than {timeout:g}s") from None
+        if packed.status not in (0, -signal.SIGPIPE):  # (SIGPIPE: the ssh side ended first, and says why)
+            raise CorralFileError(f"{source}: could not be read for copying to {cluster}: "
+                                  f"{_last_line(packed.stderr)}")
+        if sent.status == 255:
+            raise self.classify_failure(cluster, sent.stderr)
+        if sent.status != 0:
+            raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(sent.stderr)}",
+                                     exit_status=sent.status, stderr=sent.stderr)
 
     async def host_settings(self, host: str) -> dict[str, list[str]]:
         """What `ssh -G` resolves for a host of the cluster file (HostName, User, ProxyJump, …), by
@@ -670,40 +674,39 @@ class SshTransport:
         return ssh_settings(out.decode())
 
     async def fetch(self, cluster: str, remote_dir: str, local_dir: Path, *, timeout: float = 600) -> bool:
-        """Copy a remote directory's contents into `local_dir` (a tar stream). False if it does not exist."""
+        """Copy a remote directory's contents into `local_dir` (a tar stream from ssh straight into a local
+        tar: none of it passes through this process). False if it does not exist."""
         path = remote_dir.rstrip("/")
         target = remote_path(path)
         script = f"[ -d {target} ] || exit 3\ntar -cf - -C {target} .\n"
         argv = self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(script)]))
         self.round_trips[cluster] += 1
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
-            data, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            await _kill(proc)
-            raise SshTimeoutError(cluster, f"fetching {remote_dir} took longer than {timeout:g}s") from None
-        if proc.returncode == 3:
-            return False
-        if proc.returncode == 255:
-            raise self.classify_failure(cluster, err.decode(errors="replace"))
-        if proc.returncode != 0:
-            raise RemoteCommandError(cluster, f"fetching {remote_dir} failed: {_last_line(err.decode())}",
-                                     exit_status=proc.returncode)
+        made = not local_dir.exists()
         local_dir.mkdir(parents=True, exist_ok=True)
-        unpack = await asyncio.create_subprocess_exec("tar", "-xf", "-", "-C", os.path.abspath(local_dir),
-                                                      stdin=asyncio.subprocess.PIPE)
-        await unpack.communicate(data)
-        if unpack.returncode != 0:
-            raise CorralFileError(f"could not unpack {remote_dir} from {cluster} into {local_dir}")
+        try:
+            sent, unpacked = await _piped(argv, ["tar", "-xf", "-", "-C", os.path.abspath(local_dir)], timeout)
+        except asyncio.TimeoutError:
+            raise SshTimeoutError(cluster, f"fetching {remote_dir} took longer than {timeout:g}s") from None
+        if sent.status == 3:
+            if made:
+                shutil.rmtree(local_dir, ignore_errors=True)
+            return False
+        if sent.status == 255:
+            raise self.classify_failure(cluster, sent.stderr)
+        if sent.status != 0:
+            raise RemoteCommandError(cluster, f"fetching {remote_dir} failed: {_last_line(sent.stderr)}",
+                                     exit_status=sent.status)
+        if unpacked.status != 0:
+            raise CorralFileError(f"could not unpack {remote_dir} from {cluster} into {local_dir}: "
+                                  f"{_last_line(unpacked.stderr)}")
         return True
 
     async def _transfer(self, cluster: str, argv: list[str], stdin: bytes | None, source: Path,
                         timeout: float, with_stdout: bool = False) -> tuple[str, int]:
         """(stderr, or stdout then stderr with `with_stdout`; exit status) of a local rsync or tar."""
         self.round_trips[cluster] += 1
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        proc = await _spawn_copy(
+            argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
         try:
@@ -777,6 +780,65 @@ async def _kill(proc: asyncio.subprocess.Process) -> None:
         await asyncio.wait_for(proc.wait(), 1)
     except asyncio.TimeoutError:
         pass
+
+
+@functools.cache
+def _dying_with_us() -> tuple[str, ...]:
+    """The prefix that makes a long-running child (a copy, a followed log) die with this process however it
+    ends, `kill -9` included: `setpriv --pdeathsig KILL` (util-linux 2.33+). Without it, a server killed
+    during a checkpoint copy leaves the copy writing where the job's next holder writes its own. Empty
+    where the machine has no such setpriv (macOS): there the child runs to its end."""
+    argv = ("setpriv", "--pdeathsig", "KILL", "--")
+    try:
+        works = subprocess.run([*argv, "true"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        works = False
+    return argv if works else ()
+
+
+async def _spawn_copy(argv: list[str], **pipes: Any) -> asyncio.subprocess.Process:
+    """A local copy, tunnel or stream: started so that it dies with this process (_dying_with_us)."""
+    return await asyncio.create_subprocess_exec(*_dying_with_us(), *argv, **pipes)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a local process ended: its exit status and what it wrote to stderr."""
+
+    status: int
+    stderr: str
+
+
+async def _piped(producer: list[str], consumer: list[str], timeout: float) -> tuple[Ended, Ended]:
+    """`producer | consumer`, the data flowing through an OS pipe between them, never through this
+    process (a checkpoint of many GB costs it no memory). Both are killed at the timeout, which is
+    raised (asyncio.TimeoutError), and on cancellation."""
+    read_end, write_end = os.pipe()
+    try:
+        first = await _spawn_copy(producer, stdin=asyncio.subprocess.DEVNULL, stdout=write_end,
+                                  stderr=asyncio.subprocess.PIPE)
+        try:
+            second = await _spawn_copy(consumer, stdin=read_end, stdout=asyncio.subprocess.DEVNULL,
+                                       stderr=asyncio.subprocess.PIPE)
+        except BaseException:
+            await _kill(first)
+            raise
+    finally:  # the children hold their ends now: the producer's EOF reaches the consumer once it exits
+        os.close(read_end)
+        os.close(write_end)
+    try:
+        (_, first_err), (_, second_err) = await asyncio.wait_for(
+            asyncio.gather(first.communicate(), second.communicate()), timeout)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        await _kill(first)
+        await _kill(second)
+        raise
+    return (Ended(_status(first), first_err.decode(errors="replace")),
+            Ended(_status(second), second_err.decode(errors="replace")))
+
+
+def _status(proc: asyncio.subprocess.Process) -> int:
+    return proc.returncode if proc.returncode is not None else -1
 
 
 def _last_line(text: str) -> str:
