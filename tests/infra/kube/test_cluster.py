@@ -91,6 +91,30 @@ def test_a_workdir_too_large_for_a_config_map_is_refused_before_anything_is_crea
     assert "pod_config" in answer.message and objects(kube, "configmaps", asked.token) == []
 
 
+def test_a_workdir_of_many_mb_is_refused_without_packing_it_whole(kube, tmp_path):
+    """Packing stops once the archive is past what a ConfigMap holds: refusing a 64 MB workdir costs a few
+    MB (the client's first loads included), not the whole packed workdir and its base64 (257 MB before)."""
+    import os
+    import tracemalloc
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for i in range(4):
+        (work / f"shard-{i}.bin").write_bytes(os.urandom(16 * 2**20))
+    backend = infra(kube)
+    asked = request()
+    asyncio.run(backend.upload(work, f".corral/runs/{asked.token}/workdir/"))
+    tracemalloc.start()
+    try:
+        answer = asyncio.run(backend.submit(asked))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not answer.accepted and "more than 1000 kB packed; a ConfigMap holds at most 1 MiB" in answer.message
+    assert peak < 32 * 2**20, peak
+    assert objects(kube, "configmaps", asked.token) == []
+
+
 def test_an_unknown_context_names_the_ones_there_are(kube):
     with pytest.raises(ConfigError, match="no context 'nope' in the kubeconfig.*its contexts: kind-fake"):
         asyncio.run(infra(kube, context="nope").probe())

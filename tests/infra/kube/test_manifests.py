@@ -13,6 +13,7 @@ import pytest
 from corral.infra.base import JobRequest
 from corral.infra.kube.cluster import _archives
 from corral.infra.kube.manifests import (
+    CONFIGMAP_LIMIT,
     config_map,
     env_secret,
     job,
@@ -125,7 +126,7 @@ def test_uploads_pack_under_the_home_and_at_the_root(tmp_path):
     data = tmp_path / "data.csv"
     data.write_text("a,b\n")
     archives = _archives([(workdir, ".corral/runs/0123456789ab/workdir/"), (data, "/datasets/small.csv"),
-                          (data, "inputs/")])
+                          (data, "inputs/")], CONFIGMAP_LIMIT)
 
     def names(key: str) -> list[str]:
         with tarfile.open(fileobj=io.BytesIO(base64.b64decode(archives[key]))) as tar:

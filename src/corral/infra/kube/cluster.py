@@ -182,13 +182,16 @@ class KubeInfra(Infra, RemovesRunFiles):
     async def submit(self, request: JobRequest) -> SubmitResult:
         ns = self.namespace
         name = manifests.object_name(request.token)
-        archives = _archives(self._uploads.get(request.token, []) + self._uploads.get("", []))
-        size = sum(len(v) for v in archives.values())
-        if size > manifests.CONFIGMAP_LIMIT:
+        try:  # in a thread: packing (gzip) a large workdir would hold up every other request meanwhile
+            archives = await asyncio.to_thread(
+                _archives, self._uploads.get(request.token, []) + self._uploads.get("", []), manifests.CONFIGMAP_LIMIT)
+        except _TooLarge:
+            archives = None
+        if archives is None or sum(len(v) for v in archives.values()) > manifests.CONFIGMAP_LIMIT:
             return SubmitResult(False, None, False,
-                                f"{self.name}: the workdir and file mounts come to {size // 1024} KiB packed; a "
-                                "ConfigMap holds at most 1 MiB: put the data on a volume the pods mount "
-                                "(config.kubernetes.pod_config)")
+                                f"{self.name}: the workdir and file mounts come to more than "
+                                f"{manifests.CONFIGMAP_LIMIT // 1000} kB packed; a ConfigMap holds at most 1 MiB: "
+                                "put the data on a volume the pods mount (config.kubernetes.pod_config)")
         files = {"setup.sh": request.setup or "", "run.sh": request.run or ""}
         label, resource = self._gpu_label.get(request.accelerator_type or "",
                                               (capacity.DEFAULT_GPU_LABEL, capacity.DEFAULT_GPU_RESOURCE))
@@ -372,14 +375,33 @@ def _run_token(remote: str) -> str | None:
     return None
 
 
-def _archives(uploads: list[tuple[Path, str]]) -> dict[str, str]:
-    """The uploads as `home.tar.gz` (paths under the home) and `root.tar.gz` (absolute), base64."""
+class _TooLarge(Exception):
+    """The uploads packed past what a ConfigMap holds: packing stopped there."""
+
+
+class _Capped(io.BytesIO):
+    """An in-memory archive that refuses to grow past `limit` bytes (_TooLarge), so that a workdir of many
+    GB costs a moment and about `limit` of memory to refuse, not its whole packed size."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def write(self, data: Any) -> int:
+        if self.tell() + len(data) > self.limit:
+            raise _TooLarge()
+        return super().write(data)
+
+
+def _archives(uploads: list[tuple[Path, str]], limit: int) -> dict[str, str]:
+    """The uploads as `home.tar.gz` (paths under the home) and `root.tar.gz` (absolute), base64; _TooLarge
+    once either comes to more than `limit` bytes in base64."""
     trees: dict[str, io.BytesIO] = {}
     tars: dict[str, tarfile.TarFile] = {}
     for local, remote in uploads:
         key = "root.tar.gz" if remote.startswith("/") else "home.tar.gz"
         if key not in tars:
-            trees[key] = io.BytesIO()
+            trees[key] = _Capped(limit * 3 // 4)  # base64 makes 4 bytes of 3
             tars[key] = tarfile.open(fileobj=trees[key], mode="w:gz")
         target = remote.lstrip("/").removeprefix("~/").rstrip("/")
         if local.is_dir():
