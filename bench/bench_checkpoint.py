@@ -1,6 +1,7 @@
 """A managed job's checkpoint carried from one cluster to another, as the controller does when it
-recovers the job elsewhere (engine `_carry_checkpoint`): fetched from the old cluster's login node into a
-scratch folder on the server, then sent to the new one (`fetch_dir`, then `upload`). Against what a
+recovers the job elsewhere (engine `_fetch_checkpoint`, then the new attempt's submission): fetched from the
+old cluster's login node into a scratch folder on the server, then sent to the new one (`fetch_dir`, then
+`upload`). Against what a
 person types for the same: one pipe, `ssh alpine tar -c … | ssh borealis tar -x …`, over masters of its
 own. Also the copying process's peak memory (ru_maxrss), which must not grow with the checkpoint.
 

@@ -76,7 +76,7 @@ class FakeInfra(Infra, ReleasesHeld, HostsJobGroups):
         return AttemptFiles(f"runs/{request.token}", tuple(f"runs/{request.token}/log-{i}"
                                                            for i in range(len(request.task_ids))))
 
-    async def upload(self, local: Path, remote: str) -> None:
+    async def upload(self, local: Path, remote: str, token: str | None = None) -> None:
         self._check()
         self.uploads.append((local, remote))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -265,10 +266,10 @@ class HeldFiles:
         this = self
 
         class HeldUpload(FakeInfra):
-            async def upload(self, local, remote):
+            async def upload(self, local, remote, token=None):
                 if not in_submit:
                     await this.held()
-                await super().upload(local, remote)
+                await super().upload(local, remote, token)
 
             async def submit(self, request):
                 if in_submit:
@@ -996,3 +997,49 @@ def test_a_job_group_no_cluster_can_run_whole_waits_and_says_why(store):
     for view in managed.views(store, ids):
         assert view.managed.state == "PENDING" and not view.attempts
         assert view.managed.reason.startswith("no cluster can run every task of its job group now: a: ")
+
+
+def test_a_recovered_jobs_checkpoint_goes_with_its_new_attempt_and_is_there_when_it_is_submitted(store):
+    """The checkpoint fetched from the cluster the job ran on goes to the one it lands on, as part of that
+    submission (its token), and its local copy is still there when the submission reads it: a backend
+    that ships files with the submission (Kubernetes' ConfigMap) packs them then, not at upload time."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+    from corral.infra.base import CopiesCheckpoints
+
+    class Checkpointing(FakeInfra, CopiesCheckpoints):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.sent: list[tuple[str, str | None, bool]] = []  # (remote, token, its local copy there at submit)
+            self.pending: list[tuple[Path, str, str | None]] = []
+
+        async def fetch_dir(self, remote_dir, local_dir):
+            local_dir.mkdir(parents=True, exist_ok=True)
+            (local_dir / "step.txt").write_text(f"from {self.cluster}\n")
+            return True
+
+        async def upload(self, local, remote, token=None):
+            await super().upload(local, remote, token)
+            self.pending.append((Path(local), remote, token))
+
+        async def submit(self, request):
+            self.sent += [(remote, token, (local / "step.txt").exists()) for local, remote, token in self.pending
+                          if token == request.token]
+            self.pending.clear()
+            return await super().submit(request)
+
+    client = fakes(Checkpointing)
+    [job_id] = managed.record(store, parse_task({"resources": {"accelerators": "H100:1"}, "run": "true"}, "t"), "t")
+    controller = Controller(client, store, "test", ControllerSettings(unhealthy_after_failures=1))
+    asyncio.run(controller.tick())
+    [first] = store.attempts_of([job_id])[job_id]
+    assert first.cluster == "alpine" and client.infras["alpine"].sent == []
+    client.infras["alpine"].finish(first.handle, JobState.FAILED, FailureClass.INFRA, native="NODE_FAIL")
+    asyncio.run(controller.tick())  # alpine avoided after its failure: recovered on borealis, checkpoint along
+    second = store.attempts_of([job_id])[job_id][-1]
+    [request] = client.infras["borealis"].requests
+    assert second.cluster == "borealis" and second.token == request.token
+    assert client.infras["borealis"].sent == [(f".corral/checkpoints/{job_id}/", request.token, True)]
+    story = [e.reason for e in store.events(job_id)]
+    assert "checkpoint copied from alpine to borealis" in story
+    assert story.index("checkpoint copied from alpine to borealis") < len(story) - 1  # before "attempt 2 submitted"

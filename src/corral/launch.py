@@ -154,6 +154,19 @@ class AttemptOptions:
     requeue: bool = True  # may the infra requeue the job itself (managed jobs: no, the controller recovers)
     held: bool = False  # submitted held, released later (a managed job's move)
     checkpoint_dir: str | None = None
+    carried: tuple[CarriedFolder, ...] = ()  # folders the attempts take along (a recovered job's checkpoint)
+
+
+@dataclass(frozen=True)
+class CarriedFolder:
+    """A folder a job's new attempt takes along from where the job ran before (a managed job's checkpoint,
+    fetched by the controller into `local`): sent with the attempt to `remote`, on whichever cluster the
+    submission lands, unless that is the one it came from (`source`)."""
+
+    job_id: str
+    source: str
+    local: str
+    remote: str
 
 
 @dataclass
@@ -440,10 +453,13 @@ class Launcher:
             tried[id(candidate)] = (request, attempts)
             sending.add(a.token for a in attempts)
             self.store.add_jobs([], attempts)
-            if task.workdir or task.file_mounts:
+            carried = [f for f in options.carried if f.job_id in job_ids and f.source != candidate.cluster]
+            if task.workdir or task.file_mounts or carried:
                 self.events.step("sync", f"copying the task's files to {candidate.infra}")
             async with repeating(RESTAMP_AFTER_SECONDS, lambda: self._mark(attempts, created_at=time.time())):
-                await self.upload_files(task, infra, files.run_dir)
+                await self.upload_files(task, infra, files.run_dir, token)
+                for folder in carried:
+                    await infra.upload(Path(folder.local), folder.remote + "/", token)
                 self.events.step("submit", f"submitting to {candidate.infra}")
                 result = await infra.submit(request)
             if result.accepted and os.environ.get(LOST_ANSWER_HOOK_ENV) == candidate.cluster:
@@ -528,8 +544,9 @@ class Launcher:
 
         return {c: mounts + size for c, size in zip(clusters, await asyncio.gather(*(one(c) for c in clusters)))}
 
-    async def upload_files(self, task: Task, infra: Infra, run_dir: str) -> None:
-        """The task's workdir (through the cluster-side cache) and file_mounts, for a job in `run_dir`."""
+    async def upload_files(self, task: Task, infra: Infra, run_dir: str, token: str | None = None) -> None:
+        """The task's workdir (through the cluster-side cache) and file_mounts, for a job in `run_dir`
+        (submitted as `token`: the files go with that submission)."""
         if task.workdir:
             key = cache_key(task.workdir)
             async with caches.cache_lock(infra.name, key):
@@ -539,7 +556,7 @@ class Launcher:
                 destination = remote.removeprefix("~/")
             else:
                 destination = f"{run_dir}/workdir/{remote}"
-            await infra.upload(Path(local), destination)
+            await infra.upload(Path(local), destination, token)
 
 
 def recorded_environment(job: JobRow, task: Task, source: str) -> dict[str, str]:

@@ -62,6 +62,7 @@ from corral.infra.base import (
 )
 from corral.launch import (
     AttemptOptions,
+    CarriedFolder,
     Launcher,
     LaunchEvents,
     not_set_up_reasons,
@@ -401,15 +402,21 @@ class Controller:
     async def _submit_batch(self, number: int, jobs: list[JobRow], task: Task, feasible: list[Candidate],
                             latest: dict[str, AttemptRow | None], m: ManagedJobRow | None) -> int:
         """Submit attempt `number` of these jobs (`latest`: each one's latest attempt; `m`: the first
-        job's managed row), each job's checkpoint carried over first."""
-        for job in jobs:
-            await self._carry_checkpoint(job, task, latest.get(job.id), feasible[0].cluster)
-        try:
-            shares = await self.launcher.submit_jobs(task, recorded_environment(jobs[0], task, "managed job"),
-                                                     feasible, jobs, _attempt_options(task, number, m))
-        except CorralError as exc:
-            self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
-            return 0
+        job's managed row), each job's checkpoint fetched first and sent with its attempt."""
+        with tempfile.TemporaryDirectory(prefix="corral-ckpt-") as scratch:
+            carried = [folder for job in jobs
+                       if (folder := await self._fetch_checkpoint(job, task, latest.get(job.id), feasible[0].cluster,
+                                                                  Path(scratch) / job.id)) is not None]
+            options = dataclasses.replace(_attempt_options(task, number, m), carried=tuple(carried))
+            try:
+                shares = await self.launcher.submit_jobs(task, recorded_environment(jobs[0], task, "managed job"),
+                                                         feasible, jobs, options)
+            except CorralError as exc:
+                self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
+                return 0
+        landed = {job_id: share.cluster for share in shares for job_id in share.job_ids}
+        self.store.note_managed({folder.job_id: f"checkpoint copied from {folder.source} to {landed[folder.job_id]}"
+                                 for folder in carried if landed.get(folder.job_id, folder.source) != folder.source})
         self.store.note_managed({
             job_id: f"attempt {number} submitted to {share.infra or self._where(share.cluster, share.partition)} "
                     f"as {share.handles[i]}"
@@ -417,23 +424,25 @@ class Controller:
         })
         return sum(len(share.job_ids) for share in shares)
 
-    async def _carry_checkpoint(self, job: JobRow, task: Task, previous: AttemptRow | None, target: str) -> None:
-        """Copy the checkpoint directory from the previous attempt's cluster to the new one."""
+    async def _fetch_checkpoint(self, job: JobRow, task: Task, previous: AttemptRow | None, target: str,
+                                into: Path) -> CarriedFolder | None:
+        """The checkpoint folder of the job's previous attempt, fetched from its cluster into `into`, when
+        the new one is to go elsewhere (`target`: the first choice); the submission sends it along to
+        wherever it lands. None: nothing to carry (or it could not be fetched: the reason says why)."""
         if previous is None or previous.cluster == target or (task.checkpoint and not task.checkpoint.sync):
-            return
+            return None
         remote = _checkpoint_dir(job, task)
         source = self.client.infra(previous.cluster, job.owner)
         if not isinstance(source, CopiesCheckpoints):
             self.store.set_managed(job.id, reason=f"checkpoint not copied: {source.name} cannot copy it out")
-            return
-        with tempfile.TemporaryDirectory(prefix="corral-ckpt-") as tmp:
-            try:
-                found = await source.fetch_dir(remote, Path(tmp))
-                if found:
-                    await self.client.infra(target, job.owner).upload(Path(tmp), remote + "/")
-                    self.store.set_managed(job.id, reason=f"checkpoint copied from {previous.cluster} to {target}")
-            except CorralError as exc:
-                self.store.set_managed(job.id, reason=f"checkpoint not copied from {previous.cluster}: {exc}")
+            return None
+        try:
+            if not await source.fetch_dir(remote, into):
+                return None
+        except CorralError as exc:
+            self.store.set_managed(job.id, reason=f"checkpoint not copied from {previous.cluster}: {exc}")
+            return None
+        return CarriedFolder(job.id, previous.cluster, str(into), remote)
 
     # ---- re-routing pending jobs ----------------------------------------------------------------
     async def _reroute(self, pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]],

@@ -267,9 +267,11 @@ class Infra(ABC):
         """Where `submit` will put the request's files and logs (pure: no I/O)."""
 
     @abstractmethod
-    async def upload(self, local: Any, remote: str) -> None:
+    async def upload(self, local: Any, remote: str, token: str | None = None) -> None:
         """Copy a local file or folder's contents to `remote` (relative to the user's home there), so
-        that the job sees it; only what changed travels where the backend can tell."""
+        that the job sees it; only what changed travels where the backend can tell. `token`: the
+        submission the files go with (its request's token), for a backend whose files travel with the
+        submission itself (Kubernetes: in its ConfigMap); None where `remote` is in its folder."""
 
     async def workdir_upload_size(self, local: Any, cache_key: str) -> int | None:
         """How many bytes `upload_workdir` would send now, given what the infra's cache holds (None:

@@ -115,6 +115,36 @@ def test_a_workdir_of_many_mb_is_refused_without_packing_it_whole(kube, tmp_path
     assert objects(kube, "configmaps", asked.token) == []
 
 
+def test_files_outside_a_run_folder_go_with_the_submission_they_name_and_no_other(kube, tmp_path):
+    """Two launches at once to one context, each with a file for the home (a `~/…` file mount, a
+    recovered job's checkpoint): each ConfigMap holds its own file only. A file that names no
+    submission is refused, never handed to whichever comes next."""
+    import io
+    import tarfile
+
+    backend = infra(kube)
+    first, second = request(), request()
+    for asked, text in ((first, "mine"), (second, "theirs")):
+        (tmp_path / text).write_text(text)
+        asyncio.run(backend.upload(tmp_path / text, f"data/{text}.txt", asked.token))
+
+    async def both():
+        return await asyncio.gather(backend.submit(second), backend.submit(first))
+
+    answers = asyncio.run(both())
+    try:
+        assert all(a.accepted for a in answers)
+        for asked, text in ((first, "mine"), (second, "theirs")):
+            [cm] = objects(kube, "configmaps", asked.token)
+            packed = base64.b64decode(cm["binaryData"]["home.tar.gz"])
+            with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
+                assert tar.getnames() == [f"data/{text}.txt"]
+    finally:
+        asyncio.run(backend.cancel([a.handle for a in answers], ["", ""]))
+    with pytest.raises(ValueError, match="names no attempt to go with"):
+        asyncio.run(backend.upload(tmp_path / "mine", "data/orphan.txt"))
+
+
 def test_an_unknown_context_names_the_ones_there_are(kube):
     with pytest.raises(ConfigError, match="no context 'nope' in the kubeconfig.*its contexts: kind-fake"):
         asyncio.run(infra(kube, context="nope").probe())

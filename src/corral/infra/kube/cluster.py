@@ -173,9 +173,13 @@ class KubeInfra(Infra, RemovesRunFiles):
         name = manifests.object_name(request.token)
         return AttemptFiles(f".corral/runs/{request.token}", (f"pod:{name}",))
 
-    async def upload(self, local: Any, remote: str) -> None:
-        """Kept for the attempt's ConfigMap; a path outside a run's folder goes into every later one."""
-        token = _run_token(remote) or ""
+    async def upload(self, local: Any, remote: str, token: str | None = None) -> None:
+        """Kept for the ConfigMap of the attempt it goes with (`token`, or the run folder `remote` is in);
+        read when that attempt is submitted. A path outside a run's folder with no token has no attempt
+        to go with: a caller's mistake, refused rather than handed to whichever submission comes next."""
+        token = token or _run_token(remote)
+        if not token:
+            raise ValueError(f"{self.name}: an upload to {remote!r} names no attempt to go with")
         self._uploads.setdefault(token, []).append((Path(local), remote))
 
     # ---- jobs -------------------------------------------------------------------------------------------
@@ -183,11 +187,12 @@ class KubeInfra(Infra, RemovesRunFiles):
         ns = self.namespace
         name = manifests.object_name(request.token)
         try:  # in a thread: packing (gzip) a large workdir would hold up every other request meanwhile
-            archives = await asyncio.to_thread(
-                _archives, self._uploads.get(request.token, []) + self._uploads.get("", []), manifests.CONFIGMAP_LIMIT)
+            archives = await asyncio.to_thread(_archives, self._uploads.get(request.token, []),
+                                               manifests.CONFIGMAP_LIMIT)
         except _TooLarge:
             archives = None
         if archives is None or sum(len(v) for v in archives.values()) > manifests.CONFIGMAP_LIMIT:
+            self._uploads.pop(request.token, None)
             return SubmitResult(False, None, False,
                                 f"{self.name}: the workdir and file mounts come to more than "
                                 f"{manifests.CONFIGMAP_LIMIT // 1000} kB packed; a ConfigMap holds at most 1 MiB: "
@@ -226,7 +231,6 @@ class KubeInfra(Infra, RemovesRunFiles):
                                  allow=(404,)) for path in made]
         await asyncio.gather(*calls)
         self._uploads.pop(request.token, None)
-        self._uploads.pop("", None)  # what went outside a run's folder (a checkpoint) rode with this attempt
         return SubmitResult(True, name, status == 409, "")
 
     def _watch(self) -> watch.Watcher:

@@ -124,7 +124,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
                 else (spec.log_path(None),))
         return AttemptFiles(spec.run_dir, logs)
 
-    async def upload(self, local: Path, remote: str) -> None:
+    async def upload(self, local: Path, remote: str, token: str | None = None) -> None:
         await self.transport.sync(self.cluster, local, remote)
 
     async def workdir_upload_size(self, local: Path, cache_key: str) -> int | None:

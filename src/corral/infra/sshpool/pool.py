@@ -183,7 +183,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         directory = runner.run_dir(_rank_token(request.token, 0, request.num_nodes))
         return AttemptFiles(directory, (f"{directory}/log.txt",))
 
-    async def upload(self, local: Path, remote: str) -> None:
+    async def upload(self, local: Path, remote: str, token: str | None = None) -> None:
         """Kept until the task's machine is chosen (submit); a path outside a run's folder goes to every
         machine of the pool at once."""
         if not self._keep(_Upload(Path(local), remote)):
