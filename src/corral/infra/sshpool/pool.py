@@ -98,6 +98,7 @@ from corral.timefmt import slurm_time
 JOB_TIMEOUT = 30
 MACHINE_GRACE_SECONDS = 30.0
 MOVE_CHECK_SECONDS = 10.0  # while tasks wait, how often a status pass looks for a machine to move them to
+SPOOL_IN_MEMORY = 1 << 20  # bytes of a rank's output a log snapshot keeps in memory before it spools to disk
 _RUN_DIR = re.compile(r"^\.corral/runs/([0-9a-f]{12}(?:\.[0-9]+)?)/")
 
 
@@ -714,12 +715,23 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         if follow or len(ranks) == 1:
             await self._on_every_machine([h for _, h in ranks], lambda i: script(ranks[i][0]), on_output)
             return
-        said = [bytearray() for _ in ranks]
-        await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].extend)
-                               for i, (rank, host) in enumerate(ranks)))
-        for text in said:
-            if text:
-                on_output(bytes(text) if text.endswith(b"\n") else bytes(text) + b"\n")
+        # Each rank's output kept aside until the ranks before it are out: in memory up to 1 MiB, on disk
+        # past that (a snapshot of a long run's logs can be GBs a rank).
+        said = [tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) for _ in ranks]
+        try:
+            await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].write)
+                                   for i, (rank, host) in enumerate(ranks)))
+            for spool in said:
+                spool.seek(0)
+                last = b""
+                while chunk := spool.read(65536):
+                    on_output(chunk)
+                    last = chunk
+                if last and not last.endswith(b"\n"):
+                    on_output(b"\n")
+        finally:
+            for spool in said:
+                spool.close()
 
     # ---- dev allocations ------------------------------------------------------------------------------
     async def hold(self, request: JobRequest, idle_seconds: int, session_keys: SessionKeys) -> SubmitResult:
