@@ -75,3 +75,33 @@ def test_a_multi_node_log_snapshot_keeps_each_ranks_output_aside_on_disk_not_in_
         tracemalloc.stop()
     assert seen == [(b"a", chunks * chunk), (b"\n", 1), (b"b", chunks * chunk), (b"\n", 1)]
     assert peak < 4 * 2**20, peak
+
+
+def test_a_followed_ranks_output_passes_in_whole_lines_progress_bars_included_and_never_piles_up():
+    """Several machines' output shares one stream, so each passes in whole lines. A progress bar's
+    updates end with a carriage return, not a newline: they pass as they come. Output with no line end
+    at all passes once LINE_LIMIT of it is kept back, rather than pile up until the stream ends."""
+    from corral.infra.sshpool.pool import LINE_LIMIT, _UntilLine, _WholeLines
+
+    out: list[bytes] = []
+    sink = _WholeLines(out.append)
+    sink(b"epoch 1\nepo")
+    assert out == [b"epoch 1\n"] and sink.partial == b"epo"
+    sink(b"ch 2\n")
+    for percent in range(0, 100, 10):
+        sink(f"\r{percent}%|{'#' * (percent // 10)}".encode())
+    assert out[1:4] == [b"epoch 2\n", b"\r", b"0%|\r"]  # each update as soon as the next one begins
+    assert out[-1] == b"80%|########\r" and sink.partial == b"90%|#########"
+    out.clear()
+    for _ in range(40):
+        sink(b"\x00" * 4096)  # no line end, ever
+    assert out and len(sink.partial) <= LINE_LIMIT + 4096
+    assert sum(map(len, out)) + len(sink.partial) == 40 * 4096 + len(b"90%|#########")
+    sink.flush()
+    assert sink.partial == b""
+
+    seen: list[bytes] = []
+    awaiting = _UntilLine("@@ready", lambda: None, seen.append)
+    for _ in range(40):
+        awaiting(b"x" * 4096)
+    assert len(awaiting.partial or b"") <= LINE_LIMIT + 4096 and seen

@@ -962,17 +962,30 @@ def _phase(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, st
     return AllocationState(AllocationPhase.ENDED, why, hosts, last_active, None)
 
 
+LINE_LIMIT = 64 * 1024  # bytes of a line not yet ended that a sink keeps back; past that, they pass as they are
+
+
+def _whole_lines_end(data: bytes) -> int:
+    """Where the whole lines of `data` end: after its last newline or carriage return (a progress bar's
+    updates end with one), or at its end when what follows is longer than LINE_LIMIT (output with no
+    line ends, which would otherwise be kept back, and grow, until the stream ends)."""
+    end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    return len(data) if len(data) - end > LINE_LIMIT else end
+
+
 class _WholeLines:
-    """An output sink for one of several streams that share `on_output`: it passes whole lines only; a
-    part of a line waits for its end, or for `flush` once the stream is over."""
+    """An output sink for one of several streams that share `on_output`: it passes whole lines only
+    (_whole_lines_end); a part of a line waits for its end, or for `flush` once the stream is over."""
 
     def __init__(self, on_output: OutputSink) -> None:
         self.on_output, self.partial = on_output, b""
 
     def __call__(self, chunk: bytes) -> None:
-        *lines, self.partial = (self.partial + chunk).split(b"\n")
-        if lines:
-            self.on_output(b"\n".join(lines) + b"\n")
+        data = self.partial + chunk
+        end = _whole_lines_end(data)
+        if end:
+            self.on_output(data[:end])
+        self.partial = data[end:]
 
     def flush(self) -> None:
         if self.partial:
@@ -1006,6 +1019,9 @@ class _UntilLine:
                 return
         if lines:
             self.on_output(b"\n".join(lines) + b"\n")
+        if len(self.partial) > LINE_LIMIT:  # no line that long is the one awaited: let it through
+            self.on_output(self.partial)
+            self.partial = b""
 
 
 NOT_FOUND = "-"  # a rank not found, in a partial task's handle (`_whole_tasks`)
