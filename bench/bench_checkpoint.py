@@ -3,7 +3,8 @@ recovers the job elsewhere (engine `_fetch_checkpoint`, then the new attempt's s
 old cluster's login node into a scratch folder on the server, then sent to the new one (`fetch_dir`, then
 `upload`). Against what a
 person types for the same: one pipe, `ssh alpine tar -c … | ssh borealis tar -x …`, over masters of its
-own. Also the copying process's peak memory (ru_maxrss), which must not grow with the checkpoint.
+own. Also the copying process's peak memory (VmHWM: its own, not the forked parent's that ru_maxrss
+keeps across exec), which must not grow with the checkpoint.
 
 Each side copies into a folder of its own; the Corral side runs in a child process so that its peak
 memory is its own. Medians of --runs, alternated.
@@ -29,7 +30,7 @@ SOURCE, TARGET = "alpine", "borealis"
 
 # The controller's two steps, in a child process that reports its peak memory (MB) when it ends.
 CARRY = """
-import asyncio, resource, sys, tempfile
+import asyncio, sys, tempfile
 from pathlib import Path
 from corral.client import Client
 source, target, remote, into = sys.argv[1:]
@@ -39,7 +40,7 @@ async def carry():
         assert await client.infra(source).fetch_dir(remote, Path(tmp))
         await client.infra(target).upload(Path(tmp), into + "/")
 asyncio.run(carry())
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+print(int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) // 1024)
 """
 
 

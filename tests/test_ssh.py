@@ -384,9 +384,10 @@ def test_stopping_masters_removes_a_socket_whose_master_is_gone(tmp_path):
     assert not dead.exists()
 
 
-# A copy in a child process, which reports its peak memory (ru_maxrss, KiB) when it ends.
+# A copy in a child process, which reports its peak memory (VmHWM, MB: its own, where ru_maxrss would count
+# the forked pytest it began as) when it ends.
 COPY_IN_A_CHILD = """
-import asyncio, resource, sys
+import asyncio, sys
 from pathlib import Path
 from corral.config import load_registry
 from corral.ssh import SshTransport
@@ -396,7 +397,7 @@ if how == "fetch":
     print(asyncio.run(transport.fetch(cluster, remote, Path(local))))
 else:
     asyncio.run(transport.sync(cluster, Path(local), remote))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+print(int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) // 1024)
 """
 
 
