@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.infra.base import FailureClass, JobState
+from corral.infra.base import CopiesCheckpoints, FailureClass, JobState
 from corral.launch import Launcher
 from corral.state import Store
 from corral.task import parse_task
@@ -999,34 +999,39 @@ def test_a_job_group_no_cluster_can_run_whole_waits_and_says_why(store):
         assert view.managed.reason.startswith("no cluster can run every task of its job group now: a: ")
 
 
+class Checkpointing(FakeInfra, CopiesCheckpoints):
+    """Copies a checkpoint out (`fetches` counts it); records what each submission had sent with it (its
+    token), and whether its local copy was still there when the submission read it."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.sent: list[tuple[str, str | None, bool]] = []  # (remote, token, its local copy there at submit)
+        self.pending: list[tuple[Path, str, str | None]] = []
+        self.fetches = 0
+
+    async def fetch_dir(self, remote_dir, local_dir):
+        self.fetches += 1
+        local_dir.mkdir(parents=True, exist_ok=True)
+        (local_dir / "step.txt").write_text(f"from {self.cluster}\n")
+        return True
+
+    async def upload(self, local, remote, token=None):
+        await super().upload(local, remote, token)
+        self.pending.append((Path(local), remote, token))
+
+    async def submit(self, request):
+        self.sent += [(remote, token, (local / "step.txt").exists()) for local, remote, token in self.pending
+                      if token == request.token]
+        self.pending.clear()
+        return await super().submit(request)
+
+
 def test_a_recovered_jobs_checkpoint_goes_with_its_new_attempt_and_is_there_when_it_is_submitted(store):
     """The checkpoint fetched from the cluster the job ran on goes to the one it lands on, as part of that
     submission (its token), and its local copy is still there when the submission reads it: a backend
     that ships files with the submission (Kubernetes' ConfigMap) packs them then, not at upload time."""
     from corral import managed
     from corral.controller.engine import Controller, ControllerSettings
-    from corral.infra.base import CopiesCheckpoints
-
-    class Checkpointing(FakeInfra, CopiesCheckpoints):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            self.sent: list[tuple[str, str | None, bool]] = []  # (remote, token, its local copy there at submit)
-            self.pending: list[tuple[Path, str, str | None]] = []
-
-        async def fetch_dir(self, remote_dir, local_dir):
-            local_dir.mkdir(parents=True, exist_ok=True)
-            (local_dir / "step.txt").write_text(f"from {self.cluster}\n")
-            return True
-
-        async def upload(self, local, remote, token=None):
-            await super().upload(local, remote, token)
-            self.pending.append((Path(local), remote, token))
-
-        async def submit(self, request):
-            self.sent += [(remote, token, (local / "step.txt").exists()) for local, remote, token in self.pending
-                          if token == request.token]
-            self.pending.clear()
-            return await super().submit(request)
 
     client = fakes(Checkpointing)
     [job_id] = managed.record(store, parse_task({"resources": {"accelerators": "H100:1"}, "run": "true"}, "t"), "t")
@@ -1043,3 +1048,32 @@ def test_a_recovered_jobs_checkpoint_goes_with_its_new_attempt_and_is_there_when
     story = [e.reason for e in store.events(job_id)]
     assert "checkpoint copied from alpine to borealis" in story
     assert story.index("checkpoint copied from alpine to borealis") < len(story) - 1  # before "attempt 2 submitted"
+
+
+
+def test_a_checkpoint_goes_where_the_submission_lands_when_its_first_choice_refuses(store):
+    """Recovered away from alpine, the job's first choice (borealis) refuses it and cirrus takes it: the
+    checkpoint, fetched once, goes with cirrus' submission, and the job's story names cirrus."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+    from tests.test_placement import SNAPSHOTS
+
+    client = fakes(Checkpointing)
+    [job_id] = managed.record(store, parse_task({"resources": {"cpus": 1}, "run": "true"}, "t"), "t")
+    controller = Controller(client, store, "test", ControllerSettings(unhealthy_after_failures=1))
+    asyncio.run(controller.tick())
+    [first] = store.attempts_of([job_id])[job_id]
+    assert first.cluster == "alpine"
+    client.infras["borealis"].refuse = {p.name for p in SNAPSHOTS["borealis"].partitions}
+    client.infras["alpine"].finish(first.handle, JobState.FAILED, FailureClass.INFRA, native="NODE_FAIL")
+    asyncio.run(controller.tick())
+    attempts = store.attempts_of([job_id])[job_id]
+    refused = client.infras["borealis"].requests
+    assert [(a.cluster, a.state) for a in attempts[1:]] == [("borealis", "SUBMIT_FAILED")] * len(refused) + [
+        ("cirrus", "PENDING")]
+    [taken] = client.infras["cirrus"].requests
+    assert client.infras["borealis"].sent == [(f".corral/checkpoints/{job_id}/", r.token, True) for r in refused]
+    assert client.infras["cirrus"].sent == [(f".corral/checkpoints/{job_id}/", taken.token, True)]
+    assert client.infras["alpine"].fetches == 1
+    story = [e.reason for e in store.events(job_id)]
+    assert "checkpoint copied from alpine to cirrus" in story and not any("to borealis" in r for r in story)

@@ -159,14 +159,15 @@ class AttemptOptions:
 
 @dataclass(frozen=True)
 class CarriedFolder:
-    """A folder a job's new attempt takes along from where the job ran before (a managed job's checkpoint,
-    fetched by the controller into `local`): sent with the attempt to `remote`, on whichever cluster the
-    submission lands, unless that is the one it came from (`source`)."""
+    """A folder a job's new attempt takes along from the cluster the job ran on before (`source`): a
+    managed job's checkpoint, sent with the attempt to `remote` on whichever cluster the submission
+    lands, unless that is `source`. `fetch` brings it to this machine the first time a submission needs
+    it, and says where (None: there is nothing to carry)."""
 
     job_id: str
     source: str
-    local: str
     remote: str
+    fetch: Callable[[], Awaitable[Path | None]]
 
 
 @dataclass
@@ -459,7 +460,8 @@ class Launcher:
             async with repeating(RESTAMP_AFTER_SECONDS, lambda: self._mark(attempts, created_at=time.time())):
                 await self.upload_files(task, infra, files.run_dir, token)
                 for folder in carried:
-                    await infra.upload(Path(folder.local), folder.remote + "/", token)
+                    if (local := await folder.fetch()) is not None:
+                        await infra.upload(local, folder.remote + "/", token)
                 self.events.step("submit", f"submitting to {candidate.infra}")
                 result = await infra.submit(request)
             if result.accepted and os.environ.get(LOST_ANSWER_HOOK_ENV) == candidate.cluster:

@@ -402,12 +402,13 @@ class Controller:
     async def _submit_batch(self, number: int, jobs: list[JobRow], task: Task, feasible: list[Candidate],
                             latest: dict[str, AttemptRow | None], m: ManagedJobRow | None) -> int:
         """Submit attempt `number` of these jobs (`latest`: each one's latest attempt; `m`: the first
-        job's managed row), each job's checkpoint fetched first and sent with its attempt."""
+        job's managed row), each job's checkpoint sent with its attempt wherever it lands."""
         with tempfile.TemporaryDirectory(prefix="corral-ckpt-") as scratch:
-            carried = [folder for job in jobs
-                       if (folder := await self._fetch_checkpoint(job, task, latest.get(job.id), feasible[0].cluster,
-                                                                  Path(scratch) / job.id)) is not None]
-            options = dataclasses.replace(_attempt_options(task, number, m), carried=tuple(carried))
+            fetches = {job.id: fetch for job in jobs
+                       if (fetch := self._checkpoint_fetch(job, task, latest.get(job.id), feasible[0].cluster,
+                                                           Path(scratch) / job.id)) is not None}
+            options = dataclasses.replace(_attempt_options(task, number, m), carried=tuple(
+                CarriedFolder(job_id, fetch.source, fetch.remote, fetch) for job_id, fetch in fetches.items()))
             try:
                 shares = await self.launcher.submit_jobs(task, recorded_environment(jobs[0], task, "managed job"),
                                                          feasible, jobs, options)
@@ -415,8 +416,8 @@ class Controller:
                 self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
                 return 0
         landed = {job_id: share.cluster for share in shares for job_id in share.job_ids}
-        self.store.note_managed({folder.job_id: f"checkpoint copied from {folder.source} to {landed[folder.job_id]}"
-                                 for folder in carried if landed.get(folder.job_id, folder.source) != folder.source})
+        self.store.note_managed({job_id: note for job_id, fetch in fetches.items()
+                                 if (note := fetch.outcome(landed.get(job_id, fetch.source)))})
         self.store.note_managed({
             job_id: f"attempt {number} submitted to {share.infra or self._where(share.cluster, share.partition)} "
                     f"as {share.handles[i]}"
@@ -424,25 +425,17 @@ class Controller:
         })
         return sum(len(share.job_ids) for share in shares)
 
-    async def _fetch_checkpoint(self, job: JobRow, task: Task, previous: AttemptRow | None, target: str,
-                                into: Path) -> CarriedFolder | None:
-        """The checkpoint folder of the job's previous attempt, fetched from its cluster into `into`, when
-        the new one is to go elsewhere (`target`: the first choice); the submission sends it along to
-        wherever it lands. None: nothing to carry (or it could not be fetched: the reason says why)."""
-        if previous is None or previous.cluster == target or (task.checkpoint and not task.checkpoint.sync):
+    def _checkpoint_fetch(self, job: JobRow, task: Task, previous: AttemptRow | None, first_choice: str,
+                          into: Path) -> CheckpointFetch | None:
+        """How to fetch the checkpoint of the job's previous attempt, should its new one land elsewhere;
+        None when there is none to carry, or the new one is to go where the previous ran (`first_choice`)."""
+        if previous is None or previous.cluster == first_choice or (task.checkpoint and not task.checkpoint.sync):
             return None
-        remote = _checkpoint_dir(job, task)
         source = self.client.infra(previous.cluster, job.owner)
         if not isinstance(source, CopiesCheckpoints):
             self.store.set_managed(job.id, reason=f"checkpoint not copied: {source.name} cannot copy it out")
             return None
-        try:
-            if not await source.fetch_dir(remote, into):
-                return None
-        except CorralError as exc:
-            self.store.set_managed(job.id, reason=f"checkpoint not copied from {previous.cluster}: {exc}")
-            return None
-        return CarriedFolder(job.id, previous.cluster, str(into), remote)
+        return CheckpointFetch(source, previous.cluster, _checkpoint_dir(job, task), into)
 
     # ---- re-routing pending jobs ----------------------------------------------------------------
     async def _reroute(self, pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]],
@@ -663,6 +656,35 @@ def _parse_task(task_json: str) -> Task:
     """Validated once per distinct task, not once per job and tick: a sweep's jobs share their task
     (tasks are read, never changed, by the controller)."""
     return Task.model_validate(json.loads(task_json))
+
+
+class CheckpointFetch:
+    """A job's checkpoint folder, fetched from the cluster it ran on (`source`) into `into` the first time a
+    submission asks for it (a share that fails over asks again: it is fetched once), and the story of it
+    for the job's events (`outcome`)."""
+
+    def __init__(self, infra: CopiesCheckpoints, source: str, remote: str, into: Path) -> None:
+        self.infra, self.source, self.remote, self.into = infra, source, remote, into
+        self._lock = asyncio.Lock()
+        self._fetched: bool | None = None  # None: not asked yet
+        self._failure: str | None = None
+
+    async def __call__(self) -> Path | None:
+        async with self._lock:
+            if self._fetched is None:
+                try:
+                    self._fetched = await self.infra.fetch_dir(self.remote, self.into)
+                except CorralError as exc:
+                    self._fetched, self._failure = False, str(exc)
+        return self.into if self._fetched else None
+
+    def outcome(self, landed: str) -> str | None:
+        """What happened to it, the job's new attempt having landed on `landed` (None: nothing to say)."""
+        if self._failure is not None:
+            return f"checkpoint not copied from {self.source}: {self._failure}"
+        if self._fetched and landed != self.source:
+            return f"checkpoint copied from {self.source} to {landed}"
+        return None
 
 
 def _checkpoint_dir(job: JobRow, task: Task) -> str:
