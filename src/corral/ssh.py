@@ -56,6 +56,7 @@ from corral.errors import (
     SshTimeoutError,
 )
 from corral.login_env import CAPTURE, LOGIN_ENVS, LoginEnv, split_capture
+from corral.pacing import keep_pace
 
 SSH_FAILURE = 255
 COMMAND_NOT_FOUND = 127
@@ -567,6 +568,7 @@ class SshTransport:
         try:
             while chunk := await proc.stdout.read(65536):
                 on_output(chunk)
+                await keep_pace()
             err = await proc.stderr.read()
             status = await proc.wait()
         except asyncio.CancelledError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import re
 import subprocess
@@ -234,6 +236,51 @@ def test_logs_follow_a_running_job_and_cancel_stops_it(corral, corral_env, clean
     newest = corral("logs", "--no-follow", "--tail", "2")  # no JOB: the newest job, as `sky logs` takes the latest
     # What follows line-3 is Slurm's word on the cancellation, and bash's "Terminated" when the sleep dies first.
     assert newest.exit_code == 0 and newest.stdout.splitlines() == whole[-2:]
+
+
+def test_logs_read_by_a_client_that_stops_reading_hold_up_the_login_nodes_reader_not_the_servers_memory(
+        corral, corral_env, clean_queues):
+    """`corral logs JOB | less`, paused on its first screen: once the server holds a few MB for that
+    client, it stops reading the remote log (the login node's `tail` waits, short of the end) instead of
+    taking all 200 MB into its memory; read on, every byte arrives."""
+    size = 200_000_000
+    submitted = launch(corral, "--infra", "slurm/alpine/cpu", "--", f"head -c {size} /dev/zero | tr '\\0' x; echo")
+    job_id = submitted["job_id"]
+    wait_state(corral, job_id, {"SUCCEEDED"}, timeout=120)
+    server = corral("server", "status", "--json").json()["pid"]
+
+    def rss_mb(pid: int) -> float:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+    before = rss_mb(server)
+    reader = subprocess.Popen([sys.executable, "-m", "corral", "logs", "--no-follow", job_id], env=corral_env,
+                              stdout=subprocess.PIPE)
+    try:
+        assert reader.stdout is not None and reader.stdout.read(1 << 20) == b"x" * (1 << 20)
+
+        def position() -> int | None:
+            """Where the login node's `tail` of that log is in it (the testbed shares this PID space)."""
+            found = subprocess.run(["pgrep", "-u", "corral-test", "-x", "tail"], capture_output=True, text=True)
+            for pid in found.stdout.split():
+                for fd in glob.glob(f"/proc/{pid}/fd/*"):
+                    with contextlib.suppress(OSError):
+                        if os.stat(fd).st_size > size:  # the log: the bytes and a newline
+                            return int(Path(fd.replace("/fd/", "/fdinfo/")).read_text().split()[1])
+            return None
+
+        samples: list[int | None] = []
+
+        def waiting() -> bool:  # its position stays put across two looks, short of the end
+            samples.append(position())
+            return len(samples) > 1 and samples[-1] is not None and samples[-1] == samples[-2] < size
+
+        wait_for("the login node's tail to wait for the paused client", waiting, timeout=30, interval=0.5)
+        assert rss_mb(server) - before < 64, (before, rss_mb(server))
+        rest = reader.stdout.read()
+        assert len(rest) + (1 << 20) == size + 1 and rest.rstrip(b"\n") == b"x" * (size - (1 << 20))
+    finally:
+        reader.kill()
 
 
 def test_queue_matches_slurm_on_every_cluster_with_one_query_each(corral, corral_env, testbed, clean_queues, tmp_path):

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field, field_validator
 
-from corral import buckets, jobgroup, managed, uploads
+from corral import buckets, jobgroup, managed, pacing, uploads
 from corral.managed import MAX_PIPELINE_TASKS
 from corral.client import Client
 from corral.controller.auth import Me, Principal, owner_of_all
@@ -43,6 +43,7 @@ from corral.tracker import check_log_kept
 from corral.views import explain_pending, plan_json, submitted_json, sweeps_named_by_first_job
 
 Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+OUTPUT_BACKLOG = 64  # chunks (up to 64 KiB each) an output stream holds for a slow client before its reader waits
 Text = Annotated[str, Field(max_length=4096)]
 
 
@@ -436,12 +437,22 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
 
 
 def stream_output(source: Callable[[Callable[[bytes], None]], Awaitable[None]]) -> StreamingResponse:
-    """Bytes a remote reader hands to a sink, streamed; the reader ends when the client goes away."""
+    """Bytes a remote reader hands to a sink, streamed; the reader ends when the client goes away, and
+    waits (pacing.keep_pace) while OUTPUT_BACKLOG chunks are still to be sent: a client that stops
+    reading holds up the reading, not the server's memory."""
     chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+    room = asyncio.Event()
+    room.set()
+
+    def put(chunk: bytes) -> None:
+        chunks.put_nowait(chunk)
+        if chunks.qsize() >= OUTPUT_BACKLOG:
+            room.clear()
 
     async def pump() -> None:
+        pacing.OUTPUT_PACE.set(room.wait)  # (this task's own context: its readers see it)
         try:
-            await source(chunks.put_nowait)
+            await source(put)
         except CorralError as exc:
             chunks.put_nowait(f"corral: error: {exc}\n".encode())
         finally:
@@ -451,6 +462,8 @@ def stream_output(source: Callable[[Callable[[bytes], None]], Awaitable[None]]) 
         task = asyncio.ensure_future(pump())
         try:
             while (chunk := await chunks.get()) is not None:
+                if chunks.qsize() < OUTPUT_BACKLOG:
+                    room.set()
                 yield chunk
         finally:
             task.cancel()  # the reader went away: end the remote `tail -F`

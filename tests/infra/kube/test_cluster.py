@@ -233,6 +233,39 @@ def test_the_env_values_travel_in_a_secret_that_belongs_to_the_job(kube):
     assert objects(kube, "secrets", asked.token) == []
 
 
+def test_a_pods_log_read_for_a_client_that_stops_reading_waits_and_ends_when_the_client_goes(kube):
+    """The log is read by a thread of its own. For a client that stops reading (pacing.OUTPUT_PACE never
+    has room), the thread hands on one chunk and waits; once the reader is cancelled (the client went
+    away), the thread ends instead of reading the rest into a stream nobody reads."""
+    from corral import pacing
+
+    backend = infra(kube)
+    asked = request(run="head -c 20000000 /dev/zero | tr '\\0' x")
+    submitted = asyncio.run(backend.submit(asked))
+    ended(backend, [submitted.handle])
+    out: list[bytes] = []
+
+    async def scenario() -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))  # the reading thread is the only one
+        pacing.OUTPUT_PACE.set(asyncio.Event().wait)  # never any room
+        reading = asyncio.ensure_future(backend.logs(submitted.handle, "", False, out.append))
+        for _ in range(200):
+            if out:
+                break
+            await asyncio.sleep(0.05)
+        for _ in range(10):  # a while more: nothing more comes
+            await asyncio.sleep(0.05)
+        assert len(out) == 1 and len(out[0]) <= 65536
+        reading.cancel()
+        # Free again once the reading thread has ended: work given to it now runs.
+        assert await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), 10) == "free"
+
+    asyncio.run(scenario())
+
+
 def test_the_run_files_pass_deletes_ended_attempts_secrets_and_config_maps(kube, monkeypatch):
     """remove_env_files: the Secrets and ConfigMaps, one request per kind (a delete of the collection
     the tokens' label selects); the Jobs, and so their logs, stay until their TTL. remove_run_dirs: the

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import dataclasses
 import io
 import json
@@ -33,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from corral import pacing
 from corral.config import KubeEntry
 from corral.errors import ClusterError, ClusterUnreachableError, ConfigError, CorralError
 from corral.infra.base import (
@@ -333,8 +335,14 @@ class KubeInfra(Infra, RemovesRunFiles):
         if not pods:
             return
         pod = pods[0]["metadata"]["name"]
-        await asyncio.to_thread(self._stream_log, ns, pod, follow and phase == "Running",
-                                _thread_safe(on_output), tail)
+        stop = threading.Event()
+        try:
+            await asyncio.to_thread(self._stream_log, ns, pod, follow and phase == "Running",
+                                    _from_thread(on_output, stop), tail)
+        except _ReaderStopped:
+            pass
+        finally:
+            stop.set()  # the reading thread ends at its next chunk (it cannot be cancelled)
 
     def _stream_log(self, ns: str, pod: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
         query = [("follow", "true" if follow else "false"), *([("tailLines", str(int(tail)))] if tail > 0 else [])]
@@ -351,9 +359,34 @@ class KubeInfra(Infra, RemovesRunFiles):
             response.release_conn()
 
 
-def _thread_safe(sink: OutputSink) -> Callable[[bytes], None]:
+class _ReaderStopped(Exception):
+    """Whoever read the log went away: the reading thread stops."""
+
+
+def _from_thread(sink: OutputSink, stop: threading.Event) -> Callable[[bytes], None]:
+    """`sink`, for a thread that reads a log: each chunk goes to the loop, then the thread keeps the
+    stream's pace (pacing.keep_pace); once `stop` is set (whoever asked stopped waiting), the thread
+    stops at its next chunk instead of reading on into a stream nobody reads."""
     loop = asyncio.get_running_loop()
-    return lambda chunk: loop.call_soon_threadsafe(sink, chunk)
+    pace = pacing.OUTPUT_PACE.get()
+
+    def hand_on(chunk: bytes) -> None:
+        if stop.is_set():
+            raise _ReaderStopped()
+        loop.call_soon_threadsafe(sink, chunk)
+        if pace is None:
+            return
+        room = asyncio.run_coroutine_threadsafe(pace(), loop)
+        while True:
+            try:
+                room.result(timeout=0.5)
+                return
+            except concurrent.futures.TimeoutError:
+                if stop.is_set():
+                    room.cancel()
+                    raise _ReaderStopped() from None
+
+    return hand_on
 
 
 def _loads(data: Any) -> Any:

@@ -92,6 +92,7 @@ from corral.infra.sshpool.inventory import (
     parse_inventory,
 )
 from corral.infra.sshpool.submissions import CacheSync, MachineSubmissions
+from corral.pacing import keep_pace
 from corral.ssh import RemoteResult, SshTransport
 from corral.timefmt import slurm_time
 
@@ -726,6 +727,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 last = b""
                 while chunk := spool.read(65536):
                     on_output(chunk)
+                    await keep_pace()
                     last = chunk
                 if last and not last.endswith(b"\n"):
                     on_output(b"\n")

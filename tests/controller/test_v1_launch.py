@@ -1,0 +1,33 @@
+"""controller/v1_launch.py's output streams: a client that stops reading holds up the reading."""
+
+from __future__ import annotations
+
+import asyncio
+
+from corral.controller.v1_launch import OUTPUT_BACKLOG, stream_output
+from corral.pacing import keep_pace
+
+
+def test_an_output_stream_whose_client_stops_reading_stops_its_reader_and_loses_nothing():
+    """The reader (as SshTransport.stream reads a remote log: a chunk to the sink, then keep_pace) hands
+    on at most OUTPUT_BACKLOG chunks beyond what the client took; once the client reads again, every
+    chunk arrives, in order."""
+    total = OUTPUT_BACKLOG * 20
+    handed: list[int] = []
+
+    async def reader(sink) -> None:
+        for i in range(total):
+            sink(f"{i}\n".encode())
+            handed.append(i)
+            await keep_pace()
+
+    async def scenario() -> None:
+        body = stream_output(reader).body_iterator
+        first = await body.__anext__()
+        for _ in range(1000):  # the loop runs on while the client reads nothing
+            await asyncio.sleep(0)
+        assert first == b"0\n" and OUTPUT_BACKLOG <= len(handed) <= OUTPUT_BACKLOG + 2
+        rest = [chunk async for chunk in body]
+        assert [first, *rest] == [f"{i}\n".encode() for i in range(total)]
+
+    asyncio.run(scenario())
