@@ -473,7 +473,7 @@ class SshTransport:
             except asyncio.CancelledError:
                 await _kill(proc)
                 raise
-        status = proc.returncode if proc.returncode is not None else -1
+        status = _status(proc)
         result = RemoteResult(
             cluster=cluster,
             exit_status=status,
@@ -608,7 +608,7 @@ class SshTransport:
                 f"--rsync-path={self.remote_rsync}", "--", src, f"{cluster}:{destination}"]
         if self._acting(SubmitMode.SUDO) is not None:
             return None  # the member's side runs through sudo: the estimate is not worth that detour
-        text, status = await self._transfer(cluster, argv, None, source, timeout, with_stdout=True)
+        text, status = await self._transfer(cluster, argv, source, timeout, with_stdout=True)
         if status != 0:
             return None
         found = re.search(r"Total transferred file size: ([\d,.]+) bytes", text)
@@ -631,7 +631,7 @@ class SshTransport:
         # Nothing Corral copies is for other accounts' eyes (run dirs are mode 700 too).
         argv = ["rsync", "-a", "-s", EXACT_TIMES, "--mkpath", "--chmod=go-rwx", "-e", ssh, f"--rsync-path={rsync_path}",
                 *options, "--", src, f"{cluster}:{destination}"]
-        text, status = await self._transfer(cluster, argv, None, source, timeout)
+        text, status = await self._transfer(cluster, argv, source, timeout)
         if status == 0:
             return True
         if "command not found" in text or ("No such file or directory" in text and "rsync" in text):
@@ -660,7 +660,7 @@ class SshTransport:
         if packed.status not in (0, -signal.SIGPIPE):  # (SIGPIPE: the ssh side ended first, and says why)
             raise CorralFileError(f"{source}: could not be read for copying to {cluster}: "
                                   f"{_last_line(packed.stderr)}")
-        if sent.status == 255:
+        if sent.status == SSH_FAILURE:
             raise self.classify_failure(cluster, sent.stderr)
         if sent.status != 0:
             raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(sent.stderr)}",
@@ -693,7 +693,7 @@ class SshTransport:
             if made:
                 shutil.rmtree(local_dir, ignore_errors=True)
             return False
-        if sent.status == 255:
+        if sent.status == SSH_FAILURE:
             raise self.classify_failure(cluster, sent.stderr)
         if sent.status != 0:
             raise RemoteCommandError(cluster, f"fetching {remote_dir} failed: {_last_line(sent.stderr)}",
@@ -703,21 +703,19 @@ class SshTransport:
                                   f"{_last_line(unpacked.stderr)}")
         return True
 
-    async def _transfer(self, cluster: str, argv: list[str], stdin: bytes | None, source: Path,
-                        timeout: float, with_stdout: bool = False) -> tuple[str, int]:
-        """(stderr, or stdout then stderr with `with_stdout`; exit status) of a local rsync or tar."""
+    async def _transfer(self, cluster: str, argv: list[str], source: Path, timeout: float,
+                        with_stdout: bool = False) -> tuple[str, int]:
+        """(stderr, or stdout then stderr with `with_stdout`; exit status) of a local rsync."""
         self.round_trips[cluster] += 1
-        proc = await _spawn_copy(
-            argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        proc = await _spawn_copy(argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                 stderr=asyncio.subprocess.PIPE)
         try:
-            _out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+            _out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except asyncio.TimeoutError:
             await _kill(proc)
             raise SshTimeoutError(cluster, f"copying {source} took longer than {timeout:g}s") from None
         text = (_out + err) if with_stdout else err
-        return text.decode(errors="replace"), proc.returncode if proc.returncode is not None else -1
+        return text.decode(errors="replace"), _status(proc)
 
     async def close(self, cluster: str) -> None:
         """Stop the cluster's ControlMaster, if any (the next call opens a new one)."""
@@ -840,6 +838,7 @@ async def _piped(producer: list[str], consumer: list[str], timeout: float) -> tu
 
 
 def _status(proc: asyncio.subprocess.Process) -> int:
+    """A process's exit status; -1 while it has none (killed, not yet reaped)."""
     return proc.returncode if proc.returncode is not None else -1
 
 
