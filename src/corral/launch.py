@@ -13,6 +13,7 @@ import itertools
 import math
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -157,17 +158,18 @@ class AttemptOptions:
     carried: tuple[CarriedFolder, ...] = ()  # folders the attempts take along (a recovered job's checkpoint)
 
 
-@dataclass(frozen=True)
-class CarriedFolder:
+class CarriedFolder(ABC):
     """A folder a job's new attempt takes along from the cluster the job ran on before (`source`): a
     managed job's checkpoint, sent with the attempt to `remote` on whichever cluster the submission
-    lands, unless that is `source`. `fetch` brings it to this machine the first time a submission needs
-    it, and says where (None: there is nothing to carry)."""
+    lands, unless that is `source`."""
 
-    job_id: str
-    source: str
-    remote: str
-    fetch: Callable[[], Awaitable[Path | None]]
+    def __init__(self, job_id: str, source: str, remote: str) -> None:
+        self.job_id, self.source, self.remote = job_id, source, remote
+
+    @abstractmethod
+    async def fetch(self) -> Path | None:
+        """The folder brought to this machine (the first time a submission asks), and where; None:
+        there is nothing to carry."""
 
 
 @dataclass

@@ -407,8 +407,7 @@ class Controller:
             fetches = {job.id: fetch for job in jobs
                        if (fetch := self._checkpoint_fetch(job, task, latest.get(job.id), feasible[0].cluster,
                                                            Path(scratch) / job.id)) is not None}
-            options = dataclasses.replace(_attempt_options(task, number, m), carried=tuple(
-                CarriedFolder(job_id, fetch.source, fetch.remote, fetch) for job_id, fetch in fetches.items()))
+            options = dataclasses.replace(_attempt_options(task, number, m), carried=tuple(fetches.values()))
             try:
                 shares = await self.launcher.submit_jobs(task, recorded_environment(jobs[0], task, "managed job"),
                                                          feasible, jobs, options)
@@ -435,7 +434,7 @@ class Controller:
         if not isinstance(source, CopiesCheckpoints):
             self.store.set_managed(job.id, reason=f"checkpoint not copied: {source.name} cannot copy it out")
             return None
-        return CheckpointFetch(source, previous.cluster, _checkpoint_dir(job, task), into)
+        return CheckpointFetch(job.id, source, previous.cluster, _checkpoint_dir(job, task), into)
 
     # ---- re-routing pending jobs ----------------------------------------------------------------
     async def _reroute(self, pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]],
@@ -658,18 +657,19 @@ def _parse_task(task_json: str) -> Task:
     return Task.model_validate(json.loads(task_json))
 
 
-class CheckpointFetch:
+class CheckpointFetch(CarriedFolder):
     """A job's checkpoint folder, fetched from the cluster it ran on (`source`) into `into` the first time a
     submission asks for it (a share that fails over asks again: it is fetched once), and the story of it
     for the job's events (`outcome`)."""
 
-    def __init__(self, infra: CopiesCheckpoints, source: str, remote: str, into: Path) -> None:
-        self.infra, self.source, self.remote, self.into = infra, source, remote, into
+    def __init__(self, job_id: str, infra: CopiesCheckpoints, source: str, remote: str, into: Path) -> None:
+        super().__init__(job_id, source, remote)
+        self.infra, self.into = infra, into
         self._lock = asyncio.Lock()
         self._fetched: bool | None = None  # None: not asked yet
         self._failure: str | None = None
 
-    async def __call__(self) -> Path | None:
+    async def fetch(self) -> Path | None:
         async with self._lock:
             if self._fetched is None:
                 try:
