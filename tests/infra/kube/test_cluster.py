@@ -266,6 +266,33 @@ def test_a_pods_log_read_for_a_client_that_stops_reading_waits_and_ends_when_the
     asyncio.run(scenario())
 
 
+def test_a_followed_log_of_a_quiet_pod_frees_its_thread_as_soon_as_the_client_goes(kube):
+    """A followed read of a pod that writes nothing more blocks in the socket, where no flag reaches it.
+    Once the reader is cancelled, the response's socket is shut, so the thread (and its API connection)
+    is freed at once, not when the pod next writes or ends (here in 120 s)."""
+    backend = infra(kube)
+    submitted = asyncio.run(backend.submit(request(run="echo started; sleep 120")))
+    out: list[bytes] = []
+    try:
+        async def scenario() -> None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            loop = asyncio.get_running_loop()
+            loop.set_default_executor(ThreadPoolExecutor(max_workers=1))  # the reading thread is the only one
+            reading = asyncio.ensure_future(backend.logs(submitted.handle, "", True, out.append))
+            for _ in range(400):
+                if b"started" in b"".join(out):
+                    break
+                await asyncio.sleep(0.05)
+            assert b"started" in b"".join(out)
+            reading.cancel()
+            assert await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), 10) == "free"
+
+        asyncio.run(scenario())
+    finally:
+        asyncio.run(backend.cancel([submitted.handle], []))
+
+
 def test_the_run_files_pass_deletes_ended_attempts_secrets_and_config_maps(kube, monkeypatch):
     """remove_env_files: the Secrets and ConfigMaps, one request per kind (a delete of the collection
     the tokens' label selects); the Jobs, and so their logs, stay until their TTL. remove_run_dirs: the

@@ -335,16 +335,17 @@ class KubeInfra(Infra, RemovesRunFiles):
         if not pods:
             return
         pod = pods[0]["metadata"]["name"]
-        stop = threading.Event()
+        reading = _LogRead()
         try:
             await asyncio.to_thread(self._stream_log, ns, pod, follow and phase == "Running",
-                                    _from_thread(on_output, stop), tail)
+                                    _from_thread(on_output, reading.stop), reading, tail)
         except _ReaderStopped:
             pass
         finally:
-            stop.set()  # the reading thread ends at its next chunk (it cannot be cancelled)
+            reading.end()  # whoever asked stopped waiting: the reading thread ends now, quiet pod or not
 
-    def _stream_log(self, ns: str, pod: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
+    def _stream_log(self, ns: str, pod: str, follow: bool, on_output: OutputSink, reading: _LogRead,
+                    tail: int = 0) -> None:
         query = [("follow", "true" if follow else "false"), *([("tailLines", str(int(tail)))] if tail > 0 else [])]
         response = self._send("GET", f"/api/v1/namespaces/{ns}/pods/{pod}/log", query, None,
                               (self.timeout, None) if follow else (self.timeout, self.timeout * 3))
@@ -353,10 +354,49 @@ class KubeInfra(Infra, RemovesRunFiles):
                 return
             if response.status >= 300:
                 raise ClusterError(self.entry.name, _api_message(response.status, response.data, response.reason))
+            reading.opened(response)
             for chunk in response.stream(65536):
                 on_output(chunk)
+        except Exception:
+            if not reading.stop.is_set():
+                raise
         finally:
+            reading.closed()
             response.release_conn()
+
+
+class _LogRead:
+    """One log read's thread, seen from the loop: `end()` sets `stop` and shuts the read side of the
+    response's socket, so a thread blocked in a followed read of a quiet pod returns at once instead
+    of when the pod next writes or ends (a thread and an API connection held per client gone)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._response: Any = None
+
+    def opened(self, response: Any) -> None:
+        with self._lock:
+            self._response = response
+        if self.stop.is_set():  # ended before the answer came
+            self._shut()
+
+    def closed(self) -> None:
+        with self._lock:
+            self._response = None
+
+    def end(self) -> None:
+        self.stop.set()
+        self._shut()
+
+    def _shut(self) -> None:
+        with self._lock:
+            if self._response is None:
+                return
+            try:
+                self._response.shutdown()
+            except (ValueError, RuntimeError, OSError):  # no socket to shut (already released or closed)
+                pass
 
 
 class _ReaderStopped(Exception):
