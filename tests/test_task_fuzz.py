@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from corral.placement import build_plan
 from corral.task import Task, TaskError, load_task, resource_options
+from corral.taskfile import repeated_keys
 from tests.test_placement import ORDER, SNAPSHOTS
 
 FIELDS = {
@@ -50,6 +51,8 @@ yaml_text = st.text(alphabet=string.printable + "é\x00\x85\ufeff", max_size=300
 def plans_or_refuses(path: Path) -> None:
     tracemalloc.start()
     started = time.monotonic()
+    # the keys written twice, which the server warns of: found or none, never an exception
+    assert all(isinstance(key, str) for key in repeated_keys(path.read_bytes().decode("utf-8", errors="replace")))
     try:
         task = load_task(path)
     except TaskError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from corral.errors import TaskError
-from corral.taskfile import parse_yaml, parse_yaml_documents, pipeline_tasks
+from corral.taskfile import parse_yaml, parse_yaml_documents, pipeline_tasks, repeated_keys
 
 PIPELINE = """\
 name: pipe   # the pipeline
@@ -94,3 +94,19 @@ def test_the_size_bound_counts_every_document():
 def test_each_tasks_text_reads_alone_as_the_task_it_was_in_the_file(text):
     _, tasks = pipeline_tasks(text, "p.yaml")
     assert [parse_yaml(own, "task") for own, _ in tasks] == [{"run": "a"}, {"run": "b"}]
+
+
+@pytest.mark.parametrize(("text", "repeated"), [
+    ("envs: {A: 1}\nrun: x\nenvs: {B: 2}\n", ["envs"]),
+    ("resources:\n  any_of:\n  - {accelerators: A100, accelerators: H100}\n  - {cpus: 1}\nrun: a\nrun: b\n",
+     ["resources.any_of[0].accelerators", "run"]),
+    ("run: a\nrun: b\nrun: c\n", ["run"]),  # said once
+    ("base: &b {x: 1, y: 2}\nt:\n  <<: *b\n  x: 3\n", []),  # overriding a merge is what merges are for
+    ("1: a\n'1': b\n", []),  # an int and a string: two keys
+    ("a: &x {k: 1, k: 2}\nb: *x\n", ["a.k"]),  # told where it is written, not at each alias
+    ("run: a\n---\nrun: b\nrun: c\n", ["run"]),
+    ("run: [\n", []),  # not YAML: the loader's error says so
+    ("envs: {A: 1}\nrun: x\n", []),
+])
+def test_keys_written_twice_are_found_by_their_path(text, repeated):
+    assert repeated_keys(text) == repeated

@@ -101,6 +101,44 @@ def _documents(text: str, source: str) -> list[tuple[Any, Any]]:
         raise TaskError(f"{source}: YAML nested deeper than {MAX_YAML_DEPTH} levels") from None
 
 
+def repeated_keys(text: str) -> list[str]:
+    """Each key written twice in one mapping of a task's YAML, as a path (`envs`,
+    `resources.any_of[1].accelerators`), in the order written. YAML loaders, SkyPilot's too, keep the
+    later value and say nothing, so the earlier block is lost. Keys that override a merge (`<<: *base`)
+    are no repeats. Empty for text that does not parse (its error is the loader's to give)."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        roots = [root for root in yaml.compose_all(text, Loader=loader) if root is not None]
+        _check_yaml_size(roots, "task")
+    except (yaml.YAMLError, TaskError, RecursionError):
+        return []
+    found: dict[str, int] = {}
+    stack: list[tuple[Any, str]] = [(root, "") for root in reversed(roots)]
+    walked: set[int] = set()  # an alias is the node it names: its repeats are told where it was written
+    while stack:
+        node, path = stack.pop()
+        if id(node) in walked:
+            continue
+        walked.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, f"{path}[{i}]") for i, child in reversed(list(enumerate(node.value))))
+        elif isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            children = []
+            for key, value in node.value:
+                name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+                here = f"{path}.{name}" if path else name
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, key.value) in seen:
+                        found.setdefault(here, key.start_mark.index)
+                    seen.add((key.tag, key.value))
+                children.append((value, here))
+            stack.extend(reversed(children))  # walked in the order written
+    return sorted(found, key=found.__getitem__)
+
+
 PIPELINE_HEADER_KEYS = frozenset({"name", "execution", "primary_tasks", "termination_delay"})
 GROUP_ONLY_KEYS = ("primary_tasks", "termination_delay")
 

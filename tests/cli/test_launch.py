@@ -625,6 +625,14 @@ def test_skypilot_habits_a_command_without_dashes_env_from_the_shell_env_file_wo
     warned = [line for line in planned.stderr.splitlines() if line.startswith("corral: warning: ")]
     assert [w.split(": ")[3] for w in warned] == ["resources.use_spot", "resources.disk_size", "resources.ports",
                                                   "resources.labels", "resources.image_id"], warned
+    # A key written twice is said, not refused: YAML keeps the later one (SkyPilot's loader too), so the
+    # earlier block would be lost without a word.
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("envs: {A: '1'}\nrun: echo $A $B\nresources:\n  cpus: 1\n  cpus: 2\nenvs: {B: '2'}\n")
+    planned = corral("launch", "--dryrun", str(twice))
+    assert planned.exit_code == 0, planned.stderr
+    warned = [line for line in planned.stderr.splitlines() if line.startswith("corral: warning: ")]
+    assert [w.split(": ")[3] for w in warned] == ["resources.cpus", "envs"], warned
     missing = corral("launch", "--env", "NOT_SET_ANYWHERE", "--", "true", env=corral_env)
     assert missing.exit_code != 0 and "NOT_SET_ANYWHERE is not set in your environment" in missing.stderr
 

@@ -1,11 +1,13 @@
-"""controller/v1_launch.py's output streams: a client that stops reading holds up the reading."""
+"""controller/v1_launch.py: output streams (a client that stops reading holds up the reading) and the
+warnings a task's text gets."""
 
 from __future__ import annotations
 
 import asyncio
 
-from corral.controller.v1_launch import OUTPUT_BACKLOG, stream_output
+from corral.controller.v1_launch import OUTPUT_BACKLOG, stream_output, warning_lines
 from corral.pacing import keep_pace
+from corral.task import parse_task
 
 
 def test_an_output_stream_whose_client_stops_reading_stops_its_reader_and_loses_nothing():
@@ -31,3 +33,12 @@ def test_an_output_stream_whose_client_stops_reading_stops_its_reader_and_loses_
         assert [first, *rest] == [f"{i}\n".encode() for i in range(total)]
 
     asyncio.run(scenario())
+
+
+def test_a_key_written_twice_is_warned_before_the_fields_slurm_ignores():
+    text = "resources: {use_spot: true}\nenvs: {A: '1'}\nrun: true\nenvs: {B: '2'}\n"
+    task = parse_task({"resources": {"use_spot": True}, "envs": {"B": "2"}, "run": "true"}, "t.yaml")
+    lines = warning_lines(task, "t.yaml", text=text)
+    assert [line.split(": ")[1] for line in lines] == ["envs", "resources.use_spot"]
+    assert "the earlier one is ignored" in lines[0] and lines[0].startswith("t.yaml: ")
+    assert warning_lines(task, "t.yaml") == lines[1:]  # no text (a command line): no repeats to find

@@ -147,7 +147,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
 
         async def work(put: Put) -> dict[str, Any]:
             nonlocal task
-            put_warnings(put, task, source, dev=True)
+            put_warnings(put, task, source, dev=True, text=request.task.yaml)
             if not request.setup:  # `--no-setup`: not on a live allocation, nor by a new one's holder
                 task = task.model_copy(update={"setup": None})
             task = await buckets.fetched(task, me.owner, lambda d: put({"event": "step", "step": "fetch", "detail": d}))

@@ -38,7 +38,7 @@ from corral.state import Store
 from corral.state.store import MANAGED_TERMINAL
 from corral.task import Task, apply_overrides, job_environment, parse_task
 from corral.task_compat import ignored_fields
-from corral.taskfile import MAX_SWEEP_JOBS, MAX_TASK_FILE_BYTES, parse_yaml
+from corral.taskfile import MAX_SWEEP_JOBS, MAX_TASK_FILE_BYTES, parse_yaml, repeated_keys
 from corral.tracker import check_log_kept
 from corral.views import explain_pending, plan_json, submitted_json, sweeps_named_by_first_job
 
@@ -233,14 +233,18 @@ def script_rows(task: Task, previews: dict[tuple[str, str], tuple[str, str]]) ->
             for key, (text, command) in previews.items()}
 
 
-def warning_lines(task: Task, source: str, *, dev: bool = False) -> list[str]:
-    """One line for each SkyPilot field of the task that has no meaning on Slurm, named by its source."""
-    return [f"{source}: {line}" for line in ignored_fields(task, dev=dev)]
+def warning_lines(task: Task, source: str, *, dev: bool = False, text: str | None = None) -> list[str]:
+    """One line for each key written twice in the task's YAML `text` (the later one is used) and for each
+    SkyPilot field of the task that has no meaning on Slurm, named by its source."""
+    repeated = [f"{path}: written twice in one mapping; the earlier one is ignored (YAML keeps the last, "
+                "SkyPilot too): merge them"
+                for path in (repeated_keys(text) if text else [])]
+    return [f"{source}: {line}" for line in [*repeated, *ignored_fields(task, dev=dev)]]
 
 
-def put_warnings(put: Put, task: Task, source: str, *, dev: bool = False) -> None:
-    """A `warning` event for each SkyPilot field of the task that has no meaning on Slurm."""
-    for message in warning_lines(task, source, dev=dev):
+def put_warnings(put: Put, task: Task, source: str, *, dev: bool = False, text: str | None = None) -> None:
+    """A `warning` event for each line of warning_lines."""
+    for message in warning_lines(task, source, dev=dev, text=text):
         put({"event": "warning", "message": message})
 
 
@@ -329,8 +333,8 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
         launcher_store = store
 
         async def work(put: Put) -> dict[str, Any]:
-            for task, source in built:
-                put_warnings(put, task, source)
+            for (task, source), given in zip(built, request.tasks):
+                put_warnings(put, task, source, text=given.yaml)
             launcher = Launcher(Client(), launcher_store, launch_events(put), owner=me.owner, slow=slow())
             if request.dryrun:  # nothing fetched: object storage is only listed, for its size
                 for task, source in built:  # a null env or secret, which the launch would refuse
@@ -364,7 +368,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
         task = await _recorded_copy(task, me.owner)
         ids = managed.record(store, task, source, request.num_jobs, owner=me.owner)
         wake()
-        return {"job_id": ids[0], "job_ids": ids, "warnings": warning_lines(task, source)}
+        return {"job_id": ids[0], "job_ids": ids, "warnings": warning_lines(task, source, text=request.task.yaml)}
 
     async def _recorded_copy(task: Task, owner: str) -> Task:
         """A managed task as it is recorded: its object storage fetched to the server (recoveries re-send
@@ -390,7 +394,8 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
                      if parallel and not jobgroup.is_primary(task.name, pipeline.primary_tasks)]
         return {"job_id": ids[0], "job_ids": ids, "pipeline": name, "execution": pipeline.execution,
                 "auxiliary": auxiliary,
-                "warnings": [line for task, source in ready for line in warning_lines(task, source)]}
+                "warnings": [line for (task, source), given in zip(ready, pipeline.tasks)
+                             for line in warning_lines(task, source, text=given.yaml)]}
 
     @router.post("/managed/cancel")
     async def managed_cancel(me: Me, request: ManagedCancelRequest) -> dict[str, object]:
