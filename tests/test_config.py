@@ -106,6 +106,9 @@ def test_kubernetes_contexts_are_places(tmp_path: Path, monkeypatch: pytest.Monk
     ("kubernetes: {allowed_contexts: [a], namespace: Bad_NS}\n", "not a namespace name"),
     ("kubernetes: {allowed_contexts: [a], kubeconfig: [x]}\n", "path of a kubeconfig"),
     ("kubernetes: {allowed_contexts: [alpine]}\n", "also the name of a cluster"),
+    # YAML would keep the second block: the first context lost without a word
+    ("kubernetes: {allowed_contexts: [a]}\nkubernetes: {allowed_contexts: [b]}\n",
+     "kubernetes: written twice in one mapping; merge the two"),
 ])
 def test_bad_kubernetes_settings_say_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
                                                    message: str) -> None:

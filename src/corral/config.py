@@ -356,13 +356,18 @@ def load_user_settings() -> dict[str, object]:
     try:
         if path.stat().st_size > _MAX_CONFIG_BYTES:
             raise ConfigError(f"larger than {_MAX_CONFIG_BYTES // 1024} KiB", path)
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {' '.join(str(exc).split())}", path) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", path) from None
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping of settings, e.g. `idle_minutes: 60`", path)
+    from corral.taskfile import repeated_keys
+
+    if repeated := repeated_keys(text):  # YAML would keep the later one: a pool or a cluster's settings lost
+        raise ConfigError(f"{repeated[0]}: written twice in one mapping; merge the two", path)
     for key, value in data.items():
         if key not in USER_SETTINGS_KEYS:
             raise ConfigError(f"unknown setting {key!r}; known: {', '.join(USER_SETTINGS_KEYS)}", path)

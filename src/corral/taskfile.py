@@ -102,7 +102,7 @@ def _documents(text: str, source: str) -> list[tuple[Any, Any]]:
 
 
 def repeated_keys(text: str) -> list[str]:
-    """Each key written twice in one mapping of a task's YAML, as a path (`envs`,
+    """Each key written twice in one mapping of YAML text (a task's, the settings'), as a path (`envs`,
     `resources.any_of[1].accelerators`), in the order written. YAML loaders, SkyPilot's too, keep the
     later value and say nothing, so the earlier block is lost. Keys that override a merge (`<<: *base`)
     are no repeats. Empty for text that does not parse (its error is the loader's to give)."""
