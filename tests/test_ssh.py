@@ -97,6 +97,20 @@ def test_an_ssh_that_dies_without_a_word_is_a_lost_connection(tmp_path):
     assert str(said) == "alpine: ssh failed: kex_exchange_identification: read: Connection reset by peer"
 
 
+def test_a_pool_machine_that_does_not_answer_is_called_a_machine_not_a_login_node(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("pools: {lab: {hosts: [lab1]}}\n")
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    transport = transport_for(write_config(tmp_path, "Host alpine lab1\n    HostName 127.0.0.1\n"))
+    said = transport.classify_failure("lab1", "ssh: connect to host 10.0.0.1 port 22: Connection timed out\n")
+    assert str(said) == "lab1: connection to the machine timed out (ssh: connect to host 10.0.0.1 port 22: " \
+                        "Connection timed out)"
+    assert "login node refused" in str(transport.classify_failure("alpine", "Connection refused\n"))
+    assert str(transport.classify_failure("lab1", "Connection refused\n")) == \
+        "lab1: machine refused the connection (is sshd running?)"
+
+
 def test_unresolvable_host_names_the_entry(testbed, corral_env, tmp_path):
     path = write_config(tmp_path, "# comment\nHost ghost.invalid\n    User corral-test\n")
     with pytest.raises(ClusterUnreachableError) as err:

@@ -8,6 +8,7 @@ the job's code; 1 is what Corral says for "the job failed" when the job gave no 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 EXIT_USAGE = 2  # a bad flag or argument (click's own code, as argparse's)
@@ -156,3 +157,27 @@ class ProbeParseError(ClusterError):
     """The cluster answered with output Corral cannot read (an unsupported Slurm version?)."""
 
     reason = "parse"
+
+
+# How an output stream (a job's log, over HTTP) says that the server could not read on: its last line,
+# on a line of its own, after everything read before. HTTP has no way left to say it once the body has
+# begun. The error's class and exit status close the line, so that a job whose own last line reads
+# `corral: error: …` is not taken for it.
+STREAM_ERROR = b"corral: error: "
+_STREAM_ERROR_END = re.compile(rb" \(([A-Za-z]\w{0,63}), exit ([0-9]{1,3})\)\n\Z")
+
+
+def stream_error_line(exc: CorralError) -> bytes:
+    """`exc` as an output stream's last line (read back by read_stream_error)."""
+    message = " ".join(str(exc).split())
+    return STREAM_ERROR + f"{message} ({type(exc).__name__}, exit {exc.exit_code})\n".encode()
+
+
+def read_stream_error(line: bytes) -> tuple[str, str, int] | None:
+    """(message, error class, exit status) of an output stream's last line written by stream_error_line;
+    None for any other line."""
+    end = _STREAM_ERROR_END.search(line)
+    if not line.startswith(STREAM_ERROR) or end is None or b"\n" in line[:end.start()]:
+        return None
+    message = line[len(STREAM_ERROR):end.start()].decode("utf-8", errors="replace")
+    return message, end.group(1).decode(), int(end.group(2))

@@ -37,6 +37,7 @@ from typing import Any
 from corral.accounts import Login, SubmitMode
 from corral.budget import Budget, budget_for
 from corral.config import (
+    MACHINE,
     ClusterRegistry,
     check_timeout,
     corral_home,
@@ -509,12 +510,13 @@ class SshTransport:
     def classify_failure(self, cluster: str, stderr: str) -> CorralErrorLike:
         """Turn ssh's own error output into one clear error naming the cluster."""
         entry = self.registry.get(cluster)
+        node = "machine" if entry.kind == MACHINE else "login node"  # a pool's machine has no login node
         text = stderr.replace("\r", "").strip()
         member = self._acting(SubmitMode.SSH)
         if "Permission denied" in text and member is not None:
             return SshAuthError(
                 cluster,
-                f"the login node refused the team server's key for {member} ({_last_line(text)}): "
+                f"the {node} refused the team server's key for {member} ({_last_line(text)}): "
                 f"{member} adds it once, with `corral api ssh-key >> ~/.ssh/authorized_keys` run on "
                 f"{cluster} (or pasted there)")
         config_error = _CONFIG_LINE_ERROR.search(text)
@@ -525,26 +527,26 @@ class SshTransport:
             host = entry.hostname or entry.name
             hint = (f"set HostName for Host {entry.name} ({entry.where})" if entry.hostname is None
                     else f"check HostName {host} of Host {entry.name} ({entry.where})")
-            return ClusterUnreachableError(cluster, f"login node address {host!r} does not resolve; {hint}")
+            return ClusterUnreachableError(cluster, f"{node} address {host!r} does not resolve; {hint}")
         if "Permission denied" in text:
             return SshAuthError(
                 cluster,
-                f"the login node refused our key ({_last_line(text)}); check User and IdentityFile "
+                f"the {node} refused our key ({_last_line(text)}); check User and IdentityFile "
                 f"for Host {entry.name} ({entry.where}), and that ssh-agent or the key file is usable",
             )
         if ("Host key verification failed" in text or "HOST IDENTIFICATION HAS CHANGED" in text
                 or "host key is known" in text):
             return HostKeyError(
                 cluster,
-                "the login node's host key is unknown or changed; verify it, then add it to known_hosts "
+                f"the {node}'s host key is unknown or changed; verify it, then add it to known_hosts "
                 f"(e.g. `ssh -F {self.registry.path} {entry.name}` once)",
             )
         if "Connection refused" in text:
-            return ClusterUnreachableError(cluster, "login node refused the connection (is sshd running?)")
+            return ClusterUnreachableError(cluster, f"{node} refused the connection (is sshd running?)")
         if "timed out" in text.lower():
-            return ClusterUnreachableError(cluster, f"connection to the login node timed out ({_last_line(text)})")
+            return ClusterUnreachableError(cluster, f"connection to the {node} timed out ({_last_line(text)})")
         if not _last_line(text):  # a shared connection that died, or a peer that stopped answering keepalives
-            return ClusterUnreachableError(cluster, "lost the connection to the login node (ssh exited 255 "
+            return ClusterUnreachableError(cluster, f"lost the connection to the {node} (ssh exited 255 "
                                                     "and said nothing); is it up? `corral check` tells")
         return ClusterUnreachableError(cluster, f"ssh failed: {_last_line(text)}")
 

@@ -120,8 +120,17 @@ def test_a_followed_job_exits_as_it_ended(capfd, state, code, status):
 
 
 def test_a_follow_cut_off_by_the_cluster_is_69_at_once_unless_the_job_had_ended(capfd):
-    assert following.print_output(iter([b"line-1\n", b"corral: error: cirrus: lost the connection\n"]))
-    assert not following.print_output(iter([b"line-1\ncorral: error: mine\nline-2\n"]))  # the job's own line
+    from corral.errors import ClusterUnreachableError, stream_error_line
+    from corral.sdk import _cut_raised
+
+    cut = stream_error_line(ClusterUnreachableError("cirrus", "lost the connection"))
+    said = following.print_output(_cut_raised(iter([b"line-1\n", cut[:9], cut[9:]])))
+    assert said is not None and said.exit_code == 69 and str(said) == "cirrus: lost the connection"
+    assert capfd.readouterr() == ("line-1\n", "corral: error: cirrus: lost the connection\n")  # its word on stderr
+    # the job's own lines that read so are its output, wherever they are
+    own = [b"line-1\ncorral: error: mine\nline-2\n", b"corral: error: mine too\n"]
+    assert following.print_output(_cut_raised(iter(own))) is None
+    assert capfd.readouterr().out == b"".join(own).decode()
     live = OneJob(["RUNNING"])
     assert following.report_end(live, "c-2", broken=True) == 69 and live.asked == 1  # no wait for an end
     assert "stopped following c-2, still RUNNING" in capfd.readouterr().err

@@ -168,13 +168,18 @@ def test_following_a_job_whose_login_node_stops_answering_ends_with_69_not_a_wai
         frozen = time.monotonic()
         out, err = follower.communicate(timeout=120)
         waited = time.monotonic() - frozen
+        # --no-follow: what there is, then the error on stderr and 69 (it was 0, the error in the output)
+        snapshot = corral("logs", "--no-follow", job_id, timeout=120)
     finally:
         follower.kill()
         testbed.thaw_login("cirrus")
     assert follower.returncode == 69, err
-    assert out.splitlines()[-1].startswith("corral: error: cirrus: ")  # the server's word, in the output
+    assert all(line.startswith("line-") for line in out.splitlines()), out  # the job's output only
+    assert "corral: error: cirrus: " in err  # and the server's word on stderr
     assert f"corral: stopped following {job_id}, still " in err and f"`corral logs {job_id}` follows it again" in err
     assert waited < 60, waited  # not the wait for a job's end to settle
+    assert snapshot.exit_code == 69 and "error" not in snapshot.stdout, snapshot
+    assert snapshot.stderr.startswith("corral: error: cirrus: "), snapshot.stderr
     wait_for("cirrus to answer again", lambda: corral("check", "cirrus").exit_code == 0, timeout=30)
     assert corral("cancel", job_id).exit_code == 0
 

@@ -42,3 +42,19 @@ def test_a_key_written_twice_is_warned_before_the_fields_slurm_ignores():
     assert [line.split(": ")[1] for line in lines] == ["envs", "resources.use_spot"]
     assert "the earlier one is ignored" in lines[0] and lines[0].startswith("t.yaml: ")
     assert warning_lines(task, "t.yaml") == lines[1:]  # no text (a command line): no repeats to find
+
+
+def test_a_reader_that_fails_ends_the_stream_with_its_error_on_a_line_of_its_own():
+    from corral.errors import ClusterUnreachableError, read_stream_error
+
+    async def reader(sink) -> None:
+        sink(b"epoch 1\n50%")  # a progress bar: no line end yet
+        raise ClusterUnreachableError("lab2", "timed out")
+
+    async def scenario() -> bytes:
+        return b"".join([chunk async for chunk in stream_output(reader).body_iterator])
+
+    body = asyncio.run(scenario())
+    head, _, last = body[:-1].rpartition(b"\n")
+    assert head == b"epoch 1\n50%" and read_stream_error(last + b"\n") == (
+        "lab2: timed out", "ClusterUnreachableError", 69)

@@ -12,12 +12,12 @@ from typing import Any
 import click
 
 from corral.cli.common import on_slurm, place_of, write_bytes
+from corral.errors import CorralError
 from corral.timefmt import expected_start
 
 WAITING_STATES = frozenset({"SUBMITTING", "PENDING"})
 BETWEEN_ATTEMPTS = frozenset({"RECOVERING", "CANCELLING"})  # managed states worth a line while no output comes
 POLL_SECONDS = 1.0
-STREAM_ERROR = b"corral: error: "
 SETTLE_SECONDS = 60  # after a job's output ends, how long Slurm may take to say how it ended
 
 
@@ -78,14 +78,18 @@ def wait_quietly(client: Any, job_ids: list[str], *, managed: bool = False) -> i
     return statuses[worst]
 
 
-def print_output(chunks: Any) -> bool:
-    """Write a followed output stream; whether it ended with the server's word that following failed
-    (`stream_output` ends the stream with a `corral: error: …` line when the cluster stops answering)."""
-    last = b""
-    for chunk in chunks:
-        write_bytes(chunk)
-        last = (last + chunk)[-4096:]
-    return last.rstrip(b"\n").rpartition(b"\n")[2].startswith(STREAM_ERROR)
+def print_output(chunks: Any) -> CorralError | None:
+    """Write an output stream; the error that cut it short, said on stderr (the server could not read
+    on: its cluster stopped answering; sdk.OutputCutError), or None once it ended."""
+    from corral.sdk import OutputCutError
+
+    try:
+        for chunk in chunks:
+            write_bytes(chunk)
+    except OutputCutError as exc:
+        click.echo(f"corral: error: {exc}", err=True)
+        return exc
+    return None
 
 
 def follow_to_end(client: Any, job_id: str, progress: Any, *, tail: int = 0) -> int:
@@ -96,7 +100,7 @@ def follow_to_end(client: Any, job_id: str, progress: Any, *, tail: int = 0) -> 
     try:
         job = _wait_for_start(client, job_id, progress)
         job_id = job.job_id
-        broken = print_output(client.logs(job_id, follow=True, tail=tail))
+        broken = print_output(client.logs(job_id, follow=True, tail=tail)) is not None
         return report_end(client, job_id, broken=broken)
     except KeyboardInterrupt:
         progress.clear()
@@ -110,9 +114,9 @@ def follow_to_end(client: Any, job_id: str, progress: Any, *, tail: int = 0) -> 
 def report_end(client: Any, job_id: str, *, broken: bool = False) -> int:
     """Once the job's output has ended: how the job ended (waiting while Slurm settles it), on stderr;
     its exit status. `broken`: following stopped on an error; a job still live then is not waited for
-    (its cluster may be down for long): the command says so and exits 69, as for an unreachable cluster.
-    A job whose own last line looks like that error is told apart by having ended."""
-    from corral.errors import CorralError, UnavailableError
+    (its cluster may be down for long): the command says so and exits 69, as for an unreachable cluster;
+    one that had ended meanwhile is told as it ended."""
+    from corral.errors import UnavailableError
 
     if broken:
         job = client.job(job_id)

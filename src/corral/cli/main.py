@@ -259,7 +259,8 @@ def logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool
         return
     if follow:  # while it is pending, its Slurm reason and expected start on a status line, as `launch`
         sys.exit(follow_to_end(client, job, LazyProgress(), tail=tail))
-    print_output(client.logs(job, tail=tail))
+    if (cut := print_output(client.logs(job, tail=tail))) is not None:  # what there is, and it is not all
+        sys.exit(cut.exit_code)
 
 
 @cli.command()

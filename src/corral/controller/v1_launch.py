@@ -26,7 +26,7 @@ from corral.client import Client
 from corral.controller.auth import Me, Principal, owner_of_all
 from corral.controller.background import run_on
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
-from corral.errors import CorralError, TaskError
+from corral.errors import CorralError, TaskError, stream_error_line
 from corral.infra.base import JobState
 from corral.launch import (
     Launcher,
@@ -448,8 +448,12 @@ def stream_output(source: Callable[[Callable[[bytes], None]], Awaitable[None]]) 
     chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
     room = asyncio.Event()
     room.set()
+    line_ended = True
 
     def put(chunk: bytes) -> None:
+        nonlocal line_ended
+        if chunk:
+            line_ended = chunk.endswith(b"\n")
         chunks.put_nowait(chunk)
         if chunks.qsize() >= OUTPUT_BACKLOG:
             room.clear()
@@ -458,8 +462,8 @@ def stream_output(source: Callable[[Callable[[bytes], None]], Awaitable[None]]) 
         pacing.OUTPUT_PACE.set(room.wait)  # (this task's own context: its readers see it)
         try:
             await source(put)
-        except CorralError as exc:
-            chunks.put_nowait(f"corral: error: {exc}\n".encode())
+        except CorralError as exc:  # said as the stream's last line, on a line of its own
+            chunks.put_nowait((b"" if line_ended else b"\n") + stream_error_line(exc))
         finally:
             chunks.put_nowait(None)
 

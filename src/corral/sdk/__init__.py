@@ -34,8 +34,10 @@ from corral.errors import (
     EXIT_DATAERR,
     EXIT_NOPERM,
     EXIT_UNAVAILABLE,
+    STREAM_ERROR,
     CorralError,
     TaskError,
+    read_stream_error,
 )
 from corral.sdk import endpoint as _endpoint
 from corral.sdk.types import (
@@ -70,6 +72,11 @@ class ApiError(CorralError):
         self.kind = kind
         if isinstance(exit_code, int) and 0 < exit_code < 256:
             self.exit_code = exit_code  # the server's error class's, so the CLI exits as it did in-process
+
+
+class OutputCutError(ApiError):
+    """The server could not read a job's output to its end (its cluster or machine stopped answering):
+    raised after everything read before it was yielded. `kind` and `exit_code` are the server's error's."""
 
 
 class ServerUnreachableError(CorralError):
@@ -144,8 +151,8 @@ class Client:
              ) -> Iterator[bytes]:
         """A job's output as it comes (all nodes; with `tail` > 0, its last `tail` lines first); with
         `follow`, until the job's tasks are over. `allocation` as for `job`."""
-        yield from self._stream("GET", f"/jobs/{_quoted(job)}/logs", {"follow": follow, "tail": tail or None,
-                                                                        "allocation": allocation})
+        yield from _cut_raised(self._stream("GET", f"/jobs/{_quoted(job)}/logs",
+                                            {"follow": follow, "tail": tail or None, "allocation": allocation}))
 
     def cancel(self, jobs: str | list[str] | None = None, *, all: bool = False, all_users: bool = False
                ) -> list[CancelOutcome]:
@@ -299,8 +306,8 @@ class Client:
     def managed_logs(self, job: str, attempt: int, follow: bool = False, *, tail: int = 0) -> Iterator[bytes]:
         """One attempt's output (its number: `managed_job(job)["attempt_list"]`; with `tail` > 0, its last
         `tail` lines first); with `follow`, until it ends."""
-        yield from self._stream("GET", f"/managed/{_quoted(job)}/attempts/{int(attempt)}/logs",
-                                {"follow": follow, "tail": tail or None})
+        yield from _cut_raised(self._stream("GET", f"/managed/{_quoted(job)}/attempts/{int(attempt)}/logs",
+                                            {"follow": follow, "tail": tail or None}))
 
     def managed_why(self, job: str) -> list[str]:
         """Why a pending managed job waits where it is, as lines of text."""
@@ -632,6 +639,30 @@ def _lines(response: Any, path: str) -> Iterator[bytes]:
         raise _cut_off(path, exc) from None
 
 
+_LONGEST_STREAM_ERROR = 16 * 1024  # a longer last line is the job's own
+
+
+def _cut_raised(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """A log stream's chunks as they come, but for the line by which the server says it could not read
+    on (errors.stream_error_line): raised as OutputCutError once everything before it is out. A last
+    line that may be becoming that line is held until the next chunk shows what it is."""
+    held = b""
+    for chunk in chunks:
+        data = held + chunk
+        start = data.rfind(b"\n", 0, len(data) - 1) + 1  # where the last line begins
+        last = data[start:]
+        maybe = last.startswith(STREAM_ERROR) or STREAM_ERROR.startswith(last)
+        held = last if maybe and len(last) <= _LONGEST_STREAM_ERROR else b""
+        if out := data[:len(data) - len(held)]:
+            yield out
+    said = read_stream_error(held) if held else None
+    if said is not None:
+        message, kind, exit_code = said
+        raise OutputCutError(message, 200, kind, exit_code)
+    if held:
+        yield held
+
+
 def _cut_off(path: str, exc: BaseException) -> ServerUnreachableError:
     return ServerUnreachableError(f"the server stopped answering {API}{path} midway ({type(exc).__name__}); "
                                   "what it had started may have finished: `corral queue` shows it")
@@ -723,5 +754,5 @@ def _api_error(exc: urllib.error.HTTPError) -> ApiError:
 
 
 __all__ = ["ApiError", "CancelOutcome", "Client", "ClusterCheck", "GpuReport", "GpuRow", "Job", "JobStatus",
-           "Launched", "ManagedJob", "ManagedJobStatus", "PlanRow", "QueuePage", "ServerUnreachableError", "Submission",
-           "Unreachable"]
+           "Launched", "ManagedJob", "ManagedJobStatus", "OutputCutError", "PlanRow", "QueuePage",
+           "ServerUnreachableError", "Submission", "Unreachable"]

@@ -1,6 +1,9 @@
-"""The pool's status pieces that need no machine: a multi-node task made whole, or found in part."""
+"""The pool's pieces that need no machine: a multi-node task's status made whole, or found in part, and its
+ranks' output read together."""
 
 from __future__ import annotations
+
+import pytest
 
 from corral.infra.base import JobState
 from corral.infra.sshpool.pool import NOT_FOUND, _whole_tasks
@@ -105,3 +108,33 @@ def test_a_followed_ranks_output_passes_in_whole_lines_progress_bars_included_an
     for _ in range(40):
         awaiting(b"x" * 4096)
     assert len(awaiting.partial or b"") <= LINE_LIMIT + 4096 and seen
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_rank_whose_machine_does_not_answer_leaves_the_others_output_shown_then_says_so(follow):
+    """`logs` of a 2-node task whose rank 1 machine is unreachable: rank 0's output is shown (it was not,
+    the error came first) and its read runs to its end (a followed one went on streaming for no one);
+    then the machine's error. (The transport fakes what `ssh` says of a machine that is down.)"""
+    import asyncio
+
+    from corral.config import PoolEntry
+    from corral.errors import ClusterUnreachableError
+    from corral.infra.sshpool.pool import SshPoolInfra
+
+    ended: list[str] = []
+
+    class HalfDown:
+        async def stream(self, host, script, on_output):
+            if host == "lab2":
+                raise ClusterUnreachableError("lab2", "connection timed out")
+            for line in (b"epoch 1\n", b"epoch 2\n"):
+                await asyncio.sleep(0.01)
+                on_output(line)
+            ended.append(host)
+            return 0
+
+    pool = SshPoolInfra(PoolEntry("lab", ("lab1", "lab2"), ()), transport=HalfDown())  # type: ignore[arg-type]
+    out: list[bytes] = []
+    with pytest.raises(ClusterUnreachableError, match="lab2"):
+        asyncio.run(pool._every_rank_output(["lab1", "lab2"], str, follow, out.append))
+    assert b"".join(out) == b"epoch 1\nepoch 2\n" and ended == ["lab1"]

@@ -720,8 +720,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         # past that (a snapshot of a long run's logs can be GBs a rank).
         said = [tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) for _ in ranks]
         try:
-            await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].write)
-                                   for i, (rank, host) in enumerate(ranks)))
+            failed = _first_failure(await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].write)
+                                                           for i, (rank, host) in enumerate(ranks)),
+                                                         return_exceptions=True))
             for spool in said:
                 spool.seek(0)
                 last = b""
@@ -731,6 +732,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                     last = chunk
                 if last and not last.endswith(b"\n"):
                     on_output(b"\n")
+            if failed is not None:  # after what the other ranks said
+                raise failed
         finally:
             for spool in said:
                 spool.close()
@@ -782,16 +785,20 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
     async def _on_every_machine(self, hosts: list[str], script: Callable[[int], str], on_output: OutputSink
                                 ) -> list[int]:
         """Each rank's script on its machine, all at once; their output in whole lines (so that one
-        machine's never cuts into another's line), each exit status."""
+        machine's never cuts into another's line), each exit status. A machine that cannot be reached
+        leaves the others to run to their end, their output shown; its error is raised then."""
         if len(hosts) == 1:
             return [await self.transport.stream(hosts[0], script(0), on_output)]
         sinks = [_WholeLines(on_output) for _ in hosts]
         try:
-            return list(await asyncio.gather(*(self.transport.stream(host, script(rank), sinks[rank])
-                                               for rank, host in enumerate(hosts))))
+            statuses = await asyncio.gather(*(self.transport.stream(host, script(rank), sinks[rank])
+                                              for rank, host in enumerate(hosts)), return_exceptions=True)
         finally:
             for sink in sinks:
                 sink.flush()
+        if (failed := _first_failure(statuses)) is not None:
+            raise failed
+        return [int(status) for status in statuses]
 
     async def set_idle_limit(self, handle: str, run_dir: str, idle_seconds: int) -> None:
         """On every machine of the allocation (each holder tells its own idleness)."""
@@ -973,6 +980,14 @@ def _whole_lines_end(data: bytes) -> int:
     line ends, which would otherwise be kept back, and grow, until the stream ends)."""
     end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
     return len(data) if len(data) - end > LINE_LIMIT else end
+
+
+def _first_failure(results: Sequence[object]) -> BaseException | None:
+    """The first exception among gather(..., return_exceptions=True)'s results, for a caller that let
+    every rank run to its end (one unreachable machine must not hide the others' output, nor leave them
+    streaming for no one); a bug's exception (not a CorralError) before any CorralError."""
+    failures = [r for r in results if isinstance(r, BaseException)]
+    return next((f for f in failures if not isinstance(f, CorralError)), failures[0] if failures else None)
 
 
 class _WholeLines:
