@@ -180,6 +180,12 @@ def test_among_equal_starts_slurm_first_then_pools_then_kubernetes_unless_told_o
     busy = Node("slurmy-n1", ("slurmy",), "mixed", True, 8, 8, 65536, 0, (GpuPool("L4", 2, 2),))
     snapshots["slurmy"] = with_(snapshots["slurmy"], nodes=(busy,))
     assert ranked(task)[0] == "ssh/lab"
+    # Too few nodes is said in each kind's words: a pool has machines, not a partition.
+    wide = Task.model_validate({"num_nodes": 2, "resources": {"accelerators": "L4:1"}})
+    plan = build_plan(wide, resource_options(wide.resources), snapshots, order)
+    assert {c.infra: c.reason for c in plan.candidates} == {
+        "slurm/slurmy/slurmy": "needs 2 node(s) with L4:1; partition has 1",
+        "ssh/lab": "needs 2 node(s) with L4:1; pool has 1", "k8s/kube": "needs 2 node(s) with L4:1; context has 1"}
 
 
 def test_a_constraint_counts_only_the_nodes_with_those_features():

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from corral.profiles import RunSettings
 
 GENERIC_GPU = "gpu"
+NO_NODES = "partition has no nodes"  # a Slurm partition's reason; a job script's plan looks for it
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def evaluate(
     if not partition.up:
         return replace(base, reason=f"partition is {partition.state}")
     if not nodes:
-        return replace(base, reason="partition has no nodes")
+        return replace(base, reason=NO_NODES if snapshot.kind == "slurm" else f"{_holder(snapshot.kind)} has no nodes")
     missing = [p for p in option.paths if snapshot.existing_paths is not None and p not in snapshot.existing_paths]
     if missing:
         return replace(base, reason=f"needs {', '.join(missing)}, which {snapshot.cluster} does not have")
@@ -245,7 +246,7 @@ def evaluate(
     shaped = [n for n in nodes if _fits(n, gres_type, gpus, cpus, memory_mb, any_type)]
     if len(shaped) < task.num_nodes:
         need = f"{task.num_nodes} node(s) with {option.describe()}"
-        return replace(base, reason=f"needs {need}; partition has {len(shaped)}")
+        return replace(base, reason=f"needs {need}; {_holder(snapshot.kind)} has {len(shaped)}")
     free_nodes = [n for n in shaped if _free_now(n, gres_type, gpus, cpus, memory_mb, any_type)]
     per_node = [_copies(n, gres_type, gpus, cpus, memory_mb, any_type) for n in free_nodes]
     copies = sum(per_node) if task.num_nodes == 1 else len(free_nodes) // task.num_nodes
@@ -293,6 +294,12 @@ def holding_runtime(candidate: Candidate, snapshot: ClusterSnapshot) -> Candidat
 
 # Among places that can start a task equally soon: Slurm clusters first, then SSH pools, then Kubernetes.
 DEFAULT_KIND_ORDER = ("slurm", "ssh", "k8s")
+
+
+def _holder(kind: str) -> str:
+    """What holds a place's nodes, in its kind's words: a Slurm partition, an SSH pool (its machines), a
+    Kubernetes context."""
+    return {"ssh": "pool", "k8s": "context"}.get(kind, "partition")
 
 
 def kind_ranks(options: list[ResourceOption], kind_order: tuple[str, ...] = DEFAULT_KIND_ORDER) -> dict[str, int]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from corral.infra.base import ClusterSnapshot
-from corral.placement import Plan
+from corral.placement import NO_NODES, Plan
 from corral.sbatch_script import (
     CORRAL_JOB_REF,
     Option,
@@ -272,7 +272,7 @@ def script_nodes(plan: Plan, task: Task, snapshots: Mapping[str, ClusterSnapshot
     options = _effective_options(script)
     if "exclude" in options:  # without_excluded took them out: say so where that left a partition empty
         plan.candidates = [replace(c, reason=f"{options['exclude'].spelling} leaves this partition no node")
-                           if c.reason == "partition has no nodes" and c.cluster in snapshots
+                           if c.reason == NO_NODES and c.cluster in snapshots
                            and snapshots[c.cluster].nodes_in(c.partition) else c for c in plan.candidates]
     hosts = _named_hosts(options, "nodelist", script)
     if hosts is None:
