@@ -305,6 +305,27 @@ def test_the_infra_page_shows_every_kind_side_by_side(browser, corral, corral_en
         assert ["ssh/lab", "-", "A100"] in places and ["k8s/kind-fake", "-", "A100"] in places  # as `corral gpus`
         assert ["alpine", "gpu", "H100"] in places
         assert accessible(page) == []
+
+        # A pool's job: its handle is no Slurm id, and a log its machine cannot give is said to have stopped.
+        launched = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "A10G:1", "--",
+                          "echo one; sleep 300", env=env)
+        assert launched.exit_code == 0, launched.stderr
+        job, host = launched.json()["job_id"], launched.json()["slurm_job_id"].split("/")[0]
+        page.goto(page.url.split("#")[0] + "#/jobs")
+        page.wait_for_selector(f'tr[data-job="{job}"]', timeout=10_000)
+        titles = page.eval_on_selector_all("#jobs thead th", "cells => cells.map(c => c.textContent)")
+        assert "Infra ID" in titles and "Slurm ID" not in titles, titles
+        machines.stop_machine(host)
+        try:
+            page.get_by_role("link", name=job).click()
+            page.wait_for_function("() => document.querySelector('#job-logs-status').textContent"
+                                   ".startsWith('The output stopped: ')", timeout=60_000)
+            said = page.eval_on_selector("#job-logs-status", "p => p.textContent")
+            assert said.startswith(f"The output stopped: {host}: ") and "machine" in said, said
+            assert "corral: error" not in page.eval_on_selector("#job-logs", "pre => pre.textContent")
+        finally:
+            machines.start_machine(host)
+            corral("cancel", job, env=env)
         context.close()
     finally:
         corral("server", "stop", env=env)

@@ -285,6 +285,13 @@ function where(job) {
   return job.infra || (job.cluster ? `${job.cluster}/${job.partition}` : "-");
 }
 
+// "Slurm ID" while every row shown is on Slurm, as a Slurm user reads it; "Infra ID" once a pool's or a
+// context's handle (lab1/d575218a0cac) is among them (the CLI's handle_header).
+function handleTitle(rows) {
+  return rows.filter((r) => r.cluster).every((r) => String(r.infra || "slurm/").startsWith("slurm/"))
+    ? "Slurm ID" : "Infra ID";
+}
+
 async function cancelJobs(ids, status, redraw) {
   try {
     const answer = await api("POST", "/cancel", { jobs: ids });
@@ -327,7 +334,7 @@ function jobQuery() {
 async function drawJobs() {
   const page = await api("GET", `/jobs?${jobQuery()}`);
   const admin = me && me.role === "admin";
-  header($("jobs"), ["ID", "Name", ...(admin ? ["User"] : []), "Infra", "Slurm ID", "State", "Reason",
+  header($("jobs"), ["ID", "Name", ...(admin ? ["User"] : []), "Infra", handleTitle(page.jobs), "State", "Reason",
                      "Predicted start", "Attempt", "Submitted", "Actions"]);
   const body = $("jobs").querySelector("tbody");
   body.replaceChildren(...page.jobs.map((job) => {
@@ -382,6 +389,13 @@ async function follow(path, pre, status) {
       pre.textContent = (pre.textContent + decoder.decode(value, { stream: true })).slice(-LOG_CHARS);
       if (atBottom) pre.scrollTop = pre.scrollHeight;
     }
+    // The server's last line when it could not read on (errors.stream_error_line): said, not shown as output.
+    const cut = pre.textContent.match(/(^|\n)corral: error: ([^\n]*) \(([A-Za-z]\w*), exit (\d+)\)\n$/);
+    if (cut) {
+      pre.textContent = pre.textContent.slice(0, cut.index + cut[1].length);
+      status.textContent = `The output stopped: ${cut[2]}`;
+      return;
+    }
     status.textContent = "The output ended: the job's tasks are over.";
   } catch (error) {
     if (controller.signal.aborted) return;
@@ -397,7 +411,7 @@ async function drawJob(id, first) {
   $("job-title").textContent = `Job ${job.job_id}: ${job.name}`;
   const state = el("span", job.state, `state state-${job.state}`);
   const rows = [["State", state], ["Reason", job.reason], ["User", me.role === "admin" ? job.owner || "(server)" : ""],
-                ["Infra", where(job)], ["Slurm ID", job.slurm_job_id], ["Attempt", job.attempt],
+                ["Infra", where(job)], [handleTitle([job]), job.slurm_job_id], ["Attempt", job.attempt],
                 ["Submitted", relative(job.submitted_at)], ["Predicted start", relative(job.expected_start)],
                 ["Started", relative(job.started_at)], ["Ended", relative(job.ended_at)], ["Exit code", job.exit_code]];
   facts($("job-facts"), rows);
@@ -456,7 +470,7 @@ function pipelineLinks(job) {
 async function drawManaged() {
   const { jobs } = await api("GET", "/managed?limit=100");
   const admin = me && me.role === "admin";
-  header($("managed"), ["ID", "Name", ...(admin ? ["User"] : []), "State", "Infra", "Slurm ID", "Predicted start",
+  header($("managed"), ["ID", "Name", ...(admin ? ["User"] : []), "State", "Infra", handleTitle(jobs), "Predicted start",
                         "Attempts", "Recoveries", "Moves", "Reason", "Actions"]);
   $("managed").querySelector("tbody").replaceChildren(...jobs.map((job) => {
     const tr = el("tr");
@@ -487,7 +501,7 @@ async function drawManagedJob(id, first) {
   $("mjob-title").textContent = `Managed job ${job.job_id}: ${managedName(job)}`;
   facts($("mjob-facts"), [["State", el("span", job.state, `state state-${job.state}`)], ["Reason", job.reason],
                           ["Pipeline", pipelineLinks(job)],
-                          ["Infra", where(job)], ["Slurm ID", job.slurm_job_id],
+                          ["Infra", where(job)], [handleTitle([job]), job.slurm_job_id],
                           ["Predicted start", relative(job.expected_start)],
                           ["Recoveries", job.recoveries], ["Moves", job.moves],
                           ["Restarts after errors", job.restarts_on_errors]]);
@@ -496,6 +510,7 @@ async function drawManagedJob(id, first) {
   if (MANAGED_LIVE.has(job.state)) {
     actions.appendChild(managedCancelButton(job, $("mjob-status"), () => drawManagedJob(id, false)));
   }
+  $("mjob-attempts").querySelectorAll("thead th")[2].textContent = handleTitle(job.attempt_list);
   $("mjob-attempts").querySelector("tbody").replaceChildren(...job.attempt_list.map((a) => {
     const tr = el("tr");
     tr.dataset.attempt = a.number;
