@@ -384,6 +384,12 @@ def on_slurm(answer: Mapping[str, Any]) -> bool:
     return str(answer.get("infra") or "slurm/").startswith("slurm/")
 
 
+def handle_in(answer: Mapping[str, Any]) -> Any:
+    """A server's answer's handle (a job's, an attempt's, an allocation's): `handle`, or `slurm_job_id`
+    from a server older than that name."""
+    return answer["handle"] if "handle" in answer else answer.get("slurm_job_id")
+
+
 def handle_header(answers: Iterable[Mapping[str, Any]]) -> str:
     """The title of a table's column of handles: SLURM ID while every row shown is on Slurm, as a Slurm
     user reads it, and INFRA ID once a pool's or a context's handle (lab1/d575218a0cac) is among them."""

@@ -11,6 +11,7 @@ import click
 
 from corral.cli.common import (
     habit_flag,
+    handle_in,
     place_of,
     print_json,
     reports_errors,
@@ -46,7 +47,8 @@ def launch_dev(args: tuple[str, ...], dev_name: str, *, name: str | None, gpus: 
         """Say the allocation is ready (and its JSON), once, before any output of the task."""
         progress.clear()
         announced.append(held)
-        summary = {k: held.get(k) for k in ("name", "cluster", "partition", "slurm_job_id", "new")}
+        summary = {**{k: held.get(k) for k in ("name", "cluster", "partition")}, "handle": handle_in(held),
+                   "slurm_job_id": handle_in(held), "new": held.get("new")}
         if detach:
             job_id = held.get("job_id")
             if as_json:

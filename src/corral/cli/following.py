@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from corral.cli.common import on_slurm, place_of, write_bytes
+from corral.cli.common import handle_in, on_slurm, place_of, write_bytes
 from corral.errors import CorralError
 from corral.timefmt import expected_start
 
@@ -182,7 +182,6 @@ def _follow_group(client: Any, found: dict[str, Any], status: int, progress: Any
 def _follow_one(client: Any, job_id: str, *, follow: bool, tail: int, progress: Any
                 ) -> tuple[int, dict[str, Any] | None]:
     """`follow_managed` for one managed job: its exit status, and the job as last read."""
-    from corral.errors import CorralError
     from corral.sdk.types import MANAGED_ENDED_STATES  # here, not at the top: `corral --help` loads no SDK
 
     progress = progress or LazyProgress()
@@ -193,7 +192,7 @@ def _follow_one(client: Any, job_id: str, *, follow: bool, tail: int, progress: 
         while True:
             found = client.managed_job(job_id)
             job_id = found["job_id"]  # the id, when given a prefix or a name
-            new = [a for a in found["attempt_list"] if a["slurm_job_id"] and a["number"] not in printed]
+            new = [a for a in found["attempt_list"] if handle_in(a) and a["number"] not in printed]
             if tail and not printed:
                 new = new[-1:]
             ended = found["state"] in MANAGED_ENDED_STATES
@@ -201,7 +200,7 @@ def _follow_one(client: Any, job_id: str, *, follow: bool, tail: int, progress: 
             for attempt in new[:-1] if pending else new:
                 progress.clear()
                 click.echo(f"== attempt {attempt['number']} on {place_of(attempt)} "
-                           f"({_handle_words(attempt)} {attempt['slurm_job_id']}, {attempt['state']}) ==", err=True)
+                           f"({_handle_words(attempt)} {handle_in(attempt)}, {attempt['state']}) ==", err=True)
                 try:
                     for chunk in client.managed_logs(job_id, attempt["number"], follow=follow and attempt is new[-1],
                                                      tail=tail if not printed else 0):

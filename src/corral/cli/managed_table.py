@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from corral.cli.common import handle_header, place_of
+from corral.cli.common import handle_header, handle_in, place_of
 from corral.cli.consoles import console, minutes, state_cell
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, when
@@ -28,7 +28,7 @@ def render_managed(jobs: list[Mapping[str, object]]) -> None:
         ran = _number(job.get("run_seconds"))
         table.add_row(str(job["job_id"]), name, state_cell(state),
                       _where(job),
-                      str(job.get("slurm_job_id") or "-"), when(_number(job.get("created_at"))),
+                      str(handle_in(job) or "-"), when(_number(job.get("created_at"))),
                       duration(ran) if ran is not None else "-", str(job["attempts"]), starts,
                       str(job.get("reason") or "")[:90])
     console.print(table)

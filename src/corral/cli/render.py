@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from corral.cli.common import handle_header, on_slurm, place_of, warn
+from corral.cli.common import handle_header, handle_in, on_slurm, place_of, warn
 from corral.cli.consoles import console, err_console, literal, state_cell, styled
 from corral.cli.consoles import table as new_table
 from corral.timefmt import duration, expected_start, start_text, when
@@ -132,7 +132,7 @@ class LaunchProgress:
             shown = ", ".join(ids[:3]) + (" …" if len(ids) > 3 else "")
             where = place_of(event)
             what = "Slurm job" if on_slurm(event) else "task"
-            submitted = f"{shown} submitted to {where} as {what} {event['slurm_job_id']}"
+            submitted = f"{shown} submitted to {where} as {what} {handle_in(event)}"
             err_console.print(f"[green]✓[/green] {literal(submitted)}")
 
     def waiting(self, text: str) -> None:
@@ -159,13 +159,14 @@ def sweep_json(shares: list[dict[str, Any]]) -> list[dict[str, object]]:
     for share in shares:
         for job_id, handle in zip(share["job_ids"], share["handles"]):
             out.append({"job_id": job_id, "cluster": share["cluster"], "partition": share["partition"],
-                        "slurm_job_id": handle})
+                        "handle": handle, "slurm_job_id": handle})
     return out
 
 
 def submitted_json(share: dict[str, Any]) -> dict[str, object]:
     """A one-job launch's --json, as it always was."""
-    return {k: share[k] for k in ("job_id", "job_ids", "cluster", "partition", "slurm_job_id", "skipped")}
+    return {**{k: share[k] for k in ("job_id", "job_ids", "cluster", "partition")}, "handle": handle_in(share),
+            "slurm_job_id": handle_in(share), "skipped": share["skipped"]}
 
 
 def _where(job: Any) -> str:
@@ -181,7 +182,7 @@ def _queue_columns(jobs: list[Job]) -> tuple[str, ...]:
 
 def _job_row(j: Job) -> tuple[str | Text, ...]:
     where = _where(j) if j.cluster else "-"  # "-": it never reached a cluster
-    return (j.job_id, j.name, where, j.slurm_job_id or "-", state_cell(j.state),
+    return (j.job_id, j.name, where, j.handle or "-", state_cell(j.state),
             j.reason or "", when(j.submitted_at), when(j.started_at), when(j.ended_at))
 
 
@@ -194,7 +195,7 @@ def _sweep_row(jobs: list[Job], counts: dict[str, int], times: list[float | None
     states = Text(", ").join(Text.assemble(f"{n} ", state_cell(state))
                              for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     # its Slurm array's id (`4711` of `4711_3`), when every job is on the page and in that one array
-    arrays = {str(j.slurm_job_id).partition("_")[0] if "_" in str(j.slurm_job_id) else None for j in jobs}
+    arrays = {str(j.handle).partition("_")[0] if "_" in str(j.handle) else None for j in jobs}
     array = arrays.pop() if len(arrays) == 1 and len(jobs) == total else None
     return (f"{first.sweep_id} (sweep)", f"{first.name} ×{total}",
             places[0] if len(places) == 1 else f"{len(places)} places", array or "-", states, "",

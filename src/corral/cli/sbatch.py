@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from corral.cli.common import (
+    handle_in,
     piped_stdin,
     print_json,
     read_env_file,
@@ -123,7 +124,7 @@ def _report_submitted(shares: list[dict], as_json: bool, *, parsable: bool) -> N
             click.echo(f"{ids[0]};{share.get('cluster')}")
         else:
             click.echo(f"Submitted batch job {job} on slurm/{share.get('cluster')}/{share.get('partition')} "
-                       f"(Slurm job {share.get('slurm_job_id')})")
+                       f"(Slurm job {handle_in(share)})")
 
 
 def _script_on_stdin() -> str:

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from corral.cli.common import handle_in
+
 LOGS_DIR = "corral_logs"  # in the home directory, as SkyPilot's ~/sky_logs
 
 
@@ -50,7 +52,7 @@ def sync_down_managed(client: Any, job: str) -> list[Path]:
     found = client.managed_job(job)
     saved = []
     for attempt in found["attempt_list"]:
-        if attempt["slurm_job_id"]:
+        if handle_in(attempt):
             path = job_folder(found["job_id"]) / f"attempt-{attempt['number']}.log"
             saved.append((path, save(client.managed_logs(found["job_id"], attempt["number"]), path)))
     _said(found["job_id"], saved, found["state"], live=not ManagedJob.from_json(found).ended)

@@ -331,7 +331,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
         attempts = [{"number": a.number, "cluster": a.cluster, "partition": a.partition,
                      "infra": place_name(a.cluster, a.partition, kinds),
-                     "slurm_job_id": a.handle, "state": a.state, "reason": a.reason,
+                     "handle": a.handle, "slurm_job_id": a.handle, "state": a.state, "reason": a.reason,
                      "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
                      "exit_code": a.exit_code, "failure": a.failure} for a in view.attempts]
         members = store.pipeline_members(view.managed.pipeline_id) if view.managed.pipeline_id else []

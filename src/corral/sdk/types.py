@@ -68,6 +68,11 @@ def status_of(kind: type[S], text: str) -> S | str:
         return text
 
 
+def handle_in(data: dict[str, Any]) -> Any:
+    """An answer's handle: `handle`, or `slurm_job_id` from a server older than that name."""
+    return data["handle"] if "handle" in data else data.get("slurm_job_id")
+
+
 @dataclass(frozen=True)
 class ClusterCheck:
     cluster: str
@@ -139,7 +144,7 @@ class Job:
     state: JobStatus | str  # the text only for a state this client does not know
     cluster: str | None
     partition: str | None
-    slurm_job_id: str | None
+    handle: str | None  # where it runs: a Slurm job id, a pool's lab1/<token>, a context's Job name
     reason: str | None
     attempt: int
     submitted_at: float | None
@@ -154,13 +159,18 @@ class Job:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
         return cls(data["job_id"], data["name"], status_of(JobStatus, data["state"]), data.get("cluster"),
-                   data.get("partition"), data.get("slurm_job_id"), data.get("reason"), int(data.get("attempt") or 0),
+                   data.get("partition"), handle_in(data), data.get("reason"), int(data.get("attempt") or 0),
                    data.get("submitted_at"), data.get("started_at"), data.get("ended_at"), data.get("exit_code"),
                    data.get("sweep_id"), data, data.get("allocation"), data.get("number"))
 
     @property
     def ended(self) -> bool:
         return self.state in ENDED_STATES
+
+    @property
+    def slurm_job_id(self) -> str | None:
+        """`handle`, by its older name (a Slurm job id only on a Slurm cluster)."""
+        return self.handle
 
 
 @dataclass(frozen=True)
@@ -215,16 +225,21 @@ class Submission:
     job_ids: list[str]
     cluster: str
     partition: str
-    slurm_job_id: str  # the array's id for a share of a sweep
+    handle: str  # where it runs (a Slurm job id, the array's for a share of a sweep; a pool's lab1/<token>)
     handles: list[str]  # one per job (its array task's id in a share)
     skipped: list[tuple[str, str]]  # (infra, why) tried first
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Submission:
-        return cls(list(data["job_ids"]), data["cluster"], data["partition"], str(data["slurm_job_id"]),
+        return cls(list(data["job_ids"]), data["cluster"], data["partition"], str(handle_in(data)),
                    list(data.get("handles") or []), [(s["infra"], s["reason"]) for s in data.get("skipped") or []],
                    data)
+
+    @property
+    def slurm_job_id(self) -> str:
+        """`handle`, by its older name (a Slurm job id only on a Slurm cluster)."""
+        return self.handle
 
 
 @dataclass(frozen=True)
@@ -272,7 +287,7 @@ class ManagedJob:
     reason: str | None
     cluster: str | None
     partition: str | None
-    slurm_job_id: str | None
+    handle: str | None  # its latest attempt's (as Job.handle)
     attempts: int
     recoveries: int
     moves: int
@@ -283,7 +298,7 @@ class ManagedJob:
     def from_json(cls, data: dict[str, Any]) -> ManagedJob:
         place = data.get("pipeline")
         return cls(data["job_id"], data["name"], status_of(ManagedJobStatus, data["state"]), data.get("reason"),
-                   data.get("cluster"), data.get("partition"), data.get("slurm_job_id"),
+                   data.get("cluster"), data.get("partition"), handle_in(data),
                    int(data.get("attempts") or 0), int(data.get("recoveries") or 0), int(data.get("moves") or 0), data,
                    PipelinePlace(place["id"], place["name"], int(place["task"]),
                                  place.get("execution") == "parallel", bool(place.get("auxiliary")))
@@ -292,3 +307,8 @@ class ManagedJob:
     @property
     def ended(self) -> bool:
         return self.state in MANAGED_ENDED_STATES
+
+    @property
+    def slurm_job_id(self) -> str | None:
+        """`handle`, by its older name (a Slurm job id only on a Slurm cluster)."""
+        return self.handle
