@@ -310,7 +310,7 @@ def test_the_infra_page_shows_every_kind_side_by_side(browser, corral, corral_en
         launched = corral("launch", "-d", "--json", "--infra", "ssh/lab", "--gpus", "A10G:1", "--",
                           "echo one; sleep 300", env=env)
         assert launched.exit_code == 0, launched.stderr
-        job, host = launched.json()["job_id"], launched.json()["slurm_job_id"].split("/")[0]
+        job, host = launched.json()["job_id"], launched.json()["handle"].split("/")[0]
         page.goto(page.url.split("#")[0] + "#/jobs")
         page.wait_for_selector(f'tr[data-job="{job}"]', timeout=10_000)
         titles = page.eval_on_selector_all("#jobs thead th", "cells => cells.map(c => c.textContent)")

@@ -344,7 +344,7 @@ async function drawJobs() {
     cell(tr, job.managed ? `${job.name} (managed)` : job.name);
     if (admin) cell(tr, job.owner || "(server)");
     cell(tr, where(job));
-    cell(tr, job.slurm_job_id || "-");
+    cell(tr, job.handle || "-");
     cell(tr, job.state, `state state-${job.state}`);
     cell(tr, job.reason);
     timeCell(tr, job.expected_start);
@@ -411,7 +411,7 @@ async function drawJob(id, first) {
   $("job-title").textContent = `Job ${job.job_id}: ${job.name}`;
   const state = el("span", job.state, `state state-${job.state}`);
   const rows = [["State", state], ["Reason", job.reason], ["User", me.role === "admin" ? job.owner || "(server)" : ""],
-                ["Infra", where(job)], [handleTitle([job]), job.slurm_job_id], ["Attempt", job.attempt],
+                ["Infra", where(job)], [handleTitle([job]), job.handle], ["Attempt", job.attempt],
                 ["Submitted", relative(job.submitted_at)], ["Predicted start", relative(job.expected_start)],
                 ["Started", relative(job.started_at)], ["Ended", relative(job.ended_at)], ["Exit code", job.exit_code]];
   facts($("job-facts"), rows);
@@ -480,7 +480,7 @@ async function drawManaged() {
     if (admin) cell(tr, job.owner || "(server)");
     cell(tr, job.state, `state state-${job.state}`);
     cell(tr, where(job));
-    cell(tr, job.slurm_job_id || "-");
+    cell(tr, job.handle || "-");
     timeCell(tr, job.expected_start);
     cell(tr, job.attempts, "num");
     cell(tr, job.recoveries, "num");
@@ -501,7 +501,7 @@ async function drawManagedJob(id, first) {
   $("mjob-title").textContent = `Managed job ${job.job_id}: ${managedName(job)}`;
   facts($("mjob-facts"), [["State", el("span", job.state, `state state-${job.state}`)], ["Reason", job.reason],
                           ["Pipeline", pipelineLinks(job)],
-                          ["Infra", where(job)], [handleTitle([job]), job.slurm_job_id],
+                          ["Infra", where(job)], [handleTitle([job]), job.handle],
                           ["Predicted start", relative(job.expected_start)],
                           ["Recoveries", job.recoveries], ["Moves", job.moves],
                           ["Restarts after errors", job.restarts_on_errors]]);
@@ -516,7 +516,7 @@ async function drawManagedJob(id, first) {
     tr.dataset.attempt = a.number;
     cell(tr, a.number, "num");
     cell(tr, where(a));
-    cell(tr, a.slurm_job_id || "-");
+    cell(tr, a.handle || "-");
     cell(tr, a.state, `state state-${a.state}`);
     cell(tr, a.failure ? `${a.reason || ""} (${a.failure})` : a.reason);
     timeCell(tr, a.submitted_at);
@@ -543,7 +543,7 @@ async function drawManagedJob(id, first) {
       $("mjob-why").dataset.loaded = "true";
     }).catch((error) => { $("mjob-why").textContent = error.message; });
   }
-  const latest = job.attempt_list.filter((a) => a.slurm_job_id).pop();
+  const latest = job.attempt_list.filter((a) => a.handle).pop();
   const logs = $("mjob-logs");
   if (latest && logs.dataset.attempt !== String(latest.number)) {
     logs.dataset.attempt = latest.number;
