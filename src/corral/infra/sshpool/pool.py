@@ -759,7 +759,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             if isinstance(answer, BaseException):
                 if not isinstance(answer, CorralError):
                     raise answer
-                silent[host] = str(answer)
+                silent[host] = answer.detail if isinstance(answer, ClusterError) else str(answer)
                 continue
             for line in answer.stdout.splitlines():
                 parts = line.split()
