@@ -138,3 +138,21 @@ def test_a_rank_whose_machine_does_not_answer_leaves_the_others_output_shown_the
     with pytest.raises(ClusterUnreachableError, match="lab2"):
         asyncio.run(pool._every_rank_output(["lab1", "lab2"], str, follow, out.append))
     assert b"".join(out) == b"epoch 1\nepoch 2\n" and ended == ["lab1"]
+
+
+def test_an_allocation_whose_machine_does_not_answer_names_it_once():
+    import asyncio
+
+    from corral.config import PoolEntry
+    from corral.errors import ClusterUnreachableError
+    from corral.infra.base import AllocationPhase
+    from corral.infra.sshpool.pool import SshPoolInfra
+
+    class Down:
+        async def run(self, host, script, timeout=None, **kw):
+            raise ClusterUnreachableError(host, "connection to the machine timed out")
+
+    pool = SshPoolInfra(PoolEntry("lab", ("lab1", "lab2"), ()), transport=Down())  # type: ignore[arg-type]
+    [state] = asyncio.run(pool.allocation_states([("lab1,lab2/0123456789ab", "")])).values()
+    assert state.phase is AllocationPhase.UNKNOWN
+    assert state.reason == "lab1 does not answer (connection to the machine timed out)"
