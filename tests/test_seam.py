@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.infra.base import CopiesCheckpoints, FailureClass, JobState
+from corral.infra.base import CopiesCheckpoints, FailureClass, JobState, TakesFolderStreams
 from corral.launch import Launcher
 from corral.state import Store
 from corral.task import parse_task
@@ -1077,3 +1077,66 @@ def test_a_checkpoint_goes_where_the_submission_lands_when_its_first_choice_refu
     assert client.infras["alpine"].fetches == 1
     story = [e.reason for e in store.events(job_id)]
     assert "checkpoint copied from alpine to cirrus" in story and not any("to borealis" in r for r in story)
+
+
+class Streaming(Checkpointing, TakesFolderStreams):
+    """Sends a checkpoint straight to another streaming fake (send_dir): nothing fetched to this machine.
+    `source_fails` / `target_fails`: its side of a stream breaks (ssh's error, naming this cluster)."""
+
+    def __init__(self, *args, source_fails: bool = False, target_fails: bool = False, **kw):
+        super().__init__(*args, **kw)
+        self.source_fails, self.target_fails = source_fails, target_fails
+        self.streamed: list[str] = []  # destinations of streams it received
+
+    def stream_target(self):
+        return self, self.cluster
+
+    async def send_dir(self, remote_dir, target, destination):
+        from corral.errors import ClusterUnreachableError
+
+        if self.source_fails:
+            raise ClusterUnreachableError(self.cluster, "connection to the login node timed out")
+        if target.target_fails:
+            raise ClusterUnreachableError(target.cluster, "lost the connection to the login node")
+        target.streamed.append(destination)
+        return True
+
+
+def recovered(client, store) -> tuple[str, list[str]]:
+    """A managed job that ran on alpine, recovered elsewhere after a node failure: its id and story."""
+    from corral import managed
+    from corral.controller.engine import Controller, ControllerSettings
+
+    [job_id] = managed.record(store, parse_task({"resources": {"cpus": 1}, "run": "true"}, "t"), "t")
+    controller = Controller(client, store, "test", ControllerSettings(unhealthy_after_failures=1))
+    asyncio.run(controller.tick())
+    [first] = store.attempts_of([job_id])[job_id]
+    assert first.cluster == "alpine"
+    client.infras["alpine"].finish(first.handle, JobState.FAILED, FailureClass.INFRA, native="NODE_FAIL")
+    asyncio.run(controller.tick())
+    return job_id, [e.reason for e in store.events(job_id)]
+
+
+def test_a_checkpoint_goes_straight_from_login_node_to_login_node_where_both_take_streams(store):
+    client = fakes(Streaming)
+    job_id, story = recovered(client, store)
+    landed = store.attempts_of([job_id])[job_id][-1].cluster
+    assert client.infras[landed].streamed == [f".corral/checkpoints/{job_id}/"]
+    assert client.infras["alpine"].fetches == 0 and client.infras[landed].sent == []  # nothing through here
+    assert f"checkpoint copied from alpine to {landed}" in story
+
+
+def test_a_stream_whose_source_fails_leaves_the_job_to_start_without_it_and_says_why(store):
+    client = fakes(Streaming, alpine={"source_fails": True})
+    job_id, story = recovered(client, store)
+    assert store.attempts_of([job_id])[job_id][-1].state == JobState.PENDING  # submitted all the same
+    assert "checkpoint not copied from alpine: alpine: connection to the login node timed out" in story
+
+
+def test_a_stream_whose_target_fails_fails_the_submission_over_to_the_next_place(store):
+    client = fakes(Streaming, borealis={"target_fails": True})
+    job_id, story = recovered(client, store)
+    attempts = store.attempts_of([job_id])[job_id]
+    assert attempts[-1].cluster == "cirrus" and client.infras["cirrus"].streamed
+    assert any(a.cluster == "borealis" and a.state == JobState.SUBMIT_FAILED for a in attempts)
+    assert "checkpoint copied from alpine to cirrus" in story

@@ -455,6 +455,55 @@ def test_fetching_a_missing_directory_says_so_and_leaves_nothing(testbed, corral
     assert not (tmp_path / "copy").exists()
 
 
+def test_a_folder_goes_straight_from_one_login_node_to_another(testbed, corral_env):
+    """copy_to: a checkpoint from alpine to borealis through a pipe between two ssh sessions. The testbed's
+    clusters share one home, as two clusters of one site may: a copy onto the very folder it reads from
+    must leave it whole (unpacking over it would empty each file before it was read)."""
+    import uuid
+
+    from tests.helpers import ssh_login
+
+    transport = transport_for(testbed.cluster_config)
+    base = f".corral/test-copy/{uuid.uuid4().hex[:8]}"
+    ssh_login(testbed.cluster_config, "alpine", f"mkdir -p {base}/src/sub && head -c 5M /dev/urandom > {base}/src/sub/a "
+                                                 f"&& echo step-7 > {base}/src/latest")
+    try:
+        def digest(folder: str) -> str:
+            return ssh_login(testbed.cluster_config, "borealis",
+                             f"cd {folder} && find . -type f | sort | xargs sha256sum")
+
+        before = digest(f"{base}/src")
+        assert asyncio.run(transport.copy_to("alpine", f"{base}/src", transport, "borealis", f"{base}/dst/")) is True
+        assert digest(f"{base}/dst") == before and "./latest" in before
+        # onto itself (one home for both): still whole, and nothing left beside it
+        assert asyncio.run(transport.copy_to("alpine", f"{base}/src", transport, "borealis", f"{base}/src/")) is True
+        assert digest(f"{base}/src") == before
+        assert ssh_login(testbed.cluster_config, "alpine", f"ls {base}").split() == ["dst", "src"]
+        assert asyncio.run(transport.copy_to("alpine", f"{base}/none", transport, "borealis", f"{base}/x/")) is False
+        assert transport.round_trips["alpine"] == 3 and transport.round_trips["borealis"] == 3
+    finally:
+        ssh_login(testbed.cluster_config, "alpine", f"rm -rf {base}")
+
+
+def test_a_copy_between_login_nodes_names_the_side_that_failed(testbed, corral_env, tmp_path):
+    import uuid
+
+    from corral.errors import ClusterUnreachableError
+
+    path = write_config(tmp_path, testbed.cluster_config.read_text() + "\nHost nowhere\n    HostName 127.0.0.1\n"
+                                  "    Port 1\n")
+    transport = transport_for(path)
+    base = f".corral/test-copy/{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ClusterUnreachableError, match="^nowhere: "):
+        asyncio.run(transport.copy_to("nowhere", base, transport, "alpine", f"{base}/dst/"))
+    run(transport, "alpine", f"mkdir -p {base} && echo x > {base}/f")
+    try:
+        with pytest.raises(ClusterUnreachableError, match="^nowhere: "):
+            asyncio.run(transport.copy_to("alpine", base, transport, "nowhere", f"{base}/dst/"))
+    finally:
+        run(transport, "alpine", f"rm -rf {base}")
+
+
 def test_a_copy_dies_with_the_process_that_started_it(testbed, corral_env, tmp_path):
     """A server killed (-9) in the middle of a copy: its rsync dies with it, rather than go on writing where
     the job's next holder copies the same files. Here the cluster's side of the rsync is held for 60 s."""

@@ -167,9 +167,9 @@ class CarriedFolder(ABC):
         self.job_id, self.source, self.remote = job_id, source, remote
 
     @abstractmethod
-    async def fetch(self) -> Path | None:
-        """The folder brought to this machine (the first time a submission asks), and where; None:
-        there is nothing to carry."""
+    async def carry(self, target: Infra, place: str, token: str) -> None:
+        """Send the folder to `remote` on `target` (the place named `place`), for the submission `token`. A failure of the target
+        raises (the submission fails over); one of the source is the folder's own story."""
 
 
 @dataclass
@@ -462,8 +462,7 @@ class Launcher:
             async with repeating(RESTAMP_AFTER_SECONDS, lambda: self._mark(attempts, created_at=time.time())):
                 await self.upload_files(task, infra, files.run_dir, token)
                 for folder in carried:
-                    if (local := await folder.fetch()) is not None:
-                        await infra.upload(local, folder.remote + "/", token)
+                    await folder.carry(infra, candidate.cluster, token)
                 self.events.step("submit", f"submitting to {candidate.infra}")
                 result = await infra.submit(request)
             if result.accepted and os.environ.get(LOST_ANSWER_HOOK_ENV) == candidate.cluster:

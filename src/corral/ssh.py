@@ -60,6 +60,7 @@ from corral.login_env import CAPTURE, LOGIN_ENVS, LoginEnv, split_capture
 from corral.pacing import keep_pace
 
 SSH_FAILURE = 255
+NO_SUCH_FOLDER = 3  # how a tar stream of a folder ends when there is no such folder
 COMMAND_NOT_FOUND = 127
 # rsync's quick check (size and time) compares whole seconds by default: a file rewritten at the same
 # size within the same second as its last copy would be taken for unchanged, and a job would run the
@@ -643,17 +644,41 @@ class SshTransport:
         raise RemoteCommandError(cluster, f"copying {source} failed: {_last_line(text)}", exit_status=status,
                                  stderr=text)
 
+    def _untar_argv(self, cluster: str, destination: str, mirror: bool = False, hold: str | None = None
+                    ) -> list[str]:
+        """ssh that unpacks a tar stream read from its stdin into `destination` (made private)."""
+        target = remote_path(destination.rstrip("/") or ".")
+        fresh = f"rm -rf {target} && " if mirror else ""
+        remote = f"umask 077 && {held_by(hold)}{fresh}mkdir -p {target} && tar -xf - -C {target}"
+        return self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(remote)]))
+
+    def _receive_argv(self, cluster: str, destination: str) -> list[str]:
+        """ssh that unpacks a tar stream from its stdin into a new folder beside `destination`, then puts it
+        in `destination`'s place: where two clusters share a home, the stream's source may be that very
+        folder, which unpacking over it would empty before it is read (and no reader ever sees it half
+        written)."""
+        target = remote_path(destination.rstrip("/"))
+        script = (f'umask 077 && mkdir -p "$(dirname {target})" && new=$(mktemp -d {target}.corral-in-XXXXXX) '
+                  f'|| exit 1\nif tar -xf - -C "$new"; then rm -rf {target} && mv "$new" {target}; '
+                  f'else status=$?; rm -rf "$new"; exit $status; fi\n')
+        return self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(script)]))
+
+    def _tar_argv(self, cluster: str, remote_dir: str) -> list[str]:
+        """ssh that writes a tar stream of `remote_dir`'s contents on its stdout; exit 3 when it is no folder."""
+        target = remote_path(remote_dir.rstrip("/"))
+        script = f"[ -d {target} ] || exit {NO_SUCH_FOLDER}\ntar -cf - -C {target} .\n"
+        return self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(script)]))
+
     async def _tar(self, cluster: str, source: Path, destination: str, timeout: float, mirror: bool = False,
                    hold: str | None = None) -> None:
-        target = remote_path(destination.rstrip("/") or ".")
         if source.is_dir():
-            fresh = f"rm -rf {target} && " if mirror else ""
-            remote = f"umask 077 && {held_by(hold)}{fresh}mkdir -p {target} && tar -xf - -C {target}"
+            argv = self._untar_argv(cluster, destination, mirror, hold)
             local = ["tar", "-cf", "-", "-C", os.path.abspath(source), "--", "."]
         else:
+            target = remote_path(destination.rstrip("/") or ".")
             remote = f'umask 077 && mkdir -p "$(dirname {target})" && cat > {target}'
+            argv = self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(remote)]))
             local = ["cat", "--", os.path.abspath(source)]
-        argv = self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(remote)]))
         self.round_trips[cluster] += 1
         try:
             packed, sent = await _piped(local, argv, timeout)
@@ -680,10 +705,7 @@ class SshTransport:
     async def fetch(self, cluster: str, remote_dir: str, local_dir: Path, *, timeout: float = 600) -> bool:
         """Copy a remote directory's contents into `local_dir` (a tar stream from ssh straight into a local
         tar: none of it passes through this process). False if it does not exist."""
-        path = remote_dir.rstrip("/")
-        target = remote_path(path)
-        script = f"[ -d {target} ] || exit 3\ntar -cf - -C {target} .\n"
-        argv = self.ssh_argv(cluster, self.as_user(["bash", "-c", shlex.quote(script)]))
+        argv = self._tar_argv(cluster, remote_dir)
         self.round_trips[cluster] += 1
         made = not local_dir.exists()
         local_dir.mkdir(parents=True, exist_ok=True)
@@ -691,19 +713,49 @@ class SshTransport:
             sent, unpacked = await _piped(argv, ["tar", "-xf", "-", "-C", os.path.abspath(local_dir)], timeout)
         except asyncio.TimeoutError:
             raise SshTimeoutError(cluster, f"fetching {remote_dir} took longer than {timeout:g}s") from None
-        if sent.status == 3:
+        if sent.status == NO_SUCH_FOLDER:
             if made:
                 shutil.rmtree(local_dir, ignore_errors=True)
             return False
-        if sent.status == SSH_FAILURE:
-            raise self.classify_failure(cluster, sent.stderr)
-        if sent.status != 0:
-            raise RemoteCommandError(cluster, f"fetching {remote_dir} failed: {_last_line(sent.stderr)}",
-                                     exit_status=sent.status)
+        self._check_sent(cluster, remote_dir, sent)
         if unpacked.status != 0:
             raise CorralFileError(f"could not unpack {remote_dir} from {cluster} into {local_dir}: "
                                   f"{_last_line(unpacked.stderr)}")
         return True
+
+    async def copy_to(self, cluster: str, remote_dir: str, target: SshTransport, target_cluster: str,
+                      destination: str, *, timeout: float = 600) -> bool:
+        """`remote_dir`'s contents on `cluster` into `destination` on `target_cluster` (reached by `target`,
+        which may act as another account): a tar stream from one ssh straight into the other through an
+        OS pipe, so that nothing lands on this machine's disk or passes through this process. False if
+        there is no such folder. A failure raises the error of the side that failed (its cluster named)."""
+        producer = self._tar_argv(cluster, remote_dir)
+        consumer = target._receive_argv(target_cluster, destination)
+        self.round_trips[cluster] += 1
+        target.round_trips[target_cluster] += 1
+        try:
+            sent, unpacked = await _piped(producer, consumer, timeout)
+        except asyncio.TimeoutError:
+            raise SshTimeoutError(cluster, f"copying {remote_dir} to {target_cluster} took longer than "
+                                           f"{timeout:g}s") from None
+        if sent.status == NO_SUCH_FOLDER:
+            return False
+        if unpacked.status == SSH_FAILURE:
+            raise target.classify_failure(target_cluster, unpacked.stderr)
+        self._check_sent(cluster, remote_dir, sent)
+        if unpacked.status != 0:
+            raise RemoteCommandError(target_cluster, f"unpacking {remote_dir} from {cluster} failed: "
+                                                     f"{_last_line(unpacked.stderr)}", exit_status=unpacked.status,
+                                     stderr=unpacked.stderr)
+        return True
+
+    def _check_sent(self, cluster: str, remote_dir: str, sent: Ended) -> None:
+        """Raise what the ssh that sent `remote_dir` as a tar stream ran into, if anything."""
+        if sent.status == SSH_FAILURE:
+            raise self.classify_failure(cluster, sent.stderr)
+        if sent.status not in (0, -signal.SIGPIPE):  # (SIGPIPE: the other side ended first, and says why)
+            raise RemoteCommandError(cluster, f"sending {remote_dir} failed: {_last_line(sent.stderr)}",
+                                     exit_status=sent.status)
 
     async def _transfer(self, cluster: str, argv: list[str], source: Path, timeout: float,
                         with_stdout: bool = False) -> tuple[str, int]:

@@ -51,10 +51,11 @@ from corral.controller.background import run_on
 from corral.controller.rules import Context, ControllerSettings, Decision, Facts, Need
 from corral.controller.shards import Shards, home_cluster
 from corral.dev import settle_unfollowed_execs, start_queued_execs
-from corral.errors import CorralError
+from corral.errors import ClusterError, CorralError
 from corral.infra.base import (
     DEFAULT_CHECKPOINT_DIR,
     CopiesCheckpoints,
+    Infra,
     JobState,
     ReleasesHeld,
     ReportsSetupFailure,
@@ -404,10 +405,10 @@ class Controller:
         """Submit attempt `number` of these jobs (`latest`: each one's latest attempt; `m`: the first
         job's managed row), each job's checkpoint sent with its attempt wherever it lands."""
         with tempfile.TemporaryDirectory(prefix="corral-ckpt-") as scratch:
-            fetches = {job.id: fetch for job in jobs
-                       if (fetch := self._checkpoint_fetch(job, task, latest.get(job.id), feasible[0].cluster,
-                                                           Path(scratch) / job.id)) is not None}
-            options = dataclasses.replace(_attempt_options(task, number, m), carried=tuple(fetches.values()))
+            carried = {job.id: checkpoint for job in jobs
+                       if (checkpoint := self._checkpoint(job, task, latest.get(job.id), feasible[0].cluster,
+                                                          Path(scratch) / job.id)) is not None}
+            options = dataclasses.replace(_attempt_options(task, number, m), carried=tuple(carried.values()))
             try:
                 shares = await self.launcher.submit_jobs(task, recorded_environment(jobs[0], task, "managed job"),
                                                          feasible, jobs, options)
@@ -415,8 +416,8 @@ class Controller:
                 self.store.set_managed_many([(job.id, None, f"submission failed: {exc}", {}) for job in jobs])
                 return 0
         landed = {job_id: share.cluster for share in shares for job_id in share.job_ids}
-        self.store.note_managed({job_id: note for job_id, fetch in fetches.items()
-                                 if (note := fetch.outcome(landed.get(job_id, fetch.source)))})
+        self.store.note_managed({job_id: note for job_id, checkpoint in carried.items()
+                                 if (note := checkpoint.outcome(landed.get(job_id, checkpoint.source)))})
         self.store.note_managed({
             job_id: f"attempt {number} submitted to {share.infra or self._where(share.cluster, share.partition)} "
                     f"as {share.handles[i]}"
@@ -424,9 +425,9 @@ class Controller:
         })
         return sum(len(share.job_ids) for share in shares)
 
-    def _checkpoint_fetch(self, job: JobRow, task: Task, previous: AttemptRow | None, first_choice: str,
-                          into: Path) -> CheckpointFetch | None:
-        """How to fetch the checkpoint of the job's previous attempt, should its new one land elsewhere;
+    def _checkpoint(self, job: JobRow, task: Task, previous: AttemptRow | None, first_choice: str,
+                    into: Path) -> CarriedCheckpoint | None:
+        """The checkpoint of the job's previous attempt, to carry should its new one land elsewhere;
         None when there is none to carry, or the new one is to go where the previous ran (`first_choice`)."""
         if previous is None or previous.cluster == first_choice or (task.checkpoint and not task.checkpoint.sync):
             return None
@@ -434,7 +435,7 @@ class Controller:
         if not isinstance(source, CopiesCheckpoints):
             self.store.set_managed(job.id, reason=f"checkpoint not copied: {source.name} cannot copy it out")
             return None
-        return CheckpointFetch(job.id, source, previous.cluster, _checkpoint_dir(job, task), into)
+        return CarriedCheckpoint(job.id, source, previous.cluster, _checkpoint_dir(job, task), into)
 
     # ---- re-routing pending jobs ----------------------------------------------------------------
     async def _reroute(self, pending: list[tuple[ManagedJobRow, JobRow, AttemptRow]],
@@ -657,19 +658,43 @@ def _parse_task(task_json: str) -> Task:
     return Task.model_validate(json.loads(task_json))
 
 
-class CheckpointFetch(CarriedFolder):
-    """A job's checkpoint folder, fetched from the cluster it ran on (`source`) into `into` the first time a
-    submission asks for it (a share that fails over asks again: it is fetched once), and the story of it
-    for the job's events (`outcome`)."""
+class CarriedCheckpoint(CarriedFolder):
+    """A job's checkpoint folder on the cluster it ran on (`source`), carried to each cluster a submission
+    of its new attempt asks for: straight from one login node to the other where both can (send_dir:
+    never through this machine's disk), else fetched once into `into` (a share that fails over uses
+    that copy again) and uploaded; and the story of it for the job's events (`outcome`)."""
 
     def __init__(self, job_id: str, infra: CopiesCheckpoints, source: str, remote: str, into: Path) -> None:
         super().__init__(job_id, source, remote)
         self.infra, self.into = infra, into
         self._lock = asyncio.Lock()
         self._fetched: bool | None = None  # None: not asked yet
+        self._carried: set[str] = set()  # the clusters it reached
         self._failure: str | None = None
 
-    async def fetch(self) -> Path | None:
+    async def carry(self, target: Infra, place: str, token: str) -> None:
+        if self._failure is not None or self._fetched is False:  # the source failed, or has none: go without
+            return
+        try:
+            sent = await self.infra.send_dir(self.remote, target, self.remote + "/")
+        except ClusterError as exc:
+            if exc.cluster != self.source:
+                raise  # the target's: the submission fails over
+            self._failure = str(exc)
+            return
+        except CorralError as exc:
+            self._failure = str(exc)
+            return
+        if sent is None:  # not between these two: through this machine
+            if (local := await self._fetch()) is not None:
+                await target.upload(local, self.remote + "/", token)
+                self._carried.add(place)
+        elif sent:
+            self._carried.add(place)
+        else:
+            self._fetched = False  # there is none
+
+    async def _fetch(self) -> Path | None:
         async with self._lock:
             if self._fetched is None:
                 try:
@@ -682,7 +707,7 @@ class CheckpointFetch(CarriedFolder):
         """What happened to it, the job's new attempt having landed on `landed` (None: nothing to say)."""
         if self._failure is not None:
             return f"checkpoint not copied from {self.source}: {self._failure}"
-        if self._fetched and landed != self.source:
+        if landed in self._carried and landed != self.source:
             return f"checkpoint copied from {self.source} to {landed}"
         return None
 

@@ -536,3 +536,18 @@ class CopiesCheckpoints(ABC):
     @abstractmethod
     async def fetch_dir(self, remote_dir: str, local_dir: Any) -> bool:
         """Copy `remote_dir` (relative to the user's home) into `local_dir`; False if it does not exist."""
+
+    async def send_dir(self, remote_dir: str, target: Infra, destination: str) -> bool | None:
+        """Copy `remote_dir` straight into `destination` on `target`, never through this machine's disk,
+        where the two can (a TakesFolderStreams target); False if it does not exist; None where they
+        cannot (then fetch_dir and the target's upload carry it). A failure raises the error of the side
+        that failed, naming its cluster."""
+        return None
+
+
+class TakesFolderStreams(ABC):
+    """The infra unpacks a folder sent to it as a tar stream over ssh (CopiesCheckpoints.send_dir)."""
+
+    @abstractmethod
+    def stream_target(self) -> tuple[Any, str]:
+        """The ssh transport and host a tar stream for it goes to."""

@@ -40,6 +40,7 @@ from corral.infra.base import (
     RunsJobScripts,
     SessionKeys,
     SshRoute,
+    TakesFolderStreams,
     SubmitResult,
 )
 from corral.infra import caches
@@ -74,7 +75,8 @@ FULL_STATUS_EVERY = 60.0
 
 
 class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSetupFailure, HoldsAllocations,
-                 FollowsSetup, ReleasesHeld, RemovesRunFiles, HostsJobGroups, PrunesWorkdirCaches, RunsJobScripts):
+                 FollowsSetup, ReleasesHeld, RemovesRunFiles, HostsJobGroups, PrunesWorkdirCaches, RunsJobScripts,
+                 TakesFolderStreams):
     kind: ClassVar[str] = "slurm"
     probe_commands: ClassVar[int] = 1 + len(QUERIES)  # scontrol ping, and the queries (sinfo, squeue, …)
     status_commands: ClassVar[int] = 2  # squeue, and sacct for what it forgot
@@ -230,6 +232,15 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
 
     async def fetch_dir(self, remote_dir: str, local_dir: Path) -> bool:
         return await self.transport.fetch(self.cluster, remote_dir, local_dir)
+
+    async def send_dir(self, remote_dir: str, target: Infra, destination: str) -> bool | None:
+        if not isinstance(target, TakesFolderStreams):
+            return None
+        transport, host = target.stream_target()
+        return await self.transport.copy_to(self.cluster, remote_dir, transport, host, destination)
+
+    def stream_target(self) -> tuple[SshTransport, str]:
+        return self.transport, self.cluster
 
     async def setup_failed(self, run_dir: str) -> bool:
         # task.sh leaves this marker when setup exits non-zero.

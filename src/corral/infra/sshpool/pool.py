@@ -70,6 +70,7 @@ from corral.infra.base import (
     SessionKeys,
     SshRoute,
     SubmitResult,
+    TakesFolderStreams,
 )
 from corral.infra import caches
 from corral.infra.shell import (
@@ -905,14 +906,27 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
     async def fetch_dir(self, remote_dir: str, local_dir: Path) -> bool:
         """From the machine whose copy of `remote_dir` changed last (each machine is asked, in parallel:
         a task's checkpoints are on the machine it ran on, or on a home they share)."""
+        host = await self._newest_copy(remote_dir)
+        return False if host is None else await self.transport.fetch(host, remote_dir, local_dir)
+
+    async def _newest_copy(self, remote_dir: str) -> str | None:
+        """The machine whose copy of `remote_dir` changed last, each asked in parallel; None: none has it."""
         script = f'stat -c %Y "$HOME"/{shlex.quote(remote_dir.rstrip("/"))} 2>/dev/null || echo -\n'
         answers = await asyncio.gather(*(self.transport.run(h, script, timeout=15, check=False)
                                          for h in self.pool.hosts), return_exceptions=True)
         found = [(int(a.stdout.split()[0]), h) for h, a in zip(self.pool.hosts, answers)
                  if not isinstance(a, BaseException) and a.stdout.split()[:1] and a.stdout.split()[0].isdigit()]
-        if not found:
+        return max(found)[1] if found else None
+
+    async def send_dir(self, remote_dir: str, target: Infra, destination: str) -> bool | None:
+        """From the machine fetch_dir would fetch from, straight to a target that takes tar streams."""
+        if not isinstance(target, TakesFolderStreams):
+            return None
+        host = await self._newest_copy(remote_dir)
+        if host is None:
             return False
-        return await self.transport.fetch(max(found)[1], remote_dir, local_dir)
+        transport, target_host = target.stream_target()
+        return await self.transport.copy_to(host, remote_dir, transport, target_host, destination)
 
     async def setup_failed(self, run_dir: str) -> bool:
         script = f'test -e "$HOME"/{shlex.quote(run_dir)}/setup_failed\n'
