@@ -156,3 +156,32 @@ def test_an_allocation_whose_machine_does_not_answer_names_it_once():
     [state] = asyncio.run(pool.allocation_states([("lab1,lab2/0123456789ab", "")])).values()
     assert state.phase is AllocationPhase.UNKNOWN
     assert state.reason == "lab1 does not answer (connection to the machine timed out)"
+
+
+def test_a_checkpoint_sent_from_a_machine_that_fails_is_the_pools_failure_not_the_targets():
+    """send_dir from a pool: the machine that has the folder fails mid-way; the error names the pool (the
+    source the controller knows), so that the job starts without it rather than failing over."""
+    import asyncio
+
+    from corral.config import PoolEntry
+    from corral.errors import ClusterError, ClusterUnreachableError
+    from corral.infra.base import TakesFolderStreams
+    from corral.infra.sshpool.pool import SshPoolInfra
+
+    class Breaks:
+        async def run(self, host, script, timeout=None, **kw):
+            class Answer:
+                stdout = "1700000000\n" if host == "lab2" else "-\n"
+            return Answer()
+
+        async def copy_to(self, host, remote_dir, transport, target_host, destination, timeout=600):
+            raise ClusterUnreachableError(host, "lost the connection to the machine")
+
+    class Target(TakesFolderStreams):
+        def stream_target(self):
+            return None, "alpine"
+
+    pool = SshPoolInfra(PoolEntry("lab", ("lab1", "lab2"), ()), transport=Breaks())  # type: ignore[arg-type]
+    with pytest.raises(ClusterError) as failed:
+        asyncio.run(pool.send_dir(".corral/checkpoints/c-1", Target(), ".corral/checkpoints/c-1/"))
+    assert failed.value.cluster == "lab" and "lab2: lost the connection to the machine" in str(failed.value)

@@ -926,7 +926,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         if host is None:
             return False
         transport, target_host = target.stream_target()
-        return await self.transport.copy_to(host, remote_dir, transport, target_host, destination)
+        try:
+            return await self.transport.copy_to(host, remote_dir, transport, target_host, destination)
+        except ClusterError as exc:
+            if exc.cluster != host:
+                raise
+            raise ClusterError(self.pool.name, str(exc)) from None  # the pool's side failed, as the pool
 
     async def setup_failed(self, run_dir: str) -> bool:
         script = f'test -e "$HOME"/{shlex.quote(run_dir)}/setup_failed\n'
