@@ -465,8 +465,8 @@ def test_a_folder_goes_straight_from_one_login_node_to_another(testbed, corral_e
 
     transport = transport_for(testbed.cluster_config)
     base = f".corral/test-copy/{uuid.uuid4().hex[:8]}"
-    ssh_login(testbed.cluster_config, "alpine", f"mkdir -p {base}/src/sub && head -c 5M /dev/urandom > {base}/src/sub/a "
-                                                 f"&& echo step-7 > {base}/src/latest")
+    ssh_login(testbed.cluster_config, "alpine",
+              f"mkdir -p {base}/src/sub && head -c 5M /dev/urandom > {base}/src/sub/a && echo step-7 > {base}/src/latest")
     try:
         def digest(folder: str) -> str:
             return ssh_login(testbed.cluster_config, "borealis",

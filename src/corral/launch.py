@@ -168,8 +168,9 @@ class CarriedFolder(ABC):
 
     @abstractmethod
     async def carry(self, target: Infra, place: str, token: str) -> None:
-        """Send the folder to `remote` on `target` (the place named `place`), for the submission `token`. A failure of the target
-        raises (the submission fails over); one of the source is the folder's own story."""
+        """Send the folder to `remote` on `target` (the place named `place`), for the submission `token`.
+        A failure of the target raises (the submission fails over); one of the source is the folder's
+        own story."""
 
 
 @dataclass

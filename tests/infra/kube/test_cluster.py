@@ -354,3 +354,29 @@ def test_check_reviews_the_rbac_rights_and_names_what_is_missing(kube):
         "your kubeconfig's user may not create, patch, delete, deletecollection secrets in namespace default",
         "your kubeconfig's user may not get pods/log in namespace default"]
     assert snap.nodes  # the capacity all the same
+
+
+def test_a_log_the_api_server_stops_sending_midway_is_an_unreachable_cluster_not_a_crash():
+    """A real API server that goes away mid-stream cuts its chunked answer short: urllib3 raises its own
+    error, which reached the API's stream as a bug (a traceback in the server's log, and "the server
+    stopped answering" for the client). The fake API server cannot do this on demand: it ends its
+    answers cleanly, so a response that raises stands in for it."""
+    from urllib3.exceptions import ProtocolError
+
+    backend = KubeInfra(KubeEntry("kind-x", "/nonexistent"), Counter(), timeout=3)
+
+    class CutShort:
+        status = 200
+
+        def stream(self, size):
+            yield b"epoch 1\n"
+            raise ProtocolError("Response ended prematurely")
+
+        def release_conn(self):
+            pass
+
+    backend._send = lambda *args, **kw: CutShort()  # type: ignore[method-assign]
+    out: list[bytes] = []
+    with pytest.raises(ClusterUnreachableError, match="^kind-x: the API server stopped sending the log"):
+        backend._stream_log("default", "pod-0", True, out.append, kube_cluster._LogRead())
+    assert out == [b"epoch 1\n"]

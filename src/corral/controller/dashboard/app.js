@@ -470,8 +470,8 @@ function pipelineLinks(job) {
 async function drawManaged() {
   const { jobs } = await api("GET", "/managed?limit=100");
   const admin = me && me.role === "admin";
-  header($("managed"), ["ID", "Name", ...(admin ? ["User"] : []), "State", "Infra", handleTitle(jobs), "Predicted start",
-                        "Attempts", "Recoveries", "Moves", "Reason", "Actions"]);
+  header($("managed"), ["ID", "Name", ...(admin ? ["User"] : []), "State", "Infra", handleTitle(jobs),
+                        "Predicted start", "Attempts", "Recoveries", "Moves", "Reason", "Actions"]);
   $("managed").querySelector("tbody").replaceChildren(...jobs.map((job) => {
     const tr = el("tr");
     tr.dataset.job = job.job_id;

@@ -357,9 +357,13 @@ class KubeInfra(Infra, RemovesRunFiles):
             reading.opened(response)
             for chunk in response.stream(65536):
                 on_output(chunk)
-        except Exception:
+        except CorralError:
             if not reading.stop.is_set():
                 raise
+        except Exception as exc:  # urllib3's: the API server went away mid-stream (or we shut the socket)
+            if not reading.stop.is_set():
+                raise ClusterUnreachableError(self.entry.name, "the API server stopped sending the log "
+                                                               f"({' '.join(str(exc).split())[:300]})") from None
         finally:
             reading.closed()
             response.release_conn()
