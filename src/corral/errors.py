@@ -28,6 +28,13 @@ class CorralError(Exception):
     exit_code = 1
 
 
+class InternalError(CorralError):
+    """A bug in Corral, told to a client as such where an answer has already begun (a stream); the
+    traceback goes to the server's log."""
+
+    exit_code = EXIT_SOFTWARE
+
+
 class ConfigError(CorralError):
     """The cluster file or user config is missing or malformed."""
 

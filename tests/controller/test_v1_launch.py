@@ -58,3 +58,19 @@ def test_a_reader_that_fails_ends_the_stream_with_its_error_on_a_line_of_its_own
     head, _, last = body[:-1].rpartition(b"\n")
     assert head == b"epoch 1\n50%" and read_stream_error(last + b"\n") == (
         "lab2: timed out", "ClusterUnreachableError", 69)
+
+
+def test_a_reader_that_fails_by_a_bug_ends_the_stream_saying_so(capsys):
+    from corral.errors import read_stream_error
+
+    async def reader(sink) -> None:
+        sink(b"epoch 1\n")
+        raise KeyError("oops")
+
+    async def scenario() -> bytes:
+        return b"".join([chunk async for chunk in stream_output(reader).body_iterator])
+
+    body = asyncio.run(scenario())
+    assert body.startswith(b"epoch 1\n")
+    assert read_stream_error(body[len(b"epoch 1\n"):]) == ("internal error: KeyError: 'oops'", "InternalError", 70)
+    assert "KeyError: 'oops'" in capsys.readouterr().err  # the traceback, in the server's log

@@ -26,7 +26,7 @@ from corral.client import Client
 from corral.controller.auth import Me, Principal, owner_of_all
 from corral.controller.background import run_on
 from corral.controller.refusals import STREAM_REFUSALS, RequestBody
-from corral.errors import CorralError, TaskError, stream_error_line
+from corral.errors import CorralError, InternalError, TaskError, stream_error_line
 from corral.infra.base import JobState
 from corral.launch import (
     Launcher,
@@ -287,8 +287,8 @@ def event_stream(work: Callable[[Put], Awaitable[dict[str, Any]]],
             put({"event": "error", "message": str(exc), "kind": type(exc).__name__, "exit_code": exc.exit_code})
         except Exception as exc:  # noqa: BLE001 - reported to the client as a bug, logged in full here
             traceback.print_exception(exc)
-            put({"event": "error", "message": f"internal error: {type(exc).__name__}: {exc}", "kind": "InternalError",
-                 "exit_code": 70})
+            put({"event": "error", "message": f"internal error: {type(exc).__name__}: {exc}",
+                 "kind": InternalError.__name__, "exit_code": InternalError.exit_code})
         finally:
             put(None)
 
@@ -464,6 +464,10 @@ def stream_output(source: Callable[[Callable[[bytes], None]], Awaitable[None]]) 
             await source(put)
         except CorralError as exc:  # said as the stream's last line, on a line of its own
             chunks.put_nowait((b"" if line_ended else b"\n") + stream_error_line(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug: said to the client as one, logged in full here
+            traceback.print_exception(exc)
+            error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            chunks.put_nowait((b"" if line_ended else b"\n") + stream_error_line(error))
         finally:
             chunks.put_nowait(None)
 
