@@ -207,7 +207,9 @@ def states_script(tokens: list[str]) -> str:
 def release_script(tokens: list[str]) -> str:
     """Leave each holder's cancel marker, end its process group, the execs still running in it and its
     ssh sessions (runner.END_PROCS: TERM, KILL 10 s later to what is left, in the background: the GPUs
-    the holder frees must not stay in use), and remove its run dir."""
+    the holder frees must not stay in use), and remove its run dir: now, and once more when they have
+    ended, since an exec's trap may write its `ended` there while the first removal runs (and so
+    leave the folder behind)."""
     body = " ".join(check_token(t) for t in tokens)
     return (ALIVE + EXEC_GROUPS + SESSION_PROCS + END_PROCS + f"for t in {body}; do\n"
             + f'  d="$HOME/{RUNS_DIR}/$t"; [ -d "$d" ] || continue\n'
@@ -215,6 +217,6 @@ def release_script(tokens: list[str]) -> str:
             + '  groups=(); alive "$pid" "$since" && groups=("-$pid")\n'
             + '  for g in $(exec_groups "$d"); do groups+=("-$g"); done\n'
             + '  sessions=$(session_procs "$d")\n'
-            + '  ( end_procs 10 "$sessions" "${groups[@]}" ) </dev/null >/dev/null 2>&1 &\n'
-            + '  rm -rf "$d"\n'
+            + '  ( end_procs 10 "$sessions" "${groups[@]}"; rm -rf "$d" ) </dev/null >/dev/null 2>&1 &\n'
+            + '  rm -rf "$d" 2>/dev/null\n'
             + "done\nexit 0\n")
