@@ -56,6 +56,7 @@ from corral.profiles import with_prefix
 from corral.state import Store
 from corral.state.store import JobView
 from corral.state.models import AllocationRow, AttemptRow, JobRow
+from corral.views import handle_fields
 from corral.state.sealed import seal
 from corral.task import (
     ResourceOption,
@@ -108,8 +109,7 @@ class AllocationStatus:
         r = self.row
         return {
             "name": r.name, "owner": r.owner, "cluster": r.cluster, "partition": r.partition, "state": self.state,
-            "reason": self.reason, "handle": r.handle, "slurm_job_id": r.handle,
-            "num_nodes": r.num_nodes, "gres": r.accelerator,
+            "reason": self.reason, **handle_fields(r.handle), "num_nodes": r.num_nodes, "gres": r.accelerator,
             "accelerators": accelerators_of(r.accelerator),
             "nodes": self.nodes, "age_seconds": round(now - r.created_at),
             "idle_seconds": round(now - self.last_active) if self.last_active else None,

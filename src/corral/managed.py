@@ -18,7 +18,7 @@ from corral.jobgroup import auxiliary_delays
 from corral.launch import check_num_jobs
 from corral.state import Store
 from corral.state.models import MANAGED_TERMINAL_STATES, AttemptRow, JobRow, ManagedJobRow, ManagedState
-from corral.views import place_name
+from corral.views import handle_fields, place_name
 from corral.state.sealed import seal
 from corral.task import MAX_NAME_LENGTH, Task, check_line, job_environment, redacted_json, resolved_secrets
 
@@ -56,8 +56,7 @@ class ManagedView:
             "reason": self.managed.reason, "cluster": latest.cluster if latest else None,
             "partition": latest.partition if latest else None,
             "infra": place_name(latest.cluster, latest.partition, kinds) if latest else None,
-            "handle": latest.handle if latest else None, "slurm_job_id": latest.handle if latest else None,
-            "attempts": len(self.attempts),
+            **handle_fields(latest.handle if latest else None), "attempts": len(self.attempts),
             "attempt_state": latest.state if latest else None, "restarts_on_errors": self.managed.restarts_on_errors,
             "recoveries": self.managed.recoveries, "moves": self.managed.moves, "job_rank": self.job.job_rank,
             "created_at": self.job.created_at, "ended_at": self.ended_at, "run_seconds": self.run_seconds(time.time()),

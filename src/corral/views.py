@@ -51,11 +51,17 @@ def plan_json(plan: Plan) -> list[dict[str, object]]:
     return rows
 
 
+def handle_fields(handle: str | None) -> dict[str, str | None]:
+    """An answer's handle (where a job, attempt or allocation runs: a Slurm id, a pool's lab1/<token>, a
+    Kubernetes Job's name) as `handle`, and as `slurm_job_id`, its older name, for scripts written before."""
+    return {"handle": handle, "slurm_job_id": handle}
+
+
 def submitted_json(s: Submitted) -> dict[str, object]:
     """One share of a launch (one job, or one array of a sweep's jobs) and what was skipped first."""
     return {"job_id": s.job_ids[0], "job_ids": s.job_ids, "cluster": s.cluster, "partition": s.partition,
-            "infra": s.infra or infra_name("slurm", s.cluster, s.partition), "handle": s.handle,
-            "slurm_job_id": s.handle, "skipped": [{"infra": i, "reason": r} for i, r in s.tries],
+            "infra": s.infra or infra_name("slurm", s.cluster, s.partition), **handle_fields(s.handle),
+            "skipped": [{"infra": i, "reason": r} for i, r in s.tries],
             "handles": s.handles, "log_path": s.log_path}
 
 
@@ -90,7 +96,7 @@ def job_json(view: JobView, kinds: Mapping[str, str] | None = None) -> dict[str,
     return {
         "job_id": view.job.id, "name": view.job.name, "owner": view.job.owner, "cluster": a.cluster, "partition": a.partition,
         "infra": place_name(a.cluster, a.partition, kinds) if a.cluster else None,
-        "handle": a.handle, "slurm_job_id": a.handle, "state": a.state, "reason": a.reason, "attempt": a.number,
+        **handle_fields(a.handle), "state": a.state, "reason": a.reason, "attempt": a.number,
         "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
         "expected_start": a.expected_start if a.state == JobState.PENDING else None,
         "exit_code": a.exit_code, "job_rank": view.job.job_rank, "sweep_id": view.job.sweep_id,

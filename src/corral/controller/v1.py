@@ -37,7 +37,7 @@ from corral.profiles import named_paths, profile_warnings
 from corral.state import Store
 from corral.state.store import JobFilter, JobNotFoundError, JobView
 from corral.tracker import RefreshReport, SharedRefresh, Tracker, left_out
-from corral.views import job_json, place_kinds, place_name, sweeps_named_by_first_job
+from corral.views import handle_fields, job_json, place_kinds, place_name, sweeps_named_by_first_job
 
 Timeout = Annotated[float | None, Query(ge=1, le=3600, description="Most seconds to wait for each cluster")]
 InAllocation = Annotated[str | None, Query(min_length=1, max_length=200, description=(
@@ -331,7 +331,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         events = [{"at": e.at, "state": e.state, "reason": e.reason} for e in store.events(view.job.id)]
         attempts = [{"number": a.number, "cluster": a.cluster, "partition": a.partition,
                      "infra": place_name(a.cluster, a.partition, kinds),
-                     "handle": a.handle, "slurm_job_id": a.handle, "state": a.state, "reason": a.reason,
+                     **handle_fields(a.handle), "state": a.state, "reason": a.reason,
                      "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
                      "exit_code": a.exit_code, "failure": a.failure} for a in view.attempts]
         members = store.pipeline_members(view.managed.pipeline_id) if view.managed.pipeline_id else []

@@ -42,7 +42,7 @@ from corral.state import Store
 from corral.state.models import AllocationRow
 from corral.task import Task
 from corral.task_compat import autostop_minutes
-from corral.views import place_kinds, place_name
+from corral.views import handle_fields, place_kinds, place_name
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -157,8 +157,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None] = lambd
                 if not new and request.idle_minutes is not None:  # `sky launch -c NAME -i M` on a live one
                     await allocations.set_idle_limit(row, request.idle_minutes)
             answer: dict[str, Any] = {"name": name, "cluster": row.cluster, "partition": row.partition,
-                                      "infra": where_held(row), "handle": row.handle, "slurm_job_id": row.handle,
-                                      "new": new}
+                                      "infra": where_held(row), **handle_fields(row.handle), "new": new}
             setup_again = request.setup and not new and bool(task.setup)  # a new one's holder runs it
             runs = request.run and bool(task.run or setup_again)
             if not (request.wait or runs):
