@@ -90,3 +90,19 @@ def test_a_remote_server_is_reached_through_the_users_proxy_and_the_local_one_ne
         assert remote.health()["pid"] == pid and seen == ["/".join([point.url, "v1", "health"])]
     finally:
         proxy.shutdown()
+
+
+def test_a_quiet_job_and_a_quiet_exec_are_followed_past_the_clients_timeout(corral_env, clean_queues):
+    """The client's timeout bounds connecting and an answer's headers, not a job's silence: before, a
+    followed job or an exec's command that printed nothing for 120 s ended the CLI with "the server
+    stopped answering" (exit 69), and an exec with it."""
+    Client().check(["alpine"])  # the server starts (and the cluster's connection opens) within the usual timeout
+    client = Client(timeout=2)
+    job = client.launch(command="echo before; sleep 5; echo after", infra="slurm/alpine").job_id
+    assert b"".join(client.logs(job, follow=True)) == b"before\nafter\n"
+
+    client.dev_launch("quiet", command=None, infra="slurm/alpine")
+    output: list[bytes] = []
+    _, status = client.dev_exec("quiet", command="echo before; sleep 5; echo after", on_output=output.append)
+    assert (b"".join(output), status) == (b"before\nafter\n", 0)
+    assert client.dev_down("quiet")

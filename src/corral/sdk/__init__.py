@@ -40,6 +40,7 @@ from corral.errors import (
     read_stream_error,
 )
 from corral.sdk import endpoint as _endpoint
+from corral.sdk import transport as _transport
 from corral.sdk.types import (
     CancelOutcome,
     ClusterCheck,
@@ -524,7 +525,7 @@ class Client:
 
     def _events(self, path: str, body: Any, on_event: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         """POST, then read the server's event stream to its `done` (returned) or `error` (raised)."""
-        with self._request("POST", path, None, body) as response:
+        with self._request("POST", path, None, body, streamed=True) as response:
             for line in _lines(response, path):
                 event = json.loads(line)
                 kind = event.get("event")
@@ -539,7 +540,8 @@ class Client:
 
     # ---- transport ------------------------------------------------------------------------------
     def _request(self, method: str, path: str, query: dict[str, Any] | None, body: Any,
-                 headers: dict[str, str] | None = None) -> Any:
+                 headers: dict[str, str] | None = None, *, streamed: bool = False) -> Any:
+        """`streamed`: the answer's body is read for as long as it lasts (transport.opener)."""
         params = []
         for key, value in (query or {}).items():
             if value is None or value is False:
@@ -554,7 +556,7 @@ class Client:
             sent["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, method=method, headers=sent)
         try:
-            return _opener(point).open(request, timeout=self.timeout)
+            return _transport.opener(point, streamed=streamed).open(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             raise _api_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
@@ -573,7 +575,7 @@ class Client:
             raise ApiError(f"the server's answer to {path} is not JSON", 502) from None
 
     def _stream(self, method: str, path: str, query: dict[str, Any], lines: bool = False) -> Iterator[Any]:
-        with self._request(method, path, query, None) as response:
+        with self._request(method, path, query, None, streamed=True) as response:
             if lines:
                 yield from _lines(response, path)
                 return
@@ -603,30 +605,6 @@ def _task_text(task: TaskLike) -> tuple[str, str] | None:
 
     data = task.model_dump(exclude_none=True) if hasattr(task, "model_dump") else task
     return json.dumps(data), "task"  # JSON is YAML
-
-
-def _opener(point: _endpoint.Endpoint) -> urllib.request.OpenerDirector:
-    """How requests reach the server. A remote one through the proxy the environment names (HTTPS_PROXY,
-    NO_PROXY, …), as other HTTP clients do; this machine's own server never: a proxy cannot reach the
-    user's loopback, and urllib would send even 127.0.0.1 to it unless NO_PROXY says otherwise."""
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})] if point.local else []
-    context = _tls_context(point)
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    return urllib.request.build_opener(*handlers)
-
-
-def _tls_context(point: _endpoint.Endpoint) -> Any:
-    """For this machine's team server over HTTPS: trust exactly the certificate it serves (its address
-    here is loopback, which the certificate does not name). Otherwise the system's trust store
-    (SSL_CERT_FILE for a private CA)."""
-    if not point.cafile:
-        return None
-    import ssl
-
-    context = ssl.create_default_context(cafile=point.cafile)
-    context.check_hostname = False  # pinned to the one certificate instead
-    return context
 
 
 def _lines(response: Any, path: str) -> Iterator[bytes]:

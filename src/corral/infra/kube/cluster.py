@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from corral import pacing
+from corral import keepalive, pacing
 from corral.config import KubeEntry
 from corral.errors import ClusterError, ClusterUnreachableError, ConfigError, CorralError
 from corral.infra.base import (
@@ -90,7 +90,8 @@ class KubeInfra(Infra, RemovesRunFiles):
                     raise ConfigError(f"kubernetes: no context {self.entry.name!r} in the kubeconfig "
                                       f"({path or '$KUBECONFIG or ~/.kube/config'}); its contexts: {known}")
                 self._namespace = self._namespace or (found.get("context") or {}).get("namespace") or "default"
-                self._api = config.new_client_from_config(config_file=path, context=self.entry.name)
+                self._api = config.new_client_from_config(config_file=path, context=self.entry.name,
+                                                          client_configuration=_keepalive_configuration())
             except CorralError:
                 raise
             except Exception as exc:  # the client's own errors: a missing or malformed kubeconfig
@@ -367,6 +368,19 @@ class KubeInfra(Infra, RemovesRunFiles):
         finally:
             reading.closed()
             response.release_conn()
+
+
+def _keepalive_configuration() -> Any:
+    """A client configuration whose connections have TCP keepalives (on top of urllib3's own socket
+    options, which a list given replaces): a followed log or a watch, read without a time limit, then
+    finds an API server that vanished."""
+    import urllib3
+    from kubernetes.client import Configuration
+
+    configuration = Configuration()
+    configuration.socket_options = [*urllib3.connection.HTTPConnection.default_socket_options,
+                                    *keepalive.socket_options()]
+    return configuration
 
 
 class _LogRead:
