@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("freeze-login", "cluster"), ("thaw-login", "cluster"),
                        ("kill-node", "node"), ("start-node", "node"), ("freeze-node", "node"),
                        ("thaw-node", "node"), ("drain", "node"),
-                       ("resume", "node"), ("stop-machine", "machine"), ("start-machine", "machine")]:
+                       ("resume", "node"), ("stop-machine", "machine"), ("start-machine", "machine"),
+                       ("unplug-machine", "machine"), ("plug-machine", "machine")]:
         sub.add_parser(name).add_argument(what)
     light = sub.add_parser("light-squeue", help="give a login node a squeue with --only-job-state (off: plain)")
     light.add_argument("cluster")
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             if bed.machines.root.exists():
                 report["machines"] = bed.machines.status()
             print(json.dumps(report, indent=2))
-        elif args.command in ("stop-machine", "start-machine"):
+        elif args.command in ("stop-machine", "start-machine", "unplug-machine", "plug-machine"):
             getattr(bed.machines, args.command.replace("-", "_"))(args.machine)
         elif args.command == "sinfo":
             print(sinfo_summary(bed))

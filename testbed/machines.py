@@ -231,6 +231,16 @@ class Machines:
                 pass
         run(["ip", "link", "set", machine.host_link, "down"], check=False)
 
+    def unplug_machine(self, name: str) -> None:
+        """The machine is cut off (its link down, as a network partition) and runs on: its sshd and its
+        tasks go on, unreachable, until it is plugged in again."""
+        run(["ip", "link", "set", self.spec(name).host_link, "down"])
+
+    def plug_machine(self, name: str) -> None:
+        run(["ip", "link", "set", self.spec(name).host_link, "up"])
+        machine = self.spec(name)
+        wait_until(f"{name}'s sshd on {machine.address}", lambda: port_open(22, machine.address), 30)
+
     # ---- internals ----------------------------------------------------------------------------------
     def _ensure_bridge(self) -> None:
         if run(["ip", "link", "show", BRIDGE], check=False).returncode != 0:

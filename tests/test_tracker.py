@@ -4,13 +4,14 @@ last seen, for a bounded time, instead of every `queue` waiting for its slot."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 
 from corral import budget, tracker
 from corral.state import Store
 from corral.tracker import Tracker
-from corral.infra.base import JobState
+from corral.infra.base import FailureClass, JobState
 from tests.fakes import FakeInfra, status
 from tests.test_seam import fakes, launch
 
@@ -204,3 +205,32 @@ def test_a_cluster_that_failed_when_last_asked_is_failing_while_asked_again_not_
         assert re.search(r"\(asked again: no answer in [\d.]+ s yet\)$", again.errors["cirrus"])
 
     asyncio.run(scenario())
+
+
+class DeclaringInfra(FakeInfra):
+    """Corral is its scheduler, as for an SSH pool: what it declares failed must not run on."""
+
+    ends_what_it_declared_failed = True
+
+
+def test_a_task_declared_failed_found_running_again_is_ended_where_corral_schedules_alone(tmp_path):
+    """A pool's machine cut off: its task is declared failed (MACHINE_DOWN), runs on there, and is
+    found running once the machine answers again, with no live job left to query the pool for. On
+    Slurm such a job (one Slurm requeued) is Slurm's business."""
+    for kind, ended in ((DeclaringInfra, True), (FakeInfra, False)):
+        store = Store(f"sqlite:///{tmp_path / f'{kind.__name__}.db'}")
+        client = fakes(kind=kind)
+        [share] = launch(client, store, {"resources": {"accelerators": "B300:8"}, "run": "sleep 600"})
+        cirrus = client.infras["cirrus"]
+        cirrus.jobs[share.handle] = dataclasses.replace(cirrus.jobs[share.handle], state=JobState.RUNNING,
+                                                        started_at=1000.0)
+        asyncio.run(Tracker(client, store).refresh())
+        cirrus.finish(share.handle, JobState.FAILED, FailureClass.INFRA, native="MACHINE_DOWN", ended_at=time.time())
+        asyncio.run(Tracker(client, store).refresh())
+        [attempt] = store.attempts_of([share.job_ids[0]])[share.job_ids[0]]
+        assert (attempt.state, attempt.failure, attempt.started_at) == ("FAILED", "infra", 1000.0)  # its start kept
+        cirrus.jobs[share.handle] = status(share.handle, attempt.token, JobState.RUNNING)  # it answers again
+        report = asyncio.run(Tracker(client, store).refresh())
+        assert (report.reaped.get("cirrus") == [share.handle], cirrus.cancelled == [share.handle]) == (ended, ended)
+        [attempt] = store.attempts_of([share.job_ids[0]])[share.job_ids[0]]
+        assert attempt.state == "FAILED" and ("running on its own: cancelled it there" in attempt.reason) == ended

@@ -184,6 +184,12 @@ class Tracker:
                 by_cluster.setdefault(attempt.cluster, [])
                 watched.add(attempt.cluster)
         known = set(self.client.registry.names())
+        # Places that end what they declared failed (a pool's machine that stopped answering): watched as
+        # well, for such a task found running once its machine answers again.
+        declaring = [c for c in known if self.client.infra(c).ends_what_it_declared_failed]
+        for cluster in self.store.clusters_with_infra_failures(declaring, since=time.time() - ORPHAN_WATCH_SECONDS):
+            by_cluster.setdefault(cluster, [])
+            watched.add(cluster)
         if scope is not None:  # clusters no longer configured are reported by the chores' holder
             by_cluster = {c: a for c, a in by_cluster.items()
                           if c in scope.clusters or (scope.chores and c not in known)}
@@ -288,15 +294,19 @@ class Tracker:
                        "cluster (launch it again)") for job in stranded])
 
     async def _reap(self, cluster: str, attempts: list[AttemptRow], by_token: dict[str, JobStatus]) -> list[str]:
-        """Cancel live Slurm jobs whose attempt Corral holds as ended; returns their Slurm ids."""
+        """Cancel live jobs whose attempt Corral holds as ended by its own decision: a submission that
+        failed or a cancel (or, where the infra ends what it declared failed, a failure it declared);
+        returns their handles."""
         live = {token: s for token, s in by_token.items() if s.state in LIVE_STATES}
         for attempt in attempts:
             live.pop(attempt.token, None)
         if not live:
             return []
         # Only what Corral decided must not run; a FAILED job that Slurm requeued is Slurm's business.
+        declared = self.client.infra(cluster).ends_what_it_declared_failed
         orphans = [a for a in self.store.attempts_by_token(list(live))
-                   if a.state in (JobState.SUBMIT_FAILED, JobState.CANCELLED)]
+                   if a.state in (JobState.SUBMIT_FAILED, JobState.CANCELLED)
+                   or (declared and a.state == JobState.FAILED and a.failure == FailureClass.INFRA)]
         if not orphans:
             return []  # in flight from another process, or not this store's job
         ids = [live[a.token].handle for a in orphans]
@@ -471,7 +481,8 @@ def _updates(attempts: list[AttemptRow], statuses: list[JobStatus], by_name: dic
             "state": status.state.value,
             "reason": status.reason if status.state is not JobState.SUCCEEDED else None,
             "submitted_at": status.submitted_at or attempt.submitted_at,
-            "started_at": status.started_at,
+            # An end the infra declared without seeing the job (a machine that stopped answering) keeps its start.
+            "started_at": status.started_at or (attempt.started_at if status.state in TERMINAL_STATES else None),
             "expected_start": status.expected_start,
             "ended_at": status.ended_at,
             "exit_code": status.exit_code,

@@ -97,6 +97,42 @@ def test_a_machine_that_goes_away_fails_its_task_and_a_managed_job_recovers(corr
         corral("jobs", "cancel", job_id, env=env)
 
 
+def test_a_task_declared_failed_on_a_machine_cut_off_is_ended_there_once_it_answers_again(corral, pool_env, machines):
+    """A partition, not a crash: the machine runs on. Before, its rank ran on for good once it answered
+    again, holding its claim (a 2-node task's, found as a task that ended on its other rank; a 1-node
+    task's, found running under a failed attempt), as slurmd ends a job it no longer knows."""
+    env = {**pool_env, "CORRAL_CONTROLLER_INTERVAL": "1"}
+    (Path(env["CORRAL_HOME"]) / "config.yaml").write_text(json.dumps(
+        {"pools": {"pair": {"hosts": ["lab1", "lab2"]}, "solo": {"hosts": ["lab3"]}}}))
+    pair = corral("launch", "-d", "--json", "--infra", "ssh/pair", "--num-nodes", "2", "--", "sleep 6001", env=env)
+    solo = corral("launch", "-d", "--json", "--infra", "ssh/solo", "--", "sleep 6002", env=env)
+    assert pair.exit_code == 0 and solo.exit_code == 0, pair.stderr + solo.stderr
+    ids = {pair.json()["job_id"]: "sleep 6001", solo.json()["job_id"]: "sleep 6002"}
+
+    def states() -> dict[str, tuple[str, str]]:
+        return {j["job_id"]: (j["state"], j["reason"] or "") for j in corral("queue", "--json", env=env).json()
+                if j["job_id"] in ids}
+
+    def running(command: str) -> bool:
+        return subprocess.run(["pgrep", "-u", "corral-test", "-fx", command], capture_output=True).returncode == 0
+
+    wait_for("both tasks to run", lambda: {s for s, _ in states().values()} == {"RUNNING"}
+             and all(running(c) for c in ids.values()), 60)
+    machines.unplug_machine("lab2")
+    machines.unplug_machine("lab3")
+    try:
+        failed = wait_for("both to be declared failed", lambda: (now := states()) and all(
+            state == "FAILED" and "MACHINE_DOWN" in reason for state, reason in now.values()) and now, 150)
+        assert "lab2 has not answered" in failed[pair.json()["job_id"]][1], failed
+        assert running("sleep 6001") and running("sleep 6002")  # cut off, not crashed: they ran on
+    finally:
+        machines.plug_machine("lab2")
+        machines.plug_machine("lab3")
+    wait_for("the tasks to be ended on the machines that answer again",
+             lambda: not running("sleep 6001") and not running("sleep 6002"), 60)
+    assert {s for s, _ in states().values()} == {"FAILED"}
+
+
 def test_a_multi_node_task_spans_machines_whose_ranks_reach_each_other(corral, pool_env):
     run = ('head=$(echo $CORRAL_NODE_IPS | cut -d" " -f1)\n'
            'echo "rank=$CORRAL_NODE_RANK host=$(hostname) n=$CORRAL_NUM_NODES ips=$(echo $CORRAL_NODE_IPS | tr " " ,) '

@@ -247,6 +247,10 @@ class Infra(ABC):
     # What a probe and a status query spend of the place's budget of commands a minute (budget.py).
     probe_commands: ClassVar[int] = 1
     status_commands: ClassVar[int] = 1
+    # Corral is the place's scheduler (an SSH pool): a task it declared failed because a machine stopped
+    # answering may still run there, cut off; found running once the machine answers again, it is ended
+    # (tracker.py), as slurmd ends a job it no longer knows once its node is back.
+    ends_what_it_declared_failed: ClassVar[bool] = False
 
     @property
     @abstractmethod

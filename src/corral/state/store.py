@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from corral.config import private_file, private_home
 from corral.errors import ConfigError, NotFoundError, UnavailableError
-from corral.infra.base import TERMINAL_JOB_STATES, EndedRun, JobState
+from corral.infra.base import TERMINAL_JOB_STATES, EndedRun, FailureClass, JobState
 from corral.state import migrations
 from corral.state.plain import columns_of, plain_rows
 from corral.state.models import (
@@ -713,6 +713,16 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(AttemptRow).where(AttemptRow.state == JobState.SUBMIT_FAILED,
                                                            AttemptRow.ended_at >= since)))
+
+    def clusters_with_infra_failures(self, among: Iterable[str], since: float) -> set[str]:
+        """Those of `among` where an attempt ended since `since` as the infrastructure's failure."""
+        among = list(among)
+        if not among:
+            return set()
+        with self.session() as s:
+            return set(s.scalars(select(AttemptRow.cluster).distinct().where(
+                AttemptRow.cluster.in_(among), AttemptRow.state == JobState.FAILED,
+                AttemptRow.failure == FailureClass.INFRA.value, AttemptRow.ended_at >= since)))
 
     def live_managed_tasks(self) -> list[str]:
         """The distinct task JSON of managed jobs not yet ended (a sweep's jobs share theirs)."""

@@ -3,10 +3,17 @@ ranks' output read together."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import Counter
+
 import pytest
 
 from corral.infra.base import JobState
-from corral.infra.sshpool.pool import NOT_FOUND, _whole_tasks
+from corral.config import PoolEntry
+from corral.errors import ClusterUnreachableError
+from corral.infra.sshpool.pool import NOT_FOUND, SILENT_WAIT_SECONDS, SshPoolInfra, _stray_ranks, _whole_tasks
+from corral.ssh import RemoteResult
 from tests.fakes import status
 
 
@@ -185,3 +192,58 @@ def test_a_checkpoint_sent_from_a_machine_that_fails_is_the_pools_failure_not_th
     with pytest.raises(ClusterError) as failed:
         asyncio.run(pool.send_dir(".corral/checkpoints/c-1", Target(), ".corral/checkpoints/c-1/"))
     assert failed.value.cluster == "lab" and "lab2: lost the connection to the machine" in str(failed.value)
+
+
+def test_a_task_ended_on_one_rank_has_its_ranks_still_running_ended_asked_for_or_found():
+    """Found among runs no handle names too: the rank of a task declared failed (MACHINE_DOWN) on a machine
+    cut off, once it answers again, its other rank cancelled meanwhile."""
+    unnamed, nodes = ranks_of("tok5", {0: "lab1", 1: "lab2"}, 2)
+    unnamed[("lab1", "tok5.0")] = status("lab1/tok5.0", "tok5.0", JobState.CANCELLED)
+    [task] = _whole_tasks(unnamed, nodes)
+    assert task.state is JobState.CANCELLED and _stray_ranks(task, unnamed) == [("lab2", "tok5.1")]
+    running, nodes = ranks_of("tok6", {0: "lab1", 1: "lab2"}, 2)
+    [task] = _whole_tasks(running, nodes)
+    assert _stray_ranks(task, running) == []
+
+
+class _Transport:
+    """Stands in for SshTransport's `run`: each machine's status script answers at once, but for a
+    machine whose `hold` is set: it waits for it, then fails as unreachable."""
+
+    def __init__(self) -> None:
+        self.asked: Counter[str] = Counter()
+        self.hold: dict[str, asyncio.Event] = {}
+
+    async def run(self, host: str, script: str, timeout: float | None = None) -> RemoteResult:
+        self.asked[host] += 1
+        if host in self.hold:
+            await self.hold[host].wait()
+            raise ClusterUnreachableError(host, "connection to the machine timed out")
+        return RemoteResult(host, 0, "@@corral clock 1\n", "", 0.0)
+
+
+def test_a_machine_silent_since_an_earlier_pass_is_not_waited_for_nor_asked_twice_at_once(corral_home):
+    """A dead machine's connect timeout held up the pool's whole status answer, and a pool whose query
+    is overdue is left out of placement: a managed job could not be recovered onto the other machines."""
+    pool = SshPoolInfra(PoolEntry("lab", ("lab1", "lab2")), _Transport())  # type: ignore[arg-type]
+    transport = pool.transport
+
+    async def scenario() -> None:
+        transport.hold["lab2"] = asyncio.Event()
+        transport.hold["lab2"].set()  # the first pass: lab2 fails at once
+        await pool.status([], others=True)
+        transport.hold["lab2"] = asyncio.Event()  # from now on, lab2 hangs until released
+        for _ in range(3):
+            started = time.monotonic()
+            await pool.status([], others=True)
+            assert time.monotonic() - started < 5 * SILENT_WAIT_SECONDS
+        assert transport.asked == {"lab1": 4, "lab2": 2}  # one query to lab2 still out, not three
+        fresh = SshPoolInfra(PoolEntry("lab", ("lab1", "lab2")), transport)  # type: ignore[arg-type]
+        await fresh.status([], others=True)  # another request's view: the same silence, the same query
+        assert transport.asked["lab2"] == 2
+        transport.hold.pop("lab2").set()
+        await asyncio.sleep(0)
+        await pool.status([], others=True)
+        assert transport.asked["lab2"] == 3 and "lab2" not in pool._silent_since  # it answers again
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))  # before: the second pass waited for lab2 for ever

@@ -36,12 +36,12 @@ import shlex
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, TypeGuard
 
-from corral.config import PoolEntry
-from corral.errors import ClusterError, ClusterUnreachableError, CorralError, ProbeParseError
+from corral.config import PoolEntry, corral_home
+from corral.errors import ClusterError, ClusterUnreachableError, CorralError, ProbeParseError, asked_again
 from corral.gpu_names import normalize_gpu_name
 from corral.infra.base import (
     EXIT_NOT_READY,
@@ -102,6 +102,27 @@ MACHINE_GRACE_SECONDS = 30.0
 MOVE_CHECK_SECONDS = 10.0  # while tasks wait, how often a status pass looks for a machine to move them to
 SPOOL_IN_MEMORY = 1 << 20  # bytes of a rank's output a log snapshot keeps in memory before it spools to disk
 _RUN_DIR = re.compile(r"^\.corral/runs/([0-9a-f]{12}(?:\.[0-9]+)?)/")
+SILENT_WAIT_SECONDS = 0.5  # how long a status pass waits for a machine silent since an earlier one
+
+
+@dataclass
+class _Machines:
+    """What the server process knows of one pool's machines across every SshPoolInfra it builds (one per
+    request's Client, and the controller's). Held per instance, a machine's silence restarted with each
+    request, so that a machine cut off while `corral queue` was asked every few seconds was not declared
+    down for minutes."""
+
+    silent_since: dict[str, float] = field(default_factory=dict)  # machine -> when it first did not answer
+    failures: dict[str, str] = field(default_factory=dict)  # a silent machine -> its last failure
+    # A silent machine's status query, which later passes wait for SILENT_WAIT_SECONDS only: its connect
+    # timeout would hold up the pool's whole answer, and a pool whose status query is overdue is left out
+    # of placement (tracker.left_out), so that one dead machine kept every task off all the others, a
+    # managed job's recovery from it included. One at a time per machine.
+    queries: dict[str, asyncio.Future[RemoteResult]] = field(default_factory=dict)
+    moving: set[str] = field(default_factory=set)  # tokens this process is moving between machines now
+
+
+_MACHINES: dict[tuple[str, str], _Machines] = {}  # by (Corral home, pool)
 
 
 @dataclass(frozen=True)
@@ -124,6 +145,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                    RemovesRunFiles, PrunesWorkdirCaches, HostsJobGroups):
     kind: ClassVar[str] = "ssh"
     execs_on_fewer_nodes: ClassVar[bool] = False  # each machine's variables (vars.sh) name them all
+    ends_what_it_declared_failed: ClassVar[bool] = True  # MACHINE_DOWN
 
     def __init__(self, pool: PoolEntry, transport: SshTransport):
         self.pool = pool
@@ -131,14 +153,15 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         self._configured = {host: configured_gpus(spec) for host, spec in pool.gpus}
         self._inventories: dict[str, Inventory] = {}
         self._pending: dict[str, list[_Upload]] = {}  # token -> uploads for its machine
-        self._silent_since: dict[str, float] = {}
+        self._machines = _MACHINES.setdefault((str(corral_home()), pool.name), _Machines())
+        self._silent_since = self._machines.silent_since
         self._existing: dict[str, bool] = {}  # token -> its rank 0 was already running (a retried submit)
         self._machine_submissions: dict[str, MachineSubmissions] = {}
         # What was started on (or queued at) each machine since its last probe, so that the tasks of a
         # sweep spread as they are submitted, before the next probe sees them.
         self._booked: dict[str, list[Wants]] = {}
         self._booked_queued: dict[str, int] = {}
-        self._moving: set[str] = set()  # tokens this process is moving between machines now
+        self._moving = self._machines.moving
         self._last_move_check = -MOVE_CHECK_SECONDS
 
     @property
@@ -410,8 +433,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         if others:  # every machine, for what it runs that no handle names (a submission's lost answer)
             for host in self.pool.hosts:
                 by_host.setdefault(host, [])
-        answers = await asyncio.gather(*(self.transport.run(h, runner.status_script(t, others),
-                                                            timeout=JOB_TIMEOUT)
+        answers = await asyncio.gather(*(self._status_answer(h, runner.status_script(t, others))
                                          for h, t in by_host.items()), return_exceptions=True)
         found: dict[tuple[str, str], JobStatus] = {}
         nodes: dict[str, tuple[str, int]] = {}  # `others`: a rank token no handle names -> (its machine, ranks)
@@ -449,15 +471,17 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                 continue  # a rank the machine does not know (yet): the task as a whole is not known
             combined = _combined(handle, _hosts_and_token(handle)[1], parts)
             out.append(combined)
-            if len(parts) > 1 and combined.state in (JobState.FAILED, JobState.CANCELLED):
-                stray += [f"{p.handle.split('/')[0]}/{p.token}" for p in parts if p.state is JobState.RUNNING]
+            stray += _stray_ranks(combined, found)
         if others:
             asked = {rank for _, ranks in tasks for rank in ranks}
             unnamed = {key: status for key, status in found.items() if key not in asked}
             out += [status for (_, token), status in unnamed.items() if "." not in token]
-            out += _whole_tasks(unnamed, nodes)
+            for combined in _whole_tasks(unnamed, nodes):
+                out.append(combined)
+                # e.g. the rank of a task declared failed (MACHINE_DOWN) on a machine that answers again
+                stray += _stray_ranks(combined, unnamed)
         if stray:  # a multi-node task that failed on one node ends on every node
-            await self._cancel_ranks([(h.split("/")[0], h.split("/")[1]) for h in stray])
+            await self._cancel_ranks(stray)
         return out
 
     async def cancel(self, handles: list[str], run_dirs: list[str]) -> None:
@@ -653,6 +677,33 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             found[(host, token)] = JobStatus(f"{host}/{token}", token, state, "MOVING",
                                              f"Resources (moving from {host} to {machine})", None, None, None, None)
 
+    async def _status_answer(self, host: str, script: str) -> RemoteResult:
+        """The machine's answer to a status script. A machine silent since an earlier pass is asked again,
+        but waited for SILENT_WAIT_SECONDS only (_Machines.queries); meanwhile it raises the machine's
+        last failure, and no second query goes out while one is still on its way."""
+        if host not in self._silent_since:
+            return await self.transport.run(host, script, timeout=JOB_TIMEOUT)
+        loop = asyncio.get_running_loop()
+        earlier = self._machines.queries.get(host)
+        if earlier is not None and earlier.get_loop() is loop and not earlier.done():
+            await asyncio.wait({earlier}, timeout=SILENT_WAIT_SECONDS)
+            if not earlier.done():
+                raise ClusterUnreachableError(host, asked_again(self._last_failure(host), SILENT_WAIT_SECONDS))
+            failure = None if earlier.cancelled() else earlier.exception()
+            if failure is not None:
+                raise failure
+            return await self.transport.run(host, script, timeout=JOB_TIMEOUT)  # it answers again: ours too
+        ours = asyncio.ensure_future(self.transport.run(host, script, timeout=JOB_TIMEOUT))
+        self._machines.queries[host] = ours
+        ours.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved, if nobody waits
+        await asyncio.wait({ours}, timeout=SILENT_WAIT_SECONDS)
+        if not ours.done():
+            raise ClusterUnreachableError(host, asked_again(self._last_failure(host), SILENT_WAIT_SECONDS))
+        return ours.result()
+
+    def _last_failure(self, host: str) -> str:
+        return self._machines.failures.get(host) or "no answer"
+
     def _answered(self, answer: RemoteResult | BaseException, host: str, now: float) -> TypeGuard[RemoteResult]:
         """Did the machine answer (`answer`: a round trip's result, or what it raised)? One that does not is
         silent since the first time it did not (_silent_since); what is not a ClusterError is raised."""
@@ -660,8 +711,11 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             if not isinstance(answer, ClusterError):
                 raise answer
             self._silent_since.setdefault(host, now)
+            if "(asked again: " not in answer.detail:
+                self._machines.failures[host] = answer.detail
             return False
         self._silent_since.pop(host, None)
+        self._machines.failures.pop(host, None)
         return True
 
     async def _settle_quietly(self, host: str, token: str, taken: bool, target: str | None = None) -> None:
@@ -1180,6 +1234,16 @@ def _rank_marks(stdout: str) -> dict[str, int]:
         if len(parts) == 4 and parts[:2] == [MARK, "ranks"] and parts[3].isdigit():
             out[parts[2]] = int(parts[3])
     return out
+
+
+def _stray_ranks(task: JobStatus, found: dict[tuple[str, str], JobStatus]) -> list[tuple[str, str]]:
+    """(machine, rank token) of the ranks still running of a multi-node task that failed or was
+    cancelled on another rank: each must end too. `found`: each rank's status by (machine, rank token)."""
+    hosts, token = _hosts_and_token(task.handle)
+    if len(hosts) < 2 or task.state not in (JobState.FAILED, JobState.CANCELLED):
+        return []
+    ranks = [(host, _rank_token(token, rank, len(hosts))) for rank, host in enumerate(hosts) if host != NOT_FOUND]
+    return [rank for rank in ranks if rank in found and found[rank].state is JobState.RUNNING]
 
 
 def _whole_tasks(unnamed: dict[tuple[str, str], JobStatus], nodes: dict[str, tuple[str, int]]) -> list[JobStatus]:
