@@ -18,6 +18,7 @@ from typing import Any
 from corral.keepalive import keep_alive
 from corral.sdk import endpoint as _endpoint
 
+
 def opener(point: _endpoint.Endpoint, *, streamed: bool = False) -> urllib.request.OpenerDirector:
     """How requests reach the server. A remote one through the proxy the environment names (HTTPS_PROXY,
     NO_PROXY, …), as other HTTP clients do; this machine's own server never: a proxy cannot reach the

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import shlex
 import tempfile
@@ -123,6 +124,10 @@ class _Machines:
 
 
 _MACHINES: dict[tuple[str, str], _Machines] = {}  # by (Corral home, pool)
+
+
+class _StillSilent(ClusterUnreachableError):
+    """A silent machine's query not answered within SILENT_WAIT_SECONDS; it carries its last failure."""
 
 
 @dataclass(frozen=True)
@@ -444,7 +449,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         for (host, tokens), answer in zip(by_host.items(), answers):
             if not self._answered(answer, host, now):  # answer is the ClusterError
                 since = self._silent_since[host]
-                if now - since < MACHINE_GRACE_SECONDS:
+                # Declared down on a failure seen, never on a wait cut short (it may yet answer).
+                if now - since < MACHINE_GRACE_SECONDS or isinstance(answer, _StillSilent):
                     for t in tokens:
                         found[(host, t)] = JobStatus(f"{host}/{t}", t, JobState.UNKNOWN, "NO_ANSWER",
                                                      f"{host} does not answer ({answer.detail})", None, None, None, None)
@@ -679,30 +685,37 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
 
     async def _status_answer(self, host: str, script: str) -> RemoteResult:
         """The machine's answer to a status script. A machine silent since an earlier pass is asked again,
-        but waited for SILENT_WAIT_SECONDS only (_Machines.queries); meanwhile it raises the machine's
-        last failure, and no second query goes out while one is still on its way."""
+        but waited for SILENT_WAIT_SECONDS only, one query at a time (_Machines.queries): a pass that does
+        not see it end raises _StillSilent (its tasks stay as they were); the pass that does gets its
+        failure, or, once it has answered (which ends the silence), asks its own script as usual."""
         if host not in self._silent_since:
             return await self.transport.run(host, script, timeout=JOB_TIMEOUT)
-        loop = asyncio.get_running_loop()
-        earlier = self._machines.queries.get(host)
-        if earlier is not None and earlier.get_loop() is loop and not earlier.done():
-            await asyncio.wait({earlier}, timeout=SILENT_WAIT_SECONDS)
-            if not earlier.done():
-                raise ClusterUnreachableError(host, asked_again(self._last_failure(host), SILENT_WAIT_SECONDS))
-            failure = None if earlier.cancelled() else earlier.exception()
-            if failure is not None:
-                raise failure
-            return await self.transport.run(host, script, timeout=JOB_TIMEOUT)  # it answers again: ours too
-        ours = asyncio.ensure_future(self.transport.run(host, script, timeout=JOB_TIMEOUT))
-        self._machines.queries[host] = ours
-        ours.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved, if nobody waits
-        await asyncio.wait({ours}, timeout=SILENT_WAIT_SECONDS)
-        if not ours.done():
-            raise ClusterUnreachableError(host, asked_again(self._last_failure(host), SILENT_WAIT_SECONDS))
-        return ours.result()
+        query = self._machines.queries.get(host)
+        if query is None or query.get_loop() is not asyncio.get_running_loop():
+            query = asyncio.ensure_future(self.transport.run(host, script, timeout=JOB_TIMEOUT))
+            query.add_done_callback(functools.partial(self._silent_query_ended, host))
+            self._machines.queries[host] = query
+        await asyncio.wait({query}, timeout=SILENT_WAIT_SECONDS)
+        if not query.done():
+            raise self._still_silent(host)
+        self._machines.queries.pop(host, None)
+        failure = None if query.cancelled() else query.exception()
+        if failure is not None:
+            raise failure
+        return await self.transport.run(host, script, timeout=JOB_TIMEOUT)  # it answers again: our script too
 
-    def _last_failure(self, host: str) -> str:
-        return self._machines.failures.get(host) or "no answer"
+    def _silent_query_ended(self, host: str, query: asyncio.Future[RemoteResult]) -> None:
+        """A silent machine that answers, whether or not a pass still waits: its silence ends (a machine
+        slower to answer than SILENT_WAIT_SECONDS is not down)."""
+        if not query.cancelled() and query.exception() is None:
+            self._silent_since.pop(host, None)
+            self._machines.failures.pop(host, None)
+            if self._machines.queries.get(host) is query:
+                del self._machines.queries[host]
+
+    def _still_silent(self, host: str) -> _StillSilent:
+        failure = self._machines.failures.get(host) or "no answer"
+        return _StillSilent(host, asked_again(failure, SILENT_WAIT_SECONDS))
 
     def _answered(self, answer: RemoteResult | BaseException, host: str, now: float) -> TypeGuard[RemoteResult]:
         """Did the machine answer (`answer`: a round trip's result, or what it raised)? One that does not is
@@ -711,11 +724,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             if not isinstance(answer, ClusterError):
                 raise answer
             self._silent_since.setdefault(host, now)
-            if "(asked again: " not in answer.detail:
+            if not isinstance(answer, _StillSilent):
                 self._machines.failures[host] = answer.detail
             return False
         self._silent_since.pop(host, None)
         self._machines.failures.pop(host, None)
+        self._machines.queries.pop(host, None)
         return True
 
     async def _settle_quietly(self, host: str, token: str, taken: bool, target: str | None = None) -> None:
