@@ -122,6 +122,14 @@ class _Machines:
     queries: dict[str, asyncio.Future[RemoteResult]] = field(default_factory=dict)
     moving: set[str] = field(default_factory=set)  # tokens this process is moving between machines now
 
+    def heard_from(self, host: str, query: asyncio.Future[RemoteResult] | None = None) -> None:
+        """The machine answered (to `query`, if given): it is silent no more, and that query is out no
+        longer (any query, if none is given)."""
+        self.silent_since.pop(host, None)
+        self.failures.pop(host, None)
+        if query is None or self.queries.get(host) is query:
+            self.queries.pop(host, None)
+
 
 _MACHINES: dict[tuple[str, str], _Machines] = {}  # by (Corral home, pool)
 
@@ -708,10 +716,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         """A silent machine that answers, whether or not a pass still waits: its silence ends (a machine
         slower to answer than SILENT_WAIT_SECONDS is not down)."""
         if not query.cancelled() and query.exception() is None:
-            self._silent_since.pop(host, None)
-            self._machines.failures.pop(host, None)
-            if self._machines.queries.get(host) is query:
-                del self._machines.queries[host]
+            self._machines.heard_from(host, query)
 
     def _still_silent(self, host: str) -> _StillSilent:
         failure = self._machines.failures.get(host) or "no answer"
@@ -727,9 +732,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             if not isinstance(answer, _StillSilent):
                 self._machines.failures[host] = answer.detail
             return False
-        self._silent_since.pop(host, None)
-        self._machines.failures.pop(host, None)
-        self._machines.queries.pop(host, None)
+        self._machines.heard_from(host)
         return True
 
     async def _settle_quietly(self, host: str, token: str, taken: bool, target: str | None = None) -> None:
