@@ -45,9 +45,9 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
               'cvd=$CUDA_VISIBLE_DEVICES ips=$(echo $CORRAL_NODE_IPS | tr " " ,) cluster=$CORRAL_CLUSTER"')
     result = corral("exec", "dev", "--", script)
     assert result.exit_code == 0, result.stderr
-    assert sorted(result.stdout.splitlines()) == [
-        "rank=0 host=b1 n=2 gpus=2 cvd=0,1 ips=127.0.0.1,127.0.0.1 cluster=borealis",
-        "rank=1 host=b2 n=2 gpus=2 cvd=0,1 ips=127.0.0.1,127.0.0.1 cluster=borealis",
+    assert sorted(result.stdout.splitlines()) == [  # each line after its node's rank, as srun --label
+        "0: rank=0 host=b1 n=2 gpus=2 cvd=0,1 ips=127.0.0.1,127.0.0.1 cluster=borealis",
+        "1: rank=1 host=b2 n=2 gpus=2 cvd=0,1 ips=127.0.0.1,127.0.0.1 cluster=borealis",
     ]
     failed = corral("exec", "dev", "--", "exit 4")
     assert failed.exit_code == 4
@@ -61,23 +61,25 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     assert (one_fails.exit_code, one_fails.seconds < 50) == (3, True), one_fails.stderr
     # The task's PATH is the task's: exec's own srun and node-list code on the login node still run.
     no_path = corral("exec", "dev", "--env", "PATH=/nowhere", "--", 'echo "path=$PATH"')
-    assert no_path.exit_code == 0 and no_path.stdout == "path=/nowhere\npath=/nowhere\n", no_path.stderr
+    assert no_path.exit_code == 0, no_path.stderr
+    assert sorted(no_path.stdout.splitlines()) == ["0: path=/nowhere", "1: path=/nowhere"]
     jobs = corral("queue", "dev", "--json").json()
     assert [(j["state"], j["exit_code"]) for j in jobs] == [("SUCCEEDED", 0), ("FAILED", 3), ("FAILED", 4),
                                                               ("SUCCEEDED", 0)]
     assert all(j["cluster"] == "borealis" for j in jobs)
     # An exec's output is kept in the allocation: `logs` shows it (not the holder's log), and the exec's end.
     kept = corral("logs", jobs[0]["job_id"])
-    assert (kept.exit_code, kept.stdout) == (0, "path=/nowhere\npath=/nowhere\n"), kept.stderr
+    assert (kept.exit_code, kept.stdout) == (0, no_path.stdout), kept.stderr
     assert corral("logs", jobs[1]["job_id"]).exit_code == 3
     assert corral("logs", "dev").stdout == kept.stdout  # the allocation's newest job, as `sky logs CLUSTER`
     # Its stderr too, as in a job's log (it was dropped before).
     loud = corral("exec", "dev", "--", 'echo "to stderr $CORRAL_NODE_RANK" >&2')
-    assert sorted(loud.stdout.splitlines()) == ["to stderr 0", "to stderr 1"], loud.stderr
+    assert sorted(loud.stdout.splitlines()) == ["0: to stderr 0", "1: to stderr 1"], loud.stderr
     # What a node's command leaves running ends with it, as under Slurm's proctrack/cgroup: the testbed's
     # proctrack/linuxproc lets it hold the step's output, and so the exec, open for its whole life.
     left = corral("exec", "dev", "--", "sleep 3021 & echo left")
-    assert (left.exit_code, left.stdout, left.seconds < 20) == (0, "left\nleft\n", True), left.stderr
+    assert (left.exit_code, sorted(left.stdout.splitlines()), left.seconds < 20) == (0, ["0: left", "1: left"], True), \
+        left.stderr
     wait_for("the sleeps it left to end", lambda: not runs_somewhere("sleep", "3021"), timeout=15)
     # A task's num_nodes (or --num-nodes) runs it on that many of the nodes, as `sky exec` does.
     fewer = corral("exec", "dev", "--num-nodes", "1", "--", script)
@@ -102,7 +104,7 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     # Same name, same resources: reused, no second allocation; the task just runs in it.
     again = corral("launch", "-c", "dev", "--gpus", "H100:2", "--num-nodes", "2", "--", "hostname")
     assert again.exit_code == 0, again.stderr
-    assert sorted(again.stdout.split()) == ["b1", "b2"]
+    assert sorted(again.stdout.splitlines()) == ["0: b1", "1: b2"]
     assert status(corral, "dev")["slurm_job_id"] == info["slurm_job_id"]
     # As `sky launch` on a live cluster: the task's setup runs again on every node, then its run on the
     # task's num_nodes (1 of the 2). It was refused ("other resources") and setup did not run again.
@@ -112,7 +114,7 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
     relaunch = corral("launch", "-c", "dev", str(task))
     assert relaunch.exit_code == 0, relaunch.stderr
     lines = relaunch.stdout.splitlines()
-    assert (sorted(lines[:2]), lines[2:]) == (["setup on b1", "setup on b2"], ["run on b1"]), relaunch.stdout
+    assert (sorted(lines[:2]), lines[2:]) == (["0: setup on b1", "1: setup on b2"], ["run on b1"]), relaunch.stdout
     relaunched = corral("queue", "dev", "--json").json()[0]
     assert corral("logs", relaunched["job_id"]).stdout == relaunch.stdout  # both kept, in the job's output
     assert corral("launch", "-c", "dev", str(task), "--no-setup").stdout == "run on b1\n"
@@ -138,14 +140,14 @@ def test_allocation_lands_where_capacity_is_and_exec_runs_on_every_node(corral, 
                     '  for i in $(seq 300); do [ -e "$e/began" ] && break; sleep 0.1; done\n'
                     '  touch "$e/cancelled"\n')
     late = corral("launch", "-c", "dev", str(task))
-    assert (late.exit_code, late.stdout) == (143, "set\nset\n"), late.stdout + late.stderr
+    assert (late.exit_code, sorted(late.stdout.splitlines())) == (143, ["0: set", "1: set"]), late.stdout + late.stderr
     more = corral("launch", "-c", "dev", str(task), "--num-nodes", "3")
     assert more.exit_code == 65 and "it asks for 3 nodes (it has 2)" in more.stderr, more.stderr
     # A task asking for less than is held runs in it, as `sky launch -c` runs one "less demanding than" the
     # cluster: fewer GPUs, a wider infra, or no resources at all. It was refused unless it asked for the same.
     for fewer in (["--gpus", "H100:1", "--infra", "slurm"], []):
         ran = corral("launch", "-c", "dev", *fewer, "--", "echo in dev")
-        assert (ran.exit_code, ran.stdout) == (0, "in dev\nin dev\n"), ran.stderr
+        assert (ran.exit_code, sorted(ran.stdout.splitlines())) == (0, ["0: in dev", "1: in dev"]), ran.stderr
     other = corral("launch", "-c", "dev", "--gpus", "L40S:1")
     assert other.exit_code == 65
     assert ("allocation 'dev' (accelerator=H100:2, num_nodes=2) cannot run this task: it asks for L40S:1 (it holds "

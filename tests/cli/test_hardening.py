@@ -53,7 +53,7 @@ def test_a_task_env_cannot_break_corrals_own_commands(corral, clean_queues):
     result = corral("launch", "--num-nodes", "2", "--gpus", "H100:1", "--env", "PATH=/nowhere", "--env",
                     "LD_LIBRARY_PATH=/nowhere", "--", 'echo "rank $CORRAL_NODE_RANK path=$PATH"')
     assert result.exit_code == 0, result.stderr
-    assert sorted(result.stdout.splitlines()) == ["rank 0 path=/nowhere", "rank 1 path=/nowhere"]
+    assert sorted(result.stdout.splitlines()) == ["0: rank 0 path=/nowhere", "1: rank 1 path=/nowhere"]
 
 
 def store_bytes(home: Path) -> bytes:

@@ -133,11 +133,12 @@ def test_two_node_task_sees_its_environment_on_both_nodes(corral, clean_queues):
               'cluster=$CORRAL_CLUSTER"')
     result = corral("launch", "--gpus", "B300:2", "--num-nodes", "2", "--", script)
     assert result.exit_code == 0, result.stderr
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
+    # Each line after its node's rank, as srun --label writes it.
+    lines = sorted(line for line in result.stdout.splitlines() if line[3:].startswith("rank="))
     job_id = next(word.split("=")[1] for word in lines[0].split() if word.startswith("id="))
     assert lines == [
-        f"rank=0 host=c1 n=2 gpus=2 ips=127.0.0.1,127.0.0.1 id={job_id} sky=0 cluster=cirrus",
-        f"rank=1 host=c2 n=2 gpus=2 ips=127.0.0.1,127.0.0.1 id={job_id} sky=1 cluster=cirrus",
+        f"0: rank=0 host=c1 n=2 gpus=2 ips=127.0.0.1,127.0.0.1 id={job_id} sky=0 cluster=cirrus",
+        f"1: rank=1 host=c2 n=2 gpus=2 ips=127.0.0.1,127.0.0.1 id={job_id} sky=1 cluster=cirrus",
     ]
     assert f"{job_id} SUCCEEDED on slurm/cirrus/b300" in result.stderr
 

@@ -153,10 +153,10 @@ def test_a_multi_node_task_spans_machines_whose_ranks_reach_each_other(corral, p
     shown = wait_for("rank 1 to reach rank 0", lambda: "hello from rank 0" in (o := corral(
         "logs", "--no-follow", job["job_id"], env=pool_env).stdout) and o, timeout=90)
     ips = f"{addresses[head]},{addresses[other]}"
-    assert shown.splitlines() == [f"rank=0 host={head} n=2 ips={ips} gpus=0,1,2,3",
-                                  f"rank=1 host={other} n=2 ips={ips} gpus=0,1,2,3", "hello from rank 0"]
+    assert shown.splitlines() == [f"0: rank=0 host={head} n=2 ips={ips} gpus=0,1,2,3",  # each after its rank
+                                  f"1: rank=1 host={other} n=2 ips={ips} gpus=0,1,2,3", "1: hello from rank 0"]
     last = corral("logs", "--no-follow", "--tail", "1", job["job_id"], env=pool_env).stdout
-    assert last.splitlines() == [shown.splitlines()[0], "hello from rank 0"]  # each rank's last line
+    assert last.splitlines() == [shown.splitlines()[0], "1: hello from rank 0"]  # each rank's last line
     queued = {j["job_id"]: j for j in corral("queue", "--json", env=pool_env).json()}[job["job_id"]]
     assert (queued["state"], queued["infra"]) == ("RUNNING", "ssh/lab")
     assert "cancelled" in corral("cancel", job["job_id"], env=pool_env).stdout
@@ -224,7 +224,7 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env, tmp_path):
     head, other = pair.json()["nodes"]
     ips = {"lab1": "10.201.0.11", "lab2": "10.201.0.12"}
     both = f"{ips[head]},{ips[other]}"
-    assert sorted(ranks.stdout.splitlines()) == [f"0 {head} {both}", f"1 {other} {both}"]
+    assert sorted(ranks.stdout.splitlines()) == [f"0: 0 {head} {both}", f"1: 1 {other} {both}"]
     # Execs naming GPUs take their own on every machine (they all saw all four), claimed one machine
     # at a time in rank order (two could otherwise each hold a machine the other waits for).
     hold = 'echo "$CORRAL_TASK_ID cvd=$CUDA_VISIBLE_DEVICES n=$CORRAL_NUM_GPUS_PER_NODE"; ' \
@@ -239,18 +239,20 @@ def test_dev_allocations_hold_a_pool_machine_s_gpus(corral, pool_env, tmp_path):
     shown = wait_for("both to print their GPUs on both machines", lambda: all(
         len(output(job).splitlines()) == 2 for job in (first, second)) and {job: output(job) for job in (first, second)},
         timeout=60)
-    gpus = {job: {line.split()[1] for line in text.splitlines()} for job, text in shown.items()}
+    gpus = {job: {line.split()[2] for line in text.splitlines()} for job, text in shown.items()}
     assert sorted(g for held in gpus.values() for g in held) == ["cvd=0,1", "cvd=2,3"], shown  # the same on both
-    assert all(line.split()[0] == job and line.endswith(" n=2") for job, text in shown.items()
+    assert all(sorted(line.split()[0] for line in text.splitlines()) == ["0:", "1:"] for text in shown.values())
+    assert all(line.split()[1] == job and line.endswith(" n=2") for job, text in shown.items()
                for line in text.splitlines()), shown
     waiting = "corral: waiting for 2 of the allocation's 4 GPUs per node, in use by job(s) "
-    wait_for("the third to wait", lambda: output(third).startswith(waiting), timeout=60)
+    wait_for("the third to wait", lambda: output(third).startswith("0: " + waiting), timeout=60)
     assert sorted(output(third).splitlines()[0].split("job(s) ")[1].split()) == sorted([first, second])
     assert corral("exec", "pair", "--", "touch ~/go-pair", env=pool_env).exit_code == 0  # takes no GPUs: runs
     done = corral("logs", third, env=pool_env)
-    assert done.exit_code == 0 and "\ncorral: its GPUs are free after " in done.stdout, done.stdout
-    ran = [line for line in done.stdout.splitlines() if line.startswith("third ")]
-    assert len(ran) == 2 and len(set(ran)) == 1 and re.fullmatch(r"third cvd=(0,1|2,3)", ran[0]), done.stdout
+    assert done.exit_code == 0 and "\n0: corral: its GPUs are free after " in done.stdout, done.stdout
+    ran = sorted(line for line in done.stdout.splitlines() if line[3:].startswith("third "))
+    assert [line[:3] for line in ran] == ["0: ", "1: "] and ran[0][3:] == ran[1][3:], done.stdout
+    assert re.fullmatch(r"third cvd=(0,1|2,3)", ran[0][3:]), done.stdout
     assert corral("exec", "pair", "--", "rm -f ~/go-pair", env=pool_env).exit_code == 0
     assert corral("down", "pair", env=pool_env).exit_code == 0
     # An allocation nothing runs in is released by its holder on the machine, without a server, once
@@ -610,7 +612,8 @@ def test_a_pool_allocations_setup_is_shown_as_it_runs(corral, pool_env, tmp_path
                         "  printf 'installing on '; sleep 0.5; echo \"$CORRAL_NODE_RANK\"\nrun: echo ran\n")
         pair = corral("launch", "-c", "labsetuppair", str(task), env=pool_env)
         assert pair.exit_code == 0, pair.stderr
-        assert sorted(pair.stdout.splitlines()) == ["installing on 0", "installing on 1", "ran", "ran"], pair.stdout
+        assert sorted(pair.stdout.splitlines()) == ["0: installing on 0", "0: ran", "1: installing on 1", "1: ran"], \
+            pair.stdout
     finally:
         corral("down", "labsetup", "labbroken", "labsetuppair", env=pool_env)
 

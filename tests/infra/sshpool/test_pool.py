@@ -48,9 +48,10 @@ def test_ranks_that_disagree_on_their_tasks_size_or_lie_beyond_it_are_no_task():
 
 
 def test_a_multi_node_log_snapshot_keeps_each_ranks_output_aside_on_disk_not_in_memory():
-    """`logs` of a 2-node task without --follow prints rank 0's output, then rank 1's; both are read at
-    once, so rank 1's waits somewhere meanwhile: past 1 MiB, on disk. 2 x 8 MB of output cost the
-    engine under 4 MB (both ranks' whole output in memory before, then a copy of each: 34 MB)."""
+    """`logs` of a 2-node task without --follow prints rank 0's output, then rank 1's, each line after
+    its rank's label; both are read at once, so rank 1's waits somewhere meanwhile: past 1 MiB, on disk.
+    2 x 8 MB of output cost the engine under 4 MB (both ranks' whole output in memory before, then a copy
+    of each: 34 MB)."""
     import asyncio
     import tracemalloc
 
@@ -62,15 +63,18 @@ def test_a_multi_node_log_snapshot_keeps_each_ranks_output_aside_on_disk_not_in_
     class Talkative:
         async def stream(self, host, script, on_output):
             for _ in range(chunks):
-                on_output(script.encode() * chunk)  # one letter a rank
+                on_output(script.encode() * (chunk - 1) + b"\n")  # one letter a rank, a line a chunk
                 await asyncio.sleep(0)  # the ranks' output arrives interleaved
             return 0
 
     pool = SshPoolInfra(PoolEntry("lab", ("lab1", "lab2"), ()), transport=Talkative())  # type: ignore[arg-type]
-    seen: list[tuple[bytes, int]] = []  # (byte, how many) in the order printed, runs merged
+    seen: list[tuple[bytes, int]] = []  # (letter, how many) in the order printed, runs merged
+    lines: dict[bytes, int] = {b"0: ": 0, b"1: ": 0, b"\n": 0}
 
     def sink(data: bytes) -> None:
-        for byte in (b"a", b"b", b"\n"):
+        for mark in lines:
+            lines[mark] += data.count(mark)
+        for byte in (b"a", b"b"):
             count = data.count(byte)
             if count and seen and seen[-1][0] == byte:
                 seen[-1] = (byte, seen[-1][1] + count)
@@ -83,7 +87,8 @@ def test_a_multi_node_log_snapshot_keeps_each_ranks_output_aside_on_disk_not_in_
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert seen == [(b"a", chunks * chunk), (b"\n", 1), (b"b", chunks * chunk), (b"\n", 1)]
+    assert seen == [(b"a", chunks * (chunk - 1)), (b"b", chunks * (chunk - 1))]
+    assert lines == {b"0: ": chunks, b"1: ": chunks, b"\n": 2 * chunks}
     assert peak < 4 * 2**20, peak
 
 
@@ -144,7 +149,7 @@ def test_a_rank_whose_machine_does_not_answer_leaves_the_others_output_shown_the
     out: list[bytes] = []
     with pytest.raises(ClusterUnreachableError, match="lab2"):
         asyncio.run(pool._every_rank_output(["lab1", "lab2"], str, follow, out.append))
-    assert b"".join(out) == b"epoch 1\nepoch 2\n" and ended == ["lab1"]
+    assert b"".join(out) == b"0: epoch 1\n0: epoch 2\n" and ended == ["lab1"]
 
 
 def test_an_allocation_whose_machine_does_not_answer_names_it_once():

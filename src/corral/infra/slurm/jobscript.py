@@ -228,7 +228,10 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         lines.append('export SLURM_NODEID="${SLURM_NODEID:-0}"')
         lines.append('exec setsid -w bash "$CORRAL_RUN_DIR/task.sh"')
     else:
-        lines.append(f"srun --nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+        # --label: on several nodes, each line of the log starts with its node's rank ("0: "), as
+        # everywhere Corral runs on several nodes (infra/ranks.py).
+        label = "--label " if spec.num_nodes > 1 else ""
+        lines.append(f"srun {label}--nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
                      f"{pyxis_options(spec)}bash \"$CORRAL_RUN_DIR/task.sh\"")
     return "\n".join(lines) + "\n"
 

@@ -74,6 +74,7 @@ from corral.infra.base import (
     TakesFolderStreams,
 )
 from corral.infra import caches
+from corral.infra.ranks import labelled, rank_label
 from corral.infra.shell import (
     CONTAINER_FILE,
     WRAPPED_RUNTIMES,
@@ -785,8 +786,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         if not hosts or hosts[0] not in self.pool.hosts:
             raise CorralError(f"{self.name}: {hosts[0] if hosts else '(none)'!r} is not one of its machines (any more)")
         ranks = [(rank, host) for rank, host in enumerate(hosts) if host in self.pool.hosts]
+        labels = [rank_label(rank, len(hosts)) for rank, _ in ranks]
         if follow or len(ranks) == 1:
-            await self._on_every_machine([h for _, h in ranks], lambda i: script(ranks[i][0]), on_output)
+            await self._on_every_machine([h for _, h in ranks], lambda i: script(ranks[i][0]), on_output, labels)
             return
         # Each rank's output kept aside until the ranks before it are out: in memory up to 1 MiB, on disk
         # past that (a snapshot of a long run's logs can be GBs a rank).
@@ -795,15 +797,13 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             failed = _first_failure(await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].write)
                                                            for i, (rank, host) in enumerate(ranks)),
                                                          return_exceptions=True))
-            for spool in said:
+            for spool, label in zip(said, labels):  # several ranks: each labelled (its last line ended)
                 spool.seek(0)
-                last = b""
+                sink = _WholeLines(on_output, label)
                 while chunk := spool.read(65536):
-                    on_output(chunk)
+                    sink(chunk)
                     await keep_pace()
-                    last = chunk
-                if last and not last.endswith(b"\n"):
-                    on_output(b"\n")
+                sink.flush()
             if failed is not None:  # after what the other ranks said
                 raise failed
         finally:
@@ -854,14 +854,16 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                                                                                                    len(hosts))),
                                      on_output)
 
-    async def _on_every_machine(self, hosts: list[str], script: Callable[[int], str], on_output: OutputSink
-                                ) -> list[int]:
+    async def _on_every_machine(self, hosts: list[str], script: Callable[[int], str], on_output: OutputSink,
+                                labels: list[bytes] | None = None) -> list[int]:
         """Each rank's script on its machine, all at once; their output in whole lines (so that one
-        machine's never cuts into another's line), each exit status. A machine that cannot be reached
-        leaves the others to run to their end, their output shown; its error is raised then."""
-        if len(hosts) == 1:
+        machine's never cuts into another's line), each after its label (by default its rank's, ranks.py),
+        each exit status. A machine that cannot be reached leaves the others to run to their end, their
+        output shown; its error is raised then."""
+        labels = labels or [rank_label(rank, len(hosts)) for rank in range(len(hosts))]
+        if len(hosts) == 1 and not labels[0]:
             return [await self.transport.stream(hosts[0], script(0), on_output)]
-        sinks = [_WholeLines(on_output) for _ in hosts]
+        sinks = [_WholeLines(on_output, label) for label in labels]
         try:
             statuses = await asyncio.gather(*(self.transport.stream(host, script(rank), sinks[rank])
                                               for rank, host in enumerate(hosts)), return_exceptions=True)
@@ -909,7 +911,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         allocation gone) ends those started before it, which wait for the go."""
         hosts, token = _hosts_and_token(handle)
         running: list[asyncio.Future[int]] = []
-        sinks = [_WholeLines(on_output) for _ in hosts]
+        sinks = [_WholeLines(on_output, rank_label(rank, len(hosts))) for rank in range(len(hosts))]
         try:
             for rank, host in enumerate(hosts):
                 claimed = asyncio.Event()
@@ -1082,21 +1084,23 @@ def _first_failure(results: Sequence[object]) -> BaseException | None:
 
 class _WholeLines:
     """An output sink for one of several streams that share `on_output`: it passes whole lines only
-    (_whole_lines_end); a part of a line waits for its end, or for `flush` once the stream is over."""
+    (_whole_lines_end), each after `label` (ranks.py); a part of a line waits for its end, or for `flush`
+    once the stream is over."""
 
-    def __init__(self, on_output: OutputSink) -> None:
-        self.on_output, self.partial = on_output, b""
+    def __init__(self, on_output: OutputSink, label: bytes = b"") -> None:
+        self.on_output, self.label, self.partial = on_output, label, b""
 
     def __call__(self, chunk: bytes) -> None:
         data = self.partial + chunk
         end = _whole_lines_end(data)
         if end:
-            self.on_output(data[:end])
+            self.on_output(labelled(self.label, data[:end]))
         self.partial = data[end:]
 
     def flush(self) -> None:
+        """Pass on what is left (a last line with no newline: given one where labelled)."""
         if self.partial:
-            self.on_output(self.partial)
+            self.on_output(labelled(self.label, self.partial))
             self.partial = b""
 
 
