@@ -59,8 +59,13 @@ def test_more_than_free_goes_where_capacity_is():
 def test_infeasible_reasons():
     plan = plan_for({"num_nodes": 3, "resources": {"accelerators": "H100:8"}})
     reasons = {(c.cluster, c.partition): c.reason for c in plan.candidates}
-    assert reasons[("alpine", "gpu")] == "needs 3 node(s) with H100:8; partition has 0"
+    # What no node has enough of is told as the most one has; too few nodes that fit, as how many.
+    assert reasons[("alpine", "gpu")] == "needs 3 node(s) with H100:8; partition has 0 (at most H100:4 a node)"
     assert reasons[("borealis", "h100-cluster")] == "needs 3 node(s) with H100:8; partition has 2"
+    big = plan_for({"resources": {"accelerators": "H100:1", "cpus": 10000, "memory": 100000}})
+    [why] = [c.reason for c in big.candidates if (c.cluster, c.partition) == ("alpine", "gpu")]
+    assert why == ("needs 1 node(s) with H100:1, cpus=10000, memory=100000GB; partition has 0 "
+                   "(at most 8 CPUs, 62.5 GB of memory a node)")  # the GPU fits: not named
     assert reasons[("alpine", "inference")] == "no H100 GPUs (has L4)"
     assert reasons[("cirrus", "maint")] == "partition has no nodes"
     assert reasons[("cirrus", "debug")] == "no H100 GPUs (has gpu)"

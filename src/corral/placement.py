@@ -152,6 +152,22 @@ def _fits(node: Node, gres_type: str | None, gpus: int, cpus: int, memory_mb: in
     return node.cpus_total >= cpus and node.memory_mb >= memory_mb
 
 
+def _most_a_node(nodes: list[Node], gres_type: str | None, gpus: int, cpus: int, memory_mb: int, any_type: bool,
+                 gpu_name: str) -> str:
+    """What no node has as much of as asked, as the most one has (" (at most H100:4 a node)"), so that the
+    asker knows what would fit; "" when each is on some node (not on the same one, or too few such)."""
+    short = []
+    if gpus:
+        most = max((p.total for n in nodes for p in n.gpus if any_type or p.gres_type == gres_type), default=0)
+        if most < gpus:
+            short.append(f"{gpu_name}:{most}")
+    if cpus and (most := max(n.cpus_total for n in nodes)) < cpus:
+        short.append(f"{most} CPUs")
+    if memory_mb and (most := max(n.memory_mb for n in nodes)) < memory_mb:
+        short.append(f"{round(most / 1024, 1):g} GB of memory")
+    return f" (at most {', '.join(short)} a node)" if short else ""
+
+
 def _free_now(node: Node, gres_type: str | None, gpus: int, cpus: int, memory_mb: int, any_type: bool) -> bool:
     if not node.usable or node.cpus_free < max(cpus, 1):
         return False
@@ -246,7 +262,8 @@ def evaluate(
     shaped = [n for n in nodes if _fits(n, gres_type, gpus, cpus, memory_mb, any_type)]
     if len(shaped) < task.num_nodes:
         need = f"{task.num_nodes} node(s) with {option.describe()}"
-        return replace(base, reason=f"needs {need}; {_holder(snapshot.kind)} has {len(shaped)}")
+        most = _most_a_node(nodes, gres_type, gpus, cpus, memory_mb, any_type, accel.name if accel else "")
+        return replace(base, reason=f"needs {need}; {_holder(snapshot.kind)} has {len(shaped)}{most}")
     free_nodes = [n for n in shaped if _free_now(n, gres_type, gpus, cpus, memory_mb, any_type)]
     per_node = [_copies(n, gres_type, gpus, cpus, memory_mb, any_type) for n in free_nodes]
     copies = sum(per_node) if task.num_nodes == 1 else len(free_nodes) // task.num_nodes
