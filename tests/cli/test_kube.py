@@ -94,9 +94,13 @@ def test_work_overflows_to_kubernetes_as_indexed_jobs(corral, kube_env, kube):
     handle, job_id = placed["slurm_job_id"], placed["job_id"]
     assert placed["cluster"] == "kind-fake" and handle.startswith("corral-")
     wait_for("both pods to run", lambda: job_of(corral, kube_env, job_id)["state"] == "RUNNING", 30)
-    out = wait_for("its output", lambda: corral("logs", "--no-follow", job_id, env=kube_env).stdout)
-    assert out.strip() == (f"rank=0 host={handle}-0 gpus=0,1,2,3 nodes={handle}-0.{handle},{handle}-1.{handle} n=2 "
-                           f"cluster=kind-fake id={job_id}")
+    # Every pod's output, each line after its rank (as srun --label writes a Slurm job's log), rank 0's first
+    out = wait_for("its output", lambda: (o := corral("logs", "--no-follow", job_id, env=kube_env).stdout)
+                   .count("\n") == 2 and o)
+    nodes = f"{handle}-0.{handle},{handle}-1.{handle}"
+    assert out.splitlines() == [
+        f"0: rank=0 host={handle}-0 gpus=0,1,2,3 nodes={nodes} n=2 cluster=kind-fake id={job_id}",
+        f"1: rank=1 host={handle}-1 gpus=0,1,2,3 nodes={nodes} n=2 cluster=kind-fake id={job_id}"]
     assert sorted(p["spec"]["nodeName"] for p in pods(kube, f"job-name={handle}")) == ["kn1", "kn2"]
     assert job_of(corral, kube_env, job_id)["infra"] == "k8s/kind-fake"
     assert "k8s/kind-fake" in corral("queue", env=kube_env).stdout

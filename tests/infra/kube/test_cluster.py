@@ -266,31 +266,74 @@ def test_a_pods_log_read_for_a_client_that_stops_reading_waits_and_ends_when_the
     asyncio.run(scenario())
 
 
-def test_a_followed_log_of_a_quiet_pod_frees_its_thread_as_soon_as_the_client_goes(kube):
-    """A followed read of a pod that writes nothing more blocks in the socket, where no flag reaches it.
-    Once the reader is cancelled, the response's socket is shut, so the thread (and its API connection)
-    is freed at once, not when the pod next writes or ends (here in 120 s)."""
+def test_followed_logs_hold_no_shared_thread_and_free_their_own_as_soon_as_the_client_goes(kube):
+    """A followed log is read for as long as its pod runs, on a thread of its own: on the loop's default
+    executor (6 threads on two cores) six followed logs held every other API call waiting (here one
+    thread stands for it, and one followed log held it). A followed read of a pod that writes nothing
+    more blocks in the socket, where no flag reaches it: once the reader is cancelled, the response's
+    socket is shut, so the thread (and its API connection) is freed at once, not when the pod next
+    writes or ends (here in 120 s)."""
+    import threading
+
     backend = infra(kube)
-    submitted = asyncio.run(backend.submit(request(run="echo started; sleep 120")))
+    submitted = [asyncio.run(backend.submit(request(run=f"echo started {n}; sleep 120"))) for n in range(2)]
     out: list[bytes] = []
+
+    def readers() -> int:
+        return sum(t.name == "corral-kube-log" and t.is_alive() for t in threading.enumerate())
+
     try:
         async def scenario() -> None:
             from concurrent.futures import ThreadPoolExecutor
 
             loop = asyncio.get_running_loop()
-            loop.set_default_executor(ThreadPoolExecutor(max_workers=1))  # the reading thread is the only one
-            reading = asyncio.ensure_future(backend.logs(submitted.handle, "", True, out.append))
+            loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+            reading = [asyncio.ensure_future(backend.logs(s.handle, "", True, out.append)) for s in submitted]
             for _ in range(400):
-                if b"started" in b"".join(out):
+                if all(f"started {n}".encode() in b"".join(out) for n in range(2)):
                     break
                 await asyncio.sleep(0.05)
-            assert b"started" in b"".join(out)
-            reading.cancel()
+            assert all(f"started {n}".encode() in b"".join(out) for n in range(2)), out
             assert await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), 10) == "free"
+            assert readers() == 2
+            for read in reading:
+                read.cancel()
+            for _ in range(200):
+                if not readers():
+                    break
+                await asyncio.sleep(0.05)
+            assert readers() == 0
 
         asyncio.run(scenario())
     finally:
-        asyncio.run(backend.cancel([submitted.handle], []))
+        asyncio.run(backend.cancel([s.handle for s in submitted], []))
+
+
+def test_a_log_of_several_pods_labels_each_line_with_its_rank_newest_pod_first():
+    """Each completion index's newest pod is read (a failed one replaced keeps the index), rank 0's
+    first without --follow, each line after its rank as srun --label writes it. The fake API server
+    replaces no pods on demand: the pod list and the reads stand in for it."""
+    backend = KubeInfra(KubeEntry("kind-x", "/nonexistent"), Counter(), timeout=3)
+    backend._api = object()  # no API client: _list and _stream_log stand in for the API server
+
+    def pod(name: str, index: int, created: str, phase: str = "Running") -> dict:
+        return {"metadata": {"name": name, "creationTimestamp": created,
+                             "labels": {"batch.kubernetes.io/job-completion-index": str(index)}},
+                "status": {"phase": phase}}
+
+    listed = [pod("j-1-new", 1, "2026-12-07T10:05:00Z"), pod("j-0", 0, "2026-12-07T10:00:00Z"),
+              pod("j-1-old", 1, "2026-12-07T10:00:00Z", "Failed")]
+
+    async def listing(path, **query):
+        return listed
+
+    said = {"j-0": b"epoch 1\nepoch 2", "j-1-new": b"ready\n", "j-1-old": b"crashed\n"}
+    backend._list = listing  # type: ignore[method-assign]
+    backend._stream_log = (  # type: ignore[method-assign]
+        lambda ns, name, follow, sink, reading, tail=0: sink(said[name]))
+    out: list[bytes] = []
+    asyncio.run(backend.logs("j", "", False, out.append))
+    assert b"".join(out) == b"0: epoch 1\n0: epoch 2\n1: ready\n"
 
 
 def test_the_run_files_pass_deletes_ended_attempts_secrets_and_config_maps(kube, monkeypatch):

@@ -96,10 +96,11 @@ def test_a_followed_ranks_output_passes_in_whole_lines_progress_bars_included_an
     """Several machines' output shares one stream, so each passes in whole lines. A progress bar's
     updates end with a carriage return, not a newline: they pass as they come. Output with no line end
     at all passes once LINE_LIMIT of it is kept back, rather than pile up until the stream ends."""
-    from corral.infra.sshpool.pool import LINE_LIMIT, _UntilLine, _WholeLines
+    from corral.infra.ranks import LINE_LIMIT, WholeLines
+    from corral.infra.sshpool.pool import _UntilLine
 
     out: list[bytes] = []
-    sink = _WholeLines(out.append)
+    sink = WholeLines(out.append)
     sink(b"epoch 1\nepo")
     assert out == [b"epoch 1\n"] and sink.partial == b"epo"
     sink(b"ch 2\n")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextvars
 import dataclasses
 import io
 import json
@@ -49,6 +50,7 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra.kube import capacity, manifests, rbac, states, watch
+from corral.infra.ranks import WholeLines, rank_label
 from corral.infra.shell import render_env
 
 LOG_POLL_SECONDS = 1.0
@@ -321,25 +323,48 @@ class KubeInfra(Infra, RemovesRunFiles):
         await asyncio.gather(*(self._call("DELETE", p, body=_DELETE_OPTIONS, allow=(404,)) for p in paths))
 
     async def logs(self, handle: str, log_path: str, follow: bool, on_output: OutputSink, tail: int = 0) -> None:
-        """The head pod's output (node 0's, as SkyPilot shows); with `follow`, once it starts, until it ends."""
+        """Every pod's output, as a Slurm job's log holds every node's: on several pods, each line after its
+        rank (ranks.py); followed, as it comes in whole lines, else pod by pod, the head pod's (node 0's)
+        first. With `follow`, once the head pod starts, until the pods end."""
         ns = self.namespace
-        selector = f"{states.JOB_NAME_LABEL}={handle},{states.INDEX_LABEL}=0"
+        selector = f"{states.JOB_NAME_LABEL}={handle}"
         while True:
             pods = await self._list(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector)
-            phase = ((pods[0].get("status") or {}).get("phase") if pods else None) or "Pending"
+            ranked = _pod_per_rank(pods)
+            phase = _phase(ranked.get(0))
             if phase != "Pending" or not follow:
                 break
             jobs = await self._list(f"/apis/batch/v1/namespaces/{ns}/jobs", fieldSelector=f"metadata.name={handle}")
             if not jobs or states.statuses(jobs, pods)[0].state.value not in ("PENDING", "RUNNING"):
                 return
             await asyncio.sleep(LOG_POLL_SECONDS)
-        if not pods:
+        if len(ranked) <= 1:
+            for pod in ranked.values():
+                await self._pod_log(ns, pod, follow, on_output, tail)
             return
-        pod = pods[0]["metadata"]["name"]
+        count = max(ranked) + 1
+        sinks = {rank: WholeLines(on_output, rank_label(rank, count)) for rank in ranked}
+        try:
+            if follow:  # a pod whose read fails leaves the others' shown to their end; its error comes then
+                results = await asyncio.gather(*(self._pod_log(ns, pod, follow, sinks[rank], tail)
+                                                 for rank, pod in ranked.items()), return_exceptions=True)
+                failed = next((r for r in results if isinstance(r, BaseException)), None)
+                if failed is not None:
+                    raise failed
+                return
+            for rank, pod in sorted(ranked.items()):
+                await self._pod_log(ns, pod, follow, sinks[rank], tail)
+                sinks[rank].flush()
+        finally:
+            for sink in sinks.values():
+                sink.flush()
+
+    async def _pod_log(self, ns: str, pod: dict[str, Any], follow: bool, on_output: OutputSink, tail: int) -> None:
+        """One pod's log (followed while it runs), read on a thread of its own (_in_own_thread)."""
         reading = _LogRead()
         try:
-            await asyncio.to_thread(self._stream_log, ns, pod, follow and phase == "Running",
-                                    _from_thread(on_output, reading.stop), reading, tail)
+            await _in_own_thread(self._stream_log, ns, pod["metadata"]["name"], follow and _phase(pod) == "Running",
+                                 _from_thread(on_output, reading.stop), reading, tail)
         except _ReaderStopped:
             pass
         finally:
@@ -415,6 +440,60 @@ class _LogRead:
                 self._response.shutdown()
             except (ValueError, RuntimeError, OSError):  # no socket to shut (already released or closed)
                 pass
+
+
+def _pod_per_rank(pods: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each completion index's pod: its newest, where a failed pod was replaced."""
+    chosen: dict[int, dict[str, Any]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        try:
+            rank = int((meta.get("labels") or {}).get(states.INDEX_LABEL, ""))
+        except ValueError:
+            continue
+        held = chosen.get(rank)
+        if held is None or _created(pod) > _created(held):
+            chosen[rank] = pod
+    return chosen
+
+
+def _created(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")  # RFC 3339 in UTC: sorts as text
+
+
+def _phase(pod: dict[str, Any] | None) -> str:
+    return ((pod or {}).get("status") or {}).get("phase") or "Pending"
+
+
+async def _in_own_thread(read: Callable[..., None], *args: Any) -> None:
+    """`read(*args)` on a thread of its own, not the loop's default executor: a followed log is read for
+    as long as its pod runs, and that executor has min(32, CPUs + 4) threads (6 on two cores), so that six
+    followed logs held every other API call of the server waiting for a thread."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            context.run(read, *args)
+        except BaseException as exc:  # handed to the awaiting task, as to_thread does
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, error)
+        except RuntimeError:  # the loop has closed: no one awaits
+            pass
+
+    threading.Thread(target=run, name="corral-kube-log", daemon=True).start()
+    await done
 
 
 class _ReaderStopped(Exception):

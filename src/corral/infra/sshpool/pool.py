@@ -74,7 +74,7 @@ from corral.infra.base import (
     TakesFolderStreams,
 )
 from corral.infra import caches
-from corral.infra.ranks import labelled, rank_label
+from corral.infra.ranks import LINE_LIMIT, WholeLines, rank_label
 from corral.infra.shell import (
     CONTAINER_FILE,
     WRAPPED_RUNTIMES,
@@ -799,7 +799,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
                                                          return_exceptions=True))
             for spool, label in zip(said, labels):  # several ranks: each labelled (its last line ended)
                 spool.seek(0)
-                sink = _WholeLines(on_output, label)
+                sink = WholeLines(on_output, label)
                 while chunk := spool.read(65536):
                     sink(chunk)
                     await keep_pace()
@@ -863,7 +863,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         labels = labels or [rank_label(rank, len(hosts)) for rank in range(len(hosts))]
         if len(hosts) == 1 and not labels[0]:
             return [await self.transport.stream(hosts[0], script(0), on_output)]
-        sinks = [_WholeLines(on_output, label) for label in labels]
+        sinks = [WholeLines(on_output, label) for label in labels]
         try:
             statuses = await asyncio.gather(*(self.transport.stream(host, script(rank), sinks[rank])
                                               for rank, host in enumerate(hosts)), return_exceptions=True)
@@ -911,7 +911,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         allocation gone) ends those started before it, which wait for the go."""
         hosts, token = _hosts_and_token(handle)
         running: list[asyncio.Future[int]] = []
-        sinks = [_WholeLines(on_output, rank_label(rank, len(hosts))) for rank in range(len(hosts))]
+        sinks = [WholeLines(on_output, rank_label(rank, len(hosts))) for rank in range(len(hosts))]
         try:
             for rank, host in enumerate(hosts):
                 claimed = asyncio.Event()
@@ -1063,45 +1063,12 @@ def _phase(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, st
     return AllocationState(AllocationPhase.ENDED, why, hosts, last_active, None)
 
 
-LINE_LIMIT = 64 * 1024  # bytes of a line not yet ended that a sink keeps back; past that, they pass as they are
-
-
-def _whole_lines_end(data: bytes) -> int:
-    """Where the whole lines of `data` end: after its last newline or carriage return (a progress bar's
-    updates end with one), or at its end when what follows is longer than LINE_LIMIT (output with no
-    line ends, which would otherwise be kept back, and grow, until the stream ends)."""
-    end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-    return len(data) if len(data) - end > LINE_LIMIT else end
-
-
 def _first_failure(results: Sequence[object]) -> BaseException | None:
     """The first exception among gather(..., return_exceptions=True)'s results, for a caller that let
     every rank run to its end (one unreachable machine must not hide the others' output, nor leave them
     streaming for no one); a bug's exception (not a CorralError) before any CorralError."""
     failures = [r for r in results if isinstance(r, BaseException)]
     return next((f for f in failures if not isinstance(f, CorralError)), failures[0] if failures else None)
-
-
-class _WholeLines:
-    """An output sink for one of several streams that share `on_output`: it passes whole lines only
-    (_whole_lines_end), each after `label` (ranks.py); a part of a line waits for its end, or for `flush`
-    once the stream is over."""
-
-    def __init__(self, on_output: OutputSink, label: bytes = b"") -> None:
-        self.on_output, self.label, self.partial = on_output, label, b""
-
-    def __call__(self, chunk: bytes) -> None:
-        data = self.partial + chunk
-        end = _whole_lines_end(data)
-        if end:
-            self.on_output(labelled(self.label, data[:end]))
-        self.partial = data[end:]
-
-    def flush(self) -> None:
-        """Pass on what is left (a last line with no newline: given one where labelled)."""
-        if self.partial:
-            self.on_output(labelled(self.label, self.partial))
-            self.partial = b""
 
 
 class _UntilLine:
