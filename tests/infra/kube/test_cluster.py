@@ -309,10 +309,11 @@ def test_followed_logs_hold_no_shared_thread_and_free_their_own_as_soon_as_the_c
         asyncio.run(backend.cancel([s.handle for s in submitted], []))
 
 
-def test_a_log_of_several_pods_labels_each_line_with_its_rank_newest_pod_first():
+def test_a_log_of_several_pods_labels_each_line_with_its_rank_newest_pod_first(monkeypatch):
     """Each completion index's newest pod is read (a failed one replaced keeps the index), rank 0's
-    first without --follow, each line after its rank as srun --label writes it. The fake API server
-    replaces no pods on demand: the pod list and the reads stand in for it."""
+    first without --follow, each line after its rank as srun --label writes it; followed, a pod still
+    pending is waited for. The fake API server replaces no pods and holds none pending on demand: the
+    pod list and the reads stand in for it."""
     backend = KubeInfra(KubeEntry("kind-x", "/nonexistent"), Counter(), timeout=3)
     backend._api = object()  # no API client: _list and _stream_log stand in for the API server
 
@@ -334,6 +335,28 @@ def test_a_log_of_several_pods_labels_each_line_with_its_rank_newest_pod_first()
     out: list[bytes] = []
     asyncio.run(backend.logs("j", "", False, out.append))
     assert b"".join(out) == b"0: epoch 1\n0: epoch 2\n1: ready\n"
+
+    # Followed: a worker still pending once the head runs is waited for, not read (and missed) at once.
+    monkeypatch.setattr(kube_cluster, "LOG_POLL_SECONDS", 0.01)
+    pending = pod("j-1-new", 1, "2026-12-07T10:05:00Z", "Pending")
+    listed[0] = pending
+    asked: list[dict] = []
+
+    async def listing_by_name(path, **query):
+        if "fieldSelector" in query:  # the pending pod asked after: it has started
+            asked.append(query)
+            return [pod("j-1-new", 1, "2026-12-07T10:05:00Z")]
+        return listed
+
+    backend._list = listing_by_name  # type: ignore[method-assign]
+    followed: list[tuple[str, bool]] = []
+    backend._stream_log = (  # type: ignore[method-assign]
+        lambda ns, name, follow, sink, reading, tail=0: (followed.append((name, follow)), sink(said[name])))
+    out.clear()
+    asyncio.run(backend.logs("j", "", True, out.append))
+    assert sorted(followed) == [("j-0", True), ("j-1-new", True)]
+    assert asked == [{"fieldSelector": "metadata.name=j-1-new"}]
+    assert sorted(b"".join(out).splitlines()) == [b"0: epoch 1", b"0: epoch 2", b"1: ready"]
 
 
 def test_the_run_files_pass_deletes_ended_attempts_secrets_and_config_maps(kube, monkeypatch):

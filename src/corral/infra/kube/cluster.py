@@ -360,7 +360,16 @@ class KubeInfra(Infra, RemovesRunFiles):
                 sink.flush()
 
     async def _pod_log(self, ns: str, pod: dict[str, Any], follow: bool, on_output: OutputSink, tail: int) -> None:
-        """One pod's log (followed while it runs), read on a thread of its own (_in_own_thread)."""
+        """One pod's log (followed while it runs), read on a thread of its own (_in_own_thread). Followed,
+        a pod still pending (a worker pulling its image once the head runs) is waited for, until it starts
+        or is gone, so that its output is not missed."""
+        while follow and _phase(pod) == "Pending":
+            await asyncio.sleep(LOG_POLL_SECONDS)
+            name = pod["metadata"]["name"]
+            found = await self._list(f"/api/v1/namespaces/{ns}/pods", fieldSelector=f"metadata.name={name}")
+            if not found:
+                return
+            pod = found[0]
         reading = _LogRead()
         try:
             await _in_own_thread(self._stream_log, ns, pod["metadata"]["name"], follow and _phase(pod) == "Running",
