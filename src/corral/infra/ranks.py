@@ -3,12 +3,14 @@ right-aligned to the width of the highest ("0: ", " 3: " of 12 nodes), as `srun 
 job's log, so that a job's output on several nodes reads the same on every kind of place and tells which
 node said what. A task on one node has none. WholeLines passes one of several streams that share an
 output in whole lines, each labelled, so that one node's output never cuts into another's line. Pure: no
-I/O.
+I/O. first_failure picks which of several ranks' failures is raised once all have run to their end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from corral.errors import CorralError
 
 LINE_LIMIT = 64 * 1024  # bytes of a line not yet ended that a sink keeps back; past that, they pass as they are
 
@@ -60,3 +62,12 @@ class WholeLines:
         if self.partial:
             self.on_output(labelled(self.label, self.partial))
             self.partial = b""
+
+
+def first_failure(results: Sequence[object]) -> BaseException | None:
+    """The first exception among gather(..., return_exceptions=True)'s results, for a caller that let
+    every rank (a machine's, a pod's) run to its end (one unreachable machine must not hide the others'
+    output, nor leave them streaming for no one); a bug's exception (not a CorralError) before any
+    CorralError."""
+    failures = [r for r in results if isinstance(r, BaseException)]
+    return next((f for f in failures if not isinstance(f, CorralError)), failures[0] if failures else None)

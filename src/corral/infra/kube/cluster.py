@@ -50,7 +50,7 @@ from corral.infra.base import (
     SubmitResult,
 )
 from corral.infra.kube import capacity, manifests, rbac, states, watch
-from corral.infra.ranks import WholeLines, rank_label
+from corral.infra.ranks import WholeLines, first_failure, rank_label
 from corral.infra.shell import render_env
 
 LOG_POLL_SECONDS = 1.0
@@ -348,8 +348,7 @@ class KubeInfra(Infra, RemovesRunFiles):
             if follow:  # a pod whose read fails leaves the others' shown to their end; its error comes then
                 results = await asyncio.gather(*(self._pod_log(ns, pod, follow, sinks[rank], tail)
                                                  for rank, pod in ranked.items()), return_exceptions=True)
-                failed = next((r for r in results if isinstance(r, BaseException)), None)
-                if failed is not None:
+                if (failed := first_failure(results)) is not None:
                     raise failed
                 return
             for rank, pod in sorted(ranked.items()):

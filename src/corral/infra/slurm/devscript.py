@@ -45,6 +45,7 @@ from corral.infra.slurm.jobscript import (
     container_script,
     node_env_lines,
     sbatch_options,
+    srun_label,
     submit_script,
     write_files_script,
 )
@@ -84,7 +85,7 @@ def holder_sbatch(spec: SlurmJobSpec, idle_seconds: int) -> str:
         'echo "${SLURM_CPUS_ON_NODE:-0}:${SLURM_MEM_PER_NODE:-$(( ${SLURM_MEM_PER_CPU:-0} * ${SLURM_CPUS_ON_NODE:-0} ))}"'
         " > held",
         "if [ -s setup.sh ]; then",
-        f"  srun --overlap {'--label ' if spec.num_nodes > 1 else ''}--nodes={spec.num_nodes} --ntasks-per-node=1 "
+        f"  srun --overlap {srun_label(spec.num_nodes)}--nodes={spec.num_nodes} --ntasks-per-node=1 "
         'bash task.sh "$CORRAL_RUN_DIR/setup.sh" ""',
         '  rc=$?; if [ "$rc" -ne 0 ]; then echo "corral: setup failed ($rc)"; echo "$rc" > setup_failed; exit "$rc"; fi',
         "fi",
@@ -265,10 +266,8 @@ def _exec_step(job_id: str, exec_id: str, count: str, nodes: str, wrapper: str, 
     """One srun step of an exec on `nodes` (`count` of them), its output to the caller and the exec's
     output file; leaves `status`."""
     exec_dir = exec_folder(exec_id)
-    # On several nodes, each line after its node's rank, as a job's log (infra/ranks.py).
-    label = f'$([ {count} -gt 1 ] && echo --label) ' if not count.isdigit() else "--label " * (int(count) > 1)
-    return (f'srun --quiet {label}--jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} --nodes={count} '
-            f'-w "{nodes}" --ntasks-per-node=1 --kill-on-bad-exit=1 '
+    return (f'srun --quiet {srun_label(count)}--jobid={job_id} --overlap --job-name={exec_step_name(exec_id)} '
+            f'--nodes={count} -w "{nodes}" --ntasks-per-node=1 --kill-on-bad-exit=1 '
             f'bash task.sh "" "$d/{exec_dir}/{wrapper}" "$d/{exec_dir}/env.sh" </dev/null 2>&1 '
             f'| tee -p {tee_flags}"$d/{exec_dir}/{EXEC_OUTPUT}"\n'
             'status=${PIPESTATUS[0]}\n')

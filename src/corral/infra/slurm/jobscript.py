@@ -228,12 +228,19 @@ def render_sbatch(spec: SlurmJobSpec) -> str:
         lines.append('export SLURM_NODEID="${SLURM_NODEID:-0}"')
         lines.append('exec setsid -w bash "$CORRAL_RUN_DIR/task.sh"')
     else:
-        # --label: on several nodes, each line of the log starts with its node's rank ("0: "), as
-        # everywhere Corral runs on several nodes (infra/ranks.py).
-        label = "--label " if spec.num_nodes > 1 else ""
-        lines.append(f"srun {label}--nodes={spec.num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+        lines.append(f"srun {srun_label(spec.num_nodes)}--nodes={spec.num_nodes} --ntasks-per-node=1 "
+                     "--kill-on-bad-exit=1 "
                      f"{pyxis_options(spec)}bash \"$CORRAL_RUN_DIR/task.sh\"")
     return "\n".join(lines) + "\n"
+
+
+def srun_label(nodes: int | str) -> str:
+    """srun's `--label` for a step on several nodes: each line of its output starts with its node's rank
+    ("0: "), as everywhere Corral runs on several nodes (infra/ranks.py). `nodes`: their count, or a
+    shell word that expands to it."""
+    if isinstance(nodes, int) or nodes.isdigit():
+        return "--label " if int(nodes) > 1 else ""
+    return f"$([ {nodes} -gt 1 ] && echo --label) "
 
 
 def step_bound_lines(num_nodes: int, bound: int) -> list[str]:

@@ -74,7 +74,7 @@ from corral.infra.base import (
     TakesFolderStreams,
 )
 from corral.infra import caches
-from corral.infra.ranks import LINE_LIMIT, WholeLines, rank_label
+from corral.infra.ranks import LINE_LIMIT, WholeLines, first_failure, rank_label
 from corral.infra.shell import (
     CONTAINER_FILE,
     WRAPPED_RUNTIMES,
@@ -794,7 +794,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         # past that (a snapshot of a long run's logs can be GBs a rank).
         said = [tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) for _ in ranks]
         try:
-            failed = _first_failure(await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].write)
+            failed = first_failure(await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].write)
                                                            for i, (rank, host) in enumerate(ranks)),
                                                          return_exceptions=True))
             for spool, label in zip(said, labels):  # several ranks: each labelled (its last line ended)
@@ -870,7 +870,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         finally:
             for sink in sinks:
                 sink.flush()
-        if (failed := _first_failure(statuses)) is not None:
+        if (failed := first_failure(statuses)) is not None:
             raise failed
         return [int(status) for status in statuses]
 
@@ -1061,14 +1061,6 @@ def _phase(hosts: list[str], ranks: list[list[str] | None], silent: dict[str, st
            "walltime": "walltime ended"}.get(
         ended, "its holder ended (the machine restarted, or the process was killed)")
     return AllocationState(AllocationPhase.ENDED, why, hosts, last_active, None)
-
-
-def _first_failure(results: Sequence[object]) -> BaseException | None:
-    """The first exception among gather(..., return_exceptions=True)'s results, for a caller that let
-    every rank run to its end (one unreachable machine must not hide the others' output, nor leave them
-    streaming for no one); a bug's exception (not a CorralError) before any CorralError."""
-    failures = [r for r in results if isinstance(r, BaseException)]
-    return next((f for f in failures if not isinstance(f, CorralError)), failures[0] if failures else None)
 
 
 class _UntilLine:
