@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from corral.infra.slurm.probe import parse_probe_output
-from corral.placement import DEFAULT_KIND_ORDER, build_plan, slurm_minutes
+from corral.placement import DEFAULT_KIND_ORDER, build_plan, named, slurm_minutes
 from corral.task import Task, parse_task, resource_options
 from tests.conftest import FIXTURES
 
@@ -69,6 +69,24 @@ def test_infeasible_reasons():
     assert reasons[("alpine", "inference")] == "no H100 GPUs (has L4)"
     assert reasons[("cirrus", "maint")] == "partition has no nodes"
     assert reasons[("cirrus", "debug")] == "no H100 GPUs (has gpu)"
+
+
+def test_places_with_one_reason_share_its_line_and_an_unreachable_place_is_named_once():
+    task = parse_task({"resources": {"accelerators": "A100:1"}}, "t")
+    plan = build_plan(task, resource_options(task.resources), SNAPSHOTS, [*ORDER, "delta"],
+                      {"delta": "delta: ssh: connect to host d port 22: refused"})
+    assert plan.refusals() == [
+        "slurm/alpine/gpu, slurm/borealis/h100-cluster: no A100 GPUs (has H100)",
+        "slurm/alpine/cpu: no A100 GPUs (has no GPUs)",
+        "slurm/alpine/inference: no A100 GPUs (has L4)",
+        "slurm/borealis/l40s: no A100 GPUs (has L40S)",
+        "slurm/cirrus/b300: no A100 GPUs (has B300)",
+        "slurm/cirrus/debug: no A100 GPUs (has gpu)",
+        "slurm/cirrus/maint: partition has no nodes",
+    ]
+    assert plan.unanswered() == ["slurm/delta: ssh: connect to host d port 22: refused"]
+    assert named([f"c{i}" for i in range(4)]) == "c0, c1, c2, c3"
+    assert named([f"c{i}" for i in range(50)]) == "c0, c1, c2 and 47 more"
 
 
 def test_l4_is_not_l40s_and_generic_gpu_takes_any():

@@ -595,7 +595,7 @@ def test_a_task_for_a_kind_with_no_place_asks_no_cluster_and_says_what_to_set_up
     task = parse_task({"resources": {"infra": "k8s"}, "run": "true"}, "t")
     launcher = Launcher(client, store)
     assert asyncio.run(launcher.probe_for([task])) == []  # nothing asked
-    with pytest.raises(NoFeasibleClusterError, match=r"^no cluster can run this task: infra k8s: no Kubernetes "
+    with pytest.raises(NoFeasibleClusterError, match=r"^no cluster can run this task:\n  infra k8s: no Kubernetes "
                                                      r"context is set up: list contexts under `kubernetes:"):
         launch(client, store, {"resources": {"infra": "k8s"}, "run": "true"})
     # either kind: the Slurm clusters are asked, and only the one that did not answer is named with the kind

@@ -1,6 +1,7 @@
 """One error tree for everything Corral reports to a user.
 
-Every error renders as one line that says what is wrong, where, and what to do (`str(err)`), and its
+Every error renders as one line that says what is wrong, where, and what to do (`str(err)`), or as a
+line and the list it introduces (`listed`: each place's reason where no place can run a task), and its
 class says how the `corral` command exits (codes from BSD's sysexits, as docs/cli.md lists them), so a
 script tells Corral's own failures (64-78) apart from a job's (an attached launch or an exec exits with
 the job's code; 1 is what Corral says for "the job failed" when the job gave no code of its own).
@@ -9,6 +10,7 @@ the job's code; 1 is what Corral says for "the job failed" when the job gave no 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 EXIT_USAGE = 2  # a bad flag or argument (click's own code, as argparse's)
@@ -109,6 +111,28 @@ class ClusterError(UnavailableError):
         super().__init__(f"{cluster}: {detail}")
         self.cluster = cluster
         self.detail = detail
+
+
+# How a message sets out a list, each item on an indented line of its own: the one line break the CLI
+# prints as such (`printed`); any other in a message is a value's, and printed escaped.
+LIST_BREAK = "\n  "
+
+
+def printable(text: str) -> str:
+    """`text` with every line break and other control character escaped (`\\n`, `\\x1b`): a value from a
+    user, a cluster or a file, safe to print on a terminal as part of one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def listed(head: str, items: Iterable[str]) -> str:
+    """`head`, then each item on an indented line of its own (each item printable)."""
+    return head + "".join(LIST_BREAK + printable(item) for item in items)
+
+
+def printed(message: str) -> str:
+    """An error message as the CLI prints it: a list's lines as lines (`listed`), any other control
+    character escaped, so that no value in it can start a line of its own or move the cursor."""
+    return LIST_BREAK.join(printable(part) for part in message.split(LIST_BREAK))
 
 
 def asked_again(failure: str, waited: float) -> str:

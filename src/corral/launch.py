@@ -27,6 +27,7 @@ from corral.errors import (
     CorralError,
     UnavailableError,
     UnknownPartitionError,
+    listed,
 )
 from corral.infra import caches
 from corral.infra.base import (
@@ -600,9 +601,8 @@ CANNOT_GROUP = ("cannot run a job group's tasks yet: it gives them no CORRAL_JOB
 
 
 def no_candidate_message(plan: Plan) -> str:
-    reasons = [f"{c.infra}: {c.reason}" for c in plan.ranked()]
-    reasons += [f"{plan.place_infra(cluster)}: {error}" for cluster, error in plan.unreachable.items()]
-    reasons += not_set_up_reasons(plan)
+    """Why no place can run the task: a line, then each place's reason on a line of its own (errors.listed)."""
+    reasons = plan.refusals() + plan.unanswered() + not_set_up_reasons(plan)
     if not reasons:
         return "no cluster matches the task's infra"
-    return "no cluster can run this task: " + "; ".join(reasons)
+    return listed("no cluster can run this task:", reasons)

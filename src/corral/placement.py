@@ -85,6 +85,13 @@ class Candidate:
             f"{self.kind}/{self.cluster}/{self.partition}")
 
 
+def named(places: list[str], most: int = 4) -> str:
+    """Places as a list that stays short: the first three and how many more, past `most`."""
+    if len(places) <= most:
+        return ", ".join(places)
+    return f"{', '.join(places[:most - 1])} and {len(places) - most + 1} more"
+
+
 @dataclass
 class Plan:
     candidates: list[Candidate]
@@ -95,6 +102,20 @@ class Plan:
     def place_infra(self, cluster: str) -> str:
         """How an unreachable place is written: slurm/<cluster>, ssh/<pool>, k8s/<context>."""
         return f"{self.kinds.get(cluster, 'slurm')}/{cluster}"
+
+    def refusals(self) -> list[str]:
+        """Why each place that answered cannot run the task, best first, one line a reason: places with
+        the same reason share its line, so that fifty clusters alike say it once."""
+        places: dict[str, list[str]] = {}
+        for candidate in self.ranked():
+            if not candidate.feasible and candidate.reason:
+                places.setdefault(candidate.reason, []).append(candidate.infra)
+        return [f"{named(where)}: {reason}" for reason, where in places.items()]
+
+    def unanswered(self) -> list[str]:
+        """Each place that did not answer, with why (its name said once, though the error names it too)."""
+        return [f"{self.place_infra(cluster)}: {error.removeprefix(f'{cluster}: ')}"
+                for cluster, error in self.unreachable.items()]
 
     def ranked(self) -> list[Candidate]:
         return sorted(self.candidates, key=Candidate.rank_key)

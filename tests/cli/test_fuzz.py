@@ -82,8 +82,9 @@ def test_no_argument_list_ends_in_a_traceback(refusing_clusters, argv):
     assert len(errors) <= 1, (argv, err)
     if code == 2:  # a usage error: exactly one line
         assert err.count("\n") == 1 and errors, (argv, err)
-    if errors:
-        assert code != 0 and err.endswith(errors[0] + "\n"), (argv, err)
+    if errors:  # the last thing said, with the list it introduces (each place's reason) on indented lines
+        listed = err[err.index(errors[0]):].splitlines()[1:]
+        assert code != 0 and err.endswith("\n") and all(line.startswith("  ") for line in listed), (argv, err)
 
 
 @pytest.mark.parametrize(("argv", "fragment", "exit_code"), [
@@ -101,6 +102,14 @@ def test_no_argument_list_ends_in_a_traceback(refusing_clusters, argv):
 def test_regressions_are_one_line_errors(refusing_clusters, argv, fragment, exit_code):
     code, _out, err = run_cli(argv)
     assert code == exit_code and err.startswith("corral: error: ") and err.count("\n") == 1 and fragment in err, err
+
+
+def test_no_place_able_to_run_a_task_lists_each_place_on_its_own_line(refusing_clusters):
+    """It was one line of every place's reason joined by `;`, some 900 characters on the testbed."""
+    code, _out, err = run_cli(["launch", "-d", "task.yaml"])
+    head, *places = err.splitlines()
+    assert code == 69 and head == "corral: error: no cluster can run this task:", err
+    assert places and all(line.startswith("  slurm/") and ": " in line for line in places), err
 
 
 def test_a_managed_dry_run_plans_and_records_nothing(refusing_clusters):

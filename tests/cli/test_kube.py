@@ -251,7 +251,7 @@ def test_a_dev_allocation_is_not_placed_on_kubernetes_and_the_plan_says_why(corr
     `k8s/kind-fake: None`), and `launch -c --dryrun` shows the context as not feasible, why included."""
     refused = corral("launch", "-c", "kdev", "--infra", "k8s/kind-fake", "--gpus", "A100:1", env=kube_env)
     assert refused.exit_code == 69
-    assert ("no cluster can run this task: k8s/kind-fake: cannot hold a dev allocation yet (Slurm clusters and SSH "
+    assert ("no cluster can run this task:\n  k8s/kind-fake: cannot hold a dev allocation yet (Slurm clusters and SSH "
             "pools can)") in refused.stderr, refused.stderr
     plan = corral("launch", "-c", "kdev", "--gpus", "A100:1", "--dryrun", "--json", env=kube_env).json()
     [row] = [r for r in plan if r["infra"] == "k8s/kind-fake"]

@@ -435,8 +435,8 @@ def test_bad_task_input_is_clear_and_submits_nothing(corral, tmp_path):
     assert "image_id needs a container runtime" in no_runtime.stderr
     impossible = corral("launch", "-d", "--gpus", "H100:16", "--", "true")
     assert impossible.exit_code == 69
-    assert ("slurm/borealis/h100-cluster: needs 1 node(s) with H100:16; partition has 0 (at most H100:8 a node)"
-            in impossible.stderr)
+    assert ("\n  slurm/borealis/h100-cluster: needs 1 node(s) with H100:16; partition has 0 (at most H100:8 a node)\n"
+            in impossible.stderr)  # each place's reason on a line of its own
     assert queue(corral) == {}  # nothing was recorded, nothing submitted
 
 

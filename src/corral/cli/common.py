@@ -28,25 +28,20 @@ class NumberRange(click.FloatRange):
 
 
 def reports_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Print a CorralError as one line on stderr and exit with its code, instead of a traceback."""
+    """Print a CorralError on stderr (one line, or a line and its list: errors.printed) and exit with its
+    code, instead of a traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from corral.errors import CorralError
+        from corral.errors import CorralError, printed
 
         try:
             return func(*args, **kwargs)
         except CorralError as exc:
-            click.echo(f"corral: error: {one_line(str(exc))}", err=True)
+            click.echo(f"corral: error: {printed(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
     return wrapper
-
-
-def one_line(text: str) -> str:
-    """An error message as one line: a line break or other control character from a user's value
-    (a file name, a key) is shown escaped, never written out."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def print_json(value: object) -> None:

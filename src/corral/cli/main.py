@@ -17,12 +17,12 @@ from corral.cli.common import (
     habit_flag,
     log_options,
     newest_id,
-    one_line,
     paging,
     print_json,
     reports_errors,
     stream_json,
 )
+from corral.errors import printable
 
 # SkyPilot's names for what Corral calls otherwise, and its commands that have no meaning on Slurm, with
 # what to type instead: its users type them from habit.
@@ -339,7 +339,7 @@ def _tolerant_output() -> None:
 
 def _report_usage_error(exc: click.ClickException) -> None:
     """A bad flag or argument: one line that says what and where to look, as CorralErrors do."""
-    message = one_line(" ".join(exc.format_message().split()))
+    message = printable(" ".join(exc.format_message().split()))
     context = getattr(exc, "ctx", None)
     hint = f" (see `{context.command_path} --help`)" if context is not None else ""
     click.echo(f"corral: error: {message}{hint}", err=True)

@@ -803,6 +803,6 @@ def _task_key(job: JobRow) -> tuple[str, str]:
 
 
 def _reasons(plan: Plan) -> str:
-    """Why no place fits: the best four places' reasons, then each cluster not asked or not answering."""
-    reasons = [f"{c.infra}: {c.reason}" for c in plan.ranked()[:4] if c.reason] + list(plan.unreachable.values())
-    return "; ".join(reasons + not_set_up_reasons(plan)) or "none feasible"
+    """Why no place fits, on one line (a table's cell): the best four reasons, then each cluster not
+    asked or not answering."""
+    return "; ".join(plan.refusals()[:4] + plan.unanswered() + not_set_up_reasons(plan)) or "none feasible"

@@ -165,8 +165,45 @@ def test_a_wrong_token_and_a_silent_server(kube, tmp_path):
     config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"  # discard: nothing listens
     silent = tmp_path / "silent"
     silent.write_text(json.dumps(config))
-    with pytest.raises(ClusterUnreachableError, match="the API server does not answer"):
+    with pytest.raises(ClusterUnreachableError, match=r"the API server at http://127.0.0.1:9 does not answer: connection refused$"):
         asyncio.run(infra(kube, kubeconfig=silent).probe())
+
+
+def test_a_failed_request_is_told_in_a_few_words_whatever_urllib3_wraps_it_in():
+    """It was urllib3's whole message: `HTTPConnectionPool(host=…): Max retries exceeded with url: … (Caused
+    by NewConnectionError(…))`, some 300 characters, cut in the middle."""
+    import socket
+    import threading
+
+    import urllib3
+
+    def failure(url: str) -> Exception:
+        try:
+            urllib3.PoolManager(retries=0, timeout=urllib3.Timeout(connect=2, read=0.3)).request("GET", url)
+        except Exception as exc:
+            return exc
+        raise AssertionError(f"{url} answered")
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        refused = closed.getsockname()[1]
+    with socket.socket() as silent, socket.socket() as garbled:
+        for listener in (silent, garbled):
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+
+        def answer_garbage() -> None:
+            conn, _ = garbled.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"not TLS\r\n\r\n")
+
+        threading.Thread(target=answer_garbage, daemon=True).start()
+        assert kube_cluster.why_unanswered(failure(f"http://127.0.0.1:{refused}/")) == "connection refused"
+        assert kube_cluster.why_unanswered(failure(f"http://127.0.0.1:{silent.getsockname()[1]}/")) == "timed out"
+        assert kube_cluster.why_unanswered(failure(f"https://127.0.0.1:{garbled.getsockname()[1]}/")) == (
+            "TLS: wrong version number")
+    assert kube_cluster.why_unanswered(ValueError("odd\n  thing")) == "odd thing"
 
 
 def test_the_service_and_config_map_belong_to_the_job(kube):

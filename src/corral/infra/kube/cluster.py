@@ -13,8 +13,8 @@ going out together):
 - status: Corral's Jobs and pods in the namespace, as watches keep them (`watch.py`): no request once
   synced, plus the Warning events when a pod is pending; before that, or for a job the watches have
   not shown yet, both listed together: one or two round trips, whatever the number of jobs;
-- cancel: delete each Job (its pods with it), Service, ConfigMap and Secret; logs: the head pod's
-  (index 0), streamed with `follow`;
+- cancel: delete each Job (its pods with it), Service, ConfigMap and Secret; logs: its pods listed,
+  then each index's newest pod read, all at once, streamed with `follow`;
 - the run files' pass (run_files.py): ended attempts' Secrets and ConfigMaps deleted by their
   tokens' label, two requests per SELECTED_AT_ONCE attempts, all at once.
 """
@@ -28,6 +28,8 @@ import contextvars
 import dataclasses
 import io
 import json
+import re
+import ssl
 import tarfile
 import threading
 import time
@@ -119,8 +121,8 @@ class KubeInfra(Infra, RemovesRunFiles):
             return api.call_api(method, url, header_params=headers, body=body, post_params=post,
                                 _request_timeout=timeout).response
         except Exception as exc:  # urllib3's: refused, timed out, name not resolved
-            raise ClusterUnreachableError(self.entry.name, f"the API server does not answer "
-                                                           f"({' '.join(str(exc).split())[:300]})") from None
+            raise ClusterUnreachableError(self.entry.name, f"the API server at {api.configuration.host} does not "
+                                                           f"answer: {why_unanswered(exc)}") from None
 
     async def _call(self, method: str, path: str, *, query: Sequence[tuple[str, Any]] = (), body: Any = None,
                     allow: tuple[int, ...] = (), content_type: str = "application/json") -> tuple[int, Any]:
@@ -541,6 +543,22 @@ def _loads(data: Any) -> Any:
         return json.loads(data)
     except (ValueError, TypeError):
         return None
+
+
+def why_unanswered(exc: BaseException) -> str:
+    """A failed request's cause in a few words (`connection refused`, `timed out`, `certificate verify
+    failed: …`), from the innermost error urllib3 wraps; its whole message, on one line, if none says."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return "TLS: " + re.sub(r"^\[[^]]*\] | \(_ssl\.c:\d+\)$", "", str(seen.strerror or seen))
+        if isinstance(seen, TimeoutError) or type(seen).__name__.endswith("TimeoutError"):
+            return "timed out"
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror[:1].lower() + seen.strerror[1:]
+        reason = getattr(seen, "reason", None)  # MaxRetryError's last attempt
+        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
+    return " ".join(str(exc).split())[:300]
 
 
 def _api_message(status: int, body: Any, reason: str | None = None) -> str:
