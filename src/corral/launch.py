@@ -451,7 +451,7 @@ class Launcher:
                            number=number,
                            cluster=candidate.cluster, partition=candidate.partition, state=JobState.SUBMITTING,
                            created_at=time.time(), run_dir=files.run_dir, log_path=files.log_paths[i],
-                           submitter=process_tag(),
+                           error_path=files.error_paths[i] if files.error_paths else None, submitter=process_tag(),
                            held=request.held or None)
                 for i, jid in enumerate(job_ids)
             ]

@@ -364,11 +364,15 @@ class Tracker:
         await asyncio.gather(*(one(c, g) for c, g in by_account.items()))
         return live
 
-    def check_logs(self, view: JobView) -> None:
-        """Refuse, before any output is streamed, a job whose logs cannot be read."""
+    def check_logs(self, view: JobView, stderr: bool = False) -> None:
+        """Refuse, before any output is streamed, a job whose logs (`stderr`: its --error file) cannot be read."""
         if not view.attempt.handle:
             raise CorralError(f"{view.job.id} has not reached its cluster yet ({view.attempt.state}); no logs")
-        check_log_kept(view.job.id, view.attempt)
+        if stderr and not view.attempt.error_path:
+            raise NotFoundError(f"{view.job.id} has no stderr file of its own: its stderr is in its output "
+                                f"(`corral logs {view.job.id}`), as no sbatch --error sent it elsewhere (or none "
+                                "was recorded: it was submitted before Corral recorded them)")
+        check_log_kept(view.job.id, view.attempt, view.attempt.error_path if stderr else None)
         if view.job.allocation is not None:
             name = view.job.allocation
             held = self.store.allocation(name, view.job.owner)
@@ -379,8 +383,9 @@ class Tracker:
                 raise CorralError(f"{view.job.id} ran in dev allocation {name!r} through `corral exec` before "
                                   "Corral kept an exec's output; it showed its output as it ran")
 
-    async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None], tail: int = 0) -> None:
-        self.check_logs(view)
+    async def logs(self, view: JobView, follow: bool, on_output: Callable[[bytes], None], tail: int = 0,
+                   stderr: bool = False) -> None:
+        self.check_logs(view, stderr)
         attempt = view.attempt
         infra = self.client.infra(attempt.cluster, view.job.owner)
         if view.job.allocation is not None:  # an exec: followed while it runs, not while its allocation does
@@ -388,12 +393,13 @@ class Tracker:
             await holder(infra).exec_output(attempt.handle or "", attempt.run_dir, view.job.id, follow,
                                                   on_output, tail)
             return
-        await infra.logs(attempt.handle, attempt.log_path, follow, on_output, tail)
+        await infra.logs(attempt.handle, attempt.error_path if stderr else attempt.log_path, follow, on_output, tail)
 
 
-def check_log_kept(job_id: str, attempt: AttemptRow) -> None:
-    """Refuse an attempt whose log went with its run directory (run_files.py), saying so."""
-    if attempt.run_dir_state == RunDirState.REMOVED and attempt.log_path.startswith(attempt.run_dir + "/"):
+def check_log_kept(job_id: str, attempt: AttemptRow, path: str | None = None) -> None:
+    """Refuse an attempt whose log (or `path`, its --error file) went with its run directory
+    (run_files.py), saying so."""
+    if attempt.run_dir_state == RunDirState.REMOVED and (path or attempt.log_path).startswith(attempt.run_dir + "/"):
         ended = f", {(time.time() - attempt.ended_at) / 86400:.0f} days ago" if attempt.ended_at else ""
         raise NotFoundError(f"{job_id} ended{ended}; its run directory on {attempt.cluster}, log included, was "
                             "removed since, as `run_dirs: {keep_days: N}` in the server's config.yaml says")

@@ -101,6 +101,7 @@ def job_json(view: JobView, kinds: Mapping[str, str] | None = None) -> dict[str,
         "expected_start": a.expected_start if a.state == JobState.PENDING else None,
         "exit_code": a.exit_code, "job_rank": view.job.job_rank, "sweep_id": view.job.sweep_id,
         "allocation": view.job.allocation,  # the dev allocation an exec ran in (`corral exec`)
+        "stderr_path": a.error_path,  # a script's --error file apart from its log (`corral logs --stderr`)
     }
 
 

@@ -210,9 +210,11 @@ def test_a_managed_array_is_one_managed_job_per_task(corral, testbed, clean_queu
     assert as_json.json()["job_ids"] == [as_json.json()["job_id"]]  # JSON, as `corral jobs launch --json`
 
 
-def test_a_log_folder_and_the_submit_folder_are_where_the_script_expects(corral, testbed, clean_queues, tmp_path):
+def test_a_log_folder_and_the_submit_folder_are_where_the_script_expects(corral, corral_env, testbed, clean_queues,
+                                                                          tmp_path):
     """`#SBATCH -o logs/%x-%j.out`: with sbatch it works beside a logs/ folder; the job failed with
-    Slurm's JobLaunchFailure, as it starts in a folder of its own."""
+    Slurm's JobLaunchFailure, as it starts in a folder of its own. Its `-e` file is read with `--stderr`
+    (nothing showed it before: a failed script's traceback was nowhere in `corral logs`)."""
     script = tmp_path / "logged.sh"
     script.write_text("#!/bin/bash\n#SBATCH -o logs/%x-%j.out -e errors/%j.err -c 1 -t 5\n"
                       "cd \"$SLURM_SUBMIT_DIR\" && cat data.txt; echo err >&2\n")
@@ -223,12 +225,28 @@ def test_a_log_folder_and_the_submit_folder_are_where_the_script_expects(corral,
     assert ran.exit_code == 0, ran.stderr
     # and SLURM_SUBMIT_DIR is where the files sent with it are, as where the user runs sbatch
     assert corral("logs", "--no-follow", ran.stdout.split()[3]).stdout == "data\n"
+    assert corral("logs", "--no-follow", "--stderr", ran.stdout.split()[3]).stdout == "err\n"
+    script.write_text("#!/bin/bash\n#SBATCH -o %j.out -e %j.err -c 1 -t 5\necho doing; echo Traceback >&2; exit 4\n")
+    failed = corral("sbatch", "--infra", "slurm/alpine/cpu", "-W", str(script), cwd=tmp_path, timeout=90)
+    job_id = failed.stdout.split()[3]
+    hint = f"; its stderr is in a file of its own: `corral logs --stderr {job_id}`\n"
+    assert failed.exit_code == 4 and failed.stderr.endswith(f"(exit code 4){hint}"), failed.stderr
+    followed = corral("logs", job_id)
+    assert (followed.exit_code, followed.stdout) == (4, "doing\n") and followed.stderr.endswith(hint)
+    errors = corral("logs", "--stderr", job_id)
+    assert (errors.exit_code, errors.stdout) == (4, "Traceback\n") and "--stderr" not in errors.stderr
+    saved = corral("logs", "--sync-down", job_id, env={**corral_env, "HOME": str(tmp_path)})
+    assert saved.stdout.split() == [str(tmp_path / "corral_logs" / job_id / f"run.{end}") for end in ("log", "err")]
+    assert (tmp_path / "corral_logs" / job_id / "run.err").read_text() == "Traceback\n"
     (tmp_path / "sent" / "sub").mkdir()
     script.write_text("#!/bin/bash\n#SBATCH -D sub -o out-%j.txt -c 1 -t 5\npwd\n")  # -D: from the submit folder
     ran = corral("sbatch", "--infra", "slurm/alpine/cpu", "--workdir", "sent", "-W", str(script), cwd=tmp_path,
                  timeout=90)
     assert ran.exit_code == 0, ran.stderr
     assert corral("logs", "--no-follow", ran.stdout.split()[3]).stdout.endswith("/workdir/sub\n")
+    none_apart = corral("logs", "--stderr", "--no-follow", ran.stdout.split()[3])
+    assert none_apart.exit_code == 66 and "has no stderr file of its own: its stderr is in its output" in (
+        none_apart.stderr)
 
 
 def test_excluded_and_listed_nodes_steer_the_plan(corral):

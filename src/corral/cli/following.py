@@ -67,7 +67,7 @@ def wait_quietly(client: Any, job_ids: list[str], *, managed: bool = False) -> i
     if len(ended) == 1:
         where = f" on {place(job)}" if job.cluster else ""
         code = f" (exit code {_exit_code(job)})" if _exit_code(job) is not None else ""
-        click.echo(f"corral: {job.job_id} {job.state}{where}{code}", err=True)
+        click.echo(f"corral: {job.job_id} {job.state}{where}{code}{stderr_apart(job, statuses[worst])}", err=True)
     else:
         counts: dict[str, int] = {}
         for each in ended:
@@ -92,16 +92,17 @@ def print_output(chunks: Any) -> CorralError | None:
     return None
 
 
-def follow_to_end(client: Any, job_id: str, progress: Any, *, tail: int = 0) -> int:
+def follow_to_end(client: Any, job_id: str, progress: Any, *, tail: int = 0, stderr: bool = False) -> int:
     """Wait while the job is pending (its Slurm reason and predicted start on a status line), print its
-    output as it comes (with `tail`, from its last `tail` lines), then its end; the job's exit code.
-    Ctrl-C leaves the job running. `job_id`: an id, or what `corral logs` accepts (a prefix, a name)."""
+    output as it comes (with `tail`, from its last `tail` lines; `stderr`: its --error file's), then its
+    end; the job's exit code. Ctrl-C leaves the job running. `job_id`: an id, or what `corral logs`
+    accepts (a prefix, a name)."""
     job = None
     try:
         job = _wait_for_start(client, job_id, progress)
         job_id = job.job_id
-        broken = print_output(client.logs(job_id, follow=True, tail=tail)) is not None
-        return report_end(client, job_id, broken=broken)
+        broken = print_output(client.logs(job_id, follow=True, tail=tail, stderr=stderr)) is not None
+        return report_end(client, job_id, broken=broken, stderr_shown=stderr)
     except KeyboardInterrupt:
         progress.clear()
         job = job or _quietly(lambda: client.job(job_id))  # interrupted while it was still pending
@@ -111,11 +112,12 @@ def follow_to_end(client: Any, job_id: str, progress: Any, *, tail: int = 0) -> 
         return 130
 
 
-def report_end(client: Any, job_id: str, *, broken: bool = False) -> int:
+def report_end(client: Any, job_id: str, *, broken: bool = False, stderr_shown: bool = False) -> int:
     """Once the job's output has ended: how the job ended (waiting while Slurm settles it), on stderr;
     its exit status. `broken`: following stopped on an error; a job still live then is not waited for
     (its cluster may be down for long): the command says so and exits 69, as for an unreachable cluster;
-    one that had ended meanwhile is told as it ended."""
+    one that had ended meanwhile is told as it ended. A failed job whose script sent its stderr to a
+    file of its own (not `stderr_shown`) says where to read it: its traceback is there, not above."""
     from corral.errors import UnavailableError
 
     if broken:
@@ -128,8 +130,18 @@ def report_end(client: Any, job_id: str, *, broken: bool = False) -> int:
         job = client.wait(job_id, poll=POLL_SECONDS, timeout=SETTLE_SECONDS)
     except CorralError:  # still settling in Slurm: report what is known
         job = client.job(job_id)
-    click.echo(f"corral: {job.job_id} {job.state} on {place(job)} ({exit_code_text(job.exit_code)})", err=True)
-    return exit_status(job.state, job.exit_code)
+    status = exit_status(job.state, job.exit_code)
+    apart = "" if stderr_shown else stderr_apart(job, status)
+    click.echo(f"corral: {job.job_id} {job.state} on {place(job)} ({exit_code_text(job.exit_code)}){apart}", err=True)
+    return status
+
+
+def stderr_apart(job: Any, status: int) -> str:
+    """For a job that failed after its script sent stderr to a file of its own (`--error`), where to
+    read it (its traceback is there, not in its output); else nothing."""
+    if not status or not getattr(job, "stderr_path", None):
+        return ""
+    return f"; its stderr is in a file of its own: `corral logs --stderr {job.job_id}`"
 
 
 def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, progress: Any = None,

@@ -235,9 +235,11 @@ def _filtered_queue(client: Any, allocation: str | None, as_json: bool, limit: i
 @cli.command()
 @log_options("Keep printing until the job ends, as `sky logs` does; --no-follow prints what there is.",
              "Start with the last N lines of what there is (0: all of it), as `sky logs --tail`.", in_allocation=True)
+@click.option("--stderr", is_flag=True, help="The file an sbatch script's --error sends stderr to, apart from "
+                                             "its output (with --sync-down, saved beside it anyway).")
 @reports_errors
-def logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool, allocation: str | None = None
-         ) -> None:
+def logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool, stderr: bool,
+         allocation: str | None = None) -> None:
     """Print a job's output (all nodes), following it until it ends; then how it ended, and exit with
     its exit code, as an attached `launch` does. Without JOB: your newest job. A dev allocation's name
     alone means its newest job; `ALLOCATION JOB` one of its jobs (as `sky logs CLUSTER JOB_ID`)."""
@@ -258,8 +260,8 @@ def logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool
         sync_down_job(client, job)
         return
     if follow:  # while it is pending, its Slurm reason and expected start on a status line, as `launch`
-        sys.exit(follow_to_end(client, job, LazyProgress(), tail=tail))
-    if (cut := print_output(client.logs(job, tail=tail))) is not None:  # what there is, and it is not all
+        sys.exit(follow_to_end(client, job, LazyProgress(), tail=tail, stderr=stderr))
+    if (cut := print_output(client.logs(job, tail=tail, stderr=stderr))) is not None:  # what there is, not all
         sys.exit(cut.exit_code)
 
 

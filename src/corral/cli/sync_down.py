@@ -37,11 +37,14 @@ def job_folder(job_id: str) -> Path:
 
 
 def sync_down_job(client: Any, job: str) -> Path:
-    """A job's output (all nodes) to ~/corral_logs/<job id>/run.log; says where, and whether it runs on."""
+    """A job's output (all nodes) to ~/corral_logs/<job id>/run.log, and its script's --error file, where
+    stderr goes apart, to run.err beside it; says where, and whether it runs on."""
     found = client.job(job)
     path = job_folder(found.job_id) / "run.log"
-    size = save(client.logs(found.job_id), path)
-    _said(found.job_id, [(path, size)], str(found.state), live=not found.ended)
+    saved = [(path, save(client.logs(found.job_id), path))]
+    if found.stderr_path:
+        saved.append((path.with_suffix(".err"), save(client.logs(found.job_id, stderr=True), path.with_suffix(".err"))))
+    _said(found.job_id, saved, str(found.state), live=not found.ended)
     return path
 
 

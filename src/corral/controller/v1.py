@@ -265,13 +265,14 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
     @router.get("/jobs/{job}/logs", response_class=OutputStream, responses=STREAM_REFUSALS)
     async def logs(me: Me, job: Annotated[str, Path(max_length=200)], follow: bool = False,
                    tail: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
-                   allocation: InAllocation = None) -> StreamingResponse:
+                   allocation: InAllocation = None, stderr: bool = False) -> StreamingResponse:
         """The job's output, all nodes (with `tail` > 0, the last `tail` lines); with `follow`, streamed
-        until its tasks are over. `job` and `allocation` as for GET /jobs/{job}."""
+        until its tasks are over. `job` and `allocation` as for GET /jobs/{job}. `stderr`: the file of its
+        own that an sbatch script's `--error` sends stderr to (404 where stderr is in the output)."""
         view = resolve_in(me, job, allocation)
         tracker = Tracker(Client(), store)
-        tracker.check_logs(view)  # a refusal is an error answer, not a line in the job's output
-        return stream_output(lambda sink: tracker.logs(view, follow, sink, tail))
+        tracker.check_logs(view, stderr)  # a refusal is an error answer, not a line in the job's output
+        return stream_output(lambda sink: tracker.logs(view, follow, sink, tail, stderr))
 
     def in_allocation(me: Principal, refs: list[str], every: bool) -> tuple[str | None, list[str]]:
         """`sky cancel CLUSTER JOB…`: a first reference that names one of your dev allocations (and no job)

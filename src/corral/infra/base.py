@@ -224,10 +224,12 @@ class JobRequest:
 @dataclass(frozen=True)
 class AttemptFiles:
     """Where an attempt's files will be on the infra, known before it is submitted (so that the
-    attempt can be recorded first): its run directory and one log per copy."""
+    attempt can be recorded first): its run directory and one log per copy; where stderr goes to a file
+    apart (an sbatch script's `--error`), that file per copy."""
 
     run_dir: str
     log_paths: tuple[str, ...]
+    error_paths: tuple[str, ...] = ()
 
 
 OutputSink = Callable[[bytes], None]

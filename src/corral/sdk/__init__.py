@@ -148,12 +148,14 @@ class Client:
         allocation of yours, by its number there (`"2"`, as `sky logs CLUSTER 2`) or its id or name."""
         return Job.from_json(self._json("GET", f"/jobs/{_quoted(job)}", {"allocation": allocation}))
 
-    def logs(self, job: str, follow: bool = False, *, tail: int = 0, allocation: str | None = None
-             ) -> Iterator[bytes]:
+    def logs(self, job: str, follow: bool = False, *, tail: int = 0, allocation: str | None = None,
+             stderr: bool = False) -> Iterator[bytes]:
         """A job's output as it comes (all nodes; with `tail` > 0, its last `tail` lines first); with
-        `follow`, until the job's tasks are over. `allocation` as for `job`."""
+        `follow`, until the job's tasks are over. `allocation` as for `job`. `stderr`: the file its sbatch
+        script's `--error` sends stderr to, apart from the output (`Job.stderr_path`)."""
         yield from _cut_raised(self._stream("GET", f"/jobs/{_quoted(job)}/logs",
-                                            {"follow": follow, "tail": tail or None, "allocation": allocation}))
+                                            {"follow": follow, "tail": tail or None, "allocation": allocation,
+                                             "stderr": stderr}))
 
     def cancel(self, jobs: str | list[str] | None = None, *, all: bool = False, all_users: bool = False
                ) -> list[CancelOutcome]:

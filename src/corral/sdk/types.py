@@ -155,13 +155,14 @@ class Job:
     raw: dict[str, Any] = field(repr=False, compare=False)
     allocation: str | None = None  # the dev allocation it ran in (`corral exec`), if any
     number: int | None = None  # its number in that allocation (1 first), when asked about the allocation
+    stderr_path: str | None = None  # on its cluster: its script's --error file, apart from the output
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
         return cls(data["job_id"], data["name"], status_of(JobStatus, data["state"]), data.get("cluster"),
                    data.get("partition"), handle_in(data), data.get("reason"), int(data.get("attempt") or 0),
                    data.get("submitted_at"), data.get("started_at"), data.get("ended_at"), data.get("exit_code"),
-                   data.get("sweep_id"), data, data.get("allocation"), data.get("number"))
+                   data.get("sweep_id"), data, data.get("allocation"), data.get("number"), data.get("stderr_path"))
 
     @property
     def ended(self) -> bool:

@@ -46,6 +46,8 @@ class AttemptRow(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     run_dir: Mapped[str] = mapped_column(Text)  # on the cluster, relative to the user's home
     log_path: Mapped[str] = mapped_column(Text)  # on the cluster, relative to the user's home
+    # A script's --error file, where it is not the log: its stderr (`corral logs --stderr`); else NULL.
+    error_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -125,6 +125,21 @@ def test_status_finds_script_jobs_by_their_comment_whatever_their_name():
     assert statuses["27"].state == "PENDING" and "27+1" not in statuses and "27+0" not in statuses
 
 
+def test_an_error_file_apart_from_the_output_is_recorded_per_copy_and_only_then():
+    work = ".corral/runs/0123456789ab/workdir"
+    plain = userscript.submission_for(request("single_gpu", "gpu", None), "alpine")
+    assert (plain.log_paths, plain.error_paths) == ((f"{work}/single-gpu-%j.out",), ())  # stderr in the log
+    mpi = userscript.submission_for(request("mpi_multinode", "b300", None), "cirrus")
+    assert (mpi.log_paths, mpi.error_paths) == ((f"{work}/mpi-%j.out",), (f"{work}/mpi-%j.err",))
+    given = userscript.submission_for(request("single_gpu", "gpu", None, options=("-e", "logs/%x-%j.err")), "alpine")
+    assert given.error_paths == (f"{work}/logs/single-gpu-%j.err",)  # the command line's, %x filled in
+    same = userscript.submission_for(request("single_gpu", "gpu", None, options=("--error=%x-%j.out",)), "alpine")
+    assert same.error_paths == ()  # the output's own file: nothing apart
+    array = userscript.submission_for(request("array", "cpu", None, options=("--error=/scratch/%A_%a.err",),
+                                              copies=(0, 3)), "alpine")
+    assert array.error_paths == ("/scratch/%A_0.err", "/scratch/%A_3.err")
+
+
 def test_log_paths_fill_the_output_pattern():
     assert follow_script(".corral/runs/t/workdir/sweep_%A_4.log", "18_4", False).splitlines()[1] == (
         'find_log() { set -- "$HOME"/.corral/runs/t/workdir/sweep_18_4.log; f="${1-}"; }')

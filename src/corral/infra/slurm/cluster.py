@@ -120,7 +120,7 @@ class SlurmInfra(Infra, PredictsStart, RunsArrays, CopiesCheckpoints, ReportsSet
     def attempt_files(self, request: JobRequest) -> AttemptFiles:
         if userscript.is_script_request(request):
             submission = userscript.submission_for(request, self.cluster)
-            return AttemptFiles(submission.run_dir, submission.log_paths)
+            return AttemptFiles(submission.run_dir, submission.log_paths, submission.error_paths)
         spec = spec_for(request, self.cluster)
         logs = (tuple(spec.log_path(i) for i in range(len(request.task_ids))) if spec.is_array
                 else (spec.log_path(None),))

@@ -61,6 +61,7 @@ class ScriptSubmission:
     args: tuple[str, ...]  # the script's arguments
     run_dir: str
     log_paths: tuple[str, ...]  # per copy: relative to the home unless absolute; %j/%A/%a resolved later
+    error_paths: tuple[str, ...] = ()  # the same, for an --error file apart from the log; else none
 
     def command(self, sbatch: str = "sbatch", home: str = "$HOME", folder: str = ".") -> str:
         """sbatch's command line; `home` stands for the login node's home in --chdir ("$HOME" shows it,
@@ -97,19 +98,25 @@ def submission_for(request: JobRequest, cluster: str) -> ScriptSubmission:
     if request.held:
         corral.append("--hold")
     name = options["job-name"].value if "job-name" in options and options["job-name"].value else script["file_name"]
+    logs = log_paths(options, run_dir, name or script["file_name"], request)
+    errors = log_paths(options, run_dir, name or script["file_name"], request, "error")
     return ScriptSubmission(script["file_name"], text, tuple(user_words), tuple(corral), tuple(script.get("args", [])),
-                            run_dir, log_paths(options, run_dir, name or script["file_name"], request))
+                            run_dir, logs, errors if errors != logs else ())
 
 
 _HOME_MARK = "@HOME@"  # --chdir's $HOME, expanded by the login node's shell (see submit_script)
 
 
-def log_paths(options: dict[str, Option], run_dir: str, job_name: str, request: JobRequest) -> tuple[str, ...]:
+def log_paths(options: dict[str, Option], run_dir: str, job_name: str, request: JobRequest,
+              stream: str = "output") -> tuple[str, ...]:
     """Where each copy's output goes, as Slurm will name it: the --output pattern (default slurm-%j.out,
     slurm-%A_%a.out for arrays) under the job's working directory. %x is filled in here, %a per copy;
-    the rest (%j, %A, %u, %N, …) when the job's id is known (`log_glob`)."""
+    the rest (%j, %A, %u, %N, …) when the job's id is known (`log_glob`). With `stream="error"`, where
+    its stderr goes: the --error pattern, or the output's without one, as Slurm does."""
     array = "array" in options
-    pattern = options["output"].value if "output" in options and options["output"].value else (
+    error = options.get("error") if stream == "error" else None
+    named = error if error is not None and error.value else options.get("output")
+    pattern = named.value if named is not None and named.value else (
         "slurm-%A_%a.out" if array else "slurm-%j.out")
     base = _fill(_under_chdir(pattern, options, run_dir), {"x": job_name})
     if not array:

@@ -18,7 +18,7 @@ from pathlib import Path
 from sqlalchemy import Connection, inspect
 
 HERE = Path(__file__).parent
-HEAD = "0014"  # the newest revision in versions/ (tests/state/test_migrations.py checks it)
+HEAD = "0015"  # the newest revision in versions/ (tests/state/test_migrations.py checks it)
 
 
 def _config(connection: Connection):  # type: ignore[no-untyped-def]
