@@ -202,6 +202,20 @@ def test_a_job_appears_live_is_cancelled_from_the_page_and_others_see_nothing(br
         testbed.cluster_config, "cirrus", f"squeue -h -j {slurm_id} -o %T").strip() in ("", "CANCELLED", "COMPLETING"),
         timeout=30)
     page.wait_for_selector(f'tr[data-job="{job}"] .state-CANCELLED', timeout=10_000)
+
+    # A script's --error file shows under its output, where its traceback is (it was shown nowhere).
+    failed = corral("sbatch", "--infra", "slurm/cirrus", "-W", "-c", "1", "-e", "err-%j.txt", "--wrap",
+                    "echo out; echo Traceback >&2; exit 3", env=alice_env)
+    assert failed.exit_code == 3, failed.stderr
+    page.goto(f"{dashboard_server}/#/job/{failed.stdout.split()[3]}")
+    page.wait_for_function("() => document.querySelector('#job-stderr').textContent === 'Traceback\\n'",
+                           timeout=10_000)
+    assert page.is_visible("#job-stderr") and not page.is_visible("#job-stderr-status:not(:empty)")
+    page.wait_for_function("() => document.querySelector('#job-logs').textContent === 'out\\n'", timeout=10_000)
+    assert accessible(page) == []
+    page.goto(f"{dashboard_server}/#/job/{job}")  # no --error: no such part
+    page.wait_for_function(f"() => document.querySelector('#job-title').textContent.includes('{job}')", timeout=10_000)
+    assert page.is_hidden("#job-stderr-part")
     context.close()
 
 

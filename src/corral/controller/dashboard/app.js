@@ -369,6 +369,13 @@ function stopTail() {
 }
 
 // Stream `path` (raw output bytes) into `pre`, keeping the newest LOG_CHARS; `status` says how it goes.
+// Output without the server's last line when it could not read on (errors.stream_error_line), and
+// that line's message (null when the output is whole): said, not shown as output.
+function cutShort(text) {
+  const cut = text.match(/(^|\n)corral: error: ([^\n]*) \(([A-Za-z]\w*), exit (\d+)\)\n$/);
+  return cut ? [text.slice(0, cut.index + cut[1].length), cut[2]] : [text, null];
+}
+
 async function follow(path, pre, status) {
   stopTail();
   const controller = (tail = new AbortController());
@@ -389,11 +396,10 @@ async function follow(path, pre, status) {
       pre.textContent = (pre.textContent + decoder.decode(value, { stream: true })).slice(-LOG_CHARS);
       if (atBottom) pre.scrollTop = pre.scrollHeight;
     }
-    // The server's last line when it could not read on (errors.stream_error_line): said, not shown as output.
-    const cut = pre.textContent.match(/(^|\n)corral: error: ([^\n]*) \(([A-Za-z]\w*), exit (\d+)\)\n$/);
-    if (cut) {
-      pre.textContent = pre.textContent.slice(0, cut.index + cut[1].length);
-      status.textContent = `The output stopped: ${cut[2]}`;
+    const [output, stopped] = cutShort(pre.textContent);
+    if (stopped) {
+      pre.textContent = output;
+      status.textContent = `The output stopped: ${stopped}`;
       return;
     }
     status.textContent = "The output ended: the job's tasks are over.";
@@ -420,6 +426,31 @@ async function drawJob(id, first) {
   actions.replaceChildren();
   if (LIVE.has(job.state)) actions.appendChild(cancelButton(job, $("job-status"), () => drawJob(id, false)));
   if (first) follow(`/jobs/${q(id)}/logs?follow=true`, $("job-logs"), $("job-logs-status"));
+  readStderr(job);
+}
+
+// A script's --error file, apart from its output (where its traceback is): read whole when the page
+// opens, and once more when the job has ended, not followed.
+async function readStderr(job) {
+  const part = $("job-stderr-part");
+  part.hidden = !job.stderr_path;
+  const ended = String(!LIVE.has(job.state));
+  if (!job.stderr_path || part.dataset.read === ended) return;
+  part.dataset.read = ended;
+  const status = $("job-stderr-status");
+  try {
+    const response = await fetch(`/v1/jobs/${q(job.job_id)}/logs?stderr=true`,
+                                 { credentials: "same-origin", headers: HEADERS });
+    if (response.status === 401) throw new NotLoggedIn();
+    if (!response.ok) throw new Error(problem(await response.json().catch(() => ({})), response));
+    const [text, stopped] = cutShort(await response.text());
+    $("job-stderr").textContent = text.slice(-LOG_CHARS);
+    status.textContent = stopped ? `Not read whole: ${stopped}` : ended === "true" ? ""
+      : "As it was when the page opened; read again once the job ends.";
+  } catch (error) {
+    if (error instanceof NotLoggedIn) show("login");
+    status.textContent = `Could not read it: ${error.message}`;
+  }
 }
 
 // ---- managed jobs -----------------------------------------------------------------------------
@@ -662,6 +693,7 @@ async function route() {
   clearTimeout(timer);
   stopTail();
   $("mjob-logs").dataset.attempt = "";
+  $("job-stderr-part").dataset.read = "";
   const [page, draw, every, statusId] = parseRoute();
   try {
     if (me === null) {
