@@ -79,6 +79,17 @@ def test_one_view_of_every_kind_at_one_round_trip_each(corral, corral_env, kube,
     assert shown.exit_code == 0, shown.stderr
     assert ("kind-fake: your kubeconfig's user may not create, patch, delete, deletecollection secrets in namespace "
             "default: each job there is refused") in " ".join(shown.stderr.split())
+    # A context whose API server does not answer: its row named as its place's would be, the cause in a
+    # few words (it was the bare context, and urllib3's 300-character message)
+    dead = json.loads(kube.kubeconfig.read_text())
+    dead["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"  # discard: nothing listens
+    (tmp_path / "dead-kubeconfig").write_text(json.dumps(dead))
+    (home / "config.yaml").write_text(json.dumps({**POOL, "kubernetes": {
+        "allowed_contexts": [kube.context], "kubeconfig": str(tmp_path / "dead-kubeconfig")}}))
+    silent = corral("gpus", "--infra", "k8s", env=env)
+    assert silent.stdout.splitlines()[1].split()[:2] == ["k8s/kind-fake", "unavailable"], silent.stdout
+    assert silent.stderr == ("✗ kind-fake: the API server at http://127.0.0.1:9 does not answer: connection "
+                             "refused\n"), silent.stderr
 
 
 def test_work_overflows_to_kubernetes_as_indexed_jobs(corral, kube_env, kube):

@@ -94,7 +94,7 @@ def check(clusters: tuple[str, ...], as_json: bool, timeout: float | None) -> No
 
 @cli.command()
 @click.argument("gpu", required=False)
-@click.option("--infra", help="Only this infra: slurm/<cluster>[/<partition>].")
+@click.option("--infra", help="Only this infra: slurm[/<cluster>[/<partition>]], ssh[/<pool>] or k8s[/<context>].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows (and of unreachable clusters).")
 @habit_flag("-a", "--all")  # every GPU type is always shown (`sky show-gpus -a`)
 @click.option("--timeout", type=NumberRange(1, 3600), default=None,

@@ -50,8 +50,9 @@ def render_gpus(report: GpuReport, gpu: str | None, shared: bool = False) -> Non
         slurm = on_slurm(r.raw)  # a pool or a context has no partitions: ssh/lab, -
         table.add_row(r.cluster if slurm else str(r.raw["infra"]), r.partition if slurm else "-", r.gpu,
                       r.gres_type or "(untyped)", free, str(r.total), str(r.nodes), str(r.pending))
-    for f in report.failures:
-        table.add_row(f.cluster, styled("unavailable", "red"), "-", "-", "-", "-", "-", "-")
+    for f in report.failures:  # as its place's rows would be: alpine, ssh/lab, k8s/ctx
+        table.add_row(f.cluster if on_slurm(f.raw) else str(f.raw["infra"]), styled("unavailable", "red"),
+                      "-", "-", "-", "-", "-", "-")
     if report.rows or report.failures:
         console.print(table)
     else:

@@ -131,10 +131,11 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         most that long ago (shared by every caller; `clusters[].probed_at` says when each answered)."""
         client = Client(timeout=timeout)
         report = await client.gpus(gpu, infra, max_age)
-        kinds = {r.cluster: client.registry.infra_kind(r.cluster) for r in report.rows}
+        kinds = {c: client.registry.infra_kind(c) for c in {r.cluster for r in report.rows} | {
+            f.cluster for f in report.failures}}
         return {"rows": [{**r.to_json(), "infra": place_name(r.cluster, r.partition, kinds)} for r in report.rows],
-                "failures": [{"cluster": f.cluster, "error": f.error_message, "error_kind": f.error_kind}
-                             for f in report.failures],
+                "failures": [{"cluster": f.cluster, "infra": place_name(f.cluster, None, kinds),
+                              "error": f.error_message, "error_kind": f.error_kind} for f in report.failures],
                 "clusters": [health_json(o) for o in report.outcomes]}
 
     @router.get("/usage")
