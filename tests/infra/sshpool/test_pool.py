@@ -255,14 +255,14 @@ def test_a_machine_silent_since_an_earlier_pass_is_not_waited_for_nor_asked_twic
         assert transport.asked["lab2"] == 2
         transport.hold.pop("lab2").set()  # it fails: the next pass sees that failure, and asks nothing
         await passes(1)
-        assert transport.asked["lab2"] == 2 and "lab2" in pool._silent_since
+        assert transport.asked["lab2"] == 2 and "lab2" in pool._machines.silent_since
         transport.hold["lab2"], transport.answers = asyncio.Event(), True  # slow, but it answers
         await passes(1)
-        assert transport.asked["lab2"] == 3 and "lab2" in pool._silent_since
+        assert transport.asked["lab2"] == 3 and "lab2" in pool._machines.silent_since
         transport.hold.pop("lab2").set()
         for _ in range(5):  # the query's step, then its done callback
             await asyncio.sleep(0)
-        assert "lab2" not in pool._silent_since  # no pass waited for it: its answer ends the silence
+        assert "lab2" not in pool._machines.silent_since  # no pass waited for it: its answer ends the silence
         await passes(1)
         assert transport.asked["lab2"] == 4
 

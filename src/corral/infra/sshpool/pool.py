@@ -168,14 +168,12 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         self._inventories: dict[str, Inventory] = {}
         self._pending: dict[str, list[_Upload]] = {}  # token -> uploads for its machine
         self._machines = _MACHINES.setdefault((str(corral_home()), pool.name), _Machines())
-        self._silent_since = self._machines.silent_since
         self._existing: dict[str, bool] = {}  # token -> its rank 0 was already running (a retried submit)
         self._machine_submissions: dict[str, MachineSubmissions] = {}
         # What was started on (or queued at) each machine since its last probe, so that the tasks of a
         # sweep spread as they are submitted, before the next probe sees them.
         self._booked: dict[str, list[Wants]] = {}
         self._booked_queued: dict[str, int] = {}
-        self._moving = self._machines.moving
         self._last_move_check = -MOVE_CHECK_SECONDS
 
     @property
@@ -457,7 +455,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         now = time.time()
         for (host, tokens), answer in zip(by_host.items(), answers):
             if not self._answered(answer, host, now):  # answer is the ClusterError
-                since = self._silent_since[host]
+                since = self._machines.silent_since[host]
                 # Declared down on a failure seen, never on a wait cut short (it may yet answer).
                 if now - since < MACHINE_GRACE_SECONDS or isinstance(answer, _StillSilent):
                     for t in tokens:
@@ -621,7 +619,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
     async def _move(self, host: str, token: str, target: str) -> JobStatus | None:
         """Move one waiting task (moves.py); its status on the target, or None where it stays. An answer
         lost on the way leaves the `moving` mark for a later status pass to finish (_finish_moves)."""
-        self._moving.add(token)
+        self._machines.moving.add(token)
         try:
             withdrawn = await self._answer(host, moves.withdraw_script(token, target))
             if withdrawn[:1] != ["withdrawn"] or len(withdrawn) != 2:
@@ -651,7 +649,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         except CorralError:
             return None
         finally:
-            self._moving.discard(token)
+            self._machines.moving.discard(token)
 
     async def _finish_moves(self, marks: dict[tuple[str, str], tuple[str, str, float | None]],
                             found: dict[tuple[str, str], JobStatus]) -> None:
@@ -661,7 +659,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         once MOVE_GRACE_SECONDS have passed (its mover died), and is PENDING meanwhile."""
         asks: dict[str, list[str]] = {}
         for (_host, token), (_kind, machine, _since) in marks.items():
-            if (target := self._destination(machine)) is not None and token not in self._moving:
+            if (target := self._destination(machine)) is not None and token not in self._machines.moving:
                 asks.setdefault(target, []).append(token)
         answers = await asyncio.gather(*(self.transport.run(h, runner.status_script(t), timeout=JOB_TIMEOUT)
                                          for h, t in asks.items()), return_exceptions=True)
@@ -682,8 +680,9 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
             target = self._destination(machine)
             # Undone once the target says it does not have it, or has been silent as long as a machine
             # whose tasks are called failed (it may have taken it: then that run is lost with it).
-            silent = target is None or now - self._silent_since.get(target, now) >= MOVE_GRACE_SECONDS
-            if kind == "moving" and token not in self._moving and now - (since or now) >= MOVE_GRACE_SECONDS and (
+            silent = target is None or now - self._machines.silent_since.get(target, now) >= MOVE_GRACE_SECONDS
+            marked_long_ago = now - (since or now) >= MOVE_GRACE_SECONDS
+            if kind == "moving" and token not in self._machines.moving and marked_long_ago and (
                     silent or target in answered):
                 await self._settle_quietly(host, token, False)
                 if target is not None:
@@ -697,7 +696,7 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         but waited for SILENT_WAIT_SECONDS only, one query at a time (_Machines.queries): a pass that does
         not see it end raises _StillSilent (its tasks stay as they were); the pass that does gets its
         failure, or, once it has answered (which ends the silence), asks its own script as usual."""
-        if host not in self._silent_since:
+        if host not in self._machines.silent_since:
             return await self.transport.run(host, script, timeout=JOB_TIMEOUT)
         query = self._machines.queries.get(host)
         if query is None or query.get_loop() is not asyncio.get_running_loop():
@@ -725,11 +724,11 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
 
     def _answered(self, answer: RemoteResult | BaseException, host: str, now: float) -> TypeGuard[RemoteResult]:
         """Did the machine answer (`answer`: a round trip's result, or what it raised)? One that does not is
-        silent since the first time it did not (_silent_since); what is not a ClusterError is raised."""
+        silent since the first time it did not (_Machines.silent_since); what is not a ClusterError is raised."""
         if isinstance(answer, BaseException):
             if not isinstance(answer, ClusterError):
                 raise answer
-            self._silent_since.setdefault(host, now)
+            self._machines.silent_since.setdefault(host, now)
             if not isinstance(answer, _StillSilent):
                 self._machines.failures[host] = answer.detail
             return False
