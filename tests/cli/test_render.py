@@ -39,6 +39,18 @@ def test_queue_and_managed_tables_show_names_and_reasons_as_written(text):
     assert out.splitlines()[1].count(text) == 2
 
 
+def test_a_job_that_failed_on_its_own_shows_its_exit_code_as_its_reason():
+    def reason(state: str, why: str | None, code: int | None) -> str:
+        shown = Job.from_json({"job_id": "c-1", "name": "t", "state": state, "cluster": "alpine", "partition": "cpu",
+                               "reason": why, "exit_code": code})
+        return printed(render.render_queue, QueuePage([shown], 0, {}, []))[0].splitlines()[1].split("FAILED")[-1]
+
+    assert reason("FAILED", "NonZeroExitCode", 3).split()[:3] == ["exit", "code", "3"]  # Slurm's bare word before
+    assert reason("FAILED", None, 127).split()[:3] == ["exit", "code", "127"]  # an exec's: nothing, before
+    assert "NODE_FAIL" in reason("FAILED", "NODE_FAIL", None)  # a reason that says more is kept
+    assert "exit code" not in printed(render.render_queue, QueuePage([job("t", "SUCCEEDED")], 0, {}, []))[0]
+
+
 @pytest.mark.parametrize("text", MARKUP_LIKE)
 def test_gpus_and_plans_show_a_clusters_words_as_written(text):
     failure = Unreachable("alpine", f"ssh: {text}", "unreachable", {})

@@ -184,7 +184,15 @@ def _queue_columns(jobs: list[Job]) -> tuple[str, ...]:
 def _job_row(j: Job) -> tuple[str | Text, ...]:
     where = _where(j) if j.cluster else "-"  # "-": it never reached a cluster
     return (j.job_id, j.name, where, j.handle or "-", state_cell(j.state),
-            j.reason or "", when(j.submitted_at), when(j.started_at), when(j.ended_at))
+            _reason(j), when(j.submitted_at), when(j.started_at), when(j.ended_at))
+
+
+def _reason(j: Job) -> str:
+    """Its reason; for a job that failed on its own, its exit code (sacct's ExitCode) rather than
+    Slurm's bare `NonZeroExitCode` or nothing."""
+    if j.state == "FAILED" and j.exit_code is not None and j.reason in (None, "", "NonZeroExitCode"):
+        return f"exit code {j.exit_code}"
+    return j.reason or ""
 
 
 def _sweep_row(jobs: list[Job], counts: dict[str, int], times: list[float | None]) -> tuple[str | Text, ...]:
