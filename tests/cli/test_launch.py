@@ -149,6 +149,10 @@ def test_logs_of_a_pending_job_say_why_it_waits_then_follow_it(corral, clean_que
     wait_state(corral, second, {"PENDING"})
     waiting = corral("logs", "--status", second)  # not ended: 75, "ask again later", and no output
     assert (waiting.exit_code, waiting.stdout) == (75, f"{second} PENDING on slurm/cirrus/debug\n"), waiting.stderr
+    snapshot = corral("logs", "--no-follow", second)  # it printed nothing and said nothing, before
+    assert (snapshot.exit_code, snapshot.stdout) == (0, "") and snapshot.stderr.startswith(
+        f"corral: {second} is PENDING on slurm/cirrus/debug") and snapshot.stderr.endswith(
+        f": no output yet; `corral logs {second}` waits for it\n"), snapshot.stderr
     followed = corral("logs", second)  # waits behind the first, as `sky logs` of a job not yet started
     assert (followed.exit_code, followed.stdout) == (0, "second\n"), followed.stderr
     # (with Slurm's reason once its scheduler has given one: "None" right after submission is not shown)

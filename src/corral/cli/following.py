@@ -78,6 +78,27 @@ def wait_quietly(client: Any, job_ids: list[str], *, managed: bool = False) -> i
     return statuses[worst]
 
 
+def print_snapshot(client: Any, job_id: str, *, tail: int = 0, stderr: bool = False) -> CorralError | None:
+    """`logs --no-follow`: what there is (as print_output). A job that has printed nothing because it has
+    not started is said to be waiting, on stderr, with Slurm's reason, rather than left to look empty."""
+    written = 0
+
+    def counted(chunks: Any) -> Any:
+        nonlocal written
+        for chunk in chunks:
+            written += len(chunk)
+            yield chunk
+
+    cut = print_output(counted(client.logs(job_id, tail=tail, stderr=stderr)))
+    if cut is None and not written:
+        job = client.job(job_id)
+        if not job.ended and job.started_at is None:
+            why = f" ({job.reason})" if job.reason else ""
+            click.echo(f"corral: {job.job_id} is {job.state} on {place(job)}{why}: no output yet; "
+                       f"`corral logs {job.job_id}` waits for it", err=True)
+    return cut
+
+
 def print_output(chunks: Any) -> CorralError | None:
     """Write an output stream; the error that cut it short, said on stderr (the server could not read
     on: its cluster stopped answering; sdk.OutputCutError), or None once it ended."""

@@ -250,7 +250,7 @@ def logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool
         job = newest_id(client.jobs(limit=1)[0], "no jobs yet: name one, or launch one with `corral launch`")
     if allocation is not None:  # `sky logs CLUSTER JOB_ID`: its number there, or its id or name
         job = client.job(job, allocation=allocation).job_id
-    from corral.cli.following import LazyProgress, follow_to_end, print_output, status_only
+    from corral.cli.following import LazyProgress, follow_to_end, print_snapshot, status_only
 
     if status:
         sys.exit(status_only(client.job(job)))
@@ -261,7 +261,7 @@ def logs(job: str | None, follow: bool, tail: int, status: bool, sync_down: bool
         return
     if follow:  # while it is pending, its Slurm reason and expected start on a status line, as `launch`
         sys.exit(follow_to_end(client, job, LazyProgress(), tail=tail, stderr=stderr))
-    if (cut := print_output(client.logs(job, tail=tail, stderr=stderr))) is not None:  # what there is, not all
+    if (cut := print_snapshot(client, job, tail=tail, stderr=stderr)) is not None:  # what there is, not all
         sys.exit(cut.exit_code)
 
 
