@@ -238,6 +238,11 @@ def test_a_log_folder_and_the_submit_folder_are_where_the_script_expects(corral,
     saved = corral("logs", "--sync-down", job_id, env={**corral_env, "HOME": str(tmp_path)})
     assert saved.stdout.split() == [str(tmp_path / "corral_logs" / job_id / f"run.{end}") for end in ("log", "err")]
     assert (tmp_path / "corral_logs" / job_id / "run.err").read_text() == "Traceback\n"
+    managed = corral("sbatch", "--infra", "slurm/alpine/cpu", "--managed", "-W", str(script), cwd=tmp_path, timeout=90)
+    managed_id = managed.stdout.split()[-1]
+    told = corral("jobs", "logs", managed_id)  # the managed job's end line says so too
+    assert (told.exit_code, told.stdout) == (4, "doing\n") and told.stderr.endswith(
+        f"; its stderr is in a file of its own: `corral logs --stderr {managed_id}`\n"), told.stderr
     (tmp_path / "sent" / "sub").mkdir()
     script.write_text("#!/bin/bash\n#SBATCH -D sub -o out-%j.txt -c 1 -t 5\npwd\n")  # -D: from the submit folder
     ran = corral("sbatch", "--infra", "slurm/alpine/cpu", "--workdir", "sent", "-W", str(script), cwd=tmp_path,

@@ -67,7 +67,8 @@ def wait_quietly(client: Any, job_ids: list[str], *, managed: bool = False) -> i
     if len(ended) == 1:
         where = f" on {place(job)}" if job.cluster else ""
         code = f" (exit code {_exit_code(job)})" if _exit_code(job) is not None else ""
-        click.echo(f"corral: {job.job_id} {job.state}{where}{code}{stderr_apart(job, statuses[worst])}", err=True)
+        apart = stderr_apart(job.job_id, getattr(job, "stderr_path", None), statuses[worst])
+        click.echo(f"corral: {job.job_id} {job.state}{where}{code}{apart}", err=True)
     else:
         counts: dict[str, int] = {}
         for each in ended:
@@ -152,17 +153,17 @@ def report_end(client: Any, job_id: str, *, broken: bool = False, stderr_shown: 
     except CorralError:  # still settling in Slurm: report what is known
         job = client.job(job_id)
     status = exit_status(job.state, job.exit_code)
-    apart = "" if stderr_shown else stderr_apart(job, status)
+    apart = "" if stderr_shown else stderr_apart(job.job_id, job.stderr_path, status)
     click.echo(f"corral: {job.job_id} {job.state} on {place(job)} ({exit_code_text(job.exit_code)}){apart}", err=True)
     return status
 
 
-def stderr_apart(job: Any, status: int) -> str:
+def stderr_apart(job_id: str, stderr_path: str | None, status: int) -> str:
     """For a job that failed after its script sent stderr to a file of its own (`--error`), where to
     read it (its traceback is there, not in its output); else nothing."""
-    if not status or not getattr(job, "stderr_path", None):
+    if not status or not stderr_path:
         return ""
-    return f"; its stderr is in a file of its own: `corral logs --stderr {job.job_id}`"
+    return f"; its stderr is in a file of its own: `corral logs --stderr {job_id}`"
 
 
 def follow_managed(client: Any, job_id: str, *, follow: bool, tail: int = 0, progress: Any = None,
@@ -289,9 +290,11 @@ def _managed_end(found: dict[str, Any]) -> int:
     where = f" on {place_of(last)}" if last.get("cluster") else ""
     count = f", {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
     reason = f": {found['reason']}" if found.get("reason") else ""
-    click.echo(f"corral: {found['job_id']} {found['state']}{where} ({exit_code_text(exit_code)}{count}){reason}",
-               err=True)
-    return exit_status(found["state"], exit_code)
+    status = exit_status(found["state"], exit_code)
+    apart = stderr_apart(found["job_id"], last.get("stderr_path"), status)
+    click.echo(f"corral: {found['job_id']} {found['state']}{where} ({exit_code_text(exit_code)}{count}){reason}"
+               f"{apart}", err=True)
+    return status
 
 
 def exit_code_text(code: int | None) -> str:

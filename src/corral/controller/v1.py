@@ -335,7 +335,8 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
                      "infra": place_name(a.cluster, a.partition, kinds),
                      **handle_fields(a.handle), "state": a.state, "reason": a.reason,
                      "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
-                     "exit_code": a.exit_code, "failure": a.failure} for a in view.attempts]
+                     "exit_code": a.exit_code, "failure": a.failure, "stderr_path": a.error_path}
+                    for a in view.attempts]
         members = store.pipeline_members(view.managed.pipeline_id) if view.managed.pipeline_id else []
         return {**view.to_json(kinds), "events": events, "attempt_list": attempts,
                 "pipeline_tasks": [job_id for job_id, _name, _auxiliary in members],
