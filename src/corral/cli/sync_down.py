@@ -43,7 +43,8 @@ def sync_down_job(client: Any, job: str) -> Path:
     path = job_folder(found.job_id) / "run.log"
     saved = [(path, save(client.logs(found.job_id), path))]
     if found.stderr_path:
-        saved.append((path.with_suffix(".err"), save(client.logs(found.job_id, stderr=True), path.with_suffix(".err"))))
+        errors = path.with_suffix(".err")
+        saved.append((errors, save(client.logs(found.job_id, stderr=True), errors)))
     _said(found.job_id, saved, str(found.state), live=not found.ended)
     return path
 

@@ -368,7 +368,6 @@ function stopTail() {
   tail = null;
 }
 
-// Stream `path` (raw output bytes) into `pre`, keeping the newest LOG_CHARS; `status` says how it goes.
 // Output without the server's last line when it could not read on (errors.stream_error_line), and
 // that line's message (null when the output is whole): said, not shown as output.
 function cutShort(text) {
@@ -376,6 +375,7 @@ function cutShort(text) {
   return cut ? [text.slice(0, cut.index + cut[1].length), cut[2]] : [text, null];
 }
 
+// Stream `path` (raw output bytes) into `pre`, keeping the newest LOG_CHARS; `status` says how it goes.
 async function follow(path, pre, status) {
   stopTail();
   const controller = (tail = new AbortController());
