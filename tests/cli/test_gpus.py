@@ -101,7 +101,7 @@ def test_unreachable_cluster_row_does_not_hide_the_others(corral, controller_sto
     assert result.exit_code == 0
     rows = result.json()
     errors = [r for r in rows if "error" in r]
-    assert errors == [{"cluster": "cirrus", "error": "cirrus: Slurm controller is down: "
+    assert errors == [{"cluster": "cirrus", "infra": "slurm/cirrus", "error": "cirrus: Slurm controller is down: "
                        "Slurmctld(primary) at cirrus-ctl is DOWN", "error_kind": "controller"}]
     assert {r["cluster"] for r in rows if "error" not in r} == {"alpine", "borealis"}
 
