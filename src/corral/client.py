@@ -267,11 +267,12 @@ class Client:
         return GpuReport(rows, failures, outcomes)
 
 
-def check_json(outcome: ProbeOutcome) -> dict[str, object]:
+def check_json(outcome: ProbeOutcome, kind: str | None = None) -> dict[str, object]:
+    """`kind`: the place's Infra kind, for one that did not answer (one that did says its own)."""
     snapshot = outcome.snapshot
     return {
         "cluster": outcome.cluster,
-        "kind": snapshot.kind if snapshot else None,
+        "kind": snapshot.kind if snapshot else kind,
         "ok": outcome.ok,
         "error": outcome.error_message,
         "error_kind": outcome.error_kind,
@@ -287,12 +288,14 @@ def check_json(outcome: ProbeOutcome) -> dict[str, object]:
     }
 
 
-def health_json(outcome: ProbeOutcome) -> dict[str, object]:
-    """A cluster's health as the dashboard shows it: did its probe answer, how fast, when."""
+def health_json(outcome: ProbeOutcome, kind: str | None = None) -> dict[str, object]:
+    """A cluster's health as the dashboard shows it: did its probe answer, how fast, when. `kind` as
+    for check_json."""
     return {"cluster": outcome.cluster, "ok": outcome.ok, "error": outcome.error_message,
             "error_kind": outcome.error_kind, "seconds": round(outcome.seconds, 3), "probed_at": outcome.at,
             "node_count": len(outcome.snapshot.nodes) if outcome.snapshot else 0,
-            "kind": outcome.snapshot.kind if outcome.snapshot else None, "rpc_budget": budget.report_of(outcome.cluster)}
+            "kind": outcome.snapshot.kind if outcome.snapshot else kind,
+            "rpc_budget": budget.report_of(outcome.cluster)}
 
 
 def node_condition(node: Node) -> str:

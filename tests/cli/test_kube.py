@@ -90,6 +90,10 @@ def test_one_view_of_every_kind_at_one_round_trip_each(corral, corral_env, kube,
     assert silent.stdout.splitlines()[1].split()[:2] == ["k8s/kind-fake", "unavailable"], silent.stdout
     assert silent.stderr == ("✗ kind-fake: the API server at http://127.0.0.1:9 does not answer: connection "
                              "refused\n"), silent.stderr
+    [failed] = corral("check", "--json", "kind-fake", env=env).json()
+    assert (failed["ok"], failed["kind"]) == (False, "k8s")  # its kind, though it did not answer (it was null)
+    assert corral("check", "kind-fake", env=env).stdout.splitlines()[1].split()[:4] == [
+        "kind-fake", "FAIL", "(unreachable)", "(kubernetes)"]
 
 
 def test_work_overflows_to_kubernetes_as_indexed_jobs(corral, kube_env, kube):

@@ -22,14 +22,15 @@ if TYPE_CHECKING:  # type hints only: a table must not cost the import of the en
 def render_check(checks: list[ClusterCheck]) -> None:
     table = new_table(("CLUSTER", "STATUS", "SLURM", "PARTITIONS", "GPU TYPES", "HOME", "CONTAINERS", "TIME"))
     for c in checks:
+        kind = {"ssh": "(ssh pool)", "k8s": "(kubernetes)"}.get(str(c.raw.get("kind")))
         if not c.ok:
             failed = styled("FAIL", "red") + f" ({c.error_kind})"
-            table.add_row(c.cluster, failed, "-", "-", "-", "-", "-", f"{c.seconds:.2f}s")
+            table.add_row(c.cluster, failed, kind or "-", "-", "-", "-", "-", f"{c.seconds:.2f}s")
             continue
         partitions = ", ".join(p + ("*" if p == c.default_partition else "") for p in c.partitions)
         fs = c.raw.get("home_filesystem")
         home = f"{fs} ({'shared' if c.raw.get('home_shared') else 'local'})" if fs else "?"
-        version = {"ssh": "(ssh pool)", "k8s": "(kubernetes)"}.get(str(c.raw.get("kind")), c.slurm_version or "?")
+        version = kind or c.slurm_version or "?"
         table.add_row(c.cluster, styled("OK", "green"), version, partitions,
                       ", ".join(c.gpu_types) or "-", home, ", ".join(c.raw.get("container_runtimes") or []) or "-",
                       f"{c.seconds:.2f}s")

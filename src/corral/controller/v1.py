@@ -111,8 +111,9 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         paths = {name: tuple(sorted(set(named_paths(client.profiles, name).values())))
                  for name in client.registry.names()}
         outcomes = await client.probe(cluster or None, associations=True, filesystems=paths)
-        return {"clusters": [{**check_json(o), "warnings": [*o.snapshot.warnings, *profile_warnings(
-                              o.cluster, o.snapshot, client.profiles)] if o.snapshot else []} for o in outcomes]}
+        return {"clusters": [{**check_json(o, client.registry.infra_kind(o.cluster)), "warnings": [
+            *o.snapshot.warnings, *profile_warnings(o.cluster, o.snapshot, client.profiles)] if o.snapshot else []}
+            for o in outcomes]}
 
     @router.get("/clusters/{name}")
     async def cluster(name: Annotated[str, Path(max_length=256)], timeout: Timeout = None) -> dict[str, object]:
@@ -136,7 +137,7 @@ def create_router(store: Store, refreshes: SharedRefresh | None = None,
         return {"rows": [{**r.to_json(), "infra": place_name(r.cluster, r.partition, kinds)} for r in report.rows],
                 "failures": [{"cluster": f.cluster, "infra": place_name(f.cluster, None, kinds),
                               "error": f.error_message, "error_kind": f.error_kind} for f in report.failures],
-                "clusters": [health_json(o) for o in report.outcomes]}
+                "clusters": [health_json(o, kinds.get(o.cluster)) for o in report.outcomes]}
 
     @router.get("/usage")
     async def usage(hours: Annotated[float, Query(gt=0, le=24 * 366)] = 24) -> dict[str, object]:
