@@ -84,6 +84,19 @@ def test_a_managed_job_runs_once_and_tells_its_story(corral, env):
     assert status.exit_code == 0 and "controller running" in status.stdout
 
 
+def test_a_managed_job_no_place_can_run_waits_and_why_lists_each_places_reason(corral, env):
+    """Recorded all the same (a place may yet come back or change); `jobs why` had repeated its stored
+    reason, every place on one line."""
+    job = launch(corral, env, "--gpus", "B300:64", "--", "true")
+    wait_for("the controller to find no place", lambda: jobs(corral, env)[job]["reason"].startswith(
+        "no cluster can run it now: "), timeout=30)
+    head, *places = corral("jobs", "why", job, env=env).stdout.splitlines()
+    assert head == f"{job} is PENDING: no cluster can run it now:"
+    assert "  slurm/cirrus/b300: needs 1 node(s) with B300:64; partition has 0 (at most B300:8 a node)" in places
+    assert "  slurm/alpine/gpu, slurm/borealis/h100-cluster: no B300 GPUs (has H100)" in places
+    assert corral("jobs", "cancel", job, env=env).exit_code == 0
+
+
 def test_task_failure_restarts_as_asked_then_fails(corral, env, tmp_path):
     task = tmp_path / "retry.yaml"
     task.write_text("resources:\n  infra: slurm/cirrus/debug\n  job_recovery:\n    max_restarts_on_errors: 1\n"

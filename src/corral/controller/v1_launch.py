@@ -33,8 +33,10 @@ from corral.launch import (
     LaunchEvents,
     NoFeasibleClusterError,
     no_candidate_message,
+    not_set_up_reasons,
 )
 from corral.state import Store
+from corral.state.models import ManagedState
 from corral.state.store import MANAGED_TERMINAL
 from corral.task import Task, apply_overrides, job_environment, parse_task
 from corral.task_compat import ignored_fields
@@ -433,6 +435,13 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
 
         view = managed.resolve(store, job, me.scope)
         latest = view.latest
+        if latest is None and view.managed.state == ManagedState.PENDING:  # not placed: can any place run it?
+            plan = await Launcher(Client(), store, owner=view.job.owner).plan(_task(view.job), predict="never")
+            if not plan.feasible():
+                return {"job_id": view.job.id, "pending": True,
+                        "lines": [f"{view.job.id} is PENDING: no cluster can run it now:",
+                                  *(f"  {line}" for line in plan.refusals() + plan.unanswered()
+                                    + not_set_up_reasons(plan))]}
         if latest is None or latest.state not in (JobState.PENDING, JobState.SUBMITTING):
             return {"job_id": view.job.id, "pending": False,
                     "lines": [f"{view.job.id} is {view.managed.state}: {view.managed.reason or ''}"]}
