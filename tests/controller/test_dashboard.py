@@ -266,6 +266,13 @@ def test_managed_jobs_timeline_and_why_pending_and_a_dev_allocations_shell_idle_
     page.wait_for_selector("#mjob-facts[data-state=CANCELLED]", timeout=60_000)
     assert job_state(testbed.cluster_config, "alpine", slurm_id) in ("", "CANCELLED")
     assert any("CANCELLED" in e for e in page.locator("#mjob-events li").all_text_contents())
+    # One no place can run has no attempt: its page says why all the same (it said "Not pending: PENDING.")
+    nowhere = corral("jobs", "launch", "-d", "--gpus", "B300:64", "--", "true", env=alice_env).stdout.split()[-1]
+    page.goto(dashboard_server + f"/#/managed/{nowhere}")
+    why = page.wait_for_selector("#mjob-why[data-loaded=true]", timeout=30_000)
+    assert why.text_content().startswith(f"{nowhere} is PENDING: no cluster can run it now:\n  ")
+    assert "slurm/cirrus/b300: needs 1 node(s) with B300:64" in why.text_content()
+    assert corral("jobs", "cancel", nowhere, env=alice_env).exit_code == 0
 
     held = corral("launch", "-c", "box", "--infra", "slurm/cirrus/debug", "--cpus", "1", "--idle-minutes", "30",
                   "-d", env=alice_env)

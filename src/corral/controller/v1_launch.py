@@ -444,7 +444,8 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
                                     + not_set_up_reasons(plan))]}
         if latest is None or latest.state not in (JobState.PENDING, JobState.SUBMITTING):
             return {"job_id": view.job.id, "pending": False,
-                    "lines": [f"{view.job.id} is {view.managed.state}: {view.managed.reason or ''}"]}
+                    "lines": [f"{view.job.id} is {view.managed.state}"
+                              + (f": {view.managed.reason}" if view.managed.reason else "")]}
         plan = await Launcher(Client(), store, owner=view.job.owner).plan(_task(view.job), predict="all")
         return {"job_id": view.job.id, "pending": True,
                 "lines": explain_pending(view, plan, ControllerSettings.from_env())}

@@ -439,11 +439,13 @@ async function readStderr(job) {
   part.dataset.read = ended;
   const status = $("job-stderr-status");
   try {
+    const asked = location.hash;
     const response = await fetch(`/v1/jobs/${q(job.job_id)}/logs?stderr=true`,
                                  { credentials: "same-origin", headers: HEADERS });
     if (response.status === 401) throw new NotLoggedIn();
     if (!response.ok) throw new Error(problem(await response.json().catch(() => ({})), response));
     const [text, stopped] = cutShort(await response.text());
+    if (location.hash !== asked) return;  // the page has moved on to another job meanwhile
     $("job-stderr").textContent = text.slice(-LOG_CHARS);
     status.textContent = stopped ? `Not read whole: ${stopped}` : ended === "true" ? ""
       : "As it was when the page opened; read again once the job ends.";
@@ -565,11 +567,15 @@ async function drawManagedJob(id, first) {
   }));
   $("mjob-events").dataset.count = job.events.length;
   // Why it waits comes from a fresh plan (a probe of every cluster): asked at most every 15 s.
-  const pending = job.attempt_state === "PENDING" || job.attempt_state === "SUBMITTING";
+  // (a job no place could run yet has no attempt: pending all the same)
+  const pending = job.attempt_state === "PENDING" || job.attempt_state === "SUBMITTING" ||
+    (job.state === "PENDING" && !job.attempt_state);
   if (!pending) $("mjob-why").textContent = `Not pending: ${job.state}.`;
   else if (first || Date.now() - whyAsked > 15_000) {
     whyAsked = Date.now();
+    const asked = location.hash;
     api("GET", `/managed/${q(id)}/why`).then((why) => {
+      if (location.hash !== asked) return;  // the page has moved on to another job meanwhile
       $("mjob-why").textContent = why.lines.join("\n");
       $("mjob-why").dataset.loaded = "true";
     }).catch((error) => { $("mjob-why").textContent = error.message; });
@@ -693,7 +699,10 @@ async function route() {
   clearTimeout(timer);
   stopTail();
   $("mjob-logs").dataset.attempt = "";
+  $("mjob-why").dataset.loaded = "";  // another job's answer is not this one's
+  $("mjob-why").textContent = "";
   $("job-stderr-part").dataset.read = "";
+  $("job-stderr").textContent = "";
   const [page, draw, every, statusId] = parseRoute();
   try {
     if (me === null) {
