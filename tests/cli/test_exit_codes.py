@@ -25,12 +25,14 @@ CASES = [
     (["autostop"], 2, "name the allocations, or use --all"),
     (["show-gpus", "--help"], 0, ""),
     (["launch", "--detach-run", "-s", "--idle-minutes-to-autostop", "5", "--dryrun", "--infra", "slurm/alpine/gpu",
-      "--", "true"], 0, ""),  # SkyPilot's long flag names
+      "--", "true"], 69, "no cluster can run this task"),  # SkyPilot's long flag names (alpine refuses connections)
     (["logs", "c-nope"], 66, "no job 'c-nope'"),
     (["jobs", "why", "c-nope"], 66, "no managed job 'c-nope'"),
     (["launch", "-d", "--infra", "slurm/nope", "--", "true"], 66, "unknown cluster 'nope'"),
     (["launch", "-d", "task.yaml"], 69, "no cluster can run this task"),
-    (["launch", "--dryrun", "--infra", "slurm/alpine/gpu", "--", "true"], 0, ""),
+    # a dry run no place can carry out fails as its launch would, and as `sbatch --test-only` does (it was 0)
+    (["launch", "--dryrun", "--infra", "slurm/alpine/gpu", "--", "true"], 69,
+     "no cluster can run this task: each place's reason is in its plan row"),
     # --dryrun says what the launch would refuse, not a plan it cannot carry out
     (["launch", "--dryrun", "secret.yaml"], 65, "secrets HF_TOKEN must be given a value: pass --secret HF_TOKEN"),
     (["server", "start", "--db", "postgresql://db/corral"], 78, "for a team server: give --host and --port"),

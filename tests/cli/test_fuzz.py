@@ -113,8 +113,8 @@ def test_no_place_able_to_run_a_task_lists_each_place_on_its_own_line(refusing_c
 
 
 def test_a_managed_dry_run_plans_and_records_nothing(refusing_clusters):
-    code, out, err = run_cli(["sbatch", "--dryrun", "--managed", "--json", "job.sh"])
-    assert code == 0 and "Traceback" not in err and all(row["unreachable"] for row in json.loads(out)), err
+    code, out, err = run_cli(["sbatch", "--dryrun", "--managed", "--json", "job.sh"])  # no cluster answers: 69
+    assert code == 69 and "Traceback" not in err and all(row["unreachable"] for row in json.loads(out)), err
     code, out, err = run_cli(["jobs", "queue", "--json"])
     assert code == 0 and json.loads(out) == [], (out, err)
 

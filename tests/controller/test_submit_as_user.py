@@ -262,7 +262,7 @@ def test_a_pool_is_shared_by_members_only_where_the_server_says_so(corral, pool_
         refused.value), str(refused.value)
     alice_env = {**pool_env, "CORRAL_API_URL": url, "CORRAL_API_TOKEN": alice_token}
     plan = corral("launch", "--dryrun", "--gpus", "A100:1", "--", "true", env=alice_env)
-    assert plan.exit_code == 0 and "lab is an SSH pool" in plan.stdout, plan.stdout + plan.stderr
+    assert plan.exit_code == 69 and "lab is an SSH pool" in plan.stdout, plan.stdout + plan.stderr  # nowhere else
     mapped = corral("users", "set", "alice", "--unix-user", f"lab={ALICE}", env=pool_env)
     assert mapped.exit_code == 65 and "it takes no mapping" in mapped.stderr, mapped.stderr
     assert corral("server", "stop", env=pool_env).exit_code == 0

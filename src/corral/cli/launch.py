@@ -12,6 +12,7 @@ from corral.cli.common import (
     print_json,
     read_env_file,
     reports_errors,
+    show_plans,
     task_arguments,
     task_options,
     warnings_only,
@@ -79,12 +80,7 @@ def launch(args: tuple[str, ...], name: str | None, gpus: str | None, infra: str
     from corral.cli import render  # loaded by the first progress event already, unless --json
 
     if dryrun:
-        plans = [[row.raw for row in plan] for plan in result]
-        if as_json:
-            print_json(plans if len(plans) > 1 else plans[0])
-        else:
-            for plan in plans:
-                render.render_plan(plan, full=True)
+        show_plans([[row.raw for row in plan] for plan in result], as_json)
         return
     shares = [s.raw for s in result.submissions]
     sweep = len(shares) > 1 or num_jobs > 1

@@ -20,6 +20,7 @@ from corral.cli.common import (
     print_json,
     read_env_file,
     reports_errors,
+    show_plans,
     warnings_only,
 )
 
@@ -85,13 +86,7 @@ def sbatch(words: tuple[str, ...]) -> None:
                            workdir=_last(ours["--workdir"]), on_event=warnings_only)
     as_json = bool(ours["--json"])
     if ours["--dryrun"]:
-        plan = [row.raw for row in result[0]]  # type: ignore[index]
-        if as_json:
-            print_json(plan)
-        else:
-            from corral.cli import render
-
-            render.render_plan(plan, full=True)
+        show_plans([[row.raw for row in result[0]]], as_json)  # type: ignore[index]
         return
     if ours["--managed"]:  # not with --dryrun, which returned above
         job_ids = list(result)  # type: ignore[arg-type]
