@@ -32,7 +32,7 @@ CASES = [
     (["launch", "-d", "task.yaml"], 69, "no cluster can run this task"),
     # a dry run no place can carry out fails as its launch would, and as `sbatch --test-only` does (it was 0)
     (["launch", "--dryrun", "--infra", "slurm/alpine/gpu", "--", "true"], 69,
-     "no cluster can run this task: each place's reason is in its plan row"),
+     "no cluster can run this task: each row of the plan says why"),
     # --dryrun says what the launch would refuse, not a plan it cannot carry out
     (["launch", "--dryrun", "secret.yaml"], 65, "secrets HF_TOKEN must be given a value: pass --secret HF_TOKEN"),
     (["server", "start", "--db", "postgresql://db/corral"], 78, "for a team server: give --host and --port"),

@@ -58,7 +58,7 @@ def show_plans(plans: list[list[dict[str, Any]]], as_json: bool) -> None:
     if any(not any(row.get("feasible") for row in plan) for plan in plans):
         from corral.errors import EXIT_UNAVAILABLE
 
-        click.echo("corral: error: no cluster can run this task: each place's reason is in its plan row", err=True)
+        click.echo("corral: error: no cluster can run this task: each row of the plan says why", err=True)
         sys.exit(EXIT_UNAVAILABLE)
 
 
