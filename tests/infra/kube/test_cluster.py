@@ -165,7 +165,8 @@ def test_a_wrong_token_and_a_silent_server(kube, tmp_path):
     config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"  # discard: nothing listens
     silent = tmp_path / "silent"
     silent.write_text(json.dumps(config))
-    with pytest.raises(ClusterUnreachableError, match=r"the API server at http://127.0.0.1:9 does not answer: connection refused$"):
+    with pytest.raises(ClusterUnreachableError,
+                       match=r"the API server at http://127.0.0.1:9 does not answer: connection refused$"):
         asyncio.run(infra(kube, kubeconfig=silent).probe())
 
 
