@@ -88,8 +88,8 @@ def test_a_managed_job_no_place_can_run_waits_and_why_lists_each_places_reason(c
     """Recorded all the same (a place may yet come back or change); `jobs why` had repeated its stored
     reason, every place on one line."""
     job = launch(corral, env, "--gpus", "B300:64", "--", "true")
-    wait_for("the controller to find no place", lambda: jobs(corral, env)[job]["reason"].startswith(
-        "no cluster can run it now: "), timeout=30)
+    wait_for("the controller to find no place", lambda: (jobs(corral, env)[job]["reason"] or "").startswith(
+        "no cluster can run it now: "), timeout=30)  # no reason yet until the controller's first tick
     head, *places = corral("jobs", "why", job, env=env).stdout.splitlines()
     assert head == f"{job} is PENDING: no cluster can run it now:"
     assert "  slurm/cirrus/b300: needs 1 node(s) with B300:64; partition has 0 (at most B300:8 a node)" in places
