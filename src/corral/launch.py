@@ -600,9 +600,15 @@ CANNOT_GROUP = ("cannot run a job group's tasks yet: it gives them no CORRAL_JOB
                 "and SSH pools whose machines share a home can)")
 
 
+def no_candidate_reasons(plan: Plan) -> list[str]:
+    """Why no place can run the task, one line a reason: those that answered, those that did not, and
+    the kinds asked for that have no place set up."""
+    return plan.refusals() + plan.unanswered() + not_set_up_reasons(plan)
+
+
 def no_candidate_message(plan: Plan) -> str:
     """Why no place can run the task: a line, then each place's reason on a line of its own (errors.listed)."""
-    reasons = plan.refusals() + plan.unanswered() + not_set_up_reasons(plan)
+    reasons = no_candidate_reasons(plan)
     if not reasons:
         return "no cluster matches the task's infra"
     return listed("no cluster can run this task:", reasons)

@@ -46,8 +46,9 @@ def reports_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def show_plans(plans: list[list[dict[str, Any]]], as_json: bool) -> None:
     """A dry run's plans (`launch --dryrun`, `sbatch --test-only`), as JSON or tables; then, where no place
-    can run a task, exit 69 as its launch would, and as `sbatch --test-only` fails a job no partition
-    can take (before, it exited 0 with every row saying why not)."""
+    can run a task, an UnavailableError (exit 69, said by reports_errors) as its launch would, and as
+    `sbatch --test-only` fails a job no partition can take (before, it exited 0 with every row saying
+    why not)."""
     if as_json:
         print_json(plans if len(plans) > 1 else plans[0])
     else:
@@ -56,10 +57,9 @@ def show_plans(plans: list[list[dict[str, Any]]], as_json: bool) -> None:
         for plan in plans:
             render.render_plan(plan, full=True)
     if any(not any(row.get("feasible") for row in plan) for plan in plans):
-        from corral.errors import EXIT_UNAVAILABLE
+        from corral.errors import UnavailableError
 
-        click.echo("corral: error: no cluster can run this task: each row of the plan says why", err=True)
-        sys.exit(EXIT_UNAVAILABLE)
+        raise UnavailableError("no cluster can run this task: each row of the plan says why")
 
 
 def print_json(value: object) -> None:

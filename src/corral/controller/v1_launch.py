@@ -33,7 +33,7 @@ from corral.launch import (
     LaunchEvents,
     NoFeasibleClusterError,
     no_candidate_message,
-    not_set_up_reasons,
+    no_candidate_reasons,
 )
 from corral.state import Store
 from corral.state.models import ManagedState
@@ -440,8 +440,7 @@ def add_routes(router: APIRouter, store: Store, wake: Callable[[], None],
             if not plan.feasible():
                 return {"job_id": view.job.id, "pending": True,
                         "lines": [f"{view.job.id} is PENDING: no cluster can run it now:",
-                                  *(f"  {line}" for line in plan.refusals() + plan.unanswered()
-                                    + not_set_up_reasons(plan))]}
+                                  *(f"  {line}" for line in no_candidate_reasons(plan))]}
         if latest is None or latest.state not in (JobState.PENDING, JobState.SUBMITTING):
             return {"job_id": view.job.id, "pending": False,
                     "lines": [f"{view.job.id} is {view.managed.state}"

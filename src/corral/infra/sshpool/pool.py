@@ -794,8 +794,8 @@ class SshPoolInfra(Infra, ReportsSetupFailure, HoldsAllocations, FollowsSetup, C
         said = [tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) for _ in ranks]
         try:
             failed = first_failure(await asyncio.gather(*(self.transport.stream(host, script(rank), said[i].write)
-                                                           for i, (rank, host) in enumerate(ranks)),
-                                                         return_exceptions=True))
+                                                          for i, (rank, host) in enumerate(ranks)),
+                                                        return_exceptions=True))
             for spool, label in zip(said, labels):  # several ranks: each labelled (its last line ended)
                 spool.seek(0)
                 sink = WholeLines(on_output, label)
